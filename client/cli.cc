@@ -1,0 +1,462 @@
+#include "client/cli.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/local_cluster.h"
+#include "client/spec_file.h"
+#include "common/process.h"
+#include "common/rpc.h"
+#include "fulcrum/v1/cluster.grpc.pb.h"
+#include "fulcrum/v1/job.grpc.pb.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr char kUsage[] = R"(fulcrum: submit and watch training jobs on a Fulcrum cluster.
+
+Usage:
+  fulcrum submit -f JOB.yaml [--wait]     submit a job (YAML or JSON JobSpec; - reads stdin)
+  fulcrum get JOB                          show a job: state, progress, metrics history
+  fulcrum list                             list jobs
+  fulcrum watch JOB                        follow a job until it ends
+  fulcrum cancel JOB                       cancel a pending or running job
+  fulcrum cluster                          list the live servers and workers
+  fulcrum local up [--servers N] [--workers M] [--replicas R] [--dir DIR] [--detach]
+  fulcrum local add worker|server [--dir DIR]
+  fulcrum local down [--dir DIR]
+
+Options:
+  --scheduler HOST:PORT   the cluster (default $FULCRUM_SCHEDULER, else the
+                          local cluster in --dir)
+  -o json                 machine-readable output
+  --dir DIR               local cluster folder (default $FULCRUM_LOCAL_DIR or ~/.fulcrum/local)
+  --timeout SECONDS       give up on RPCs after this long (default 30)
+
+`submit --wait` and `watch` exit 0 only when the job SUCCEEDED.
+)";
+
+struct Args {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> options;
+  std::set<std::string> flags;
+  bool Has(const std::string& flag) const { return flags.count(flag) > 0; }
+  std::string Get(const std::string& name, const std::string& fallback = "") const {
+    auto it = options.find(name);
+    return it == options.end() ? fallback : it->second;
+  }
+};
+
+const std::set<std::string> kValueOptions = {"-f", "--file", "-o", "--output", "--scheduler", "--servers",
+                                             "--workers", "--replicas", "--dir", "--timeout"};
+const std::set<std::string> kFlagOptions = {"--wait", "--detach", "-h", "--help"};
+
+absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& raw) {
+  Args args;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    std::string arg = raw[i];
+    std::string value;
+    bool has_value = false;
+    if (arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos) {
+      value = arg.substr(arg.find('=') + 1);
+      arg = arg.substr(0, arg.find('='));
+      has_value = true;
+    }
+    if (kFlagOptions.count(arg)) {
+      args.flags.insert(arg);
+    } else if (kValueOptions.count(arg)) {
+      if (!has_value) {
+        if (i + 1 >= raw.size()) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
+        value = raw[++i];
+      }
+      if (arg == "--file") arg = "-f";
+      if (arg == "--output") arg = "-o";
+      args.options[arg] = value;
+    } else if (arg.size() > 1 && arg[0] == '-' && arg != "-") {
+      return absl::InvalidArgumentError(absl::StrCat("unknown option ", arg));
+    } else {
+      args.positional.push_back(raw[i]);
+    }
+  }
+  std::string output = args.Get("-o", "text");
+  if (output != "text" && output != "json") {
+    return absl::InvalidArgumentError(absl::StrCat("-o must be json or text (got ", output, ")"));
+  }
+  return args;
+}
+
+std::string LocalDir(const Args& args) {
+  if (!args.Get("--dir").empty()) return args.Get("--dir");
+  if (const char* env = std::getenv("FULCRUM_LOCAL_DIR"); env && *env) return env;
+  const char* home = std::getenv("HOME");
+  return absl::StrCat(home ? home : "/tmp", "/.fulcrum/local");
+}
+
+absl::StatusOr<std::string> SchedulerAddress(const Args& args) {
+  if (!args.Get("--scheduler").empty()) return args.Get("--scheduler");
+  if (const char* env = std::getenv("FULCRUM_SCHEDULER"); env && *env) return std::string(env);
+  auto local = LocalCluster::Open(LocalDir(args));
+  if (local.ok()) return (*local)->scheduler_address();
+  return absl::FailedPreconditionError(
+      "no scheduler: pass --scheduler HOST:PORT, set FULCRUM_SCHEDULER, or start one with `fulcrum local up`");
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) return "{}";
+  return json;
+}
+
+int Fail(const absl::Status& status) {
+  std::cerr << "fulcrum: " << status.message() << " [" << absl::StatusCodeToString(status.code())
+            << "]\n";
+  return 1;
+}
+
+std::string ModelText(const v1::JobSpec& spec) {
+  if (spec.model().kind() == v1::ModelSpec::SOFTMAX_REGRESSION) return "softmax regression";
+  std::vector<std::string> sizes;
+  for (int h : spec.model().hidden_sizes()) sizes.push_back(absl::StrCat(h));
+  return absl::StrCat("MLP hidden ", absl::StrJoin(sizes, "-"), " ",
+                      v1::Activation_Name(spec.model().activation()));
+}
+
+std::string ProgressLine(const v1::JobStatus& job) {
+  const v1::JobProgress& p = job.progress();
+  std::string line = absl::StrFormat("%s %-9s epoch %d/%d  step %d/%d  loss %.4f  %.0f samples/s  %.1fs",
+                                     job.job_id(), v1::JobState_Name(job.state()), p.epoch(), p.epochs(),
+                                     p.step(), p.total_steps(), p.train_loss(), p.samples_per_second(),
+                                     p.elapsed_seconds());
+  if (p.test_accuracy() >= 0) absl::StrAppendFormat(&line, "  test acc %.4f", p.test_accuracy());
+  return line;
+}
+
+void PrintJob(const v1::JobStatus& job) {
+  const v1::JobSpec& spec = job.spec();
+  std::cout << "Job:        " << job.job_id() << (spec.name().empty() ? "" : " (" + spec.name() + ")") << "\n"
+            << "State:      " << v1::JobState_Name(job.state()) << " - " << job.reason() << "\n"
+            << "Progress:   " << ProgressLine(job).substr(job.job_id().size() + 1) << "\n"
+            << "Model:      " << ModelText(spec) << ", " << job.num_parameters() << " parameters\n"
+            << "Training:   " << v1::Mode_Name(spec.mode()) << ", " << spec.num_workers() << " workers x batch "
+            << spec.data().batch_size() << ", " << v1::OptimizerSpec::Kind_Name(spec.optimizer().kind())
+            << " lr " << spec.optimizer().lr() << ", "
+            << v1::LrScheduleSpec::Kind_Name(spec.lr_schedule().kind()) << " schedule\n";
+  std::cout << "Workers:   ";
+  for (const auto& w : job.workers()) std::cout << " " << w.worker_id() << " (rank " << w.rank() << ")";
+  std::cout << "\nShards:\n";
+  for (const auto& s : job.shards()) {
+    std::cout << absl::StrFormat("  shard %-3d %-10s %-21s %4d chunks %10d elements\n", s.shard(), s.server_id(),
+                                 s.address(), s.chunks(), s.elements());
+  }
+  std::cout << "History:\n"
+            << absl::StrFormat("  %5s %8s %10s %9s %10s %12s %9s\n", "EPOCH", "STEP", "LOSS", "TEST_ACC",
+                               "TEST_LOSS", "SAMPLES/S", "ELAPSED");
+  for (const auto& h : job.history()) {
+    std::cout << absl::StrFormat("  %5d %8d %10.4f %9s %10s %12.0f %8.1fs\n", h.epoch(), h.step(),
+                                 h.train_loss(),
+                                 h.test_accuracy() >= 0 ? absl::StrFormat("%.4f", h.test_accuracy()) : "-",
+                                 h.test_accuracy() >= 0 ? absl::StrFormat("%.4f", h.test_loss()) : "-",
+                                 h.samples_per_second(), h.elapsed_seconds());
+  }
+}
+
+bool Terminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+class Client {
+ public:
+  Client(const std::string& address, double timeout)
+      : address_(address),
+        timeout_(timeout),
+        jobs_(v1::JobService::NewStub(MakeChannel(address))),
+        cluster_(v1::ClusterService::NewStub(MakeChannel(address))) {}
+
+  template <typename Call>
+  absl::Status Run(Call call) {
+    grpc::ClientContext context;
+    SetDeadline(&context, timeout_);
+    grpc::Status status = call(&context);
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      return absl::UnavailableError(absl::StrCat("scheduler ", address_, " unreachable: ", status.error_message()));
+    }
+    return FromGrpcStatus(status);
+  }
+
+  // Follows the job until it ends; returns its last status.
+  absl::StatusOr<v1::JobStatus> Follow(const std::string& job_id, bool json) {
+    const bool tty = isatty(STDOUT_FILENO) && !json;
+    v1::JobStatus last;
+    absl::Time last_print;
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      grpc::ClientContext context;
+      v1::WatchJobRequest request;
+      request.set_job_id(job_id);
+      auto reader = jobs_->WatchJob(&context, request);
+      v1::JobStatus status;
+      while (reader->Read(&status)) {
+        last = status;
+        if (json) continue;
+        if (tty) {
+          std::cout << "\r\033[K" << ProgressLine(status) << std::flush;
+        } else if (absl::Now() - last_print > absl::Seconds(1) || Terminal(status.state())) {
+          std::cout << ProgressLine(status) << std::endl;
+          last_print = absl::Now();
+        }
+      }
+      grpc::Status finished = reader->Finish();
+      if (Terminal(last.state())) break;
+      if (!finished.ok() && finished.error_code() != grpc::StatusCode::UNAVAILABLE) {
+        return FromGrpcStatus(finished);
+      }
+      absl::SleepFor(absl::Seconds(1));  // the stream broke (scheduler restart?): follow again
+    }
+    if (tty) std::cout << "\n";
+    if (json) std::cout << ToJson(last) << "\n";
+    return last;
+  }
+
+  v1::JobService::Stub* jobs() { return jobs_.get(); }
+  v1::ClusterService::Stub* cluster() { return cluster_.get(); }
+
+ private:
+  std::string address_;
+  double timeout_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<v1::ClusterService::Stub> cluster_;
+};
+
+int FinalVerdict(const v1::JobStatus& job) {
+  if (job.state() == v1::SUCCEEDED) {
+    std::cerr << "job " << job.job_id() << " SUCCEEDED: " << job.reason() << "\n";
+    return 0;
+  }
+  std::cerr << "job " << job.job_id() << " " << v1::JobState_Name(job.state()) << ": " << job.reason() << "\n";
+  return 1;
+}
+
+int Submit(Client& client, const Args& args, bool json) {
+  if (args.Get("-f").empty()) return Fail(absl::InvalidArgumentError("submit needs -f JOB.yaml"));
+  auto spec = ReadJobSpecFile(args.Get("-f"));
+  if (!spec.ok()) return Fail(spec.status());
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = *spec;
+  v1::SubmitJobResponse response;
+  absl::Status status = client.Run([&](grpc::ClientContext* c) { return client.jobs()->SubmitJob(c, request, &response); });
+  if (!status.ok()) return Fail(status);
+  if (!args.Has("--wait")) {
+    if (json) {
+      std::cout << ToJson(response.status()) << "\n";
+    } else {
+      std::cout << response.job_id() << "\n";
+    }
+    return 0;
+  }
+  if (!json) std::cout << "submitted " << response.job_id() << "\n";
+  auto last = client.Follow(response.job_id(), json);
+  if (!last.ok()) return Fail(last.status());
+  return FinalVerdict(*last);
+}
+
+int JobCall(Client& client, const Args& args, const std::string& verb, bool json) {
+  if (args.positional.size() != 2) return Fail(absl::InvalidArgumentError(absl::StrCat(verb, " needs a JOB id")));
+  const std::string& job_id = args.positional[1];
+  if (verb == "watch") {
+    auto last = client.Follow(job_id, json);
+    if (!last.ok()) return Fail(last.status());
+    return FinalVerdict(*last);
+  }
+  v1::JobStatus job;
+  absl::Status status;
+  if (verb == "get") {
+    v1::GetJobRequest request;
+    request.set_job_id(job_id);
+    status = client.Run([&](grpc::ClientContext* c) { return client.jobs()->GetJob(c, request, &job); });
+  } else {
+    v1::CancelJobRequest request;
+    request.set_job_id(job_id);
+    status = client.Run([&](grpc::ClientContext* c) { return client.jobs()->CancelJob(c, request, &job); });
+  }
+  if (!status.ok()) return Fail(status);
+  if (json) {
+    std::cout << ToJson(job) << "\n";
+  } else if (verb == "get") {
+    PrintJob(job);
+  } else {
+    std::cout << job.job_id() << " " << v1::JobState_Name(job.state()) << ": " << job.reason() << "\n";
+  }
+  return 0;
+}
+
+int List(Client& client, bool json) {
+  v1::ListJobsRequest request;
+  v1::ListJobsResponse response;
+  absl::Status status = client.Run([&](grpc::ClientContext* c) { return client.jobs()->ListJobs(c, request, &response); });
+  if (!status.ok()) return Fail(status);
+  if (json) {
+    std::cout << ToJson(response) << "\n";
+    return 0;
+  }
+  std::cout << absl::StrFormat("%-10s %-24s %-10s %-15s %-9s %s\n", "JOB", "NAME", "STATE", "STEP", "TEST_ACC", "REASON");
+  for (const auto& job : response.jobs()) {
+    const auto& p = job.progress();
+    std::cout << absl::StrFormat("%-10s %-24s %-10s %-15s %-9s %s\n", job.job_id(), job.spec().name().substr(0, 24),
+                                 v1::JobState_Name(job.state()), absl::StrCat(p.step(), "/", p.total_steps()),
+                                 p.test_accuracy() >= 0 ? absl::StrFormat("%.4f", p.test_accuracy()) : "-",
+                                 job.reason());
+  }
+  return 0;
+}
+
+int Cluster(Client& client, bool json) {
+  v1::ListMembersRequest request;
+  v1::ListMembersResponse response;
+  absl::Status status =
+      client.Run([&](grpc::ClientContext* c) { return client.cluster()->ListMembers(c, request, &response); });
+  if (!status.ok()) return Fail(status);
+  if (json) {
+    std::cout << ToJson(response) << "\n";
+    return 0;
+  }
+  std::cout << absl::StrFormat("%-12s %-7s %-22s %-22s %-8s %s\n", "MEMBER", "ROLE", "GRPC", "METRICS", "DEVICE", "JOB");
+  for (const auto& m : response.members()) {
+    std::cout << absl::StrFormat("%-12s %-7s %-22s %-22s %-8s %s\n", m.member_id(), v1::Role_Name(m.role()),
+                                 m.address().empty() ? "-" : m.address(), m.metrics_address(),
+                                 m.device().empty() ? "-" : m.device(), m.job_id().empty() ? "-" : m.job_id());
+  }
+  return 0;
+}
+
+void PrintProcesses(const v1::LocalClusterFile& file) {
+  std::cout << absl::StrFormat("%-10s %-10s %-8s %-22s %s\n", "ROLE", "ID", "PID", "GRPC", "METRICS");
+  for (const auto& p : file.processes()) {
+    std::cout << absl::StrFormat("%-10s %-10s %-8d %-22s %s\n", p.role(), p.id(), p.pid(),
+                                 p.grpc_address().empty() ? "-" : p.grpc_address(), p.metrics_address());
+  }
+}
+
+absl::StatusOr<int> IntOption(const Args& args, const std::string& name, int fallback) {
+  std::string text = args.Get(name);
+  if (text.empty()) return fallback;
+  char* end = nullptr;
+  long value = std::strtol(text.c_str(), &end, 10);
+  if (*end != '\0' || value < 0 || value > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " must be an integer in [0, 256] (got ", text, ")"));
+  }
+  return static_cast<int>(value);
+}
+
+int LocalUp(const Args& args, bool json) {
+  LocalCluster::Options options;
+  options.dir = LocalDir(args);
+  auto servers = IntOption(args, "--servers", 2);
+  auto workers = IntOption(args, "--workers", 2);
+  auto replicas = IntOption(args, "--replicas", 1);
+  for (const auto* v : {&servers, &workers, &replicas}) {
+    if (!v->ok()) return Fail(v->status());
+  }
+  options.servers = *servers;
+  options.workers = *workers;
+  options.replicas = *replicas;
+  const bool detach = args.Has("--detach");
+  if (!detach) BlockTerminationSignals();  // before any thread: Ctrl-C is handled below
+  auto cluster = LocalCluster::Start(options);
+  if (!cluster.ok()) return Fail(cluster.status());
+  if (json) {
+    std::cout << ToJson((*cluster)->file()) << "\n";
+  } else {
+    PrintProcesses((*cluster)->file());
+    std::cout << "\nlocal cluster up in " << (*cluster)->dir() << "; scheduler at " << (*cluster)->scheduler_address()
+              << "\n  export FULCRUM_SCHEDULER=" << (*cluster)->scheduler_address() << "\n";
+  }
+  if (detach) {
+    (*cluster)->Release();
+    if (!json) std::cout << "  stop it with: fulcrum local down --dir " << (*cluster)->dir() << "\n";
+    return 0;
+  }
+  std::cout << "press Ctrl-C to stop it" << std::endl;
+  WaitForShutdown();
+  std::cout << "\nstopping the local cluster..." << std::endl;
+  absl::Status status = (*cluster)->Down();
+  return status.ok() ? 0 : Fail(status);
+}
+
+int Local(const Args& args, bool json) {
+  if (args.positional.size() < 2) return Fail(absl::InvalidArgumentError("local needs up, add or down"));
+  const std::string& verb = args.positional[1];
+  if (verb == "up") return LocalUp(args, json);
+  auto cluster = LocalCluster::Open(LocalDir(args));
+  if (!cluster.ok()) return Fail(cluster.status());
+  if (verb == "down") {
+    absl::Status status = (*cluster)->Down();
+    if (!status.ok()) return Fail(status);
+    std::cout << "local cluster in " << (*cluster)->dir() << " stopped\n";
+    return 0;
+  }
+  if (verb == "add") {
+    std::string role = args.positional.size() > 2 ? args.positional[2] : "";
+    if (role != "worker" && role != "server") {
+      return Fail(absl::InvalidArgumentError("local add needs worker or server"));
+    }
+    auto process = role == "worker" ? (*cluster)->AddWorker() : (*cluster)->AddServer();
+    (*cluster)->Release();
+    if (!process.ok()) return Fail(process.status());
+    if (json) {
+      std::cout << ToJson(*process) << "\n";
+    } else {
+      std::cout << "started " << process->role() << " " << process->id() << " (pid " << process->pid() << ")\n";
+    }
+    return 0;
+  }
+  return Fail(absl::InvalidArgumentError(absl::StrCat("unknown local verb ", verb, " (up, add, down)")));
+}
+
+}  // namespace
+
+int RunCli(const std::vector<std::string>& raw) {
+  auto args = ParseArgs(raw);
+  if (!args.ok()) {
+    std::cerr << "fulcrum: " << args.status().message() << "\n\n" << kUsage;
+    return 2;
+  }
+  if (args->Has("-h") || args->Has("--help") || args->positional.empty() || args->positional[0] == "help") {
+    std::cout << kUsage;
+    return args->positional.empty() && !args->Has("-h") && !args->Has("--help") ? 2 : 0;
+  }
+  const std::string verb = args->positional[0];
+  const bool json = args->Get("-o") == "json";
+  if (verb == "local") return Local(*args, json);
+  static const std::set<std::string> kVerbs = {"submit", "get", "list", "watch", "cancel", "cluster"};
+  if (!kVerbs.count(verb)) {
+    std::cerr << "fulcrum: unknown command \"" << verb << "\"\n\n" << kUsage;
+    return 2;
+  }
+  auto address = SchedulerAddress(*args);
+  if (!address.ok()) return Fail(address.status());
+  double timeout = std::atof(args->Get("--timeout", "30").c_str());
+  if (timeout <= 0) return Fail(absl::InvalidArgumentError("--timeout must be a positive number of seconds"));
+  Client client(*address, timeout);
+  if (verb == "submit") return Submit(client, *args, json);
+  if (verb == "list") return List(client, json);
+  if (verb == "cluster") return Cluster(client, json);
+  return JobCall(client, *args, verb, json);
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,276 @@
+#include "client/local_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/process.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr char kHost[] = "127.0.0.1";
+
+absl::Status MakeDirs(const std::string& path) {
+  std::string partial;
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    partial += std::string(part) + "/";
+    if (part.empty()) continue;
+    if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot create ", partial, ": ", strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string AbsolutePath(const std::string& path) {
+  if (!path.empty() && path[0] == '/') return path;
+  char cwd[4096];
+  if (getcwd(cwd, sizeof(cwd)) == nullptr) return path;
+  return absl::StrCat(cwd, "/", path);
+}
+
+bool Alive(pid_t pid) {
+  // Reap it if it is our child and already exited.
+  int status;
+  if (waitpid(pid, &status, WNOHANG) == pid) return false;
+  return kill(pid, 0) == 0;
+}
+
+std::string LogTail(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return "";
+  std::string tail = text->size() > 2000 ? text->substr(text->size() - 2000) : *text;
+  return tail;
+}
+
+// fork + exec with stdout/stderr sent to `log`, in a session of its own so a
+// terminal's Ctrl-C reaches only the CLI, which then stops everything.
+absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv, const std::string& log) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) return absl::ResourceExhaustedError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid == 0) {
+    setsid();
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    int null = open("/dev/null", O_RDONLY);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    if (null >= 0) dup2(null, 0);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+std::string DefaultBinDir() {
+  if (const char* env = std::getenv("FULCRUM_BIN_DIR"); env != nullptr && *env) return env;
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return ".";
+  std::string path(exe, n);
+  return path.substr(0, path.rfind('/'));
+}
+
+LocalCluster::~LocalCluster() {
+  if (!owned_) return;
+  for (const v1::LocalProcess& p : file_.processes()) {
+    kill(static_cast<pid_t>(p.pid()), SIGKILL);
+    waitpid(static_cast<pid_t>(p.pid()), nullptr, 0);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options options) {
+  if (options.servers < 1 || options.workers < 0) {
+    return absl::InvalidArgumentError("local up: --servers must be >= 1 and --workers >= 0");
+  }
+  if (options.replicas != 1) {
+    return absl::InvalidArgumentError(
+        "local up: --replicas must be 1 for now (replicated shards are not implemented yet)");
+  }
+  if (options.bin_dir.empty()) options.bin_dir = DefaultBinDir();
+  options.dir = AbsolutePath(options.dir);
+  RETURN_IF_ERROR(MakeDirs(options.dir + "/logs"));
+  RETURN_IF_ERROR(MakeDirs(options.dir + "/run"));
+  if (access((options.dir + "/cluster.json").c_str(), F_OK) == 0) {
+    auto existing = Open(options.dir);
+    if (existing.ok()) {
+      for (const auto& p : (*existing)->file().processes()) {
+        if (kill(static_cast<pid_t>(p.pid()), 0) == 0) {
+          return absl::AlreadyExistsError(absl::StrCat(
+              "a local cluster is already running in ", options.dir, " (", p.role(), " pid ", p.pid(),
+              "): run `fulcrum local down --dir ", options.dir, "` first"));
+        }
+      }
+    }
+  }
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster());
+  cluster->options_ = options;
+  cluster->owned_ = true;
+  cluster->file_.set_dir(options.dir);
+  cluster->file_.set_replicas(options.replicas);
+  ASSIGN_OR_RETURN(v1::LocalProcess scheduler,
+                   cluster->Spawn("scheduler", "scheduler", options.scheduler_flags));
+  cluster->file_.set_scheduler(scheduler.grpc_address());
+  for (int i = 0; i < options.servers; ++i) RETURN_IF_ERROR(cluster->AddServer().status());
+  for (int i = 0; i < options.workers; ++i) RETURN_IF_ERROR(cluster->AddWorker().status());
+  return cluster;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Open(const std::string& dir) {
+  std::string path = AbsolutePath(dir) + "/cluster.json";
+  auto text = ReadFile(path);
+  if (!text.ok()) {
+    return absl::NotFoundError(absl::StrCat("no local cluster in ", dir, " (", path,
+                                            " missing): start one with `fulcrum local up --dir ", dir, "`"));
+  }
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster());
+  auto status = google::protobuf::util::JsonStringToMessage(*text, &cluster->file_);
+  if (!status.ok()) return absl::DataLossError(absl::StrCat(path, ": ", status.ToString()));
+  cluster->options_.dir = cluster->file_.dir();
+  cluster->options_.bin_dir = DefaultBinDir();
+  return cluster;
+}
+
+std::string LocalCluster::NextId(const std::string& role) const {
+  int highest = -1;
+  for (const auto& p : file_.processes()) {
+    if (p.role() != role) continue;
+    std::string suffix = p.id().substr(p.id().rfind('-') + 1);
+    highest = std::max(highest, std::atoi(suffix.c_str()));
+  }
+  return absl::StrCat(role, "-", highest + 1);
+}
+
+absl::StatusOr<v1::LocalProcess> LocalCluster::AddServer() {
+  return Spawn("server", NextId("server"), options_.server_flags);
+}
+
+absl::StatusOr<v1::LocalProcess> LocalCluster::AddWorker() {
+  return Spawn("worker", NextId("worker"), options_.worker_flags);
+}
+
+absl::StatusOr<v1::LocalProcess> LocalCluster::Spawn(const std::string& role, const std::string& id,
+                                                     std::vector<std::string> flags) {
+  const std::string port_file = absl::StrCat(file_.dir(), "/run/", id, ".ports");
+  const std::string log = absl::StrCat(file_.dir(), "/logs/", id, ".log");
+  unlink(port_file.c_str());
+  std::vector<std::string> argv = {absl::StrCat(options_.bin_dir, "/fulcrum-", role),
+                                   absl::StrCat("--host=", kHost), "--metrics_port=0",
+                                   absl::StrCat("--port_file=", port_file)};
+  if (access(argv[0].c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("cannot run ", argv[0],
+                                            ": build Fulcrum first or set FULCRUM_BIN_DIR"));
+  }
+  if (role != "worker") argv.push_back("--port=0");
+  if (role != "scheduler") {
+    argv.push_back(absl::StrCat("--scheduler=", file_.scheduler()));
+    argv.push_back(absl::StrCat("--id=", id));
+  }
+  for (std::string& f : flags) argv.push_back(std::move(f));
+  ASSIGN_OR_RETURN(pid_t pid, SpawnProcess(argv, log));
+  v1::LocalProcess process;
+  process.set_role(role);
+  process.set_id(id);
+  process.set_pid(pid);
+  process.set_log(log);
+  *file_.add_processes() = process;  // recorded first, so a failure below still kills it
+  absl::Time deadline = absl::Now() + options_.start_timeout;
+  while (access(port_file.c_str(), F_OK) != 0) {
+    if (!Alive(pid)) {
+      return absl::UnavailableError(absl::StrCat(role, " ", id, " exited during start-up; its log ", log,
+                                                 " ends with:\n", LogTail(log)));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(role, " ", id, " did not start within ",
+                                                      absl::FormatDuration(options_.start_timeout),
+                                                      "; see ", log));
+    }
+    absl::SleepFor(absl::Milliseconds(10));  // polling for the port file the child writes
+  }
+  ASSIGN_OR_RETURN(std::string text, ReadFile(port_file));
+  v1::PortFile ports;
+  if (auto s = google::protobuf::util::JsonStringToMessage(text, &ports); !s.ok()) {
+    return absl::DataLossError(absl::StrCat(port_file, ": ", s.ToString()));
+  }
+  if (ports.grpc_port() > 0) process.set_grpc_address(absl::StrCat(kHost, ":", ports.grpc_port()));
+  process.set_metrics_address(absl::StrCat(kHost, ":", ports.metrics_port()));
+  *file_.mutable_processes(file_.processes_size() - 1) = process;
+  RETURN_IF_ERROR(WriteFile());
+  return process;
+}
+
+absl::Status LocalCluster::WriteFile() const {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.add_whitespace = true;
+  print.preserve_proto_field_names = true;
+  print.always_print_primitive_fields = true;
+  auto status = google::protobuf::util::MessageToJsonString(file_, &json, print);
+  if (!status.ok()) return absl::InternalError(status.ToString());
+  return WriteFileAtomically(file_.dir() + "/cluster.json", json);
+}
+
+absl::Status LocalCluster::Signal(const std::string& id, int signal) {
+  for (const auto& p : file_.processes()) {
+    if (p.id() != id) continue;
+    if (kill(static_cast<pid_t>(p.pid()), signal) != 0) {
+      return absl::NotFoundError(absl::StrCat("signal to ", id, " (pid ", p.pid(), "): ", strerror(errno)));
+    }
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("no process ", id, " in ", file_.dir()));
+}
+
+absl::Status LocalCluster::Down(absl::Duration grace) {
+  // Workers first, then servers, then the scheduler: nobody loses a peer
+  // while it still has work in flight.
+  for (const char* role : {"worker", "server", "scheduler"}) {
+    for (const auto& p : file_.processes()) {
+      if (p.role() == role) kill(static_cast<pid_t>(p.pid()), SIGTERM);
+    }
+  }
+  absl::Time deadline = absl::Now() + grace;
+  for (const auto& p : file_.processes()) {
+    pid_t pid = static_cast<pid_t>(p.pid());
+    while (Alive(pid) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+    if (Alive(pid)) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+  owned_ = false;
+  unlink((file_.dir() + "/cluster.json").c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace fulcrum

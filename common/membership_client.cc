@@ -1,0 +1,102 @@
+#include "common/membership_client.h"
+
+#include <unistd.h>
+
+#include "common/logging.h"
+#include "common/rpc.h"
+
+namespace fulcrum {
+
+MembershipClient::MembershipClient(Options options)
+    : options_(std::move(options)),
+      stub_(v1::ClusterService::NewStub(MakeChannel(options_.scheduler))) {}
+
+MembershipClient::~MembershipClient() { Stop(); }
+
+void MembershipClient::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void MembershipClient::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string MembershipClient::member_id() const {
+  absl::MutexLock lock(&mu_);
+  return member_id_;
+}
+
+bool MembershipClient::RegisterOnce() {
+  v1::RegisterRequest request;
+  request.set_role(options_.role);
+  request.set_address(options_.address);
+  request.set_metrics_address(options_.metrics_address);
+  request.set_requested_id(options_.requested_id);
+  request.set_pid(getpid());
+  request.set_device(options_.device);
+  v1::RegisterResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, 2.0);
+  grpc::Status status = stub_->Register(&context, request, &response);
+  if (!status.ok()) {
+    FLOG(WARNING) << "cannot register with scheduler " << options_.scheduler << ": "
+                  << status.error_message() << " (retrying)";
+    return false;
+  }
+  FLOG(INFO) << "registered with scheduler " << options_.scheduler << " as "
+             << response.member_id() << " (lease " << response.lease_ms() << " ms)";
+  absl::MutexLock lock(&mu_);
+  member_id_ = response.member_id();
+  interval_ms_ = std::max<int64_t>(50, response.heartbeat_interval_ms());
+  return true;
+}
+
+bool MembershipClient::HeartbeatOnce() {
+  v1::HeartbeatRequest request;
+  request.set_member_id(member_id());
+  if (options_.current_job) request.set_job_id(options_.current_job());
+  v1::HeartbeatResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, 2.0);
+  grpc::Status status = stub_->Heartbeat(&context, request, &response);
+  if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+    FLOG(WARNING) << "scheduler does not know " << request.member_id() << ": registering again";
+    absl::MutexLock lock(&mu_);
+    member_id_.clear();
+    return false;
+  }
+  if (!status.ok()) {
+    FLOG(WARNING) << "heartbeat to " << options_.scheduler << " failed: " << status.error_message();
+    return false;
+  }
+  if (options_.on_heartbeat) options_.on_heartbeat(response);
+  return true;
+}
+
+void MembershipClient::Loop() {
+  while (true) {
+    bool registered = !member_id().empty() || RegisterOnce();
+    if (registered) HeartbeatOnce();
+    absl::MutexLock lock(&mu_);
+    int64_t wait_ms = registered ? interval_ms_ : 500;
+    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(wait_ms))) return;
+  }
+}
+
+absl::Status MembershipClient::Report(v1::WorkReport report) {
+  report.set_member_id(member_id());
+  grpc::Status status;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    v1::WorkReportResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context, 5.0);
+    status = stub_->ReportWork(&context, report, &response);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    usleep(200000 * (attempt + 1));  // backoff between retries of a failed RPC
+  }
+  return FromGrpcStatus(status);
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,62 @@
+// Keeps a process registered with the scheduler: registers, heartbeats on an
+// owned thread, and registers again when the scheduler says the lease is gone
+// (or the scheduler restarted). Workers read their assignment from the
+// heartbeat responses through the callback.
+#ifndef FULCRUM_COMMON_MEMBERSHIP_CLIENT_H_
+#define FULCRUM_COMMON_MEMBERSHIP_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "fulcrum/v1/cluster.grpc.pb.h"
+
+namespace fulcrum {
+
+class MembershipClient {
+ public:
+  struct Options {
+    std::string scheduler;  // host:port
+    v1::Role role = v1::ROLE_UNSPECIFIED;
+    std::string address;
+    std::string metrics_address;
+    std::string requested_id;
+    std::string device;
+    // Called on the heartbeat thread after every successful heartbeat.
+    std::function<void(const v1::HeartbeatResponse&)> on_heartbeat;
+    // Called before each heartbeat: the job this process works on now.
+    std::function<std::string()> current_job;
+  };
+
+  explicit MembershipClient(Options options);
+  ~MembershipClient();  // calls Stop()
+
+  void Start();
+  void Stop();
+  // The id the scheduler gave this process ("" until registered).
+  std::string member_id() const;
+
+  // Sends a work report (workers). Retries UNAVAILABLE briefly.
+  absl::Status Report(v1::WorkReport report);
+
+ private:
+  void Loop();
+  bool RegisterOnce();
+  bool HeartbeatOnce();
+
+  const Options options_;
+  std::unique_ptr<v1::ClusterService::Stub> stub_;
+  mutable absl::Mutex mu_;  // guards the members below
+  std::string member_id_ ABSL_GUARDED_BY(mu_);
+  int64_t interval_ms_ ABSL_GUARDED_BY(mu_) = 500;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_COMMON_MEMBERSHIP_CLIENT_H_

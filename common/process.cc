@@ -1,0 +1,78 @@
+#include "common/process.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace fulcrum {
+namespace {
+
+sigset_t TerminationSet() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGUSR2);  // RequestShutdown
+  return set;
+}
+
+}  // namespace
+
+void BlockTerminationSignals() {
+  sigset_t set = TerminationSet();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+int WaitForShutdown() {
+  sigset_t set = TerminationSet();
+  int sig = 0;
+  while (sigwait(&set, &sig) != 0) {
+  }
+  return sig == SIGUSR2 ? 0 : sig;
+}
+
+void RequestShutdown() { kill(getpid(), SIGUSR2); }
+
+void AcceptDashedFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    char* arg = argv[i];
+    if (strncmp(arg, "--", 2) != 0) continue;
+    if (arg[2] == '\0') break;  // "--": the rest are not flags
+    for (char* c = arg + 2; *c != '\0' && *c != '='; ++c) {
+      if (*c == '-') *c = '_';
+    }
+  }
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  std::string temp = absl::StrCat(path, ".tmp.", getpid());
+  FILE* file = fopen(temp.c_str(), "w");
+  if (file == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot write ", temp, ": ", strerror(errno)));
+  }
+  size_t written = fwrite(contents.data(), 1, contents.size(), file);
+  bool ok = written == contents.size() && fflush(file) == 0 && fsync(fileno(file)) == 0;
+  ok = (fclose(file) == 0) && ok;
+  if (!ok || rename(temp.c_str(), path.c_str()) != 0) {
+    unlink(temp.c_str());
+    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_port,
+                           const std::string& id) {
+  return WriteFileAtomically(
+      path, absl::StrCat("{\"grpc_port\": ", grpc_port, ", \"metrics_port\": ", metrics_port,
+                         ", \"pid\": ", getpid(), ", \"id\": \"", id, "\"}\n"));
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,37 @@
+// Process plumbing shared by every binary: termination signals and the
+// "port file" through which a process started with port 0 tells its parent
+// which ports it bound.
+#ifndef FULCRUM_COMMON_PROCESS_H_
+#define FULCRUM_COMMON_PROCESS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace fulcrum {
+
+// Blocks SIGTERM, SIGINT and SIGPIPE in the calling thread and every thread it
+// creates afterwards. Call first thing in main(), before any thread exists.
+void BlockTerminationSignals();
+
+// Waits until SIGTERM/SIGINT arrives or RequestShutdown() is called; returns
+// the signal number (0 for RequestShutdown). Call from one thread only.
+int WaitForShutdown();
+
+// Makes WaitForShutdown() return (e.g. after a fatal error in a worker loop).
+void RequestShutdown();
+
+// Rewrites "--flag-name[=v]" as "--flag_name[=v]" in place so that every
+// binary accepts the dashed spelling of its (Abseil, underscored) flags.
+void AcceptDashedFlags(int argc, char** argv);
+
+// Atomically writes `contents` to `path` (write to a temp file, rename).
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
+
+// Writes {"grpc_port": G, "metrics_port": M, "pid": P, "id": "..."} to path.
+absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_port,
+                           const std::string& id);
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_COMMON_PROCESS_H_

@@ -1,0 +1,58 @@
+#include "common/rpc.h"
+
+#include <chrono>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace fulcrum {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
+                                              const std::vector<grpc::Service*>& services) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  RunningServer running;
+  std::string address = absl::StrCat(host, ":", port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &running.port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  running.server = builder.BuildAndStart();
+  if (running.server == nullptr || running.port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address,
+                                               " (address in use or not local?)"));
+  }
+  running.server->GetHealthCheckService()->SetServingStatus(true);
+  return running;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Independent channels per peer so that one busy connection cannot starve another.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+void SetDeadline(grpc::ClientContext* context, double seconds) {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)));
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,43 @@
+// gRPC edge helpers: the one place absl::Status <-> grpc::Status is translated,
+// and the server boilerplate every process shares (health, reflection, port 0).
+#ifndef FULCRUM_COMMON_RPC_H_
+#define FULCRUM_COMMON_RPC_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace fulcrum {
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// Largest message any Fulcrum process accepts or sends. Payloads are split
+// into chunks well below it; anything bigger is rejected by gRPC with
+// RESOURCE_EXHAUSTED before it reaches our code.
+constexpr int kMaxMessageBytes = 8 << 20;
+
+struct RunningServer {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+
+// Builds and starts a gRPC server on host:port (port 0 picks a free one)
+// serving `services`, grpc.health.v1.Health (SERVING) and reflection.
+absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
+                                              const std::vector<grpc::Service*>& services);
+
+// A channel with Fulcrum's message limits.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+
+// Sets a deadline `seconds` from now on `context`.
+void SetDeadline(grpc::ClientContext* context, double seconds);
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_COMMON_RPC_H_

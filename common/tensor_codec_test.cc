@@ -1,0 +1,128 @@
+#include "common/tensor_codec.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "gtest/gtest.h"
+
+namespace fulcrum {
+namespace {
+
+::testing::AssertionResult Contains(absl::string_view haystack,
+                                   absl::string_view needle) {
+  if (haystack.find(needle) != absl::string_view::npos) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure()
+         << "\"" << haystack << "\" does not contain \"" << needle << "\"";
+}
+
+uint32_t Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return b;
+}
+
+float FromBits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+
+TEST(TensorCodecTest, RoundTripIsBitExactIncludingSpecialValues) {
+  const std::vector<float> in = {
+      0.0f,
+      -0.0f,
+      1.0f,
+      -2.5f,
+      3.14159265f,
+      std::numeric_limits<float>::max(),
+      std::numeric_limits<float>::lowest(),
+      std::numeric_limits<float>::min(),
+      std::numeric_limits<float>::denorm_min(),
+      -std::numeric_limits<float>::denorm_min(),
+      FromBits(0x00012345u),  // another denormal
+      std::numeric_limits<float>::infinity(),
+      -std::numeric_limits<float>::infinity(),
+      std::numeric_limits<float>::quiet_NaN(),
+      FromBits(0x7fa00001u),  // signalling NaN payload
+      FromBits(0xffc12345u),  // negative NaN with payload
+  };
+  std::string bytes;
+  EncodeFloats(in.data(), static_cast<int64_t>(in.size()), &bytes);
+  ASSERT_EQ(bytes.size(), in.size() * 4);
+
+  std::vector<float> out(in.size(), 99.0f);
+  ASSERT_TRUE(DecodeFloats(bytes, static_cast<int64_t>(in.size()), out.data(),
+                           "values")
+                  .ok());
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_EQ(Bits(out[i]), Bits(in[i])) << "index " << i;
+  }
+}
+
+TEST(TensorCodecTest, EmptyRoundTrip) {
+  std::string bytes = "garbage";
+  EncodeFloats(nullptr, 0, &bytes);
+  EXPECT_TRUE(bytes.empty());
+  EXPECT_TRUE(DecodeFloats(bytes, 0, nullptr, "empty").ok());
+}
+
+TEST(TensorCodecTest, EncodeReplacesPreviousContents) {
+  std::string bytes(100, 'x');
+  const float v[2] = {1.0f, 2.0f};
+  EncodeFloats(v, 2, &bytes);
+  EXPECT_EQ(bytes.size(), 8u);
+}
+
+TEST(TensorCodecTest, ByteLayoutIsLittleEndian) {
+  // 1.0f is 0x3f800000.
+  const float one = 1.0f;
+  std::string bytes;
+  EncodeFloats(&one, 1, &bytes);
+  ASSERT_EQ(bytes.size(), 4u);
+  EXPECT_EQ(static_cast<uint8_t>(bytes[0]), 0x00);
+  EXPECT_EQ(static_cast<uint8_t>(bytes[1]), 0x00);
+  EXPECT_EQ(static_cast<uint8_t>(bytes[2]), 0x80);
+  EXPECT_EQ(static_cast<uint8_t>(bytes[3]), 0x3f);
+
+  // And decoding hand-written little-endian bytes gives the value back.
+  const std::string le("\x00\x00\x80\x3f\x00\x00\x00\xc0", 8);  // 1.0, -2.0
+  float out[2];
+  ASSERT_TRUE(DecodeFloats(le, 2, out, "le").ok());
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], -2.0f);
+}
+
+TEST(TensorCodecTest, SizeMismatchIsInvalidArgumentNamingWhat) {
+  const float v[3] = {1.0f, 2.0f, 3.0f};
+  std::string bytes;
+  EncodeFloats(v, 3, &bytes);
+  float out[4];
+
+  absl::Status too_few = DecodeFloats(bytes, 4, out, "gradient of chunk 7");
+  EXPECT_EQ(too_few.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(too_few.message(), "gradient of chunk 7"));
+
+  absl::Status too_many = DecodeFloats(bytes, 2, out, "weights");
+  EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(too_many.message(), "weights"));
+
+  absl::Status partial =
+      DecodeFloats(bytes.substr(0, 5), 1, out, "odd-sized payload");
+  EXPECT_EQ(partial.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(partial.message(), "odd-sized payload"));
+
+  absl::Status nonempty_for_zero = DecodeFloats(bytes, 0, out, "nothing");
+  EXPECT_EQ(nonempty_for_zero.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(nonempty_for_zero.message(), "nothing"));
+}
+
+}  // namespace
+}  // namespace fulcrum

@@ -1,0 +1,207 @@
+#include "kernels/mlp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace fulcrum {
+namespace kernels {
+namespace {
+
+std::vector<int> LayerDims(const ModelConfig& config) {
+  std::vector<int> dims;
+  dims.push_back(config.input_dim);
+  dims.insert(dims.end(), config.hidden.begin(), config.hidden.end());
+  dims.push_back(config.num_classes);
+  return dims;
+}
+
+absl::Status CheckPointers(const char* what, size_t expected,
+                           size_t actual_count, bool any_null) {
+  if (actual_count != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Mlp: got ", actual_count, " ", what, " pointers, expected ", expected,
+        " (one per tensor in MlpTensors order)"));
+  }
+  if (any_null) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Mlp: a ", what, " pointer is null; pass one buffer per "
+                     "tensor in MlpTensors order"));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+bool AnyNull(const std::vector<T*>& pointers) {
+  return std::any_of(pointers.begin(), pointers.end(),
+                     [](T* p) { return p == nullptr; });
+}
+
+}  // namespace
+
+absl::Status ValidateModelConfig(const ModelConfig& config) {
+  if (config.input_dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ModelConfig: input_dim = ", config.input_dim, " must be positive"));
+  }
+  if (config.num_classes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ModelConfig: num_classes = ", config.num_classes,
+                     " must be positive"));
+  }
+  for (size_t i = 0; i < config.hidden.size(); ++i) {
+    if (config.hidden[i] <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ModelConfig: hidden[", i, "] = ", config.hidden[i],
+                       " must be positive"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<TensorInfo> MlpTensors(const ModelConfig& config) {
+  const std::vector<int> dims = LayerDims(config);
+  std::vector<TensorInfo> tensors;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) {
+    const int64_t in = dims[i], out = dims[i + 1];
+    const float glorot = std::sqrt(6.0f / static_cast<float>(in + out));
+    const std::string prefix = absl::StrCat("layer", i);
+    tensors.push_back({prefix + ".weight", {in, out}, in * out,
+                       InitKind::kUniform, glorot});
+    tensors.push_back({prefix + ".bias", {out}, out, InitKind::kZeros, 0.0f});
+  }
+  return tensors;
+}
+
+Mlp::Mlp(ModelConfig config, Backend* backend)
+    : config_(std::move(config)),
+      backend_(backend),
+      config_status_(ValidateModelConfig(config_)),
+      dims_(LayerDims(config_)),
+      outputs_(dims_.size() - 1) {
+  if (config_status_.ok() && backend_ == nullptr) {
+    config_status_ = absl::InvalidArgumentError(
+        "Mlp: backend is null; pass a Backend such as MakeCpuBackend()");
+  }
+}
+
+Activation Mlp::LayerActivation(int layer) const {
+  return layer + 1 < num_layers() ? config_.activation : Activation::kNone;
+}
+
+absl::Status Mlp::ValidateInputs(const std::vector<const float*>& params,
+                                 const float* x, const int32_t* labels,
+                                 int batch) const {
+  RETURN_IF_ERROR(config_status_);
+  if (batch <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Mlp: batch = ", batch, " must be positive"));
+  }
+  if (x == nullptr || labels == nullptr) {
+    return absl::InvalidArgumentError("Mlp: x and labels must be non-null");
+  }
+  return CheckPointers("param", 2 * num_layers(), params.size(),
+                       AnyNull(params));
+}
+
+void Mlp::EnsureScratch(int batch) {
+  for (int i = 0; i < num_layers(); ++i) {
+    const size_t needed = static_cast<size_t>(batch) * dims_[i + 1];
+    if (outputs_[i].size() < needed) outputs_[i].resize(needed);
+  }
+  const size_t widest = *std::max_element(dims_.begin(), dims_.end());
+  const size_t needed = static_cast<size_t>(batch) * widest;
+  if (delta_.size() < needed) delta_.resize(needed);
+  if (next_delta_.size() < needed) next_delta_.resize(needed);
+}
+
+absl::Status Mlp::Forward(const std::vector<const float*>& params,
+                          const float* x, int batch) {
+  EnsureScratch(batch);
+  const float* input = x;
+  for (int i = 0; i < num_layers(); ++i) {
+    const int in = dims_[i], out = dims_[i + 1];
+    float* output = outputs_[i].data();
+    RETURN_IF_ERROR(backend_->Gemm(
+        false, false, batch, out, in, 1.0f, input, params[2 * i], 0.0f,
+        output));
+    RETURN_IF_ERROR(backend_->BiasActivationForward(
+        LayerActivation(i), batch, out, params[2 * i + 1], output));
+    input = output;
+  }
+  return absl::OkStatus();
+}
+
+// Expects delta_ to hold d(loss)/d(logits). Propagates it down the layers.
+absl::Status Mlp::Backward(const std::vector<const float*>& params,
+                           const float* x, int batch,
+                           const std::vector<float*>& grads) {
+  for (int i = num_layers() - 1; i >= 0; --i) {
+    const int in = dims_[i], out = dims_[i + 1];
+    const float* input = i == 0 ? x : outputs_[i - 1].data();
+    RETURN_IF_ERROR(backend_->Gemm(true, false, in, out, batch,
+                                               1.0f, input, delta_.data(),
+                                               0.0f, grads[2 * i]));
+    RETURN_IF_ERROR(
+        backend_->ColumnSum(batch, out, delta_.data(), grads[2 * i + 1]));
+    if (i == 0) break;
+    RETURN_IF_ERROR(
+        backend_->Gemm(false, true, batch, in, out, 1.0f, delta_.data(),
+                       params[2 * i], 0.0f, next_delta_.data()));
+    RETURN_IF_ERROR(backend_->ActivationBackward(
+        LayerActivation(i - 1), int64_t{batch} * in, input,
+        next_delta_.data()));
+    delta_.swap(next_delta_);
+  }
+  return absl::OkStatus();
+}
+
+void Mlp::AddStats(double loss_sum, int64_t correct, int batch,
+                   BatchStats* stats) {
+  if (stats == nullptr) return;
+  stats->loss_sum += loss_sum;
+  stats->correct += correct;
+  stats->count += batch;
+}
+
+absl::Status Mlp::ForwardBackward(const std::vector<const float*>& params,
+                                  const float* x, const int32_t* labels,
+                                  int batch, const std::vector<float*>& grads,
+                                  BatchStats* stats) {
+  RETURN_IF_ERROR(ValidateInputs(params, x, labels, batch));
+  RETURN_IF_ERROR(
+      CheckPointers("grad", params.size(), grads.size(), AnyNull(grads)));
+  RETURN_IF_ERROR(Forward(params, x, batch));
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+  RETURN_IF_ERROR(backend_->SoftmaxCrossEntropy(
+      batch, config_.num_classes, outputs_.back().data(), labels,
+      1.0f / static_cast<float>(batch), delta_.data(), &loss_sum, &correct));
+  RETURN_IF_ERROR(Backward(params, x, batch, grads));
+  AddStats(loss_sum, correct, batch, stats);
+  return absl::OkStatus();
+}
+
+absl::Status Mlp::Evaluate(const std::vector<const float*>& params,
+                           const float* x, const int32_t* labels, int batch,
+                           BatchStats* stats) {
+  RETURN_IF_ERROR(ValidateInputs(params, x, labels, batch));
+  RETURN_IF_ERROR(Forward(params, x, batch));
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+  RETURN_IF_ERROR(backend_->SoftmaxCrossEntropy(
+      batch, config_.num_classes, outputs_.back().data(), labels, 0.0f,
+      nullptr, &loss_sum, &correct));
+  AddStats(loss_sum, correct, batch, stats);
+  return absl::OkStatus();
+}
+
+}  // namespace kernels
+}  // namespace fulcrum

@@ -1,0 +1,127 @@
+// The scheduler's core: jobs, membership (leases), assignments and shard maps.
+// No gRPC here: scheduler/*_service.cc translate RPCs onto this class, and the
+// servers are reached through the ServerControl interface.
+//
+// Life of a job: Submit -> PENDING until numWorkers idle workers and a server
+// are live -> RUNNING/loading (workers get a LOAD assignment, load their data
+// and report READY) -> RUNNING/training (the scheduler builds the shard map,
+// sets the chunks up on the servers and hands workers a TRAIN assignment) ->
+// SUCCEEDED when every worker reported DONE, FAILED on a worker's failure
+// report or a lost lease, CANCELLED by CancelJob.
+#ifndef FULCRUM_SCHEDULER_JOB_MANAGER_H_
+#define FULCRUM_SCHEDULER_JOB_MANAGER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "fulcrum/v1/cluster.pb.h"
+#include "fulcrum/v1/job.pb.h"
+#include "fulcrum/v1/parameter.pb.h"
+
+namespace fulcrum {
+
+// How the scheduler reaches parameter servers. Implementations must be
+// thread-safe; they are never called with the manager's lock held.
+class ServerControl {
+ public:
+  virtual ~ServerControl() = default;
+  virtual absl::Status SetupJob(const std::string& address, const v1::SetupJobRequest& request) = 0;
+  // keep_parameters: the job succeeded; keep its parameters readable.
+  virtual absl::Status DropJob(const std::string& address, const std::string& job_id,
+                               const std::string& reason, bool keep_parameters) = 0;
+};
+
+struct SchedulerOptions {
+  absl::Duration lease = absl::Seconds(3);
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  int64_t chunk_elems = 65536;  // 256 KiB of float32
+  absl::Duration tick = absl::Milliseconds(100);
+};
+
+class JobManager {
+ public:
+  using Clock = std::function<absl::Time()>;
+  // `servers` must outlive the manager. `clock` defaults to absl::Now.
+  JobManager(SchedulerOptions options, ServerControl* servers, Clock clock = nullptr);
+  ~JobManager();  // calls Stop()
+
+  // Starts / stops the background thread that expires leases, schedules jobs
+  // and talks to the servers.
+  void Start();
+  void Stop();
+
+  // --- JobService ---
+  // INVALID_ARGUMENT naming the field for a bad spec.
+  absl::StatusOr<v1::JobStatus> Submit(v1::JobSpec spec);
+  // NOT_FOUND for an unknown id.
+  absl::StatusOr<v1::JobStatus> Get(const std::string& job_id) const;
+  std::vector<v1::JobStatus> List() const;
+  // FAILED_PRECONDITION if the job already ended.
+  absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id);
+  // Waits until the job's status changes past `*version` (or `timeout`
+  // passes), then returns the status and updates *version.
+  absl::StatusOr<v1::JobStatus> WaitForChange(const std::string& job_id, int64_t* version,
+                                              absl::Duration timeout) const;
+
+  // --- ClusterService ---
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  // NOT_FOUND when the member is unknown (lease expired): register again.
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+  absl::Status Report(const v1::WorkReport& report);
+  std::vector<v1::MemberInfo> Members() const;
+
+  // One pass of lease expiry, scheduling and server calls (the background
+  // thread runs it every options.tick; tests may call it directly).
+  void Tick();
+
+ private:
+  struct Member;
+  struct Job;
+  using Action = std::function<void()>;
+
+  static bool IsTerminal(v1::JobState state);
+  Job* FindJob(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Touch(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndJob(Job* job, v1::JobState state, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SchedulePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartSetups() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool TryAssign(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status BuildShardPlan(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunSetup(const std::string& job_id, std::map<std::string, v1::SetupJobRequest> requests);
+  void OnProgress(Job* job, int rank, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnEval(Job* job, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::Assignment AssignmentFor(const Member& member) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Loop();
+
+  const SchedulerOptions options_;
+  ServerControl* const servers_;
+  const Clock clock_;
+
+  mutable absl::Mutex mu_;  // guards everything below
+  mutable absl::CondVar changed_;  // signalled whenever a job's status changes
+  std::map<std::string, std::unique_ptr<Member>> members_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> pending_ ABSL_GUARDED_BY(mu_);  // PENDING jobs in submit order
+  std::vector<Action> actions_ ABSL_GUARDED_BY(mu_);     // server calls to run unlocked
+  int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t next_member_[3] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SCHEDULER_JOB_MANAGER_H_

@@ -1,0 +1,201 @@
+#include "scheduler/job_spec.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/reflection.h"
+#include "google/protobuf/unknown_field_set.h"
+
+namespace fulcrum {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+
+absl::Status Invalid(const std::string& field, const std::string& rule, const std::string& got) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("job spec: ", field, " ", rule, " (got ", got, ")"));
+}
+
+template <typename T>
+absl::Status CheckRange(const std::string& field, T value, T lo, T hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return Invalid(field, absl::StrCat("must be in [", lo, ", ", hi, "]"), absl::StrCat(value));
+}
+
+absl::Status CheckFloat(const std::string& field, float value, float lo, float hi, bool lo_open,
+                        bool hi_open) {
+  bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) &&
+            (hi_open ? value < hi : value <= hi);
+  if (ok) return absl::OkStatus();
+  return Invalid(field,
+                 absl::StrCat("must be in ", lo_open ? "(" : "[", lo, ", ", hi, hi_open ? ")" : "]"),
+                 absl::StrCat(value));
+}
+
+// Unknown fields and out-of-range enum numbers, recursively.
+absl::Status CheckWellFormed(const Message& message, const std::string& path) {
+  const auto* reflection = message.GetReflection();
+  const auto& unknown = reflection->GetUnknownFields(message);
+  if (!unknown.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: unknown field number ",
+                                                   unknown.field(0).number(), " in ",
+                                                   path.empty() ? "the spec" : path));
+  }
+  std::vector<const FieldDescriptor*> fields;
+  reflection->ListFields(message, &fields);
+  for (const FieldDescriptor* field : fields) {
+    std::string name = path.empty() ? field->json_name() : absl::StrCat(path, ".", field->json_name());
+    if (field->type() == FieldDescriptor::TYPE_ENUM && !field->is_repeated()) {
+      int number = reflection->GetEnumValue(message, field);
+      if (field->enum_type()->FindValueByNumber(number) == nullptr) {
+        return Invalid(name, "is not a known value", absl::StrCat(number));
+      }
+    }
+    if (field->type() == FieldDescriptor::TYPE_MESSAGE && !field->is_repeated()) {
+      RETURN_IF_ERROR(CheckWellFormed(reflection->GetMessage(message, field), name));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateModel(const v1::ModelSpec& model) {
+  switch (model.kind()) {
+    case v1::ModelSpec::SOFTMAX_REGRESSION:
+      if (model.hidden_sizes_size() > 0) {
+        return Invalid("model.hiddenSizes", "must be empty for SOFTMAX_REGRESSION (use MLP)",
+                       absl::StrCat(model.hidden_sizes_size(), " sizes"));
+      }
+      return absl::OkStatus();
+    case v1::ModelSpec::MLP:
+      if (model.hidden_sizes_size() < 1 || model.hidden_sizes_size() > 16) {
+        return Invalid("model.hiddenSizes", "must list 1 to 16 layer sizes for MLP",
+                       absl::StrCat(model.hidden_sizes_size(), " sizes"));
+      }
+      for (int i = 0; i < model.hidden_sizes_size(); ++i) {
+        RETURN_IF_ERROR(CheckRange(absl::StrCat("model.hiddenSizes[", i, "]"),
+                                   model.hidden_sizes(i), 1, 65536));
+      }
+      return absl::OkStatus();
+    default:
+      return Invalid("model.kind", "must be SOFTMAX_REGRESSION or MLP", "unset");
+  }
+}
+
+absl::Status ValidateData(const v1::DataSpec& data) {
+  if (data.dataset() == v1::DataSpec::FASHION_MNIST) {
+    if (data.synthetic_examples() || data.synthetic_features() || data.synthetic_classes()) {
+      return Invalid("data.syntheticExamples", "applies to SYNTHETIC data only", "a value");
+    }
+  } else if (data.dataset() == v1::DataSpec::SYNTHETIC) {
+    RETURN_IF_ERROR(CheckRange<int64_t>("data.syntheticExamples", data.synthetic_examples(), 1, 100000000));
+    RETURN_IF_ERROR(CheckRange("data.syntheticFeatures", data.synthetic_features(), 1, 65536));
+    RETURN_IF_ERROR(CheckRange("data.syntheticClasses", data.synthetic_classes(), 2, 65536));
+  } else {
+    return Invalid("data.dataset", "must be FASHION_MNIST or SYNTHETIC", "unset");
+  }
+  RETURN_IF_ERROR(CheckRange("data.batchSize", data.batch_size(), 1, 65536));
+  RETURN_IF_ERROR(CheckRange("data.epochs", data.epochs(), 1, 10000));
+  RETURN_IF_ERROR(CheckRange<int64_t>("data.maxSteps", data.max_steps(), 0, int64_t{1} << 40));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptimizer(const v1::OptimizerSpec& opt) {
+  RETURN_IF_ERROR(CheckFloat("optimizer.lr", opt.lr(), 0, 1000, true, false));
+  RETURN_IF_ERROR(CheckFloat("optimizer.weightDecay", opt.weight_decay(), 0, 10, false, false));
+  RETURN_IF_ERROR(CheckFloat("optimizer.momentum", opt.momentum(), 0, 1, false, true));
+  RETURN_IF_ERROR(CheckFloat("optimizer.beta1", opt.beta1(), 0, 1, false, true));
+  RETURN_IF_ERROR(CheckFloat("optimizer.beta2", opt.beta2(), 0, 1, false, true));
+  RETURN_IF_ERROR(CheckFloat("optimizer.epsilon", opt.epsilon(), 0, 1, false, false));
+  RETURN_IF_ERROR(CheckFloat("optimizer.initialAccumulator", opt.initial_accumulator(), 0, 1e6, false, false));
+  bool sgd = opt.kind() == v1::OptimizerSpec::SGD;
+  bool adam = opt.kind() == v1::OptimizerSpec::ADAM || opt.kind() == v1::OptimizerSpec::ADAMW;
+  if (!sgd && (opt.momentum() != 0 || opt.nesterov())) {
+    return Invalid("optimizer.momentum", "applies to SGD only", absl::StrCat(opt.momentum()));
+  }
+  if (opt.nesterov() && opt.momentum() <= 0) {
+    return Invalid("optimizer.nesterov", "needs optimizer.momentum > 0", "momentum 0");
+  }
+  if (!adam && (opt.beta1() != 0 || opt.beta2() != 0)) {
+    return Invalid("optimizer.beta1", "applies to ADAM and ADAMW only", "a value");
+  }
+  if (opt.kind() != v1::OptimizerSpec::ADAGRAD && opt.initial_accumulator() != 0) {
+    return Invalid("optimizer.initialAccumulator", "applies to ADAGRAD only", "a value");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSchedule(const v1::LrScheduleSpec& schedule, float lr) {
+  RETURN_IF_ERROR(CheckRange<int64_t>("lrSchedule.warmupSteps", schedule.warmup_steps(), 0, int64_t{1} << 40));
+  RETURN_IF_ERROR(CheckFloat("lrSchedule.minLr", schedule.min_lr(), 0, lr, false, false));
+  switch (schedule.kind()) {
+    case v1::LrScheduleSpec::CONSTANT:
+      if (schedule.warmup_steps() || schedule.step_size() || schedule.min_lr() || schedule.gamma()) {
+        return Invalid("lrSchedule", "takes no parameters when kind is CONSTANT", "parameters");
+      }
+      return absl::OkStatus();
+    case v1::LrScheduleSpec::WARMUP_COSINE:
+      if (schedule.step_size() || schedule.gamma()) {
+        return Invalid("lrSchedule.stepSize", "applies to STEP_DECAY only", "a value");
+      }
+      return absl::OkStatus();
+    case v1::LrScheduleSpec::STEP_DECAY:
+      RETURN_IF_ERROR(CheckRange<int64_t>("lrSchedule.stepSize", schedule.step_size(), 1, int64_t{1} << 40));
+      RETURN_IF_ERROR(CheckFloat("lrSchedule.gamma", schedule.gamma(), 0, 1, true, false));
+      if (schedule.warmup_steps() || schedule.min_lr()) {
+        return Invalid("lrSchedule.warmupSteps", "applies to WARMUP_COSINE only", "a value");
+      }
+      return absl::OkStatus();
+    default:
+      return Invalid("lrSchedule.kind", "must be CONSTANT, WARMUP_COSINE or STEP_DECAY", "unset");
+  }
+}
+
+}  // namespace
+
+void ApplyJobSpecDefaults(v1::JobSpec* spec) {
+  if (spec->data().epochs() == 0) spec->mutable_data()->set_epochs(1);
+  if (spec->data().dataset() == v1::DataSpec::FASHION_MNIST && spec->data().path().empty()) {
+    spec->mutable_data()->set_path(kDefaultFashionMnistPath);
+  }
+  if (spec->num_workers() == 0) spec->set_num_workers(1);
+  if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(v1::BSP);
+  if (spec->model().kind() == v1::ModelSpec::MLP &&
+      spec->model().activation() == v1::ACTIVATION_UNSPECIFIED) {
+    spec->mutable_model()->set_activation(v1::RELU);
+  }
+  if (spec->optimizer().kind() == v1::OptimizerSpec::KIND_UNSPECIFIED) {
+    spec->mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
+  }
+  if (spec->lr_schedule().kind() == v1::LrScheduleSpec::KIND_UNSPECIFIED) {
+    spec->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::CONSTANT);
+  }
+  if (spec->lr_schedule().kind() == v1::LrScheduleSpec::STEP_DECAY &&
+      spec->lr_schedule().gamma() == 0) {
+    spec->mutable_lr_schedule()->set_gamma(0.1f);
+  }
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  RETURN_IF_ERROR(CheckWellFormed(spec, ""));
+  if (spec.name().size() > 128) {
+    return Invalid("name", "must be at most 128 characters", absl::StrCat(spec.name().size()));
+  }
+  RETURN_IF_ERROR(ValidateModel(spec.model()));
+  RETURN_IF_ERROR(ValidateData(spec.data()));
+  RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
+  RETURN_IF_ERROR(ValidateSchedule(spec.lr_schedule(), spec.optimizer().lr()));
+  if (spec.mode() == v1::SSP) {
+    return Invalid("mode", "SSP is not supported yet; use BSP or ASP", "SSP");
+  }
+  if (spec.staleness() != 0) {
+    return Invalid("staleness", "applies to mode SSP only", absl::StrCat(spec.staleness()));
+  }
+  RETURN_IF_ERROR(CheckRange("numWorkers", spec.num_workers(), 1, 1024));
+  RETURN_IF_ERROR(CheckRange("numShards", spec.num_shards(), 0, 1024));
+  return absl::OkStatus();
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,25 @@
+// Job spec defaults and validation. Every rejection is INVALID_ARGUMENT naming
+// the field (by its JSON name, as users write it in YAML) and the allowed range.
+#ifndef FULCRUM_SCHEDULER_JOB_SPEC_H_
+#define FULCRUM_SCHEDULER_JOB_SPEC_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "fulcrum/v1/job.pb.h"
+
+namespace fulcrum {
+
+constexpr char kDefaultFashionMnistPath[] = "/usr/share/datasets/fashion-mnist";
+
+// Fills the documented defaults of fields left unset (epochs 1, numWorkers 1,
+// mode BSP, activation RELU, optimizer SGD, schedule CONSTANT, data path).
+void ApplyJobSpecDefaults(v1::JobSpec* spec);
+
+// Checks a spec after ApplyJobSpecDefaults. Also rejects unknown fields and
+// enum values that a binary client may have sent.
+absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SCHEDULER_JOB_SPEC_H_

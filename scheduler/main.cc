@@ -1,0 +1,72 @@
+// fulcrum-scheduler: the control plane (jobs, membership, shard maps).
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "common/process.h"
+#include "common/rpc.h"
+#include "scheduler/job_manager.h"
+#include "scheduler/services.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind");
+ABSL_FLAG(int, port, 0, "gRPC port (0 = pick a free one)");
+ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = pick a free one)");
+ABSL_FLAG(std::string, port_file, "", "Write the bound ports as JSON to this file");
+ABSL_FLAG(int, lease_ms, 3000, "Membership lease: a member silent this long is declared dead");
+ABSL_FLAG(int, heartbeat_ms, 500, "Heartbeat interval members are told to use");
+ABSL_FLAG(int64_t, chunk_bytes, 256 << 10, "Dense tensors are cut into chunks of this many bytes");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+
+int main(int argc, char** argv) {
+  using namespace fulcrum;
+  BlockTerminationSignals();
+  absl::SetProgramUsageMessage("fulcrum-scheduler [--port P] [--metrics-port M] [--lease-ms L]");
+  AcceptDashedFlags(argc, argv);
+  absl::ParseCommandLine(argc, argv);
+  SetLogTag("scheduler");
+  if (auto s = SetMinLogLevelFromString(absl::GetFlag(FLAGS_log_level)); !s.ok()) {
+    FLOG(ERROR) << s.message();
+    return 2;
+  }
+  SchedulerOptions options;
+  options.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
+  options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
+  options.chunk_elems = absl::GetFlag(FLAGS_chunk_bytes) / 4;
+  if (options.lease <= options.heartbeat_interval || options.chunk_elems < 1 ||
+      options.chunk_elems > (1 << 20)) {
+    FLOG(ERROR) << "--lease-ms must exceed --heartbeat-ms and --chunk-bytes must be in [4, 4194304]";
+    return 2;
+  }
+  const std::string host = absl::GetFlag(FLAGS_host);
+  auto metrics = MetricsEndpoint::Start(host, absl::GetFlag(FLAGS_metrics_port));
+  if (!metrics.ok()) {
+    FLOG(ERROR) << metrics.status().message();
+    return 1;
+  }
+  GrpcServerControl server_control;
+  JobManager manager(options, &server_control);
+  JobServiceImpl job_service(&manager, metrics->get());
+  ClusterServiceImpl cluster_service(&manager, metrics->get());
+  auto server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&job_service, &cluster_service});
+  if (!server.ok()) {
+    FLOG(ERROR) << server.status().message();
+    return 1;
+  }
+  manager.Start();
+  FLOG(INFO) << "scheduler serving gRPC on " << host << ":" << server->port << ", metrics on " << host
+             << ":" << (*metrics)->port();
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    auto status = WritePortFile(absl::GetFlag(FLAGS_port_file), server->port, (*metrics)->port(), "scheduler");
+    if (!status.ok()) FLOG(ERROR) << status.message();
+  }
+  int sig = WaitForShutdown();
+  FLOG(INFO) << "shutting down (signal " << sig << ")";
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  manager.Stop();
+  return 0;
+}

@@ -1,0 +1,126 @@
+#include "scheduler/services.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/rpc.h"
+
+namespace fulcrum {
+namespace {
+
+grpc::Status Count(MetricsEndpoint* metrics, const char* method, const absl::Status& status) {
+  metrics->CountRpc(method, absl::StatusCodeToString(status.code()));
+  return ToGrpcStatus(status);
+}
+
+}  // namespace
+
+JobServiceImpl::JobServiceImpl(JobManager* manager, MetricsEndpoint* metrics)
+    : manager_(manager), metrics_(metrics) {}
+
+grpc::Status JobServiceImpl::Finish(const char* method, const absl::Status& status) {
+  return Count(metrics_, method, status);
+}
+
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+                                       v1::SubmitJobResponse* response) {
+  auto status = manager_->Submit(request->spec());
+  if (!status.ok()) return Finish("SubmitJob", status.status());
+  response->set_job_id(status->job_id());
+  *response->mutable_status() = std::move(*status);
+  return Finish("SubmitJob", absl::OkStatus());
+}
+
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+                                    v1::JobStatus* response) {
+  auto status = manager_->Get(request->job_id());
+  if (status.ok()) *response = std::move(*status);
+  return Finish("GetJob", status.status());
+}
+
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                                      v1::ListJobsResponse* response) {
+  for (v1::JobStatus& job : manager_->List()) *response->add_jobs() = std::move(job);
+  return Finish("ListJobs", absl::OkStatus());
+}
+
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+                                       v1::JobStatus* response) {
+  auto status = manager_->Cancel(request->job_id());
+  if (status.ok()) *response = std::move(*status);
+  return Finish("CancelJob", status.status());
+}
+
+grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                                      grpc::ServerWriter<v1::JobStatus>* writer) {
+  int64_t version = -1;
+  while (!context->IsCancelled()) {
+    auto status = manager_->WaitForChange(request->job_id(), &version, absl::Milliseconds(500));
+    if (!status.ok()) return Finish("WatchJob", status.status());
+    if (!writer->Write(*status)) break;  // client went away
+    v1::JobState state = status->state();
+    if (state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED) break;
+  }
+  return Finish("WatchJob", absl::OkStatus());
+}
+
+ClusterServiceImpl::ClusterServiceImpl(JobManager* manager, MetricsEndpoint* metrics)
+    : manager_(manager), metrics_(metrics) {}
+
+grpc::Status ClusterServiceImpl::Finish(const char* method, const absl::Status& status) {
+  return Count(metrics_, method, status);
+}
+
+grpc::Status ClusterServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
+                                          v1::RegisterResponse* response) {
+  auto result = manager_->Register(*request);
+  if (result.ok()) *response = std::move(*result);
+  return Finish("Register", result.status());
+}
+
+grpc::Status ClusterServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                                           v1::HeartbeatResponse* response) {
+  auto result = manager_->Heartbeat(*request);
+  if (result.ok()) *response = std::move(*result);
+  return Finish("Heartbeat", result.status());
+}
+
+grpc::Status ClusterServiceImpl::ReportWork(grpc::ServerContext*, const v1::WorkReport* request,
+                                            v1::WorkReportResponse*) {
+  return Finish("ReportWork", manager_->Report(*request));
+}
+
+grpc::Status ClusterServiceImpl::ListMembers(grpc::ServerContext*, const v1::ListMembersRequest*,
+                                             v1::ListMembersResponse* response) {
+  for (v1::MemberInfo& member : manager_->Members()) *response->add_members() = std::move(member);
+  return Finish("ListMembers", absl::OkStatus());
+}
+
+v1::ParameterService::Stub* GrpcServerControl::Stub(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto& stub = stubs_[address];
+  if (stub == nullptr) stub = v1::ParameterService::NewStub(MakeChannel(address));
+  return stub.get();
+}
+
+absl::Status GrpcServerControl::SetupJob(const std::string& address, const v1::SetupJobRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(&context, 30.0);
+  v1::SetupJobResponse response;
+  return FromGrpcStatus(Stub(address)->SetupJob(&context, request, &response));
+}
+
+absl::Status GrpcServerControl::DropJob(const std::string& address, const std::string& job_id,
+                                        const std::string& reason, bool keep_parameters) {
+  grpc::ClientContext context;
+  SetDeadline(&context, 5.0);
+  v1::DropJobRequest request;
+  request.set_job_id(job_id);
+  request.set_reason(reason);
+  request.set_keep_parameters(keep_parameters);
+  v1::DropJobResponse response;
+  absl::Status status = FromGrpcStatus(Stub(address)->DropJob(&context, request, &response));
+  if (!status.ok()) FLOG(WARNING) << "dropping job " << job_id << " on " << address << ": " << status;
+  return status;
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,65 @@
+// gRPC edges of the scheduler: JobService (public), ClusterService (internal)
+// and the gRPC implementation of ServerControl. They only translate; the
+// logic is in JobManager.
+#ifndef FULCRUM_SCHEDULER_SERVICES_H_
+#define FULCRUM_SCHEDULER_SERVICES_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "common/metrics.h"
+#include "fulcrum/v1/cluster.grpc.pb.h"
+#include "fulcrum/v1/job.grpc.pb.h"
+#include "fulcrum/v1/parameter.grpc.pb.h"
+#include "scheduler/job_manager.h"
+
+namespace fulcrum {
+
+class JobServiceImpl final : public v1::JobService::Service {
+ public:
+  JobServiceImpl(JobManager* manager, MetricsEndpoint* metrics);
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::JobStatus*) override;
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse*) override;
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*, v1::JobStatus*) override;
+  grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest*,
+                        grpc::ServerWriter<v1::JobStatus>*) override;
+
+ private:
+  grpc::Status Finish(const char* method, const absl::Status& status);
+  JobManager* manager_;
+  MetricsEndpoint* metrics_;
+};
+
+class ClusterServiceImpl final : public v1::ClusterService::Service {
+ public:
+  ClusterServiceImpl(JobManager* manager, MetricsEndpoint* metrics);
+  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
+  grpc::Status ReportWork(grpc::ServerContext*, const v1::WorkReport*, v1::WorkReportResponse*) override;
+  grpc::Status ListMembers(grpc::ServerContext*, const v1::ListMembersRequest*, v1::ListMembersResponse*) override;
+
+ private:
+  grpc::Status Finish(const char* method, const absl::Status& status);
+  JobManager* manager_;
+  MetricsEndpoint* metrics_;
+};
+
+// Reaches parameter servers over gRPC, one cached channel per address.
+class GrpcServerControl final : public ServerControl {
+ public:
+  absl::Status SetupJob(const std::string& address, const v1::SetupJobRequest& request) override;
+  absl::Status DropJob(const std::string& address, const std::string& job_id,
+                       const std::string& reason, bool keep_parameters) override;
+
+ private:
+  v1::ParameterService::Stub* Stub(const std::string& address);
+  absl::Mutex mu_;  // guards stubs_
+  std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SCHEDULER_SERVICES_H_

@@ -1,0 +1,269 @@
+#include "server/optimizer.h"
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace fulcrum {
+namespace {
+
+// Expected values were computed once, in double precision, with a direct
+// transcription of the PyTorch update rules (python3). float32 rounding over
+// three steps stays far below this tolerance.
+constexpr float kTol = 2e-6f;
+constexpr float kLr = 0.1f;
+constexpr int kN = 3;
+
+const float kInitialParam[kN] = {1.0f, -2.0f, 0.5f};
+const float kGrads[3][kN] = {
+    {0.1f, -0.2f, 0.3f},
+    {0.4f, 0.0f, -0.1f},
+    {-0.3f, 0.25f, 0.2f},
+};
+
+using Trajectory = std::vector<std::vector<float>>;
+
+// Runs the three gradient steps above and returns the parameters after each.
+Trajectory RunThreeSteps(const OptimizerConfig& config) {
+  const int slots = OptimizerStateSlots(config);
+  std::vector<std::vector<float>> state(slots, std::vector<float>(kN, 0.0f));
+  std::vector<float*> state_ptrs;
+  for (auto& s : state) state_ptrs.push_back(s.data());
+  InitOptimizerState(config, kN, state_ptrs.data());
+
+  std::vector<float> param(kInitialParam, kInitialParam + kN);
+  Trajectory out;
+  for (int step = 1; step <= 3; ++step) {
+    ApplyOptimizer(config, kLr, step, kN, kGrads[step - 1], param.data(),
+                   state_ptrs.data());
+    out.push_back(param);
+  }
+  return out;
+}
+
+void ExpectTrajectory(const Trajectory& actual, const float expected[3][kN]) {
+  for (int step = 0; step < 3; ++step) {
+    for (int i = 0; i < kN; ++i) {
+      EXPECT_NEAR(actual[step][i], expected[step][i], kTol)
+          << "step " << step + 1 << " element " << i;
+    }
+  }
+}
+
+TEST(OptimizerStateSlotsTest, CountsPerKind) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kSgd;
+  EXPECT_EQ(OptimizerStateSlots(c), 0);
+  c.momentum = 0.9f;
+  EXPECT_EQ(OptimizerStateSlots(c), 1);
+  c.kind = OptimizerKind::kAdam;
+  EXPECT_EQ(OptimizerStateSlots(c), 2);
+  c.kind = OptimizerKind::kAdamW;
+  EXPECT_EQ(OptimizerStateSlots(c), 2);
+  c.kind = OptimizerKind::kAdagrad;
+  EXPECT_EQ(OptimizerStateSlots(c), 1);
+}
+
+TEST(InitOptimizerStateTest, AdagradFillsAccumulator) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdagrad;
+  c.initial_accumulator = 0.25f;
+  std::vector<float> acc(4, -1.0f);
+  float* ptrs[] = {acc.data()};
+  InitOptimizerState(c, 4, ptrs);
+  for (float x : acc) EXPECT_EQ(x, 0.25f);
+}
+
+TEST(InitOptimizerStateTest, AdamZeroesBothMoments) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdam;
+  std::vector<float> m(4, 7.0f), v(4, 7.0f);
+  float* ptrs[] = {m.data(), v.data()};
+  InitOptimizerState(c, 4, ptrs);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(m[i], 0.0f);
+    EXPECT_EQ(v[i], 0.0f);
+  }
+}
+
+TEST(OptimizerTest, SgdPlain) {
+  OptimizerConfig c;
+  const float expected[3][kN] = {
+      {0.99f, -1.98f, 0.47f},
+      {0.95f, -1.98f, 0.48f},
+      {0.98f, -2.005f, 0.46f},
+  };
+  ExpectTrajectory(RunThreeSteps(c), expected);
+}
+
+TEST(OptimizerTest, SgdMomentum) {
+  OptimizerConfig c;
+  c.momentum = 0.9f;
+  const float expected[3][kN] = {
+      {0.99f, -1.98f, 0.47f},
+      {0.941f, -1.962f, 0.453f},
+      {0.9269f, -1.9708f, 0.4177f},
+  };
+  ExpectTrajectory(RunThreeSteps(c), expected);
+}
+
+TEST(OptimizerTest, SgdNesterov) {
+  OptimizerConfig c;
+  c.momentum = 0.9f;
+  c.nesterov = true;
+  const float expected[3][kN] = {
+      {0.981f, -1.962f, 0.443f},
+      {0.8969f, -1.9458f, 0.4377f},
+      {0.91421f, -1.97872f, 0.38593f},
+  };
+  ExpectTrajectory(RunThreeSteps(c), expected);
+}
+
+TEST(OptimizerTest, SgdWeightDecay) {
+  OptimizerConfig c;
+  c.weight_decay = 0.01f;
+  const float expected[3][kN] = {
+      {0.989f, -1.978f, 0.4695f},
+      {0.948011f, -1.976022f, 0.4790305f},
+      {0.977062989f, -1.99904598f, 0.45855147f},
+  };
+  ExpectTrajectory(RunThreeSteps(c), expected);
+}
+
+TEST(OptimizerTest, SgdMomentumWeightDecay) {
+  OptimizerConfig c;
+  c.momentum = 0.9f;
+  c.weight_decay = 0.01f;
+  const float expected[3][kN] = {
+      {0.989f, -1.978f, 0.4695f},
+      {0.938111f, -1.956222f, 0.4515805f},
+      {0.921372789f, -1.95966558f, 0.41500137f},
+  };
+  ExpectTrajectory(RunThreeSteps(c), expected);
+}
+
+TEST(OptimizerTest, Adam) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdam;
+  const float expected[3][kN] = {
+      {0.90000001f, -1.9f, 0.400000003f},
+      {0.811562364f, -1.83299418f, 0.359978148f},
+      {0.793891534f, -1.85055984f, 0.299669502f},
+  };
+  ExpectTrajectory(RunThreeSteps(c), expected);
+}
+
+TEST(OptimizerTest, AdamL2WeightDecay) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdam;
+  c.weight_decay = 0.01f;
+  const float expected[3][kN] = {
+      {0.900000009f, -1.9f, 0.400000003f},
+      {0.810742878f, -1.82683695f, 0.358439948f},
+      {0.790205579f, -1.83411106f, 0.297015595f},
+  };
+  ExpectTrajectory(RunThreeSteps(c), expected);
+}
+
+TEST(OptimizerTest, AdamW) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdamW;
+  c.weight_decay = 0.01f;
+  const float expected[3][kN] = {
+      {0.89900001f, -1.898f, 0.399500003f},
+      {0.809663364f, -1.82909618f, 0.359078648f},
+      {0.79118287f, -1.84483274f, 0.298410923f},
+  };
+  ExpectTrajectory(RunThreeSteps(c), expected);
+}
+
+TEST(OptimizerTest, AdamWWithoutDecayEqualsAdam) {
+  OptimizerConfig adam;
+  adam.kind = OptimizerKind::kAdam;
+  OptimizerConfig adamw = adam;
+  adamw.kind = OptimizerKind::kAdamW;
+  EXPECT_EQ(RunThreeSteps(adam), RunThreeSteps(adamw));
+}
+
+TEST(OptimizerTest, Adagrad) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdagrad;
+  c.epsilon = 1e-10f;
+  const float expected[3][kN] = {
+      {0.9f, -1.9f, 0.4f},
+      {0.80298575f, -1.9f, 0.431622777f},
+      {0.861820591f, -1.97808688f, 0.378170528f},
+  };
+  ExpectTrajectory(RunThreeSteps(c), expected);
+}
+
+TEST(OptimizerTest, AdagradInitialAccumulatorAndWeightDecay) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdagrad;
+  c.epsilon = 1e-10f;
+  c.initial_accumulator = 0.1f;
+  c.weight_decay = 0.01f;
+  const float expected[3][kN] = {
+      {0.967145877f, -1.94289085f, 0.430578649f},
+      {0.889715666f, -1.93785375f, 0.451860727f},
+      {0.937921045f, -1.98917096f, 0.410458014f},
+  };
+  ExpectTrajectory(RunThreeSteps(c), expected);
+}
+
+TEST(OptimizerTest, DeterministicBitForBit) {
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam,
+                             OptimizerKind::kAdamW, OptimizerKind::kAdagrad}) {
+    OptimizerConfig c;
+    c.kind = kind;
+    c.momentum = 0.9f;
+    c.weight_decay = 0.01f;
+    const Trajectory a = RunThreeSteps(c);
+    const Trajectory b = RunThreeSteps(c);
+    for (int step = 0; step < 3; ++step) {
+      EXPECT_EQ(std::memcmp(a[step].data(), b[step].data(), kN * sizeof(float)),
+                0);
+    }
+  }
+}
+
+TEST(OptimizerTest, ZeroElementsIsNoOp) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdam;
+  ApplyOptimizer(c, kLr, 1, 0, nullptr, nullptr, nullptr);
+  InitOptimizerState(c, 0, nullptr);
+}
+
+TEST(ValidateOptimizerConfigTest, AcceptsDefaults) {
+  EXPECT_TRUE(ValidateOptimizerConfig(OptimizerConfig()).ok());
+}
+
+TEST(ValidateOptimizerConfigTest, RejectsBadFields) {
+  OptimizerConfig c;
+  c.nesterov = true;
+  EXPECT_EQ(ValidateOptimizerConfig(c).code(),
+            absl::StatusCode::kInvalidArgument);
+  c = OptimizerConfig();
+  c.momentum = -0.1f;
+  EXPECT_FALSE(ValidateOptimizerConfig(c).ok());
+  c = OptimizerConfig();
+  c.beta1 = 1.0f;
+  EXPECT_FALSE(ValidateOptimizerConfig(c).ok());
+  c = OptimizerConfig();
+  c.beta2 = -0.5f;
+  EXPECT_FALSE(ValidateOptimizerConfig(c).ok());
+  c = OptimizerConfig();
+  c.epsilon = -1e-8f;
+  EXPECT_FALSE(ValidateOptimizerConfig(c).ok());
+  c = OptimizerConfig();
+  c.weight_decay = -0.01f;
+  EXPECT_FALSE(ValidateOptimizerConfig(c).ok());
+  c = OptimizerConfig();
+  c.initial_accumulator = -1.0f;
+  EXPECT_FALSE(ValidateOptimizerConfig(c).ok());
+}
+
+}  // namespace
+}  // namespace fulcrum

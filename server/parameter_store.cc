@@ -1,0 +1,231 @@
+#include "server/parameter_store.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/tensor_codec.h"
+
+namespace fulcrum {
+
+Chunk::Chunk(const ChunkConfig& config, const JobShardConfig& job) : config_(config), job_(job) {
+  absl::MutexLock lock(&mu_);
+  values_.resize(config.length);
+  FillInit(config.init, config.init_scale, job.seed, static_cast<uint32_t>(config.tensor),
+           config.offset, config.length, values_.data());
+  state_.assign(OptimizerStateSlots(job.optimizer), std::vector<float>(config.length, 0.0f));
+  std::vector<float*> slots;
+  for (auto& slot : state_) slots.push_back(slot.data());
+  InitOptimizerState(job.optimizer, config.length, slots.data());
+  if (job.synchronous) pending_.resize(job.num_workers);
+}
+
+int64_t Chunk::version() const {
+  absl::MutexLock lock(&mu_);
+  return version_;
+}
+
+absl::Status Chunk::CheckPush(const PushArgs& args) const {
+  if (!dropped_reason_.empty()) {
+    return absl::CancelledError(absl::StrCat("job ", job_.job_id, " was stopped: ", dropped_reason_));
+  }
+  if (!frozen_reason_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_.job_id, " takes no more pushes: ", frozen_reason_));
+  }
+  if (args.rank < 0 || args.rank >= job_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("push rank ", args.rank, " out of range [0, ",
+                                                   job_.num_workers, ") for job ", job_.job_id));
+  }
+  if (job_.synchronous && args.step > version_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "push for step ", args.step, " to chunk ", config_.chunk_id, " of job ", job_.job_id,
+        " which is at step ", version_, ": pull the current parameters first"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PushOutcome> Chunk::Push(const PushArgs& args) {
+  // Decode and validate outside the lock: it is the expensive part.
+  std::vector<float> grad(config_.length);
+  RETURN_IF_ERROR(DecodeFloats(args.gradient, config_.length, grad.data(),
+                               absl::StrCat("push to chunk ", config_.chunk_id, " of job ",
+                                            job_.job_id)));
+  for (int64_t i = 0; i < config_.length; ++i) {
+    if (!std::isfinite(grad[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push from worker ", args.worker_id, " to chunk ", config_.chunk_id, " of job ",
+          job_.job_id, " has a non-finite gradient (", grad[i], ") at element ", i,
+          ": the model diverged; lower optimizer.lr"));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  auto mark = watermarks_.find(args.worker_id);
+  if (mark != watermarks_.end() && args.seq <= mark->second) return PushOutcome::kDuplicate;
+  RETURN_IF_ERROR(CheckPush(args));
+  if (job_.synchronous && (args.step < version_ || !pending_[args.rank].empty())) {
+    return PushOutcome::kDuplicate;  // this rank's gradient for the step is already in
+  }
+  watermarks_[args.worker_id] = args.seq;
+  if (!job_.synchronous) {
+    ApplyLocked(grad.data(), args.step);
+    return PushOutcome::kApplied;
+  }
+  pending_[args.rank] = std::move(grad);
+  ++pending_count_;
+  MaybeCompleteStepLocked();
+  return PushOutcome::kBuffered;
+}
+
+void Chunk::MaybeCompleteStepLocked() {
+  if (pending_count_ < job_.num_workers) return;
+  // Sum in rank order, never arrival order, so a seeded BSP job is
+  // bit-for-bit reproducible.
+  scratch_.assign(config_.length, 0.0f);
+  for (auto& gradient : pending_) {
+    for (int64_t i = 0; i < config_.length; ++i) scratch_[i] += gradient[i];
+    gradient.clear();
+  }
+  const float scale = 1.0f / static_cast<float>(job_.num_workers);
+  for (float& g : scratch_) g *= scale;
+  pending_count_ = 0;
+  ApplyLocked(scratch_.data(), version_);
+}
+
+void Chunk::ApplyLocked(const float* grad, int64_t lr_step) {
+  float lr = LearningRate(job_.schedule, job_.lr, lr_step);
+  std::vector<float*> slots;
+  for (auto& slot : state_) slots.push_back(slot.data());
+  ++version_;
+  ApplyOptimizer(job_.optimizer, lr, version_, config_.length, grad, values_.data(), slots.data());
+  updated_.SignalAll();
+}
+
+absl::Status Chunk::Pull(int64_t min_version, absl::Time deadline, std::string* data,
+                         int64_t* version) {
+  absl::MutexLock lock(&mu_);
+  while (version_ < min_version && dropped_reason_.empty() && frozen_reason_.empty()) {
+    if (updated_.WaitWithDeadline(&mu_, deadline) && version_ < min_version) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "pull of chunk ", config_.chunk_id, " of job ", job_.job_id, " waited for step ",
+          min_version, " but the chunk is at step ", version_, " (a worker is missing?)"));
+    }
+  }
+  if (!dropped_reason_.empty()) {
+    return absl::CancelledError(absl::StrCat("job ", job_.job_id, " was stopped: ", dropped_reason_));
+  }
+  EncodeFloats(values_.data(), config_.length, data);
+  *version = version_;
+  return absl::OkStatus();
+}
+
+void Chunk::Freeze(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  frozen_reason_ = reason.empty() ? "finished" : reason;
+  updated_.SignalAll();
+}
+
+void Chunk::Drop(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  dropped_reason_ = reason.empty() ? "dropped" : reason;
+  updated_.SignalAll();
+}
+
+JobShard::JobShard(JobShardConfig config) : config_(std::move(config)) {}
+
+absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(JobShardConfig config) {
+  if (config.num_workers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", config.job_id, ": num_workers must be >= 1"));
+  }
+  std::unique_ptr<JobShard> shard(new JobShard(std::move(config)));
+  for (const ChunkConfig& chunk : shard->config_.chunks) {
+    if (chunk.length <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.chunk_id, " has length ", chunk.length));
+    }
+    auto [it, inserted] =
+        shard->chunks_.emplace(chunk.chunk_id, std::make_unique<Chunk>(chunk, shard->config_));
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.chunk_id, " listed twice"));
+    }
+  }
+  return shard;
+}
+
+absl::StatusOr<Chunk*> JobShard::Find(int32_t chunk_id) {
+  auto it = chunks_.find(chunk_id);
+  if (it == chunks_.end()) {
+    return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
+                                            " is not on this server (stale shard map?)"));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<PushOutcome> JobShard::Push(const PushArgs& args) {
+  ASSIGN_OR_RETURN(Chunk * chunk, Find(args.chunk_id));
+  return chunk->Push(args);
+}
+
+absl::Status JobShard::Pull(int32_t chunk_id, int64_t min_version, absl::Time deadline,
+                            std::string* data, int64_t* version) {
+  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  return chunk->Pull(min_version, deadline, data, version);
+}
+
+void JobShard::Drop(const std::string& reason) {
+  for (auto& [id, chunk] : chunks_) chunk->Drop(reason);
+}
+
+void JobShard::Freeze(const std::string& reason) {
+  for (auto& [id, chunk] : chunks_) chunk->Freeze(reason);
+}
+
+absl::Status ParameterStore::SetupJob(JobShardConfig config) {
+  std::string job_id = config.job_id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (jobs_.count(job_id) > 0) {
+      return absl::AlreadyExistsError(absl::StrCat("job ", job_id, " is already set up on this server"));
+    }
+  }
+  // Initializing the chunks can take a while; do it outside the lock.
+  ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(std::move(config)));
+  absl::MutexLock lock(&mu_);
+  if (!jobs_.emplace(job_id, std::move(shard)).second) {
+    return absl::AlreadyExistsError(absl::StrCat("job ", job_id, " is already set up on this server"));
+  }
+  return absl::OkStatus();
+}
+
+void ParameterStore::DropJob(const std::string& job_id, const std::string& reason,
+                             bool keep_parameters) {
+  std::shared_ptr<JobShard> shard;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return;
+    shard = it->second;
+    if (!keep_parameters) jobs_.erase(it);
+  }
+  if (keep_parameters) {
+    shard->Freeze(reason);
+  } else {
+    shard->Drop(reason);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<JobShard>> ParameterStore::Find(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " is not set up on this server"));
+  }
+  return it->second;
+}
+
+size_t ParameterStore::num_jobs() const {
+  absl::MutexLock lock(&mu_);
+  return jobs_.size();
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,138 @@
+// The parameter server's core: the chunks of every job this server holds,
+// their optimizer state, BSP aggregation and push deduplication. No gRPC here;
+// server/parameter_service.cc translates the wire protocol onto this.
+#ifndef FULCRUM_SERVER_PARAMETER_STORE_H_
+#define FULCRUM_SERVER_PARAMETER_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/param_init.h"
+#include "server/lr_schedule.h"
+#include "server/optimizer.h"
+
+namespace fulcrum {
+
+struct ChunkConfig {
+  int32_t chunk_id = 0;
+  int32_t tensor = 0;
+  int64_t offset = 0;
+  int64_t length = 0;
+  InitKind init = InitKind::kZeros;
+  float init_scale = 0;
+};
+
+struct JobShardConfig {
+  std::string job_id;
+  OptimizerConfig optimizer;
+  float lr = 0;
+  LrScheduleConfig schedule;
+  bool synchronous = true;  // BSP; false = ASP
+  int32_t num_workers = 1;
+  uint64_t seed = 0;
+  std::vector<ChunkConfig> chunks;
+};
+
+struct PushArgs {
+  std::string worker_id;
+  int32_t rank = 0;
+  int64_t seq = 0;
+  int64_t step = 0;
+  int32_t chunk_id = 0;
+  absl::string_view gradient;  // raw little-endian float32
+};
+
+enum class PushOutcome { kApplied, kBuffered, kDuplicate };
+
+// One chunk of a dense tensor with its optimizer state. Thread-safe.
+class Chunk {
+ public:
+  Chunk(const ChunkConfig& config, const JobShardConfig& job);
+
+  // Applies (ASP) or buffers (BSP) a gradient. Errors: INVALID_ARGUMENT for a
+  // wrong size, non-finite values or a bad rank; FAILED_PRECONDITION for a BSP
+  // push ahead of the chunk's version; CANCELLED once the job is dropped.
+  absl::StatusOr<PushOutcome> Push(const PushArgs& args);
+
+  // Copies the values once at least `min_version` updates are applied.
+  // DEADLINE_EXCEEDED at `deadline`; CANCELLED if the job is dropped meanwhile.
+  absl::Status Pull(int64_t min_version, absl::Time deadline, std::string* data, int64_t* version);
+
+  void Drop(const std::string& reason);
+  // Refuses further pushes (FAILED_PRECONDITION) but keeps serving pulls.
+  void Freeze(const std::string& reason);
+  int64_t version() const;
+  int64_t length() const { return config_.length; }
+
+ private:
+  absl::Status CheckPush(const PushArgs& args) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyLocked(const float* grad, int64_t lr_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeCompleteStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ChunkConfig config_;
+  const JobShardConfig& job_;
+  mutable absl::Mutex mu_;  // guards everything below
+  absl::CondVar updated_;
+  std::vector<float> values_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<float>> state_ ABSL_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  // BSP: the gradients of the current step by rank (empty = not yet arrived).
+  std::vector<std::vector<float>> pending_ ABSL_GUARDED_BY(mu_);
+  int32_t pending_count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<float> scratch_ ABSL_GUARDED_BY(mu_);
+  // Highest sequence number accepted per worker (push deduplication).
+  absl::flat_hash_map<std::string, int64_t> watermarks_ ABSL_GUARDED_BY(mu_);
+  std::string dropped_reason_ ABSL_GUARDED_BY(mu_);
+  std::string frozen_reason_ ABSL_GUARDED_BY(mu_);
+};
+
+// All chunks of one job held by this server.
+class JobShard {
+ public:
+  static absl::StatusOr<std::unique_ptr<JobShard>> Create(JobShardConfig config);
+
+  absl::StatusOr<PushOutcome> Push(const PushArgs& args);
+  absl::Status Pull(int32_t chunk_id, int64_t min_version, absl::Time deadline, std::string* data,
+                    int64_t* version);
+  void Drop(const std::string& reason);
+  void Freeze(const std::string& reason);
+  const JobShardConfig& config() const { return config_; }
+
+ private:
+  explicit JobShard(JobShardConfig config);
+  absl::StatusOr<Chunk*> Find(int32_t chunk_id);
+
+  const JobShardConfig config_;
+  std::map<int32_t, std::unique_ptr<Chunk>> chunks_;  // immutable after Create
+};
+
+// The jobs on this server. Thread-safe.
+class ParameterStore {
+ public:
+  // ALREADY_EXISTS if the job is set up with a different configuration.
+  absl::Status SetupJob(JobShardConfig config);
+  // Drops the job's state; waiting pulls return CANCELLED with `reason`.
+  // With keep_parameters the state stays readable but takes no more pushes.
+  void DropJob(const std::string& job_id, const std::string& reason, bool keep_parameters = false);
+  // NOT_FOUND (naming the job) when this server holds nothing of it.
+  absl::StatusOr<std::shared_ptr<JobShard>> Find(const std::string& job_id) const;
+  size_t num_jobs() const;
+
+ private:
+  mutable absl::Mutex mu_;  // guards jobs_
+  std::map<std::string, std::shared_ptr<JobShard>> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SERVER_PARAMETER_STORE_H_

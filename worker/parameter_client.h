@@ -1,0 +1,61 @@
+// A worker's view of a job's parameters: pushes gradients to and pulls
+// parameters from the servers named by the shard map. Requests to different
+// servers (and batches of chunks up to kMaxBatchBytes) run in parallel;
+// UNAVAILABLE is retried with backoff, which (worker, seq) deduplication on
+// the servers makes safe for pushes.
+#ifndef FULCRUM_WORKER_PARAMETER_CLIENT_H_
+#define FULCRUM_WORKER_PARAMETER_CLIENT_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "fulcrum/v1/parameter.grpc.pb.h"
+#include "fulcrum/v1/shard_map.pb.h"
+
+namespace fulcrum {
+
+class ParameterClient {
+ public:
+  // Payload bytes per request; keeps every message far below gRPC's 4 MiB default.
+  static constexpr int64_t kMaxBatchBytes = 3 << 20;
+
+  ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id, int32_t rank);
+
+  // One float buffer per tensor of the map, sized to the tensor.
+  std::vector<std::vector<float>> MakeBuffers() const;
+
+  // Fills `params` once every chunk has at least `min_version` updates.
+  absl::Status Pull(int64_t min_version, absl::Duration timeout, std::vector<std::vector<float>>* params);
+
+  // Sends `grads` (same layout as MakeBuffers) as push `seq`, computed at `step`.
+  absl::Status Push(int64_t seq, int64_t step, const std::vector<std::vector<float>>& grads,
+                    absl::Duration timeout);
+
+  int64_t total_bytes() const { return total_bytes_; }
+
+ private:
+  struct Batch {
+    std::string address;
+    std::vector<int> chunks;  // indices into map_.chunks()
+  };
+  template <typename Request, typename Response>
+  absl::Status RunAll(const std::vector<Request>& requests, std::vector<Response>* responses,
+                      bool pull, absl::Duration timeout);
+  v1::ParameterService::Stub* Stub(const std::string& address);
+
+  const v1::ShardMap map_;
+  const std::string job_id_;
+  const std::string worker_id_;
+  const int32_t rank_;
+  std::vector<Batch> batches_;
+  std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_;
+  int64_t total_bytes_ = 0;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_WORKER_PARAMETER_CLIENT_H_

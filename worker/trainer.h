@@ -1,0 +1,64 @@
+// Runs one worker's share of one job: loads its data, then steps through
+// pull -> forward/backward -> push, reporting progress, and (rank 0)
+// evaluates the test set after every epoch.
+//
+// Data partition: each epoch has a seeded permutation of the training set;
+// global step s uses the permutation's slice [s*G, (s+1)*G) with
+// G = batchSize * numWorkers, and rank r takes the r-th batchSize rows of it.
+// So every example is seen at most once per epoch and a BSP job's step sees
+// the same examples whatever the number of workers.
+#ifndef FULCRUM_WORKER_TRAINER_H_
+#define FULCRUM_WORKER_TRAINER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "fulcrum/v1/cluster.pb.h"
+#include "kernels/backend.h"
+#include "kernels/mlp.h"
+#include "worker/dataset.h"
+
+namespace fulcrum {
+
+// Per-epoch permutation of [0, n) (Fisher-Yates over a counter-based stream,
+// identical on every platform).
+std::vector<int64_t> EpochPermutation(uint64_t seed, int64_t epoch, int64_t n);
+
+struct TrainerHooks {
+  std::function<void(v1::WorkReport)> report;  // sends a report to the scheduler
+  std::function<bool()> should_stop;           // the assignment was withdrawn
+  std::function<void(double)> observe_step;    // step duration in seconds (metrics)
+};
+
+class Trainer {
+ public:
+  Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks);
+
+  // Loads the datasets named by the assignment's spec. Errors name the path.
+  absl::Status Load(const v1::Assignment& assignment);
+  // The READY report for the loaded data.
+  v1::WorkReport ReadyReport() const;
+  // Trains to the end of the assignment. CANCELLED if should_stop() fired.
+  absl::Status Train(const v1::Assignment& assignment);
+
+ private:
+  absl::Status Evaluate(const std::vector<const float*>& params, kernels::Mlp* model,
+                        kernels::BatchStats* stats);
+  void GatherBatch(const std::vector<int64_t>& perm, int64_t first, int batch);
+
+  const std::string worker_id_;
+  kernels::Backend* backend_;
+  TrainerHooks hooks_;
+  std::string job_id_;
+  std::shared_ptr<const Dataset> train_;
+  std::shared_ptr<const Dataset> test_;
+  std::vector<float> batch_x_;
+  std::vector<int32_t> batch_y_;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_WORKER_TRAINER_H_

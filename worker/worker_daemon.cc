@@ -1,0 +1,105 @@
+#include "worker/worker_daemon.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/histogram.h>
+
+#include "common/logging.h"
+#include "worker/trainer.h"
+
+namespace fulcrum {
+
+WorkerDaemon::WorkerDaemon(kernels::Backend* backend, prometheus::Histogram* step_seconds,
+                           prometheus::Counter* steps_total)
+    : backend_(backend), step_seconds_(step_seconds), steps_total_(steps_total) {}
+
+void WorkerDaemon::OnHeartbeat(const v1::HeartbeatResponse& response) {
+  absl::MutexLock lock(&mu_);
+  latest_ = response.assignment();
+}
+
+std::string WorkerDaemon::CurrentJob() const {
+  absl::MutexLock lock(&mu_);
+  return current_job_;
+}
+
+void WorkerDaemon::Stop() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+}
+
+bool WorkerDaemon::Withdrawn(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  return stopping_ || latest_.job_id() != job_id || latest_.phase() == v1::Assignment::STOP;
+}
+
+bool WorkerDaemon::WaitForNewJob(v1::Assignment* assignment) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || (!latest_.job_id().empty() && latest_.job_id() != last_job_ &&
+                         (latest_.phase() == v1::Assignment::LOAD ||
+                          latest_.phase() == v1::Assignment::TRAIN));
+  };
+  while (!ready()) mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(50));
+  if (stopping_) return false;
+  *assignment = latest_;
+  current_job_ = last_job_ = latest_.job_id();
+  return true;
+}
+
+bool WorkerDaemon::WaitForTrain(const std::string& job_id, v1::Assignment* assignment) {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_ && latest_.job_id() == job_id && latest_.phase() == v1::Assignment::LOAD) {
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(50));
+  }
+  if (stopping_ || latest_.job_id() != job_id || latest_.phase() != v1::Assignment::TRAIN) return false;
+  *assignment = latest_;
+  return true;
+}
+
+void WorkerDaemon::Run(MembershipClient* membership) {
+  v1::Assignment assignment;
+  while (WaitForNewJob(&assignment)) {
+    RunJob(membership, assignment);
+    absl::MutexLock lock(&mu_);
+    current_job_.clear();
+  }
+}
+
+void WorkerDaemon::RunJob(MembershipClient* membership, v1::Assignment assignment) {
+  const std::string job_id = assignment.job_id();
+  auto report = [membership, job_id](v1::WorkReport r) {
+    r.set_job_id(job_id);
+    absl::Status status = membership->Report(std::move(r));
+    if (!status.ok()) FLOG(WARNING) << "report for job " << job_id << " failed: " << status;
+  };
+  TrainerHooks hooks;
+  hooks.report = report;
+  hooks.should_stop = [this, job_id] { return Withdrawn(job_id); };
+  hooks.observe_step = [this](double seconds) {
+    if (step_seconds_) step_seconds_->Observe(seconds);
+    if (steps_total_) steps_total_->Increment();
+  };
+  Trainer trainer(membership->member_id(), backend_, hooks);
+  FLOG(INFO) << "job " << job_id << ": rank " << assignment.rank() << " of " << assignment.world_size();
+  auto fail = [&](const absl::Status& status) {
+    if (Withdrawn(job_id)) return;  // the job ended elsewhere; nothing to report
+    FLOG(ERROR) << "job " << job_id << " failed: " << status;
+    v1::WorkReport r;
+    r.set_kind(v1::WorkReport::FAILED);
+    r.set_reason(std::string(status.message()));
+    report(r);
+  };
+  if (absl::Status status = trainer.Load(assignment); !status.ok()) return fail(status);
+  report(trainer.ReadyReport());
+  if (!WaitForTrain(job_id, &assignment)) {
+    FLOG(INFO) << "job " << job_id << " withdrawn before training";
+    return;
+  }
+  if (absl::Status status = trainer.Train(assignment); !status.ok()) return fail(status);
+  v1::WorkReport done;
+  done.set_kind(v1::WorkReport::DONE);
+  report(done);
+  FLOG(INFO) << "job " << job_id << ": finished " << assignment.total_steps() << " steps";
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,55 @@
+// The worker's control loop: waits for an assignment (delivered by heartbeat
+// responses), loads, trains, reports, and goes idle again. Thread-safe:
+// OnHeartbeat runs on the membership thread, Run on the caller's.
+#ifndef FULCRUM_WORKER_WORKER_DAEMON_H_
+#define FULCRUM_WORKER_WORKER_DAEMON_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/membership_client.h"
+#include "kernels/backend.h"
+
+namespace prometheus {
+class Histogram;
+class Counter;
+}  // namespace prometheus
+
+namespace fulcrum {
+
+class WorkerDaemon {
+ public:
+  // `backend` must outlive the daemon; metrics may be null.
+  WorkerDaemon(kernels::Backend* backend, prometheus::Histogram* step_seconds,
+               prometheus::Counter* steps_total);
+
+  void OnHeartbeat(const v1::HeartbeatResponse& response);
+  // The job being worked on ("" when idle), for heartbeats.
+  std::string CurrentJob() const;
+  // Runs until Stop(). `membership` sends the reports.
+  void Run(MembershipClient* membership);
+  void Stop();
+
+ private:
+  // Waits for a LOAD/TRAIN assignment of a job not yet worked on.
+  bool WaitForNewJob(v1::Assignment* assignment);
+  // Waits until `job_id` reaches TRAIN; false if it was withdrawn.
+  bool WaitForTrain(const std::string& job_id, v1::Assignment* assignment);
+  bool Withdrawn(const std::string& job_id) const;
+  void RunJob(MembershipClient* membership, v1::Assignment assignment);
+
+  kernels::Backend* backend_;
+  prometheus::Histogram* step_seconds_;
+  prometheus::Counter* steps_total_;
+  mutable absl::Mutex mu_;  // guards the members below
+  v1::Assignment latest_ ABSL_GUARDED_BY(mu_);
+  std::string current_job_ ABSL_GUARDED_BY(mu_);
+  std::string last_job_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_WORKER_WORKER_DAEMON_H_

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/process.h"
@@ -260,16 +261,22 @@ absl::Status LocalCluster::Down(absl::Duration grace) {
     }
   }
   absl::Time deadline = absl::Now() + grace;
+  std::vector<std::string> killed;
   for (const auto& p : file_.processes()) {
     pid_t pid = static_cast<pid_t>(p.pid());
     while (Alive(pid) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
     if (Alive(pid)) {
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
+      killed.push_back(p.id());
     }
   }
   owned_ = false;
   unlink((file_.dir() + "/cluster.json").c_str());
+  if (!killed.empty()) {
+    return absl::UnavailableError(absl::StrCat("did not stop on SIGTERM within ", absl::FormatDuration(grace),
+                                               " and were killed: ", absl::StrJoin(killed, ", ")));
+  }
   return absl::OkStatus();
 }
 

@@ -52,7 +52,8 @@ class LocalCluster {
   absl::StatusOr<v1::LocalProcess> AddWorker();
 
   // SIGTERM to every process, then SIGKILL to any still alive after `grace`.
-  // Removes cluster.json.
+  // Removes cluster.json. UNAVAILABLE naming the processes that had to be
+  // killed (did not exit on SIGTERM in time).
   absl::Status Down(absl::Duration grace = absl::Seconds(10));
   // Sends `signal` to the process with member id `id`.
   absl::Status Signal(const std::string& id, int signal);

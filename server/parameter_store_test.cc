@@ -1,1 +1,660 @@
-#include <gtest/gtest.h>
+#include "server/parameter_store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/param_init.h"
+#include "common/tensor_codec.h"
+#include "gtest/gtest.h"
+#include "server/parameter_service.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr uint64_t kSeed = 42;
+constexpr int32_t kChunkId = 7;
+constexpr int32_t kTensor = 1;
+constexpr int64_t kOffset = 100;
+constexpr int64_t kLength = 8;
+constexpr float kScale = 0.5f;
+// A power of two so that lr * g is exact for the small gradients used below.
+constexpr float kLr = 0.25f;
+
+::testing::AssertionResult Contains(absl::string_view haystack,
+                                   absl::string_view needle) {
+  if (haystack.find(needle) != absl::string_view::npos) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure()
+         << "\"" << haystack << "\" does not contain \"" << needle << "\"";
+}
+
+uint32_t Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return b;
+}
+
+ChunkConfig TestChunk() {
+  ChunkConfig c;
+  c.chunk_id = kChunkId;
+  c.tensor = kTensor;
+  c.offset = kOffset;
+  c.length = kLength;
+  c.init = InitKind::kUniform;
+  c.init_scale = kScale;
+  return c;
+}
+
+JobShardConfig TestJob(bool synchronous, int32_t num_workers,
+                       const std::string& job_id = "job-1") {
+  JobShardConfig config;
+  config.job_id = job_id;
+  config.optimizer.kind = OptimizerKind::kSgd;
+  config.lr = kLr;
+  config.synchronous = synchronous;
+  config.num_workers = num_workers;
+  config.seed = kSeed;
+  config.chunks.push_back(TestChunk());
+  return config;
+}
+
+std::vector<float> InitValues() {
+  std::vector<float> v(kLength);
+  FillInit(InitKind::kUniform, kScale, kSeed, kTensor, kOffset, kLength,
+           v.data());
+  return v;
+}
+
+std::string Encode(const std::vector<float>& v) {
+  std::string bytes;
+  EncodeFloats(v.data(), static_cast<int64_t>(v.size()), &bytes);
+  return bytes;
+}
+
+std::vector<float> Decode(const std::string& bytes) {
+  std::vector<float> v(bytes.size() / 4);
+  EXPECT_TRUE(
+      DecodeFloats(bytes, static_cast<int64_t>(v.size()), v.data(), "pull")
+          .ok());
+  return v;
+}
+
+// A gradient of small multiples of 1/8 so every update below is exact.
+std::vector<float> Grad(float base) {
+  std::vector<float> g(kLength);
+  for (int64_t i = 0; i < kLength; ++i) {
+    g[i] = base + 0.125f * static_cast<float>(i) - 0.5f;
+  }
+  return g;
+}
+
+PushArgs Args(const std::string& worker, int32_t rank, int64_t seq,
+              int64_t step, absl::string_view gradient,
+              int32_t chunk_id = kChunkId) {
+  PushArgs args;
+  args.worker_id = worker;
+  args.rank = rank;
+  args.seq = seq;
+  args.step = step;
+  args.chunk_id = chunk_id;
+  args.gradient = gradient;
+  return args;
+}
+
+class ParameterStoreTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<JobShard> Setup(JobShardConfig config) {
+    const std::string job_id = config.job_id;
+    EXPECT_TRUE(store_.SetupJob(std::move(config)).ok());
+    absl::StatusOr<std::shared_ptr<JobShard>> shard = store_.Find(job_id);
+    EXPECT_TRUE(shard.ok()) << shard.status();
+    return shard.ok() ? *shard : nullptr;
+  }
+
+  // Pulls without waiting; fails the test on error.
+  std::vector<float> PullNow(JobShard* shard, int64_t* version) {
+    std::string data;
+    absl::Status s = shard->Pull(kChunkId, 0, absl::Now(), &data, version);
+    EXPECT_TRUE(s.ok()) << s;
+    return Decode(data);
+  }
+
+  ParameterStore store_;
+};
+
+TEST_F(ParameterStoreTest, InitialValuesMatchFillInitForTheChunkRange) {
+  std::shared_ptr<JobShard> shard = Setup(TestJob(/*synchronous=*/true, 2));
+  ASSERT_NE(shard, nullptr);
+  int64_t version = -1;
+  const std::vector<float> values = PullNow(shard.get(), &version);
+  EXPECT_EQ(version, 0);
+  const std::vector<float> expected = InitValues();
+  ASSERT_EQ(values.size(), expected.size());
+  for (int64_t i = 0; i < kLength; ++i) {
+    EXPECT_EQ(Bits(values[i]), Bits(expected[i])) << "element " << i;
+  }
+  // The range really is the chunk's: it differs from the tensor's start.
+  std::vector<float> from_zero(kLength);
+  FillInit(InitKind::kUniform, kScale, kSeed, kTensor, 0, kLength,
+           from_zero.data());
+  EXPECT_NE(values, from_zero);
+}
+
+TEST_F(ParameterStoreTest, ZerosInitIsZero) {
+  JobShardConfig config = TestJob(true, 1);
+  config.chunks[0].init = InitKind::kZeros;
+  std::shared_ptr<JobShard> shard = Setup(std::move(config));
+  ASSERT_NE(shard, nullptr);
+  int64_t version = -1;
+  EXPECT_EQ(PullNow(shard.get(), &version), std::vector<float>(kLength, 0.0f));
+}
+
+TEST_F(ParameterStoreTest, AspPushAppliesImmediately) {
+  std::shared_ptr<JobShard> shard = Setup(TestJob(/*synchronous=*/false, 2));
+  ASSERT_NE(shard, nullptr);
+  const std::vector<float> g = Grad(1.0f);
+  const std::string bytes = Encode(g);
+  absl::StatusOr<PushOutcome> outcome = shard->Push(Args("w0", 0, 1, 0, bytes));
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(*outcome, PushOutcome::kApplied);
+
+  int64_t version = -1;
+  const std::vector<float> values = PullNow(shard.get(), &version);
+  EXPECT_EQ(version, 1);
+  const std::vector<float> init = InitValues();
+  for (int64_t i = 0; i < kLength; ++i) {
+    EXPECT_EQ(values[i], init[i] - kLr * g[i]) << "element " << i;
+  }
+
+  // A second worker's push is applied on its own too (no waiting for a step).
+  const std::vector<float> g2 = Grad(-2.0f);
+  ASSERT_TRUE(shard->Push(Args("w1", 1, 1, 0, Encode(g2))).ok());
+  const std::vector<float> values2 = PullNow(shard.get(), &version);
+  EXPECT_EQ(version, 2);
+  for (int64_t i = 0; i < kLength; ++i) {
+    EXPECT_EQ(values2[i], values[i] - kLr * g2[i]) << "element " << i;
+  }
+}
+
+TEST_F(ParameterStoreTest, BspWaitsForEveryRankThenAppliesTheMean) {
+  std::shared_ptr<JobShard> shard = Setup(TestJob(/*synchronous=*/true, 2));
+  ASSERT_NE(shard, nullptr);
+  const std::vector<float> g0 = Grad(1.0f);
+  const std::vector<float> g1 = Grad(3.0f);
+  const std::string b0 = Encode(g0);
+  const std::string b1 = Encode(g1);
+
+  absl::StatusOr<PushOutcome> first = shard->Push(Args("w0", 0, 1, 0, b0));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, PushOutcome::kBuffered);
+
+  // Not applied yet: the version is unchanged, the values are the initial
+  // ones, and waiting for step 1 runs into the deadline.
+  int64_t version = -1;
+  EXPECT_EQ(PullNow(shard.get(), &version), InitValues());
+  EXPECT_EQ(version, 0);
+  std::string data;
+  absl::Status waited = shard->Pull(
+      kChunkId, 1, absl::Now() + absl::Milliseconds(20), &data, &version);
+  EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded) << waited;
+
+  absl::StatusOr<PushOutcome> second = shard->Push(Args("w1", 1, 1, 0, b1));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(*second, PushOutcome::kBuffered);
+
+  // Step 1 is complete: a pull for it returns at once.
+  data.clear();
+  ASSERT_TRUE(
+      shard->Pull(kChunkId, 1, absl::InfiniteFuture(), &data, &version).ok());
+  EXPECT_EQ(version, 1);
+  const std::vector<float> values = Decode(data);
+  const std::vector<float> init = InitValues();
+  for (int64_t i = 0; i < kLength; ++i) {
+    EXPECT_EQ(values[i], init[i] - kLr * ((g0[i] + g1[i]) / 2)) << i;
+  }
+}
+
+TEST_F(ParameterStoreTest, BspSumsInRankOrderRegardlessOfArrivalOrder) {
+  // Three ranks whose float sum depends on the order of addition:
+  // (1e8 + 1) - 1e8 == 0 but (1e8 - 1e8) + 1 == 1 in float32. (With two
+  // ranks a + b == b + a, so order could not show.)
+  const std::vector<std::vector<float>> grads = {
+      std::vector<float>(kLength, 1e8f),
+      std::vector<float>(kLength, 1.0f),
+      std::vector<float>(kLength, -1e8f),
+  };
+  ASSERT_EQ((grads[0][0] + grads[1][0]) + grads[2][0], 0.0f);
+  ASSERT_EQ((grads[0][0] + grads[2][0]) + grads[1][0], 1.0f);
+
+  std::vector<int> order = {0, 1, 2};
+  std::vector<std::vector<float>> results;
+  std::vector<std::vector<int>> orders;
+  int job = 0;
+  do {
+    const std::string job_id = "job-order-" + std::to_string(job++);
+    std::shared_ptr<JobShard> shard = Setup(TestJob(true, 3, job_id));
+    ASSERT_NE(shard, nullptr);
+    std::vector<std::string> bytes;
+    for (const auto& g : grads) bytes.push_back(Encode(g));
+    for (int rank : order) {
+      ASSERT_TRUE(shard
+                      ->Push(Args("w" + std::to_string(rank), rank, 1, 0,
+                                  bytes[rank]))
+                      .ok());
+    }
+    int64_t version = -1;
+    results.push_back(PullNow(shard.get(), &version));
+    EXPECT_EQ(version, 1);
+    orders.push_back(order);
+  } while (std::next_permutation(order.begin(), order.end()));
+
+  // Rank order sums to exactly 0, so the values stay at their initial ones.
+  const std::vector<float> init = InitValues();
+  for (size_t r = 0; r < results.size(); ++r) {
+    ASSERT_EQ(results[r].size(), init.size());
+    for (int64_t i = 0; i < kLength; ++i) {
+      EXPECT_EQ(Bits(results[r][i]), Bits(results[0][i]))
+          << "arrival order " << orders[r][0] << orders[r][1] << orders[r][2]
+          << " element " << i;
+      EXPECT_EQ(Bits(results[r][i]), Bits(init[i]));
+    }
+  }
+}
+
+TEST_F(ParameterStoreTest, AspDuplicateIsAcknowledgedNotReapplied) {
+  std::shared_ptr<JobShard> shard = Setup(TestJob(false, 1));
+  ASSERT_NE(shard, nullptr);
+  const std::string bytes = Encode(Grad(1.0f));
+  ASSERT_EQ(*shard->Push(Args("w0", 0, 5, 0, bytes)), PushOutcome::kApplied);
+  int64_t version = -1;
+  const std::vector<float> after_one = PullNow(shard.get(), &version);
+  ASSERT_EQ(version, 1);
+
+  absl::StatusOr<PushOutcome> again = shard->Push(Args("w0", 0, 5, 0, bytes));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, PushOutcome::kDuplicate);
+  absl::StatusOr<PushOutcome> older = shard->Push(Args("w0", 0, 4, 0, bytes));
+  ASSERT_TRUE(older.ok()) << older.status();
+  EXPECT_EQ(*older, PushOutcome::kDuplicate);
+  EXPECT_EQ(PullNow(shard.get(), &version), after_one);
+  EXPECT_EQ(version, 1);
+
+  // A new seq from the same worker is applied.
+  EXPECT_EQ(*shard->Push(Args("w0", 0, 6, 1, bytes)), PushOutcome::kApplied);
+  PullNow(shard.get(), &version);
+  EXPECT_EQ(version, 2);
+}
+
+TEST_F(ParameterStoreTest, BspDuplicateIsAcknowledgedNotReapplied) {
+  std::shared_ptr<JobShard> shard = Setup(TestJob(true, 2));
+  ASSERT_NE(shard, nullptr);
+  const std::vector<float> g0 = Grad(1.0f);
+  const std::vector<float> g1 = Grad(3.0f);
+  const std::string b0 = Encode(g0);
+  const std::string b1 = Encode(g1);
+
+  ASSERT_EQ(*shard->Push(Args("w0", 0, 1, 0, b0)), PushOutcome::kBuffered);
+  // The same (worker, seq) again before the step completes: not counted as
+  // the second rank's gradient.
+  absl::StatusOr<PushOutcome> dup = shard->Push(Args("w0", 0, 1, 0, b0));
+  ASSERT_TRUE(dup.ok()) << dup.status();
+  EXPECT_EQ(*dup, PushOutcome::kDuplicate);
+  EXPECT_EQ(shard->Push(Args("w0", 0, 1, 0, b0)).value(),
+            PushOutcome::kDuplicate);
+  int64_t version = -1;
+  PullNow(shard.get(), &version);
+  EXPECT_EQ(version, 0);
+
+  ASSERT_EQ(*shard->Push(Args("w1", 1, 1, 0, b1)), PushOutcome::kBuffered);
+  const std::vector<float> after_step = PullNow(shard.get(), &version);
+  ASSERT_EQ(version, 1);
+
+  // A retry after the step completed is still a duplicate: it must not open
+  // step 2 with a stale gradient.
+  absl::StatusOr<PushOutcome> late = shard->Push(Args("w1", 1, 1, 0, b1));
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(*late, PushOutcome::kDuplicate);
+  EXPECT_EQ(PullNow(shard.get(), &version), after_step);
+  EXPECT_EQ(version, 1);
+
+  const std::vector<float> init = InitValues();
+  for (int64_t i = 0; i < kLength; ++i) {
+    EXPECT_EQ(after_step[i], init[i] - kLr * ((g0[i] + g1[i]) / 2)) << i;
+  }
+}
+
+TEST_F(ParameterStoreTest, WrongPayloadSizeIsInvalidArgument) {
+  std::shared_ptr<JobShard> shard = Setup(TestJob(false, 1));
+  ASSERT_NE(shard, nullptr);
+  const std::string short_bytes = Encode(std::vector<float>(kLength - 1, 1.0f));
+  absl::StatusOr<PushOutcome> outcome =
+      shard->Push(Args("w0", 0, 1, 0, short_bytes));
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(outcome.status().message(), "chunk 7"));
+  int64_t version = -1;
+  EXPECT_EQ(PullNow(shard.get(), &version), InitValues());
+  EXPECT_EQ(version, 0);
+}
+
+TEST_F(ParameterStoreTest, NonFiniteGradientIsInvalidArgument) {
+  std::shared_ptr<JobShard> shard = Setup(TestJob(false, 1));
+  ASSERT_NE(shard, nullptr);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                    std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> g = Grad(1.0f);
+    g[3] = bad;
+    absl::StatusOr<PushOutcome> outcome =
+        shard->Push(Args("w0", 0, 1, 0, Encode(g)));
+    EXPECT_EQ(outcome.status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+    EXPECT_TRUE(Contains(outcome.status().message(), "non-finite")) << bad;
+  }
+  int64_t version = -1;
+  EXPECT_EQ(PullNow(shard.get(), &version), InitValues());
+  EXPECT_EQ(version, 0);
+  // The rejected pushes did not consume seq 1.
+  EXPECT_EQ(*shard->Push(Args("w0", 0, 1, 0, Encode(Grad(1.0f)))),
+            PushOutcome::kApplied);
+}
+
+TEST_F(ParameterStoreTest, RankOutOfRangeIsInvalidArgument) {
+  for (bool synchronous : {true, false}) {
+    std::shared_ptr<JobShard> shard =
+        Setup(TestJob(synchronous, 2, synchronous ? "bsp" : "asp"));
+    ASSERT_NE(shard, nullptr);
+    const std::string bytes = Encode(Grad(1.0f));
+    for (int32_t rank : {-1, 2, 100}) {
+      absl::StatusOr<PushOutcome> outcome =
+          shard->Push(Args("w" + std::to_string(rank), rank, 1, 0, bytes));
+      EXPECT_EQ(outcome.status().code(), absl::StatusCode::kInvalidArgument)
+          << "rank " << rank << " synchronous " << synchronous;
+      EXPECT_TRUE(Contains(outcome.status().message(), "rank"));
+    }
+  }
+}
+
+TEST_F(ParameterStoreTest, BspPushAheadOfVersionIsFailedPrecondition) {
+  std::shared_ptr<JobShard> shard = Setup(TestJob(true, 2));
+  ASSERT_NE(shard, nullptr);
+  absl::StatusOr<PushOutcome> outcome =
+      shard->Push(Args("w0", 0, 1, /*step=*/1, Encode(Grad(1.0f))));
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kFailedPrecondition);
+  int64_t version = -1;
+  PullNow(shard.get(), &version);
+  EXPECT_EQ(version, 0);
+}
+
+TEST_F(ParameterStoreTest, UnknownChunkIsNotFound) {
+  std::shared_ptr<JobShard> shard = Setup(TestJob(true, 1));
+  ASSERT_NE(shard, nullptr);
+  absl::StatusOr<PushOutcome> outcome =
+      shard->Push(Args("w0", 0, 1, 0, Encode(Grad(1.0f)), /*chunk_id=*/99));
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kNotFound);
+  std::string data;
+  int64_t version = -1;
+  absl::Status pulled = shard->Pull(99, 0, absl::Now(), &data, &version);
+  EXPECT_EQ(pulled.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(pulled.message(), "99"));
+}
+
+TEST_F(ParameterStoreTest, UnknownJobIsNotFound) {
+  absl::StatusOr<std::shared_ptr<JobShard>> missing = store_.Find("nope");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(missing.status().message(), "nope"));
+  EXPECT_EQ(store_.num_jobs(), 0u);
+}
+
+TEST_F(ParameterStoreTest, SetupTwiceWithDifferentConfigIsAlreadyExists) {
+  ASSERT_NE(Setup(TestJob(true, 2)), nullptr);
+  absl::Status again = store_.SetupJob(TestJob(false, 3));
+  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(store_.num_jobs(), 1u);
+}
+
+TEST_F(ParameterStoreTest, SetupRejectsBadConfigs) {
+  JobShardConfig no_workers = TestJob(true, 0, "a");
+  EXPECT_EQ(store_.SetupJob(no_workers).code(),
+            absl::StatusCode::kInvalidArgument);
+  JobShardConfig empty_chunk = TestJob(true, 1, "b");
+  empty_chunk.chunks[0].length = 0;
+  EXPECT_EQ(store_.SetupJob(empty_chunk).code(),
+            absl::StatusCode::kInvalidArgument);
+  JobShardConfig twice = TestJob(true, 1, "c");
+  twice.chunks.push_back(twice.chunks[0]);
+  EXPECT_EQ(store_.SetupJob(twice).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_.num_jobs(), 0u);
+}
+
+TEST_F(ParameterStoreTest, DropJobWakesAWaitingPull) {
+  std::shared_ptr<JobShard> shard = Setup(TestJob(true, 2));
+  ASSERT_NE(shard, nullptr);
+  absl::Status pulled;
+  std::thread puller([&] {
+    std::string data;
+    int64_t version = -1;
+    // No deadline: only the drop can end this wait. If the drop happens
+    // first the pull returns CANCELLED straight away.
+    pulled =
+        shard->Pull(kChunkId, 1, absl::InfiniteFuture(), &data, &version);
+  });
+  store_.DropJob("job-1", "cancelled by user");
+  puller.join();
+  EXPECT_EQ(pulled.code(), absl::StatusCode::kCancelled) << pulled;
+  EXPECT_TRUE(Contains(pulled.message(), "cancelled by user"));
+
+  EXPECT_EQ(store_.Find("job-1").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_.num_jobs(), 0u);
+  // Pushes to the dropped shard are refused too.
+  EXPECT_EQ(shard->Push(Args("w0", 0, 1, 0, Encode(Grad(1.0f)))).status().code(),
+            absl::StatusCode::kCancelled);
+}
+
+TEST_F(ParameterStoreTest, DropUnknownJobIsANoop) {
+  store_.DropJob("nope", "whatever");
+  store_.DropJob("nope", "whatever", /*keep_parameters=*/true);
+  EXPECT_EQ(store_.num_jobs(), 0u);
+}
+
+TEST_F(ParameterStoreTest, DropWithKeepParametersServesPullsRefusesPushes) {
+  std::shared_ptr<JobShard> shard = Setup(TestJob(false, 1));
+  ASSERT_NE(shard, nullptr);
+  const std::vector<float> g = Grad(1.0f);
+  ASSERT_EQ(*shard->Push(Args("w0", 0, 1, 0, Encode(g))), PushOutcome::kApplied);
+  int64_t version = -1;
+  const std::vector<float> final_values = PullNow(shard.get(), &version);
+  ASSERT_EQ(version, 1);
+
+  store_.DropJob("job-1", "succeeded", /*keep_parameters=*/true);
+  EXPECT_EQ(store_.num_jobs(), 1u);
+
+  absl::StatusOr<std::shared_ptr<JobShard>> kept = store_.Find("job-1");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  std::string data;
+  ASSERT_TRUE((*kept)->Pull(kChunkId, 1, absl::Now(), &data, &version).ok());
+  EXPECT_EQ(version, 1);
+  EXPECT_EQ(Decode(data), final_values);
+
+  absl::StatusOr<PushOutcome> pushed =
+      (*kept)->Push(Args("w0", 0, 2, 1, Encode(g)));
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(pushed.status().message(), "succeeded"));
+  ASSERT_TRUE((*kept)->Pull(kChunkId, 0, absl::Now(), &data, &version).ok());
+  EXPECT_EQ(version, 1);
+  EXPECT_EQ(Decode(data), final_values);
+}
+
+// --- ToJobShardConfig ---
+
+v1::SetupJobRequest BaseRequest() {
+  v1::SetupJobRequest request;
+  request.set_job_id("job-9");
+  request.set_num_workers(4);
+  request.set_total_steps(1000);
+  v1::JobSpec* spec = request.mutable_spec();
+  spec->set_seed(1234);
+  spec->mutable_optimizer()->set_lr(0.05f);
+  v1::ChunkSetup* a = request.add_chunks();
+  a->set_chunk_id(3);
+  a->set_tensor(0);
+  a->set_offset(0);
+  a->set_length(100);
+  a->set_init(v1::ChunkSetup::UNIFORM);
+  a->set_init_scale(0.125f);
+  v1::ChunkSetup* b = request.add_chunks();
+  b->set_chunk_id(4);
+  b->set_tensor(1);
+  b->set_offset(64);
+  b->set_length(10);
+  b->set_init(v1::ChunkSetup::ZEROS);
+  return request;
+}
+
+TEST(ToJobShardConfigTest, CopiesJobChunksAndScalars) {
+  const JobShardConfig config = ToJobShardConfig(BaseRequest());
+  EXPECT_EQ(config.job_id, "job-9");
+  EXPECT_EQ(config.num_workers, 4);
+  EXPECT_EQ(config.seed, 1234u);
+  EXPECT_EQ(config.lr, 0.05f);
+  EXPECT_EQ(config.schedule.kind, LrScheduleKind::kConstant);
+  EXPECT_EQ(config.schedule.total_steps, 1000);
+  ASSERT_EQ(config.chunks.size(), 2u);
+  EXPECT_EQ(config.chunks[0].chunk_id, 3);
+  EXPECT_EQ(config.chunks[0].tensor, 0);
+  EXPECT_EQ(config.chunks[0].offset, 0);
+  EXPECT_EQ(config.chunks[0].length, 100);
+  EXPECT_EQ(config.chunks[0].init, InitKind::kUniform);
+  EXPECT_EQ(config.chunks[0].init_scale, 0.125f);
+  EXPECT_EQ(config.chunks[1].chunk_id, 4);
+  EXPECT_EQ(config.chunks[1].tensor, 1);
+  EXPECT_EQ(config.chunks[1].offset, 64);
+  EXPECT_EQ(config.chunks[1].length, 10);
+  EXPECT_EQ(config.chunks[1].init, InitKind::kZeros);
+}
+
+TEST(ToJobShardConfigTest, UnspecifiedInitIsZeros) {
+  v1::SetupJobRequest request = BaseRequest();
+  request.mutable_chunks(0)->set_init(v1::ChunkSetup::INIT_UNSPECIFIED);
+  EXPECT_EQ(ToJobShardConfig(request).chunks[0].init, InitKind::kZeros);
+}
+
+TEST(ToJobShardConfigTest, MapsOptimizerKinds) {
+  struct Case {
+    v1::OptimizerSpec::Kind proto;
+    OptimizerKind expected;
+  };
+  for (const Case& c : {Case{v1::OptimizerSpec::KIND_UNSPECIFIED, OptimizerKind::kSgd},
+                        Case{v1::OptimizerSpec::SGD, OptimizerKind::kSgd},
+                        Case{v1::OptimizerSpec::ADAM, OptimizerKind::kAdam},
+                        Case{v1::OptimizerSpec::ADAMW, OptimizerKind::kAdamW},
+                        Case{v1::OptimizerSpec::ADAGRAD, OptimizerKind::kAdagrad}}) {
+    v1::SetupJobRequest request = BaseRequest();
+    request.mutable_spec()->mutable_optimizer()->set_kind(c.proto);
+    EXPECT_EQ(ToJobShardConfig(request).optimizer.kind, c.expected)
+        << v1::OptimizerSpec::Kind_Name(c.proto);
+  }
+}
+
+TEST(ToJobShardConfigTest, CopiesOptimizerHyperparameters) {
+  v1::SetupJobRequest request = BaseRequest();
+  v1::OptimizerSpec* opt = request.mutable_spec()->mutable_optimizer();
+  opt->set_kind(v1::OptimizerSpec::SGD);
+  opt->set_momentum(0.9f);
+  opt->set_nesterov(true);
+  opt->set_weight_decay(1e-4f);
+  const OptimizerConfig sgd = ToJobShardConfig(request).optimizer;
+  EXPECT_EQ(sgd.momentum, 0.9f);
+  EXPECT_TRUE(sgd.nesterov);
+  EXPECT_EQ(sgd.weight_decay, 1e-4f);
+
+  opt->Clear();
+  opt->set_kind(v1::OptimizerSpec::ADAM);
+  const OptimizerConfig adam_defaults = ToJobShardConfig(request).optimizer;
+  EXPECT_EQ(adam_defaults.beta1, 0.9f);
+  EXPECT_EQ(adam_defaults.beta2, 0.999f);
+  EXPECT_EQ(adam_defaults.epsilon, 1e-8f);
+  opt->set_beta1(0.8f);
+  opt->set_beta2(0.95f);
+  opt->set_epsilon(1e-6f);
+  const OptimizerConfig adam = ToJobShardConfig(request).optimizer;
+  EXPECT_EQ(adam.beta1, 0.8f);
+  EXPECT_EQ(adam.beta2, 0.95f);
+  EXPECT_EQ(adam.epsilon, 1e-6f);
+}
+
+TEST(ToJobShardConfigTest, AdagradEpsilonDefaultsTo1em10) {
+  v1::SetupJobRequest request = BaseRequest();
+  v1::OptimizerSpec* opt = request.mutable_spec()->mutable_optimizer();
+  opt->set_kind(v1::OptimizerSpec::ADAGRAD);
+  opt->set_initial_accumulator(0.1f);
+  const OptimizerConfig defaulted = ToJobShardConfig(request).optimizer;
+  EXPECT_EQ(defaulted.epsilon, 1e-10f);
+  EXPECT_EQ(defaulted.initial_accumulator, 0.1f);
+  opt->set_epsilon(1e-7f);
+  EXPECT_EQ(ToJobShardConfig(request).optimizer.epsilon, 1e-7f);
+}
+
+TEST(ToJobShardConfigTest, AspIsAsynchronousBspAndDefaultAreSynchronous) {
+  v1::SetupJobRequest request = BaseRequest();
+  request.mutable_spec()->set_mode(v1::ASP);
+  EXPECT_FALSE(ToJobShardConfig(request).synchronous);
+  request.mutable_spec()->set_mode(v1::BSP);
+  EXPECT_TRUE(ToJobShardConfig(request).synchronous);
+  request.mutable_spec()->set_mode(v1::MODE_UNSPECIFIED);
+  EXPECT_TRUE(ToJobShardConfig(request).synchronous);
+}
+
+TEST(ToJobShardConfigTest, MapsLrSchedule) {
+  v1::SetupJobRequest request = BaseRequest();
+  v1::LrScheduleSpec* s = request.mutable_spec()->mutable_lr_schedule();
+  s->set_kind(v1::LrScheduleSpec::WARMUP_COSINE);
+  s->set_warmup_steps(10);
+  s->set_min_lr(0.001f);
+  LrScheduleConfig cosine = ToJobShardConfig(request).schedule;
+  EXPECT_EQ(cosine.kind, LrScheduleKind::kWarmupCosine);
+  EXPECT_EQ(cosine.warmup_steps, 10);
+  EXPECT_EQ(cosine.min_lr, 0.001f);
+  EXPECT_EQ(cosine.total_steps, 1000);
+
+  s->Clear();
+  s->set_kind(v1::LrScheduleSpec::STEP_DECAY);
+  s->set_step_size(30);
+  LrScheduleConfig step = ToJobShardConfig(request).schedule;
+  EXPECT_EQ(step.kind, LrScheduleKind::kStepDecay);
+  EXPECT_EQ(step.step_size, 30);
+  EXPECT_EQ(step.gamma, 0.1f);
+  s->set_gamma(0.5f);
+  EXPECT_EQ(ToJobShardConfig(request).schedule.gamma, 0.5f);
+}
+
+TEST(ToJobShardConfigTest, ResultIsUsableByTheStore) {
+  v1::SetupJobRequest request = BaseRequest();
+  request.mutable_spec()->set_mode(v1::ASP);
+  ParameterStore store;
+  ASSERT_TRUE(store.SetupJob(ToJobShardConfig(request)).ok());
+  absl::StatusOr<std::shared_ptr<JobShard>> shard = store.Find("job-9");
+  ASSERT_TRUE(shard.ok());
+  std::string data;
+  int64_t version = -1;
+  ASSERT_TRUE((*shard)->Pull(3, 0, absl::Now(), &data, &version).ok());
+  std::vector<float> expected(100);
+  FillInit(InitKind::kUniform, 0.125f, 1234, 0, 0, 100, expected.data());
+  EXPECT_EQ(Decode(data), expected);
+  ASSERT_TRUE((*shard)->Pull(4, 0, absl::Now(), &data, &version).ok());
+  EXPECT_EQ(Decode(data), std::vector<float>(10, 0.0f));
+}
+
+}  // namespace
+}  // namespace fulcrum

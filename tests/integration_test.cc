@@ -1,1 +1,349 @@
+// Multi-process integration tests: a real scheduler, servers and workers on
+// loopback (started through LocalCluster, the code behind `fulcrum local up`),
+// driven through the public gRPC API and the `fulcrum` CLI. Every process is
+// killed by pid in teardown, also when a test fails.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/local_cluster.h"
+#include "common/rpc.h"
+#include "fulcrum/v1/job.grpc.pb.h"
+#include "worker/parameter_client.h"
+
+namespace fulcrum {
+namespace {
+
+std::string MakeTempDir() {
+  std::string pattern = absl::StrCat(testing::TempDir(), "/fulcrum-it.XXXXXX");
+  std::vector<char> buffer(pattern.begin(), pattern.end());
+  buffer.push_back('\0');
+  char* dir = mkdtemp(buffer.data());
+  return dir ? dir : "";
+}
+
+// A small synthetic classification job that trains in well under a second.
+v1::JobSpec SyntheticSpec(v1::Mode mode, int workers, int batch, int64_t max_steps) {
+  v1::JobSpec spec;
+  spec.set_name("synthetic");
+  spec.mutable_model()->set_kind(v1::ModelSpec::MLP);
+  spec.mutable_model()->add_hidden_sizes(16);
+  spec.mutable_model()->set_activation(v1::TANH);
+  v1::DataSpec* data = spec.mutable_data();
+  data->set_dataset(v1::DataSpec::SYNTHETIC);
+  data->set_synthetic_examples(4096);
+  data->set_synthetic_features(20);
+  data->set_synthetic_classes(4);
+  data->set_batch_size(batch);
+  data->set_epochs(3);
+  data->set_shuffle_seed(7);
+  data->set_max_steps(max_steps);
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
+  spec.mutable_optimizer()->set_lr(0.1f);
+  spec.mutable_optimizer()->set_momentum(0.9f);
+  spec.set_mode(mode);
+  spec.set_num_workers(workers);
+  spec.set_seed(3);
+  return spec;
+}
+
+bool Terminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+class ClusterTest : public testing::Test {
+ protected:
+  static void StartCluster(int servers, int workers) {
+    LocalCluster::Options options;
+    options.dir = MakeTempDir();
+    options.servers = servers;
+    options.workers = workers;
+    // Short leases so that a dead worker is noticed quickly.
+    options.scheduler_flags = {"--lease-ms=1500", "--heartbeat-ms=200", "--chunk-bytes=4096"};
+    auto cluster = LocalCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+    stub_ = v1::JobService::NewStub(MakeChannel(cluster_->scheduler_address()));
+  }
+  static void SetUpTestSuite() { StartCluster(2, 2); }
+  static void TearDownTestSuite() {
+    stub_.reset();
+    cluster_.reset();  // SIGKILLs and reaps every process it started
+  }
+
+  static absl::StatusOr<std::string> Submit(const v1::JobSpec& spec) {
+    grpc::ClientContext context;
+    SetDeadline(&context, 10);
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    v1::SubmitJobResponse response;
+    grpc::Status status = stub_->SubmitJob(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status);
+    return response.job_id();
+  }
+
+  // Follows WatchJob until `done` holds or `timeout` passes.
+  template <typename Predicate>
+  static v1::JobStatus WaitFor(const std::string& job_id, Predicate done, absl::Duration timeout) {
+    grpc::ClientContext context;
+    SetDeadline(&context, absl::ToDoubleSeconds(timeout));
+    v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+    auto reader = stub_->WatchJob(&context, request);
+    v1::JobStatus status;
+    while (reader->Read(&status)) {
+      if (done(status)) {
+        context.TryCancel();
+        break;
+      }
+    }
+    reader->Finish();
+    return status;
+  }
+
+  static v1::JobStatus WaitForEnd(const std::string& job_id, absl::Duration timeout = absl::Seconds(120)) {
+    return WaitFor(job_id, [](const v1::JobStatus& s) { return Terminal(s.state()); }, timeout);
+  }
+
+  static std::vector<float> FinalParameters(const v1::JobStatus& job) {
+    ParameterClient client(job.shard_map(), job.job_id(), "test-reader", 0);
+    auto params = client.MakeBuffers();
+    absl::Status status = client.Pull(0, absl::Seconds(10), &params);
+    EXPECT_TRUE(status.ok()) << status;
+    std::vector<float> flat;
+    for (const auto& t : params) flat.insert(flat.end(), t.begin(), t.end());
+    return flat;
+  }
+
+  static inline std::unique_ptr<LocalCluster> cluster_;
+  static inline std::unique_ptr<v1::JobService::Stub> stub_;
+};
+
+TEST_F(ClusterTest, BspTwoWorkersMatchOneWorkerWithDoubleBatch) {
+  constexpr int64_t kSteps = 25;
+  auto two = Submit(SyntheticSpec(v1::BSP, 2, 16, kSteps));
+  ASSERT_TRUE(two.ok()) << two.status();
+  v1::JobStatus two_done = WaitForEnd(*two);
+  ASSERT_EQ(two_done.state(), v1::SUCCEEDED) << two_done.reason();
+  auto one = Submit(SyntheticSpec(v1::BSP, 1, 32, kSteps));
+  ASSERT_TRUE(one.ok()) << one.status();
+  v1::JobStatus one_done = WaitForEnd(*one);
+  ASSERT_EQ(one_done.state(), v1::SUCCEEDED) << one_done.reason();
+  EXPECT_EQ(two_done.progress().step(), kSteps);
+
+  std::vector<float> a = FinalParameters(two_done);
+  std::vector<float> b = FinalParameters(one_done);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_GT(a.size(), 0u);
+  double max_scale = 0, max_diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_scale = std::max(max_scale, std::fabs(double{b[i]}));
+    max_diff = std::max(max_diff, std::fabs(double{a[i]} - b[i]));
+  }
+  EXPECT_LE(max_diff, 1e-5 * std::max(1.0, max_scale)) << "max |diff| " << max_diff;
+}
+
+TEST_F(ClusterTest, SeededBspJobIsBitForBitReproducible) {
+  std::vector<std::vector<float>> results;
+  for (int run = 0; run < 2; ++run) {
+    auto id = Submit(SyntheticSpec(v1::BSP, 2, 16, 30));
+    ASSERT_TRUE(id.ok()) << id.status();
+    v1::JobStatus done = WaitForEnd(*id);
+    ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+    results.push_back(FinalParameters(done));
+  }
+  ASSERT_EQ(results[0].size(), results[1].size());
+  EXPECT_EQ(0, std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)));
+}
+
+TEST_F(ClusterTest, AspJobLearns) {
+  auto id = Submit(SyntheticSpec(v1::ASP, 2, 32, 0));
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  ASSERT_GT(done.history_size(), 0);
+  EXPECT_LT(done.progress().train_loss(), 0.3);
+  EXPECT_GT(done.progress().test_accuracy(), 0.9);
+}
+
+TEST_F(ClusterTest, CancelStopsARunningJobAndFreesItsWorkers) {
+  v1::JobSpec long_spec = SyntheticSpec(v1::BSP, 2, 1, 0);
+  long_spec.mutable_data()->set_epochs(1000);
+  auto id = Submit(long_spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitFor(
+      *id, [](const v1::JobStatus& s) { return s.progress().step() > 0 || Terminal(s.state()); },
+      absl::Seconds(60));
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.reason();
+  {
+    grpc::ClientContext context;
+    v1::CancelJobRequest request;
+    request.set_job_id(*id);
+    v1::JobStatus response;
+    ASSERT_TRUE(stub_->CancelJob(&context, request, &response).ok());
+    EXPECT_EQ(response.state(), v1::CANCELLED);
+  }
+  // Both workers are free again: a 2-worker job runs to the end.
+  auto next = Submit(SyntheticSpec(v1::BSP, 2, 16, 10));
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(WaitForEnd(*next).state(), v1::SUCCEEDED);
+  // And cancelling an ended job is refused.
+  grpc::ClientContext context;
+  v1::CancelJobRequest request;
+  request.set_job_id(*id);
+  v1::JobStatus response;
+  EXPECT_EQ(stub_->CancelJob(&context, request, &response).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(ClusterTest, BadSpecIsRejectedNamingTheField) {
+  v1::JobSpec spec = SyntheticSpec(v1::BSP, 1, 0, 0);
+  auto id = Submit(spec);
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(id.status().message().find("data.batchSize"), std::string::npos) << id.status();
+}
+
+TEST_F(ClusterTest, UnknownJobIsNotFound) {
+  grpc::ClientContext context;
+  v1::GetJobRequest request;
+  request.set_job_id("job-does-not-exist");
+  v1::JobStatus response;
+  EXPECT_EQ(stub_->GetJob(&context, request, &response).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ClusterTest, MissingDataFileFailsTheJobNamingThePath) {
+  v1::JobSpec spec = SyntheticSpec(v1::BSP, 1, 16, 0);
+  spec.mutable_data()->set_dataset(v1::DataSpec::FASHION_MNIST);
+  spec.mutable_data()->clear_synthetic_examples();
+  spec.mutable_data()->clear_synthetic_features();
+  spec.mutable_data()->clear_synthetic_classes();
+  spec.mutable_data()->set_path("/nonexistent/fashion");
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus done = WaitForEnd(*id);
+  EXPECT_EQ(done.state(), v1::FAILED);
+  EXPECT_NE(done.reason().find("/nonexistent/fashion"), std::string::npos) << done.reason();
+}
+
+// Runs the fulcrum CLI; returns its exit code and stdout.
+std::pair<int, std::string> RunCli(const std::string& args) {
+  std::string command = absl::StrCat(DefaultBinDir(), "/fulcrum ", args, " 2>/dev/null");
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string out;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+  int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST_F(ClusterTest, CliSubmitWaitExitCodeFollowsTheJob) {
+  std::string dir = MakeTempDir();
+  std::string good = dir + "/good.yaml";
+  std::string bad = dir + "/bad.yaml";
+  FILE* f = fopen(good.c_str(), "w");
+  fputs("name: cli\nmodel: {kind: SOFTMAX_REGRESSION}\n"
+        "data: {dataset: SYNTHETIC, syntheticExamples: 512, syntheticFeatures: 8, syntheticClasses: 3,"
+        " batchSize: 32, epochs: 1}\noptimizer: {kind: ADAM, lr: 0.01}\nnumWorkers: 2\n", f);
+  fclose(f);
+  f = fopen(bad.c_str(), "w");
+  fputs("name: cli\nmodel: {kind: SOFTMAX_REGRESSION}\n"
+        "data: {dataset: FASHION_MNIST, path: /missing/dir, batchSize: 32}\noptimizer: {lr: 0.01}\n", f);
+  fclose(f);
+  std::string scheduler = absl::StrCat(" --scheduler ", cluster_->scheduler_address());
+  auto [good_rc, good_out] = RunCli(absl::StrCat("submit -f ", good, " --wait -o json", scheduler));
+  EXPECT_EQ(good_rc, 0) << good_out;
+  EXPECT_NE(good_out.find("\"state\": \"SUCCEEDED\""), std::string::npos) << good_out;
+  auto [bad_rc, bad_out] = RunCli(absl::StrCat("submit -f ", bad, " --wait", scheduler));
+  EXPECT_NE(bad_rc, 0) << bad_out;
+  auto [list_rc, list_out] = RunCli(absl::StrCat("list -o json", scheduler));
+  EXPECT_EQ(list_rc, 0);
+  EXPECT_NE(list_out.find("\"jobs\""), std::string::npos);
+  auto [get_rc, get_out] = RunCli(absl::StrCat("get job-nope", scheduler));
+  EXPECT_EQ(get_rc, 1);
+  // FULCRUM_SCHEDULER works like --scheduler.
+  setenv("FULCRUM_SCHEDULER", cluster_->scheduler_address().c_str(), 1);
+  auto [env_rc, env_out] = RunCli("list");
+  unsetenv("FULCRUM_SCHEDULER");
+  EXPECT_EQ(env_rc, 0);
+  EXPECT_NE(env_out.find("JOB"), std::string::npos);
+}
+
+// Plain HTTP GET of /metrics.
+std::string HttpGet(const std::string& address, const std::string& path) {
+  std::string host = address.substr(0, address.rfind(':'));
+  int port = std::atoi(address.substr(address.rfind(':') + 1).c_str());
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host, "\r\n\r\n");
+  if (write(fd, request.data(), request.size()) < 0) {
+    close(fd);
+    return "";
+  }
+  std::string response;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
+  close(fd);
+  return response;
+}
+
+TEST_F(ClusterTest, EveryProcessServesPrometheusMetrics) {
+  for (const auto& process : cluster_->file().processes()) {
+    std::string body = HttpGet(process.metrics_address(), "/metrics");
+    EXPECT_NE(body.find("200 OK"), std::string::npos) << process.id();
+    EXPECT_NE(body.find("fulcrum_"), std::string::npos) << process.id();
+  }
+}
+
+class WorkerLossTest : public ClusterTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(1, 2); }
+};
+
+TEST_F(WorkerLossTest, KilledWorkerFailsTheJobWithAReason) {
+  v1::JobSpec spec = SyntheticSpec(v1::BSP, 2, 1, 0);
+  spec.mutable_data()->set_epochs(1000);
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitFor(
+      *id, [](const v1::JobStatus& s) { return s.progress().step() > 0 || Terminal(s.state()); },
+      absl::Seconds(60));
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  const std::string victim = running.workers(1).worker_id();
+  ASSERT_TRUE(cluster_->Signal(victim, SIGKILL).ok());
+  absl::Time killed = absl::Now();
+  v1::JobStatus done = WaitForEnd(*id, absl::Seconds(30));
+  EXPECT_EQ(done.state(), v1::FAILED);
+  EXPECT_NE(done.reason().find(victim), std::string::npos) << done.reason();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(30));
+}
+
+TEST_F(WorkerLossTest, SigtermStopsEveryProcessCleanly) {
+  absl::Status status = cluster_->Down(absl::Seconds(15));
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+}  // namespace
+}  // namespace fulcrum

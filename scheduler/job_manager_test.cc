@@ -1,1 +1,602 @@
-#include <gtest/gtest.h>
+#include "scheduler/job_manager.h"
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "fulcrum/v1/cluster.pb.h"
+#include "fulcrum/v1/job.pb.h"
+#include "fulcrum/v1/parameter.pb.h"
+#include "gtest/gtest.h"
+#include "kernels/model_from_spec.h"
+
+namespace fulcrum {
+namespace {
+
+::testing::AssertionResult Contains(absl::string_view haystack,
+                                   absl::string_view needle) {
+  if (haystack.find(needle) != absl::string_view::npos) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure()
+         << "\"" << haystack << "\" does not contain \"" << needle << "\"";
+}
+
+// Records the scheduler's calls to the parameter servers.
+class FakeServers : public ServerControl {
+ public:
+  struct Setup {
+    std::string address;
+    v1::SetupJobRequest request;
+  };
+  struct Drop {
+    std::string address;
+    std::string job_id;
+    std::string reason;
+    bool keep_parameters;
+  };
+
+  absl::Status SetupJob(const std::string& address,
+                        const v1::SetupJobRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    setups_.push_back({address, request});
+    return setup_result_;
+  }
+  absl::Status DropJob(const std::string& address, const std::string& job_id,
+                       const std::string& reason, bool keep_parameters) override {
+    absl::MutexLock lock(&mu_);
+    drops_.push_back({address, job_id, reason, keep_parameters});
+    return absl::OkStatus();
+  }
+
+  void FailSetups(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    setup_result_ = std::move(status);
+  }
+  std::vector<Setup> setups() const {
+    absl::MutexLock lock(&mu_);
+    return setups_;
+  }
+  std::vector<Drop> drops() const {
+    absl::MutexLock lock(&mu_);
+    return drops_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Status setup_result_ ABSL_GUARDED_BY(mu_);
+  std::vector<Setup> setups_ ABSL_GUARDED_BY(mu_);
+  std::vector<Drop> drops_ ABSL_GUARDED_BY(mu_);
+};
+
+constexpr char kServerAddress[] = "127.0.0.1:7001";
+constexpr int kBatch = 64;
+constexpr int kEpochs = 3;
+constexpr int64_t kTrainExamples = 1000;
+constexpr int kFeatures = 784;
+constexpr int kClasses = 10;
+
+v1::JobSpec MlpSpec(int num_workers = 2) {
+  v1::JobSpec spec;
+  spec.set_name("mlp");
+  spec.mutable_model()->set_kind(v1::ModelSpec::MLP);
+  spec.mutable_model()->add_hidden_sizes(256);
+  spec.mutable_data()->set_dataset(v1::DataSpec::FASHION_MNIST);
+  spec.mutable_data()->set_batch_size(kBatch);
+  spec.mutable_data()->set_epochs(kEpochs);
+  spec.mutable_optimizer()->set_lr(0.1f);
+  spec.set_num_workers(num_workers);
+  spec.set_seed(7);
+  return spec;
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  JobManagerTest() {
+    options_.chunk_elems = 50000;  // cuts the 784x256 weight unevenly
+    manager_ = std::make_unique<JobManager>(options_, &servers_,
+                                            [this] { return now_; });
+  }
+
+  void Advance(absl::Duration d) { now_ += d; }
+
+  std::string RegisterMember(v1::Role role, const std::string& address = "") {
+    v1::RegisterRequest request;
+    request.set_role(role);
+    request.set_address(address);
+    absl::StatusOr<v1::RegisterResponse> response = manager_->Register(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? response->member_id() : "";
+  }
+
+  // Registers one server and two workers.
+  void RegisterCluster() {
+    server_ = RegisterMember(v1::SERVER, kServerAddress);
+    workers_.push_back(RegisterMember(v1::WORKER));
+    workers_.push_back(RegisterMember(v1::WORKER));
+  }
+
+  std::string SubmitOk(v1::JobSpec spec) {
+    absl::StatusOr<v1::JobStatus> status = manager_->Submit(std::move(spec));
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() ? status->job_id() : "";
+  }
+
+  v1::JobStatus GetOk(const std::string& job_id) {
+    absl::StatusOr<v1::JobStatus> status = manager_->Get(job_id);
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() ? *status : v1::JobStatus();
+  }
+
+  v1::Assignment HeartbeatOk(const std::string& member,
+                             const std::string& job_id = "") {
+    v1::HeartbeatRequest request;
+    request.set_member_id(member);
+    request.set_job_id(job_id);
+    absl::StatusOr<v1::HeartbeatResponse> response = manager_->Heartbeat(request);
+    EXPECT_TRUE(response.ok()) << member << ": " << response.status();
+    return response.ok() ? response->assignment() : v1::Assignment();
+  }
+
+  absl::Status ReportKind(const std::string& member, const std::string& job_id,
+                          v1::WorkReport::Kind kind,
+                          int64_t train_examples = kTrainExamples,
+                          const std::string& reason = "") {
+    v1::WorkReport report;
+    report.set_member_id(member);
+    report.set_job_id(job_id);
+    report.set_kind(kind);
+    if (kind == v1::WorkReport::READY) {
+      report.set_train_examples(train_examples);
+      report.set_test_examples(200);
+      report.set_features(kFeatures);
+      report.set_classes(kClasses);
+    }
+    report.set_reason(reason);
+    return manager_->Report(report);
+  }
+
+  // Submits a 2-worker MLP job and runs it to RUNNING/loading.
+  std::string StartJob() {
+    RegisterCluster();
+    const std::string job_id = SubmitOk(MlpSpec());
+    manager_->Tick();
+    EXPECT_EQ(GetOk(job_id).state(), v1::RUNNING);
+    return job_id;
+  }
+
+  // Runs a started job through READY and shard setup to training.
+  void MakeTraining(const std::string& job_id) {
+    for (const std::string& w : workers_) {
+      ASSERT_TRUE(ReportKind(w, job_id, v1::WorkReport::READY).ok());
+    }
+    manager_->Tick();
+    ASSERT_EQ(GetOk(job_id).state(), v1::RUNNING);
+    ASSERT_EQ(GetOk(job_id).reason(), "training");
+  }
+
+  SchedulerOptions options_;
+  FakeServers servers_;
+  absl::Time now_ = absl::FromUnixSeconds(1700000000);
+  std::unique_ptr<JobManager> manager_;
+  std::string server_;
+  std::vector<std::string> workers_;
+};
+
+TEST_F(JobManagerTest, SubmittedJobIsPendingWaitingForWorkers) {
+  const std::string job_id = SubmitOk(MlpSpec());
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::PENDING);
+  EXPECT_TRUE(Contains(status.reason(), "worker"));
+  EXPECT_EQ(status.spec().num_workers(), 2);
+  // Defaults were applied.
+  EXPECT_EQ(status.spec().mode(), v1::BSP);
+
+  // One worker and no server: still pending, and the reason says why.
+  RegisterMember(v1::WORKER);
+  manager_->Tick();
+  status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::PENDING);
+  EXPECT_TRUE(Contains(status.reason(), "1 of 2 workers"));
+  EXPECT_TRUE(Contains(status.reason(), "0 servers"));
+}
+
+TEST_F(JobManagerTest, AssignsLoadToWorkersWithDistinctRanks) {
+  const std::string job_id = StartJob();
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::RUNNING);
+  EXPECT_EQ(status.workers_size(), 2);
+
+  std::set<int> ranks;
+  for (const std::string& w : workers_) {
+    v1::Assignment a = HeartbeatOk(w);
+    EXPECT_EQ(a.job_id(), job_id);
+    EXPECT_EQ(a.phase(), v1::Assignment::LOAD);
+    EXPECT_EQ(a.world_size(), 2);
+    EXPECT_EQ(a.spec().data().batch_size(), kBatch);
+    ranks.insert(a.rank());
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1}));
+  // No server work before the workers are ready.
+  EXPECT_TRUE(servers_.setups().empty());
+  // A server's heartbeat carries no assignment.
+  EXPECT_TRUE(HeartbeatOk(server_).job_id().empty());
+}
+
+TEST_F(JobManagerTest, ReadyWorkersLeadToSetupCoveringEveryElementOnce) {
+  const std::string job_id = StartJob();
+  ASSERT_TRUE(ReportKind(workers_[0], job_id, v1::WorkReport::READY).ok());
+  manager_->Tick();
+  EXPECT_TRUE(servers_.setups().empty()) << "set up before every worker was ready";
+  ASSERT_TRUE(ReportKind(workers_[1], job_id, v1::WorkReport::READY).ok());
+  manager_->Tick();
+
+  const std::vector<FakeServers::Setup> setups = servers_.setups();
+  ASSERT_EQ(setups.size(), 1u);
+  const v1::SetupJobRequest& request = setups[0].request;
+  EXPECT_EQ(setups[0].address, kServerAddress);
+  EXPECT_EQ(request.job_id(), job_id);
+  EXPECT_EQ(request.num_workers(), 2);
+  const int64_t steps_per_epoch = kTrainExamples / (kBatch * 2);
+  EXPECT_EQ(request.total_steps(), steps_per_epoch * kEpochs);
+  EXPECT_EQ(request.spec().seed(), 7u);
+
+  v1::JobStatus status = GetOk(job_id);
+  ASSERT_EQ(status.state(), v1::RUNNING);
+  const v1::ShardMap& map = status.shard_map();
+  ASSERT_EQ(map.tensors_size(), 4);
+  const std::vector<std::vector<int64_t>> shapes = {
+      {kFeatures, 256}, {256}, {256, kClasses}, {kClasses}};
+  int64_t total = 0;
+  for (int t = 0; t < map.tensors_size(); ++t) {
+    std::vector<int64_t> shape(map.tensors(t).shape().begin(),
+                               map.tensors(t).shape().end());
+    EXPECT_EQ(shape, shapes[t]) << "tensor " << t;
+    int64_t product = 1;
+    for (int64_t d : shape) product *= d;
+    EXPECT_EQ(map.tensors(t).size(), product);
+    total += product;
+  }
+  EXPECT_EQ(status.num_parameters(), total);
+  EXPECT_EQ(status.num_parameters(), 784 * 256 + 256 + 256 * 10 + 10);
+
+  // Every element of every tensor is in exactly one chunk of the request.
+  std::vector<std::vector<int>> covered(map.tensors_size());
+  for (int t = 0; t < map.tensors_size(); ++t) {
+    covered[t].assign(map.tensors(t).size(), 0);
+  }
+  std::set<int32_t> chunk_ids;
+  const ModelLayout layout = LayoutFor(request.spec(), kFeatures, kClasses);
+  for (const v1::ChunkSetup& chunk : request.chunks()) {
+    EXPECT_TRUE(chunk_ids.insert(chunk.chunk_id()).second)
+        << "chunk " << chunk.chunk_id() << " twice";
+    ASSERT_GE(chunk.tensor(), 0);
+    ASSERT_LT(chunk.tensor(), map.tensors_size());
+    ASSERT_GT(chunk.length(), 0);
+    ASSERT_LE(chunk.length(), options_.chunk_elems);
+    ASSERT_GE(chunk.offset(), 0);
+    ASSERT_LE(chunk.offset() + chunk.length(), map.tensors(chunk.tensor()).size());
+    for (int64_t i = chunk.offset(); i < chunk.offset() + chunk.length(); ++i) {
+      ++covered[chunk.tensor()][i];
+    }
+    const auto& tensor = layout.tensors[chunk.tensor()];
+    EXPECT_EQ(chunk.init(), tensor.init == InitKind::kUniform
+                                ? v1::ChunkSetup::UNIFORM
+                                : v1::ChunkSetup::ZEROS);
+    EXPECT_EQ(chunk.init_scale(), tensor.init_scale);
+  }
+  for (int t = 0; t < map.tensors_size(); ++t) {
+    for (size_t i = 0; i < covered[t].size(); ++i) {
+      ASSERT_EQ(covered[t][i], 1) << "tensor " << t << " element " << i;
+    }
+  }
+  // The request's chunks are the shard map's chunks.
+  ASSERT_EQ(map.chunks_size(), request.chunks_size());
+  for (const v1::ChunkLocation& loc : map.chunks()) {
+    bool found = false;
+    for (const v1::ChunkSetup& chunk : request.chunks()) {
+      if (chunk.chunk_id() != loc.chunk_id()) continue;
+      found = true;
+      EXPECT_EQ(chunk.tensor(), loc.tensor());
+      EXPECT_EQ(chunk.offset(), loc.offset());
+      EXPECT_EQ(chunk.length(), loc.length());
+    }
+    EXPECT_TRUE(found) << "chunk " << loc.chunk_id() << " not set up";
+    EXPECT_EQ(map.shards(loc.shard()).address(), kServerAddress);
+  }
+
+  // Workers now train with the shard map.
+  std::set<int> ranks;
+  for (const std::string& w : workers_) {
+    v1::Assignment a = HeartbeatOk(w, job_id);
+    EXPECT_EQ(a.job_id(), job_id);
+    EXPECT_EQ(a.phase(), v1::Assignment::TRAIN);
+    EXPECT_EQ(a.world_size(), 2);
+    EXPECT_EQ(a.steps_per_epoch(), steps_per_epoch);
+    EXPECT_EQ(a.total_steps(), steps_per_epoch * kEpochs);
+    EXPECT_EQ(a.shard_map().SerializeAsString(), map.SerializeAsString());
+    ranks.insert(a.rank());
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1}));
+  EXPECT_EQ(status.progress().total_steps(), steps_per_epoch * kEpochs);
+}
+
+TEST_F(JobManagerTest, MaxStepsCapsTotalSteps) {
+  RegisterCluster();
+  v1::JobSpec spec = MlpSpec();
+  spec.mutable_data()->set_max_steps(5);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  MakeTraining(job_id);
+  EXPECT_EQ(HeartbeatOk(workers_[0], job_id).total_steps(), 5);
+  ASSERT_EQ(servers_.setups().size(), 1u);
+  EXPECT_EQ(servers_.setups()[0].request.total_steps(), 5);
+}
+
+TEST_F(JobManagerTest, AllDoneSucceedsAndKeepsParameters) {
+  const std::string job_id = StartJob();
+  MakeTraining(job_id);
+  ASSERT_TRUE(ReportKind(workers_[0], job_id, v1::WorkReport::DONE).ok());
+  EXPECT_EQ(GetOk(job_id).state(), v1::RUNNING);
+  ASSERT_TRUE(ReportKind(workers_[1], job_id, v1::WorkReport::DONE).ok());
+  EXPECT_EQ(GetOk(job_id).state(), v1::SUCCEEDED);
+
+  manager_->Tick();  // runs the server calls
+  const std::vector<FakeServers::Drop> drops = servers_.drops();
+  ASSERT_EQ(drops.size(), 1u);
+  EXPECT_EQ(drops[0].address, kServerAddress);
+  EXPECT_EQ(drops[0].job_id, job_id);
+  EXPECT_TRUE(drops[0].keep_parameters);
+
+  // The workers are free again.
+  for (const std::string& w : workers_) {
+    EXPECT_TRUE(HeartbeatOk(w, job_id).job_id().empty());
+  }
+  // Reports for an ended job are refused.
+  EXPECT_EQ(ReportKind(workers_[0], job_id, v1::WorkReport::DONE).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(JobManagerTest, FailedReportFailsJobNamingWorkerAndRank) {
+  const std::string job_id = StartJob();
+  MakeTraining(job_id);
+  const int rank = HeartbeatOk(workers_[1], job_id).rank();
+  ASSERT_TRUE(ReportKind(workers_[1], job_id, v1::WorkReport::FAILED,
+                         kTrainExamples, "out of memory in layer0")
+                  .ok());
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_TRUE(Contains(status.reason(), "out of memory in layer0"));
+  EXPECT_TRUE(Contains(status.reason(), workers_[1]));
+  EXPECT_TRUE(Contains(status.reason(), "rank " + std::to_string(rank)));
+
+  manager_->Tick();
+  const std::vector<FakeServers::Drop> drops = servers_.drops();
+  ASSERT_EQ(drops.size(), 1u);
+  EXPECT_FALSE(drops[0].keep_parameters);
+  EXPECT_EQ(drops[0].job_id, job_id);
+}
+
+TEST_F(JobManagerTest, ReportsFromStrangersAreRefused) {
+  const std::string job_id = StartJob();
+  const std::string outsider = RegisterMember(v1::WORKER);
+  EXPECT_EQ(ReportKind(outsider, job_id, v1::WorkReport::READY).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(ReportKind(workers_[0], "job-9999", v1::WorkReport::READY).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReportKind(workers_[0], job_id, v1::WorkReport::KIND_UNSPECIFIED).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobManagerTest, LostWorkerLeaseFailsJob) {
+  const std::string job_id = StartJob();
+  MakeTraining(job_id);
+  // Half a lease later everyone but worker 1 heartbeats; another half lease
+  // (plus a bit) later worker 1 has been silent for longer than the lease.
+  Advance(options_.lease / 2);
+  HeartbeatOk(server_);
+  HeartbeatOk(workers_[0], job_id);
+  Advance(options_.lease / 2 + absl::Milliseconds(100));
+  manager_->Tick();
+
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_TRUE(Contains(status.reason(), "lost its lease"));
+  EXPECT_TRUE(Contains(status.reason(), workers_[1]));
+
+  v1::HeartbeatRequest request;
+  request.set_member_id(workers_[1]);
+  EXPECT_EQ(manager_->Heartbeat(request).status().code(), absl::StatusCode::kNotFound);
+  // The others are still members, and free.
+  EXPECT_TRUE(HeartbeatOk(workers_[0], job_id).job_id().empty());
+
+  manager_->Tick();
+  const std::vector<FakeServers::Drop> drops = servers_.drops();
+  ASSERT_EQ(drops.size(), 1u);
+  EXPECT_FALSE(drops[0].keep_parameters);
+}
+
+TEST_F(JobManagerTest, HeartbeatsKeepTheLease) {
+  const std::string job_id = StartJob();
+  for (int i = 0; i < 5; ++i) {
+    Advance(options_.lease / 2);
+    HeartbeatOk(server_);
+    for (const std::string& w : workers_) HeartbeatOk(w, job_id);
+    manager_->Tick();
+  }
+  EXPECT_EQ(GetOk(job_id).state(), v1::RUNNING);
+}
+
+TEST_F(JobManagerTest, CancelPendingJob) {
+  const std::string job_id = SubmitOk(MlpSpec());
+  absl::StatusOr<v1::JobStatus> cancelled = manager_->Cancel(job_id);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_EQ(GetOk(job_id).state(), v1::CANCELLED);
+
+  // It is no longer scheduled when resources appear.
+  RegisterCluster();
+  manager_->Tick();
+  EXPECT_EQ(GetOk(job_id).state(), v1::CANCELLED);
+  for (const std::string& w : workers_) EXPECT_TRUE(HeartbeatOk(w).job_id().empty());
+
+  EXPECT_EQ(manager_->Cancel(job_id).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(JobManagerTest, CancelRunningJobFreesWorkers) {
+  const std::string job_id = StartJob();
+  for (const std::string& w : workers_) ASSERT_EQ(HeartbeatOk(w).job_id(), job_id);
+  absl::StatusOr<v1::JobStatus> cancelled = manager_->Cancel(job_id);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  for (const std::string& w : workers_) {
+    EXPECT_TRUE(HeartbeatOk(w, job_id).job_id().empty());
+  }
+  EXPECT_EQ(manager_->Cancel(job_id).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // The freed workers take the next job.
+  const std::string next = SubmitOk(MlpSpec());
+  manager_->Tick();
+  EXPECT_EQ(GetOk(next).state(), v1::RUNNING);
+  for (const std::string& w : workers_) EXPECT_EQ(HeartbeatOk(w).job_id(), next);
+}
+
+TEST_F(JobManagerTest, CancelTrainingJobDropsItsShards) {
+  const std::string job_id = StartJob();
+  MakeTraining(job_id);
+  ASSERT_TRUE(manager_->Cancel(job_id).ok());
+  for (const std::string& w : workers_) {
+    EXPECT_TRUE(HeartbeatOk(w, job_id).job_id().empty());
+  }
+  manager_->Tick();
+  const std::vector<FakeServers::Drop> drops = servers_.drops();
+  ASSERT_EQ(drops.size(), 1u);
+  EXPECT_EQ(drops[0].job_id, job_id);
+  EXPECT_FALSE(drops[0].keep_parameters);
+}
+
+TEST_F(JobManagerTest, UnknownJobIsNotFound) {
+  EXPECT_EQ(manager_->Get("job-4242").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->Cancel("job-4242").status().code(), absl::StatusCode::kNotFound);
+  int64_t version = 0;
+  EXPECT_EQ(manager_->WaitForChange("job-4242", &version, absl::ZeroDuration())
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, BadSpecIsInvalidArgument) {
+  v1::JobSpec spec = MlpSpec();
+  spec.mutable_data()->set_batch_size(0);
+  absl::StatusOr<v1::JobStatus> status = manager_->Submit(spec);
+  EXPECT_EQ(status.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(status.status().message(), "data.batchSize"));
+  EXPECT_TRUE(manager_->List().empty());
+}
+
+TEST_F(JobManagerTest, BadRegistrationsAreInvalidArgument) {
+  v1::RegisterRequest no_role;
+  EXPECT_EQ(manager_->Register(no_role).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::RegisterRequest server_without_address;
+  server_without_address.set_role(v1::SERVER);
+  EXPECT_EQ(manager_->Register(server_without_address).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::HeartbeatRequest stranger;
+  stranger.set_member_id("nobody");
+  EXPECT_EQ(manager_->Heartbeat(stranger).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, TooFewExamplesForOneGlobalBatchFailsJob) {
+  const std::string job_id = StartJob();
+  // 100 examples < batch 64 * 2 workers.
+  for (const std::string& w : workers_) {
+    ASSERT_TRUE(ReportKind(w, job_id, v1::WorkReport::READY, 100).ok());
+  }
+  manager_->Tick();
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_TRUE(Contains(status.reason(), "global batch"));
+  EXPECT_TRUE(servers_.setups().empty());
+  for (const std::string& w : workers_) {
+    EXPECT_TRUE(HeartbeatOk(w, job_id).job_id().empty());
+  }
+}
+
+TEST_F(JobManagerTest, SetupFailureFailsJob) {
+  const std::string job_id = StartJob();
+  servers_.FailSetups(absl::UnavailableError("server is on fire"));
+  for (const std::string& w : workers_) {
+    ASSERT_TRUE(ReportKind(w, job_id, v1::WorkReport::READY).ok());
+  }
+  manager_->Tick();
+  ASSERT_EQ(servers_.setups().size(), 1u);
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_TRUE(Contains(status.reason(), "server is on fire"));
+  for (const std::string& w : workers_) {
+    EXPECT_TRUE(HeartbeatOk(w, job_id).job_id().empty());
+  }
+  // Whatever the servers did set up is dropped.
+  manager_->Tick();
+  const std::vector<FakeServers::Drop> drops = servers_.drops();
+  ASSERT_EQ(drops.size(), 1u);
+  EXPECT_FALSE(drops[0].keep_parameters);
+}
+
+TEST_F(JobManagerTest, WaitForChangeReturnsAfterAChange) {
+  const std::string job_id = SubmitOk(MlpSpec());
+
+  // An older version returns at once with the current one.
+  int64_t version = -1;
+  absl::StatusOr<v1::JobStatus> status =
+      manager_->WaitForChange(job_id, &version, absl::Hours(1));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_GE(version, 0);
+  EXPECT_EQ(status->state(), v1::PENDING);
+
+  // No change: the wait times out and keeps the version.
+  const int64_t before = version;
+  ASSERT_TRUE(manager_->WaitForChange(job_id, &version, absl::ZeroDuration()).ok());
+  EXPECT_EQ(version, before);
+
+  // A scheduling pass that updates the reason is a change.
+  manager_->Tick();
+  status = manager_->WaitForChange(job_id, &version, absl::Hours(1));
+  ASSERT_TRUE(status.ok());
+  EXPECT_GT(version, before);
+
+  // A waiter blocked in another thread is woken by Cancel. If the cancel
+  // lands before the wait starts, the wait returns at once instead.
+  const int64_t waiting_from = version;
+  int64_t seen = waiting_from;
+  absl::StatusOr<v1::JobStatus> woken;
+  std::thread waiter([&] { woken = manager_->WaitForChange(job_id, &seen, absl::Hours(1)); });
+  ASSERT_TRUE(manager_->Cancel(job_id).ok());
+  waiter.join();
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  EXPECT_GT(seen, waiting_from);
+  EXPECT_EQ(woken->state(), v1::CANCELLED);
+}
+
+TEST_F(JobManagerTest, ListShowsEveryJob) {
+  const std::string a = SubmitOk(MlpSpec());
+  const std::string b = SubmitOk(MlpSpec(1));
+  EXPECT_NE(a, b);
+  std::set<std::string> ids;
+  for (const v1::JobStatus& s : manager_->List()) ids.insert(s.job_id());
+  EXPECT_EQ(ids, (std::set<std::string>{a, b}));
+}
+
+}  // namespace
+}  // namespace fulcrum

@@ -1,1 +1,425 @@
-#include <gtest/gtest.h>
+#include "scheduler/job_spec.h"
+
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "fulcrum/v1/job.pb.h"
+#include "gtest/gtest.h"
+
+namespace fulcrum {
+namespace {
+
+::testing::AssertionResult Contains(absl::string_view haystack,
+                                   absl::string_view needle) {
+  if (haystack.find(needle) != absl::string_view::npos) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure()
+         << "\"" << haystack << "\" does not contain \"" << needle << "\"";
+}
+
+// A valid MLP on Fashion-MNIST, with defaults applied.
+v1::JobSpec BaseSpec() {
+  v1::JobSpec spec;
+  spec.set_name("base");
+  spec.mutable_model()->set_kind(v1::ModelSpec::MLP);
+  spec.mutable_model()->add_hidden_sizes(256);
+  spec.mutable_data()->set_dataset(v1::DataSpec::FASHION_MNIST);
+  spec.mutable_data()->set_batch_size(64);
+  spec.mutable_data()->set_epochs(2);
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
+  spec.mutable_optimizer()->set_lr(0.1f);
+  spec.set_num_workers(2);
+  ApplyJobSpecDefaults(&spec);
+  return spec;
+}
+
+void MakeSynthetic(v1::JobSpec* spec) {
+  v1::DataSpec* data = spec->mutable_data();
+  data->set_dataset(v1::DataSpec::SYNTHETIC);
+  data->clear_path();
+  data->set_synthetic_examples(1000);
+  data->set_synthetic_features(10);
+  data->set_synthetic_classes(3);
+}
+
+TEST(JobSpecTest, BaseSpecIsValid) {
+  absl::Status s = ValidateJobSpec(BaseSpec());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(JobSpecTest, OtherValidVariantsPass) {
+  std::vector<std::function<void(v1::JobSpec*)>> variants = {
+      [](v1::JobSpec* s) {
+        s->mutable_model()->set_kind(v1::ModelSpec::SOFTMAX_REGRESSION);
+        s->mutable_model()->clear_hidden_sizes();
+      },
+      [](v1::JobSpec* s) { MakeSynthetic(s); },
+      [](v1::JobSpec* s) {
+        s->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+        s->mutable_optimizer()->set_beta1(0.8f);
+        s->mutable_optimizer()->set_beta2(0.99f);
+        s->mutable_optimizer()->set_epsilon(1e-6f);
+      },
+      [](v1::JobSpec* s) {
+        s->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAGRAD);
+        s->mutable_optimizer()->set_initial_accumulator(0.1f);
+      },
+      [](v1::JobSpec* s) {
+        s->mutable_optimizer()->set_momentum(0.9f);
+        s->mutable_optimizer()->set_nesterov(true);
+      },
+      [](v1::JobSpec* s) {
+        s->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::WARMUP_COSINE);
+        s->mutable_lr_schedule()->set_warmup_steps(10);
+        s->mutable_lr_schedule()->set_min_lr(0.01f);
+      },
+      [](v1::JobSpec* s) {
+        s->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::STEP_DECAY);
+        s->mutable_lr_schedule()->set_step_size(100);
+        s->mutable_lr_schedule()->set_gamma(1.0f);
+      },
+      [](v1::JobSpec* s) { s->set_mode(v1::ASP); },
+      [](v1::JobSpec* s) { s->set_name(std::string(128, 'n')); },
+      [](v1::JobSpec* s) {
+        s->set_num_workers(1024);
+        s->set_num_shards(1024);
+        s->mutable_data()->set_batch_size(65536);
+        s->mutable_data()->set_epochs(10000);
+      },
+  };
+  for (size_t i = 0; i < variants.size(); ++i) {
+    v1::JobSpec spec = BaseSpec();
+    variants[i](&spec);
+    absl::Status s = ValidateJobSpec(spec);
+    EXPECT_TRUE(s.ok()) << "variant " << i << ": " << s;
+  }
+}
+
+TEST(JobSpecTest, DefaultsFillUnsetFields) {
+  v1::JobSpec spec;
+  spec.mutable_model()->set_kind(v1::ModelSpec::MLP);
+  spec.mutable_model()->add_hidden_sizes(32);
+  spec.mutable_data()->set_dataset(v1::DataSpec::FASHION_MNIST);
+  spec.mutable_data()->set_batch_size(32);
+  spec.mutable_optimizer()->set_lr(0.1f);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(spec.data().epochs(), 1);
+  EXPECT_EQ(spec.num_workers(), 1);
+  EXPECT_EQ(spec.mode(), v1::BSP);
+  EXPECT_EQ(spec.model().activation(), v1::RELU);
+  EXPECT_EQ(spec.optimizer().kind(), v1::OptimizerSpec::SGD);
+  EXPECT_EQ(spec.lr_schedule().kind(), v1::LrScheduleSpec::CONSTANT);
+  EXPECT_EQ(spec.data().path(), kDefaultFashionMnistPath);
+  EXPECT_EQ(spec.data().path(), "/usr/share/datasets/fashion-mnist");
+  EXPECT_EQ(spec.num_shards(), 0);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+}
+
+TEST(JobSpecTest, DefaultsKeepSetFields) {
+  v1::JobSpec spec = BaseSpec();
+  spec.mutable_data()->set_path("/data/fm");
+  spec.set_mode(v1::ASP);
+  spec.mutable_model()->set_activation(v1::TANH);
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+  spec.mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::WARMUP_COSINE);
+  v1::JobSpec defaulted = spec;
+  ApplyJobSpecDefaults(&defaulted);
+  EXPECT_EQ(defaulted.SerializeAsString(), spec.SerializeAsString());
+}
+
+TEST(JobSpecTest, DefaultsSetStepDecayGamma) {
+  v1::JobSpec spec = BaseSpec();
+  spec.mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::STEP_DECAY);
+  spec.mutable_lr_schedule()->set_step_size(10);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_FLOAT_EQ(spec.lr_schedule().gamma(), 0.1f);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+
+  spec.mutable_lr_schedule()->set_gamma(0.5f);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_FLOAT_EQ(spec.lr_schedule().gamma(), 0.5f);
+}
+
+TEST(JobSpecTest, DefaultsLeaveSyntheticPathAndSoftmaxActivationAlone) {
+  v1::JobSpec spec;
+  spec.mutable_model()->set_kind(v1::ModelSpec::SOFTMAX_REGRESSION);
+  spec.mutable_data()->set_dataset(v1::DataSpec::SYNTHETIC);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(spec.data().path(), "");
+  EXPECT_EQ(spec.model().activation(), v1::ACTIVATION_UNSPECIFIED);
+}
+
+TEST(JobSpecTest, ZeroWorkersIsDefaultedToOne) {
+  v1::JobSpec spec = BaseSpec();
+  spec.set_num_workers(0);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(spec.num_workers(), 1);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+}
+
+struct RejectCase {
+  std::string name;
+  std::function<void(v1::JobSpec*)> mutate;
+  std::vector<std::string> message_parts;  // each must appear in the message
+};
+
+class JobSpecRejectTest : public ::testing::TestWithParam<RejectCase> {};
+
+TEST_P(JobSpecRejectTest, IsInvalidArgumentNamingTheField) {
+  v1::JobSpec spec = BaseSpec();
+  GetParam().mutate(&spec);
+  absl::Status s = ValidateJobSpec(spec);
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  for (const std::string& part : GetParam().message_parts) {
+    EXPECT_TRUE(Contains(s.message(), part));
+  }
+}
+
+std::vector<RejectCase> RejectCases() {
+  using S = v1::JobSpec;
+  return {
+      {"MissingModelKind",
+       [](S* s) { s->mutable_model()->clear_kind(); },
+       {"model.kind"}},
+      {"MlpWithoutHiddenSizes",
+       [](S* s) { s->mutable_model()->clear_hidden_sizes(); },
+       {"model.hiddenSizes", "1 to 16"}},
+      {"MlpWithSeventeenHiddenSizes",
+       [](S* s) {
+         for (int i = 0; i < 16; ++i) s->mutable_model()->add_hidden_sizes(8);
+       },
+       {"model.hiddenSizes", "1 to 16"}},
+      {"SoftmaxWithHiddenSizes",
+       [](S* s) { s->mutable_model()->set_kind(v1::ModelSpec::SOFTMAX_REGRESSION); },
+       {"model.hiddenSizes", "SOFTMAX_REGRESSION"}},
+      {"HiddenSizeZero",
+       [](S* s) { s->mutable_model()->add_hidden_sizes(0); },
+       {"model.hiddenSizes[1]", "[1, 65536]"}},
+      {"HiddenSizeTooLarge",
+       [](S* s) { s->mutable_model()->set_hidden_sizes(0, 65537); },
+       {"model.hiddenSizes[0]", "[1, 65536]"}},
+      {"DatasetUnset",
+       [](S* s) { s->mutable_data()->clear_dataset(); },
+       {"data.dataset"}},
+      {"SyntheticExamplesOnFashionMnist",
+       [](S* s) { s->mutable_data()->set_synthetic_examples(100); },
+       {"data.synthetic", "SYNTHETIC"}},
+      {"SyntheticFeaturesOnFashionMnist",
+       [](S* s) { s->mutable_data()->set_synthetic_features(10); },
+       {"data.synthetic", "SYNTHETIC"}},
+      {"SyntheticClassesOnFashionMnist",
+       [](S* s) { s->mutable_data()->set_synthetic_classes(3); },
+       {"data.synthetic", "SYNTHETIC"}},
+      {"SyntheticExamplesZero",
+       [](S* s) {
+         MakeSynthetic(s);
+         s->mutable_data()->set_synthetic_examples(0);
+       },
+       {"data.syntheticExamples", "[1, 100000000]"}},
+      {"SyntheticExamplesTooMany",
+       [](S* s) {
+         MakeSynthetic(s);
+         s->mutable_data()->set_synthetic_examples(100000001);
+       },
+       {"data.syntheticExamples", "[1, 100000000]"}},
+      {"SyntheticFeaturesZero",
+       [](S* s) {
+         MakeSynthetic(s);
+         s->mutable_data()->set_synthetic_features(0);
+       },
+       {"data.syntheticFeatures", "[1, 65536]"}},
+      {"SyntheticFeaturesTooMany",
+       [](S* s) {
+         MakeSynthetic(s);
+         s->mutable_data()->set_synthetic_features(65537);
+       },
+       {"data.syntheticFeatures", "[1, 65536]"}},
+      {"SyntheticClassesOne",
+       [](S* s) {
+         MakeSynthetic(s);
+         s->mutable_data()->set_synthetic_classes(1);
+       },
+       {"data.syntheticClasses", "[2, 65536]"}},
+      {"BatchSizeZero",
+       [](S* s) { s->mutable_data()->set_batch_size(0); },
+       {"data.batchSize", "[1, 65536]"}},
+      {"BatchSize65537",
+       [](S* s) { s->mutable_data()->set_batch_size(65537); },
+       {"data.batchSize", "[1, 65536]"}},
+      {"Epochs10001",
+       [](S* s) { s->mutable_data()->set_epochs(10001); },
+       {"data.epochs", "[1, 10000]"}},
+      {"EpochsNegative",
+       [](S* s) { s->mutable_data()->set_epochs(-1); },
+       {"data.epochs", "[1, 10000]"}},
+      {"MaxStepsNegative",
+       [](S* s) { s->mutable_data()->set_max_steps(-1); },
+       {"data.maxSteps"}},
+      {"LrZero",
+       [](S* s) { s->mutable_optimizer()->set_lr(0); },
+       {"optimizer.lr", "(0, 1000]"}},
+      {"LrNegative",
+       [](S* s) { s->mutable_optimizer()->set_lr(-0.1f); },
+       {"optimizer.lr", "(0, 1000]"}},
+      {"LrNaN",
+       [](S* s) {
+         s->mutable_optimizer()->set_lr(std::numeric_limits<float>::quiet_NaN());
+       },
+       {"optimizer.lr", "(0, 1000]"}},
+      {"LrInfinite",
+       [](S* s) {
+         s->mutable_optimizer()->set_lr(std::numeric_limits<float>::infinity());
+       },
+       {"optimizer.lr", "(0, 1000]"}},
+      {"MomentumOne",
+       [](S* s) { s->mutable_optimizer()->set_momentum(1.0f); },
+       {"optimizer.momentum", "[0, 1)"}},
+      {"MomentumNegative",
+       [](S* s) { s->mutable_optimizer()->set_momentum(-0.5f); },
+       {"optimizer.momentum", "[0, 1)"}},
+      {"NesterovWithoutMomentum",
+       [](S* s) { s->mutable_optimizer()->set_nesterov(true); },
+       {"optimizer.nesterov", "optimizer.momentum > 0"}},
+      {"MomentumWithAdam",
+       [](S* s) {
+         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+         s->mutable_optimizer()->set_momentum(0.9f);
+       },
+       {"optimizer.momentum", "SGD only"}},
+      {"Beta1WithSgd",
+       [](S* s) { s->mutable_optimizer()->set_beta1(0.9f); },
+       {"optimizer.beta1", "ADAM"}},
+      {"Beta1One",
+       [](S* s) {
+         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+         s->mutable_optimizer()->set_beta1(1.0f);
+       },
+       {"optimizer.beta1", "[0, 1)"}},
+      {"Beta2One",
+       [](S* s) {
+         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+         s->mutable_optimizer()->set_beta2(1.0f);
+       },
+       {"optimizer.beta2", "[0, 1)"}},
+      {"EpsilonNegative",
+       [](S* s) {
+         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+         s->mutable_optimizer()->set_epsilon(-1e-8f);
+       },
+       {"optimizer.epsilon", "[0, 1]"}},
+      {"WeightDecayNegative",
+       [](S* s) { s->mutable_optimizer()->set_weight_decay(-1.0f); },
+       {"optimizer.weightDecay", "[0, 10]"}},
+      {"InitialAccumulatorWithSgd",
+       [](S* s) { s->mutable_optimizer()->set_initial_accumulator(0.1f); },
+       {"optimizer.initialAccumulator", "ADAGRAD"}},
+      {"MinLrAboveLr",
+       [](S* s) {
+         s->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::WARMUP_COSINE);
+         s->mutable_lr_schedule()->set_min_lr(0.2f);
+       },
+       {"lrSchedule.minLr", "[0, 0.1]"}},
+      {"WarmupStepsNegative",
+       [](S* s) {
+         s->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::WARMUP_COSINE);
+         s->mutable_lr_schedule()->set_warmup_steps(-1);
+       },
+       {"lrSchedule.warmupSteps"}},
+      {"StepDecayStepSizeZero",
+       [](S* s) {
+         s->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::STEP_DECAY);
+         s->mutable_lr_schedule()->set_gamma(0.1f);
+       },
+       {"lrSchedule.stepSize", "[1, "}},
+      {"StepDecayGammaAboveOne",
+       [](S* s) {
+         s->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::STEP_DECAY);
+         s->mutable_lr_schedule()->set_step_size(10);
+         s->mutable_lr_schedule()->set_gamma(1.5f);
+       },
+       {"lrSchedule.gamma", "(0, 1]"}},
+      {"StepDecayGammaNegative",
+       [](S* s) {
+         s->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::STEP_DECAY);
+         s->mutable_lr_schedule()->set_step_size(10);
+         s->mutable_lr_schedule()->set_gamma(-0.5f);
+       },
+       {"lrSchedule.gamma", "(0, 1]"}},
+      {"StepDecayWithWarmup",
+       [](S* s) {
+         s->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::STEP_DECAY);
+         s->mutable_lr_schedule()->set_step_size(10);
+         s->mutable_lr_schedule()->set_gamma(0.5f);
+         s->mutable_lr_schedule()->set_warmup_steps(5);
+       },
+       {"lrSchedule.warmupSteps", "WARMUP_COSINE"}},
+      {"CosineWithStepSize",
+       [](S* s) {
+         s->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::WARMUP_COSINE);
+         s->mutable_lr_schedule()->set_step_size(5);
+       },
+       {"lrSchedule.stepSize", "STEP_DECAY"}},
+      {"ConstantWithWarmupSteps",
+       [](S* s) { s->mutable_lr_schedule()->set_warmup_steps(10); },
+       {"lrSchedule", "CONSTANT"}},
+      {"ConstantWithGamma",
+       [](S* s) { s->mutable_lr_schedule()->set_gamma(0.5f); },
+       {"lrSchedule", "CONSTANT"}},
+      {"ConstantWithMinLr",
+       [](S* s) { s->mutable_lr_schedule()->set_min_lr(0.01f); },
+       {"lrSchedule", "CONSTANT"}},
+      {"ConstantWithStepSize",
+       [](S* s) { s->mutable_lr_schedule()->set_step_size(3); },
+       {"lrSchedule", "CONSTANT"}},
+      {"SspMode",
+       [](S* s) { s->set_mode(v1::SSP); },
+       {"mode", "SSP"}},
+      {"StalenessWithoutSsp",
+       [](S* s) { s->set_staleness(2); },
+       {"staleness", "SSP"}},
+      {"NumWorkersZeroWithoutDefaults",
+       [](S* s) { s->set_num_workers(0); },
+       {"numWorkers", "[1, 1024]"}},
+      {"NumWorkers1025",
+       [](S* s) { s->set_num_workers(1025); },
+       {"numWorkers", "[1, 1024]"}},
+      {"NumShardsNegative",
+       [](S* s) { s->set_num_shards(-1); },
+       {"numShards", "[0, 1024]"}},
+      {"NumShards1025",
+       [](S* s) { s->set_num_shards(1025); },
+       {"numShards", "[0, 1024]"}},
+      {"NameTooLong",
+       [](S* s) { s->set_name(std::string(129, 'x')); },
+       {"name", "128 characters"}},
+      {"UnknownField",
+       [](S* s) { s->GetReflection()->MutableUnknownFields(s)->AddVarint(999, 1); },
+       {"unknown field", "999"}},
+      {"UnknownFieldInNestedMessage",
+       [](S* s) {
+         v1::OptimizerSpec* opt = s->mutable_optimizer();
+         opt->GetReflection()->MutableUnknownFields(opt)->AddVarint(77, 1);
+       },
+       {"unknown field", "77", "optimizer"}},
+      {"UnknownModeValue",
+       [](S* s) { s->set_mode(static_cast<v1::Mode>(42)); },
+       {"mode", "42", "not a known value"}},
+      {"UnknownNestedEnumValue",
+       [](S* s) {
+         s->mutable_optimizer()->set_kind(static_cast<v1::OptimizerSpec::Kind>(42));
+       },
+       {"optimizer.kind", "42", "not a known value"}},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rejections, JobSpecRejectTest, ::testing::ValuesIn(RejectCases()),
+    [](const ::testing::TestParamInfo<RejectCase>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace fulcrum

@@ -16,9 +16,11 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/local_cluster.h"
 #include "common/rpc.h"
@@ -315,6 +317,75 @@ TEST_F(ClusterTest, EveryProcessServesPrometheusMetrics) {
     EXPECT_NE(body.find("200 OK"), std::string::npos) << process.id();
     EXPECT_NE(body.find("fulcrum_"), std::string::npos) << process.id();
   }
+}
+
+// A raw unary call through the generic stub (what any gRPC client can do).
+grpc::Status RawCall(const std::string& address, const std::string& method, const std::string& payload,
+                     std::string* response_bytes) {
+  grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  SetDeadline(&context, 10);
+  grpc::Slice slice(payload);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::Status result;
+  absl::Notification done;
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response, [&](grpc::Status status) {
+    result = std::move(status);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  if (result.ok() && response_bytes != nullptr) {
+    std::vector<grpc::Slice> slices;
+    (void)response.Dump(&slices);
+    response_bytes->clear();
+    for (const auto& s : slices) response_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return result;
+}
+
+bool Serving(const std::string& address) {
+  std::string response;
+  grpc::Status status = RawCall(address, "/grpc.health.v1.Health/Check", "", &response);
+  // HealthCheckResponse{status: SERVING} is field 1, varint 1.
+  return status.ok() && response == std::string("\x08\x01", 2);
+}
+
+TEST_F(ClusterTest, EveryGrpcProcessServesHealth) {
+  int checked = 0;
+  for (const auto& process : cluster_->file().processes()) {
+    if (process.grpc_address().empty()) continue;
+    EXPECT_TRUE(Serving(process.grpc_address())) << process.id();
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3);  // scheduler and two servers
+}
+
+TEST_F(ClusterTest, GarbageAndOversizedMessagesAreRejectedAndServersKeepServing) {
+  std::string server;
+  for (const auto& process : cluster_->file().processes()) {
+    if (process.role() == "server") server = process.grpc_address();
+  }
+  ASSERT_FALSE(server.empty());
+  // Not a protobuf at all.
+  grpc::Status garbage = RawCall(server, "/fulcrum.v1.ParameterService/Push", std::string("\xff\xff\xff\xff\x0f", 5), nullptr);
+  EXPECT_FALSE(garbage.ok());
+  // Over the 8 MiB message limit.
+  v1::PushRequest big;
+  big.set_job_id("x");
+  big.add_chunks()->set_data(std::string(9 << 20, 'a'));
+  grpc::Status oversized = RawCall(server, "/fulcrum.v1.ParameterService/Push", big.SerializeAsString(), nullptr);
+  EXPECT_EQ(oversized.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << oversized.error_message();
+  // A well-formed push for a job the server does not hold.
+  v1::PushRequest unknown;
+  unknown.set_job_id("no-such-job");
+  grpc::Status not_found = RawCall(server, "/fulcrum.v1.ParameterService/Push", unknown.SerializeAsString(), nullptr);
+  EXPECT_EQ(not_found.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(Serving(server));
+  // And training still works.
+  auto id = Submit(SyntheticSpec(v1::BSP, 2, 16, 5));
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(WaitForEnd(*id).state(), v1::SUCCEEDED);
 }
 
 class WorkerLossTest : public ClusterTest {

@@ -1,13 +1,15 @@
 #include "client/spec_file.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
+#include <set>
 #include <fstream>
 #include <sstream>
 
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/numbers.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -36,38 +38,19 @@ void AppendJsonString(const std::string& text, std::string* out) {
   out->push_back('"');
 }
 
-// A plain (unquoted) scalar that reads as a number or boolean is emitted as
-// one; everything else as a string. Protobuf's JSON parser then checks types.
+// Plain scalars become JSON strings, except true/false/null: protobuf's JSON
+// parser accepts quoted numbers for numeric fields, and this way a string
+// field keeps "2024" or "00123" exactly as written, and a uint64 keeps every
+// digit. Types are then checked against the JobSpec by the parser.
 void AppendScalar(const YAML::Node& node, std::string* out) {
   const std::string& text = node.Scalar();
-  if (node.Tag() != "!") {
-    double number;
-    if (text == "true" || text == "false") {
-      *out += text;
-      return;
-    }
-    if (text == "null" || text == "~") {
-      *out += "null";
-      return;
-    }
-    int64_t integer;
-    if (text.find_first_not_of("0123456789+-") == std::string::npos && absl::SimpleAtoi(text, &integer)) {
-      *out += absl::StrCat(integer);
-      return;
-    }
-    if (text.find_first_not_of("0123456789") == std::string::npos && !text.empty()) {
-      AppendJsonString(text, out);  // beyond int64 (a uint64 seed): JSON string keeps every digit
-      return;
-    }
-    if (text.find_first_not_of("0123456789+-.eE") == std::string::npos &&
-        absl::SimpleAtod(text, &number)) {
-      char buf[32];
-      snprintf(buf, sizeof(buf), "%.17g", number);
-      *out += buf;
-      return;
-    }
+  if (node.Tag() != "!" && (text == "true" || text == "false")) {
+    *out += text;
+  } else if (node.Tag() != "!" && (text == "null" || text == "~")) {
+    *out += "null";
+  } else {
+    AppendJsonString(text, out);
   }
-  AppendJsonString(text, out);
 }
 
 absl::Status AppendNode(const YAML::Node& node, std::string* out) {
@@ -92,8 +75,13 @@ absl::Status AppendNode(const YAML::Node& node, std::string* out) {
     case YAML::NodeType::Map: {
       out->push_back('{');
       bool first = true;
+      std::set<std::string> seen;
       for (const auto& entry : node) {
         if (!entry.first.IsScalar()) return absl::InvalidArgumentError("map keys must be plain names");
+        if (!seen.insert(entry.first.Scalar()).second) {
+          return absl::InvalidArgumentError(absl::StrCat("field \"", entry.first.Scalar(), "\" is given twice (line ",
+                                                         entry.first.Mark().line + 1, ")"));
+        }
         if (!first) out->push_back(',');
         first = false;
         AppendJsonString(entry.first.Scalar(), out);
@@ -142,8 +130,11 @@ absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path) {
   if (path == "-") {
     text << std::cin.rdbuf();
   } else {
+    struct stat info;
     std::ifstream in(path);
-    if (!in) return absl::NotFoundError(absl::StrCat("cannot read job spec file ", path));
+    if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode) || !in) {
+      return absl::NotFoundError(absl::StrCat("cannot read job spec file ", path, " (no such regular file)"));
+    }
     text << in.rdbuf();
   }
   return ParseJobSpec(text.str(), path == "-" ? "standard input" : path);

@@ -78,20 +78,23 @@ std::vector<size_t> BalancedShardPlacement(int32_t num_shards, const std::vector
   std::vector<size_t> placement;
   if (num_shards <= 0 || server_ids.empty()) return placement;
   const size_t n = server_ids.size();
-  const size_t bound = (static_cast<size_t>(num_shards) + n - 1) / n;
+  const size_t low = static_cast<size_t>(num_shards) / n;
+  const size_t extra = static_cast<size_t>(num_shards) % n;  // servers that get low + 1
   std::vector<size_t> load(n, 0);
+  size_t at_high = 0;
   for (int32_t s = 0; s < num_shards; ++s) {
     size_t best = n;
     uint64_t best_score = 0;
     for (size_t i = 0; i < n; ++i) {
-      if (load[i] >= bound) continue;
+      bool eligible = load[i] < low || (load[i] == low && at_high < extra);
+      if (!eligible) continue;
       uint64_t score = RendezvousScore(ShardKey(s), server_ids[i]);
       if (best == n || score > best_score) {
         best = i;
         best_score = score;
       }
     }
-    ++load[best];
+    if (++load[best] == low + 1) ++at_high;
     placement.push_back(best);
   }
   return placement;

@@ -114,7 +114,7 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec) {
   jobs_[id] = std::move(job);
   pending_.push_back(id);
   FLOG(INFO) << "job " << id << " submitted (" << status.spec().name() << ")";
-  changed_.SignalAll();
+  Touch(jobs_[id].get());
   return status;
 }
 
@@ -201,11 +201,14 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
       id = absl::StrCat(prefix, next_member_[request.role()]++);
     } while (members_.count(id) > 0);
   }
-  auto existing = members_.find(id);
-  if (existing != members_.end() && !existing->second->job_id.empty()) {
-    Job* job = FindJob(existing->second->job_id);
-    if (job != nullptr && !IsTerminal(job->status.state())) {
-      EndJob(job, v1::FAILED, absl::StrCat(id, " restarted while running the job"));
+  if (members_.count(id) > 0) {
+    // The same id registering again is a restarted process: whatever it held
+    // for running jobs (a worker's step, a server's parameters) is gone.
+    for (auto& [job_id, job] : jobs_) {
+      if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
+      bool uses = std::count(job->workers.begin(), job->workers.end(), id) > 0 ||
+                  job->server_addresses.count(id) > 0;
+      if (uses) EndJob(job.get(), v1::FAILED, absl::StrCat(id, " restarted while running the job"));
     }
   }
   auto member = std::make_unique<Member>();

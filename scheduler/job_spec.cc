@@ -86,9 +86,9 @@ absl::Status ValidateModel(const v1::ModelSpec& model) {
 
 absl::Status ValidateData(const v1::DataSpec& data) {
   if (data.dataset() == v1::DataSpec::FASHION_MNIST) {
-    if (data.synthetic_examples() || data.synthetic_features() || data.synthetic_classes()) {
-      return Invalid("data.syntheticExamples", "applies to SYNTHETIC data only", "a value");
-    }
+    if (data.synthetic_examples()) return Invalid("data.syntheticExamples", "applies to SYNTHETIC data only", "a value");
+    if (data.synthetic_features()) return Invalid("data.syntheticFeatures", "applies to SYNTHETIC data only", "a value");
+    if (data.synthetic_classes()) return Invalid("data.syntheticClasses", "applies to SYNTHETIC data only", "a value");
   } else if (data.dataset() == v1::DataSpec::SYNTHETIC) {
     RETURN_IF_ERROR(CheckRange<int64_t>("data.syntheticExamples", data.synthetic_examples(), 1, 100000000));
     RETURN_IF_ERROR(CheckRange("data.syntheticFeatures", data.synthetic_features(), 1, 65536));
@@ -118,9 +118,8 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& opt) {
   if (opt.nesterov() && opt.momentum() <= 0) {
     return Invalid("optimizer.nesterov", "needs optimizer.momentum > 0", "momentum 0");
   }
-  if (!adam && (opt.beta1() != 0 || opt.beta2() != 0)) {
-    return Invalid("optimizer.beta1", "applies to ADAM and ADAMW only", "a value");
-  }
+  if (!adam && opt.beta1() != 0) return Invalid("optimizer.beta1", "applies to ADAM and ADAMW only", "a value");
+  if (!adam && opt.beta2() != 0) return Invalid("optimizer.beta2", "applies to ADAM and ADAMW only", "a value");
   if (opt.kind() != v1::OptimizerSpec::ADAGRAD && opt.initial_accumulator() != 0) {
     return Invalid("optimizer.initialAccumulator", "applies to ADAGRAD only", "a value");
   }
@@ -137,16 +136,14 @@ absl::Status ValidateSchedule(const v1::LrScheduleSpec& schedule, float lr) {
       }
       return absl::OkStatus();
     case v1::LrScheduleSpec::WARMUP_COSINE:
-      if (schedule.step_size() || schedule.gamma()) {
-        return Invalid("lrSchedule.stepSize", "applies to STEP_DECAY only", "a value");
-      }
+      if (schedule.step_size()) return Invalid("lrSchedule.stepSize", "applies to STEP_DECAY only", "a value");
+      if (schedule.gamma()) return Invalid("lrSchedule.gamma", "applies to STEP_DECAY only", "a value");
       return absl::OkStatus();
     case v1::LrScheduleSpec::STEP_DECAY:
       RETURN_IF_ERROR(CheckRange<int64_t>("lrSchedule.stepSize", schedule.step_size(), 1, int64_t{1} << 40));
       RETURN_IF_ERROR(CheckFloat("lrSchedule.gamma", schedule.gamma(), 0, 1, true, false));
-      if (schedule.warmup_steps() || schedule.min_lr()) {
-        return Invalid("lrSchedule.warmupSteps", "applies to WARMUP_COSINE only", "a value");
-      }
+      if (schedule.warmup_steps()) return Invalid("lrSchedule.warmupSteps", "applies to WARMUP_COSINE only", "a value");
+      if (schedule.min_lr()) return Invalid("lrSchedule.minLr", "applies to WARMUP_COSINE only", "a value");
       return absl::OkStatus();
     default:
       return Invalid("lrSchedule.kind", "must be CONSTANT, WARMUP_COSINE or STEP_DECAY", "unset");

@@ -1,11 +1,14 @@
 // fulcrum-scheduler: the control plane (jobs, membership, shard maps).
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/process.h"
@@ -58,6 +61,27 @@ int main(int argc, char** argv) {
     return 1;
   }
   manager.Start();
+  // Cluster gauges, refreshed once a second.
+  auto& jobs_gauge = prometheus::BuildGauge()
+                         .Name("fulcrum_scheduler_jobs")
+                         .Help("Jobs known to the scheduler, by state")
+                         .Register((*metrics)->registry());
+  auto& members_gauge = prometheus::BuildGauge()
+                            .Name("fulcrum_scheduler_members")
+                            .Help("Live members (servers and workers) holding a lease, by role")
+                            .Register((*metrics)->registry());
+  absl::Notification stop_gauges;
+  std::thread gauges([&] {
+    do {
+      std::map<std::string, int> by_state, by_role;
+      for (int s = v1::PENDING; s <= v1::CANCELLED; ++s) by_state[v1::JobState_Name(static_cast<v1::JobState>(s))] = 0;
+      by_role["SERVER"] = by_role["WORKER"] = 0;
+      for (const auto& job : manager.List()) ++by_state[v1::JobState_Name(job.state())];
+      for (const auto& member : manager.Members()) ++by_role[v1::Role_Name(member.role())];
+      for (const auto& [state, n] : by_state) jobs_gauge.Add({{"state", state}}).Set(n);
+      for (const auto& [role, n] : by_role) members_gauge.Add({{"role", role}}).Set(n);
+    } while (!stop_gauges.WaitForNotificationWithTimeout(absl::Seconds(1)));
+  });
   FLOG(INFO) << "scheduler serving gRPC on " << host << ":" << server->port << ", metrics on " << host
              << ":" << (*metrics)->port();
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
@@ -66,6 +90,8 @@ int main(int argc, char** argv) {
   }
   int sig = WaitForShutdown();
   FLOG(INFO) << "shutting down (signal " << sig << ")";
+  stop_gauges.Notify();
+  gauges.join();
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   manager.Stop();
   return 0;

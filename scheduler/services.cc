@@ -54,8 +54,10 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::Wa
                                       grpc::ServerWriter<v1::JobStatus>* writer) {
   int64_t version = -1;
   while (!context->IsCancelled()) {
+    int64_t seen = version;
     auto status = manager_->WaitForChange(request->job_id(), &version, absl::Milliseconds(500));
     if (!status.ok()) return Finish("WatchJob", status.status());
+    if (version == seen) continue;  // timed out: only check for cancellation
     if (!writer->Write(*status)) break;  // client went away
     v1::JobState state = status->state();
     if (state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED) break;

@@ -13,33 +13,35 @@ echo "building (Release)..." >&2
 FULCRUM="$ROOT/${FULCRUM_BUILD_DIR:-build}/bin/fulcrum"
 
 DIR="$(mktemp -d "${TMPDIR:-/tmp}/fulcrum-demo.XXXXXX")"
+KEEP_LOGS=0
 cleanup() {
   "$FULCRUM" local down --dir "$DIR" >/dev/null 2>&1 || true
-  rm -rf "$DIR"
+  if [ "$KEEP_LOGS" = 1 ]; then
+    echo "logs kept in $DIR/logs" >&2
+  else
+    rm -rf "$DIR"
+  fi
 }
 trap cleanup EXIT
 trap 'echo; echo "interrupted: stopping the local cluster" >&2; exit 130' INT TERM
 
 "$FULCRUM" local up --servers 2 --workers 2 --dir "$DIR" --detach
 echo
-JOB="${1:-examples/fashion-mnist-mlp.yaml}"
-echo "submitting $JOB"
+SPEC="${1:-examples/fashion-mnist-mlp.yaml}"
+echo "submitting $SPEC"
+JOB_ID="$("$FULCRUM" submit -f "$SPEC" --dir "$DIR")"
 set +e
-"$FULCRUM" submit -f "$JOB" --wait --dir "$DIR"
+"$FULCRUM" watch "$JOB_ID" --dir "$DIR"
 rc=$?
 set -e
+echo
+"$FULCRUM" get "$JOB_ID" --dir "$DIR"
 if [ $rc -ne 0 ]; then
-  echo "the job did not succeed; logs are in $DIR/logs:" >&2
+  KEEP_LOGS=1
+  echo "the job did not succeed; the last lines of the logs in $DIR/logs:" >&2
   tail -n 5 "$DIR"/logs/*.log >&2 || true
-  trap - EXIT
-  "$FULCRUM" local down --dir "$DIR" >/dev/null 2>&1 || true
   exit $rc
 fi
-JOB_ID="$("$FULCRUM" list -o json --dir "$DIR" | python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][-1]["jobId"])' 2>/dev/null || true)"
-if [ -n "$JOB_ID" ]; then
-  echo
-  "$FULCRUM" get "$JOB_ID" --dir "$DIR"
-fi
-ACC="$("$FULCRUM" list -o json --dir "$DIR" | grep -o '"testAccuracy": [0-9.]*' | tail -1 | awk '{print $2}')"
+ACC="$("$FULCRUM" get "$JOB_ID" -o json --dir "$DIR" | grep -o '"testAccuracy": [0-9.]*' | tail -1 | awk '{print $2}')"
 echo
 echo "final test accuracy: ${ACC}"

@@ -119,7 +119,7 @@ class JobShard {
 // The jobs on this server. Thread-safe.
 class ParameterStore {
  public:
-  // ALREADY_EXISTS if the job is set up with a different configuration.
+  // ALREADY_EXISTS if the job is already set up on this server.
   absl::Status SetupJob(JobShardConfig config);
   // Drops the job's state; waiting pulls return CANCELLED with `reason`.
   // With keep_parameters the state stays readable but takes no more pushes.

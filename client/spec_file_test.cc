@@ -11,19 +11,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "fulcrum/v1/job.pb.h"
+#include "common/test_util.h"
 #include "gtest/gtest.h"
 
 namespace fulcrum {
 namespace {
-
-::testing::AssertionResult Contains(absl::string_view haystack,
-                                   absl::string_view needle) {
-  if (haystack.find(needle) != absl::string_view::npos) {
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure()
-         << "\"" << haystack << "\" does not contain \"" << needle << "\"";
-}
 
 // A unique, empty directory under the test's temp dir.
 std::filesystem::path FreshTempDir(const std::string& name) {

@@ -9,19 +9,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/test_util.h"
 #include "gtest/gtest.h"
 
 namespace fulcrum {
 namespace {
-
-::testing::AssertionResult Contains(absl::string_view haystack,
-                                   absl::string_view needle) {
-  if (haystack.find(needle) != absl::string_view::npos) {
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure()
-         << "\"" << haystack << "\" does not contain \"" << needle << "\"";
-}
 
 uint32_t Bits(float f) {
   uint32_t b;

@@ -15,20 +15,12 @@
 #include "fulcrum/v1/cluster.pb.h"
 #include "fulcrum/v1/job.pb.h"
 #include "fulcrum/v1/parameter.pb.h"
+#include "common/test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/model_from_spec.h"
 
 namespace fulcrum {
 namespace {
-
-::testing::AssertionResult Contains(absl::string_view haystack,
-                                   absl::string_view needle) {
-  if (haystack.find(needle) != absl::string_view::npos) {
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure()
-         << "\"" << haystack << "\" does not contain \"" << needle << "\"";
-}
 
 // Records the scheduler's calls to the parameter servers.
 class FakeServers : public ServerControl {

@@ -8,19 +8,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "fulcrum/v1/job.pb.h"
+#include "common/test_util.h"
 #include "gtest/gtest.h"
 
 namespace fulcrum {
 namespace {
-
-::testing::AssertionResult Contains(absl::string_view haystack,
-                                   absl::string_view needle) {
-  if (haystack.find(needle) != absl::string_view::npos) {
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure()
-         << "\"" << haystack << "\" does not contain \"" << needle << "\"";
-}
 
 // A valid MLP on Fashion-MNIST, with defaults applied.
 v1::JobSpec BaseSpec() {

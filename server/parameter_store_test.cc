@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "common/param_init.h"
 #include "common/tensor_codec.h"
+#include "common/test_util.h"
 #include "gtest/gtest.h"
 #include "server/parameter_service.h"
 
@@ -30,15 +31,6 @@ constexpr int64_t kLength = 8;
 constexpr float kScale = 0.5f;
 // A power of two so that lr * g is exact for the small gradients used below.
 constexpr float kLr = 0.25f;
-
-::testing::AssertionResult Contains(absl::string_view haystack,
-                                   absl::string_view needle) {
-  if (haystack.find(needle) != absl::string_view::npos) {
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure()
-         << "\"" << haystack << "\" does not contain \"" << needle << "\"";
-}
 
 uint32_t Bits(float f) {
   uint32_t b;

@@ -35,8 +35,8 @@ Usage:
   fulcrum watch JOB                        follow a job until it ends
   fulcrum cancel JOB                       cancel a pending or running job
   fulcrum cluster                          list the live servers and workers
-  fulcrum local up [--servers N] [--workers M] [--replicas R] [--dir DIR] [--detach]
-  fulcrum local add worker|server [--dir DIR]
+  fulcrum local up [--servers N] [--workers M] [--replicas R] [--dir DIR] [--detach] [--device D]
+  fulcrum local add worker|server [--dir DIR] [--device D]
   fulcrum local down [--dir DIR]
 
 Options:
@@ -45,6 +45,7 @@ Options:
   -o json                 machine-readable output
   --dir DIR               local cluster folder (default $FULCRUM_LOCAL_DIR or ~/.fulcrum/local)
   --timeout SECONDS       give up on RPCs after this long (default 30)
+  --device D              local workers' compute device: auto (default), cpu, cuda, cuda:N
 
 `submit --wait` and `watch` exit 0 only when the job SUCCEEDED.
 )";
@@ -61,7 +62,7 @@ struct Args {
 };
 
 const std::set<std::string> kValueOptions = {"-f", "--file", "-o", "--output", "--scheduler", "--servers",
-                                             "--workers", "--replicas", "--dir", "--timeout"};
+                                             "--workers", "--replicas", "--dir", "--timeout", "--device"};
 const std::set<std::string> kFlagOptions = {"--wait", "--detach", "-h", "--help"};
 
 absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& raw) {
@@ -375,6 +376,7 @@ int LocalUp(const Args& args, bool json) {
   options.servers = *servers;
   options.workers = *workers;
   options.replicas = *replicas;
+  if (!args.Get("--device").empty()) options.worker_flags.push_back("--device=" + args.Get("--device"));
   const bool detach = args.Has("--detach");
   if (!detach) BlockTerminationSignals();  // before any thread: Ctrl-C is handled below
   auto cluster = LocalCluster::Start(options);
@@ -415,7 +417,9 @@ int Local(const Args& args, bool json) {
     if (role != "worker" && role != "server") {
       return Fail(absl::InvalidArgumentError("local add needs worker or server"));
     }
-    auto process = role == "worker" ? (*cluster)->AddWorker() : (*cluster)->AddServer();
+    std::vector<std::string> flags;
+    if (!args.Get("--device").empty()) flags.push_back("--device=" + args.Get("--device"));
+    auto process = role == "worker" ? (*cluster)->AddWorker(flags) : (*cluster)->AddServer();
     (*cluster)->Release();
     if (!process.ok()) return Fail(process.status());
     if (json) {

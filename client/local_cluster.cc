@@ -176,8 +176,10 @@ absl::StatusOr<v1::LocalProcess> LocalCluster::AddServer() {
   return Spawn("server", NextId("server"), options_.server_flags);
 }
 
-absl::StatusOr<v1::LocalProcess> LocalCluster::AddWorker() {
-  return Spawn("worker", NextId("worker"), options_.worker_flags);
+absl::StatusOr<v1::LocalProcess> LocalCluster::AddWorker(std::vector<std::string> extra_flags) {
+  std::vector<std::string> flags = options_.worker_flags;
+  flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
+  return Spawn("worker", NextId("worker"), std::move(flags));
 }
 
 absl::StatusOr<v1::LocalProcess> LocalCluster::Spawn(const std::string& role, const std::string& id,
@@ -192,7 +194,7 @@ absl::StatusOr<v1::LocalProcess> LocalCluster::Spawn(const std::string& role, co
     return absl::NotFoundError(absl::StrCat("cannot run ", argv[0],
                                             ": build Fulcrum first or set FULCRUM_BIN_DIR"));
   }
-  if (role != "worker") argv.push_back("--port=0");
+  argv.push_back("--port=0");
   if (role != "scheduler") {
     argv.push_back(absl::StrCat("--scheduler=", file_.scheduler()));
     argv.push_back(absl::StrCat("--id=", id));

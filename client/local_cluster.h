@@ -49,7 +49,8 @@ class LocalCluster {
   ~LocalCluster();
 
   absl::StatusOr<v1::LocalProcess> AddServer();
-  absl::StatusOr<v1::LocalProcess> AddWorker();
+  // `extra_flags` go to this worker only (e.g. "--device=cuda:0").
+  absl::StatusOr<v1::LocalProcess> AddWorker(std::vector<std::string> extra_flags = {});
 
   // SIGTERM to every process, then SIGKILL to any still alive after `grace`.
   // Removes cluster.json. UNAVAILABLE naming the processes that had to be

@@ -47,6 +47,7 @@ bool MembershipClient::RegisterOnce() {
   }
   FLOG(INFO) << "registered with scheduler " << options_.scheduler << " as "
              << response.member_id() << " (lease " << response.lease_ms() << " ms)";
+  SetLogTag(response.member_id());
   absl::MutexLock lock(&mu_);
   member_id_ = response.member_id();
   interval_ms_ = std::max<int64_t>(50, response.heartbeat_interval_ms());

@@ -9,6 +9,10 @@
 #include <cstdio>
 #include <cstring>
 
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace fulcrum {
@@ -40,6 +44,18 @@ int WaitForShutdown() {
 }
 
 void RequestShutdown() { kill(getpid(), SIGUSR2); }
+
+void ParseFlags(int argc, char** argv, const char* usage) {
+  AcceptDashedFlags(argc, argv);
+  absl::FlagsUsageConfig config;
+  // Abseil lists on --help only flags defined in a file named like the
+  // program; ours live in each binary's main.cc.
+  config.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, "main.cc"); };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  absl::SetFlagsUsageConfig(config);
+  absl::SetProgramUsageMessage(usage);
+  absl::ParseCommandLine(argc, argv);
+}
 
 void AcceptDashedFlags(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {

@@ -21,6 +21,10 @@ int WaitForShutdown();
 // Makes WaitForShutdown() return (e.g. after a fatal error in a worker loop).
 void RequestShutdown();
 
+// Parses the command line of a Fulcrum binary: accepts dashed flag names,
+// makes --help list the binary's own flags, and sets the usage message.
+void ParseFlags(int argc, char** argv, const char* usage);
+
 // Rewrites "--flag-name[=v]" as "--flag_name[=v]" in place so that every
 // binary accepts the dashed spelling of its (Abseil, underscored) flags.
 void AcceptDashedFlags(int argc, char** argv);

@@ -1,22 +1,38 @@
 // Device-neutral compute interface used by the training code.
 //
-// A Backend implements the handful of dense kernels an MLP needs. All
-// matrices are row-major float32 with their natural leading dimension (the
-// number of columns of the stored matrix). Pointers are host pointers for now;
-// a device backend (e.g. CUDA) will interpret them as device pointers of the
-// same layout.
+// A Backend implements the kernels training needs. All matrices are
+// row-major float32 with their natural leading dimension (the number of
+// columns of the stored matrix). Every pointer passed to an op is *backend
+// memory*: host memory for the CPU backend, device memory for the CUDA
+// backend. Get it from Allocate() (or a Buffer) and move data in and out with
+// CopyFromHost/CopyToHost. Scalars that ops return (loss sums, correct
+// counts) are host values.
+//
+// Ops may run asynchronously on a device; a copy to the host, a returned
+// scalar or Synchronize() waits for the work queued before it. Asynchronous
+// device errors surface from the next call that waits.
 //
 // Every method validates its arguments and returns InvalidArgument (without
 // writing any output) for negative dimensions, null pointers to non-empty
-// buffers, or out-of-range labels. Implementations need not be thread-safe;
+// buffers, or bad data (out-of-range labels, bad embedding offsets or ids).
+// The CUDA backend checks data on the device before the op, skips the op when
+// the check fails, and reports the InvalidArgument after the fact, from the
+// next call that waits (SoftmaxCrossEntropy returning scalars, CopyToHost,
+// Synchronize); the message is the one the CPU backend gives. Device failures (out of memory, a
+// failed launch, a lost device) return INTERNAL or RESOURCE_EXHAUSTED naming
+// the operation and the CUDA error. Implementations need not be thread-safe;
 // use one Backend per thread.
 
 #ifndef FULCRUM_KERNELS_BACKEND_H_
 #define FULCRUM_KERNELS_BACKEND_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace fulcrum {
 namespace kernels {
@@ -38,12 +54,51 @@ inline const char* ActivationName(Activation act) {
   return "unknown";
 }
 
+// Math precision of GEMM. Parameters, activations and gradients stay
+// float32 in memory; kTf32 uses TF32 tensor cores with float32 accumulation,
+// kBf16 rounds GEMM inputs to bfloat16 and accumulates in float32. The CPU
+// backend computes float32 for all three.
+//
+// Accuracy the tests hold backends to (backend_test.cc,
+// GemmPrecisionsStayWithinTheirTolerances): for K = 256 and inputs uniform
+// in [-1, 1], max|C - C_ref| <= tol * max|C_ref| against the CPU's float32
+// product, with tol = 1e-5 for kFp32, 5e-3 for kTf32 (10-bit mantissa inputs)
+// and 2e-2 for kBf16 (8-bit mantissa inputs). Errors grow like sqrt(K).
+enum class Precision { kFp32, kTf32, kBf16 };
+
+// 16-bit wire formats for gradients and parameters.
+enum class HalfType { kFp16, kBf16 };
+
 class Backend {
  public:
   virtual ~Backend() = default;
 
-  // Short identifier such as "cpu"; used in logs and test names.
+  // Short identifier such as "cpu" or "cuda:0"; used in logs and test names.
   virtual const char* Name() const = 0;
+
+  // --- Memory -------------------------------------------------------------
+  // True when backend memory is ordinary host memory (no copies needed).
+  virtual bool HostMemory() const = 0;
+  // A buffer of at least `bytes` bytes (aligned to 256), from a pool: after
+  // warm-up, training steps allocate nothing from the system or the driver.
+  // RESOURCE_EXHAUSTED when the device is out of memory.
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
+  // Returns a buffer to the pool. nullptr is ignored.
+  virtual void Free(void* buffer) = 0;
+  // Copies between host memory and backend memory (through pinned staging
+  // buffers on a device). Both return once the host side may be reused.
+  virtual absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  // Waits for every queued op; returns the first asynchronous error.
+  virtual absl::Status Synchronize() = 0;
+
+  // Sets the GEMM precision for later calls. The CPU backend accepts every
+  // value and computes float32.
+  virtual absl::Status SetPrecision(Precision precision) = 0;
+
+  // --- Ops ------------------------------------------------------------------
+  // x[n] = value.
+  virtual absl::Status Fill(int64_t n, float value, float* x) = 0;
 
   // C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C, where op(X) = X^T
   // when trans_x. A is stored as [m,k] (or [k,m] when trans_a), B as [k,n]
@@ -84,6 +139,69 @@ class Backend {
                                            float grad_scale, float* dlogits,
                                            double* loss_sum,
                                            int64_t* correct) = 0;
+
+  // Packs float32 values to a 16-bit type (round to nearest even; values
+  // beyond the fp16 range become +-inf) and back.
+  virtual absl::Status PackHalf(HalfType type, int64_t n, const float* src, uint16_t* dst) = 0;
+  virtual absl::Status UnpackHalf(HalfType type, int64_t n, const uint16_t* src, float* dst) = 0;
+
+  // Embedding bag (sum): for bag b in [0, bags), out[b, :] = sum of
+  // table[ids[j], :] for j in [offsets[b], offsets[b + 1]). offsets has
+  // bags + 1 entries, non-decreasing, offsets[0] = 0; ids has offsets[bags]
+  // entries (it may be null when that is 0), each in [0, table_rows). An
+  // empty bag gives zeros. Offsets are checked before ids, so a bad offset is
+  // the error reported even when an id is bad too. ids beyond offsets[bags]
+  // cannot be checked: a too-large last offset reads past the ids buffer.
+  virtual absl::Status EmbeddingBagForward(int bags, int dim, const int32_t* offsets, const int32_t* ids,
+                                           int64_t table_rows, const float* table, float* out) = 0;
+  // The matching scatter-add: dtable[ids[j], :] += dout[b, :] for every j of
+  // bag b. dtable is accumulated into, not overwritten.
+  virtual absl::Status EmbeddingBagBackward(int bags, int dim, const int32_t* offsets, const int32_t* ids,
+                                            int64_t table_rows, const float* dout, float* dtable) = 0;
+};
+
+// Backend memory owned RAII-style; movable, not copyable.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend* backend, void* data, size_t bytes) : backend_(backend), data_(data), bytes_(bytes) {}
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept {
+    if (this == &other) return *this;
+    Reset();
+    backend_ = other.backend_;
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { Reset(); }
+
+  // A buffer of `bytes` bytes from `backend`.
+  static absl::StatusOr<Buffer> Make(Backend* backend, size_t bytes) {
+    absl::StatusOr<void*> data = backend->Allocate(bytes);
+    if (!data.ok()) return data.status();
+    return Buffer(backend, *data, bytes);
+  }
+
+  void Reset() {
+    if (data_ != nullptr) backend_->Free(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+  template <typename T = float>
+  T* get() const {
+    return static_cast<T*>(data_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
 };
 
 }  // namespace kernels

@@ -1,46 +1,38 @@
 // Conformance suite for kernels::Backend implementations. Every backend in
-// AllBackendFactories() runs every test; add a device backend's factory there
-// (e.g. {"cuda", MakeCudaBackend}) once it exists.
+// AllBackendFactories() (backend_test_util.h) runs every test: the CPU
+// backend here, the CUDA backend too where a GPU and the plugin are present
+// (elsewhere its instances skip with the reason).
+//
+// Backend memory may be device memory, so inputs go in with CopyFromHost,
+// results come out with CopyToHost, and outputs are poisoned with NaN through
+// CopyFromHost before an op so that an element the op failed to write shows.
 
 #include "kernels/backend.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <functional>
+#include <cstring>
 #include <limits>
 #include <memory>
-#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "kernels/backend_test_util.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace fulcrum {
 namespace kernels {
 namespace {
 
-struct BackendFactory {
-  std::string name;
-  std::function<std::unique_ptr<Backend>()> make;
-};
-
-void PrintTo(const BackendFactory& factory, std::ostream* os) {
-  *os << factory.name;
-}
-
-std::vector<BackendFactory> AllBackendFactories() {
-  return {{"cpu", MakeCpuBackend}};
-}
-
 constexpr double kRelTol = 1e-5;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::vector<float> RandomVector(int64_t n, uint32_t seed, float lo = -1.0f,
-                                float hi = 1.0f) {
+std::vector<float> RandomVector(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> v(n);
@@ -50,30 +42,37 @@ std::vector<float> RandomVector(int64_t n, uint32_t seed, float lo = -1.0f,
 
 std::vector<float> Poisoned(int64_t n) { return std::vector<float>(n, kNaN); }
 
+float FromBits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint32_t ToBits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+
 // Checks |actual - expected| <= kRelTol * max(1, scale) element-wise, where
 // scale bounds the magnitude of the terms that produced the value. A NaN left
 // by poisoning (an unwritten element) always fails.
-void ExpectAllClose(const std::vector<float>& actual,
-                    const std::vector<double>& expected,
+void ExpectAllClose(const std::vector<float>& actual, const std::vector<double>& expected,
                     const std::vector<double>& scale) {
   ASSERT_EQ(actual.size(), expected.size());
   int failures = 0;
   for (size_t i = 0; i < actual.size() && failures < 5; ++i) {
     const double tol = kRelTol * std::max(1.0, scale[i]);
-    const bool ok = std::isfinite(actual[i]) &&
-                    std::fabs(actual[i] - expected[i]) <= tol;
+    const bool ok = std::isfinite(actual[i]) && std::fabs(actual[i] - expected[i]) <= tol;
     if (!ok) ++failures;
-    EXPECT_TRUE(ok) << "element " << i << ": got " << actual[i]
-                    << ", expected " << expected[i] << " (tol " << tol << ")";
+    EXPECT_TRUE(ok) << "element " << i << ": got " << actual[i] << ", expected " << expected[i] << " (tol "
+                    << tol << ")";
   }
 }
 
-void ExpectAllClose(const std::vector<float>& actual,
-                    const std::vector<double>& expected) {
+void ExpectAllClose(const std::vector<float>& actual, const std::vector<double>& expected) {
   std::vector<double> scale(expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    scale[i] = std::fabs(expected[i]);
-  }
+  for (size_t i = 0; i < expected.size(); ++i) scale[i] = std::fabs(expected[i]);
   ExpectAllClose(actual, expected, scale);
 }
 
@@ -105,23 +104,134 @@ double ReferenceGrad(Activation act, double y) {
   return 1;
 }
 
-constexpr Activation kAllActivations[] = {
-    Activation::kNone, Activation::kRelu, Activation::kTanh,
-    Activation::kSigmoid};
+constexpr Activation kAllActivations[] = {Activation::kNone, Activation::kRelu, Activation::kTanh,
+                                          Activation::kSigmoid};
 
-class BackendTest : public ::testing::TestWithParam<BackendFactory> {
+class BackendTest : public BackendFixture {
  protected:
-  void SetUp() override {
-    backend_ = GetParam().make();
-    ASSERT_NE(backend_, nullptr);
-  }
+  Backend* backend() { return backend_.get(); }
 
-  std::unique_ptr<Backend> backend_;
+  template <typename T>
+  Buffer In(const std::vector<T>& host) {
+    return ToBackend(backend(), host);
+  }
+  template <typename T>
+  std::vector<T> Out(const Buffer& buffer, size_t n) {
+    return FromBackend<T>(backend(), buffer, n);
+  }
 };
 
+// --- Identity and memory -------------------------------------------------------
+
 TEST_P(BackendTest, HasName) {
-  EXPECT_STREQ(backend_->Name(), GetParam().name.c_str());
+  const std::string name = backend()->Name();
+  EXPECT_EQ(name.rfind(GetParam().name_prefix, 0), 0u) << name;
 }
+
+TEST_P(BackendTest, HostMemoryOnlyForTheCpu) { EXPECT_EQ(backend()->HostMemory(), GetParam().name == "cpu"); }
+
+TEST_P(BackendTest, AllocateIsAlignedAndReusesFreedBuffers) {
+  absl::StatusOr<void*> first = backend()->Allocate(1000);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(*first) % 256, 0u);
+  absl::StatusOr<void*> second = backend()->Allocate(1000);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(*first, *second) << "two live buffers must not overlap";
+  backend()->Free(*first);
+  absl::StatusOr<void*> again = backend()->Allocate(1000);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *first) << "a freed buffer of the same size class comes back from the pool";
+  backend()->Free(*again);
+  backend()->Free(*second);
+  backend()->Free(nullptr);
+  EXPECT_TRUE(backend()->Synchronize().ok());
+}
+
+TEST_P(BackendTest, BufferReturnsItsMemoryToThePool) {
+  void* data = nullptr;
+  {
+    absl::StatusOr<Buffer> buffer = Buffer::Make(backend(), 4096);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    data = buffer->get<void>();
+    Buffer moved = std::move(*buffer);
+    EXPECT_EQ(moved.get<void>(), data);
+    EXPECT_EQ(moved.bytes(), 4096u);
+    EXPECT_EQ(buffer->get<void>(), nullptr);
+  }
+  absl::StatusOr<Buffer> next = Buffer::Make(backend(), 4096);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->get<void>(), data);
+}
+
+TEST_P(BackendTest, FreeOfAForeignPointerIsReportedBySynchronize) {
+  int not_backend_memory = 0;
+  backend()->Free(&not_backend_memory);
+  const absl::Status status = backend()->Synchronize();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("not allocated by this backend"), std::string::npos) << status;
+  EXPECT_TRUE(backend()->Synchronize().ok()) << "reported once";
+}
+
+TEST_P(BackendTest, CopiesRoundTripLargeAndOffsetBuffers) {
+  // Larger than two staging chunks and not a multiple of anything round.
+  const int64_t n = (int64_t{9} << 20) / 4 + 12345;
+  const std::vector<float> host = RandomVector(n, 21);
+  Buffer buffer = In(host);
+  EXPECT_EQ(Out<float>(buffer, n), host);
+  // A copy into the middle of a buffer leaves the rest alone.
+  const std::vector<float> patch = {1.0f, 2.0f, 3.0f};
+  ASSERT_TRUE(backend()->CopyFromHost(buffer.get() + 1000, patch.data(), sizeof(float) * patch.size()).ok());
+  const std::vector<float> round_trip = Out<float>(buffer, n);
+  EXPECT_EQ(round_trip[999], host[999]);
+  EXPECT_EQ(round_trip[1000], 1.0f);
+  EXPECT_EQ(round_trip[1002], 3.0f);
+  EXPECT_EQ(round_trip[1003], host[1003]);
+  EXPECT_EQ(FromBackend(backend(), buffer.get() + 1001, 1), std::vector<float>{2.0f});
+}
+
+TEST_P(BackendTest, CopiesAreOrderedWithOps) {
+  const int64_t n = 100000;
+  Buffer buffer = In(Poisoned(n));
+  // op, then a copy over its output, then an op over the copy.
+  ASSERT_TRUE(backend()->Fill(n, 3.0f, buffer.get()).ok());
+  ASSERT_TRUE(
+      backend()->CopyFromHost(buffer.get(), std::vector<float>(n, 5.0f).data(), n * sizeof(float)).ok());
+  EXPECT_EQ(Out<float>(buffer, n), std::vector<float>(n, 5.0f));
+  ASSERT_TRUE(backend()->Fill(n / 2, 7.0f, buffer.get()).ok());
+  std::vector<float> expected(n, 5.0f);
+  std::fill(expected.begin(), expected.begin() + n / 2, 7.0f);
+  EXPECT_EQ(Out<float>(buffer, n), expected);
+  // Many small copies in flight, each read by the op queued after it.
+  Buffer sums = In(Poisoned(1));
+  for (int i = 0; i < 64; ++i) {
+    const std::vector<float> column(8, static_cast<float>(i));
+    ASSERT_TRUE(backend()->CopyFromHost(buffer.get(), column.data(), sizeof(float) * column.size()).ok());
+    ASSERT_TRUE(backend()->ColumnSum(8, 1, buffer.get(), sums.get()).ok());
+    ASSERT_EQ(Out<float>(sums, 1)[0], 8.0f * i);
+  }
+  EXPECT_TRUE(backend()->Synchronize().ok());
+}
+
+TEST_P(BackendTest, CopiesRejectNullPointers) {
+  float host = 0;
+  EXPECT_EQ(backend()->CopyFromHost(nullptr, &host, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend()->CopyToHost(nullptr, &host, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(backend()->CopyToHost(nullptr, nullptr, 0).ok());
+}
+
+// --- Fill ---------------------------------------------------------------------
+
+TEST_P(BackendTest, FillWritesEveryElement) {
+  const int64_t n = 1003;
+  Buffer x = In(Poisoned(n));
+  ASSERT_TRUE(backend()->Fill(n, -2.5f, x.get()).ok());
+  EXPECT_EQ(Out<float>(x, n), std::vector<float>(n, -2.5f));
+  EXPECT_TRUE(backend()->Fill(0, 1.0f, nullptr).ok());
+  EXPECT_EQ(backend()->Fill(-1, 1.0f, x.get()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend()->Fill(4, 1.0f, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// --- Gemm ----------------------------------------------------------------------
 
 struct GemmCase {
   bool trans_a, trans_b;
@@ -131,17 +241,19 @@ struct GemmCase {
 
 // Runs one Gemm case against a double-precision reference loop.
 void CheckGemm(Backend* backend, const GemmCase& c) {
-  SCOPED_TRACE(::testing::Message()
-               << "trans_a=" << c.trans_a << " trans_b=" << c.trans_b
-               << " m=" << c.m << " n=" << c.n << " k=" << c.k
-               << " alpha=" << c.alpha << " beta=" << c.beta);
+  SCOPED_TRACE(::testing::Message() << "trans_a=" << c.trans_a << " trans_b=" << c.trans_b << " m=" << c.m
+                                    << " n=" << c.n << " k=" << c.k << " alpha=" << c.alpha
+                                    << " beta=" << c.beta);
   const std::vector<float> a = RandomVector(int64_t{c.m} * c.k, 1);
   const std::vector<float> b = RandomVector(int64_t{c.k} * c.n, 2);
   const std::vector<float> c0 = RandomVector(int64_t{c.m} * c.n, 3);
-  std::vector<float> out = c.beta == 0.0f ? Poisoned(c0.size()) : c0;
-  ASSERT_TRUE(backend->Gemm(c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha,
-                            a.data(), b.data(), c.beta, out.data())
-                  .ok());
+  Buffer a_dev = ToBackend(backend, a), b_dev = ToBackend(backend, b);
+  Buffer c_dev = ToBackend(backend, c.beta == 0.0f ? Poisoned(c0.size()) : c0);
+  ASSERT_TRUE(
+      backend
+          ->Gemm(c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, a_dev.get(), b_dev.get(), c.beta, c_dev.get())
+          .ok());
+  const std::vector<float> out = FromBackend<float>(backend, c_dev, c0.size());
   std::vector<double> expected(out.size()), scale(out.size());
   for (int i = 0; i < c.m; ++i) {
     for (int j = 0; j < c.n; ++j) {
@@ -165,67 +277,121 @@ TEST_P(BackendTest, GemmAllTransposeCombosNonSquare) {
   for (bool trans_a : {false, true}) {
     for (bool trans_b : {false, true}) {
       for (const auto& s : shapes) {
-        CheckGemm(backend_.get(), {trans_a, trans_b, s[0], s[1], s[2], 1.0f,
-                                   0.0f});
-        CheckGemm(backend_.get(), {trans_a, trans_b, s[0], s[1], s[2], -0.75f,
-                                   0.5f});
+        CheckGemm(backend(), {trans_a, trans_b, s[0], s[1], s[2], 1.0f, 0.0f});
+        CheckGemm(backend(), {trans_a, trans_b, s[0], s[1], s[2], -0.75f, 0.5f});
       }
     }
   }
 }
 
 TEST_P(BackendTest, GemmZeroInnerDimensionScalesC) {
-  CheckGemm(backend_.get(), {false, false, 3, 4, 0, 1.0f, 0.0f});
-  CheckGemm(backend_.get(), {true, true, 3, 4, 0, 1.0f, 2.0f});
+  CheckGemm(backend(), {false, false, 3, 4, 0, 1.0f, 0.0f});
+  CheckGemm(backend(), {true, true, 3, 4, 0, 1.0f, 2.0f});
 }
 
 TEST_P(BackendTest, GemmEmptyOutputIsOk) {
-  EXPECT_TRUE(backend_
-                  ->Gemm(false, false, 0, 0, 5, 1.0f, nullptr, nullptr, 0.0f,
-                         nullptr)
-                  .ok());
+  EXPECT_TRUE(backend()->Gemm(false, false, 0, 0, 5, 1.0f, nullptr, nullptr, 0.0f, nullptr).ok());
 }
 
 TEST_P(BackendTest, GemmRejectsNegativeDimsAndNullPointers) {
-  std::vector<float> buf(16, 0.0f);
-  const absl::Status negative = backend_->Gemm(
-      false, false, -1, 2, 2, 1.0f, buf.data(), buf.data(), 0.0f, buf.data());
+  Buffer buf = In(std::vector<float>(16, 0.0f));
+  const absl::Status negative =
+      backend()->Gemm(false, false, -1, 2, 2, 1.0f, buf.get(), buf.get(), 0.0f, buf.get());
   EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(negative.message().find("m = -1"), std::string::npos)
-      << negative.message();
-  EXPECT_EQ(backend_
-                ->Gemm(false, false, 2, 2, 2, 1.0f, nullptr, buf.data(), 0.0f,
-                       buf.data())
-                .code(),
+  EXPECT_NE(negative.message().find("m = -1"), std::string::npos) << negative.message();
+  EXPECT_EQ(backend()->Gemm(false, false, 2, 2, 2, 1.0f, nullptr, buf.get(), 0.0f, buf.get()).code(),
             absl::StatusCode::kInvalidArgument);
 }
+
+TEST_P(BackendTest, SetPrecisionRejectsUnknownValues) {
+  EXPECT_TRUE(backend()->SetPrecision(Precision::kTf32).ok());
+  EXPECT_EQ(backend()->SetPrecision(static_cast<Precision>(7)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// max |C - C_ref| / max |C_ref| for C = A[m, K] * B[K, n] at `precision`,
+// against the CPU backend's fp32 product. Inputs uniform in [-1, 1].
+struct PrecisionResult {
+  double relative_error;
+  bool bit_identical;
+};
+
+PrecisionResult GemmAgainstCpuFp32(Backend* backend, Precision precision, bool trans_a, bool trans_b) {
+  constexpr int m = 96, n = 80, k = 256;
+  const std::vector<float> a = RandomVector(int64_t{m} * k, 31), b = RandomVector(int64_t{k} * n, 32);
+  std::vector<float> reference(int64_t{m} * n);
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  EXPECT_TRUE(cpu->Gemm(trans_a, trans_b, m, n, k, 1.0f, a.data(), b.data(), 0.0f, reference.data()).ok());
+  EXPECT_TRUE(backend->SetPrecision(precision).ok());
+  Buffer a_dev = ToBackend(backend, a), b_dev = ToBackend(backend, b),
+         c_dev = ToBackend(backend, Poisoned(m * n));
+  const absl::Status status =
+      backend->Gemm(trans_a, trans_b, m, n, k, 1.0f, a_dev.get(), b_dev.get(), 0.0f, c_dev.get());
+  EXPECT_TRUE(status.ok()) << status;
+  const std::vector<float> c = FromBackend<float>(backend, c_dev, m * n);
+  double max_error = 0, max_reference = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const double error = std::fabs(double{c[i]} - reference[i]);
+    max_error = std::isnan(error) ? kInf : std::max(max_error, error);
+    max_reference = std::max(max_reference, std::fabs(double{reference[i]}));
+  }
+  return {max_error / max_reference, c == reference};
+}
+
+// The tolerances documented beside kernels::Precision (backend.h): for K = 256
+// and inputs in [-1, 1], max |C - C_fp32| <= tol * max |C_fp32| with tol 1e-5
+// for fp32, 5e-3 for TF32 and 2e-2 for bf16. The CPU computes fp32 for all.
+TEST_P(BackendTest, GemmPrecisionsStayWithinTheirTolerances) {
+  struct Case {
+    Precision precision;
+    const char* name;
+    double tolerance;
+  };
+  const Case cases[] = {{Precision::kFp32, "fp32", 1e-5},
+                        {Precision::kTf32, "tf32", 5e-3},
+                        {Precision::kBf16, "bf16", 2e-2},
+                        {Precision::kFp32, "fp32 again", 1e-5}};
+  for (bool trans_a : {false, true}) {
+    for (bool trans_b : {false, true}) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(::testing::Message() << c.name << " trans_a=" << trans_a << " trans_b=" << trans_b);
+        const PrecisionResult result = GemmAgainstCpuFp32(backend(), c.precision, trans_a, trans_b);
+        if (backend()->HostMemory()) {
+          EXPECT_TRUE(result.bit_identical) << "the CPU backend computes fp32 at every precision";
+        }
+        EXPECT_LE(result.relative_error, c.tolerance);
+        if (c.precision == Precision::kBf16 && !backend()->HostMemory()) {
+          EXPECT_GT(result.relative_error, 0.0) << "bf16 inputs should round";
+        }
+      }
+    }
+  }
+}
+
+// --- Bias, activations, column sums ------------------------------------------
 
 TEST_P(BackendTest, BiasActivationForwardMatchesReference) {
   const int rows = 6, cols = 9;
   const std::vector<float> bias = RandomVector(cols, 4);
+  Buffer bias_dev = In(bias);
   for (Activation act : kAllActivations) {
     SCOPED_TRACE(ActivationName(act));
-    std::vector<float> x = RandomVector(rows * cols, 5, -3.0f, 3.0f);
+    const std::vector<float> x = RandomVector(rows * cols, 5, -3.0f, 3.0f);
     std::vector<double> expected(x.size());
     for (int i = 0; i < rows; ++i) {
       for (int j = 0; j < cols; ++j) {
-        expected[i * cols + j] = ReferenceActivate(
-            act, double{x[i * cols + j]} + double{bias[j]});
+        expected[i * cols + j] = ReferenceActivate(act, double{x[i * cols + j]} + double{bias[j]});
       }
     }
-    ASSERT_TRUE(
-        backend_->BiasActivationForward(act, rows, cols, bias.data(), x.data())
-            .ok());
-    ExpectAllClose(x, expected);
+    Buffer x_dev = In(x);
+    ASSERT_TRUE(backend()->BiasActivationForward(act, rows, cols, bias_dev.get(), x_dev.get()).ok());
+    ExpectAllClose(Out<float>(x_dev, x.size()), expected);
   }
 }
 
 TEST_P(BackendTest, BiasActivationForwardRejectsNegativeDims) {
-  float x = 0, bias = 0;
-  EXPECT_EQ(
-      backend_->BiasActivationForward(Activation::kRelu, 1, -2, &bias, &x)
-          .code(),
-      absl::StatusCode::kInvalidArgument);
+  Buffer x = In(std::vector<float>(1)), bias = In(std::vector<float>(1));
+  EXPECT_EQ(backend()->BiasActivationForward(Activation::kRelu, 1, -2, bias.get(), x.get()).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(BackendTest, ActivationBackwardMatchesReference) {
@@ -235,49 +401,50 @@ TEST_P(BackendTest, ActivationBackwardMatchesReference) {
     std::vector<float> y = RandomVector(n, 6, -3.0f, 3.0f);
     for (float& v : y) v = static_cast<float>(ReferenceActivate(act, v));
     y[0] = 0.0f;  // relu boundary: gradient must be exactly zero there
-    std::vector<float> dy = RandomVector(n, 7);
+    const std::vector<float> dy = RandomVector(n, 7);
     std::vector<double> expected(n);
-    for (int64_t i = 0; i < n; ++i) {
-      expected[i] = dy[i] * ReferenceGrad(act, y[i]);
-    }
-    ASSERT_TRUE(backend_->ActivationBackward(act, n, y.data(), dy.data()).ok());
-    ExpectAllClose(dy, expected);
+    for (int64_t i = 0; i < n; ++i) expected[i] = dy[i] * ReferenceGrad(act, y[i]);
+    Buffer y_dev = In(y), dy_dev = In(dy);
+    ASSERT_TRUE(backend()->ActivationBackward(act, n, y_dev.get(), dy_dev.get()).ok());
+    ExpectAllClose(Out<float>(dy_dev, n), expected);
   }
 }
 
 TEST_P(BackendTest, ActivationBackwardRejectsNegativeSize) {
-  EXPECT_EQ(backend_->ActivationBackward(Activation::kTanh, -1, nullptr,
-                                         nullptr)
-                .code(),
+  EXPECT_EQ(backend()->ActivationBackward(Activation::kTanh, -1, nullptr, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(BackendTest, ColumnSumMatchesReference) {
-  const int rows = 13, cols = 7;
-  const std::vector<float> x = RandomVector(rows * cols, 8);
-  std::vector<float> out = Poisoned(cols);
-  ASSERT_TRUE(backend_->ColumnSum(rows, cols, x.data(), out.data()).ok());
-  std::vector<double> expected(cols, 0.0), scale(cols, 0.0);
-  for (int i = 0; i < rows; ++i) {
-    for (int j = 0; j < cols; ++j) {
-      expected[j] += x[i * cols + j];
-      scale[j] += std::fabs(x[i * cols + j]);
+  for (const auto& shape : {std::pair<int, int>{13, 7}, {1000, 45}}) {
+    const int rows = shape.first, cols = shape.second;
+    SCOPED_TRACE(::testing::Message() << rows << "x" << cols);
+    const std::vector<float> x = RandomVector(rows * cols, 8);
+    Buffer x_dev = In(x), out = In(Poisoned(cols));
+    ASSERT_TRUE(backend()->ColumnSum(rows, cols, x_dev.get(), out.get()).ok());
+    std::vector<double> expected(cols, 0.0), scale(cols, 0.0);
+    for (int i = 0; i < rows; ++i) {
+      for (int j = 0; j < cols; ++j) {
+        expected[j] += x[i * cols + j];
+        scale[j] += std::fabs(x[i * cols + j]);
+      }
     }
+    ExpectAllClose(Out<float>(out, cols), expected, scale);
   }
-  ExpectAllClose(out, expected, scale);
 }
 
 TEST_P(BackendTest, ColumnSumOfNoRowsIsZero) {
-  std::vector<float> out = Poisoned(4);
-  ASSERT_TRUE(backend_->ColumnSum(0, 4, nullptr, out.data()).ok());
-  ExpectAllClose(out, std::vector<double>(4, 0.0));
+  Buffer out = In(Poisoned(4));
+  ASSERT_TRUE(backend()->ColumnSum(0, 4, nullptr, out.get()).ok());
+  ExpectAllClose(Out<float>(out, 4), std::vector<double>(4, 0.0));
 }
 
 TEST_P(BackendTest, ColumnSumRejectsNegativeDims) {
-  float x = 0, out = 0;
-  EXPECT_EQ(backend_->ColumnSum(-1, 1, &x, &out).code(),
-            absl::StatusCode::kInvalidArgument);
+  Buffer x = In(std::vector<float>(1)), out = In(std::vector<float>(1));
+  EXPECT_EQ(backend()->ColumnSum(-1, 1, x.get(), out.get()).code(), absl::StatusCode::kInvalidArgument);
 }
+
+// --- Softmax cross-entropy -------------------------------------------------------
 
 struct SoftmaxReference {
   std::vector<double> dlogits;
@@ -285,10 +452,8 @@ struct SoftmaxReference {
   int64_t correct = 0;
 };
 
-SoftmaxReference ReferenceSoftmax(int rows, int classes,
-                                  const std::vector<float>& logits,
-                                  const std::vector<int32_t>& labels,
-                                  double grad_scale) {
+SoftmaxReference ReferenceSoftmax(int rows, int classes, const std::vector<float>& logits,
+                                  const std::vector<int32_t>& labels, double grad_scale) {
   SoftmaxReference ref;
   ref.dlogits.resize(logits.size());
   for (int i = 0; i < rows; ++i) {
@@ -298,9 +463,7 @@ SoftmaxReference ReferenceSoftmax(int rows, int classes,
       if (row[j] > row[argmax]) argmax = j;
     }
     double sum = 0;
-    for (int j = 0; j < classes; ++j) {
-      sum += std::exp(double{row[j]} - row[argmax]);
-    }
+    for (int j = 0; j < classes; ++j) sum += std::exp(double{row[j]} - row[argmax]);
     ref.loss_sum += std::log(sum) + row[argmax] - row[labels[i]];
     ref.correct += argmax == labels[i] ? 1 : 0;
     for (int j = 0; j < classes; ++j) {
@@ -311,24 +474,21 @@ SoftmaxReference ReferenceSoftmax(int rows, int classes,
   return ref;
 }
 
-void CheckSoftmax(Backend* backend, int rows, int classes,
-                  const std::vector<float>& logits,
+void CheckSoftmax(Backend* backend, int rows, int classes, const std::vector<float>& logits,
                   const std::vector<int32_t>& labels) {
   const float grad_scale = 1.0f / rows;
-  std::vector<float> dlogits = Poisoned(logits.size());
+  Buffer logits_dev = ToBackend(backend, logits), labels_dev = ToBackend(backend, labels);
+  Buffer dlogits = ToBackend(backend, Poisoned(logits.size()));
   double loss_sum = 1.5;  // must be added to, not overwritten
   int64_t correct = 3;
   ASSERT_TRUE(backend
-                  ->SoftmaxCrossEntropy(rows, classes, logits.data(),
-                                        labels.data(), grad_scale,
-                                        dlogits.data(), &loss_sum, &correct)
+                  ->SoftmaxCrossEntropy(rows, classes, logits_dev.get(), labels_dev.get<int32_t>(),
+                                        grad_scale, dlogits.get(), &loss_sum, &correct)
                   .ok());
-  const SoftmaxReference ref =
-      ReferenceSoftmax(rows, classes, logits, labels, grad_scale);
-  EXPECT_NEAR(loss_sum - 1.5, ref.loss_sum,
-              kRelTol * std::max(1.0, ref.loss_sum));
+  const SoftmaxReference ref = ReferenceSoftmax(rows, classes, logits, labels, grad_scale);
+  EXPECT_NEAR(loss_sum - 1.5, ref.loss_sum, kRelTol * std::max(1.0, ref.loss_sum));
   EXPECT_EQ(correct - 3, ref.correct);
-  ExpectAllClose(dlogits, ref.dlogits);
+  ExpectAllClose(FromBackend<float>(backend, dlogits, logits.size()), ref.dlogits);
 }
 
 TEST_P(BackendTest, SoftmaxCrossEntropyMatchesReference) {
@@ -339,54 +499,370 @@ TEST_P(BackendTest, SoftmaxCrossEntropyMatchesReference) {
   // Make a few rows correct so the argmax count is exercised.
   std::vector<float> adjusted = logits;
   for (int i = 0; i < rows; i += 2) adjusted[i * classes + labels[i]] = 6.0f;
-  CheckSoftmax(backend_.get(), rows, classes, adjusted, labels);
+  CheckSoftmax(backend(), rows, classes, adjusted, labels);
+}
+
+TEST_P(BackendTest, SoftmaxCrossEntropyManyRowsAndWideRows) {
+  // More rows than one block of warps, and rows wider than a warp.
+  const int shapes[][2] = {{1000, 10}, {37, 1000}};
+  for (const auto& shape : shapes) {
+    const int rows = shape[0], classes = shape[1];
+    SCOPED_TRACE(::testing::Message() << rows << "x" << classes);
+    std::vector<float> logits = RandomVector(int64_t{rows} * classes, 19, -4, 4);
+    std::vector<int32_t> labels(rows);
+    for (int i = 0; i < rows; ++i) labels[i] = (i * 13) % classes;
+    for (int i = 0; i < rows; i += 3) logits[int64_t{i} * classes + labels[i]] = 9.0f;
+    CheckSoftmax(backend(), rows, classes, logits, labels);
+  }
+}
+
+TEST_P(BackendTest, SoftmaxCrossEntropyCountsTheFirstMaximum) {
+  // Ties: the first maximum is the prediction.
+  const std::vector<float> logits = {2, 2, 1,  //
+                                     1, 3, 3};
+  const std::vector<int32_t> labels = {1, 1};
+  Buffer logits_dev = In(logits), labels_dev = In(labels);
+  double loss_sum = 0;
+  int64_t correct = 0;
+  ASSERT_TRUE(backend()
+                  ->SoftmaxCrossEntropy(2, 3, logits_dev.get(), labels_dev.get<int32_t>(), 1.0f, nullptr,
+                                        &loss_sum, &correct)
+                  .ok());
+  EXPECT_EQ(correct, 1);
 }
 
 TEST_P(BackendTest, SoftmaxCrossEntropyIsStableForLargeLogits) {
   const int rows = 4, classes = 3;
-  const std::vector<float> logits = {1000, 999, -1000,   //
+  const std::vector<float> logits = {1000, 999,  -1000,  //
                                      -1e4, -1e4, -1e4,   //
-                                     88, 89, 90,         //
-                                     -500, 3e4, 0};
+                                     88,   89,   90,     //
+                                     -500, 3e4,  0};
   const std::vector<int32_t> labels = {1, 2, 0, 1};
-  CheckSoftmax(backend_.get(), rows, classes, logits, labels);
+  CheckSoftmax(backend(), rows, classes, logits, labels);
+  Buffer logits_dev = In(logits), labels_dev = In(labels);
   double loss_sum = 0;
-  ASSERT_TRUE(backend_
-                  ->SoftmaxCrossEntropy(rows, classes, logits.data(),
-                                        labels.data(), 1.0f, nullptr, &loss_sum,
-                                        nullptr)
+  ASSERT_TRUE(backend()
+                  ->SoftmaxCrossEntropy(rows, classes, logits_dev.get(), labels_dev.get<int32_t>(), 1.0f,
+                                        nullptr, &loss_sum, nullptr)
                   .ok());
   // Rows: log(1+e+e^-1999), log 3, 90 - 88 + log(1+e^-1+e^-2), ~0.
-  const double expected = std::log(1 + std::exp(1.0)) + std::log(3.0) + 2 +
-                          std::log(1 + std::exp(-1.0) + std::exp(-2.0));
+  const double expected =
+      std::log(1 + std::exp(1.0)) + std::log(3.0) + 2 + std::log(1 + std::exp(-1.0) + std::exp(-2.0));
   EXPECT_NEAR(loss_sum, expected, 1e-4);
 }
 
 TEST_P(BackendTest, SoftmaxCrossEntropyRejectsLabelOutOfRange) {
   const int rows = 2, classes = 10;
-  const std::vector<float> logits = RandomVector(rows * classes, 10);
+  Buffer logits = In(RandomVector(rows * classes, 10));
   for (int32_t bad : {10, -1}) {
-    const std::vector<int32_t> labels = {0, bad};
-    std::vector<float> dlogits = Poisoned(logits.size());
+    Buffer labels = In(std::vector<int32_t>{0, bad});
+    Buffer dlogits = In(Poisoned(rows * classes));
     double loss_sum = 0;
     int64_t correct = 0;
-    const absl::Status status = backend_->SoftmaxCrossEntropy(
-        rows, classes, logits.data(), labels.data(), 1.0f, dlogits.data(),
-        &loss_sum, &correct);
+    const absl::Status status = backend()->SoftmaxCrossEntropy(
+        rows, classes, logits.get(), labels.get<int32_t>(), 1.0f, dlogits.get(), &loss_sum, &correct);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(status.message().find("labels[1]"), std::string::npos)
+    EXPECT_NE(status.message().find("labels[1] = " + std::to_string(bad)), std::string::npos)
         << status.message();
     EXPECT_EQ(loss_sum, 0.0);
     EXPECT_EQ(correct, 0);
-    EXPECT_TRUE(std::isnan(dlogits[0])) << "outputs must be untouched";
+    EXPECT_TRUE(std::isnan(Out<float>(dlogits, 1)[0])) << "outputs must be untouched";
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllBackends, BackendTest, ::testing::ValuesIn(AllBackendFactories()),
-    [](const ::testing::TestParamInfo<BackendFactory>& info) {
-      return info.param.name;
-    });
+TEST_P(BackendTest, SoftmaxCrossEntropyBadLabelWithoutScalarsSurfacesOnSynchronize) {
+  const int rows = 3, classes = 4;
+  Buffer logits = In(RandomVector(rows * classes, 11));
+  Buffer labels = In(std::vector<int32_t>{0, 1, 4});
+  Buffer dlogits = In(Poisoned(rows * classes));
+  const absl::Status status =
+      Settled(backend(), backend()->SoftmaxCrossEntropy(rows, classes, logits.get(), labels.get<int32_t>(),
+                                                        1.0f, dlogits.get(), nullptr, nullptr));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("labels[2] = 4"), std::string::npos) << status.message();
+  for (float v : Out<float>(dlogits, rows * classes))
+    EXPECT_TRUE(std::isnan(v)) << "outputs must be untouched";
+  EXPECT_TRUE(backend()->Synchronize().ok()) << "reported once";
+}
+
+// --- 16-bit formats -----------------------------------------------------------------
+
+// Packs `values` to `type` and returns the bits.
+std::vector<uint16_t> Pack(Backend* backend, HalfType type, const std::vector<float>& values) {
+  Buffer src = ToBackend(backend, values);
+  Buffer dst = ToBackend(backend, std::vector<uint16_t>(values.size(), 0xDEAD));
+  const absl::Status status = backend->PackHalf(type, values.size(), src.get(), dst.get<uint16_t>());
+  EXPECT_TRUE(status.ok()) << status;
+  return FromBackend<uint16_t>(backend, dst, values.size());
+}
+
+std::vector<float> Unpack(Backend* backend, HalfType type, const std::vector<uint16_t>& bits) {
+  Buffer src = ToBackend(backend, bits);
+  Buffer dst = ToBackend(backend, Poisoned(bits.size()));
+  const absl::Status status = backend->UnpackHalf(type, bits.size(), src.get<uint16_t>(), dst.get());
+  EXPECT_TRUE(status.ok()) << status;
+  return FromBackend<float>(backend, dst, bits.size());
+}
+
+bool IsHalfNaN(HalfType type, uint16_t bits) {
+  if (type == HalfType::kFp16) return (bits & 0x7C00) == 0x7C00 && (bits & 0x03FF) != 0;
+  return (bits & 0x7F80) == 0x7F80 && (bits & 0x007F) != 0;
+}
+
+// Every 16-bit pattern unpacks to the value it encodes and packs back to
+// itself (NaNs stay NaNs).
+void CheckAllPatternsRoundTrip(Backend* backend, HalfType type) {
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  const std::vector<float> values = Unpack(backend, type, all);
+  const std::vector<uint16_t> again = Pack(backend, type, values);
+  int failures = 0;
+  for (size_t i = 0; i < all.size() && failures < 5; ++i) {
+    const bool ok =
+        IsHalfNaN(type, all[i]) ? std::isnan(values[i]) && IsHalfNaN(type, again[i]) : again[i] == all[i];
+    if (!ok) {
+      ++failures;
+      ADD_FAILURE() << "pattern 0x" << std::hex << all[i] << " unpacked to " << values[i] << " packed to 0x"
+                    << again[i];
+    }
+  }
+}
+
+TEST_P(BackendTest, Fp16EveryPatternRoundTripsExactly) {
+  CheckAllPatternsRoundTrip(backend(), HalfType::kFp16);
+}
+
+TEST_P(BackendTest, Bf16EveryPatternRoundTripsExactly) {
+  CheckAllPatternsRoundTrip(backend(), HalfType::kBf16);
+}
+
+TEST_P(BackendTest, UnpackHalfGivesTheEncodedValues) {
+  const std::vector<float> fp16 = Unpack(
+      backend(), HalfType::kFp16, {0x3C00, 0xC000, 0x0001, 0x03FF, 0x0400, 0x7BFF, 0x7C00, 0xFC00, 0x8000});
+  const std::vector<float> fp16_expected = {1.0f,
+                                            -2.0f,
+                                            std::ldexp(1.0f, -24),
+                                            1023 * std::ldexp(1.0f, -24),
+                                            std::ldexp(1.0f, -14),
+                                            65504.0f,
+                                            kInf,
+                                            -kInf,
+                                            -0.0f};
+  EXPECT_EQ(fp16, fp16_expected);
+  EXPECT_TRUE(std::signbit(fp16[8]));
+  const std::vector<float> bf16 =
+      Unpack(backend(), HalfType::kBf16, {0x3F80, 0xC040, 0x0001, 0x7F7F, 0xFF80});
+  const std::vector<float> bf16_expected = {1.0f, -3.0f, FromBits(0x00010000), FromBits(0x7F7F0000), -kInf};
+  EXPECT_EQ(bf16, bf16_expected);
+}
+
+TEST_P(BackendTest, PackFp16RoundsToNearestEven) {
+  const float one = 1.0f, ulp = std::ldexp(1.0f, -10), tiny = std::ldexp(1.0f, -24);
+  const std::vector<float> values = {
+      one + ulp / 2,                          // tie, 1.0 is even
+      one + 3 * ulp / 2,                      // tie, 1 + 2 ulp is even
+      one + ulp / 2 + std::ldexp(1.0f, -20),  // just above the tie
+      65504.0f + 15.99f,                      // below 65520: largest finite
+      65520.0f,                               // tie with 65536: inf is even
+      1e6f,
+      -1e6f,
+      kInf,
+      -0.0f,
+      tiny / 2,                          // tie between 0 and the smallest subnormal
+      3 * tiny / 2,                      // tie, 2 * tiny is even
+      tiny / 2 + std::ldexp(1.0f, -35),  // above the tie
+      std::ldexp(1.0f, -14) - tiny / 2,  // tie between the largest subnormal and 2^-14
+      std::ldexp(1.0f, -30),             // underflows to zero
+      -3 * tiny / 2,
+  };
+  const std::vector<uint16_t> expected = {0x3C00, 0x3C02, 0x3C01, 0x7BFF, 0x7C00, 0x7C00, 0xFC00, 0x7C00,
+                                          0x8000, 0x0000, 0x0002, 0x0001, 0x0400, 0x0000, 0x8002};
+  const std::vector<uint16_t> bits = Pack(backend(), HalfType::kFp16, values);
+  ASSERT_EQ(bits.size(), expected.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    EXPECT_EQ(bits[i], expected[i]) << "value " << i << " = " << values[i];
+  }
+  EXPECT_TRUE(IsHalfNaN(HalfType::kFp16, Pack(backend(), HalfType::kFp16, {kNaN})[0]));
+}
+
+TEST_P(BackendTest, PackBf16RoundsToNearestEven) {
+  const std::vector<float> values = {
+      FromBits(0x3F808000),  // 1 + 2^-8: tie, 1.0 is even
+      FromBits(0x3F818000),  // tie, 0x3F82 is even
+      FromBits(0x3F808001),  // just above the tie
+      FromBits(0x3F807FFF),  // just below
+      FromBits(0x7F7FFFFF),  // float max rounds up to inf
+      FromBits(0x00018000),  // float subnormal tie: 0x0002 is even
+      FromBits(0x00008000),  // tie with zero
+      -kInf,
+      -0.0f,
+  };
+  const std::vector<uint16_t> expected = {0x3F80, 0x3F82, 0x3F81, 0x3F80, 0x7F80,
+                                          0x0002, 0x0000, 0xFF80, 0x8000};
+  const std::vector<uint16_t> bits = Pack(backend(), HalfType::kBf16, values);
+  ASSERT_EQ(bits.size(), expected.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    EXPECT_EQ(bits[i], expected[i]) << "value " << i << " = 0x" << std::hex << ToBits(values[i]);
+  }
+  EXPECT_TRUE(IsHalfNaN(HalfType::kBf16, Pack(backend(), HalfType::kBf16, {kNaN, -kNaN})[0]));
+}
+
+TEST_P(BackendTest, PackHalfRejectsBadArguments) {
+  Buffer src = In(std::vector<float>(4)), dst = In(std::vector<uint16_t>(4));
+  EXPECT_EQ(backend()->PackHalf(HalfType::kFp16, -1, src.get(), dst.get<uint16_t>()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend()->PackHalf(static_cast<HalfType>(9), 4, src.get(), dst.get<uint16_t>()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend()->UnpackHalf(HalfType::kBf16, 4, nullptr, src.get()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(backend()->PackHalf(HalfType::kBf16, 0, nullptr, nullptr).ok());
+}
+
+// --- Embedding bag ---------------------------------------------------------------------
+
+struct Bags {
+  int bags;
+  std::vector<int32_t> offsets, ids;
+};
+
+// Bag sizes 3, 0, 4, 1, 0, 5 (two empty bags, repeated ids).
+Bags SampleBags() {
+  Bags b;
+  b.bags = 6;
+  b.offsets = {0, 3, 3, 7, 8, 8, 13};
+  b.ids = {4, 0, 19, 7, 7, 2, 11, 5, 0, 4, 4, 18, 9};
+  return b;
+}
+
+TEST_P(BackendTest, EmbeddingBagForwardMatchesNaiveSum) {
+  const int dim = 7, table_rows = 20;
+  const Bags b = SampleBags();
+  const std::vector<float> table = RandomVector(table_rows * dim, 41);
+  Buffer offsets = In(b.offsets), ids = In(b.ids), table_dev = In(table), out = In(Poisoned(b.bags * dim));
+  ASSERT_TRUE(backend()
+                  ->EmbeddingBagForward(b.bags, dim, offsets.get<int32_t>(), ids.get<int32_t>(), table_rows,
+                                        table_dev.get(), out.get())
+                  .ok());
+  std::vector<double> expected(b.bags * dim, 0.0), scale(b.bags * dim, 0.0);
+  for (int bag = 0; bag < b.bags; ++bag) {
+    for (int j = b.offsets[bag]; j < b.offsets[bag + 1]; ++j) {
+      for (int d = 0; d < dim; ++d) {
+        expected[bag * dim + d] += table[b.ids[j] * dim + d];
+        scale[bag * dim + d] += std::fabs(table[b.ids[j] * dim + d]);
+      }
+    }
+  }
+  ExpectAllClose(Out<float>(out, b.bags * dim), expected, scale);
+}
+
+TEST_P(BackendTest, EmbeddingBagBackwardMatchesNaiveScatterAdd) {
+  // dim wider than a block's threads, so threads loop over it.
+  const int dim = 300, table_rows = 20;
+  const Bags b = SampleBags();
+  const std::vector<float> dout = RandomVector(b.bags * dim, 42);
+  const std::vector<float> dtable0 = RandomVector(table_rows * dim, 43);
+  Buffer offsets = In(b.offsets), ids = In(b.ids), dout_dev = In(dout), dtable = In(dtable0);
+  ASSERT_TRUE(backend()
+                  ->EmbeddingBagBackward(b.bags, dim, offsets.get<int32_t>(), ids.get<int32_t>(), table_rows,
+                                         dout_dev.get(), dtable.get())
+                  .ok());
+  std::vector<double> expected(dtable0.begin(), dtable0.end()), scale(dtable0.size());
+  for (size_t i = 0; i < scale.size(); ++i) scale[i] = std::fabs(dtable0[i]);
+  for (int bag = 0; bag < b.bags; ++bag) {
+    for (int j = b.offsets[bag]; j < b.offsets[bag + 1]; ++j) {
+      for (int d = 0; d < dim; ++d) {
+        expected[b.ids[j] * dim + d] += dout[bag * dim + d];
+        scale[b.ids[j] * dim + d] += std::fabs(dout[bag * dim + d]);
+      }
+    }
+  }
+  ExpectAllClose(Out<float>(dtable, dtable0.size()), expected, scale);
+}
+
+TEST_P(BackendTest, EmbeddingBagAllEmptyBagsGiveZerosAndNeedNoIds) {
+  const int bags = 3, dim = 4, table_rows = 5;
+  Buffer offsets = In(std::vector<int32_t>(bags + 1, 0));
+  Buffer table = In(RandomVector(table_rows * dim, 44)), out = In(Poisoned(bags * dim));
+  ASSERT_TRUE(Settled(backend(), backend()->EmbeddingBagForward(bags, dim, offsets.get<int32_t>(), nullptr,
+                                                                table_rows, table.get(), out.get()))
+                  .ok());
+  EXPECT_EQ(Out<float>(out, bags * dim), std::vector<float>(bags * dim, 0.0f));
+  const std::vector<float> dtable0 = RandomVector(table_rows * dim, 45);
+  Buffer dtable = In(dtable0), dout = In(RandomVector(bags * dim, 46));
+  ASSERT_TRUE(Settled(backend(), backend()->EmbeddingBagBackward(bags, dim, offsets.get<int32_t>(), nullptr,
+                                                                 table_rows, dout.get(), dtable.get()))
+                  .ok());
+  EXPECT_EQ(Out<float>(dtable, dtable0.size()), dtable0);
+  EXPECT_TRUE(
+      backend()->EmbeddingBagForward(0, dim, nullptr, nullptr, table_rows, table.get(), nullptr).ok());
+}
+
+TEST_P(BackendTest, EmbeddingBagRejectsBadOffsetsAndIds) {
+  const int dim = 3, table_rows = 10;
+  struct Case {
+    const char* what;
+    std::vector<int32_t> offsets, ids;
+    bool null_ids;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"offsets[0] != 0", {1, 2, 4}, {1, 2, 3, 4}, false, "offsets[0] = 1 must be 0"},
+      {"decreasing offsets", {0, 3, 2}, {1, 2, 3, 4}, false, "offsets[2] = 2 is less than offsets[1]"},
+      {"offset before a bad id", {0, 3, 1}, {1, 2, 99, 4}, false, "offsets[2] = 1"},
+      {"id too large", {0, 2, 4}, {1, 2, 3, 10}, false, "ids[3] = 10 is out of range [0, 10)"},
+      {"negative id", {0, 2, 4}, {1, -5, 3, -1}, false, "ids[1] = -5"},
+      {"null ids", {0, 2, 4}, {}, true, "ids is null"},
+  };
+  const std::vector<float> dtable0 = RandomVector(table_rows * dim, 47);
+  Buffer table = In(RandomVector(table_rows * dim, 48)), dout = In(RandomVector(2 * dim, 49));
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Buffer offsets = In(c.offsets), ids = In(c.ids);
+    const int32_t* ids_ptr = c.null_ids ? nullptr : ids.get<int32_t>();
+    Buffer out = In(Poisoned(2 * dim));
+    absl::Status status =
+        Settled(backend(), backend()->EmbeddingBagForward(2, dim, offsets.get<int32_t>(), ids_ptr, table_rows,
+                                                          table.get(), out.get()));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("EmbeddingBagForward: " + c.message), std::string::npos)
+        << status.message();
+    for (float v : Out<float>(out, 2 * dim)) EXPECT_TRUE(std::isnan(v)) << "outputs must be untouched";
+
+    Buffer dtable = In(dtable0);
+    status = Settled(backend(), backend()->EmbeddingBagBackward(2, dim, offsets.get<int32_t>(), ids_ptr,
+                                                                table_rows, dout.get(), dtable.get()));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("EmbeddingBagBackward: " + c.message), std::string::npos)
+        << status.message();
+    EXPECT_EQ(Out<float>(dtable, dtable0.size()), dtable0) << "dtable must be untouched";
+  }
+}
+
+TEST_P(BackendTest, EmbeddingBagRejectsNegativeDimsAndNullBuffers) {
+  Buffer offsets = In(std::vector<int32_t>{0, 1}), ids = In(std::vector<int32_t>{0});
+  Buffer table = In(std::vector<float>(4)), out = In(std::vector<float>(4));
+  EXPECT_EQ(
+      backend()
+          ->EmbeddingBagForward(-1, 4, offsets.get<int32_t>(), ids.get<int32_t>(), 1, table.get(), out.get())
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      backend()
+          ->EmbeddingBagForward(1, 4, offsets.get<int32_t>(), ids.get<int32_t>(), -1, table.get(), out.get())
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      backend()->EmbeddingBagForward(1, 4, nullptr, ids.get<int32_t>(), 1, table.get(), out.get()).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      backend()
+          ->EmbeddingBagBackward(1, 4, offsets.get<int32_t>(), ids.get<int32_t>(), 1, out.get(), nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, BackendTest, ::testing::ValuesIn(AllBackendFactories()),
+                         BackendTestName);
 
 }  // namespace
 }  // namespace kernels

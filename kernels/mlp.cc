@@ -23,44 +23,40 @@ std::vector<int> LayerDims(const ModelConfig& config) {
   return dims;
 }
 
-absl::Status CheckPointers(const char* what, size_t expected,
-                           size_t actual_count, bool any_null) {
+absl::Status CheckPointers(const char* what, size_t expected, size_t actual_count, bool any_null) {
   if (actual_count != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Mlp: got ", actual_count, " ", what, " pointers, expected ", expected,
-        " (one per tensor in MlpTensors order)"));
+    return absl::InvalidArgumentError(absl::StrCat("Mlp: got ", actual_count, " ", what,
+                                                   " pointers, expected ", expected,
+                                                   " (one per tensor in MlpTensors order)"));
   }
   if (any_null) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Mlp: a ", what, " pointer is null; pass one buffer per "
-                     "tensor in MlpTensors order"));
+    return absl::InvalidArgumentError(absl::StrCat("Mlp: a ", what,
+                                                   " pointer is null; pass one buffer per "
+                                                   "tensor in MlpTensors order"));
   }
   return absl::OkStatus();
 }
 
 template <typename T>
 bool AnyNull(const std::vector<T*>& pointers) {
-  return std::any_of(pointers.begin(), pointers.end(),
-                     [](T* p) { return p == nullptr; });
+  return std::any_of(pointers.begin(), pointers.end(), [](T* p) { return p == nullptr; });
 }
 
 }  // namespace
 
 absl::Status ValidateModelConfig(const ModelConfig& config) {
   if (config.input_dim <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ModelConfig: input_dim = ", config.input_dim, " must be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ModelConfig: input_dim = ", config.input_dim, " must be positive"));
   }
   if (config.num_classes <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ModelConfig: num_classes = ", config.num_classes,
-                     " must be positive"));
+        absl::StrCat("ModelConfig: num_classes = ", config.num_classes, " must be positive"));
   }
   for (size_t i = 0; i < config.hidden.size(); ++i) {
     if (config.hidden[i] <= 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("ModelConfig: hidden[", i, "] = ", config.hidden[i],
-                       " must be positive"));
+          absl::StrCat("ModelConfig: hidden[", i, "] = ", config.hidden[i], " must be positive"));
     }
   }
   return absl::OkStatus();
@@ -73,8 +69,7 @@ std::vector<TensorInfo> MlpTensors(const ModelConfig& config) {
     const int64_t in = dims[i], out = dims[i + 1];
     const float glorot = std::sqrt(6.0f / static_cast<float>(in + out));
     const std::string prefix = absl::StrCat("layer", i);
-    tensors.push_back({prefix + ".weight", {in, out}, in * out,
-                       InitKind::kUniform, glorot});
+    tensors.push_back({prefix + ".weight", {in, out}, in * out, InitKind::kUniform, glorot});
     tensors.push_back({prefix + ".bias", {out}, out, InitKind::kZeros, 0.0f});
   }
   return tensors;
@@ -87,8 +82,8 @@ Mlp::Mlp(ModelConfig config, Backend* backend)
       dims_(LayerDims(config_)),
       outputs_(dims_.size() - 1) {
   if (config_status_.ok() && backend_ == nullptr) {
-    config_status_ = absl::InvalidArgumentError(
-        "Mlp: backend is null; pass a Backend such as MakeCpuBackend()");
+    config_status_ =
+        absl::InvalidArgumentError("Mlp: backend is null; pass a Backend such as MakeCpuBackend()");
   }
 }
 
@@ -96,109 +91,99 @@ Activation Mlp::LayerActivation(int layer) const {
   return layer + 1 < num_layers() ? config_.activation : Activation::kNone;
 }
 
-absl::Status Mlp::ValidateInputs(const std::vector<const float*>& params,
-                                 const float* x, const int32_t* labels,
-                                 int batch) const {
+absl::Status Mlp::ValidateInputs(const std::vector<const float*>& params, const float* x,
+                                 const int32_t* labels, int batch) const {
   RETURN_IF_ERROR(config_status_);
   if (batch <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Mlp: batch = ", batch, " must be positive"));
+    return absl::InvalidArgumentError(absl::StrCat("Mlp: batch = ", batch, " must be positive"));
   }
   if (x == nullptr || labels == nullptr) {
     return absl::InvalidArgumentError("Mlp: x and labels must be non-null");
   }
-  return CheckPointers("param", 2 * num_layers(), params.size(),
-                       AnyNull(params));
+  return CheckPointers("param", 2 * num_layers(), params.size(), AnyNull(params));
 }
 
-void Mlp::EnsureScratch(int batch) {
+// Grows every scratch buffer to `batch` rows; the old contents are dropped.
+absl::Status Mlp::EnsureScratch(int batch) {
+  if (batch <= scratch_batch_) return absl::OkStatus();
+  scratch_batch_ = 0;  // stays 0 if an allocation below fails
   for (int i = 0; i < num_layers(); ++i) {
-    const size_t needed = static_cast<size_t>(batch) * dims_[i + 1];
-    if (outputs_[i].size() < needed) outputs_[i].resize(needed);
+    outputs_[i].Reset();
+    ASSIGN_OR_RETURN(outputs_[i], Buffer::Make(backend_, sizeof(float) * batch * dims_[i + 1]));
   }
   const size_t widest = *std::max_element(dims_.begin(), dims_.end());
-  const size_t needed = static_cast<size_t>(batch) * widest;
-  if (delta_.size() < needed) delta_.resize(needed);
-  if (next_delta_.size() < needed) next_delta_.resize(needed);
+  delta_.Reset();
+  next_delta_.Reset();
+  ASSIGN_OR_RETURN(delta_, Buffer::Make(backend_, sizeof(float) * batch * widest));
+  ASSIGN_OR_RETURN(next_delta_, Buffer::Make(backend_, sizeof(float) * batch * widest));
+  scratch_batch_ = batch;
+  return absl::OkStatus();
 }
 
-absl::Status Mlp::Forward(const std::vector<const float*>& params,
-                          const float* x, int batch) {
-  EnsureScratch(batch);
+absl::Status Mlp::Forward(const std::vector<const float*>& params, const float* x, int batch) {
+  RETURN_IF_ERROR(EnsureScratch(batch));
   const float* input = x;
   for (int i = 0; i < num_layers(); ++i) {
     const int in = dims_[i], out = dims_[i + 1];
-    float* output = outputs_[i].data();
-    RETURN_IF_ERROR(backend_->Gemm(
-        false, false, batch, out, in, 1.0f, input, params[2 * i], 0.0f,
-        output));
-    RETURN_IF_ERROR(backend_->BiasActivationForward(
-        LayerActivation(i), batch, out, params[2 * i + 1], output));
+    float* output = outputs_[i].get();
+    RETURN_IF_ERROR(backend_->Gemm(false, false, batch, out, in, 1.0f, input, params[2 * i], 0.0f, output));
+    RETURN_IF_ERROR(
+        backend_->BiasActivationForward(LayerActivation(i), batch, out, params[2 * i + 1], output));
     input = output;
   }
   return absl::OkStatus();
 }
 
 // Expects delta_ to hold d(loss)/d(logits). Propagates it down the layers.
-absl::Status Mlp::Backward(const std::vector<const float*>& params,
-                           const float* x, int batch,
+absl::Status Mlp::Backward(const std::vector<const float*>& params, const float* x, int batch,
                            const std::vector<float*>& grads) {
   for (int i = num_layers() - 1; i >= 0; --i) {
     const int in = dims_[i], out = dims_[i + 1];
-    const float* input = i == 0 ? x : outputs_[i - 1].data();
-    RETURN_IF_ERROR(backend_->Gemm(true, false, in, out, batch,
-                                               1.0f, input, delta_.data(),
-                                               0.0f, grads[2 * i]));
+    const float* input = i == 0 ? x : outputs_[i - 1].get();
     RETURN_IF_ERROR(
-        backend_->ColumnSum(batch, out, delta_.data(), grads[2 * i + 1]));
+        backend_->Gemm(true, false, in, out, batch, 1.0f, input, delta_.get(), 0.0f, grads[2 * i]));
+    RETURN_IF_ERROR(backend_->ColumnSum(batch, out, delta_.get(), grads[2 * i + 1]));
     if (i == 0) break;
+    RETURN_IF_ERROR(backend_->Gemm(false, true, batch, in, out, 1.0f, delta_.get(), params[2 * i], 0.0f,
+                                   next_delta_.get()));
     RETURN_IF_ERROR(
-        backend_->Gemm(false, true, batch, in, out, 1.0f, delta_.data(),
-                       params[2 * i], 0.0f, next_delta_.data()));
-    RETURN_IF_ERROR(backend_->ActivationBackward(
-        LayerActivation(i - 1), int64_t{batch} * in, input,
-        next_delta_.data()));
-    delta_.swap(next_delta_);
+        backend_->ActivationBackward(LayerActivation(i - 1), int64_t{batch} * in, input, next_delta_.get()));
+    std::swap(delta_, next_delta_);
   }
   return absl::OkStatus();
 }
 
-void Mlp::AddStats(double loss_sum, int64_t correct, int batch,
-                   BatchStats* stats) {
+void Mlp::AddStats(double loss_sum, int64_t correct, int batch, BatchStats* stats) {
   if (stats == nullptr) return;
   stats->loss_sum += loss_sum;
   stats->correct += correct;
   stats->count += batch;
 }
 
-absl::Status Mlp::ForwardBackward(const std::vector<const float*>& params,
-                                  const float* x, const int32_t* labels,
-                                  int batch, const std::vector<float*>& grads,
+absl::Status Mlp::ForwardBackward(const std::vector<const float*>& params, const float* x,
+                                  const int32_t* labels, int batch, const std::vector<float*>& grads,
                                   BatchStats* stats) {
   RETURN_IF_ERROR(ValidateInputs(params, x, labels, batch));
-  RETURN_IF_ERROR(
-      CheckPointers("grad", params.size(), grads.size(), AnyNull(grads)));
+  RETURN_IF_ERROR(CheckPointers("grad", params.size(), grads.size(), AnyNull(grads)));
   RETURN_IF_ERROR(Forward(params, x, batch));
   double loss_sum = 0.0;
   int64_t correct = 0;
-  RETURN_IF_ERROR(backend_->SoftmaxCrossEntropy(
-      batch, config_.num_classes, outputs_.back().data(), labels,
-      1.0f / static_cast<float>(batch), delta_.data(), &loss_sum, &correct));
+  RETURN_IF_ERROR(backend_->SoftmaxCrossEntropy(batch, config_.num_classes, outputs_.back().get(), labels,
+                                                1.0f / static_cast<float>(batch), delta_.get(), &loss_sum,
+                                                &correct));
   RETURN_IF_ERROR(Backward(params, x, batch, grads));
   AddStats(loss_sum, correct, batch, stats);
   return absl::OkStatus();
 }
 
-absl::Status Mlp::Evaluate(const std::vector<const float*>& params,
-                           const float* x, const int32_t* labels, int batch,
-                           BatchStats* stats) {
+absl::Status Mlp::Evaluate(const std::vector<const float*>& params, const float* x, const int32_t* labels,
+                           int batch, BatchStats* stats) {
   RETURN_IF_ERROR(ValidateInputs(params, x, labels, batch));
   RETURN_IF_ERROR(Forward(params, x, batch));
   double loss_sum = 0.0;
   int64_t correct = 0;
-  RETURN_IF_ERROR(backend_->SoftmaxCrossEntropy(
-      batch, config_.num_classes, outputs_.back().data(), labels, 0.0f,
-      nullptr, &loss_sum, &correct));
+  RETURN_IF_ERROR(backend_->SoftmaxCrossEntropy(batch, config_.num_classes, outputs_.back().get(), labels,
+                                                0.0f, nullptr, &loss_sum, &correct));
   AddStats(loss_sum, correct, batch, stats);
   return absl::OkStatus();
 }

@@ -58,8 +58,10 @@ struct BatchStats {
   int64_t count = 0;
 };
 
-// Not thread-safe. Owns scratch buffers that are sized on first use and only
-// grow. `backend` is not owned and must outlive the Mlp.
+// Not thread-safe. Owns scratch buffers in backend memory (from
+// backend->Allocate) that are sized on first use and only grow. `backend` is
+// not owned and must outlive the Mlp. The Mlp never calls SetPrecision: GEMMs
+// run at whatever precision the caller set on the backend.
 class Mlp {
  public:
   Mlp(ModelConfig config, Backend* backend);
@@ -68,45 +70,41 @@ class Mlp {
 
   // Forward and backward pass on x[batch, input_dim] with labels[batch].
   // params/grads: one pointer per tensor in MlpTensors order (grads must not
-  // alias params). Writes grads = d(mean loss over the batch)/d(param) and
+  // alias params). params, x, labels and grads are backend memory (device
+  // memory for a GPU backend); stats are host values. Writes grads = d(mean loss over the batch)/d(param) and
   // adds the batch's loss, correct count and size to *stats (may be null).
   // InvalidArgument for an invalid config, batch <= 0, a wrong number of
   // params/grads, null pointers, or a label outside [0, num_classes); stats
-  // are left unchanged on error.
-  absl::Status ForwardBackward(const std::vector<const float*>& params,
-                               const float* x, const int32_t* labels,
-                               int batch, const std::vector<float*>& grads,
-                               BatchStats* stats);
+  // are left unchanged on error. Backend failures pass through.
+  absl::Status ForwardBackward(const std::vector<const float*>& params, const float* x, const int32_t* labels,
+                               int batch, const std::vector<float*>& grads, BatchStats* stats);
 
   // Forward pass only; adds loss, correct count and size to *stats (may be
-  // null). Same error conditions as ForwardBackward.
-  absl::Status Evaluate(const std::vector<const float*>& params,
-                        const float* x, const int32_t* labels, int batch,
-                        BatchStats* stats);
+  // null). Same error conditions as ForwardBackward, plus RESOURCE_EXHAUSTED
+  // or INTERNAL from the backend (e.g. no device memory for the scratch).
+  absl::Status Evaluate(const std::vector<const float*>& params, const float* x, const int32_t* labels,
+                        int batch, BatchStats* stats);
 
  private:
   int num_layers() const { return static_cast<int>(dims_.size()) - 1; }
   Activation LayerActivation(int layer) const;
-  absl::Status ValidateInputs(const std::vector<const float*>& params,
-                              const float* x, const int32_t* labels,
+  absl::Status ValidateInputs(const std::vector<const float*>& params, const float* x, const int32_t* labels,
                               int batch) const;
-  void EnsureScratch(int batch);
-  absl::Status Forward(const std::vector<const float*>& params, const float* x,
-                       int batch);
-  absl::Status Backward(const std::vector<const float*>& params,
-                        const float* x, int batch,
+  absl::Status EnsureScratch(int batch);
+  absl::Status Forward(const std::vector<const float*>& params, const float* x, int batch);
+  absl::Status Backward(const std::vector<const float*>& params, const float* x, int batch,
                         const std::vector<float*>& grads);
-  static void AddStats(double loss_sum, int64_t correct, int batch,
-                       BatchStats* stats);
+  static void AddStats(double loss_sum, int64_t correct, int batch, BatchStats* stats);
 
   ModelConfig config_;
   Backend* backend_;
   absl::Status config_status_;
   std::vector<int> dims_;  // dims_[0] = input_dim, ..., dims_.back() = classes
+  int scratch_batch_ = 0;  // the batch size the scratch buffers hold
   // outputs_[i] holds layer i's activations [batch, dims_[i + 1]].
-  std::vector<std::vector<float>> outputs_;
+  std::vector<Buffer> outputs_;
   // Ping-pong buffers for the backpropagated error [batch, max dim].
-  std::vector<float> delta_, next_delta_;
+  Buffer delta_, next_delta_;
 };
 
 }  // namespace kernels

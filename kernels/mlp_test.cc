@@ -11,6 +11,7 @@
 #include "common/param_init.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/backend_test_util.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "worker/dataset.h"
 
@@ -35,21 +36,55 @@ struct Params {
   }
 };
 
+// A copy of Params in backend memory: what Mlp reads and writes.
+struct BackendParams {
+  Backend* backend;
+  std::vector<Buffer> values;
+  std::vector<Buffer> grads;
+
+  BackendParams(Backend* b, const Params& host) : backend(b) {
+    for (const auto& v : host.values) values.push_back(ToBackend(backend, v));
+    // Grads start as NaN: every element must be written.
+    for (const auto& g : host.grads) {
+      grads.push_back(ToBackend(backend, std::vector<float>(g.size(), std::nanf(""))));
+    }
+  }
+  std::vector<const float*> ValuePtrs() const {
+    std::vector<const float*> ptrs;
+    for (const Buffer& v : values) ptrs.push_back(v.get());
+    return ptrs;
+  }
+  std::vector<float*> GradPtrs() const {
+    std::vector<float*> ptrs;
+    for (const Buffer& g : grads) ptrs.push_back(g.get());
+    return ptrs;
+  }
+  // Copies the gradients into host.grads.
+  void DownloadGrads(Params& host) const {
+    for (size_t t = 0; t < grads.size(); ++t)
+      host.grads[t] = FromBackend<float>(backend, grads[t], host.grads[t].size());
+  }
+  void UploadValues(const Params& host) const {
+    for (size_t t = 0; t < values.size(); ++t) {
+      const absl::Status status = backend->CopyFromHost(values[t].get(), host.values[t].data(),
+                                                        sizeof(float) * host.values[t].size());
+      EXPECT_TRUE(status.ok()) << status;
+    }
+  }
+};
+
 // Initializes per MlpTensors; scale_override > 0 replaces every tensor's init
 // with uniform [-scale_override, scale_override] (non-zero biases).
-Params MakeParams(const ModelConfig& config, uint64_t seed,
-                  float scale_override = 0.0f) {
+Params MakeParams(const ModelConfig& config, uint64_t seed, float scale_override = 0.0f) {
   Params params;
   const std::vector<TensorInfo> tensors = MlpTensors(config);
   for (size_t t = 0; t < tensors.size(); ++t) {
     const TensorInfo& info = tensors[t];
     std::vector<float> v(info.size);
     if (scale_override > 0) {
-      FillInit(InitKind::kUniform, scale_override, seed,
-               static_cast<uint32_t>(t), 0, info.size, v.data());
+      FillInit(InitKind::kUniform, scale_override, seed, static_cast<uint32_t>(t), 0, info.size, v.data());
     } else {
-      FillInit(info.init, info.init_scale, seed, static_cast<uint32_t>(t), 0,
-               info.size, v.data());
+      FillInit(info.init, info.init_scale, seed, static_cast<uint32_t>(t), 0, info.size, v.data());
     }
     params.values.push_back(v);
     params.grads.emplace_back(info.size, 0.0f);
@@ -72,10 +107,8 @@ double ReferenceActivate(Activation act, double z) {
 }
 
 // Mean softmax cross-entropy of the MLP, computed in double precision.
-double ReferenceLoss(const ModelConfig& config,
-                     const std::vector<std::vector<double>>& params,
-                     const std::vector<float>& x,
-                     const std::vector<int32_t>& labels) {
+double ReferenceLoss(const ModelConfig& config, const std::vector<std::vector<double>>& params,
+                     const std::vector<float>& x, const std::vector<int32_t>& labels) {
   const int batch = static_cast<int>(labels.size());
   std::vector<double> h(x.begin(), x.end());
   int in = config.input_dim;
@@ -89,9 +122,7 @@ double ReferenceLoss(const ModelConfig& config,
       for (int j = 0; j < out; ++j) {
         double sum = b[j];
         for (int p = 0; p < in; ++p) sum += h[i * in + p] * w[p * out + j];
-        z[i * out + j] = l + 1 < num_layers
-                             ? ReferenceActivate(config.activation, sum)
-                             : sum;
+        z[i * out + j] = l + 1 < num_layers ? ReferenceActivate(config.activation, sum) : sum;
       }
     }
     h.swap(z);
@@ -121,18 +152,25 @@ Batch RandomBatch(const ModelConfig& config, int batch, uint64_t seed) {
   return b;
 }
 
+class MlpBackendTest : public BackendFixture {
+ protected:
+  Backend* backend() { return backend_.get(); }
+};
+
 // Compares ForwardBackward's gradients with double-precision central
-// differences of ReferenceLoss at the same (float) parameter values.
-void CheckGradients(const ModelConfig& config) {
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
-  Mlp mlp(config, backend.get());
+// differences of ReferenceLoss at the same (float) parameter values. Params,
+// batch and gradients travel through backend memory.
+void CheckGradients(Backend* backend, const ModelConfig& config) {
+  Mlp mlp(config, backend);
   Params params = MakeParams(config, 17, 0.8f);
   const Batch batch = RandomBatch(config, 6, 5);
+  BackendParams device(backend, params);
+  Buffer x = ToBackend(backend, batch.x), labels = ToBackend(backend, batch.labels);
   BatchStats stats;
-  ASSERT_TRUE(mlp.ForwardBackward(params.ValuePtrs(), batch.x.data(),
-                                  batch.labels.data(), 6, params.GradPtrs(),
-                                  &stats)
-                  .ok());
+  const absl::Status status =
+      mlp.ForwardBackward(device.ValuePtrs(), x.get(), labels.get<int32_t>(), 6, device.GradPtrs(), &stats);
+  ASSERT_TRUE(status.ok()) << status;
+  device.DownloadGrads(params);
   std::vector<std::vector<double>> ref_params;
   for (const auto& v : params.values) {
     ref_params.emplace_back(v.begin(), v.end());
@@ -146,47 +184,40 @@ void CheckGradients(const ModelConfig& config) {
     for (size_t e = 0; e < ref_params[t].size(); ++e) {
       const double saved = ref_params[t][e];
       ref_params[t][e] = saved + kStep;
-      const double plus =
-          ReferenceLoss(config, ref_params, batch.x, batch.labels);
+      const double plus = ReferenceLoss(config, ref_params, batch.x, batch.labels);
       ref_params[t][e] = saved - kStep;
-      const double minus =
-          ReferenceLoss(config, ref_params, batch.x, batch.labels);
+      const double minus = ReferenceLoss(config, ref_params, batch.x, batch.labels);
       ref_params[t][e] = saved;
       const double numeric = (plus - minus) / (2 * kStep);
       const double analytic = params.grads[t][e];
-      EXPECT_NEAR(analytic, numeric,
-                  2e-3 * std::max(std::fabs(numeric), std::fabs(analytic)) +
-                      2e-5)
+      EXPECT_NEAR(analytic, numeric, 2e-3 * std::max(std::fabs(numeric), std::fabs(analytic)) + 2e-5)
           << "tensor " << MlpTensors(config)[t].name << " element " << e;
     }
   }
 }
 
-TEST(MlpTest, GradientsMatchFiniteDifferencesTanh) {
-  CheckGradients({5, {4, 3}, Activation::kTanh, 3});
+TEST_P(MlpBackendTest, GradientsMatchFiniteDifferencesTanh) {
+  CheckGradients(backend(), {5, {4, 3}, Activation::kTanh, 3});
 }
 
-TEST(MlpTest, GradientsMatchFiniteDifferencesRelu) {
-  CheckGradients({5, {6, 4}, Activation::kRelu, 3});
+TEST_P(MlpBackendTest, GradientsMatchFiniteDifferencesRelu) {
+  CheckGradients(backend(), {5, {6, 4}, Activation::kRelu, 3});
 }
 
-TEST(MlpTest, GradientsMatchFiniteDifferencesSigmoid) {
-  CheckGradients({4, {5}, Activation::kSigmoid, 4});
+TEST_P(MlpBackendTest, GradientsMatchFiniteDifferencesSigmoid) {
+  CheckGradients(backend(), {4, {5}, Activation::kSigmoid, 4});
 }
 
-TEST(MlpTest, GradientsMatchFiniteDifferencesSoftmaxRegression) {
-  CheckGradients({7, {}, Activation::kNone, 4});
+TEST_P(MlpBackendTest, GradientsMatchFiniteDifferencesSoftmaxRegression) {
+  CheckGradients(backend(), {7, {}, Activation::kNone, 4});
 }
 
 TEST(MlpTest, TensorsHaveFixedOrderShapesAndInit) {
-  const std::vector<TensorInfo> t =
-      MlpTensors({784, {128, 64}, Activation::kRelu, 10});
+  const std::vector<TensorInfo> t = MlpTensors({784, {128, 64}, Activation::kRelu, 10});
   ASSERT_EQ(t.size(), 6u);
-  const std::vector<std::string> names = {"layer0.weight", "layer0.bias",
-                                          "layer1.weight", "layer1.bias",
-                                          "layer2.weight", "layer2.bias"};
-  const std::vector<std::vector<int64_t>> shapes = {
-      {784, 128}, {128}, {128, 64}, {64}, {64, 10}, {10}};
+  const std::vector<std::string> names = {"layer0.weight", "layer0.bias",   "layer1.weight",
+                                          "layer1.bias",   "layer2.weight", "layer2.bias"};
+  const std::vector<std::vector<int64_t>> shapes = {{784, 128}, {128}, {128, 64}, {64}, {64, 10}, {10}};
   for (size_t i = 0; i < t.size(); ++i) {
     EXPECT_EQ(t[i].name, names[i]);
     EXPECT_EQ(t[i].shape, shapes[i]);
@@ -195,8 +226,7 @@ TEST(MlpTest, TensorsHaveFixedOrderShapesAndInit) {
     EXPECT_EQ(t[i].size, size);
     if (i % 2 == 0) {
       EXPECT_EQ(t[i].init, InitKind::kUniform);
-      EXPECT_FLOAT_EQ(t[i].init_scale,
-                      std::sqrt(6.0f / (shapes[i][0] + shapes[i][1])));
+      EXPECT_FLOAT_EQ(t[i].init_scale, std::sqrt(6.0f / (shapes[i][0] + shapes[i][1])));
     } else {
       EXPECT_EQ(t[i].init, InitKind::kZeros);
     }
@@ -204,8 +234,7 @@ TEST(MlpTest, TensorsHaveFixedOrderShapesAndInit) {
 }
 
 TEST(MlpTest, NoHiddenLayersIsSoftmaxRegression) {
-  const std::vector<TensorInfo> t =
-      MlpTensors({784, {}, Activation::kNone, 10});
+  const std::vector<TensorInfo> t = MlpTensors({784, {}, Activation::kNone, 10});
   ASSERT_EQ(t.size(), 2u);
   EXPECT_EQ(t[0].name, "layer0.weight");
   EXPECT_EQ(t[0].shape, (std::vector<int64_t>{784, 10}));
@@ -213,40 +242,35 @@ TEST(MlpTest, NoHiddenLayersIsSoftmaxRegression) {
   EXPECT_EQ(t[1].shape, (std::vector<int64_t>{10}));
 }
 
-TEST(MlpTest, RejectsWrongArguments) {
+TEST_P(MlpBackendTest, RejectsWrongArguments) {
   const ModelConfig config{4, {3}, Activation::kTanh, 2};
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
-  Mlp mlp(config, backend.get());
-  Params params = MakeParams(config, 1);
+  Mlp mlp(config, backend());
+  const Params host = MakeParams(config, 1);
+  BackendParams params(backend(), host);
   const Batch batch = RandomBatch(config, 2, 1);
+  Buffer x = ToBackend(backend(), batch.x), labels = ToBackend(backend(), batch.labels);
   std::vector<const float*> too_few = params.ValuePtrs();
   too_few.pop_back();
   BatchStats stats;
-  absl::Status status = mlp.ForwardBackward(
-      too_few, batch.x.data(), batch.labels.data(), 2, params.GradPtrs(),
-      &stats);
+  absl::Status status =
+      mlp.ForwardBackward(too_few, x.get(), labels.get<int32_t>(), 2, params.GradPtrs(), &stats);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("expected 4"), std::string::npos)
-      << status.message();
+  EXPECT_NE(status.message().find("expected 4"), std::string::npos) << status.message();
   std::vector<float*> grads = params.GradPtrs();
   grads.push_back(grads[0]);
-  EXPECT_EQ(mlp.ForwardBackward(params.ValuePtrs(), batch.x.data(),
-                                batch.labels.data(), 2, grads, &stats)
-                .code(),
+  EXPECT_EQ(mlp.ForwardBackward(params.ValuePtrs(), x.get(), labels.get<int32_t>(), 2, grads, &stats).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(mlp.Evaluate(too_few, batch.x.data(), batch.labels.data(), 2,
-                         &stats)
-                .code(),
+  EXPECT_EQ(mlp.Evaluate(too_few, x.get(), labels.get<int32_t>(), 2, &stats).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(mlp.Evaluate(params.ValuePtrs(), batch.x.data(),
-                         batch.labels.data(), 0, &stats)
-                .code(),
+  EXPECT_EQ(mlp.Evaluate(params.ValuePtrs(), x.get(), labels.get<int32_t>(), 0, &stats).code(),
             absl::StatusCode::kInvalidArgument);
-  const std::vector<int32_t> bad_labels = {0, 2};
-  EXPECT_EQ(mlp.Evaluate(params.ValuePtrs(), batch.x.data(), bad_labels.data(),
-                         2, &stats)
-                .code(),
+  Buffer bad_labels = ToBackend(backend(), std::vector<int32_t>{0, 2});
+  EXPECT_EQ(mlp.Evaluate(params.ValuePtrs(), x.get(), bad_labels.get<int32_t>(), 2, &stats).code(),
             absl::StatusCode::kInvalidArgument);
+  status = mlp.ForwardBackward(params.ValuePtrs(), x.get(), bad_labels.get<int32_t>(), 2, params.GradPtrs(),
+                               &stats);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("labels[1] = 2"), std::string::npos) << status.message();
   EXPECT_EQ(stats.count, 0) << "stats must be untouched on error";
 }
 
@@ -256,79 +280,99 @@ TEST(MlpTest, RejectsInvalidConfig) {
   const std::vector<float> x(8, 0.0f), w(64, 0.0f);
   const std::vector<int32_t> labels = {0, 1};
   const absl::Status status =
-      mlp.Evaluate({w.data(), w.data(), w.data(), w.data()}, x.data(),
-                   labels.data(), 2, nullptr);
+      mlp.Evaluate({w.data(), w.data(), w.data(), w.data()}, x.data(), labels.data(), 2, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("hidden[0]"), std::string::npos)
-      << status.message();
+  EXPECT_NE(status.message().find("hidden[0]"), std::string::npos) << status.message();
 }
 
-TEST(MlpTest, ScratchReuseAcrossBatchSizesGivesSameResults) {
+TEST_P(MlpBackendTest, ScratchReuseAcrossBatchSizesGivesSameResults) {
   const ModelConfig config{6, {5}, Activation::kRelu, 3};
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
-  Mlp reused(config, backend.get());
-  Params params = MakeParams(config, 3, 0.5f);
+  Mlp reused(config, backend());
+  Params host = MakeParams(config, 3, 0.5f);
+  BackendParams params(backend(), host);
   const Batch big = RandomBatch(config, 16, 2);
   const Batch small = RandomBatch(config, 4, 3);
-  ASSERT_TRUE(reused.ForwardBackward(params.ValuePtrs(), big.x.data(),
-                                     big.labels.data(), 16, params.GradPtrs(),
-                                     nullptr)
+  Buffer big_x = ToBackend(backend(), big.x), big_labels = ToBackend(backend(), big.labels);
+  Buffer small_x = ToBackend(backend(), small.x), small_labels = ToBackend(backend(), small.labels);
+  ASSERT_TRUE(reused
+                  .ForwardBackward(params.ValuePtrs(), big_x.get(), big_labels.get<int32_t>(), 16,
+                                   params.GradPtrs(), nullptr)
                   .ok());
-  ASSERT_TRUE(reused.ForwardBackward(params.ValuePtrs(), small.x.data(),
-                                     small.labels.data(), 4,
-                                     params.GradPtrs(), nullptr)
+  ASSERT_TRUE(reused
+                  .ForwardBackward(params.ValuePtrs(), small_x.get(), small_labels.get<int32_t>(), 4,
+                                   params.GradPtrs(), nullptr)
                   .ok());
-  const std::vector<std::vector<float>> reused_grads = params.grads;
-  Mlp fresh(config, backend.get());
-  ASSERT_TRUE(fresh.ForwardBackward(params.ValuePtrs(), small.x.data(),
-                                    small.labels.data(), 4, params.GradPtrs(),
-                                    nullptr)
+  params.DownloadGrads(host);
+  const std::vector<std::vector<float>> reused_grads = host.grads;
+  Mlp fresh(config, backend());
+  ASSERT_TRUE(fresh
+                  .ForwardBackward(params.ValuePtrs(), small_x.get(), small_labels.get<int32_t>(), 4,
+                                   params.GradPtrs(), nullptr)
                   .ok());
-  EXPECT_EQ(reused_grads, params.grads);
+  params.DownloadGrads(host);
+  EXPECT_EQ(reused_grads, host.grads);
 }
 
-BatchStats EvaluateAll(Mlp& mlp, const Params& params, const Dataset& data) {
+// The dataset in backend memory.
+struct BackendDataset {
+  Buffer features, labels;
+  int64_t num_examples;
+  int num_features;
+};
+
+BackendDataset ToBackend(Backend* backend, const Dataset& data) {
+  return {ToBackend(backend, data.features), ToBackend(backend, data.labels), data.num_examples,
+          data.num_features};
+}
+
+BatchStats EvaluateAll(Mlp& mlp, const BackendParams& params, const BackendDataset& data) {
   BatchStats stats;
-  EXPECT_TRUE(mlp.Evaluate(params.ValuePtrs(), data.features.data(),
-                           data.labels.data(),
-                           static_cast<int>(data.num_examples), &stats)
-                  .ok());
+  const absl::Status status =
+      mlp.Evaluate(params.ValuePtrs(), data.features.get(), data.labels.get<int32_t>(),
+                   static_cast<int>(data.num_examples), &stats);
+  EXPECT_TRUE(status.ok()) << status;
   return stats;
 }
 
-TEST(MlpTest, SgdTrainingOnSyntheticDataReducesLoss) {
+// SGD on the host (gradients out, parameters in), forward and backward in
+// backend memory, batches addressed inside the uploaded dataset.
+TEST_P(MlpBackendTest, SgdTrainingOnSyntheticDataReducesLoss) {
   const Dataset train = MakeSynthetic(7, 1024, 16, 4, /*split=*/0);
   const Dataset test = MakeSynthetic(7, 512, 16, 4, /*split=*/1);
   const ModelConfig config{16, {32}, Activation::kTanh, 4};
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
-  Mlp mlp(config, backend.get());
-  Params params = MakeParams(config, 11);
-  const BatchStats before = EvaluateAll(mlp, params, test);
+  Mlp mlp(config, backend());
+  Params host = MakeParams(config, 11);
+  BackendParams params(backend(), host);
+  const BackendDataset train_data = ToBackend(backend(), train);
+  const BackendDataset test_data = ToBackend(backend(), test);
+  const BatchStats before = EvaluateAll(mlp, params, test_data);
 
   constexpr int kBatch = 32;
   constexpr float kLearningRate = 0.1f;
   for (int epoch = 0; epoch < 5; ++epoch) {
     for (int64_t start = 0; start < train.num_examples; start += kBatch) {
-      ASSERT_TRUE(mlp.ForwardBackward(
-                         params.ValuePtrs(),
-                         train.features.data() + start * train.num_features,
-                         train.labels.data() + start, kBatch,
-                         params.GradPtrs(), nullptr)
-                      .ok());
-      for (size_t t = 0; t < params.values.size(); ++t) {
-        for (size_t e = 0; e < params.values[t].size(); ++e) {
-          params.values[t][e] -= kLearningRate * params.grads[t][e];
+      ASSERT_TRUE(
+          mlp.ForwardBackward(params.ValuePtrs(), train_data.features.get() + start * train.num_features,
+                              train_data.labels.get<int32_t>() + start, kBatch, params.GradPtrs(), nullptr)
+              .ok());
+      params.DownloadGrads(host);
+      for (size_t t = 0; t < host.values.size(); ++t) {
+        for (size_t e = 0; e < host.values[t].size(); ++e) {
+          host.values[t][e] -= kLearningRate * host.grads[t][e];
         }
       }
+      params.UploadValues(host);
     }
   }
-  const BatchStats after = EvaluateAll(mlp, params, test);
+  const BatchStats after = EvaluateAll(mlp, params, test_data);
   const double loss_before = before.loss_sum / before.count;
   const double loss_after = after.loss_sum / after.count;
-  EXPECT_LT(loss_after, 0.5 * loss_before)
-      << "before " << loss_before << " after " << loss_after;
+  EXPECT_LT(loss_after, 0.5 * loss_before) << "before " << loss_before << " after " << loss_after;
   EXPECT_GT(static_cast<double>(after.correct) / after.count, 0.9);
 }
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, MlpBackendTest, ::testing::ValuesIn(AllBackendFactories()),
+                         BackendTestName);
 
 }  // namespace
 }  // namespace kernels

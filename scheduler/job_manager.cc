@@ -14,7 +14,23 @@
 namespace fulcrum {
 namespace {
 
-constexpr size_t kMaxHistory = 2000;
+// A job keeps at most this many history points: when full, every other
+// progress point (never an evaluation) is dropped, so a long job keeps its
+// whole span at half the resolution.
+constexpr int kMaxHistory = 2000;
+
+void AddHistoryPoint(v1::JobStatus* status, const v1::MetricPoint& point) {
+  *status->add_history() = point;
+  if (status->history_size() <= kMaxHistory) return;
+  auto* history = status->mutable_history();
+  int kept = 0;
+  for (int i = 0; i < history->size(); ++i) {
+    bool evaluation = history->Get(i).test_accuracy() >= 0;
+    bool last = i + 1 == history->size();
+    if (evaluation || last || i % 2 == 0) history->SwapElements(kept++, i);
+  }
+  history->DeleteSubrange(kept, history->size() - kept);
+}
 
 int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
 
@@ -328,27 +344,29 @@ void JobManager::OnProgress(Job* job, int rank, const v1::WorkReport& report) {
   absl::Time now = clock_();
   if (rank == 0 && now - job->last_history_point >= absl::Seconds(1)) {
     job->last_history_point = now;
-    v1::MetricPoint* point = job->status.add_history();
-    point->set_step(step);
-    point->set_epoch(progress->epoch());
-    point->set_train_loss(progress->train_loss());
-    point->set_samples_per_second(samples_per_second);
-    point->set_test_accuracy(-1);
-    point->set_elapsed_seconds(progress->elapsed_seconds());
+    v1::MetricPoint point;
+    point.set_step(step);
+    point.set_epoch(progress->epoch());
+    point.set_train_loss(progress->train_loss());
+    point.set_samples_per_second(samples_per_second);
+    point.set_test_accuracy(-1);
+    point.set_elapsed_seconds(progress->elapsed_seconds());
+    AddHistoryPoint(&job->status, point);
   }
 }
 
 void JobManager::OnEval(Job* job, const v1::WorkReport& report) {
   v1::JobProgress* progress = job->status.mutable_progress();
   progress->set_test_accuracy(report.test_accuracy());
-  v1::MetricPoint* point = job->status.add_history();
-  point->set_step(report.step());
-  point->set_epoch(report.epoch());
-  point->set_train_loss(progress->train_loss());
-  point->set_samples_per_second(progress->samples_per_second());
-  point->set_test_accuracy(report.test_accuracy());
-  point->set_test_loss(report.test_loss());
-  point->set_elapsed_seconds(absl::ToDoubleSeconds(clock_() - job->started));
+  v1::MetricPoint point;
+  point.set_step(report.step());
+  point.set_epoch(report.epoch());
+  point.set_train_loss(progress->train_loss());
+  point.set_samples_per_second(progress->samples_per_second());
+  point.set_test_accuracy(report.test_accuracy());
+  point.set_test_loss(report.test_loss());
+  point.set_elapsed_seconds(absl::ToDoubleSeconds(clock_() - job->started));
+  AddHistoryPoint(&job->status, point);
   FLOG(INFO) << "job " << job->status.job_id() << " epoch " << report.epoch()
              << ": test accuracy " << report.test_accuracy() << ", test loss " << report.test_loss();
 }

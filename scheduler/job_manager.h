@@ -1,5 +1,5 @@
 // The scheduler's core: jobs, membership (leases), assignments and shard maps.
-// No gRPC here: scheduler/*_service.cc translate RPCs onto this class, and the
+// No gRPC here: scheduler/services.cc translates RPCs onto this class, and the
 // servers are reached through the ServerControl interface.
 //
 // Life of a job: Submit -> PENDING until numWorkers idle workers and a server

@@ -118,8 +118,9 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& opt) {
   if (opt.nesterov() && opt.momentum() <= 0) {
     return Invalid("optimizer.nesterov", "needs optimizer.momentum > 0", "momentum 0");
   }
-  if (!adam && opt.beta1() != 0) return Invalid("optimizer.beta1", "applies to ADAM and ADAMW only", "a value");
-  if (!adam && opt.beta2() != 0) return Invalid("optimizer.beta2", "applies to ADAM and ADAMW only", "a value");
+  if (!adam && opt.has_beta1()) return Invalid("optimizer.beta1", "applies to ADAM and ADAMW only", "a value");
+  if (!adam && opt.has_beta2()) return Invalid("optimizer.beta2", "applies to ADAM and ADAMW only", "a value");
+  if (sgd && opt.has_epsilon()) return Invalid("optimizer.epsilon", "applies to ADAM, ADAMW and ADAGRAD only", "a value");
   if (opt.kind() != v1::OptimizerSpec::ADAGRAD && opt.initial_accumulator() != 0) {
     return Invalid("optimizer.initialAccumulator", "applies to ADAGRAD only", "a value");
   }
@@ -159,6 +160,7 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   }
   if (spec->num_workers() == 0) spec->set_num_workers(1);
   if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(v1::BSP);
+  if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP32);
   if (spec->model().kind() == v1::ModelSpec::MLP &&
       spec->model().activation() == v1::ACTIVATION_UNSPECIFIED) {
     spec->mutable_model()->set_activation(v1::RELU);

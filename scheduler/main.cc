@@ -28,9 +28,7 @@ ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 int main(int argc, char** argv) {
   using namespace fulcrum;
   BlockTerminationSignals();
-  absl::SetProgramUsageMessage("fulcrum-scheduler [--port P] [--metrics-port M] [--lease-ms L]");
-  AcceptDashedFlags(argc, argv);
-  absl::ParseCommandLine(argc, argv);
+  ParseFlags(argc, argv, "fulcrum-scheduler [--port P] [--metrics-port M] [--lease-ms L]");
   SetLogTag("scheduler");
   if (auto s = SetMinLogLevelFromString(absl::GetFlag(FLAGS_log_level)); !s.ok()) {
     FLOG(ERROR) << s.message();

@@ -23,9 +23,7 @@ ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 int main(int argc, char** argv) {
   using namespace fulcrum;
   BlockTerminationSignals();
-  absl::SetProgramUsageMessage("fulcrum-server --scheduler HOST:PORT [--port P] [--metrics-port M]");
-  AcceptDashedFlags(argc, argv);
-  absl::ParseCommandLine(argc, argv);
+  ParseFlags(argc, argv, "fulcrum-server --scheduler HOST:PORT [--port P] [--metrics-port M]");
   if (auto s = SetMinLogLevelFromString(absl::GetFlag(FLAGS_log_level)); !s.ok()) {
     FLOG(ERROR) << s.message();
     return 2;

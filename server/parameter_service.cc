@@ -25,9 +25,9 @@ OptimizerConfig ToOptimizerConfig(const v1::OptimizerSpec& spec) {
   config.momentum = spec.momentum();
   config.nesterov = spec.nesterov();
   config.weight_decay = spec.weight_decay();
-  if (spec.beta1() > 0) config.beta1 = spec.beta1();
-  if (spec.beta2() > 0) config.beta2 = spec.beta2();
-  if (spec.epsilon() > 0) {
+  if (spec.has_beta1()) config.beta1 = spec.beta1();
+  if (spec.has_beta2()) config.beta2 = spec.beta2();
+  if (spec.has_epsilon()) {
     config.epsilon = spec.epsilon();
   } else if (config.kind == OptimizerKind::kAdagrad) {
     config.epsilon = 1e-10f;

@@ -61,9 +61,9 @@ absl::StatusOr<PushOutcome> Chunk::Push(const PushArgs& args) {
     }
   }
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckPush(args));
   auto mark = watermarks_.find(args.worker_id);
   if (mark != watermarks_.end() && args.seq <= mark->second) return PushOutcome::kDuplicate;
-  RETURN_IF_ERROR(CheckPush(args));
   if (job_.synchronous && (args.step < version_ || !pending_[args.rank].empty())) {
     return PushOutcome::kDuplicate;  // this rank's gradient for the step is already in
   }

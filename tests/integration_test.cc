@@ -358,7 +358,7 @@ TEST_F(ClusterTest, EveryGrpcProcessServesHealth) {
     EXPECT_TRUE(Serving(process.grpc_address())) << process.id();
     ++checked;
   }
-  EXPECT_EQ(checked, 3);  // scheduler and two servers
+  EXPECT_EQ(checked, 5);  // scheduler, two servers and two workers
 }
 
 TEST_F(ClusterTest, GarbageAndOversizedMessagesAreRejectedAndServersKeepServing) {

@@ -12,25 +12,27 @@
 #include "common/membership_client.h"
 #include "common/metrics.h"
 #include "common/process.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "common/rpc.h"
+#include "kernels/backend_loader.h"
 #include "worker/worker_daemon.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind /metrics on");
+ABSL_FLAG(int, port, 0, "gRPC port for health checks and reflection (0 = pick a free one)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = pick a free one)");
 ABSL_FLAG(std::string, scheduler, "", "Scheduler address host:port (required)");
 ABSL_FLAG(std::string, id, "", "Requested member id (default: assigned by the scheduler)");
-ABSL_FLAG(std::string, device, "auto", "auto or cpu (cuda comes with the CUDA backend)");
+ABSL_FLAG(std::string, device, "auto",
+          "auto (a GPU when a CUDA driver and device are present, else the CPU), cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, port_file, "", "Write the bound ports as JSON to this file");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
-extern "C" void openblas_set_num_threads(int);
+// Weak: absent when the CPU backend runs on a reference BLAS.
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 
 int main(int argc, char** argv) {
   using namespace fulcrum;
   BlockTerminationSignals();
-  absl::SetProgramUsageMessage("fulcrum-worker --scheduler HOST:PORT [--device auto|cpu]");
-  AcceptDashedFlags(argc, argv);
-  absl::ParseCommandLine(argc, argv);
+  ParseFlags(argc, argv, "fulcrum-worker --scheduler HOST:PORT [--device auto|cpu|cuda[:N]]");
   if (auto s = SetMinLogLevelFromString(absl::GetFlag(FLAGS_log_level)); !s.ok()) {
     FLOG(ERROR) << s.message();
     return 2;
@@ -39,14 +41,10 @@ int main(int argc, char** argv) {
     FLOG(ERROR) << "--scheduler HOST:PORT is required";
     return 2;
   }
-  std::string device = absl::GetFlag(FLAGS_device);
-  if (device != "auto" && device != "cpu") {
-    FLOG(ERROR) << "--device must be auto or cpu (got \"" << device
-                << "\"); this build has no CUDA backend yet";
-    return 2;
+  // One BLAS thread per worker: a node runs several workers (and servers).
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && openblas_set_num_threads != nullptr) {
+    openblas_set_num_threads(1);
   }
-  if (device == "auto") FLOG(INFO) << "--device auto: using the CPU backend (no CUDA backend in this build)";
-  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
   if (!absl::GetFlag(FLAGS_id).empty()) SetLogTag(absl::GetFlag(FLAGS_id));
   auto metrics = MetricsEndpoint::Start(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port));
   if (!metrics.ok()) {
@@ -63,11 +61,25 @@ int main(int argc, char** argv) {
                           .Help("Training steps completed")
                           .Register((*metrics)->registry())
                           .Add({});
-  std::unique_ptr<kernels::Backend> backend = kernels::MakeCpuBackend();
+  auto choice = kernels::MakeBackend(absl::GetFlag(FLAGS_device));
+  if (!choice.ok()) {
+    FLOG(ERROR) << choice.status().message();
+    return 2;
+  }
+  FLOG(INFO) << choice->explanation;
+  std::unique_ptr<kernels::Backend> backend = std::move(choice->backend);
+  // Workers serve no API of their own, but answer gRPC health checks (and
+  // reflection) like every Fulcrum process.
+  auto health = StartGrpcServer(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port), {});
+  if (!health.ok()) {
+    FLOG(ERROR) << health.status().message();
+    return 1;
+  }
   WorkerDaemon daemon(backend.get(), &step_seconds, &steps_total);
   MembershipClient::Options options;
   options.scheduler = absl::GetFlag(FLAGS_scheduler);
   options.role = v1::WORKER;
+  options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", health->port);
   options.metrics_address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", (*metrics)->port());
   options.requested_id = absl::GetFlag(FLAGS_id);
   options.device = backend->Name();
@@ -76,7 +88,7 @@ int main(int argc, char** argv) {
   MembershipClient membership(options);
   membership.Start();
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    auto status = WritePortFile(absl::GetFlag(FLAGS_port_file), 0, (*metrics)->port(), absl::GetFlag(FLAGS_id));
+    auto status = WritePortFile(absl::GetFlag(FLAGS_port_file), health->port, (*metrics)->port(), absl::GetFlag(FLAGS_id));
     if (!status.ok()) FLOG(ERROR) << status.message();
   }
   FLOG(INFO) << "worker ready, metrics on " << options.metrics_address;
@@ -86,5 +98,6 @@ int main(int argc, char** argv) {
   daemon.Stop();
   loop.join();
   membership.Stop();
+  health->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   return 0;
 }

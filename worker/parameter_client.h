@@ -20,7 +20,8 @@ namespace fulcrum {
 
 class ParameterClient {
  public:
-  // Payload bytes per request; keeps every message far below gRPC's 4 MiB default.
+  // Payload bytes per request: below gRPC's 4 MiB default, so that any peer
+  // with default limits could take them, and well below our 8 MiB limit.
   static constexpr int64_t kMaxBatchBytes = 3 << 20;
 
   ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id, int32_t rank);

@@ -51,16 +51,69 @@ absl::StatusOr<std::shared_ptr<const Dataset>> LoadCached(const v1::DataSpec& da
   return loaded;
 }
 
-std::vector<const float*> ConstPointers(const std::vector<std::vector<float>>& buffers) {
-  std::vector<const float*> pointers;
-  for (const auto& b : buffers) pointers.push_back(b.data());
-  return pointers;
+kernels::Precision ToPrecision(v1::Precision precision) {
+  switch (precision) {
+    case v1::TF32: return kernels::Precision::kTf32;
+    case v1::BF16: return kernels::Precision::kBf16;
+    default: return kernels::Precision::kFp32;
+  }
 }
 
-std::vector<float*> Pointers(std::vector<std::vector<float>>* buffers) {
-  std::vector<float*> pointers;
-  for (auto& b : *buffers) pointers.push_back(b.data());
-  return pointers;
+// Host tensors mirrored in backend memory. On a host-memory backend the
+// "device" pointers are the host vectors themselves and copies are no-ops.
+class StagedTensors {
+ public:
+  StagedTensors(kernels::Backend* backend, std::vector<std::vector<float>> host)
+      : backend_(backend), host_(std::move(host)) {}
+
+  absl::Status Init() {
+    for (auto& tensor : host_) {
+      if (backend_->HostMemory()) {
+        device_.push_back(tensor.data());
+        continue;
+      }
+      ASSIGN_OR_RETURN(kernels::Buffer buffer, kernels::Buffer::Make(backend_, tensor.size() * sizeof(float)));
+      device_.push_back(buffer.get());
+      buffers_.push_back(std::move(buffer));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Upload() {
+    if (backend_->HostMemory()) return absl::OkStatus();
+    for (size_t i = 0; i < host_.size(); ++i) {
+      RETURN_IF_ERROR(backend_->CopyFromHost(device_[i], host_[i].data(), host_[i].size() * sizeof(float)));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Download() {
+    if (backend_->HostMemory()) return absl::OkStatus();
+    for (size_t i = 0; i < host_.size(); ++i) {
+      RETURN_IF_ERROR(backend_->CopyToHost(host_[i].data(), device_[i], host_[i].size() * sizeof(float)));
+    }
+    return absl::OkStatus();
+  }
+  std::vector<std::vector<float>>* host() { return &host_; }
+  std::vector<const float*> device_const() const { return {device_.begin(), device_.end()}; }
+  const std::vector<float*>& device() const { return device_; }
+
+ private:
+  kernels::Backend* backend_;
+  std::vector<std::vector<float>> host_;
+  std::vector<float*> device_;
+  std::vector<kernels::Buffer> buffers_;
+};
+
+// A host array copied once into backend memory (or aliased on the host).
+template <typename T>
+absl::StatusOr<kernels::Buffer> UploadArray(kernels::Backend* backend, const std::vector<T>& host, const T** device) {
+  if (backend->HostMemory()) {
+    *device = host.data();
+    return kernels::Buffer();
+  }
+  ASSIGN_OR_RETURN(kernels::Buffer buffer, kernels::Buffer::Make(backend, std::max<size_t>(1, host.size()) * sizeof(T)));
+  RETURN_IF_ERROR(backend->CopyFromHost(buffer.get(), host.data(), host.size() * sizeof(T)));
+  *device = buffer.get<T>();
+  return buffer;
 }
 
 }  // namespace
@@ -104,8 +157,6 @@ v1::WorkReport Trainer::ReadyReport() const {
 
 void Trainer::GatherBatch(const std::vector<int64_t>& perm, int64_t first, int batch) {
   const int features = train_->num_features;
-  batch_x_.resize(static_cast<size_t>(batch) * features);
-  batch_y_.resize(batch);
   for (int i = 0; i < batch; ++i) {
     int64_t example = perm[first + i];
     std::copy_n(train_->features.data() + example * features, features,
@@ -116,10 +167,13 @@ void Trainer::GatherBatch(const std::vector<int64_t>& perm, int64_t first, int b
 
 absl::Status Trainer::Evaluate(const std::vector<const float*>& params, kernels::Mlp* model,
                                kernels::BatchStats* stats) {
+  if (test_x_ == nullptr) {
+    ASSIGN_OR_RETURN(test_x_buffer_, UploadArray(backend_, test_->features, &test_x_));
+    ASSIGN_OR_RETURN(test_y_buffer_, UploadArray(backend_, test_->labels, &test_y_));
+  }
   for (int64_t first = 0; first < test_->num_examples; first += kEvalBatch) {
     int batch = static_cast<int>(std::min<int64_t>(kEvalBatch, test_->num_examples - first));
-    RETURN_IF_ERROR(model->Evaluate(params, test_->features.data() + first * test_->num_features,
-                                    test_->labels.data() + first, batch, stats));
+    RETURN_IF_ERROR(model->Evaluate(params, test_x_ + first * test_->num_features, test_y_ + first, batch, stats));
   }
   return absl::OkStatus();
 }
@@ -133,9 +187,24 @@ absl::Status Trainer::Train(const v1::Assignment& assignment) {
   const bool synchronous = spec.mode() != v1::ASP;
   ModelLayout layout = LayoutFor(spec, train_->num_features, train_->num_classes);
   kernels::Mlp model(layout.config, backend_);
+  RETURN_IF_ERROR(backend_->SetPrecision(ToPrecision(spec.precision())));
   ParameterClient client(assignment.shard_map(), job_id_, worker_id_, rank);
-  auto params = client.MakeBuffers();
-  auto grads = client.MakeBuffers();
+  StagedTensors params(backend_, client.MakeBuffers());
+  StagedTensors grads(backend_, client.MakeBuffers());
+  RETURN_IF_ERROR(params.Init());
+  RETURN_IF_ERROR(grads.Init());
+  // The batch, gathered on the host and staged into backend memory.
+  batch_x_.assign(static_cast<size_t>(batch) * train_->num_features, 0.0f);
+  batch_y_.assign(batch, 0);
+  const float* x_device = nullptr;
+  const int32_t* y_device = nullptr;
+  ASSIGN_OR_RETURN(kernels::Buffer x_buffer, UploadArray(backend_, batch_x_, &x_device));
+  ASSIGN_OR_RETURN(kernels::Buffer y_buffer, UploadArray(backend_, batch_y_, &y_device));
+  auto stage_batch = [&]() -> absl::Status {
+    if (backend_->HostMemory()) return absl::OkStatus();
+    RETURN_IF_ERROR(backend_->CopyFromHost(x_buffer.get(), batch_x_.data(), batch_x_.size() * sizeof(float)));
+    return backend_->CopyFromHost(y_buffer.get(), batch_y_.data(), batch_y_.size() * sizeof(int32_t));
+  };
   std::vector<int64_t> perm;
   int64_t perm_epoch = -1;
   kernels::BatchStats window;
@@ -165,11 +234,13 @@ absl::Status Trainer::Train(const v1::Assignment& assignment) {
       perm = EpochPermutation(spec.data().shuffle_seed(), epoch, train_->num_examples);
       perm_epoch = epoch;
     }
-    RETURN_IF_ERROR(client.Pull(synchronous ? step : 0, kRpcTimeout, &params));
+    RETURN_IF_ERROR(client.Pull(synchronous ? step : 0, kRpcTimeout, params.host()));
+    RETURN_IF_ERROR(params.Upload());
     GatherBatch(perm, (step % steps_per_epoch) * global_batch + int64_t{rank} * batch, batch);
-    RETURN_IF_ERROR(model.ForwardBackward(ConstPointers(params), batch_x_.data(), batch_y_.data(),
-                                          batch, Pointers(&grads), &window));
-    RETURN_IF_ERROR(client.Push(/*seq=*/step + 1, step, grads, kRpcTimeout));
+    RETURN_IF_ERROR(stage_batch());
+    RETURN_IF_ERROR(model.ForwardBackward(params.device_const(), x_device, y_device, batch, grads.device(), &window));
+    RETURN_IF_ERROR(grads.Download());
+    RETURN_IF_ERROR(client.Push(/*seq=*/step + 1, step, *grads.host(), kRpcTimeout));
     ++window_steps;
     if (hooks_.observe_step) hooks_.observe_step(absl::ToDoubleSeconds(absl::Now() - step_start));
     bool last = step + 1 == assignment.total_steps();
@@ -178,9 +249,10 @@ absl::Status Trainer::Train(const v1::Assignment& assignment) {
       report_progress(step + 1, static_cast<int32_t>(epoch + 1));
     }
     if (epoch_end && rank == 0) {
-      RETURN_IF_ERROR(client.Pull(synchronous ? step + 1 : 0, kRpcTimeout, &params));
+      RETURN_IF_ERROR(client.Pull(synchronous ? step + 1 : 0, kRpcTimeout, params.host()));
+      RETURN_IF_ERROR(params.Upload());
       kernels::BatchStats eval;
-      RETURN_IF_ERROR(Evaluate(ConstPointers(params), &model, &eval));
+      RETURN_IF_ERROR(Evaluate(params.device_const(), &model, &eval));
       v1::WorkReport report;
       report.set_job_id(job_id_);
       report.set_kind(v1::WorkReport::EVAL);

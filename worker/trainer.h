@@ -47,6 +47,7 @@ class Trainer {
  private:
   absl::Status Evaluate(const std::vector<const float*>& params, kernels::Mlp* model,
                         kernels::BatchStats* stats);
+  // Copies the batch's rows into batch_x_ / batch_y_ (sized by the caller).
   void GatherBatch(const std::vector<int64_t>& perm, int64_t first, int batch);
 
   const std::string worker_id_;
@@ -57,6 +58,11 @@ class Trainer {
   std::shared_ptr<const Dataset> test_;
   std::vector<float> batch_x_;
   std::vector<int32_t> batch_y_;
+  // The test set in backend memory (rank 0), uploaded on first evaluation.
+  kernels::Buffer test_x_buffer_;
+  kernels::Buffer test_y_buffer_;
+  const float* test_x_ = nullptr;
+  const int32_t* test_y_ = nullptr;
 };
 
 }  // namespace fulcrum

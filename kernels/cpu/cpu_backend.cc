@@ -5,51 +5,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <initializer_list>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/backend_checks.h"
+#include "kernels/caching_pool.h"
 
 namespace fulcrum {
 namespace kernels {
 namespace {
-
-absl::Status CheckDim(const char* op, const char* name, int64_t value) {
-  if (value >= 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(op, ": ", name, " = ", value,
-                   " is negative; dimensions must be >= 0"));
-}
-
-absl::Status CheckPtr(const char* op, const char* name, const void* ptr,
-                      int64_t elements) {
-  if (ptr != nullptr || elements == 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(op, ": ", name, " is null but must hold ", elements,
-                   " elements"));
-}
-
-absl::Status CheckActivation(const char* op, Activation act) {
-  switch (act) {
-    case Activation::kNone:
-    case Activation::kRelu:
-    case Activation::kTanh:
-    case Activation::kSigmoid:
-      return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat(op, ": unknown activation value ", static_cast<int>(act),
-                   "; use one of kNone, kRelu, kTanh, kSigmoid"));
-}
-
-// Combines statuses, returning the first error.
-absl::Status FirstError(std::initializer_list<absl::Status> statuses) {
-  for (const absl::Status& status : statuses) {
-    if (!status.ok()) return status;
-  }
-  return absl::OkStatus();
-}
 
 float Activate(Activation act, float z) {
   switch (act) {
@@ -91,15 +60,108 @@ void ScaleMatrix(int64_t elements, float beta, float* c) {
 
 absl::Status CheckLabels(int rows, int classes, const int32_t* labels) {
   for (int i = 0; i < rows; ++i) {
-    if (labels[i] < 0 || labels[i] >= classes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "SoftmaxCrossEntropy: labels[", i, "] = ", labels[i],
-          " is out of range [0, ", classes,
-          "); check the dataset's num_classes against the model's"));
-    }
+    if (labels[i] < 0 || labels[i] >= classes) return checks::LabelOutOfRange(i, labels[i], classes);
   }
   return absl::OkStatus();
 }
+
+// Offsets start at 0 and never decrease; then every id is a row of the table.
+// Offsets are checked first (all of them), then ids, so the CUDA backend,
+// which checks in parallel, reports the same first error.
+absl::Status CheckBags(const char* op, int bags, const int32_t* offsets, const int32_t* ids,
+                       int64_t table_rows) {
+  if (bags == 0) return absl::OkStatus();
+  if (offsets[0] != 0) return checks::BadOffset(op, 0, offsets[0]);
+  for (int b = 0; b < bags; ++b) {
+    if (offsets[b + 1] < offsets[b]) return checks::BadOffset(op, b + 1, offsets[b + 1]);
+  }
+  const int32_t total = offsets[bags];
+  if (total > 0 && ids == nullptr) return checks::NullIds(op);
+  for (int32_t j = 0; j < total; ++j) {
+    if (ids[j] < 0 || ids[j] >= table_rows) return checks::IdOutOfRange(op, j, ids[j], table_rows);
+  }
+  return absl::OkStatus();
+}
+
+// --- IEEE half and bfloat16 conversions (round to nearest even) -------------
+
+uint32_t FloatBits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+
+float BitsFloat(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// Rounds `value` right by `shift` bits to nearest, ties to even.
+uint32_t ShiftRoundEven(uint32_t value, int shift) {
+  const uint32_t kept = value >> shift;
+  const uint32_t rest = value & ((1u << shift) - 1);
+  const uint32_t half = 1u << (shift - 1);
+  return kept + ((rest > half || (rest == half && (kept & 1))) ? 1 : 0);
+}
+
+uint16_t FloatToFp16(float f) {
+  const uint32_t bits = FloatBits(f);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
+  const uint32_t magnitude = bits & 0x7FFFFFFF;
+  if (magnitude > 0x7F800000) {  // NaN: stay quiet, keep the top payload bits
+    return static_cast<uint16_t>(sign | 0x7E00 | ((magnitude >> 13) & 0x3FF));
+  }
+  // 65520 = 65504 + half an ulp: from there on (and for inf) round to inf.
+  if (magnitude >= 0x477FF000) return static_cast<uint16_t>(sign | 0x7C00);
+  if (magnitude >= 0x38800000) {  // normal in fp16 (>= 2^-14)
+    // Rebias the exponent (127 -> 15); a mantissa carry rolls into it.
+    return static_cast<uint16_t>(sign | ShiftRoundEven(magnitude - ((127 - 15) << 23), 13));
+  }
+  // Subnormal in fp16: units of 2^-24. value = mantissa * 2^(exponent - 150).
+  const int exponent = static_cast<int>(magnitude >> 23);
+  const int shift = 126 - exponent;  // 2^-24 / 2^(exponent - 150) as a shift
+  if (shift > 24) return sign;       // below 2^-25: rounds to zero
+  const uint32_t mantissa = (magnitude & 0x7FFFFF) | 0x800000;
+  // A carry into 0x400 is exactly the smallest normal, as it should be.
+  return static_cast<uint16_t>(sign | ShiftRoundEven(mantissa, shift));
+}
+
+float Fp16ToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1F;
+  const uint32_t mantissa = h & 0x3FF;
+  if (exponent == 0x1F) return BitsFloat(sign | 0x7F800000 | (mantissa << 13));  // inf / NaN
+  if (exponent != 0) return BitsFloat(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
+  // Zero or subnormal: mantissa * 2^-24 is exact in float.
+  const float value = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+  return sign ? -value : value;
+}
+
+uint16_t FloatToBf16(float f) {
+  const uint32_t bits = FloatBits(f);
+  if ((bits & 0x7FFFFFFF) > 0x7F800000) return static_cast<uint16_t>((bits >> 16) | 0x0040);  // quiet NaN
+  // bf16 is float's top half; rounding the low half carries correctly into the
+  // exponent, up to inf, and through float subnormals.
+  return static_cast<uint16_t>(ShiftRoundEven(bits, 16));
+}
+
+float Bf16ToFloat(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
+
+// Host memory for the pool: 256-byte aligned.
+struct HostAllocator {
+  absl::StatusOr<void*> Allocate(size_t bytes) {
+    void* block = std::aligned_alloc(256, bytes);  // bytes is a multiple of 256
+    if (block == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("Allocate: out of host memory for ", bytes, " bytes"));
+    }
+    return block;
+  }
+  void Free(void* block) { std::free(block); }
+};
+
+// Freed host blocks kept for reuse at most; beyond that they go back to libc.
+constexpr size_t kMaxCachedHostBytes = size_t{1} << 30;
 
 struct RowResult {
   double loss = 0.0;
@@ -107,8 +169,7 @@ struct RowResult {
 };
 
 // Softmax cross-entropy for one row; writes drow when non-null.
-RowResult SoftmaxRow(int classes, const float* row, int32_t label,
-                     float grad_scale, float* drow) {
+RowResult SoftmaxRow(int classes, const float* row, int32_t label, float grad_scale, float* drow) {
   int argmax = 0;
   for (int j = 1; j < classes; ++j) {
     if (row[j] > row[argmax]) argmax = j;
@@ -132,15 +193,47 @@ class CpuBackend : public Backend {
  public:
   const char* Name() const override { return "cpu"; }
 
-  absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k,
-                    float alpha, const float* a, const float* b, float beta,
-                    float* c) override {
-    const int64_t mk = int64_t{m} * k, kn = int64_t{k} * n,
-                  mn = int64_t{m} * n;
-    absl::Status status = FirstError(
-        {CheckDim("Gemm", "m", m), CheckDim("Gemm", "n", n),
-         CheckDim("Gemm", "k", k), CheckPtr("Gemm", "a", a, mk),
-         CheckPtr("Gemm", "b", b, kn), CheckPtr("Gemm", "c", c, mn)});
+  bool HostMemory() const override { return true; }
+
+  absl::StatusOr<void*> Allocate(size_t bytes) override { return pool_.Allocate(bytes); }
+
+  void Free(void* buffer) override {
+    if (!pool_.Free(buffer) && deferred_error_.ok()) {
+      deferred_error_ = checks::UnknownBuffer(buffer);
+    }
+  }
+
+  absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override {
+    RETURN_IF_ERROR(checks::FirstError({checks::Bytes("CopyFromHost", "dst", dst, bytes),
+                                        checks::Bytes("CopyFromHost", "host_src", host_src, bytes)}));
+    if (bytes > 0) std::memmove(dst, host_src, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override {
+    RETURN_IF_ERROR(checks::FirstError({checks::Bytes("CopyToHost", "host_dst", host_dst, bytes),
+                                        checks::Bytes("CopyToHost", "src", src, bytes)}));
+    if (bytes > 0) std::memmove(host_dst, src, bytes);
+    return absl::OkStatus();
+  }
+
+  // Nothing runs asynchronously; reports a bad Free() since the last call.
+  absl::Status Synchronize() override { return std::exchange(deferred_error_, absl::OkStatus()); }
+
+  absl::Status SetPrecision(Precision precision) override { return checks::PrecisionValue(precision); }
+
+  absl::Status Fill(int64_t n, float value, float* x) override {
+    RETURN_IF_ERROR(checks::FirstError({checks::Dim("Fill", "n", n), checks::Ptr("Fill", "x", x, n)}));
+    std::fill(x, x + n, value);
+    return absl::OkStatus();
+  }
+
+  absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                    const float* b, float beta, float* c) override {
+    const int64_t mk = int64_t{m} * k, kn = int64_t{k} * n, mn = int64_t{m} * n;
+    absl::Status status = checks::FirstError(
+        {checks::Dim("Gemm", "m", m), checks::Dim("Gemm", "n", n), checks::Dim("Gemm", "k", k),
+         checks::Ptr("Gemm", "a", a, mk), checks::Ptr("Gemm", "b", b, kn), checks::Ptr("Gemm", "c", c, mn)});
     if (!status.ok()) return status;
     if (mn == 0) return absl::OkStatus();
     if (k == 0) {
@@ -149,20 +242,17 @@ class CpuBackend : public Backend {
     }
     const int lda = std::max(1, trans_a ? m : k);
     const int ldb = std::max(1, trans_b ? k : n);
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b,
-                ldb, beta, c, std::max(1, n));
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n,
+                k, alpha, a, lda, b, ldb, beta, c, std::max(1, n));
     return absl::OkStatus();
   }
 
-  absl::Status BiasActivationForward(Activation act, int rows, int cols,
-                                     const float* bias, float* x) override {
+  absl::Status BiasActivationForward(Activation act, int rows, int cols, const float* bias,
+                                     float* x) override {
     const char* op = "BiasActivationForward";
-    absl::Status status = FirstError(
-        {CheckActivation(op, act), CheckDim(op, "rows", rows),
-         CheckDim(op, "cols", cols),
-         CheckPtr(op, "bias", bias, rows == 0 ? 0 : cols),
-         CheckPtr(op, "x", x, int64_t{rows} * cols)});
+    absl::Status status = checks::FirstError(
+        {checks::ActivationValue(op, act), checks::Dim(op, "rows", rows), checks::Dim(op, "cols", cols),
+         checks::Ptr(op, "bias", bias, rows == 0 ? 0 : cols), checks::Ptr(op, "x", x, int64_t{rows} * cols)});
     if (!status.ok()) return status;
     for (int i = 0; i < rows; ++i) {
       float* row = x + int64_t{i} * cols;
@@ -171,12 +261,10 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status ActivationBackward(Activation act, int64_t n, const float* y,
-                                  float* dy) override {
+  absl::Status ActivationBackward(Activation act, int64_t n, const float* y, float* dy) override {
     const char* op = "ActivationBackward";
-    absl::Status status =
-        FirstError({CheckActivation(op, act), CheckDim(op, "n", n),
-                    CheckPtr(op, "y", y, n), CheckPtr(op, "dy", dy, n)});
+    absl::Status status = checks::FirstError({checks::ActivationValue(op, act), checks::Dim(op, "n", n),
+                                              checks::Ptr(op, "y", y, n), checks::Ptr(op, "dy", dy, n)});
     if (!status.ok()) return status;
     if (act == Activation::kRelu) {
       // Select rather than multiply so a masked-out dy never leaks NaN/inf.
@@ -187,13 +275,11 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status ColumnSum(int rows, int cols, const float* x,
-                         float* out) override {
+  absl::Status ColumnSum(int rows, int cols, const float* x, float* out) override {
     const char* op = "ColumnSum";
-    absl::Status status = FirstError(
-        {CheckDim(op, "rows", rows), CheckDim(op, "cols", cols),
-         CheckPtr(op, "x", x, int64_t{rows} * cols),
-         CheckPtr(op, "out", out, cols)});
+    absl::Status status = checks::FirstError({checks::Dim(op, "rows", rows), checks::Dim(op, "cols", cols),
+                                              checks::Ptr(op, "x", x, int64_t{rows} * cols),
+                                              checks::Ptr(op, "out", out, cols)});
     if (!status.ok()) return status;
     std::fill(out, out + cols, 0.0f);
     for (int i = 0; i < rows; ++i) {
@@ -203,15 +289,14 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status SoftmaxCrossEntropy(int rows, int classes, const float* logits,
-                                   const int32_t* labels, float grad_scale,
-                                   float* dlogits, double* loss_sum,
+  absl::Status SoftmaxCrossEntropy(int rows, int classes, const float* logits, const int32_t* labels,
+                                   float grad_scale, float* dlogits, double* loss_sum,
                                    int64_t* correct) override {
     const char* op = "SoftmaxCrossEntropy";
-    absl::Status status = FirstError(
-        {CheckDim(op, "rows", rows), CheckDim(op, "classes", classes),
-         CheckPtr(op, "logits", logits, int64_t{rows} * classes),
-         CheckPtr(op, "labels", labels, rows)});
+    absl::Status status =
+        checks::FirstError({checks::Dim(op, "rows", rows), checks::Dim(op, "classes", classes),
+                            checks::Ptr(op, "logits", logits, int64_t{rows} * classes),
+                            checks::Ptr(op, "labels", labels, rows)});
     if (!status.ok()) return status;
     status = CheckLabels(rows, classes, labels);
     if (!status.ok()) return status;
@@ -219,9 +304,8 @@ class CpuBackend : public Backend {
     int64_t total_correct = 0;
     for (int i = 0; i < rows; ++i) {
       const int64_t offset = int64_t{i} * classes;
-      const RowResult row =
-          SoftmaxRow(classes, logits + offset, labels[i], grad_scale,
-                     dlogits == nullptr ? nullptr : dlogits + offset);
+      const RowResult row = SoftmaxRow(classes, logits + offset, labels[i], grad_scale,
+                                       dlogits == nullptr ? nullptr : dlogits + offset);
       total_loss += row.loss;
       total_correct += row.correct ? 1 : 0;
     }
@@ -229,13 +313,70 @@ class CpuBackend : public Backend {
     if (correct != nullptr) *correct += total_correct;
     return absl::OkStatus();
   }
+
+  absl::Status PackHalf(HalfType type, int64_t n, const float* src, uint16_t* dst) override {
+    const char* op = "PackHalf";
+    RETURN_IF_ERROR(checks::FirstError({checks::HalfTypeValue(op, type), checks::Dim(op, "n", n),
+                                        checks::Ptr(op, "src", src, n), checks::Ptr(op, "dst", dst, n)}));
+    if (type == HalfType::kFp16) {
+      for (int64_t i = 0; i < n; ++i) dst[i] = FloatToFp16(src[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status UnpackHalf(HalfType type, int64_t n, const uint16_t* src, float* dst) override {
+    const char* op = "UnpackHalf";
+    RETURN_IF_ERROR(checks::FirstError({checks::HalfTypeValue(op, type), checks::Dim(op, "n", n),
+                                        checks::Ptr(op, "src", src, n), checks::Ptr(op, "dst", dst, n)}));
+    if (type == HalfType::kFp16) {
+      for (int64_t i = 0; i < n; ++i) dst[i] = Fp16ToFloat(src[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(src[i]);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status EmbeddingBagForward(int bags, int dim, const int32_t* offsets, const int32_t* ids,
+                                   int64_t table_rows, const float* table, float* out) override {
+    const char* op = "EmbeddingBagForward";
+    RETURN_IF_ERROR(checks::BagArgs(op, bags, dim, offsets, table_rows, table, "table", out, "out"));
+    RETURN_IF_ERROR(CheckBags(op, bags, offsets, ids, table_rows));
+    for (int b = 0; b < bags; ++b) {
+      float* row = out + int64_t{b} * dim;
+      std::fill(row, row + dim, 0.0f);
+      for (int32_t j = offsets[b]; j < offsets[b + 1]; ++j) {
+        const float* source = table + int64_t{ids[j]} * dim;
+        for (int d = 0; d < dim; ++d) row[d] += source[d];
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status EmbeddingBagBackward(int bags, int dim, const int32_t* offsets, const int32_t* ids,
+                                    int64_t table_rows, const float* dout, float* dtable) override {
+    const char* op = "EmbeddingBagBackward";
+    RETURN_IF_ERROR(checks::BagArgs(op, bags, dim, offsets, table_rows, dtable, "dtable", dout, "dout"));
+    RETURN_IF_ERROR(CheckBags(op, bags, offsets, ids, table_rows));
+    for (int b = 0; b < bags; ++b) {
+      const float* grad = dout + int64_t{b} * dim;
+      for (int32_t j = offsets[b]; j < offsets[b + 1]; ++j) {
+        float* target = dtable + int64_t{ids[j]} * dim;
+        for (int d = 0; d < dim; ++d) target[d] += grad[d];
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  CachingPool<HostAllocator> pool_{HostAllocator(), kMaxCachedHostBytes};
+  absl::Status deferred_error_;  // first bad Free() since the last Synchronize()
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend() {
-  return std::make_unique<CpuBackend>();
-}
+std::unique_ptr<Backend> MakeCpuBackend() { return std::make_unique<CpuBackend>(); }
 
 }  // namespace kernels
 }  // namespace fulcrum

@@ -1,0 +1,84 @@
+#include "common/kv_store.h"
+
+#include <mutex>
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace fulcrum {
+namespace {
+
+class RocksDbStore final : public KvStore {
+ public:
+  explicit RocksDbStore(std::unique_ptr<rocksdb::DB> db) : db_(std::move(db)) {}
+
+  absl::Status Write(const std::vector<std::pair<std::string, std::string>>& puts,
+                     const std::vector<std::string>& deletes) override {
+    rocksdb::WriteBatch batch;
+    for (const auto& [key, value] : puts) batch.Put(key, value);
+    for (const auto& key : deletes) batch.Delete(key);
+    rocksdb::WriteOptions options;
+    options.sync = true;
+    rocksdb::Status status = db_->Write(options, &batch);
+    if (!status.ok()) return absl::UnavailableError(absl::StrCat("RocksDB write: ", status.ToString()));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(const std::string& prefix) override {
+    std::vector<std::pair<std::string, std::string>> entries;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      entries.emplace_back(it->key().ToString(), it->value().ToString());
+    }
+    if (!it->status().ok()) return absl::DataLossError(absl::StrCat("RocksDB scan: ", it->status().ToString()));
+    return entries;
+  }
+
+ private:
+  std::unique_ptr<rocksdb::DB> db_;
+};
+
+class MemoryStore final : public KvStore {
+ public:
+  absl::Status Write(const std::vector<std::pair<std::string, std::string>>& puts,
+                     const std::vector<std::string>& deletes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, value] : puts) data_[key] = value;
+    for (const auto& key : deletes) data_.erase(key);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(const std::string& prefix) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::pair<std::string, std::string>> entries;
+    for (auto it = data_.lower_bound(prefix); it != data_.end() && absl::StartsWith(it->first, prefix); ++it) {
+      entries.emplace_back(*it);
+    }
+    return entries;
+  }
+
+ private:
+  std::mutex mu_;  // guards data_
+  std::map<std::string, std::string> data_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvStore>> OpenRocksDbStore(const std::string& dir) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status status = rocksdb::DB::Open(options, dir, &db);
+  if (!status.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot open the state database in ", dir, ": ", status.ToString()));
+  }
+  return std::unique_ptr<KvStore>(new RocksDbStore(std::unique_ptr<rocksdb::DB>(db)));
+}
+
+std::unique_ptr<KvStore> NewMemoryStore() { return std::make_unique<MemoryStore>(); }
+
+}  // namespace fulcrum

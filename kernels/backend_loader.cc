@@ -1,0 +1,120 @@
+#include "kernels/backend_loader.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/plugin.h"
+
+namespace fulcrum {
+namespace kernels {
+namespace {
+
+struct Plugin {
+  decltype(&FulcrumCudaDeviceCount) device_count = nullptr;
+  decltype(&FulcrumCreateCudaBackend) create = nullptr;
+  std::string error;
+};
+
+std::string ExecutableDir() {
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return ".";
+  std::string path(exe, n);
+  return path.substr(0, path.rfind('/'));
+}
+
+// Loaded once; never unloaded (backends created by it may live until exit).
+const Plugin& LoadPlugin() {
+  static Plugin plugin;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::vector<std::string> tried;
+    for (const std::string& path : CudaPluginCandidates()) {
+      void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (handle == nullptr) {
+        tried.push_back(dlerror());
+        continue;
+      }
+      auto abi = reinterpret_cast<decltype(&FulcrumCudaPluginAbiVersion)>(dlsym(handle, "FulcrumCudaPluginAbiVersion"));
+      if (abi == nullptr || abi() != FULCRUM_CUDA_PLUGIN_ABI_VERSION) {
+        tried.push_back(absl::StrCat(path, ": not a Fulcrum CUDA plugin of ABI version ",
+                                     FULCRUM_CUDA_PLUGIN_ABI_VERSION));
+        continue;
+      }
+      plugin.device_count = reinterpret_cast<decltype(plugin.device_count)>(dlsym(handle, "FulcrumCudaDeviceCount"));
+      plugin.create = reinterpret_cast<decltype(plugin.create)>(dlsym(handle, "FulcrumCreateCudaBackend"));
+      if (plugin.device_count != nullptr && plugin.create != nullptr) return;
+      tried.push_back(absl::StrCat(path, ": missing entry points"));
+    }
+    plugin.error = absl::StrCat("no CUDA backend plugin (", absl::StrJoin(tried, "; "), ")");
+  });
+  return plugin;
+}
+
+}  // namespace
+
+std::vector<std::string> CudaPluginCandidates() {
+  if (const char* env = std::getenv("FULCRUM_CUDA_PLUGIN"); env != nullptr && *env) return {env};
+  std::string dir = ExecutableDir();
+  return {absl::StrCat(dir, "/libfulcrum_kernels_cuda.so"), absl::StrCat(dir, "/../lib/libfulcrum_kernels_cuda.so")};
+}
+
+absl::StatusOr<int> CudaDeviceCount() {
+  const Plugin& plugin = LoadPlugin();
+  if (plugin.device_count == nullptr) return absl::UnavailableError(plugin.error);
+  char error[512] = {0};
+  int count = plugin.device_count(error, sizeof(error));
+  if (count < 0) return absl::UnavailableError(absl::StrCat("no usable CUDA driver: ", error));
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend(int device) {
+  absl::StatusOr<int> count = CudaDeviceCount();
+  if (!count.ok()) return count.status();
+  if (device < 0 || device >= *count) {
+    return absl::UnavailableError(absl::StrCat("no CUDA device ", device, " (", *count, " present)"));
+  }
+  char error[512] = {0};
+  Backend* backend = LoadPlugin().create(device, error, sizeof(error));
+  if (backend == nullptr) return absl::UnavailableError(absl::StrCat("cuda:", device, ": ", error));
+  return std::unique_ptr<Backend>(backend);
+}
+
+absl::StatusOr<BackendChoice> MakeBackend(const std::string& device) {
+  BackendChoice choice;
+  if (device == "cpu") {
+    choice.backend = MakeCpuBackend();
+    choice.explanation = "--device cpu";
+    return choice;
+  }
+  if (device == "auto") {
+    auto cuda = LoadCudaBackend(0);
+    if (cuda.ok()) {
+      choice.backend = std::move(*cuda);
+      choice.explanation = absl::StrCat("--device auto: using GPU ", choice.backend->Name());
+    } else {
+      choice.backend = MakeCpuBackend();
+      choice.explanation = absl::StrCat("--device auto: using the CPU because ", cuda.status().message());
+    }
+    return choice;
+  }
+  int index = 0;
+  if (device == "cuda" || (device.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(device.substr(5), &index))) {
+    auto cuda = LoadCudaBackend(index);
+    if (!cuda.ok()) return cuda.status();
+    choice.backend = std::move(*cuda);
+    choice.explanation = absl::StrCat("--device ", device);
+    return choice;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--device must be auto, cpu, cuda or cuda:N (got \"", device, "\")"));
+}
+
+}  // namespace kernels
+}  // namespace fulcrum

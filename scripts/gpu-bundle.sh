@@ -30,7 +30,7 @@ for b in "${BINARIES[@]}"; do cp "$BUILD_DIR/bin/$b" "$BUNDLE/bin/"; done
 cp "$BUILD_DIR/lib/libfulcrum_kernels_cuda.so" "$BUNDLE/lib/"
 
 # Shared libraries the binaries and the plugin need, less the system's and CUDA's.
-SKIP='^(linux-vdso|libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libpthread|libdl|librt|libcuda|libcudart|libcublas|libcublasLt|libopenblas)'
+SKIP='^(linux-vdso|libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libpthread|libdl|librt|libcuda|libcudart|libcublas|libcublasLt|libopenblas|libgfortran|libquadmath)'
 for f in "$BUNDLE"/bin/* "$BUNDLE"/lib/libfulcrum_kernels_cuda.so; do
   ldd "$f" | awk '/=>/ {print $1, $3}'
 done | sort -u | while read -r name path; do

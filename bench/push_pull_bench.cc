@@ -77,7 +77,7 @@ class Fleet {
       configs[placement[s]].job_id = "bench";
       configs[placement[s]].synchronous = false;
       configs[placement[s]].lr = 1e-6f;
-      configs[placement[s]].num_workers = 1;
+      configs[placement[s]].num_partitions = 1;
     }
     for (size_t i = 0; i < chunks.size(); ++i) {
       auto* chunk = map_.add_chunks();
@@ -109,14 +109,14 @@ void BM_FulcrumPushPull(benchmark::State& state) {
   const int64_t bytes = state.range(0) << 20;
   const int servers = static_cast<int>(state.range(1));
   Fleet fleet(servers, bytes / 4);
-  ParameterClient client(fleet.map(), "bench", "bench-worker", 0);
+  ParameterClient client(fleet.map(), "bench", "bench-worker");
   auto grads = client.MakeBuffers();
   for (auto& g : grads) std::fill(g.begin(), g.end(), 1e-3f);
   auto params = client.MakeBuffers();
   int64_t seq = 0;
   for (auto _ : state) {
     ++seq;
-    absl::Status push = client.Push(seq, seq, grads, absl::Seconds(60));
+    absl::Status push = client.Push(seq, 0, seq, grads, absl::Seconds(60));
     absl::Status pull = client.Pull(0, absl::Seconds(60), &params);
     if (!push.ok() || !pull.ok()) {
       state.SkipWithError((push.ok() ? pull : push).ToString().c_str());

@@ -91,6 +91,14 @@ class JobManager {
   using Action = std::function<void()>;
 
   static bool IsTerminal(v1::JobState state);
+  // Membership of running jobs (job_manager_membership.cc).
+  void GrowJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddWorker(Job* job, Member* member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveWorker(Job* job, const std::string& worker_id, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Rebalance(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddEvent(Job* job, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SyncWorkerStatus(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Job* FindJob(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndJob(Job* job, v1::JobState state, const std::string& reason)
@@ -101,7 +109,8 @@ class JobManager {
   bool TryAssign(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status BuildShardPlan(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunSetup(const std::string& job_id, std::map<std::string, v1::SetupJobRequest> requests);
-  void OnProgress(Job* job, int rank, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnProgress(Job* job, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnDone(Job* job, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnEval(Job* job, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Assignment AssignmentFor(const Member& member) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop();

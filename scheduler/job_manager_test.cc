@@ -152,6 +152,15 @@ class JobManagerTest : public ::testing::Test {
       report.set_features(kFeatures);
       report.set_classes(kClasses);
     }
+    if (kind == v1::WorkReport::DONE) {
+      // A worker reports the partitions it finished: those it owns now.
+      v1::HeartbeatRequest heartbeat;
+      heartbeat.set_member_id(member);
+      auto response = manager_->Heartbeat(heartbeat);
+      if (response.ok()) {
+        for (int32_t p : response->assignment().partitions()) report.add_partitions(p);
+      }
+    }
     report.set_reason(reason);
     return manager_->Report(report);
   }
@@ -236,7 +245,7 @@ TEST_F(JobManagerTest, ReadyWorkersLeadToSetupCoveringEveryElementOnce) {
   const v1::SetupJobRequest& request = setups[0].request;
   EXPECT_EQ(setups[0].address, kServerAddress);
   EXPECT_EQ(request.job_id(), job_id);
-  EXPECT_EQ(request.num_workers(), 2);
+  EXPECT_EQ(request.num_partitions(), 2);
   const int64_t steps_per_epoch = kTrainExamples / (kBatch * 2);
   EXPECT_EQ(request.total_steps(), steps_per_epoch * kEpochs);
   EXPECT_EQ(request.spec().seed(), 7u);
@@ -357,10 +366,9 @@ TEST_F(JobManagerTest, AllDoneSucceedsAndKeepsParameters) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(JobManagerTest, FailedReportFailsJobNamingWorkerAndRank) {
+TEST_F(JobManagerTest, FailedReportFailsJobNamingWorker) {
   const std::string job_id = StartJob();
   MakeTraining(job_id);
-  const int rank = HeartbeatOk(workers_[1], job_id).rank();
   ASSERT_TRUE(ReportKind(workers_[1], job_id, v1::WorkReport::FAILED,
                          kTrainExamples, "out of memory in layer0")
                   .ok());
@@ -368,7 +376,6 @@ TEST_F(JobManagerTest, FailedReportFailsJobNamingWorkerAndRank) {
   EXPECT_EQ(status.state(), v1::FAILED);
   EXPECT_TRUE(Contains(status.reason(), "out of memory in layer0"));
   EXPECT_TRUE(Contains(status.reason(), workers_[1]));
-  EXPECT_TRUE(Contains(status.reason(), "rank " + std::to_string(rank)));
 
   manager_->Tick();
   const std::vector<FakeServers::Drop> drops = servers_.drops();
@@ -388,9 +395,10 @@ TEST_F(JobManagerTest, ReportsFromStrangersAreRefused) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(JobManagerTest, LostWorkerLeaseFailsJob) {
+TEST_F(JobManagerTest, LostWorkerLeaseMovesItsPartitionsToTheOthers) {
   const std::string job_id = StartJob();
   MakeTraining(job_id);
+  const int64_t epoch_before = GetOk(job_id).membership_epoch();
   // Half a lease later everyone but worker 1 heartbeats; another half lease
   // (plus a bit) later worker 1 has been silent for longer than the lease.
   Advance(options_.lease / 2);
@@ -400,20 +408,69 @@ TEST_F(JobManagerTest, LostWorkerLeaseFailsJob) {
   manager_->Tick();
 
   v1::JobStatus status = GetOk(job_id);
-  EXPECT_EQ(status.state(), v1::FAILED);
-  EXPECT_TRUE(Contains(status.reason(), "lost its lease"));
-  EXPECT_TRUE(Contains(status.reason(), workers_[1]));
+  EXPECT_EQ(status.state(), v1::RUNNING);
+  EXPECT_GT(status.membership_epoch(), epoch_before);
+  ASSERT_GT(status.events_size(), 0);
+  EXPECT_TRUE(Contains(status.events(status.events_size() - 1).message(), workers_[1]));
+  ASSERT_EQ(status.workers_size(), 1);
+  // The survivor computes every partition now.
+  v1::Assignment a = HeartbeatOk(workers_[0], job_id);
+  EXPECT_EQ(a.phase(), v1::Assignment::TRAIN);
+  EXPECT_EQ(std::vector<int32_t>(a.partitions().begin(), a.partitions().end()), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(a.num_partitions(), 2);
 
   v1::HeartbeatRequest request;
   request.set_member_id(workers_[1]);
   EXPECT_EQ(manager_->Heartbeat(request).status().code(), absl::StatusCode::kNotFound);
-  // The others are still members, and free.
-  EXPECT_TRUE(HeartbeatOk(workers_[0], job_id).job_id().empty());
-
   manager_->Tick();
-  const std::vector<FakeServers::Drop> drops = servers_.drops();
-  ASSERT_EQ(drops.size(), 1u);
-  EXPECT_FALSE(drops[0].keep_parameters);
+  EXPECT_TRUE(servers_.drops().empty());
+  // The job finishes with the survivor alone.
+  ASSERT_TRUE(ReportKind(workers_[0], job_id, v1::WorkReport::DONE).ok());
+  EXPECT_EQ(GetOk(job_id).state(), v1::SUCCEEDED);
+}
+
+TEST_F(JobManagerTest, LostServerLeaseFailsJob) {
+  const std::string job_id = StartJob();
+  MakeTraining(job_id);
+  Advance(options_.lease / 2);
+  for (const std::string& w : workers_) HeartbeatOk(w, job_id);
+  Advance(options_.lease / 2 + absl::Milliseconds(100));
+  manager_->Tick();
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_TRUE(Contains(status.reason(), "lost its lease"));
+  EXPECT_TRUE(Contains(status.reason(), server_));
+}
+
+TEST_F(JobManagerTest, JoiningWorkerTakesPartitionsOnceReady) {
+  RegisterCluster();
+  v1::JobSpec spec = MlpSpec();
+  spec.set_max_workers(3);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  MakeTraining(job_id);
+  std::set<int32_t> owned;
+  for (const std::string& w : workers_) {
+    for (int32_t p : HeartbeatOk(w, job_id).partitions()) EXPECT_TRUE(owned.insert(p).second);
+  }
+  EXPECT_EQ(owned, (std::set<int32_t>{0, 1, 2}));
+  // A third worker joins the running job: it loads first, then takes a partition.
+  const std::string joiner = RegisterMember(v1::WORKER);
+  manager_->Tick();
+  v1::Assignment loading = HeartbeatOk(joiner, job_id);
+  EXPECT_EQ(loading.job_id(), job_id);
+  EXPECT_EQ(loading.phase(), v1::Assignment::LOAD);
+  ASSERT_TRUE(ReportKind(joiner, job_id, v1::WorkReport::READY).ok());
+  v1::Assignment training = HeartbeatOk(joiner, job_id);
+  EXPECT_EQ(training.phase(), v1::Assignment::TRAIN);
+  EXPECT_EQ(training.partitions_size(), 1);
+  owned.clear();
+  for (const std::string& w : {workers_[0], workers_[1], joiner}) {
+    v1::Assignment a = HeartbeatOk(w, job_id);
+    EXPECT_EQ(a.partitions_size(), 1) << w;
+    for (int32_t p : a.partitions()) EXPECT_TRUE(owned.insert(p).second);
+  }
+  EXPECT_EQ(owned, (std::set<int32_t>{0, 1, 2}));
 }
 
 TEST_F(JobManagerTest, HeartbeatsKeepTheLease) {

@@ -159,6 +159,8 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
     spec->mutable_data()->set_path(kDefaultFashionMnistPath);
   }
   if (spec->num_workers() == 0) spec->set_num_workers(1);
+  if (spec->max_workers() == 0) spec->set_max_workers(spec->num_workers());
+  if (spec->min_workers() == 0) spec->set_min_workers(1);
   if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(v1::BSP);
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP32);
   if (spec->model().kind() == v1::ModelSpec::MLP &&
@@ -193,6 +195,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid("staleness", "applies to mode SSP only", absl::StrCat(spec.staleness()));
   }
   RETURN_IF_ERROR(CheckRange("numWorkers", spec.num_workers(), 1, 1024));
+  RETURN_IF_ERROR(CheckRange("maxWorkers", spec.max_workers(), spec.num_workers(), 1024));
+  RETURN_IF_ERROR(CheckRange("minWorkers", spec.min_workers(), 1, spec.num_workers()));
   RETURN_IF_ERROR(CheckRange("numShards", spec.num_shards(), 0, 1024));
   return absl::OkStatus();
 }

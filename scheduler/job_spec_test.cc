@@ -79,6 +79,7 @@ TEST(JobSpecTest, OtherValidVariantsPass) {
       [](v1::JobSpec* s) { s->set_name(std::string(128, 'n')); },
       [](v1::JobSpec* s) {
         s->set_num_workers(1024);
+        s->set_max_workers(1024);
         s->set_num_shards(1024);
         s->mutable_data()->set_batch_size(65536);
         s->mutable_data()->set_epochs(10000);
@@ -90,6 +91,22 @@ TEST(JobSpecTest, OtherValidVariantsPass) {
     absl::Status s = ValidateJobSpec(spec);
     EXPECT_TRUE(s.ok()) << "variant " << i << ": " << s;
   }
+}
+
+TEST(JobSpecTest, ElasticBoundsMustBracketNumWorkers) {
+  v1::JobSpec spec = BaseSpec();
+  spec.set_num_workers(4);
+  spec.set_max_workers(3);
+  absl::Status s = ValidateJobSpec(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s.message(), "maxWorkers")) << s;
+  spec.set_max_workers(8);
+  spec.set_min_workers(5);
+  s = ValidateJobSpec(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s.message(), "minWorkers")) << s;
+  spec.set_min_workers(2);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
 }
 
 TEST(JobSpecTest, DefaultsFillUnsetFields) {

@@ -67,7 +67,7 @@ JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request) {
   config.lr = request.spec().optimizer().lr();
   config.schedule = ToScheduleConfig(request.spec().lr_schedule(), request.total_steps());
   config.synchronous = request.spec().mode() != v1::ASP;
-  config.num_workers = request.num_workers();
+  config.num_partitions = request.num_partitions();
   config.seed = request.spec().seed();
   for (const v1::ChunkSetup& chunk : request.chunks()) {
     ChunkConfig c;
@@ -117,7 +117,7 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::Setu
   absl::Status status = store_->SetupJob(ToJobShardConfig(*request));
   if (status.ok()) {
     FLOG(INFO) << "job " << request->job_id() << ": holding " << request->chunks_size()
-               << " chunks for " << request->num_workers() << " workers";
+               << " chunks, " << request->num_partitions() << " data partitions";
   }
   jobs_->Set(static_cast<double>(store_->num_jobs()));
   return Finish("SetupJob", status, request->ByteSizeLong(), 0);
@@ -138,7 +138,7 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*, const v1::PushRequ
   if (!shard.ok()) return Finish("Push", shard.status(), request->ByteSizeLong(), 0);
   PushArgs args;
   args.worker_id = request->worker_id();
-  args.rank = request->rank();
+  args.partition = request->partition();
   args.seq = request->seq();
   args.step = request->step();
   for (const v1::ChunkData& chunk : request->chunks()) {

@@ -18,7 +18,11 @@ Chunk::Chunk(const ChunkConfig& config, const JobShardConfig& job) : config_(con
   std::vector<float*> slots;
   for (auto& slot : state_) slots.push_back(slot.data());
   InitOptimizerState(job.optimizer, config.length, slots.data());
-  if (job.synchronous) pending_.resize(job.num_workers);
+  if (job.synchronous) {
+    pending_.resize(job.num_partitions);
+  } else {
+    partition_steps_.assign(job.num_partitions, 0);
+  }
 }
 
 int64_t Chunk::version() const {
@@ -34,9 +38,9 @@ absl::Status Chunk::CheckPush(const PushArgs& args) const {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_.job_id, " takes no more pushes: ", frozen_reason_));
   }
-  if (args.rank < 0 || args.rank >= job_.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("push rank ", args.rank, " out of range [0, ",
-                                                   job_.num_workers, ") for job ", job_.job_id));
+  if (args.partition < 0 || args.partition >= job_.num_partitions) {
+    return absl::InvalidArgumentError(absl::StrCat("push for partition ", args.partition, " out of range [0, ",
+                                                   job_.num_partitions, ") for job ", job_.job_id));
   }
   if (job_.synchronous && args.step > version_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -64,30 +68,34 @@ absl::StatusOr<PushOutcome> Chunk::Push(const PushArgs& args) {
   RETURN_IF_ERROR(CheckPush(args));
   auto mark = watermarks_.find(args.worker_id);
   if (mark != watermarks_.end() && args.seq <= mark->second) return PushOutcome::kDuplicate;
-  if (job_.synchronous && (args.step < version_ || !pending_[args.rank].empty())) {
-    return PushOutcome::kDuplicate;  // this rank's gradient for the step is already in
+  if (job_.synchronous && (args.step < version_ || !pending_[args.partition].empty())) {
+    return PushOutcome::kDuplicate;  // this partition's gradient for the step is already in
+  }
+  if (!job_.synchronous && args.step < partition_steps_[args.partition]) {
+    return PushOutcome::kDuplicate;  // another worker already sent this partition's step
   }
   watermarks_[args.worker_id] = args.seq;
   if (!job_.synchronous) {
+    partition_steps_[args.partition] = args.step + 1;
     ApplyLocked(grad.data(), args.step);
     return PushOutcome::kApplied;
   }
-  pending_[args.rank] = std::move(grad);
+  pending_[args.partition] = std::move(grad);
   ++pending_count_;
   MaybeCompleteStepLocked();
   return PushOutcome::kBuffered;
 }
 
 void Chunk::MaybeCompleteStepLocked() {
-  if (pending_count_ < job_.num_workers) return;
-  // Sum in rank order, never arrival order, so a seeded BSP job is
+  if (pending_count_ < job_.num_partitions) return;
+  // Sum in partition order, never arrival order, so a seeded BSP job is
   // bit-for-bit reproducible.
   scratch_.assign(config_.length, 0.0f);
   for (auto& gradient : pending_) {
     for (int64_t i = 0; i < config_.length; ++i) scratch_[i] += gradient[i];
     gradient.clear();
   }
-  const float scale = 1.0f / static_cast<float>(job_.num_workers);
+  const float scale = 1.0f / static_cast<float>(job_.num_partitions);
   for (float& g : scratch_) g *= scale;
   pending_count_ = 0;
   ApplyLocked(scratch_.data(), version_);
@@ -135,8 +143,8 @@ void Chunk::Drop(const std::string& reason) {
 JobShard::JobShard(JobShardConfig config) : config_(std::move(config)) {}
 
 absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(JobShardConfig config) {
-  if (config.num_workers < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("job ", config.job_id, ": num_workers must be >= 1"));
+  if (config.num_partitions < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", config.job_id, ": num_partitions must be >= 1"));
   }
   std::unique_ptr<JobShard> shard(new JobShard(std::move(config)));
   for (const ChunkConfig& chunk : shard->config_.chunks) {

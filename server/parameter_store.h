@@ -38,14 +38,14 @@ struct JobShardConfig {
   float lr = 0;
   LrScheduleConfig schedule;
   bool synchronous = true;  // BSP; false = ASP
-  int32_t num_workers = 1;
+  int32_t num_partitions = 1;  // BSP: one gradient per partition and step
   uint64_t seed = 0;
   std::vector<ChunkConfig> chunks;
 };
 
 struct PushArgs {
   std::string worker_id;
-  int32_t rank = 0;
+  int32_t partition = 0;
   int64_t seq = 0;
   int64_t step = 0;
   int32_t chunk_id = 0;
@@ -60,7 +60,7 @@ class Chunk {
   Chunk(const ChunkConfig& config, const JobShardConfig& job);
 
   // Applies (ASP) or buffers (BSP) a gradient. Errors: INVALID_ARGUMENT for a
-  // wrong size, non-finite values or a bad rank; FAILED_PRECONDITION for a BSP
+  // wrong size, non-finite values or a bad partition; FAILED_PRECONDITION for a BSP
   // push ahead of the chunk's version; CANCELLED once the job is dropped.
   absl::StatusOr<PushOutcome> Push(const PushArgs& args);
 
@@ -86,12 +86,15 @@ class Chunk {
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<float>> state_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  // BSP: the gradients of the current step by rank (empty = not yet arrived).
+  // BSP: the gradients of the current step by partition (empty = not yet arrived).
   std::vector<std::vector<float>> pending_ ABSL_GUARDED_BY(mu_);
   int32_t pending_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<float> scratch_ ABSL_GUARDED_BY(mu_);
-  // Highest sequence number accepted per worker (push deduplication).
+  // Highest sequence number accepted per worker (retry deduplication).
   absl::flat_hash_map<std::string, int64_t> watermarks_ ABSL_GUARDED_BY(mu_);
+  // ASP: steps applied per partition (a partition's step is applied once,
+  // whichever worker computes it).
+  std::vector<int64_t> partition_steps_ ABSL_GUARDED_BY(mu_);
   std::string dropped_reason_ ABSL_GUARDED_BY(mu_);
   std::string frozen_reason_ ABSL_GUARDED_BY(mu_);
 };

@@ -56,7 +56,7 @@ JobShardConfig TestJob(bool synchronous, int32_t num_workers,
   config.optimizer.kind = OptimizerKind::kSgd;
   config.lr = kLr;
   config.synchronous = synchronous;
-  config.num_workers = num_workers;
+  config.num_partitions = num_workers;
   config.seed = kSeed;
   config.chunks.push_back(TestChunk());
   return config;
@@ -97,7 +97,7 @@ PushArgs Args(const std::string& worker, int32_t rank, int64_t seq,
               int32_t chunk_id = kChunkId) {
   PushArgs args;
   args.worker_id = worker;
-  args.rank = rank;
+  args.partition = rank;
   args.seq = seq;
   args.step = step;
   args.chunk_id = chunk_id;
@@ -362,7 +362,7 @@ TEST_F(ParameterStoreTest, NonFiniteGradientIsInvalidArgument) {
             PushOutcome::kApplied);
 }
 
-TEST_F(ParameterStoreTest, RankOutOfRangeIsInvalidArgument) {
+TEST_F(ParameterStoreTest, PartitionOutOfRangeIsInvalidArgument) {
   for (bool synchronous : {true, false}) {
     std::shared_ptr<JobShard> shard =
         Setup(TestJob(synchronous, 2, synchronous ? "bsp" : "asp"));
@@ -373,7 +373,7 @@ TEST_F(ParameterStoreTest, RankOutOfRangeIsInvalidArgument) {
           shard->Push(Args("w" + std::to_string(rank), rank, 1, 0, bytes));
       EXPECT_EQ(outcome.status().code(), absl::StatusCode::kInvalidArgument)
           << "rank " << rank << " synchronous " << synchronous;
-      EXPECT_TRUE(Contains(outcome.status().message(), "rank"));
+      EXPECT_TRUE(Contains(outcome.status().message(), "partition"));
     }
   }
 }
@@ -493,7 +493,7 @@ TEST_F(ParameterStoreTest, DropWithKeepParametersServesPullsRefusesPushes) {
 v1::SetupJobRequest BaseRequest() {
   v1::SetupJobRequest request;
   request.set_job_id("job-9");
-  request.set_num_workers(4);
+  request.set_num_partitions(4);
   request.set_total_steps(1000);
   v1::JobSpec* spec = request.mutable_spec();
   spec->set_seed(1234);
@@ -517,7 +517,7 @@ v1::SetupJobRequest BaseRequest() {
 TEST(ToJobShardConfigTest, CopiesJobChunksAndScalars) {
   const JobShardConfig config = ToJobShardConfig(BaseRequest());
   EXPECT_EQ(config.job_id, "job-9");
-  EXPECT_EQ(config.num_workers, 4);
+  EXPECT_EQ(config.num_partitions, 4);
   EXPECT_EQ(config.seed, 1234u);
   EXPECT_EQ(config.lr, 0.05f);
   EXPECT_EQ(config.schedule.kind, LrScheduleKind::kConstant);
@@ -646,6 +646,18 @@ TEST(ToJobShardConfigTest, ResultIsUsableByTheStore) {
   EXPECT_EQ(Decode(data), expected);
   ASSERT_TRUE((*shard)->Pull(4, 0, absl::Now(), &data, &version).ok());
   EXPECT_EQ(Decode(data), std::vector<float>(10, 0.0f));
+}
+
+TEST_F(ParameterStoreTest, AspPartitionStepIsAppliedOnceWhicheverWorkerSendsIt) {
+  auto shard = Setup(TestJob(/*synchronous=*/false, 2));
+  const std::string bytes = Encode(Grad(1.0f));
+  // Worker a computes partition 1's step 0; after a failover worker b
+  // recomputes it: the second is a duplicate, step 1 is new.
+  EXPECT_EQ(*shard->Push(Args("a", 1, 1, 0, bytes)), PushOutcome::kApplied);
+  EXPECT_EQ(*shard->Push(Args("b", 1, 1, 0, bytes)), PushOutcome::kDuplicate);
+  EXPECT_EQ(*shard->Push(Args("b", 1, 2, 1, bytes)), PushOutcome::kApplied);
+  // Partition 0 has its own count.
+  EXPECT_EQ(*shard->Push(Args("b", 0, 3, 0, bytes)), PushOutcome::kApplied);
 }
 
 }  // namespace

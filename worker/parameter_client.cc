@@ -17,9 +17,8 @@ constexpr int kMaxAttempts = 5;
 
 }  // namespace
 
-ParameterClient::ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id,
-                                 int32_t rank)
-    : map_(map), job_id_(std::move(job_id)), worker_id_(std::move(worker_id)), rank_(rank) {
+ParameterClient::ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id)
+    : map_(map), job_id_(std::move(job_id)), worker_id_(std::move(worker_id)) {
   std::map<std::string, std::vector<int>> by_server;
   for (int i = 0; i < map_.chunks_size(); ++i) {
     by_server[map_.shards(map_.chunks(i).shard()).address()].push_back(i);
@@ -102,7 +101,7 @@ absl::Status ParameterClient::RunAll(const std::vector<Request>& requests,
 }
 
 absl::Status ParameterClient::Pull(int64_t min_version, absl::Duration timeout,
-                                   std::vector<std::vector<float>>* params) {
+                                   std::vector<std::vector<float>>* params, Versions* versions) {
   std::vector<v1::PullRequest> requests(batches_.size());
   for (size_t i = 0; i < batches_.size(); ++i) {
     requests[i].set_job_id(job_id_);
@@ -111,6 +110,7 @@ absl::Status ParameterClient::Pull(int64_t min_version, absl::Duration timeout,
   }
   std::vector<v1::PullResponse> responses;
   RETURN_IF_ERROR(RunAll(requests, &responses, /*pull=*/true, timeout));
+  Versions seen{INT64_MAX, 0};
   for (size_t i = 0; i < batches_.size(); ++i) {
     if (responses[i].chunks_size() != static_cast<int>(batches_[i].chunks.size())) {
       return absl::InternalError(absl::StrCat("pull from ", batches_[i].address, " returned ",
@@ -122,19 +122,22 @@ absl::Status ParameterClient::Pull(int64_t min_version, absl::Duration timeout,
       float* out = (*params)[chunk.tensor()].data() + chunk.offset();
       RETURN_IF_ERROR(DecodeFloats(responses[i].chunks(c).data(), chunk.length(), out,
                                    absl::StrCat("pulled chunk ", chunk.chunk_id())));
+      seen.min = std::min(seen.min, responses[i].chunks(c).version());
+      seen.max = std::max(seen.max, responses[i].chunks(c).version());
     }
   }
+  if (versions != nullptr) *versions = batches_.empty() ? Versions() : seen;
   return absl::OkStatus();
 }
 
-absl::Status ParameterClient::Push(int64_t seq, int64_t step, const std::vector<std::vector<float>>& grads,
-                                   absl::Duration timeout) {
+absl::Status ParameterClient::Push(int64_t seq, int32_t partition, int64_t step,
+                                   const std::vector<std::vector<float>>& grads, absl::Duration timeout) {
   std::vector<v1::PushRequest> requests(batches_.size());
   for (size_t i = 0; i < batches_.size(); ++i) {
     v1::PushRequest& request = requests[i];
     request.set_job_id(job_id_);
     request.set_worker_id(worker_id_);
-    request.set_rank(rank_);
+    request.set_partition(partition);
     request.set_seq(seq);
     request.set_step(step);
     for (int index : batches_[i].chunks) {

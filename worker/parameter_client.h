@@ -24,16 +24,25 @@ class ParameterClient {
   // with default limits could take them, and well below our 8 MiB limit.
   static constexpr int64_t kMaxBatchBytes = 3 << 20;
 
-  ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id, int32_t rank);
+  ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id);
 
   // One float buffer per tensor of the map, sized to the tensor.
   std::vector<std::vector<float>> MakeBuffers() const;
 
-  // Fills `params` once every chunk has at least `min_version` updates.
-  absl::Status Pull(int64_t min_version, absl::Duration timeout, std::vector<std::vector<float>>* params);
+  // The chunks' update counts seen by a pull.
+  struct Versions {
+    int64_t min = 0;
+    int64_t max = 0;
+  };
 
-  // Sends `grads` (same layout as MakeBuffers) as push `seq`, computed at `step`.
-  absl::Status Push(int64_t seq, int64_t step, const std::vector<std::vector<float>>& grads,
+  // Fills `params` once every chunk has at least `min_version` updates.
+  // DEADLINE_EXCEEDED after `timeout`; `params` is untouched on error.
+  absl::Status Pull(int64_t min_version, absl::Duration timeout, std::vector<std::vector<float>>* params,
+                    Versions* versions = nullptr);
+
+  // Sends `grads` (same layout as MakeBuffers), computed on data partition
+  // `partition` at `step`, as this worker's push number `seq`.
+  absl::Status Push(int64_t seq, int32_t partition, int64_t step, const std::vector<std::vector<float>>& grads,
                     absl::Duration timeout);
 
   int64_t total_bytes() const { return total_bytes_; }
@@ -51,7 +60,6 @@ class ParameterClient {
   const v1::ShardMap map_;
   const std::string job_id_;
   const std::string worker_id_;
-  const int32_t rank_;
   std::vector<Batch> batches_;
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_;
   int64_t total_bytes_ = 0;

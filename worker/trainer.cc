@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,9 @@ namespace fulcrum {
 namespace {
 
 constexpr absl::Duration kRpcTimeout = absl::Seconds(60);
+// A BSP pull waits this long before the worker checks whether it was given a
+// partition that the step still lacks.
+constexpr absl::Duration kWaitSlice = absl::Seconds(1);
 constexpr absl::Duration kReportEvery = absl::Milliseconds(500);
 constexpr int kEvalBatch = 1000;
 
@@ -136,9 +140,9 @@ absl::Status Trainer::Load(const v1::Assignment& assignment) {
   job_id_ = assignment.job_id();
   const v1::JobSpec& spec = assignment.spec();
   ASSIGN_OR_RETURN(train_, LoadCached(spec.data(), spec.seed(), /*train=*/true));
-  if (assignment.rank() == 0) {
-    ASSIGN_OR_RETURN(test_, LoadCached(spec.data(), spec.seed(), /*train=*/false));
-  }
+  // Every worker loads the test set: whoever owns the evaluation partition
+  // (which moves when workers come and go) evaluates at epoch ends.
+  ASSIGN_OR_RETURN(test_, LoadCached(spec.data(), spec.seed(), /*train=*/false));
   FLOG(INFO) << "job " << job_id_ << ": loaded " << train_->num_examples << " training examples ("
              << train_->num_features << " features, " << train_->num_classes << " classes)";
   return absl::OkStatus();
@@ -178,92 +182,278 @@ absl::Status Trainer::Evaluate(const std::vector<const float*>& params, kernels:
   return absl::OkStatus();
 }
 
-absl::Status Trainer::Train(const v1::Assignment& assignment) {
-  const v1::JobSpec& spec = assignment.spec();
-  const int rank = assignment.rank();
-  const int batch = spec.data().batch_size();
-  const int64_t global_batch = int64_t{batch} * assignment.world_size();
-  const int64_t steps_per_epoch = assignment.steps_per_epoch();
-  const bool synchronous = spec.mode() != v1::ASP;
-  ModelLayout layout = LayoutFor(spec, train_->num_features, train_->num_classes);
-  kernels::Mlp model(layout.config, backend_);
-  RETURN_IF_ERROR(backend_->SetPrecision(ToPrecision(spec.precision())));
-  ParameterClient client(assignment.shard_map(), job_id_, worker_id_, rank);
-  StagedTensors params(backend_, client.MakeBuffers());
-  StagedTensors grads(backend_, client.MakeBuffers());
-  RETURN_IF_ERROR(params.Init());
-  RETURN_IF_ERROR(grads.Init());
-  // The batch, gathered on the host and staged into backend memory.
-  batch_x_.assign(static_cast<size_t>(batch) * train_->num_features, 0.0f);
-  batch_y_.assign(batch, 0);
-  const float* x_device = nullptr;
-  const int32_t* y_device = nullptr;
-  ASSIGN_OR_RETURN(kernels::Buffer x_buffer, UploadArray(backend_, batch_x_, &x_device));
-  ASSIGN_OR_RETURN(kernels::Buffer y_buffer, UploadArray(backend_, batch_y_, &y_device));
-  auto stage_batch = [&]() -> absl::Status {
-    if (backend_->HostMemory()) return absl::OkStatus();
-    RETURN_IF_ERROR(backend_->CopyFromHost(x_buffer.get(), batch_x_.data(), batch_x_.size() * sizeof(float)));
-    return backend_->CopyFromHost(y_buffer.get(), batch_y_.data(), batch_y_.size() * sizeof(int32_t));
-  };
-  std::vector<int64_t> perm;
-  int64_t perm_epoch = -1;
-  kernels::BatchStats window;
-  int64_t window_steps = 0;
-  absl::Time window_start = absl::Now();
+// One job's training on this worker: the model, the parameter client and the
+// buffers, with the BSP and ASP step loops.
+class TrainingRun {
+ public:
+  TrainingRun(Trainer* trainer, const v1::Assignment& assignment)
+      : trainer_(*trainer),
+        spec_(assignment.spec()),
+        batch_(spec_.data().batch_size()),
+        num_partitions_(assignment.num_partitions()),
+        global_batch_(int64_t{batch_} * num_partitions_),
+        steps_per_epoch_(assignment.steps_per_epoch()),
+        total_steps_(assignment.total_steps()),
+        layout_(LayoutFor(spec_, trainer->train_->num_features, trainer->train_->num_classes)),
+        model_(layout_.config, trainer->backend_),
+        client_(assignment.shard_map(), trainer->job_id_, trainer->worker_id_),
+        params_(trainer->backend_, client_.MakeBuffers()),
+        grads_(trainer->backend_, client_.MakeBuffers()) {}
 
-  auto report_progress = [&](int64_t steps_done, int32_t epoch) {
-    absl::Duration elapsed = absl::Now() - window_start;
-    v1::WorkReport report;
-    report.set_job_id(job_id_);
-    report.set_kind(v1::WorkReport::PROGRESS);
-    report.set_step(steps_done);
-    report.set_epoch(epoch);
-    report.set_loss(window.count ? window.loss_sum / window.count : 0);
-    report.set_samples_per_second(window_steps * batch / std::max(1e-9, absl::ToDoubleSeconds(elapsed)));
-    hooks_.report(report);
-    window = kernels::BatchStats();
-    window_steps = 0;
-    window_start = absl::Now();
-  };
+  absl::Status Init() {
+    kernels::Backend* backend = trainer_.backend_;
+    RETURN_IF_ERROR(backend->SetPrecision(ToPrecision(spec_.precision())));
+    RETURN_IF_ERROR(params_.Init());
+    RETURN_IF_ERROR(grads_.Init());
+    trainer_.batch_x_.assign(static_cast<size_t>(batch_) * trainer_.train_->num_features, 0.0f);
+    trainer_.batch_y_.assign(batch_, 0);
+    ASSIGN_OR_RETURN(x_buffer_, UploadArray(backend, trainer_.batch_x_, &x_device_));
+    ASSIGN_OR_RETURN(y_buffer_, UploadArray(backend, trainer_.batch_y_, &y_device_));
+    return absl::OkStatus();
+  }
 
-  for (int64_t step = 0; step < assignment.total_steps(); ++step) {
-    if (hooks_.should_stop()) return absl::CancelledError("assignment withdrawn");
-    absl::Time step_start = absl::Now();
-    const int64_t epoch = step / steps_per_epoch;
-    if (epoch != perm_epoch) {
-      perm = EpochPermutation(spec.data().shuffle_seed(), epoch, train_->num_examples);
-      perm_epoch = epoch;
-    }
-    RETURN_IF_ERROR(client.Pull(synchronous ? step : 0, kRpcTimeout, params.host()));
-    RETURN_IF_ERROR(params.Upload());
-    GatherBatch(perm, (step % steps_per_epoch) * global_batch + int64_t{rank} * batch, batch);
-    RETURN_IF_ERROR(stage_batch());
-    RETURN_IF_ERROR(model.ForwardBackward(params.device_const(), x_device, y_device, batch, grads.device(), &window));
-    RETURN_IF_ERROR(grads.Download());
-    RETURN_IF_ERROR(client.Push(/*seq=*/step + 1, step, *grads.host(), kRpcTimeout));
-    ++window_steps;
-    if (hooks_.observe_step) hooks_.observe_step(absl::ToDoubleSeconds(absl::Now() - step_start));
-    bool last = step + 1 == assignment.total_steps();
-    bool epoch_end = (step + 1) % steps_per_epoch == 0 || last;
-    if (absl::Now() - window_start >= kReportEvery || epoch_end) {
-      report_progress(step + 1, static_cast<int32_t>(epoch + 1));
-    }
-    if (epoch_end && rank == 0) {
-      RETURN_IF_ERROR(client.Pull(synchronous ? step + 1 : 0, kRpcTimeout, params.host()));
-      RETURN_IF_ERROR(params.Upload());
-      kernels::BatchStats eval;
-      RETURN_IF_ERROR(Evaluate(params.device_const(), &model, &eval));
-      v1::WorkReport report;
-      report.set_job_id(job_id_);
-      report.set_kind(v1::WorkReport::EVAL);
-      report.set_step(step + 1);
-      report.set_epoch(static_cast<int32_t>(epoch + 1));
-      report.set_test_accuracy(static_cast<double>(eval.correct) / std::max<int64_t>(1, eval.count));
-      report.set_test_loss(eval.loss_sum / std::max<int64_t>(1, eval.count));
-      hooks_.report(report);
+  absl::Status RunBsp();
+  absl::Status RunAsp();
+
+ private:
+  // Computes partition p's gradient at `step` from the uploaded parameters and pushes it.
+  absl::Status ComputeAndPush(int32_t partition, int64_t step);
+  // Pulls the current parameters (no waiting) into backend memory.
+  absl::Status PullNow() {
+    RETURN_IF_ERROR(client_.Pull(0, kRpcTimeout, params_.host()));
+    return params_.Upload();
+  }
+  absl::Status EvaluateAndReport(int64_t step);
+  void MaybeReportProgress(int64_t step, bool force, const std::map<int32_t, int64_t>* positions = nullptr);
+  void ReportDone(const std::vector<int32_t>& partitions);
+  // Blocks until the assignment changes or the job is withdrawn.
+  v1::Assignment WaitForChange(const v1::Assignment& current) {
+    return trainer_.hooks_.wait_for_change(current.membership_epoch(), absl::Milliseconds(500));
+  }
+  bool Stopped() const { return trainer_.hooks_.should_stop(); }
+  int32_t EpochOf(int64_t step) const { return static_cast<int32_t>(step / steps_per_epoch_); }
+  bool EvaluatesAt(int64_t step) const {
+    return step > 0 && (step % steps_per_epoch_ == 0 || step == total_steps_);
+  }
+
+  Trainer& trainer_;
+  const v1::JobSpec spec_;
+  const int batch_;
+  const int32_t num_partitions_;
+  const int64_t global_batch_;
+  const int64_t steps_per_epoch_;
+  const int64_t total_steps_;
+  ModelLayout layout_;
+  kernels::Mlp model_;
+  ParameterClient client_;
+  StagedTensors params_;
+  StagedTensors grads_;
+  kernels::Buffer x_buffer_, y_buffer_;
+  const float* x_device_ = nullptr;
+  const int32_t* y_device_ = nullptr;
+  std::vector<int64_t> perm_;
+  int64_t perm_epoch_ = -1;
+  int64_t seq_ = 0;
+  kernels::BatchStats window_;
+  int64_t window_steps_ = 0;
+  absl::Time window_start_ = absl::Now();
+};
+
+absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
+  absl::Time start = absl::Now();
+  const int64_t epoch = step / steps_per_epoch_;
+  if (epoch != perm_epoch_) {
+    perm_ = EpochPermutation(spec_.data().shuffle_seed(), epoch, trainer_.train_->num_examples);
+    perm_epoch_ = epoch;
+  }
+  trainer_.GatherBatch(perm_, (step % steps_per_epoch_) * global_batch_ + int64_t{partition} * batch_, batch_);
+  kernels::Backend* backend = trainer_.backend_;
+  if (!backend->HostMemory()) {
+    RETURN_IF_ERROR(backend->CopyFromHost(x_buffer_.get(), trainer_.batch_x_.data(),
+                                          trainer_.batch_x_.size() * sizeof(float)));
+    RETURN_IF_ERROR(backend->CopyFromHost(y_buffer_.get(), trainer_.batch_y_.data(),
+                                          trainer_.batch_y_.size() * sizeof(int32_t)));
+  }
+  RETURN_IF_ERROR(model_.ForwardBackward(params_.device_const(), x_device_, y_device_, batch_, grads_.device(),
+                                         &window_));
+  RETURN_IF_ERROR(grads_.Download());
+  RETURN_IF_ERROR(client_.Push(++seq_, partition, step, *grads_.host(), kRpcTimeout));
+  ++window_steps_;
+  if (trainer_.hooks_.observe_step) trainer_.hooks_.observe_step(absl::ToDoubleSeconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+absl::Status TrainingRun::EvaluateAndReport(int64_t step) {
+  kernels::BatchStats eval;
+  RETURN_IF_ERROR(trainer_.Evaluate(params_.device_const(), &model_, &eval));
+  v1::WorkReport report;
+  report.set_kind(v1::WorkReport::EVAL);
+  report.set_step(step);
+  report.set_epoch(static_cast<int32_t>((step + steps_per_epoch_ - 1) / steps_per_epoch_));
+  report.set_test_accuracy(static_cast<double>(eval.correct) / std::max<int64_t>(1, eval.count));
+  report.set_test_loss(eval.loss_sum / std::max<int64_t>(1, eval.count));
+  trainer_.hooks_.report(report);
+  return absl::OkStatus();
+}
+
+void TrainingRun::MaybeReportProgress(int64_t step, bool force, const std::map<int32_t, int64_t>* positions) {
+  absl::Duration elapsed = absl::Now() - window_start_;
+  if (!force && elapsed < kReportEvery) return;
+  v1::WorkReport report;
+  report.set_kind(v1::WorkReport::PROGRESS);
+  report.set_step(step);
+  report.set_epoch(std::min<int32_t>(spec_.data().epochs(), EpochOf(std::max<int64_t>(0, step - 1)) + 1));
+  report.set_loss(window_.count ? window_.loss_sum / window_.count : 0);
+  report.set_samples_per_second(window_steps_ * batch_ / std::max(1e-9, absl::ToDoubleSeconds(elapsed)));
+  if (positions != nullptr) {
+    for (const auto& [partition, position] : *positions) {
+      report.add_partitions(partition);
+      report.add_partition_steps(position);
     }
   }
+  trainer_.hooks_.report(report);
+  window_ = kernels::BatchStats();
+  window_steps_ = 0;
+  window_start_ = absl::Now();
+}
+
+void TrainingRun::ReportDone(const std::vector<int32_t>& partitions) {
+  v1::WorkReport report;
+  report.set_kind(v1::WorkReport::DONE);
+  for (int32_t p : partitions) report.add_partitions(p);
+  trainer_.hooks_.report(report);
+}
+
+// BSP: every step averages one gradient per partition. The step to compute
+// is the version the servers are at, so a worker can join (or take over a
+// partition) at any step; a partition's gradient for a step is applied once
+// whoever sends it, and is the same whoever computes it.
+absl::Status TrainingRun::RunBsp() {
+  int64_t next = 0;           // the version to wait for
+  int64_t have_version = -1;  // the version of the uploaded parameters
+  int64_t evaluated = 0;      // last step evaluated
+  std::set<int32_t> pushed;   // partitions pushed for have_version
+  v1::Assignment assignment = trainer_.hooks_.latest_assignment();
+  while (true) {
+    if (Stopped()) return absl::CancelledError("assignment withdrawn");
+    ParameterClient::Versions versions;
+    absl::Status pulled = client_.Pull(next, kWaitSlice, params_.host(), &versions);
+    if (absl::IsDeadlineExceeded(pulled)) {
+      // The step waits for a partition nobody sent: compute the ones this
+      // worker owns now (e.g. taken over from a worker that died).
+      assignment = trainer_.hooks_.latest_assignment();
+      if (have_version < 0) continue;
+      for (int32_t p : assignment.partitions()) {
+        if (pushed.insert(p).second) RETURN_IF_ERROR(ComputeAndPush(p, have_version));
+      }
+      continue;
+    }
+    RETURN_IF_ERROR(pulled);
+    if (versions.min != versions.max) {  // caught mid-update: wait for all chunks
+      next = versions.max;
+      continue;
+    }
+    const int64_t version = versions.min;
+    RETURN_IF_ERROR(params_.Upload());
+    have_version = version;
+    pushed.clear();
+    assignment = trainer_.hooks_.latest_assignment();
+    const bool evaluator = std::count(assignment.partitions().begin(), assignment.partitions().end(),
+                                      assignment.eval_partition()) > 0;
+    if (evaluator && EvaluatesAt(version) && evaluated < version) {
+      RETURN_IF_ERROR(EvaluateAndReport(version));
+      evaluated = version;
+    }
+    if (version >= total_steps_) break;
+    for (int32_t p : assignment.partitions()) {
+      if (pushed.insert(p).second) RETURN_IF_ERROR(ComputeAndPush(p, version));
+    }
+    MaybeReportProgress(version + 1, (version + 1) % steps_per_epoch_ == 0);
+    next = version + 1;
+  }
+  MaybeReportProgress(total_steps_, /*force=*/true);
+  // Done: report the partitions owned now, and keep serving the job until it
+  // ends, in case a partition (and its final evaluation) moves here.
+  std::set<int32_t> reported;
+  while (!Stopped()) {
+    std::vector<int32_t> fresh;
+    bool evaluate = false;
+    for (int32_t p : assignment.partitions()) {
+      if (!reported.insert(p).second) continue;
+      fresh.push_back(p);
+      evaluate |= p == assignment.eval_partition() && evaluated < total_steps_;
+    }
+    if (evaluate) {
+      RETURN_IF_ERROR(PullNow());
+      RETURN_IF_ERROR(EvaluateAndReport(total_steps_));
+      evaluated = total_steps_;
+    }
+    if (!fresh.empty()) ReportDone(fresh);
+    assignment = WaitForChange(assignment);
+  }
   return absl::OkStatus();
+}
+
+// ASP: each partition runs through the epochs at its own pace; the worker
+// takes its partition that is furthest behind. Servers apply a partition's
+// step once, so a partition resumed elsewhere after a failure (from the last
+// reported position) is not applied twice.
+absl::Status TrainingRun::RunAsp() {
+  std::map<int32_t, int64_t> positions;
+  std::set<int32_t> reported_done;
+  v1::Assignment assignment = trainer_.hooks_.latest_assignment();
+  while (!Stopped()) {
+    std::map<int32_t, int64_t> owned;
+    for (int i = 0; i < assignment.partitions_size(); ++i) {
+      int32_t p = assignment.partitions(i);
+      auto it = positions.find(p);
+      owned[p] = it != positions.end() ? it->second
+                                       : (i < assignment.partition_steps_size() ? assignment.partition_steps(i) : 0);
+    }
+    positions.swap(owned);
+    int32_t next = -1;
+    for (const auto& [p, position] : positions) {
+      if (position < total_steps_ && (next < 0 || position < positions[next])) next = p;
+    }
+    if (next < 0) {  // every owned partition is through: report, then wait for the job's end
+      std::vector<int32_t> fresh;
+      for (const auto& [p, position] : positions) {
+        if (reported_done.insert(p).second) fresh.push_back(p);
+      }
+      if (!fresh.empty()) {
+        MaybeReportProgress(total_steps_, /*force=*/true, &positions);
+        if (positions.count(assignment.eval_partition()) > 0) {
+          RETURN_IF_ERROR(PullNow());
+          RETURN_IF_ERROR(EvaluateAndReport(total_steps_));
+        }
+        ReportDone(fresh);
+      }
+      assignment = WaitForChange(assignment);
+      continue;
+    }
+    RETURN_IF_ERROR(PullNow());
+    const int64_t step = positions[next];
+    RETURN_IF_ERROR(ComputeAndPush(next, step));
+    positions[next] = step + 1;
+    if (next == assignment.eval_partition() && EvaluatesAt(step + 1) && step + 1 < total_steps_) {
+      RETURN_IF_ERROR(PullNow());
+      RETURN_IF_ERROR(EvaluateAndReport(step + 1));
+    }
+    MaybeReportProgress(step + 1, false, &positions);
+    assignment = trainer_.hooks_.latest_assignment();
+  }
+  return absl::CancelledError("assignment withdrawn");
+}
+
+absl::Status Trainer::Train(const v1::Assignment& assignment) {
+  TrainingRun run(this, assignment);
+  RETURN_IF_ERROR(run.Init());
+  if (assignment.spec().mode() == v1::ASP) {
+    absl::Status status = run.RunAsp();
+    // The job ending (withdrawn) after this worker is through is success.
+    return status;
+  }
+  return run.RunBsp();
 }
 
 }  // namespace fulcrum

@@ -2,11 +2,13 @@
 // pull -> forward/backward -> push, reporting progress, and (rank 0)
 // evaluates the test set after every epoch.
 //
-// Data partition: each epoch has a seeded permutation of the training set;
-// global step s uses the permutation's slice [s*G, (s+1)*G) with
-// G = batchSize * numWorkers, and rank r takes the r-th batchSize rows of it.
-// So every example is seen at most once per epoch and a BSP job's step sees
-// the same examples whatever the number of workers.
+// Data partitions: each epoch has a seeded permutation of the training set;
+// step s of the epoch uses the permutation's slice [s*G, (s+1)*G) with
+// G = batchSize * P (P = maxWorkers partitions), and partition p takes the
+// p-th batchSize rows of it. Workers compute the partitions the scheduler
+// gives them, so every example is used once per epoch and a BSP step's
+// average does not depend on how many workers are live or which one computes
+// which partition.
 #ifndef FULCRUM_WORKER_TRAINER_H_
 #define FULCRUM_WORKER_TRAINER_H_
 
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "fulcrum/v1/cluster.pb.h"
 #include "kernels/backend.h"
 #include "kernels/mlp.h"
@@ -31,7 +34,14 @@ struct TrainerHooks {
   std::function<void(v1::WorkReport)> report;  // sends a report to the scheduler
   std::function<bool()> should_stop;           // the assignment was withdrawn
   std::function<void(double)> observe_step;    // step duration in seconds (metrics)
+  // The newest assignment of this job (partitions change as workers come and go).
+  std::function<v1::Assignment()> latest_assignment;
+  // Waits until the job's membership epoch passes `epoch`, the job is
+  // withdrawn, or `timeout`; returns the newest assignment.
+  std::function<v1::Assignment(int64_t epoch, absl::Duration timeout)> wait_for_change;
 };
+
+class TrainingRun;
 
 class Trainer {
  public:
@@ -41,10 +51,12 @@ class Trainer {
   absl::Status Load(const v1::Assignment& assignment);
   // The READY report for the loaded data.
   v1::WorkReport ReadyReport() const;
-  // Trains to the end of the assignment. CANCELLED if should_stop() fired.
+  // Trains until the job is through (reporting DONE for its partitions) and
+  // then until it ends. CANCELLED if should_stop() fired first.
   absl::Status Train(const v1::Assignment& assignment);
 
  private:
+  friend class TrainingRun;
   absl::Status Evaluate(const std::vector<const float*>& params, kernels::Mlp* model,
                         kernels::BatchStats* stats);
   // Copies the batch's rows into batch_x_ / batch_y_ (sized by the caller).

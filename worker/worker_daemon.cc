@@ -15,6 +15,24 @@ WorkerDaemon::WorkerDaemon(kernels::Backend* backend, prometheus::Histogram* ste
 void WorkerDaemon::OnHeartbeat(const v1::HeartbeatResponse& response) {
   absl::MutexLock lock(&mu_);
   latest_ = response.assignment();
+  changed_.SignalAll();
+}
+
+v1::Assignment WorkerDaemon::Latest() const {
+  absl::MutexLock lock(&mu_);
+  return latest_;
+}
+
+v1::Assignment WorkerDaemon::WaitForChange(const std::string& job_id, int64_t epoch, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || latest_.job_id() != job_id || latest_.membership_epoch() != epoch;
+  };
+  absl::Time deadline = absl::Now() + timeout;
+  while (!changed()) {
+    if (changed_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  return latest_;
 }
 
 std::string WorkerDaemon::CurrentJob() const {
@@ -25,6 +43,7 @@ std::string WorkerDaemon::CurrentJob() const {
 void WorkerDaemon::Stop() {
   absl::MutexLock lock(&mu_);
   stopping_ = true;
+  changed_.SignalAll();
 }
 
 bool WorkerDaemon::Withdrawn(const std::string& job_id) const {
@@ -75,6 +94,10 @@ void WorkerDaemon::RunJob(MembershipClient* membership, v1::Assignment assignmen
   TrainerHooks hooks;
   hooks.report = report;
   hooks.should_stop = [this, job_id] { return Withdrawn(job_id); };
+  hooks.latest_assignment = [this] { return Latest(); };
+  hooks.wait_for_change = [this, job_id](int64_t epoch, absl::Duration timeout) {
+    return WaitForChange(job_id, epoch, timeout);
+  };
   hooks.observe_step = [this](double seconds) {
     if (step_seconds_) step_seconds_->Observe(seconds);
     if (steps_total_) steps_total_->Increment();
@@ -96,10 +119,7 @@ void WorkerDaemon::RunJob(MembershipClient* membership, v1::Assignment assignmen
     return;
   }
   if (absl::Status status = trainer.Train(assignment); !status.ok()) return fail(status);
-  v1::WorkReport done;
-  done.set_kind(v1::WorkReport::DONE);
-  report(done);
-  FLOG(INFO) << "job " << job_id << ": finished " << assignment.total_steps() << " steps";
+  FLOG(INFO) << "job " << job_id << " ended";
 }
 
 }  // namespace fulcrum

@@ -38,12 +38,15 @@ class WorkerDaemon {
   // Waits until `job_id` reaches TRAIN; false if it was withdrawn.
   bool WaitForTrain(const std::string& job_id, v1::Assignment* assignment);
   bool Withdrawn(const std::string& job_id) const;
+  v1::Assignment Latest() const;
+  v1::Assignment WaitForChange(const std::string& job_id, int64_t epoch, absl::Duration timeout);
   void RunJob(MembershipClient* membership, v1::Assignment assignment);
 
   kernels::Backend* backend_;
   prometheus::Histogram* step_seconds_;
   prometheus::Counter* steps_total_;
   mutable absl::Mutex mu_;  // guards the members below
+  absl::CondVar changed_;   // signalled on every heartbeat and on Stop
   v1::Assignment latest_ ABSL_GUARDED_BY(mu_);
   std::string current_job_ ABSL_GUARDED_BY(mu_);
   std::string last_job_ ABSL_GUARDED_BY(mu_);

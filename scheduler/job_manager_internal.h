@@ -1,0 +1,60 @@
+// JobManager's private state, shared by its .cc files (split by concern:
+// job_manager.cc the job API and reports, job_manager_membership.cc members,
+// leases and partition ownership, job_manager_placement.cc shard maps).
+#ifndef FULCRUM_SCHEDULER_JOB_MANAGER_INTERNAL_H_
+#define FULCRUM_SCHEDULER_JOB_MANAGER_INTERNAL_H_
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "scheduler/job_manager.h"
+
+namespace fulcrum {
+
+struct JobManager::Member {
+  std::string id;
+  v1::Role role = v1::ROLE_UNSPECIFIED;
+  std::string address;
+  std::string metrics_address;
+  std::string device;
+  int64_t pid = 0;
+  absl::Time last_heartbeat;
+  std::string job_id;  // workers: the job assigned, if any
+};
+
+// A worker taking part in a job.
+struct JobWorker {
+  std::string id;
+  int32_t rank = 0;                  // order of joining the job
+  bool ready = false;                // its data is loaded
+  std::vector<int32_t> partitions;   // data partitions it computes (ready workers only)
+  v1::WorkReport progress;           // its latest PROGRESS report
+};
+
+struct JobManager::Job {
+  enum class Phase { kPending, kLoading, kSettingUp, kTraining, kEnded };
+
+  v1::JobStatus status;
+  int64_t version = 0;  // bumped on every status change (WatchJob)
+  absl::Time started;
+  Phase phase = Phase::kPending;
+  std::vector<JobWorker> workers;  // live workers, in joining order
+  int32_t next_rank = 0;
+  int32_t num_partitions = 0;
+  std::vector<int64_t> partition_steps;  // ASP: steps done per partition (resume points)
+  std::set<int32_t> done_partitions;
+  bool have_data_info = false;
+  v1::WorkReport data_info;  // the first READY report: dataset sizes
+  std::map<std::string, std::string> server_addresses;  // server id -> address
+  v1::ShardMap shard_map;
+  int64_t steps_per_epoch = 0;
+  int64_t total_steps = 0;
+  absl::Time last_history_point;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SCHEDULER_JOB_MANAGER_INTERNAL_H_

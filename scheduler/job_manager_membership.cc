@@ -1,0 +1,302 @@
+// JobManager: members, leases and the ownership of data partitions.
+//
+// A job has num_partitions = maxWorkers data partitions. Ready workers own
+// them, spread as evenly as possible; when a worker dies its partitions go to
+// the others, and a joining worker takes some once its data is loaded. Every
+// change bumps the job's membership epoch and is recorded as an event.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "scheduler/job_manager_internal.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr int kMaxEvents = 200;
+
+int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
+
+std::string PartitionList(const std::vector<int32_t>& partitions) {
+  return absl::StrCat("{", absl::StrJoin(partitions, ","), "}");
+}
+
+}  // namespace
+
+absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequest& request) {
+  if (request.role() != v1::SERVER && request.role() != v1::WORKER) {
+    return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
+  }
+  if (request.role() == v1::SERVER && request.address().empty()) {
+    return absl::InvalidArgumentError("register: a server must give its address");
+  }
+  absl::MutexLock lock(&mu_);
+  std::string id = request.requested_id();
+  if (id.empty()) {
+    const char* prefix = request.role() == v1::SERVER ? "server-" : "worker-";
+    do {
+      id = absl::StrCat(prefix, next_member_[request.role()]++);
+    } while (members_.count(id) > 0);
+  }
+  auto existing = members_.find(id);
+  if (existing != members_.end()) {
+    // The same id registering again is a restarted process: whatever it held
+    // for running jobs (a worker's partitions, a server's parameters) is gone.
+    for (auto& [job_id, job] : jobs_) {
+      if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
+      if (job->server_addresses.count(id) > 0) {
+        EndJob(job.get(), v1::FAILED, absl::StrCat("server ", id, " restarted and lost the job's parameters"));
+      } else if (existing->second->job_id == job_id) {
+        RemoveWorker(job.get(), id, "restarted");
+      }
+    }
+  }
+  auto member = std::make_unique<Member>();
+  member->id = id;
+  member->role = request.role();
+  member->address = request.address();
+  member->metrics_address = request.metrics_address();
+  member->device = request.device();
+  member->pid = request.pid();
+  member->last_heartbeat = clock_();
+  members_[id] = std::move(member);
+  FLOG(INFO) << "registered " << id << " (" << v1::Role_Name(request.role()) << ", "
+             << (request.address().empty() ? "no address" : request.address()) << ")";
+  v1::RegisterResponse response;
+  response.set_member_id(id);
+  response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
+  response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  return response;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(request.member_id());
+  if (it == members_.end()) {
+    return absl::NotFoundError(absl::StrCat("member \"", request.member_id(),
+                                            "\" is not registered (lease expired?): register again"));
+  }
+  Member& member = *it->second;
+  member.last_heartbeat = clock_();
+  v1::HeartbeatResponse response;
+  if (member.role == v1::WORKER) *response.mutable_assignment() = AssignmentFor(member);
+  return response;
+}
+
+v1::Assignment JobManager::AssignmentFor(const Member& member) const {
+  v1::Assignment assignment;
+  Job* job = member.job_id.empty() ? nullptr : FindJob(member.job_id);
+  if (job == nullptr || job->phase == Job::Phase::kEnded) return assignment;
+  const JobWorker* self = nullptr;
+  for (const JobWorker& w : job->workers) {
+    if (w.id == member.id) self = &w;
+  }
+  if (self == nullptr) return assignment;
+  assignment.set_job_id(job->status.job_id());
+  *assignment.mutable_spec() = job->status.spec();
+  assignment.set_rank(self->rank);
+  assignment.set_world_size(static_cast<int32_t>(job->workers.size()));
+  assignment.set_num_partitions(job->num_partitions);
+  assignment.set_membership_epoch(job->status.membership_epoch());
+  assignment.set_eval_partition(0);
+  if (job->phase != Job::Phase::kTraining || !self->ready) {
+    assignment.set_phase(v1::Assignment::LOAD);
+    return assignment;
+  }
+  assignment.set_phase(v1::Assignment::TRAIN);
+  *assignment.mutable_shard_map() = job->shard_map;
+  assignment.set_steps_per_epoch(job->steps_per_epoch);
+  assignment.set_total_steps(job->total_steps);
+  for (int32_t p : self->partitions) {
+    assignment.add_partitions(p);
+    assignment.add_partition_steps(job->partition_steps[p]);
+  }
+  return assignment;
+}
+
+std::vector<v1::MemberInfo> JobManager::Members() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::MemberInfo> members;
+  for (const auto& [id, member] : members_) {
+    v1::MemberInfo info;
+    info.set_member_id(id);
+    info.set_role(member->role);
+    info.set_address(member->address);
+    info.set_metrics_address(member->metrics_address);
+    info.set_job_id(member->job_id);
+    info.set_last_heartbeat_unix_ms(UnixMillis(member->last_heartbeat));
+    info.set_device(member->device);
+    members.push_back(std::move(info));
+  }
+  return members;
+}
+
+void JobManager::ExpireLeases() {
+  absl::Time now = clock_();
+  for (auto it = members_.begin(); it != members_.end();) {
+    Member& member = *it->second;
+    absl::Duration silent = now - member.last_heartbeat;
+    if (silent <= options_.lease) {
+      ++it;
+      continue;
+    }
+    std::string what = absl::StrFormat("%s %s lost its lease: no heartbeat for %.1fs",
+                                       member.role == v1::SERVER ? "server" : "worker", member.id,
+                                       absl::ToDoubleSeconds(silent));
+    FLOG(WARNING) << what;
+    for (auto& [job_id, job] : jobs_) {
+      if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
+      if (job->server_addresses.count(member.id) > 0) {
+        EndJob(job.get(), v1::FAILED, what);
+      } else if (member.job_id == job_id) {
+        RemoveWorker(job.get(), member.id, absl::StrFormat("lost (no heartbeat for %.1fs)",
+                                                           absl::ToDoubleSeconds(silent)));
+      }
+    }
+    it = members_.erase(it);
+  }
+}
+
+void JobManager::SchedulePending() {
+  // First come, first served: a job that cannot start blocks those behind it,
+  // so a big job is not starved by a stream of small ones.
+  while (!pending_.empty()) {
+    Job* job = FindJob(pending_.front());
+    if (job == nullptr || job->phase != Job::Phase::kPending) {
+      pending_.pop_front();
+      continue;
+    }
+    if (!TryAssign(job)) return;
+    pending_.pop_front();
+  }
+}
+
+bool JobManager::TryAssign(Job* job) {
+  std::vector<Member*> idle;
+  int servers = 0;
+  for (auto& [id, member] : members_) {
+    if (member->role == v1::SERVER) ++servers;
+    if (member->role == v1::WORKER && member->job_id.empty()) idle.push_back(member.get());
+  }
+  int wanted = job->status.spec().num_workers();
+  if (servers == 0 || static_cast<int>(idle.size()) < wanted) {
+    std::string reason = absl::StrFormat("waiting for resources: %d of %d workers idle, %d servers live",
+                                         idle.size(), wanted, servers);
+    if (job->status.reason() != reason) {
+      job->status.set_reason(reason);
+      Touch(job);
+    }
+    return false;
+  }
+  job->phase = Job::Phase::kLoading;
+  job->started = clock_();
+  job->status.set_state(v1::RUNNING);
+  job->status.set_reason("workers loading data");
+  job->status.set_start_time_unix_ms(UnixMillis(job->started));
+  for (int i = 0; i < wanted; ++i) AddWorker(job, idle[i]);
+  FLOG(INFO) << "job " << job->status.job_id() << " assigned to " << wanted << " workers";
+  return true;
+}
+
+void JobManager::GrowJobs() {
+  // Running jobs take idle workers up to maxWorkers; pending jobs come first
+  // (SchedulePending ran before), so elastic growth never starves a new job.
+  for (auto& [job_id, job] : jobs_) {
+    if (job->phase != Job::Phase::kLoading && job->phase != Job::Phase::kTraining) continue;
+    for (auto& [id, member] : members_) {
+      if (static_cast<int>(job->workers.size()) >= job->status.spec().max_workers()) break;
+      if (member->role != v1::WORKER || !member->job_id.empty()) continue;
+      AddWorker(job.get(), member.get());
+      AddEvent(job.get(), absl::StrCat(id, " joined; loading data"));
+    }
+  }
+}
+
+void JobManager::AddWorker(Job* job, Member* member) {
+  member->job_id = job->status.job_id();
+  JobWorker worker;
+  worker.id = member->id;
+  worker.rank = job->next_rank++;
+  job->workers.push_back(std::move(worker));
+  SyncWorkerStatus(job);
+  Touch(job);
+}
+
+void JobManager::RemoveWorker(Job* job, const std::string& worker_id, const std::string& why) {
+  auto it = std::find_if(job->workers.begin(), job->workers.end(),
+                         [&](const JobWorker& w) { return w.id == worker_id; });
+  if (it == job->workers.end()) return;
+  std::vector<int32_t> orphans = it->partitions;
+  job->workers.erase(it);
+  auto member = members_.find(worker_id);
+  if (member != members_.end() && member->second->job_id == job->status.job_id()) member->second->job_id.clear();
+  Rebalance(job);
+  std::string message = absl::StrCat(worker_id, " ", why);
+  if (!orphans.empty()) absl::StrAppend(&message, "; its partitions ", PartitionList(orphans), " moved");
+  int live = static_cast<int>(job->workers.size());
+  if (live < job->status.spec().min_workers()) {
+    job->status.set_reason(absl::StrFormat("waiting for workers: %d live, minWorkers %d", live,
+                                           job->status.spec().min_workers()));
+  }
+  AddEvent(job, message);
+}
+
+void JobManager::Rebalance(Job* job) {
+  std::vector<JobWorker*> ready;
+  for (JobWorker& w : job->workers) {
+    if (w.ready) ready.push_back(&w);
+  }
+  std::vector<bool> owned(job->num_partitions, false);
+  for (JobWorker* w : ready) {
+    for (int32_t p : w->partitions) owned[p] = true;
+  }
+  if (ready.empty()) return;  // unowned partitions wait for a ready worker
+  auto least = [&] {
+    return *std::min_element(ready.begin(), ready.end(), [](JobWorker* a, JobWorker* b) {
+      return a->partitions.size() < b->partitions.size();
+    });
+  };
+  for (int32_t p = 0; p < job->num_partitions; ++p) {
+    if (!owned[p]) least()->partitions.push_back(p);
+  }
+  // Even out: move the highest partition of the busiest worker to the idlest.
+  while (true) {
+    JobWorker* most = *std::max_element(ready.begin(), ready.end(), [](JobWorker* a, JobWorker* b) {
+      return a->partitions.size() < b->partitions.size();
+    });
+    JobWorker* fewest = least();
+    if (most->partitions.size() <= fewest->partitions.size() + 1) break;
+    fewest->partitions.push_back(most->partitions.back());
+    most->partitions.pop_back();
+  }
+  for (JobWorker* w : ready) std::sort(w->partitions.begin(), w->partitions.end());
+  SyncWorkerStatus(job);
+}
+
+void JobManager::AddEvent(Job* job, const std::string& message) {
+  job->status.set_membership_epoch(job->status.membership_epoch() + 1);
+  v1::JobEvent* event = job->status.add_events();
+  event->set_time_unix_ms(UnixMillis(clock_()));
+  event->set_membership_epoch(job->status.membership_epoch());
+  event->set_message(message);
+  if (job->status.events_size() > kMaxEvents) job->status.mutable_events()->DeleteSubrange(0, 1);
+  FLOG(INFO) << "job " << job->status.job_id() << " epoch " << job->status.membership_epoch() << ": " << message;
+  Touch(job);
+}
+
+void JobManager::SyncWorkerStatus(Job* job) {
+  job->status.clear_workers();
+  for (const JobWorker& w : job->workers) {
+    v1::WorkerAssignmentInfo* info = job->status.add_workers();
+    info->set_worker_id(w.id);
+    info->set_rank(w.rank);
+    info->set_ready(w.ready);
+    for (int32_t p : w.partitions) info->add_partitions(p);
+    auto member = members_.find(w.id);
+    if (member != members_.end()) info->set_address(member->second->address);
+  }
+}
+
+}  // namespace fulcrum

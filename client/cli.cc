@@ -159,12 +159,24 @@ void PrintJob(const v1::JobStatus& job) {
             << spec.data().batch_size() << ", " << v1::OptimizerSpec::Kind_Name(spec.optimizer().kind())
             << " lr " << spec.optimizer().lr() << ", "
             << v1::LrScheduleSpec::Kind_Name(spec.lr_schedule().kind()) << " schedule\n";
-  std::cout << "Workers:   ";
-  for (const auto& w : job.workers()) std::cout << " " << w.worker_id() << " (rank " << w.rank() << ")";
-  std::cout << "\nShards:\n";
+  std::cout << "Membership: epoch " << job.membership_epoch() << ", " << job.workers_size() << " workers (min "
+            << spec.min_workers() << ", max " << spec.max_workers() << "), " << spec.max_workers()
+            << " data partitions\n";
+  for (const auto& w : job.workers()) {
+    std::cout << absl::StrFormat("  %-12s rank %-3d %-8s partitions {%s}\n", w.worker_id(), w.rank(),
+                                 w.ready() ? "training" : "loading", absl::StrJoin(w.partitions(), ","));
+  }
+  std::cout << "Shards:\n";
   for (const auto& s : job.shards()) {
     std::cout << absl::StrFormat("  shard %-3d %-10s %-21s %4d chunks %10d elements\n", s.shard(), s.server_id(),
                                  s.address(), s.chunks(), s.elements());
+  }
+  if (job.events_size() > 0) std::cout << "Events:\n";
+  for (const auto& e : job.events()) {
+    std::cout << absl::StrFormat("  %s  epoch %-4d %s\n",
+                                 absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(e.time_unix_ms()),
+                                                  absl::LocalTimeZone()),
+                                 e.membership_epoch(), e.message());
   }
   std::cout << "History:\n"
             << absl::StrFormat("  %5s %8s %10s %9s %10s %12s %9s\n", "EPOCH", "STEP", "LOSS", "TEST_ACC",

@@ -139,8 +139,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   cluster->owned_ = true;
   cluster->file_.set_dir(options.dir);
   cluster->file_.set_replicas(options.replicas);
-  ASSIGN_OR_RETURN(v1::LocalProcess scheduler,
-                   cluster->Spawn("scheduler", "scheduler", options.scheduler_flags));
+  std::vector<std::string> scheduler_flags = options.scheduler_flags;
+  scheduler_flags.push_back(absl::StrCat("--data_dir=", options.dir, "/scheduler-state"));
+  ASSIGN_OR_RETURN(v1::LocalProcess scheduler, cluster->Spawn("scheduler", "scheduler", scheduler_flags));
   cluster->file_.set_scheduler(scheduler.grpc_address());
   for (int i = 0; i < options.servers; ++i) RETURN_IF_ERROR(cluster->AddServer().status());
   for (int i = 0; i < options.workers; ++i) RETURN_IF_ERROR(cluster->AddWorker().status());
@@ -241,6 +242,24 @@ absl::Status LocalCluster::WriteFile() const {
   auto status = google::protobuf::util::MessageToJsonString(file_, &json, print);
   if (!status.ok()) return absl::InternalError(status.ToString());
   return WriteFileAtomically(file_.dir() + "/cluster.json", json);
+}
+
+absl::StatusOr<v1::LocalProcess> LocalCluster::RestartScheduler() {
+  int index = -1;
+  for (int i = 0; i < file_.processes_size(); ++i) {
+    if (file_.processes(i).role() == "scheduler") index = i;
+  }
+  if (index < 0) return absl::NotFoundError("no scheduler in this local cluster");
+  v1::LocalProcess old = file_.processes(index);
+  pid_t pid = static_cast<pid_t>(old.pid());
+  if (Alive(pid)) {
+    return absl::FailedPreconditionError(absl::StrCat("the scheduler (pid ", pid, ") is still running"));
+  }
+  file_.mutable_processes()->DeleteSubrange(index, 1);
+  std::vector<std::string> flags = options_.scheduler_flags;
+  flags.push_back(absl::StrCat("--data_dir=", file_.dir(), "/scheduler-state"));
+  flags.push_back(absl::StrCat("--port=", old.grpc_address().substr(old.grpc_address().rfind(':') + 1)));
+  return Spawn("scheduler", "scheduler", flags);
 }
 
 absl::Status LocalCluster::Signal(const std::string& id, int signal) {

@@ -56,6 +56,9 @@ class LocalCluster {
   // Removes cluster.json. UNAVAILABLE naming the processes that had to be
   // killed (did not exit on SIGTERM in time).
   absl::Status Down(absl::Duration grace = absl::Seconds(10));
+  // Starts the scheduler again on its old port and state folder (after it
+  // died or was killed), replacing its entry in cluster.json.
+  absl::StatusOr<v1::LocalProcess> RestartScheduler();
   // Sends `signal` to the process with member id `id`.
   absl::Status Signal(const std::string& id, int signal);
   // Leaves the processes running when this object goes away (--detach).

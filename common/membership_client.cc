@@ -33,7 +33,17 @@ bool MembershipClient::RegisterOnce() {
   request.set_role(options_.role);
   request.set_address(options_.address);
   request.set_metrics_address(options_.metrics_address);
-  request.set_requested_id(options_.requested_id);
+  // Register again under the id the scheduler gave us before (it may have
+  // restarted): a worker then goes back to its job.
+  std::string previous;
+  {
+    absl::MutexLock lock(&mu_);
+    previous = last_id_;
+  }
+  request.set_requested_id(!options_.requested_id.empty() ? options_.requested_id : previous);
+  if (options_.held_jobs) {
+    for (const std::string& job : options_.held_jobs()) request.add_jobs(job);
+  }
   request.set_pid(getpid());
   request.set_device(options_.device);
   v1::RegisterResponse response;
@@ -50,6 +60,7 @@ bool MembershipClient::RegisterOnce() {
   SetLogTag(response.member_id());
   absl::MutexLock lock(&mu_);
   member_id_ = response.member_id();
+  last_id_ = member_id_;
   interval_ms_ = std::max<int64_t>(50, response.heartbeat_interval_ms());
   return true;
 }
@@ -88,14 +99,17 @@ void MembershipClient::Loop() {
 
 absl::Status MembershipClient::Report(v1::WorkReport report) {
   report.set_member_id(member_id());
+  // Progress is sent again soon anyway; anything else is retried while the
+  // scheduler is unreachable (restarting), for about a minute.
+  const int attempts = report.kind() == v1::WorkReport::PROGRESS ? 2 : 60;
   grpc::Status status;
-  for (int attempt = 0; attempt < 5; ++attempt) {
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    if (attempt > 0) usleep(std::min(1000000, 100000 * attempt));  // backoff before retrying
     v1::WorkReportResponse response;
     grpc::ClientContext context;
     SetDeadline(&context, 5.0);
     status = stub_->ReportWork(&context, report, &response);
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-    usleep(200000 * (attempt + 1));  // backoff between retries of a failed RPC
   }
   return FromGrpcStatus(status);
 }

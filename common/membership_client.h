@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -30,6 +31,8 @@ class MembershipClient {
     std::function<void(const v1::HeartbeatResponse&)> on_heartbeat;
     // Called before each heartbeat: the job this process works on now.
     std::function<std::string()> current_job;
+    // Servers: the jobs whose parameters this process holds (sent on register).
+    std::function<std::vector<std::string>()> held_jobs;
   };
 
   explicit MembershipClient(Options options);
@@ -52,6 +55,7 @@ class MembershipClient {
   std::unique_ptr<v1::ClusterService::Stub> stub_;
   mutable absl::Mutex mu_;  // guards the members below
   std::string member_id_ ABSL_GUARDED_BY(mu_);
+  std::string last_id_ ABSL_GUARDED_BY(mu_);  // kept across re-registrations
   int64_t interval_ms_ ABSL_GUARDED_BY(mu_) = 500;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

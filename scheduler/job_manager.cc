@@ -36,8 +36,8 @@ int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
 
 }  // namespace
 
-JobManager::JobManager(SchedulerOptions options, ServerControl* servers, Clock clock)
-    : options_(options), servers_(servers), clock_(clock ? std::move(clock) : Clock(absl::Now)) {}
+JobManager::JobManager(SchedulerOptions options, ServerControl* servers, Clock clock, KvStore* store)
+    : options_(options), servers_(servers), clock_(clock ? std::move(clock) : Clock(absl::Now)), store_(store) {}
 
 JobManager::~JobManager() { Stop(); }
 
@@ -70,6 +70,7 @@ JobManager::Job* JobManager::FindJob(const std::string& job_id) const {
 
 void JobManager::Touch(Job* job) {
   ++job->version;
+  dirty_.insert(job->status.job_id());
   changed_.SignalAll();
 }
 
@@ -78,6 +79,26 @@ void JobManager::Touch(Job* job) {
 // ---------------------------------------------------------------------------
 
 absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec) {
+  auto result = DoSubmit(std::move(spec));
+  Flush();
+  return result;
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& job_id) {
+  auto result = DoCancel(job_id);
+  Flush();
+  return result;
+}
+
+absl::Status JobManager::Report(const v1::WorkReport& report) {
+  absl::Status result = DoReport(report);
+  // Progress is written with the next tick; everything else before the
+  // worker hears back, so an acknowledged READY or DONE survives a restart.
+  if (report.kind() != v1::WorkReport::PROGRESS) Flush();
+  return result;
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec) {
   ApplyJobSpecDefaults(&spec);
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   absl::MutexLock lock(&mu_);
@@ -117,7 +138,7 @@ std::vector<v1::JobStatus> JobManager::List() const {
   return jobs;
 }
 
-absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& job_id) {
+absl::StatusOr<v1::JobStatus> JobManager::DoCancel(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id \"", job_id, "\""));
@@ -168,7 +189,7 @@ void JobManager::EndJob(Job* job, v1::JobState state, const std::string& reason)
 // ClusterService
 // ---------------------------------------------------------------------------
 
-absl::Status JobManager::Report(const v1::WorkReport& report) {
+absl::Status JobManager::DoReport(const v1::WorkReport& report) {
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(report.job_id());
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id \"", report.job_id(), "\""));
@@ -286,6 +307,7 @@ void JobManager::Tick() {
   std::vector<Action> actions;
   {
     absl::MutexLock lock(&mu_);
+    CheckRecovery();
     ExpireLeases();
     SchedulePending();
     GrowJobs();
@@ -293,6 +315,7 @@ void JobManager::Tick() {
     actions.swap(actions_);
   }
   for (Action& action : actions) action();
+  Flush();
 }
 
 }  // namespace fulcrum

@@ -16,6 +16,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +29,7 @@
 #include "absl/time/time.h"
 #include "fulcrum/v1/cluster.pb.h"
 #include "fulcrum/v1/job.pb.h"
+#include "common/kv_store.h"
 #include "fulcrum/v1/parameter.pb.h"
 
 namespace fulcrum {
@@ -52,8 +55,15 @@ struct SchedulerOptions {
 class JobManager {
  public:
   using Clock = std::function<absl::Time()>;
-  // `servers` must outlive the manager. `clock` defaults to absl::Now.
-  JobManager(SchedulerOptions options, ServerControl* servers, Clock clock = nullptr);
+  // `servers` (and `store`, if given) must outlive the manager. `clock`
+  // defaults to absl::Now. With a store, every job's state is written to it
+  // and Recover() reloads it after a restart.
+  JobManager(SchedulerOptions options, ServerControl* servers, Clock clock = nullptr, KvStore* store = nullptr);
+
+  // Reloads jobs from the store (call once, before Start). Servers and
+  // workers of running jobs get one lease to register again; a worker that
+  // does not is treated as lost, a server as failed.
+  absl::Status Recover();
   ~JobManager();  // calls Stop()
 
   // Starts / stops the background thread that expires leases, schedules jobs
@@ -91,6 +101,9 @@ class JobManager {
   using Action = std::function<void()>;
 
   static bool IsTerminal(v1::JobState state);
+  absl::StatusOr<v1::JobStatus> DoSubmit(v1::JobSpec spec);
+  absl::StatusOr<v1::JobStatus> DoCancel(const std::string& job_id);
+  absl::Status DoReport(const v1::WorkReport& report);
   // Membership of running jobs (job_manager_membership.cc).
   void GrowJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddWorker(Job* job, Member* member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -114,6 +127,9 @@ class JobManager {
   void OnEval(Job* job, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Assignment AssignmentFor(const Member& member) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop();
+  // Persistence (job_manager_state.cc).
+  void Flush() ABSL_LOCKS_EXCLUDED(mu_);
+  void CheckRecovery() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SchedulerOptions options_;
   ServerControl* const servers_;
@@ -129,6 +145,12 @@ class JobManager {
   int64_t next_member_[3] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
+
+  KvStore* const store_;
+  std::set<std::string> dirty_ ABSL_GUARDED_BY(mu_);  // jobs to write to the store
+  std::optional<absl::Time> recovery_deadline_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(mu_);  // serializes writes to the store
+  std::map<std::string, int64_t> written_ ABSL_GUARDED_BY(persist_mu_);  // record version written per job
 };
 
 }  // namespace fulcrum

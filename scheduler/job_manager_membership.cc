@@ -46,9 +46,7 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
     // for running jobs (a worker's partitions, a server's parameters) is gone.
     for (auto& [job_id, job] : jobs_) {
       if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
-      if (job->server_addresses.count(id) > 0) {
-        EndJob(job.get(), v1::FAILED, absl::StrCat("server ", id, " restarted and lost the job's parameters"));
-      } else if (existing->second->job_id == job_id) {
+      if (existing->second->job_id == job_id) {
         RemoveWorker(job.get(), id, "restarted");
       }
     }
@@ -61,6 +59,21 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
   member->device = request.device();
   member->pid = request.pid();
   member->last_heartbeat = clock_();
+  // After a scheduler restart, members of running jobs register again: a
+  // worker goes back to its job; a server must still hold the job's shards.
+  for (auto& [job_id, job] : jobs_) {
+    if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
+    if (request.role() == v1::WORKER && existing == members_.end()) {
+      for (const JobWorker& w : job->workers) {
+        if (w.id == id) member->job_id = job_id;
+      }
+    }
+    if (request.role() == v1::SERVER && job->server_addresses.count(id) > 0 &&
+        job->phase != Job::Phase::kLoading &&
+        std::find(request.jobs().begin(), request.jobs().end(), job_id) == request.jobs().end()) {
+      EndJob(job.get(), v1::FAILED, absl::StrCat("server ", id, " restarted and lost the job's parameters"));
+    }
+  }
   members_[id] = std::move(member);
   FLOG(INFO) << "registered " << id << " (" << v1::Role_Name(request.role()) << ", "
              << (request.address().empty() ? "no address" : request.address()) << ")";

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
+#include "common/kv_store.h"
 #include "common/metrics.h"
 #include "common/process.h"
 #include "common/rpc.h"
@@ -24,6 +25,9 @@ ABSL_FLAG(int, lease_ms, 3000, "Membership lease: a member silent this long is d
 ABSL_FLAG(int, heartbeat_ms, 500, "Heartbeat interval members are told to use");
 ABSL_FLAG(int64_t, chunk_bytes, 256 << 10, "Dense tensors are cut into chunks of this many bytes");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(std::string, data_dir, "",
+          "Keep the scheduler's state (jobs, shard maps, membership) in a RocksDB database here, so that a "
+          "restarted scheduler carries on with running jobs (default: in memory only)");
 
 int main(int argc, char** argv) {
   using namespace fulcrum;
@@ -49,8 +53,22 @@ int main(int argc, char** argv) {
     FLOG(ERROR) << metrics.status().message();
     return 1;
   }
+  std::unique_ptr<KvStore> store;
+  if (!absl::GetFlag(FLAGS_data_dir).empty()) {
+    auto opened = OpenRocksDbStore(absl::GetFlag(FLAGS_data_dir));
+    if (!opened.ok()) {
+      FLOG(ERROR) << opened.status().message();
+      return 1;
+    }
+    store = std::move(*opened);
+  }
   GrpcServerControl server_control;
-  JobManager manager(options, &server_control);
+  JobManager manager(options, &server_control, nullptr, store.get());
+  if (absl::Status recovered = manager.Recover(); !recovered.ok()) {
+    FLOG(ERROR) << "cannot recover the scheduler state from " << absl::GetFlag(FLAGS_data_dir) << ": "
+                << recovered.message();
+    return 1;
+  }
   JobServiceImpl job_service(&manager, metrics->get());
   ClusterServiceImpl cluster_service(&manager, metrics->get());
   auto server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&job_service, &cluster_service});

@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   options.address = absl::StrCat(host, ":", server->port);
   options.metrics_address = absl::StrCat(host, ":", (*metrics)->port());
   options.requested_id = absl::GetFlag(FLAGS_id);
+  options.held_jobs = [&store] { return store.JobIds(); };
   MembershipClient membership(options);
   membership.Start();
   FLOG(INFO) << "server serving gRPC on " << options.address

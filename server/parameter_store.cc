@@ -231,6 +231,13 @@ absl::StatusOr<std::shared_ptr<JobShard>> ParameterStore::Find(const std::string
   return it->second;
 }
 
+std::vector<std::string> ParameterStore::JobIds() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> ids;
+  for (const auto& [id, shard] : jobs_) ids.push_back(id);
+  return ids;
+}
+
 size_t ParameterStore::num_jobs() const {
   absl::MutexLock lock(&mu_);
   return jobs_.size();

@@ -130,6 +130,7 @@ class ParameterStore {
   // NOT_FOUND (naming the job) when this server holds nothing of it.
   absl::StatusOr<std::shared_ptr<JobShard>> Find(const std::string& job_id) const;
   size_t num_jobs() const;
+  std::vector<std::string> JobIds() const;
 
  private:
   mutable absl::Mutex mu_;  // guards jobs_

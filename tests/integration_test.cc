@@ -473,6 +473,51 @@ TEST_F(WorkerJoinTest, AddedWorkerTakesPartInTheRunningJob) {
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
 }
 
+class SchedulerRestartTest : public WorkerLossTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(1, 2); }
+};
+
+// Kill -9 the scheduler mid-job and start it again on the same state folder:
+// it reloads the job from RocksDB, the servers and workers register again,
+// and the job finishes with the parameters of an undisturbed run.
+TEST_F(SchedulerRestartTest, JobSurvivesSchedulerKillAndRestart) {
+  auto reference = Submit(LongBspSpec());
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  v1::JobStatus reference_done = WaitForEnd(*reference);
+  ASSERT_EQ(reference_done.state(), v1::SUCCEEDED) << reference_done.reason();
+
+  auto id = Submit(LongBspSpec());
+  ASSERT_TRUE(id.ok());
+  v1::JobStatus running = WaitFor(
+      *id, [](const v1::JobStatus& s) { return s.progress().step() > 50 || Terminal(s.state()); },
+      absl::Seconds(60));
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  ASSERT_TRUE(cluster_->Signal("scheduler", SIGKILL).ok());
+  // Reaped by waitpid inside RestartScheduler's liveness check.
+  absl::StatusOr<v1::LocalProcess> restarted;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    restarted = cluster_->RestartScheduler();
+    if (restarted.ok() || restarted.status().code() != absl::StatusCode::kFailedPrecondition) break;
+    absl::SleepFor(absl::Milliseconds(20));  // until the killed process is gone
+  }
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  stub_ = v1::JobService::NewStub(MakeChannel(cluster_->scheduler_address()));
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  std::vector<float> a = FinalParameters(reference_done);
+  std::vector<float> b = FinalParameters(done);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  // The earlier job is still known too.
+  grpc::ClientContext context;
+  v1::GetJobRequest request;
+  request.set_job_id(*reference);
+  v1::JobStatus again;
+  ASSERT_TRUE(stub_->GetJob(&context, request, &again).ok());
+  EXPECT_EQ(again.state(), v1::SUCCEEDED);
+}
+
 TEST_F(WorkerLossTest, SigtermStopsEveryProcessCleanly) {
   absl::Status status = cluster_->Down(absl::Seconds(15));
   EXPECT_TRUE(status.ok()) << status;

@@ -1,0 +1,159 @@
+// JobManager: its durable state. Every change to a job marks it dirty; Flush
+// writes the dirty jobs' records (and the id counters) to the store outside
+// the manager's lock, in one synced batch, never letting an older record of a
+// job overwrite a newer one.
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "fulcrum/v1/scheduler_state.pb.h"
+#include "scheduler/job_manager_internal.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr char kJobPrefix[] = "job/";
+constexpr char kMetaKey[] = "meta";
+
+v1::JobRecord Record(const v1::JobStatus& status, int64_t version, int phase, const std::vector<JobWorker>& workers,
+                     int32_t next_rank, int32_t num_partitions, const std::vector<int64_t>& partition_steps,
+                     const std::set<int32_t>& done, bool have_data_info, const v1::WorkReport& data_info,
+                     const std::map<std::string, std::string>& servers, const v1::ShardMap& map,
+                     int64_t steps_per_epoch, int64_t total_steps, absl::Time started) {
+  v1::JobRecord record;
+  *record.mutable_status() = status;
+  record.set_record_version(version);
+  record.set_phase(phase);
+  for (const JobWorker& w : workers) {
+    v1::JobWorkerRecord* r = record.add_workers();
+    r->set_id(w.id);
+    r->set_rank(w.rank);
+    r->set_ready(w.ready);
+    for (int32_t p : w.partitions) r->add_partitions(p);
+  }
+  record.set_next_rank(next_rank);
+  record.set_num_partitions(num_partitions);
+  for (int64_t s : partition_steps) record.add_partition_steps(s);
+  for (int32_t p : done) record.add_done_partitions(p);
+  record.set_have_data_info(have_data_info);
+  *record.mutable_data_info() = data_info;
+  for (const auto& [id, address] : servers) (*record.mutable_server_addresses())[id] = address;
+  *record.mutable_shard_map() = map;
+  record.set_steps_per_epoch(steps_per_epoch);
+  record.set_total_steps(total_steps);
+  record.set_started_unix_ms(absl::ToUnixMillis(started));
+  return record;
+}
+
+}  // namespace
+
+void JobManager::Flush() {
+  if (store_ == nullptr) return;
+  std::vector<std::pair<std::string, v1::JobRecord>> records;
+  v1::SchedulerMeta meta;
+  {
+    absl::MutexLock lock(&mu_);
+    if (dirty_.empty()) return;
+    for (const std::string& id : dirty_) {
+      Job* job = FindJob(id);
+      if (job == nullptr) continue;
+      records.emplace_back(
+          id, Record(job->status, job->version, static_cast<int>(job->phase), job->workers, job->next_rank,
+                     job->num_partitions, job->partition_steps, job->done_partitions, job->have_data_info,
+                     job->data_info, job->server_addresses, job->shard_map, job->steps_per_epoch, job->total_steps,
+                     job->started));
+    }
+    dirty_.clear();
+    meta.set_next_job(next_job_);
+    meta.set_next_server(next_member_[v1::SERVER]);
+    meta.set_next_worker(next_member_[v1::WORKER]);
+  }
+  absl::MutexLock lock(&persist_mu_);
+  std::vector<std::pair<std::string, std::string>> puts;
+  for (auto& [id, record] : records) {
+    int64_t& written = written_[id];
+    if (record.record_version() < written) continue;  // a newer record of it is already out
+    written = record.record_version();
+    puts.emplace_back(absl::StrCat(kJobPrefix, id), record.SerializeAsString());
+  }
+  puts.emplace_back(kMetaKey, meta.SerializeAsString());
+  absl::Status status = store_->Write(puts, {});
+  if (!status.ok()) FLOG(ERROR) << "cannot save the scheduler state: " << status;
+}
+
+absl::Status JobManager::Recover() {
+  if (store_ == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(auto meta_entries, store_->Scan(kMetaKey));
+  ASSIGN_OR_RETURN(auto job_entries, store_->Scan(kJobPrefix));
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, value] : meta_entries) {
+    if (key != kMetaKey) continue;
+    v1::SchedulerMeta meta;
+    if (!meta.ParseFromString(value)) return absl::DataLossError("scheduler state: corrupt meta record");
+    next_job_ = std::max<int64_t>(next_job_, meta.next_job());
+    next_member_[v1::SERVER] = meta.next_server();
+    next_member_[v1::WORKER] = meta.next_worker();
+  }
+  int active = 0;
+  for (const auto& [key, value] : job_entries) {
+    v1::JobRecord record;
+    if (!record.ParseFromString(value)) {
+      return absl::DataLossError(absl::StrCat("scheduler state: corrupt record ", key));
+    }
+    auto job = std::make_unique<Job>();
+    job->status = record.status();
+    job->version = record.record_version();
+    job->phase = static_cast<Job::Phase>(record.phase());
+    for (const v1::JobWorkerRecord& r : record.workers()) {
+      JobWorker w;
+      w.id = r.id();
+      w.rank = r.rank();
+      w.ready = r.ready();
+      w.partitions.assign(r.partitions().begin(), r.partitions().end());
+      job->workers.push_back(std::move(w));
+    }
+    job->next_rank = record.next_rank();
+    job->num_partitions = record.num_partitions();
+    job->partition_steps.assign(record.partition_steps().begin(), record.partition_steps().end());
+    job->done_partitions.insert(record.done_partitions().begin(), record.done_partitions().end());
+    job->have_data_info = record.have_data_info();
+    job->data_info = record.data_info();
+    job->server_addresses.insert(record.server_addresses().begin(), record.server_addresses().end());
+    job->shard_map = record.shard_map();
+    job->steps_per_epoch = record.steps_per_epoch();
+    job->total_steps = record.total_steps();
+    job->started = absl::FromUnixMillis(record.started_unix_ms());
+    // A setup interrupted by the restart is redone from the loading phase.
+    if (job->phase == Job::Phase::kSettingUp) job->phase = Job::Phase::kLoading;
+    if (job->phase == Job::Phase::kPending) pending_.push_back(job->status.job_id());
+    if (job->phase != Job::Phase::kEnded && job->phase != Job::Phase::kPending) ++active;
+    written_[job->status.job_id()] = job->version;
+    jobs_[job->status.job_id()] = std::move(job);
+  }
+  // Pending jobs in submit order (ids are zero-padded counters).
+  std::sort(pending_.begin(), pending_.end());
+  recovery_deadline_ = clock_() + options_.lease;
+  FLOG(INFO) << "recovered " << jobs_.size() << " jobs (" << active << " running) from the state store";
+  return absl::OkStatus();
+}
+
+void JobManager::CheckRecovery() {
+  if (!recovery_deadline_.has_value() || clock_() < *recovery_deadline_) return;
+  recovery_deadline_.reset();
+  for (auto& [job_id, job] : jobs_) {
+    if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
+    for (const auto& [server, address] : job->server_addresses) {
+      if (members_.count(server) == 0) {
+        EndJob(job.get(), v1::FAILED, absl::StrCat("server ", server, " did not come back after the scheduler restarted"));
+        break;
+      }
+    }
+    if (job->phase == Job::Phase::kEnded) continue;
+    std::vector<std::string> missing;
+    for (const JobWorker& w : job->workers) {
+      if (members_.count(w.id) == 0) missing.push_back(w.id);
+    }
+    for (const std::string& id : missing) RemoveWorker(job.get(), id, "did not come back after the scheduler restarted");
+  }
+}
+
+}  // namespace fulcrum

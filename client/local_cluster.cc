@@ -114,9 +114,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   if (options.servers < 1 || options.workers < 0) {
     return absl::InvalidArgumentError("local up: --servers must be >= 1 and --workers >= 0");
   }
-  if (options.replicas != 1) {
-    return absl::InvalidArgumentError(
-        "local up: --replicas must be 1 for now (replicated shards are not implemented yet)");
+  if (options.replicas < 1 || options.replicas > 8 || options.replicas > options.servers) {
+    return absl::InvalidArgumentError(absl::StrCat("local up: --replicas must be in [1, min(8, --servers)] (got ",
+                                                   options.replicas, " with ", options.servers, " servers)"));
   }
   if (options.bin_dir.empty()) options.bin_dir = DefaultBinDir();
   options.dir = AbsolutePath(options.dir);
@@ -141,6 +141,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   cluster->file_.set_replicas(options.replicas);
   std::vector<std::string> scheduler_flags = options.scheduler_flags;
   scheduler_flags.push_back(absl::StrCat("--data_dir=", options.dir, "/scheduler-state"));
+  scheduler_flags.push_back(absl::StrCat("--default_replicas=", options.replicas));
   ASSIGN_OR_RETURN(v1::LocalProcess scheduler, cluster->Spawn("scheduler", "scheduler", scheduler_flags));
   cluster->file_.set_scheduler(scheduler.grpc_address());
   for (int i = 0; i < options.servers; ++i) RETURN_IF_ERROR(cluster->AddServer().status());
@@ -258,6 +259,7 @@ absl::StatusOr<v1::LocalProcess> LocalCluster::RestartScheduler() {
   file_.mutable_processes()->DeleteSubrange(index, 1);
   std::vector<std::string> flags = options_.scheduler_flags;
   flags.push_back(absl::StrCat("--data_dir=", file_.dir(), "/scheduler-state"));
+  flags.push_back(absl::StrCat("--default_replicas=", std::max(1, file_.replicas())));
   flags.push_back(absl::StrCat("--port=", old.grpc_address().substr(old.grpc_address().rfind(':') + 1)));
   return Spawn("scheduler", "scheduler", flags);
 }

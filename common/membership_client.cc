@@ -23,6 +23,11 @@ void MembershipClient::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+bool MembershipClient::LeaseValid() const {
+  absl::MutexLock lock(&mu_);
+  return absl::Now() - last_renewal_ < absl::Milliseconds(lease_ms_);
+}
+
 std::string MembershipClient::member_id() const {
   absl::MutexLock lock(&mu_);
   return member_id_;
@@ -49,6 +54,7 @@ bool MembershipClient::RegisterOnce() {
   v1::RegisterResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, 2.0);
+  const absl::Time sent = absl::Now();
   grpc::Status status = stub_->Register(&context, request, &response);
   if (!status.ok()) {
     FLOG(WARNING) << "cannot register with scheduler " << options_.scheduler << ": "
@@ -61,6 +67,8 @@ bool MembershipClient::RegisterOnce() {
   absl::MutexLock lock(&mu_);
   member_id_ = response.member_id();
   last_id_ = member_id_;
+  lease_ms_ = response.lease_ms();
+  last_renewal_ = sent;
   interval_ms_ = std::max<int64_t>(50, response.heartbeat_interval_ms());
   return true;
 }
@@ -72,6 +80,9 @@ bool MembershipClient::HeartbeatOnce() {
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, 2.0);
+  // The lease runs from when the heartbeat was sent: never later than when
+  // the scheduler starts counting it.
+  const absl::Time sent = absl::Now();
   grpc::Status status = stub_->Heartbeat(&context, request, &response);
   if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
     FLOG(WARNING) << "scheduler does not know " << request.member_id() << ": registering again";
@@ -82,6 +93,10 @@ bool MembershipClient::HeartbeatOnce() {
   if (!status.ok()) {
     FLOG(WARNING) << "heartbeat to " << options_.scheduler << " failed: " << status.error_message();
     return false;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    last_renewal_ = sent;
   }
   if (options_.on_heartbeat) options_.on_heartbeat(response);
   return true;

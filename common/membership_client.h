@@ -42,6 +42,10 @@ class MembershipClient {
   void Stop();
   // The id the scheduler gave this process ("" until registered).
   std::string member_id() const;
+  // Whether the last successful heartbeat is younger than the lease: a
+  // server without a valid lease takes no writes (it may have been failed
+  // over while cut off from the scheduler).
+  bool LeaseValid() const;
 
   // Sends a work report (workers). Retries UNAVAILABLE briefly.
   absl::Status Report(v1::WorkReport report);
@@ -57,6 +61,8 @@ class MembershipClient {
   std::string member_id_ ABSL_GUARDED_BY(mu_);
   std::string last_id_ ABSL_GUARDED_BY(mu_);  // kept across re-registrations
   int64_t interval_ms_ ABSL_GUARDED_BY(mu_) = 500;
+  int64_t lease_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_renewal_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

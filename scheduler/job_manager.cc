@@ -100,6 +100,7 @@ absl::Status JobManager::Report(const v1::WorkReport& report) {
 
 absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec) {
   ApplyJobSpecDefaults(&spec);
+  if (spec.replicas() == 0) spec.set_replicas(options_.default_replicas);
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   absl::MutexLock lock(&mu_);
   auto job = std::make_unique<Job>();

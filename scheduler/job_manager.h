@@ -43,12 +43,16 @@ class ServerControl {
   // keep_parameters: the job succeeded; keep its parameters readable.
   virtual absl::Status DropJob(const std::string& address, const std::string& job_id,
                                const std::string& reason, bool keep_parameters) = 0;
+  // Gives a server the shard map after a failover.
+  virtual absl::Status Reconfigure(const std::string& address, const std::string& job_id,
+                                   const v1::ShardMap& map) = 0;
 };
 
 struct SchedulerOptions {
   absl::Duration lease = absl::Seconds(3);
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   int64_t chunk_elems = 65536;  // 256 KiB of float32
+  int32_t default_replicas = 1;  // for jobs whose spec sets none
   absl::Duration tick = absl::Milliseconds(100);
 };
 
@@ -112,6 +116,10 @@ class JobManager {
   void Rebalance(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddEvent(Job* job, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SyncWorkerStatus(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A server of the job is gone: promote backups of the shards it led, drop
+  // it from the others, bump the map version (job_manager_placement.cc).
+  void FailOver(Job* job, const std::string& server_id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SyncShardStatus(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Job* FindJob(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndJob(Job* job, v1::JobState state, const std::string& reason)

@@ -71,7 +71,7 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
     if (request.role() == v1::SERVER && job->server_addresses.count(id) > 0 &&
         job->phase != Job::Phase::kLoading &&
         std::find(request.jobs().begin(), request.jobs().end(), job_id) == request.jobs().end()) {
-      EndJob(job.get(), v1::FAILED, absl::StrCat("server ", id, " restarted and lost the job's parameters"));
+      FailOver(job.get(), id, absl::StrCat("server ", id, " restarted and lost the job's parameters"));
     }
   }
   members_[id] = std::move(member);
@@ -162,7 +162,7 @@ void JobManager::ExpireLeases() {
     for (auto& [job_id, job] : jobs_) {
       if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
       if (job->server_addresses.count(member.id) > 0) {
-        EndJob(job.get(), v1::FAILED, what);
+        FailOver(job.get(), member.id, what);
       } else if (member.job_id == job_id) {
         RemoveWorker(job.get(), member.id, absl::StrFormat("lost (no heartbeat for %.1fs)",
                                                            absl::ToDoubleSeconds(silent)));
@@ -194,9 +194,10 @@ bool JobManager::TryAssign(Job* job) {
     if (member->role == v1::WORKER && member->job_id.empty()) idle.push_back(member.get());
   }
   int wanted = job->status.spec().num_workers();
-  if (servers == 0 || static_cast<int>(idle.size()) < wanted) {
-    std::string reason = absl::StrFormat("waiting for resources: %d of %d workers idle, %d servers live",
-                                         idle.size(), wanted, servers);
+  int replicas = job->status.spec().replicas();
+  if (servers < std::max(1, replicas) || static_cast<int>(idle.size()) < wanted) {
+    std::string reason = absl::StrFormat("waiting for resources: %d of %d workers idle, %d servers live (%d replicas wanted)",
+                                         idle.size(), wanted, servers, std::max(1, replicas));
     if (job->status.reason() != reason) {
       job->status.set_reason(reason);
       Touch(job);

@@ -2,6 +2,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "common/logging.h"
 #include "common/shard_map.h"
 #include "kernels/model_from_spec.h"
@@ -28,21 +30,29 @@ void JobManager::StartSetups() {
       EndJob(job.get(), v1::FAILED, std::string(status.message()));
       continue;
     }
+    // Every replica of a shard gets its chunks (and the whole map, for roles).
     std::map<std::string, v1::SetupJobRequest> requests;
     for (const v1::ChunkLocation& chunk : job->shard_map.chunks()) {
       const v1::ShardLocation& shard = job->shard_map.shards(chunk.shard());
-      v1::SetupJobRequest& request = requests[shard.address()];
-      if (request.job_id().empty()) {
-        request.set_job_id(id);
-        *request.mutable_spec() = job->status.spec();
-        request.set_num_partitions(job->num_partitions);
-        request.set_total_steps(job->total_steps);
+      std::vector<std::pair<std::string, std::string>> replicas = {{shard.server_id(), shard.address()}};
+      for (int b = 0; b < shard.backup_ids_size(); ++b) replicas.emplace_back(shard.backup_ids(b), shard.backup_addresses(b));
+      for (const auto& [server_id, address] : replicas) {
+        v1::SetupJobRequest& request = requests[address];
+        if (request.job_id().empty()) {
+          request.set_job_id(id);
+          *request.mutable_spec() = job->status.spec();
+          request.set_num_partitions(job->num_partitions);
+          request.set_total_steps(job->total_steps);
+          *request.mutable_shard_map() = job->shard_map;
+          request.set_server_id(server_id);
+        }
+        v1::ChunkSetup* setup = request.add_chunks();
+        setup->set_chunk_id(chunk.chunk_id());
+        setup->set_shard(chunk.shard());
+        setup->set_tensor(chunk.tensor());
+        setup->set_offset(chunk.offset());
+        setup->set_length(chunk.length());
       }
-      v1::ChunkSetup* setup = request.add_chunks();
-      setup->set_chunk_id(chunk.chunk_id());
-      setup->set_tensor(chunk.tensor());
-      setup->set_offset(chunk.offset());
-      setup->set_length(chunk.length());
     }
     // Initialization comes from the model's tensor table.
     ModelLayout layout = LayoutFor(job->status.spec(), job->data_info.features(), job->data_info.classes());
@@ -101,6 +111,10 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
     server_keys.push_back(StableHash(id));
   }
   if (servers.empty()) return absl::UnavailableError("no parameter server is live");
+  const int replicas = std::max(1, spec.replicas());
+  if (static_cast<int>(servers.size()) < replicas) {
+    return absl::UnavailableError(absl::StrCat(replicas, " replicas wanted but only ", servers.size(), " servers live"));
+  }
   int32_t num_shards = spec.num_shards() > 0 ? spec.num_shards() : static_cast<int32_t>(servers.size());
   std::vector<size_t> placement = BalancedShardPlacement(num_shards, server_keys);
   for (int32_t s = 0; s < num_shards; ++s) {
@@ -110,16 +124,22 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
     shard->set_server_id(server->id);
     shard->set_address(server->address);
     job->server_addresses[server->id] = server->address;
+    // Backups: the servers rendezvous hashing ranks next for this shard.
+    std::vector<size_t> order(servers.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return RendezvousScore(ShardKey(s), server_keys[a]) > RendezvousScore(ShardKey(s), server_keys[b]);
+    });
+    for (size_t i : order) {
+      if (shard->backup_ids_size() + 1 >= replicas) break;
+      if (i == placement[s]) continue;
+      shard->add_backup_ids(servers[i]->id);
+      shard->add_backup_addresses(servers[i]->address);
+      job->server_addresses[servers[i]->id] = servers[i]->address;
+    }
   }
   std::vector<ChunkSpan> chunks = CutIntoChunks(sizes, options_.chunk_elems);
   std::vector<int32_t> shard_of = AssignChunksToShards(chunks, num_shards);
-  job->status.clear_shards();
-  for (int32_t s = 0; s < num_shards; ++s) {
-    v1::ShardInfo* info = job->status.add_shards();
-    info->set_shard(s);
-    info->set_server_id(map.shards(s).server_id());
-    info->set_address(map.shards(s).address());
-  }
   for (size_t i = 0; i < chunks.size(); ++i) {
     v1::ChunkLocation* chunk = map.add_chunks();
     chunk->set_chunk_id(static_cast<int32_t>(i));
@@ -127,11 +147,66 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
     chunk->set_offset(chunks[i].offset);
     chunk->set_length(chunks[i].length);
     chunk->set_shard(shard_of[i]);
-    v1::ShardInfo* info = job->status.mutable_shards(shard_of[i]);
-    info->set_chunks(info->chunks() + 1);
-    info->set_elements(info->elements() + chunks[i].length);
   }
+  SyncShardStatus(job);
   return absl::OkStatus();
+}
+
+void JobManager::SyncShardStatus(Job* job) {
+  const v1::ShardMap& map = job->shard_map;
+  job->status.clear_shards();
+  for (const v1::ShardLocation& shard : map.shards()) {
+    v1::ShardInfo* info = job->status.add_shards();
+    info->set_shard(shard.shard());
+    info->set_server_id(shard.server_id());
+    info->set_address(shard.address());
+    for (const std::string& backup : shard.backup_ids()) info->add_backup_ids(backup);
+  }
+  for (const v1::ChunkLocation& chunk : map.chunks()) {
+    v1::ShardInfo* info = job->status.mutable_shards(chunk.shard());
+    info->set_chunks(info->chunks() + 1);
+    info->set_elements(info->elements() + chunk.length());
+  }
+  if (job->phase == Job::Phase::kTraining) *job->status.mutable_shard_map() = map;
+}
+
+void JobManager::FailOver(Job* job, const std::string& server_id, const std::string& why) {
+  if (job->server_addresses.erase(server_id) == 0) return;
+  if (job->phase == Job::Phase::kLoading || job->phase == Job::Phase::kPending) return;  // no shards yet
+  v1::ShardMap& map = job->shard_map;
+  std::vector<std::string> changes;
+  for (v1::ShardLocation& shard : *map.mutable_shards()) {
+    if (shard.server_id() == server_id) {
+      if (shard.backup_ids_size() == 0) {
+        EndJob(job, v1::FAILED, absl::StrCat(why, "; it held the only replica of shard ", shard.shard(),
+                                             " (set replicas >= 2 to survive this)"));
+        return;
+      }
+      shard.set_server_id(shard.backup_ids(0));
+      shard.set_address(shard.backup_addresses(0));
+      shard.mutable_backup_ids()->DeleteSubrange(0, 1);
+      shard.mutable_backup_addresses()->DeleteSubrange(0, 1);
+      changes.push_back(absl::StrCat("shard ", shard.shard(), " primary -> ", shard.server_id()));
+      continue;
+    }
+    for (int b = 0; b < shard.backup_ids_size(); ++b) {
+      if (shard.backup_ids(b) != server_id) continue;
+      shard.mutable_backup_ids()->DeleteSubrange(b, 1);
+      shard.mutable_backup_addresses()->DeleteSubrange(b, 1);
+      changes.push_back(absl::StrCat("shard ", shard.shard(), " lost a backup"));
+      break;
+    }
+  }
+  map.set_version(map.version() + 1);
+  SyncShardStatus(job);
+  AddEvent(job, absl::StrCat(why, "; shard map version ", map.version(), ": ", absl::StrJoin(changes, ", ")));
+  if (job->phase == Job::Phase::kSettingUp) return;  // RunSetup fails and the job with it
+  const std::string job_id = job->status.job_id();
+  for (const auto& [id, address] : job->server_addresses) {
+    actions_.push_back([this, address = address, job_id, map = map] {
+      IgnoreError(servers_->Reconfigure(address, job_id, map));
+    });
+  }
 }
 
 void JobManager::RunSetup(const std::string& job_id, std::map<std::string, v1::SetupJobRequest> requests) {
@@ -153,6 +228,14 @@ void JobManager::RunSetup(const std::string& job_id, std::map<std::string, v1::S
   }
   job->phase = Job::Phase::kTraining;
   job->status.set_reason("training");
+  SyncShardStatus(job);
+  if (job->shard_map.version() > 1) {  // a server failed during the setup: give the others the new map
+    for (const auto& [id, address] : job->server_addresses) {
+      actions_.push_back([this, address = address, job_id, map = job->shard_map] {
+        IgnoreError(servers_->Reconfigure(address, job_id, map));
+      });
+    }
+  }
   AddEvent(job, absl::StrCat("training with ", job->workers.size(), " workers on ", job->num_partitions,
                              " partitions"));
   *job->status.mutable_shard_map() = job->shard_map;

@@ -141,11 +141,13 @@ void JobManager::CheckRecovery() {
   recovery_deadline_.reset();
   for (auto& [job_id, job] : jobs_) {
     if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
+    std::vector<std::string> gone;
     for (const auto& [server, address] : job->server_addresses) {
-      if (members_.count(server) == 0) {
-        EndJob(job.get(), v1::FAILED, absl::StrCat("server ", server, " did not come back after the scheduler restarted"));
-        break;
-      }
+      if (members_.count(server) == 0) gone.push_back(server);
+    }
+    for (const std::string& server : gone) {
+      if (job->phase == Job::Phase::kEnded) break;
+      FailOver(job.get(), server, absl::StrCat("server ", server, " did not come back after the scheduler restarted"));
     }
     if (job->phase == Job::Phase::kEnded) continue;
     std::vector<std::string> missing;

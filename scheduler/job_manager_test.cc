@@ -49,6 +49,17 @@ class FakeServers : public ServerControl {
     return absl::OkStatus();
   }
 
+  absl::Status Reconfigure(const std::string& address, const std::string& job_id,
+                           const v1::ShardMap& map) override {
+    absl::MutexLock lock(&mu_);
+    reconfigures_.push_back(map);
+    return absl::OkStatus();
+  }
+  std::vector<v1::ShardMap> reconfigures() const {
+    absl::MutexLock lock(&mu_);
+    return reconfigures_;
+  }
+
   void FailSetups(absl::Status status) {
     absl::MutexLock lock(&mu_);
     setup_result_ = std::move(status);
@@ -67,6 +78,7 @@ class FakeServers : public ServerControl {
   absl::Status setup_result_ ABSL_GUARDED_BY(mu_);
   std::vector<Setup> setups_ ABSL_GUARDED_BY(mu_);
   std::vector<Drop> drops_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::ShardMap> reconfigures_ ABSL_GUARDED_BY(mu_);
 };
 
 constexpr char kServerAddress[] = "127.0.0.1:7001";

@@ -198,6 +198,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckRange("maxWorkers", spec.max_workers(), spec.num_workers(), 1024));
   RETURN_IF_ERROR(CheckRange("minWorkers", spec.min_workers(), 1, spec.num_workers()));
   RETURN_IF_ERROR(CheckRange("numShards", spec.num_shards(), 0, 1024));
+  RETURN_IF_ERROR(CheckRange("replicas", spec.replicas(), 0, 8));
   return absl::OkStatus();
 }
 

@@ -25,6 +25,7 @@ ABSL_FLAG(int, lease_ms, 3000, "Membership lease: a member silent this long is d
 ABSL_FLAG(int, heartbeat_ms, 500, "Heartbeat interval members are told to use");
 ABSL_FLAG(int64_t, chunk_bytes, 256 << 10, "Dense tensors are cut into chunks of this many bytes");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(int, default_replicas, 1, "Replicas per parameter shard for jobs whose spec sets none");
 ABSL_FLAG(std::string, data_dir, "",
           "Keep the scheduler's state (jobs, shard maps, membership) in a RocksDB database here, so that a "
           "restarted scheduler carries on with running jobs (default: in memory only)");
@@ -42,6 +43,11 @@ int main(int argc, char** argv) {
   options.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   options.chunk_elems = absl::GetFlag(FLAGS_chunk_bytes) / 4;
+  options.default_replicas = absl::GetFlag(FLAGS_default_replicas);
+  if (options.default_replicas < 1 || options.default_replicas > 8) {
+    FLOG(ERROR) << "--default-replicas must be in [1, 8]";
+    return 2;
+  }
   if (options.lease <= options.heartbeat_interval || options.chunk_elems < 1 ||
       options.chunk_elems > (1 << 20)) {
     FLOG(ERROR) << "--lease-ms must exceed --heartbeat-ms and --chunk-bytes must be in [4, 4194304]";

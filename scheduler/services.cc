@@ -111,6 +111,19 @@ absl::Status GrpcServerControl::SetupJob(const std::string& address, const v1::S
   return FromGrpcStatus(Stub(address)->SetupJob(&context, request, &response));
 }
 
+absl::Status GrpcServerControl::Reconfigure(const std::string& address, const std::string& job_id,
+                                            const v1::ShardMap& map) {
+  grpc::ClientContext context;
+  SetDeadline(&context, 5.0);
+  v1::ReconfigureRequest request;
+  request.set_job_id(job_id);
+  *request.mutable_shard_map() = map;
+  v1::ReconfigureResponse response;
+  absl::Status status = FromGrpcStatus(Stub(address)->Reconfigure(&context, request, &response));
+  if (!status.ok()) FLOG(WARNING) << "reconfiguring job " << job_id << " on " << address << ": " << status;
+  return status;
+}
+
 absl::Status GrpcServerControl::DropJob(const std::string& address, const std::string& job_id,
                                         const std::string& reason, bool keep_parameters) {
   grpc::ClientContext context;

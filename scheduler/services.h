@@ -53,6 +53,7 @@ class GrpcServerControl final : public ServerControl {
   absl::Status SetupJob(const std::string& address, const v1::SetupJobRequest& request) override;
   absl::Status DropJob(const std::string& address, const std::string& job_id,
                        const std::string& reason, bool keep_parameters) override;
+  absl::Status Reconfigure(const std::string& address, const std::string& job_id, const v1::ShardMap& map) override;
 
  private:
   v1::ParameterService::Stub* Stub(const std::string& address);

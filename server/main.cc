@@ -1,4 +1,5 @@
 // fulcrum-server: holds parameter shards and applies the server-side optimizer.
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -39,7 +40,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   ParameterStore store;
-  ParameterServiceImpl service(&store, metrics->get());
+  std::atomic<MembershipClient*> membership_ptr{nullptr};
+  ParameterServiceImpl service(&store, metrics->get(), [&membership_ptr] {
+    MembershipClient* membership = membership_ptr.load();
+    return membership != nullptr && membership->LeaseValid();
+  });
   auto server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service});
   if (!server.ok()) {
     FLOG(ERROR) << server.status().message();
@@ -58,12 +63,14 @@ int main(int argc, char** argv) {
   options.requested_id = absl::GetFlag(FLAGS_id);
   options.held_jobs = [&store] { return store.JobIds(); };
   MembershipClient membership(options);
+  membership_ptr = &membership;
   membership.Start();
   FLOG(INFO) << "server serving gRPC on " << options.address
              << ", metrics on " << options.metrics_address;
   int sig = WaitForShutdown();
   FLOG(INFO) << "shutting down (signal " << sig << ")";
-  membership.Stop();
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  membership.Stop();
+  membership_ptr = nullptr;
   return 0;
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/rpc.h"
+#include "common/status_macros.h"
 
 namespace fulcrum {
 namespace {
@@ -63,6 +64,7 @@ absl::Time PullDeadline(const grpc::ServerContext& context) {
 JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request) {
   JobShardConfig config;
   config.job_id = request.job_id();
+  config.server_id = request.server_id();
   config.optimizer = ToOptimizerConfig(request.spec().optimizer());
   config.lr = request.spec().optimizer().lr();
   config.schedule = ToScheduleConfig(request.spec().lr_schedule(), request.total_steps());
@@ -72,6 +74,7 @@ JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request) {
   for (const v1::ChunkSetup& chunk : request.chunks()) {
     ChunkConfig c;
     c.chunk_id = chunk.chunk_id();
+    c.shard = chunk.shard();
     c.tensor = chunk.tensor();
     c.offset = chunk.offset();
     c.length = chunk.length();
@@ -82,8 +85,23 @@ JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request) {
   return config;
 }
 
-ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoint* metrics)
-    : store_(store), metrics_(metrics) {
+std::map<int32_t, JobShard::ShardRole> RolesFor(const v1::ShardMap& map, const std::string& server_id) {
+  std::map<int32_t, JobShard::ShardRole> roles;
+  for (const v1::ShardLocation& shard : map.shards()) {
+    if (shard.server_id() == server_id) {
+      JobShard::ShardRole& role = roles[shard.shard()];
+      role.primary = true;
+      role.backup_addresses.assign(shard.backup_addresses().begin(), shard.backup_addresses().end());
+    } else if (std::count(shard.backup_ids().begin(), shard.backup_ids().end(), server_id) > 0) {
+      roles[shard.shard()].primary = false;
+    }
+  }
+  return roles;
+}
+
+ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoint* metrics,
+                                           std::function<bool()> lease_valid)
+    : store_(store), metrics_(metrics), lease_valid_(std::move(lease_valid)) {
   auto& registry = metrics_->registry();
   updates_applied_ = &prometheus::BuildCounter()
                           .Name("fulcrum_server_gradients_accepted_total")
@@ -95,6 +113,11 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                      .Help("Chunk pushes acknowledged as duplicates of an earlier (worker, seq)")
                      .Register(registry)
                      .Add({});
+  refused_ = &prometheus::BuildCounter()
+                  .Name("fulcrum_server_writes_refused_total")
+                  .Help("Pushes and replications refused by fencing (no lease, or an older shard map)")
+                  .Register(registry)
+                  .Add({});
   jobs_ = &prometheus::BuildGauge()
                .Name("fulcrum_server_jobs")
                .Help("Jobs with state on this server")
@@ -116,6 +139,12 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::Setu
                                             v1::SetupJobResponse*) {
   absl::Status status = store_->SetupJob(ToJobShardConfig(*request));
   if (status.ok()) {
+    auto shard = store_->Find(request->job_id());
+    status = shard.ok() ? (*shard)->Configure(request->shard_map().version(),
+                                               RolesFor(request->shard_map(), request->server_id()))
+                        : shard.status();
+  }
+  if (status.ok()) {
     FLOG(INFO) << "job " << request->job_id() << ": holding " << request->chunks_size()
                << " chunks, " << request->num_partitions() << " data partitions";
   }
@@ -132,21 +161,45 @@ grpc::Status ParameterServiceImpl::DropJob(grpc::ServerContext*, const v1::DropJ
   return Finish("DropJob", absl::OkStatus(), request->ByteSizeLong(), 0);
 }
 
-grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*, const v1::PushRequest* request,
-                                        v1::PushResponse* response) {
-  auto shard = store_->Find(request->job_id());
-  if (!shard.ok()) return Finish("Push", shard.status(), request->ByteSizeLong(), 0);
+absl::Status ParameterServiceImpl::CheckRoute(const JobShard& shard, int64_t map_version,
+                                              const v1::PushRequest& request, bool as_primary) const {
+  if (lease_valid_ && !lease_valid_()) {
+    refused_->Increment();
+    return absl::UnavailableError("this server lost its lease with the scheduler: it takes no writes until it has one");
+  }
+  const int64_t held = shard.map_version();
+  if (map_version < held) {
+    refused_->Increment();
+    return absl::AbortedError(absl::StrCat("job ", request.job_id(), ": request made with shard map version ",
+                                           map_version, ", this server is at ", held, ": refresh the map and retry"));
+  }
+  if (map_version > held) {
+    return absl::UnavailableError(absl::StrCat("job ", request.job_id(), ": this server has not received shard map version ",
+                                               map_version, " yet (at ", held, "): retry"));
+  }
+  for (const v1::ChunkData& chunk : request.chunks()) {
+    ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOf(chunk.chunk_id()));
+    if (role.primary != as_primary) {
+      return absl::AbortedError(absl::StrCat("chunk ", chunk.chunk_id(), " of job ", request.job_id(),
+                                             as_primary ? ": this server is not its primary" : ": this server is not its backup",
+                                             " in shard map version ", held));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServiceImpl::ApplyPush(JobShard* shard, const v1::PushRequest& request,
+                                             v1::PushResponse* response) {
   PushArgs args;
-  args.worker_id = request->worker_id();
-  args.partition = request->partition();
-  args.seq = request->seq();
-  args.step = request->step();
-  for (const v1::ChunkData& chunk : request->chunks()) {
+  args.worker_id = request.worker_id();
+  args.partition = request.partition();
+  args.seq = request.seq();
+  args.step = request.step();
+  for (const v1::ChunkData& chunk : request.chunks()) {
     args.chunk_id = chunk.chunk_id();
     args.gradient = chunk.data();
-    absl::StatusOr<PushOutcome> outcome = (*shard)->Push(args);
-    if (!outcome.ok()) return Finish("Push", outcome.status(), request->ByteSizeLong(), 0);
-    if (*outcome == PushOutcome::kDuplicate) {
+    ASSIGN_OR_RETURN(PushOutcome outcome, shard->Push(args));
+    if (outcome == PushOutcome::kDuplicate) {
       response->set_duplicates(response->duplicates() + 1);
       duplicates_->Increment();
     } else {
@@ -154,7 +207,108 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*, const v1::PushRequ
       updates_applied_->Increment();
     }
   }
-  return Finish("Push", absl::OkStatus(), request->ByteSizeLong(), response->ByteSizeLong());
+  return absl::OkStatus();
+}
+
+v1::ParameterService::Stub* ParameterServiceImpl::BackupStub(const std::string& address) {
+  absl::MutexLock lock(&stubs_mu_);
+  auto& stub = stubs_[address];
+  if (stub == nullptr) stub = v1::ParameterService::NewStub(MakeChannel(address));
+  return stub.get();
+}
+
+absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const v1::PushRequest& request) {
+  std::map<std::string, v1::PushRequest> forwards;
+  for (const v1::ChunkData& chunk : request.chunks()) {
+    ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOf(chunk.chunk_id()));
+    for (const std::string& backup : role.backup_addresses) {
+      v1::PushRequest& forward = forwards[backup];
+      if (forward.job_id().empty()) {
+        forward = request;
+        forward.clear_chunks();
+      }
+      *forward.add_chunks() = chunk;
+    }
+  }
+  if (forwards.empty()) return absl::OkStatus();
+  struct Call {
+    grpc::ClientContext context;
+    v1::PushResponse response;
+    grpc::Status status;
+  };
+  std::map<std::string, Call> calls;
+  absl::Mutex mu;
+  size_t remaining = forwards.size();
+  for (auto& [address, forward] : forwards) {
+    Call& call = calls[address];
+    SetDeadline(&call.context, 10.0);
+    BackupStub(address)->async()->Replicate(&call.context, &forward, &call.response, [&](grpc::Status status) {
+      absl::MutexLock lock(&mu);
+      call.status = std::move(status);
+      --remaining;
+    });
+  }
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(+[](size_t* r) { return *r == 0; }, &remaining));
+  }
+  for (auto& [address, call] : calls) {
+    if (call.status.ok()) continue;
+    absl::Status status = FromGrpcStatus(call.status);
+    // A backup that moved to a newer map fences this primary: ABORTED makes
+    // the worker refresh its map. Anything else is retried.
+    auto code = status.code() == absl::StatusCode::kAborted ? absl::StatusCode::kAborted
+                                                            : absl::StatusCode::kUnavailable;
+    return absl::Status(code, absl::StrCat("replicating to backup ", address, ": ", status.message()));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*, const v1::PushRequest* request,
+                                        v1::PushResponse* response) {
+  const int64_t received = request->ByteSizeLong();
+  auto shard = store_->Find(request->job_id());
+  if (!shard.ok()) return Finish("Push", shard.status(), received, 0);
+  absl::Status status = CheckRoute(**shard, request->map_version(), *request, /*as_primary=*/true);
+  // Validate everything first: a bad push must reach no replica.
+  PushArgs args;
+  args.worker_id = request->worker_id();
+  args.partition = request->partition();
+  args.seq = request->seq();
+  args.step = request->step();
+  for (int i = 0; status.ok() && i < request->chunks_size(); ++i) {
+    args.chunk_id = request->chunks(i).chunk_id();
+    args.gradient = request->chunks(i).data();
+    status = (*shard)->Validate(args);
+  }
+  // Backups have it before the primary applies and acknowledges it, so an
+  // acknowledged update survives the primary's death. Retries are safe: every
+  // replica deduplicates.
+  if (status.ok()) status = ForwardToBackups(**shard, *request);
+  if (status.ok()) status = ApplyPush(shard->get(), *request, response);
+  return Finish("Push", status, received, response->ByteSizeLong());
+}
+
+grpc::Status ParameterServiceImpl::Replicate(grpc::ServerContext*, const v1::PushRequest* request,
+                                             v1::PushResponse* response) {
+  const int64_t received = request->ByteSizeLong();
+  auto shard = store_->Find(request->job_id());
+  if (!shard.ok()) return Finish("Replicate", shard.status(), received, 0);
+  absl::Status status = CheckRoute(**shard, request->map_version(), *request, /*as_primary=*/false);
+  if (status.ok()) status = ApplyPush(shard->get(), *request, response);
+  return Finish("Replicate", status, received, response->ByteSizeLong());
+}
+
+grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext*, const v1::ReconfigureRequest* request,
+                                               v1::ReconfigureResponse*) {
+  auto shard = store_->Find(request->job_id());
+  if (!shard.ok()) return Finish("Reconfigure", shard.status(), request->ByteSizeLong(), 0);
+  absl::Status status =
+      (*shard)->Configure(request->shard_map().version(), RolesFor(request->shard_map(), (*shard)->config().server_id));
+  if (status.ok()) {
+    FLOG(INFO) << "job " << request->job_id() << ": shard map version " << request->shard_map().version();
+  }
+  return Finish("Reconfigure", status, request->ByteSizeLong(), 0);
 }
 
 grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context, const v1::PullRequest* request,
@@ -162,6 +316,12 @@ grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context, const v1::
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("Pull", shard.status(), request->ByteSizeLong(), 0);
   absl::Time deadline = PullDeadline(*context);
+  if (request->map_version() < (*shard)->map_version()) {
+    return Finish("Pull", absl::AbortedError(absl::StrCat("job ", request->job_id(), ": pull made with shard map version ",
+                                                          request->map_version(), ", this server is at ",
+                                                          (*shard)->map_version(), ": refresh the map")),
+                  request->ByteSizeLong(), 0);
+  }
   for (int32_t chunk_id : request->chunk_ids()) {
     v1::ChunkData* chunk = response->add_chunks();
     chunk->set_chunk_id(chunk_id);

@@ -3,6 +3,12 @@
 #ifndef FULCRUM_SERVER_PARAMETER_SERVICE_H_
 #define FULCRUM_SERVER_PARAMETER_SERVICE_H_
 
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "server/parameter_store.h"
@@ -12,10 +18,16 @@ namespace fulcrum {
 // Translates the job spec's optimizer and schedule into the store's configs.
 JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request);
 
+// The roles a shard map gives `server_id`, per shard it is a replica of.
+std::map<int32_t, JobShard::ShardRole> RolesFor(const v1::ShardMap& map, const std::string& server_id);
+
 class ParameterServiceImpl final : public v1::ParameterService::Service {
  public:
-  // `store` and `metrics` must outlive the service.
-  ParameterServiceImpl(ParameterStore* store, MetricsEndpoint* metrics);
+  // `store` and `metrics` must outlive the service. `lease_valid` says
+  // whether this server still holds its membership lease; without it the
+  // server takes no writes (fencing a primary cut off from the scheduler).
+  ParameterServiceImpl(ParameterStore* store, MetricsEndpoint* metrics,
+                       std::function<bool()> lease_valid = nullptr);
 
   grpc::Status SetupJob(grpc::ServerContext* context, const v1::SetupJobRequest* request,
                         v1::SetupJobResponse* response) override;
@@ -25,15 +37,32 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
                     v1::PushResponse* response) override;
   grpc::Status Pull(grpc::ServerContext* context, const v1::PullRequest* request,
                     v1::PullResponse* response) override;
+  grpc::Status Replicate(grpc::ServerContext* context, const v1::PushRequest* request,
+                         v1::PushResponse* response) override;
+  grpc::Status Reconfigure(grpc::ServerContext* context, const v1::ReconfigureRequest* request,
+                           v1::ReconfigureResponse* response) override;
 
  private:
+  // Checks the request's map version and this server's role for every chunk.
+  absl::Status CheckRoute(const JobShard& shard, int64_t map_version, const v1::PushRequest& request,
+                          bool as_primary) const;
+  // Applies every chunk of a push; counts applied and duplicate chunks.
+  absl::Status ApplyPush(JobShard* shard, const v1::PushRequest& request, v1::PushResponse* response);
+  // Sends each backup the chunks of the push it replicates; OK when all have them.
+  absl::Status ForwardToBackups(const JobShard& shard, const v1::PushRequest& request);
+  v1::ParameterService::Stub* BackupStub(const std::string& address);
+
   grpc::Status Finish(const char* method, const absl::Status& status, int64_t received,
                       int64_t sent);
 
   ParameterStore* store_;
   MetricsEndpoint* metrics_;
+  std::function<bool()> lease_valid_;
+  absl::Mutex stubs_mu_;  // guards stubs_
+  std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(stubs_mu_);
   prometheus::Counter* updates_applied_;
   prometheus::Counter* duplicates_;
+  prometheus::Counter* refused_;
   prometheus::Gauge* jobs_;
 };
 

@@ -50,20 +50,36 @@ absl::Status Chunk::CheckPush(const PushArgs& args) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<PushOutcome> Chunk::Push(const PushArgs& args) {
-  // Decode and validate outside the lock: it is the expensive part.
-  std::vector<float> grad(config_.length);
-  RETURN_IF_ERROR(DecodeFloats(args.gradient, config_.length, grad.data(),
-                               absl::StrCat("push to chunk ", config_.chunk_id, " of job ",
-                                            job_.job_id)));
-  for (int64_t i = 0; i < config_.length; ++i) {
-    if (!std::isfinite(grad[i])) {
+namespace {
+
+absl::Status DecodeGradient(const PushArgs& args, const ChunkConfig& config, const std::string& job_id,
+                            std::vector<float>* grad) {
+  grad->resize(config.length);
+  RETURN_IF_ERROR(DecodeFloats(args.gradient, config.length, grad->data(),
+                               absl::StrCat("push to chunk ", config.chunk_id, " of job ", job_id)));
+  for (int64_t i = 0; i < config.length; ++i) {
+    if (!std::isfinite((*grad)[i])) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "push from worker ", args.worker_id, " to chunk ", config_.chunk_id, " of job ",
-          job_.job_id, " has a non-finite gradient (", grad[i], ") at element ", i,
-          ": the model diverged; lower optimizer.lr"));
+          "push from worker ", args.worker_id, " to chunk ", config.chunk_id, " of job ", job_id,
+          " has a non-finite gradient (", (*grad)[i], ") at element ", i, ": the model diverged; lower optimizer.lr"));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Chunk::Validate(const PushArgs& args) const {
+  std::vector<float> grad;
+  RETURN_IF_ERROR(DecodeGradient(args, config_, job_.job_id, &grad));
+  absl::MutexLock lock(&mu_);
+  return CheckPush(args);
+}
+
+absl::StatusOr<PushOutcome> Chunk::Push(const PushArgs& args) {
+  // Decode and validate outside the lock: it is the expensive part.
+  std::vector<float> grad;
+  RETURN_IF_ERROR(DecodeGradient(args, config_, job_.job_id, &grad));
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckPush(args));
   auto mark = watermarks_.find(args.worker_id);
@@ -151,6 +167,7 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(JobShardConfig config
     if (chunk.length <= 0) {
       return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.chunk_id, " has length ", chunk.length));
     }
+    shard->shard_of_[chunk.chunk_id] = chunk.shard;
     auto [it, inserted] =
         shard->chunks_.emplace(chunk.chunk_id, std::make_unique<Chunk>(chunk, shard->config_));
     if (!inserted) {
@@ -160,7 +177,7 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(JobShardConfig config
   return shard;
 }
 
-absl::StatusOr<Chunk*> JobShard::Find(int32_t chunk_id) {
+absl::StatusOr<Chunk*> JobShard::Find(int32_t chunk_id) const {
   auto it = chunks_.find(chunk_id);
   if (it == chunks_.end()) {
     return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
@@ -178,6 +195,39 @@ absl::Status JobShard::Pull(int32_t chunk_id, int64_t min_version, absl::Time de
                             std::string* data, int64_t* version) {
   ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
   return chunk->Pull(min_version, deadline, data, version);
+}
+
+absl::Status JobShard::Validate(const PushArgs& args) {
+  ASSIGN_OR_RETURN(Chunk * chunk, Find(args.chunk_id));
+  return chunk->Validate(args);
+}
+
+absl::Status JobShard::Configure(int64_t version, std::map<int32_t, ShardRole> roles) {
+  absl::MutexLock lock(&roles_mu_);
+  if (version < map_version_) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", config_.job_id, ": shard map version ", version,
+                                                      " is older than the one held (", map_version_, ")"));
+  }
+  map_version_ = version;
+  roles_ = std::move(roles);
+  return absl::OkStatus();
+}
+
+int64_t JobShard::map_version() const {
+  absl::MutexLock lock(&roles_mu_);
+  return map_version_;
+}
+
+absl::StatusOr<JobShard::ShardRole> JobShard::RoleOf(int32_t chunk_id) const {
+  auto shard = shard_of_.find(chunk_id);
+  if (shard == shard_of_.end()) {
+    return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
+                                            " is not on this server (stale shard map?)"));
+  }
+  absl::MutexLock lock(&roles_mu_);
+  auto role = roles_.find(shard->second);
+  if (role == roles_.end()) return ShardRole{/*primary=*/true, {}};  // not configured: a lone replica
+  return role->second;
 }
 
 void JobShard::Drop(const std::string& reason) {

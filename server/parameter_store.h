@@ -25,6 +25,7 @@ namespace fulcrum {
 
 struct ChunkConfig {
   int32_t chunk_id = 0;
+  int32_t shard = 0;
   int32_t tensor = 0;
   int64_t offset = 0;
   int64_t length = 0;
@@ -34,6 +35,7 @@ struct ChunkConfig {
 
 struct JobShardConfig {
   std::string job_id;
+  std::string server_id;  // this server's member id (replication roles)
   OptimizerConfig optimizer;
   float lr = 0;
   LrScheduleConfig schedule;
@@ -59,6 +61,8 @@ class Chunk {
  public:
   Chunk(const ChunkConfig& config, const JobShardConfig& job);
 
+  // Checks a gradient without applying it (size, finite values).
+  absl::Status Validate(const PushArgs& args) const;
   // Applies (ASP) or buffers (BSP) a gradient. Errors: INVALID_ARGUMENT for a
   // wrong size, non-finite values or a bad partition; FAILED_PRECONDITION for a BSP
   // push ahead of the chunk's version; CANCELLED once the job is dropped.
@@ -105,18 +109,35 @@ class JobShard {
   static absl::StatusOr<std::unique_ptr<JobShard>> Create(JobShardConfig config);
 
   absl::StatusOr<PushOutcome> Push(const PushArgs& args);
+  absl::Status Validate(const PushArgs& args);
   absl::Status Pull(int32_t chunk_id, int64_t min_version, absl::Time deadline, std::string* data,
                     int64_t* version);
   void Drop(const std::string& reason);
   void Freeze(const std::string& reason);
   const JobShardConfig& config() const { return config_; }
 
+  // Replication roles, per shard of the job, under a shard-map version.
+  struct ShardRole {
+    bool primary = false;
+    std::vector<std::string> backup_addresses;  // the primary's backups
+  };
+  // Takes the roles of shard-map `version`. FAILED_PRECONDITION (nothing
+  // changed) for a version older than the one held.
+  absl::Status Configure(int64_t version, std::map<int32_t, ShardRole> roles);
+  int64_t map_version() const;
+  // The role of the shard holding `chunk_id`; NOT_FOUND for an unknown chunk.
+  absl::StatusOr<ShardRole> RoleOf(int32_t chunk_id) const;
+
  private:
   explicit JobShard(JobShardConfig config);
-  absl::StatusOr<Chunk*> Find(int32_t chunk_id);
+  absl::StatusOr<Chunk*> Find(int32_t chunk_id) const;
 
   const JobShardConfig config_;
   std::map<int32_t, std::unique_ptr<Chunk>> chunks_;  // immutable after Create
+  std::map<int32_t, int32_t> shard_of_;               // chunk id -> shard, immutable after Create
+  mutable absl::Mutex roles_mu_;                      // guards the roles below
+  int64_t map_version_ ABSL_GUARDED_BY(roles_mu_) = 0;
+  std::map<int32_t, ShardRole> roles_ ABSL_GUARDED_BY(roles_mu_);
 };
 
 // The jobs on this server. Thread-safe.

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "client/local_cluster.h"
 #include "common/rpc.h"
 #include "fulcrum/v1/job.grpc.pb.h"
+#include "fulcrum/v1/parameter.grpc.pb.h"
 #include "worker/parameter_client.h"
 
 namespace fulcrum {
@@ -69,11 +71,12 @@ bool Terminal(v1::JobState state) {
 
 class ClusterTest : public testing::Test {
  protected:
-  static void StartCluster(int servers, int workers) {
+  static void StartCluster(int servers, int workers, int replicas = 1) {
     LocalCluster::Options options;
     options.dir = MakeTempDir();
     options.servers = servers;
     options.workers = workers;
+    options.replicas = replicas;
     // Short leases so that a dead worker is noticed quickly.
     options.scheduler_flags = {"--lease-ms=1500", "--heartbeat-ms=200", "--chunk-bytes=4096"};
     auto cluster = LocalCluster::Start(options);
@@ -516,6 +519,132 @@ TEST_F(SchedulerRestartTest, JobSurvivesSchedulerKillAndRestart) {
   v1::JobStatus again;
   ASSERT_TRUE(stub_->GetJob(&context, request, &again).ok());
   EXPECT_EQ(again.state(), v1::SUCCEEDED);
+}
+
+// Two servers, every shard on both (a primary and a backup).
+class ServerFailoverTest : public WorkerLossTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(2, 2, /*replicas=*/2); }
+
+  static v1::JobSpec OneShardSpec() {
+    v1::JobSpec spec = LongBspSpec();
+    spec.set_num_shards(1);  // one replica group: a primary and a backup
+    return spec;
+  }
+
+  // Runs the reference job, then the same job with `disturb` applied to the
+  // shard's primary or backup mid-job, and checks the two end bit-identical.
+  static void RunDisturbed(bool primary, const std::function<void(const std::string&)>& disturb,
+                           v1::JobStatus* disturbed = nullptr) {
+    // A server killed by an earlier test of this suite is replaced.
+    for (; killed_ > 0; --killed_) ASSERT_TRUE(cluster_->AddServer().ok());
+    auto reference = Submit(OneShardSpec());
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    v1::JobStatus reference_done = WaitForEnd(*reference);
+    ASSERT_EQ(reference_done.state(), v1::SUCCEEDED) << reference_done.reason();
+    ASSERT_EQ(reference_done.shards(0).backup_ids_size(), 1);
+    std::vector<float> a = FinalParameters(reference_done);  // before any server goes away
+
+    auto id = Submit(OneShardSpec());
+    ASSERT_TRUE(id.ok());
+    v1::JobStatus running = WaitFor(
+        *id, [](const v1::JobStatus& s) { return s.progress().step() > 50 || Terminal(s.state()); },
+        absl::Seconds(60));
+    ASSERT_EQ(running.state(), v1::RUNNING);
+    const std::string victim = primary ? running.shards(0).server_id() : running.shards(0).backup_ids(0);
+    disturb(victim);
+    v1::JobStatus done = WaitForEnd(*id);
+    ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+    EXPECT_GT(done.shard_map().version(), 1) << "no failover happened";
+    EXPECT_NE(done.shards(0).server_id(), primary ? victim : "") << "the dead primary still leads";
+    bool logged = false;
+    for (const auto& event : done.events()) logged |= event.message().find(victim) != std::string::npos;
+    EXPECT_TRUE(logged) << "no event names " << victim;
+    std::vector<float> b = FinalParameters(done);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+    if (disturbed != nullptr) *disturbed = done;
+  }
+
+  static inline int killed_ = 0;
+};
+
+TEST_F(ServerFailoverTest, KilledPrimaryLosesNoUpdate) {
+  RunDisturbed(/*primary=*/true, [](const std::string& victim) {
+    ASSERT_TRUE(cluster_->Signal(victim, SIGKILL).ok());
+    ++killed_;
+  });
+}
+
+TEST_F(ServerFailoverTest, KilledBackupLosesNoUpdate) {
+  RunDisturbed(/*primary=*/false, [](const std::string& victim) {
+    ASSERT_TRUE(cluster_->Signal(victim, SIGKILL).ok());
+    ++killed_;
+  });
+}
+
+double MetricValue(const std::string& body, const std::string& name) {
+  size_t at = body.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::atof(body.c_str() + at + name.size() + 2);
+}
+
+// The primary is cut off (SIGSTOP) past its lease, so the scheduler fails it
+// over. When it resumes, a worker that still has the old shard map pushes to
+// it: it is fenced (no lease, and its backup moved to the new map), refuses
+// the write, and the job's result is unchanged.
+TEST_F(ServerFailoverTest, PartitionedPrimaryIsFenced) {
+  RunDisturbed(/*primary=*/true, [](const std::string& victim) {
+    std::string address;
+    for (const auto& p : cluster_->file().processes()) {
+      if (p.id() == victim) address = p.grpc_address();
+    }
+    ASSERT_FALSE(address.empty());
+    ASSERT_TRUE(cluster_->Signal(victim, SIGSTOP).ok());
+    // Wait (bounded) until the scheduler has failed it over.
+    v1::JobStatus moved;
+    absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      grpc::ClientContext context;
+      v1::ListJobsRequest request;
+      v1::ListJobsResponse response;
+      if (stub_->ListJobs(&context, request, &response).ok()) {
+        for (const auto& job : response.jobs()) {
+          if (job.state() == v1::RUNNING && !job.shards().empty() && job.shards(0).server_id() != victim) moved = job;
+        }
+      }
+      if (!moved.job_id().empty()) break;
+      absl::SleepFor(absl::Milliseconds(50));  // polling the scheduler's view
+    }
+    ASSERT_FALSE(moved.job_id().empty()) << "no failover within 30 s";
+    ASSERT_TRUE(cluster_->Signal(victim, SIGCONT).ok());
+    // A stale worker's push (shard map version 1) to the old primary.
+    grpc::ClientContext get_context;
+    v1::GetJobRequest get;
+    get.set_job_id(moved.job_id());
+    v1::JobStatus job;
+    ASSERT_TRUE(stub_->GetJob(&get_context, get, &job).ok());
+    ASSERT_GT(job.shard_map().chunks_size(), 0);
+    v1::PushRequest push;
+    push.set_job_id(job.job_id());
+    push.set_worker_id("stale-worker");
+    push.set_partition(0);
+    push.set_seq(1);
+    push.set_step(job.progress().step());
+    push.set_map_version(1);
+    v1::ChunkData* chunk = push.add_chunks();
+    chunk->set_chunk_id(job.shard_map().chunks(0).chunk_id());
+    chunk->set_data(std::string(job.shard_map().chunks(0).length() * 4, '\0'));
+    auto old_primary = v1::ParameterService::NewStub(MakeChannel(address));
+    grpc::ClientContext push_context;
+    SetDeadline(&push_context, 10);
+    v1::PushResponse response;
+    grpc::Status status = old_primary->Push(&push_context, push, &response);
+    EXPECT_FALSE(status.ok()) << "the fenced primary took a write";
+    EXPECT_TRUE(status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                status.error_code() == grpc::StatusCode::ABORTED)
+        << status.error_message();
+  });
 }
 
 TEST_F(WorkerLossTest, SigtermStopsEveryProcessCleanly) {

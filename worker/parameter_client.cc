@@ -106,6 +106,7 @@ absl::Status ParameterClient::Pull(int64_t min_version, absl::Duration timeout,
   for (size_t i = 0; i < batches_.size(); ++i) {
     requests[i].set_job_id(job_id_);
     requests[i].set_min_version(min_version);
+    requests[i].set_map_version(map_.version());
     for (int chunk : batches_[i].chunks) requests[i].add_chunk_ids(map_.chunks(chunk).chunk_id());
   }
   std::vector<v1::PullResponse> responses;
@@ -136,6 +137,7 @@ absl::Status ParameterClient::Push(int64_t seq, int32_t partition, int64_t step,
   for (size_t i = 0; i < batches_.size(); ++i) {
     v1::PushRequest& request = requests[i];
     request.set_job_id(job_id_);
+    request.set_map_version(map_.version());
     request.set_worker_id(worker_id_);
     request.set_partition(partition);
     request.set_seq(seq);

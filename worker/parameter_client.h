@@ -46,6 +46,7 @@ class ParameterClient {
                     absl::Duration timeout);
 
   int64_t total_bytes() const { return total_bytes_; }
+  int64_t map_version() const { return map_.version(); }
 
  private:
   struct Batch {

@@ -16,10 +16,15 @@
 namespace fulcrum {
 namespace {
 
-constexpr absl::Duration kRpcTimeout = absl::Seconds(60);
+// A push or a non-waiting pull that takes longer has met a stuck server
+// (stopped, partitioned): the worker looks for a new shard map and retries.
+constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 // A BSP pull waits this long before the worker checks whether it was given a
 // partition that the step still lacks.
 constexpr absl::Duration kWaitSlice = absl::Seconds(1);
+// Data-path failures in a row (each followed by a wait of up to a second for
+// a new shard map) before a worker gives up on its job.
+constexpr int kMaxFailures = 60;
 constexpr absl::Duration kReportEvery = absl::Milliseconds(500);
 constexpr int kEvalBatch = 1000;
 
@@ -196,9 +201,9 @@ class TrainingRun {
         total_steps_(assignment.total_steps()),
         layout_(LayoutFor(spec_, trainer->train_->num_features, trainer->train_->num_classes)),
         model_(layout_.config, trainer->backend_),
-        client_(assignment.shard_map(), trainer->job_id_, trainer->worker_id_),
-        params_(trainer->backend_, client_.MakeBuffers()),
-        grads_(trainer->backend_, client_.MakeBuffers()) {}
+        client_(std::make_unique<ParameterClient>(assignment.shard_map(), trainer->job_id_, trainer->worker_id_)),
+        params_(trainer->backend_, client_->MakeBuffers()),
+        grads_(trainer->backend_, client_->MakeBuffers()) {}
 
   absl::Status Init() {
     kernels::Backend* backend = trainer_.backend_;
@@ -220,7 +225,7 @@ class TrainingRun {
   absl::Status ComputeAndPush(int32_t partition, int64_t step);
   // Pulls the current parameters (no waiting) into backend memory.
   absl::Status PullNow() {
-    RETURN_IF_ERROR(client_.Pull(0, kRpcTimeout, params_.host()));
+    RETURN_IF_ERROR(client_->Pull(0, kRpcTimeout, params_.host()));
     return params_.Upload();
   }
   absl::Status EvaluateAndReport(int64_t step);
@@ -231,6 +236,11 @@ class TrainingRun {
     return trainer_.hooks_.wait_for_change(current.membership_epoch(), absl::Milliseconds(500));
   }
   bool Stopped() const { return trainer_.hooks_.should_stop(); }
+  // After a data-path error that a new shard map may cure (ABORTED: the map
+  // is stale; UNAVAILABLE: a server is gone or not yet reconfigured), waits
+  // briefly for a newer map and switches to it. OK means "retry"; the error
+  // itself once it is not of that kind or keeps happening for a minute.
+  absl::Status Recover(const absl::Status& error);
   int32_t EpochOf(int64_t step) const { return static_cast<int32_t>(step / steps_per_epoch_); }
   bool EvaluatesAt(int64_t step) const {
     return step > 0 && (step % steps_per_epoch_ == 0 || step == total_steps_);
@@ -245,7 +255,8 @@ class TrainingRun {
   const int64_t total_steps_;
   ModelLayout layout_;
   kernels::Mlp model_;
-  ParameterClient client_;
+  std::unique_ptr<ParameterClient> client_;  // replaced when the shard map changes
+  int failures_ = 0;                          // data-path failures in a row
   StagedTensors params_;
   StagedTensors grads_;
   kernels::Buffer x_buffer_, y_buffer_;
@@ -258,6 +269,23 @@ class TrainingRun {
   int64_t window_steps_ = 0;
   absl::Time window_start_ = absl::Now();
 };
+
+absl::Status TrainingRun::Recover(const absl::Status& error) {
+  if (!absl::IsAborted(error) && !absl::IsUnavailable(error) && !absl::IsDeadlineExceeded(error)) return error;
+  if (++failures_ > kMaxFailures) return error;
+  const int64_t current = client_->map_version();
+  v1::Assignment assignment = trainer_.hooks_.latest_assignment();
+  if (assignment.shard_map().version() <= current) {
+    assignment = trainer_.hooks_.wait_for_change(assignment.membership_epoch(), absl::Seconds(1));
+  }
+  if (Stopped()) return absl::CancelledError("assignment withdrawn");
+  if (assignment.shard_map().version() > current) {
+    FLOG(INFO) << "job " << trainer_.job_id_ << ": shard map version " << assignment.shard_map().version()
+               << " after: " << error.message();
+    client_ = std::make_unique<ParameterClient>(assignment.shard_map(), trainer_.job_id_, trainer_.worker_id_);
+  }
+  return absl::OkStatus();
+}
 
 absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
   absl::Time start = absl::Now();
@@ -277,7 +305,7 @@ absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
   RETURN_IF_ERROR(model_.ForwardBackward(params_.device_const(), x_device_, y_device_, batch_, grads_.device(),
                                          &window_));
   RETURN_IF_ERROR(grads_.Download());
-  RETURN_IF_ERROR(client_.Push(++seq_, partition, step, *grads_.host(), kRpcTimeout));
+  RETURN_IF_ERROR(client_->Push(++seq_, partition, step, *grads_.host(), kRpcTimeout));
   ++window_steps_;
   if (trainer_.hooks_.observe_step) trainer_.hooks_.observe_step(absl::ToDoubleSeconds(absl::Now() - start));
   return absl::OkStatus();
@@ -337,18 +365,32 @@ absl::Status TrainingRun::RunBsp() {
   while (true) {
     if (Stopped()) return absl::CancelledError("assignment withdrawn");
     ParameterClient::Versions versions;
-    absl::Status pulled = client_.Pull(next, kWaitSlice, params_.host(), &versions);
+    absl::Status pulled = client_->Pull(next, kWaitSlice, params_.host(), &versions);
     if (absl::IsDeadlineExceeded(pulled)) {
       // The step waits for a partition nobody sent: compute the ones this
       // worker owns now (e.g. taken over from a worker that died).
       assignment = trainer_.hooks_.latest_assignment();
+      if (assignment.shard_map().version() > client_->map_version()) {  // a failover: follow it
+        RETURN_IF_ERROR(Recover(pulled));
+        continue;
+      }
       if (have_version < 0) continue;
       for (int32_t p : assignment.partitions()) {
-        if (pushed.insert(p).second) RETURN_IF_ERROR(ComputeAndPush(p, have_version));
+        if (pushed.count(p) > 0) continue;
+        absl::Status status = ComputeAndPush(p, have_version);
+        if (!status.ok()) {
+          RETURN_IF_ERROR(Recover(status));
+          break;
+        }
+        pushed.insert(p);
       }
       continue;
     }
-    RETURN_IF_ERROR(pulled);
+    if (!pulled.ok()) {
+      RETURN_IF_ERROR(Recover(pulled));
+      continue;
+    }
+    failures_ = 0;
     if (versions.min != versions.max) {  // caught mid-update: wait for all chunks
       next = versions.max;
       continue;
@@ -365,8 +407,17 @@ absl::Status TrainingRun::RunBsp() {
       evaluated = version;
     }
     if (version >= total_steps_) break;
+    absl::Status pushes = absl::OkStatus();
     for (int32_t p : assignment.partitions()) {
-      if (pushed.insert(p).second) RETURN_IF_ERROR(ComputeAndPush(p, version));
+      if (pushed.count(p) > 0) continue;
+      pushes = ComputeAndPush(p, version);
+      if (!pushes.ok()) break;
+      pushed.insert(p);
+    }
+    if (!pushes.ok()) {  // pull this step again (with a new map) and send what is missing
+      RETURN_IF_ERROR(Recover(pushes));
+      next = version;
+      continue;
     }
     MaybeReportProgress(version + 1, (version + 1) % steps_per_epoch_ == 0);
     next = version + 1;
@@ -431,9 +482,15 @@ absl::Status TrainingRun::RunAsp() {
       assignment = WaitForChange(assignment);
       continue;
     }
-    RETURN_IF_ERROR(PullNow());
     const int64_t step = positions[next];
-    RETURN_IF_ERROR(ComputeAndPush(next, step));
+    absl::Status status = PullNow();
+    if (status.ok()) status = ComputeAndPush(next, step);
+    if (!status.ok()) {
+      RETURN_IF_ERROR(Recover(status));
+      assignment = trainer_.hooks_.latest_assignment();
+      continue;
+    }
+    failures_ = 0;
     positions[next] = step + 1;
     if (next == assignment.eval_partition() && EvaluatesAt(step + 1) && step + 1 < total_steps_) {
       RETURN_IF_ERROR(PullNow());

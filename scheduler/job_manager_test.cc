@@ -107,10 +107,30 @@ class JobManagerTest : public ::testing::Test {
   JobManagerTest() {
     options_.chunk_elems = 50000;  // cuts the 784x256 weight unevenly
     manager_ = std::make_unique<JobManager>(options_, &servers_,
-                                            [this] { return now_; });
+                                            [this] { return now_; }, store_.get());
+  }
+
+  // A new manager on the same store: the scheduler restarted.
+  void Restart() {
+    manager_.reset();
+    manager_ = std::make_unique<JobManager>(options_, &servers_, [this] { return now_; }, store_.get());
+    ASSERT_TRUE(manager_->Recover().ok());
+  }
+
+  std::string RegisterAs(v1::Role role, const std::string& id, const std::string& address = "",
+                         const std::vector<std::string>& jobs = {}) {
+    v1::RegisterRequest request;
+    request.set_role(role);
+    request.set_requested_id(id);
+    request.set_address(address);
+    for (const auto& j : jobs) request.add_jobs(j);
+    absl::StatusOr<v1::RegisterResponse> response = manager_->Register(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? response->member_id() : "";
   }
 
   void Advance(absl::Duration d) { now_ += d; }
+  std::unique_ptr<KvStore> store_ = NewMemoryStore();
 
   std::string RegisterMember(v1::Role role, const std::string& address = "") {
     v1::RegisterRequest request;
@@ -657,6 +677,91 @@ TEST_F(JobManagerTest, ListShowsEveryJob) {
   std::set<std::string> ids;
   for (const v1::JobStatus& s : manager_->List()) ids.insert(s.job_id());
   EXPECT_EQ(ids, (std::set<std::string>{a, b}));
+}
+
+TEST_F(JobManagerTest, ReplicasNeedEnoughServers) {
+  RegisterCluster();
+  v1::JobSpec spec = MlpSpec();
+  spec.set_replicas(2);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::PENDING);
+  EXPECT_TRUE(Contains(status.reason(), "2 replicas"));
+}
+
+TEST_F(JobManagerTest, ServerLossPromotesBackupsAndBumpsTheMapVersion) {
+  RegisterCluster();
+  const std::string second = RegisterMember(v1::SERVER, "127.0.0.1:7002");
+  v1::JobSpec spec = MlpSpec();
+  spec.set_replicas(2);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  MakeTraining(job_id);
+  v1::JobStatus status = GetOk(job_id);
+  ASSERT_EQ(status.shards_size(), 2);
+  for (const auto& shard : status.shards()) {
+    ASSERT_EQ(shard.backup_ids_size(), 1);
+    EXPECT_NE(shard.backup_ids(0), shard.server_id());
+  }
+  // Each server got a setup naming itself, with every chunk of the shards it holds.
+  EXPECT_EQ(servers_.setups().size(), 2u);
+  EXPECT_EQ(status.shard_map().version(), 1);
+
+  // server_ (the first) stops heartbeating.
+  Advance(options_.lease / 2);
+  HeartbeatOk(second);
+  for (const std::string& w : workers_) HeartbeatOk(w, job_id);
+  Advance(options_.lease / 2 + absl::Milliseconds(100));
+  manager_->Tick();
+  status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::RUNNING) << status.reason();
+  EXPECT_EQ(status.shard_map().version(), 2);
+  for (const auto& shard : status.shards()) {
+    EXPECT_EQ(shard.server_id(), second);
+    EXPECT_EQ(shard.backup_ids_size(), 0);
+  }
+  ASSERT_FALSE(servers_.reconfigures().empty());
+  EXPECT_EQ(servers_.reconfigures().back().version(), 2);
+  EXPECT_EQ(HeartbeatOk(workers_[0], job_id).shard_map().version(), 2);
+  // Losing the last replica fails the job, naming the shard.
+  Advance(options_.lease + absl::Milliseconds(100));
+  for (const std::string& w : workers_) HeartbeatOk(w, job_id);
+  manager_->Tick();
+  status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_TRUE(Contains(status.reason(), "only replica of shard"));
+}
+
+TEST_F(JobManagerTest, RestartedSchedulerRecoversRunningJobs) {
+  const std::string job_id = StartJob();
+  MakeTraining(job_id);
+  const std::vector<int32_t> partitions0 = [&] {
+    auto p = HeartbeatOk(workers_[0], job_id).partitions();
+    return std::vector<int32_t>(p.begin(), p.end());
+  }();
+  Restart();
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::RUNNING);
+  // The server and worker 0 come back under their ids; worker 1 does not.
+  RegisterAs(v1::SERVER, server_, kServerAddress, {job_id});
+  RegisterAs(v1::WORKER, workers_[0]);
+  v1::Assignment a = HeartbeatOk(workers_[0], job_id);
+  EXPECT_EQ(a.job_id(), job_id);
+  EXPECT_EQ(a.phase(), v1::Assignment::TRAIN);
+  EXPECT_EQ(std::vector<int32_t>(a.partitions().begin(), a.partitions().end()), partitions0);
+  Advance(options_.lease + absl::Milliseconds(100));
+  HeartbeatOk(server_);
+  HeartbeatOk(workers_[0], job_id);
+  manager_->Tick();
+  status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::RUNNING) << status.reason();
+  ASSERT_EQ(status.workers_size(), 1);
+  EXPECT_EQ(HeartbeatOk(workers_[0], job_id).partitions_size(), 2);  // worker 1's partition moved here
+  // New ids do not collide with the old ones.
+  const std::string fresh = RegisterMember(v1::WORKER);
+  EXPECT_NE(fresh, workers_[0]);
+  EXPECT_NE(fresh, workers_[1]);
 }
 
 }  // namespace

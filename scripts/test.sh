@@ -14,6 +14,7 @@ LOG="$(mktemp)"
 ( cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 "$@" ) 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
 summary="$(grep -E '^[0-9]+% tests passed' "$LOG" | tail -1)"
+skipped="$(grep -c '\*\*\*Skipped' "$LOG" || true)"
 rm -f "$LOG"
 if [ -z "$summary" ]; then
   echo "ctest did not run"
@@ -22,5 +23,5 @@ fi
 passed_failed="$(echo "$summary" | sed -E 's/^[0-9]+% tests passed, ([0-9]+) tests? failed out of ([0-9]+)/\2 \1/')"
 total="${passed_failed% *}"
 failed="${passed_failed#* }"
-echo "ctest: $((total - failed)) passed, ${failed} failed"
+echo "ctest: $((total - failed - skipped)) passed, ${failed} failed, ${skipped} skipped"
 exit $rc

@@ -265,6 +265,7 @@ void JobManager::OnProgress(Job* job, const v1::WorkReport& report) {
     ++reporting;
   }
   progress->set_step(step);
+  progress->set_max_staleness_seen(std::max(progress->max_staleness_seen(), report.max_staleness_seen()));
   progress->set_epoch(static_cast<int32_t>(
       std::min<int64_t>(job->status.spec().data().epochs(), step / std::max<int64_t>(1, job->steps_per_epoch) + 1)));
   progress->set_train_loss(reporting ? loss / reporting : 0);

@@ -189,9 +189,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
   RETURN_IF_ERROR(ValidateSchedule(spec.lr_schedule(), spec.optimizer().lr()));
   if (spec.mode() == v1::SSP) {
-    return Invalid("mode", "SSP is not supported yet; use BSP or ASP", "SSP");
-  }
-  if (spec.staleness() != 0) {
+    RETURN_IF_ERROR(CheckRange("staleness", spec.staleness(), 0, 10000));
+  } else if (spec.staleness() != 0) {
     return Invalid("staleness", "applies to mode SSP only", absl::StrCat(spec.staleness()));
   }
   RETURN_IF_ERROR(CheckRange("numWorkers", spec.num_workers(), 1, 1024));

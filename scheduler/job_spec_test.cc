@@ -385,9 +385,12 @@ std::vector<RejectCase> RejectCases() {
       {"ConstantWithStepSize",
        [](S* s) { s->mutable_lr_schedule()->set_step_size(3); },
        {"lrSchedule", "CONSTANT"}},
-      {"SspMode",
-       [](S* s) { s->set_mode(v1::SSP); },
-       {"mode", "SSP"}},
+      {"SspStalenessTooLarge",
+       [](S* s) {
+         s->set_mode(v1::SSP);
+         s->set_staleness(10001);
+       },
+       {"staleness", "[0, 10000]"}},
       {"StalenessWithoutSsp",
        [](S* s) { s->set_staleness(2); },
        {"staleness", "SSP"}},

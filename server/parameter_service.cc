@@ -68,7 +68,7 @@ JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request) {
   config.optimizer = ToOptimizerConfig(request.spec().optimizer());
   config.lr = request.spec().optimizer().lr();
   config.schedule = ToScheduleConfig(request.spec().lr_schedule(), request.total_steps());
-  config.synchronous = request.spec().mode() != v1::ASP;
+  config.synchronous = request.spec().mode() == v1::BSP || request.spec().mode() == v1::MODE_UNSPECIFIED;
   config.num_partitions = request.num_partitions();
   config.seed = request.spec().seed();
   for (const v1::ChunkSetup& chunk : request.chunks()) {
@@ -326,8 +326,10 @@ grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context, const v1::
     v1::ChunkData* chunk = response->add_chunks();
     chunk->set_chunk_id(chunk_id);
     int64_t version = 0;
-    absl::Status status = (*shard)->Pull(chunk_id, request->min_version(), deadline,
-                                         chunk->mutable_data(), &version);
+    int64_t clock = 0;
+    absl::Status status = (*shard)->Pull(chunk_id, request->min_version(), request->min_clock(), deadline,
+                                         chunk->mutable_data(), &version, &clock);
+    chunk->set_clock(clock);
     if (!status.ok()) return Finish("Pull", status, request->ByteSizeLong(), 0);
     chunk->set_version(version);
   }

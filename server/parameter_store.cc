@@ -1,5 +1,6 @@
 #include "server/parameter_store.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -126,14 +127,24 @@ void Chunk::ApplyLocked(const float* grad, int64_t lr_step) {
   updated_.SignalAll();
 }
 
-absl::Status Chunk::Pull(int64_t min_version, absl::Time deadline, std::string* data,
-                         int64_t* version) {
+int64_t Chunk::MinClockLocked() const {
+  if (partition_steps_.empty()) return version_;
+  return *std::min_element(partition_steps_.begin(), partition_steps_.end());
+}
+
+absl::Status Chunk::Pull(int64_t min_version, int64_t min_clock, absl::Time deadline, std::string* data,
+                         int64_t* version, int64_t* clock) {
   absl::MutexLock lock(&mu_);
-  while (version_ < min_version && dropped_reason_.empty() && frozen_reason_.empty()) {
-    if (updated_.WaitWithDeadline(&mu_, deadline) && version_ < min_version) {
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return (version_ >= min_version && MinClockLocked() >= min_clock) || !dropped_reason_.empty() ||
+           !frozen_reason_.empty();
+  };
+  while (!ready()) {
+    if (updated_.WaitWithDeadline(&mu_, deadline) && !ready()) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "pull of chunk ", config_.chunk_id, " of job ", job_.job_id, " waited for step ",
-          min_version, " but the chunk is at step ", version_, " (a worker is missing?)"));
+          "pull of chunk ", config_.chunk_id, " of job ", job_.job_id, " waited for step ", std::max(min_version, min_clock),
+          " but the chunk is at step ", version_, ", its slowest partition at ", MinClockLocked(),
+          " (a worker is missing?)"));
     }
   }
   if (!dropped_reason_.empty()) {
@@ -141,6 +152,7 @@ absl::Status Chunk::Pull(int64_t min_version, absl::Time deadline, std::string* 
   }
   EncodeFloats(values_.data(), config_.length, data);
   *version = version_;
+  if (clock != nullptr) *clock = MinClockLocked();
   return absl::OkStatus();
 }
 
@@ -191,10 +203,10 @@ absl::StatusOr<PushOutcome> JobShard::Push(const PushArgs& args) {
   return chunk->Push(args);
 }
 
-absl::Status JobShard::Pull(int32_t chunk_id, int64_t min_version, absl::Time deadline,
-                            std::string* data, int64_t* version) {
+absl::Status JobShard::Pull(int32_t chunk_id, int64_t min_version, int64_t min_clock, absl::Time deadline,
+                            std::string* data, int64_t* version, int64_t* clock) {
   ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
-  return chunk->Pull(min_version, deadline, data, version);
+  return chunk->Pull(min_version, min_clock, deadline, data, version, clock);
 }
 
 absl::Status JobShard::Validate(const PushArgs& args) {

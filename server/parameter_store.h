@@ -68,9 +68,12 @@ class Chunk {
   // push ahead of the chunk's version; CANCELLED once the job is dropped.
   absl::StatusOr<PushOutcome> Push(const PushArgs& args);
 
-  // Copies the values once at least `min_version` updates are applied.
-  // DEADLINE_EXCEEDED at `deadline`; CANCELLED if the job is dropped meanwhile.
-  absl::Status Pull(int64_t min_version, absl::Time deadline, std::string* data, int64_t* version);
+  // Copies the values once at least `min_version` updates are applied and
+  // (SSP) every data partition has at least `min_clock` steps in, reporting
+  // the version and the slowest partition's clock. DEADLINE_EXCEEDED at
+  // `deadline`; CANCELLED if the job is dropped meanwhile.
+  absl::Status Pull(int64_t min_version, int64_t min_clock, absl::Time deadline, std::string* data,
+                    int64_t* version, int64_t* clock = nullptr);
 
   void Drop(const std::string& reason);
   // Refuses further pushes (FAILED_PRECONDITION) but keeps serving pulls.
@@ -82,6 +85,7 @@ class Chunk {
   absl::Status CheckPush(const PushArgs& args) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyLocked(const float* grad, int64_t lr_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t MinClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ChunkConfig config_;
   const JobShardConfig& job_;
@@ -96,8 +100,8 @@ class Chunk {
   std::vector<float> scratch_ ABSL_GUARDED_BY(mu_);
   // Highest sequence number accepted per worker (retry deduplication).
   absl::flat_hash_map<std::string, int64_t> watermarks_ ABSL_GUARDED_BY(mu_);
-  // ASP: steps applied per partition (a partition's step is applied once,
-  // whichever worker computes it).
+  // ASP and SSP: steps applied per partition (a partition's step is applied
+  // once, whichever worker computes it); SSP pulls wait on their minimum.
   std::vector<int64_t> partition_steps_ ABSL_GUARDED_BY(mu_);
   std::string dropped_reason_ ABSL_GUARDED_BY(mu_);
   std::string frozen_reason_ ABSL_GUARDED_BY(mu_);
@@ -110,8 +114,8 @@ class JobShard {
 
   absl::StatusOr<PushOutcome> Push(const PushArgs& args);
   absl::Status Validate(const PushArgs& args);
-  absl::Status Pull(int32_t chunk_id, int64_t min_version, absl::Time deadline, std::string* data,
-                    int64_t* version);
+  absl::Status Pull(int32_t chunk_id, int64_t min_version, int64_t min_clock, absl::Time deadline,
+                    std::string* data, int64_t* version, int64_t* clock = nullptr);
   void Drop(const std::string& reason);
   void Freeze(const std::string& reason);
   const JobShardConfig& config() const { return config_; }

@@ -118,7 +118,7 @@ class ParameterStoreTest : public ::testing::Test {
   // Pulls without waiting; fails the test on error.
   std::vector<float> PullNow(JobShard* shard, int64_t* version) {
     std::string data;
-    absl::Status s = shard->Pull(kChunkId, 0, absl::Now(), &data, version);
+    absl::Status s = shard->Pull(kChunkId, 0, 0, absl::Now(), &data, version);
     EXPECT_TRUE(s.ok()) << s;
     return Decode(data);
   }
@@ -198,8 +198,7 @@ TEST_F(ParameterStoreTest, BspWaitsForEveryRankThenAppliesTheMean) {
   EXPECT_EQ(PullNow(shard.get(), &version), InitValues());
   EXPECT_EQ(version, 0);
   std::string data;
-  absl::Status waited = shard->Pull(
-      kChunkId, 1, absl::Now() + absl::Milliseconds(20), &data, &version);
+  absl::Status waited = shard->Pull(kChunkId, 1, 0, absl::Now() + absl::Milliseconds(20), &data, &version);
   EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded) << waited;
 
   absl::StatusOr<PushOutcome> second = shard->Push(Args("w1", 1, 1, 0, b1));
@@ -209,7 +208,7 @@ TEST_F(ParameterStoreTest, BspWaitsForEveryRankThenAppliesTheMean) {
   // Step 1 is complete: a pull for it returns at once.
   data.clear();
   ASSERT_TRUE(
-      shard->Pull(kChunkId, 1, absl::InfiniteFuture(), &data, &version).ok());
+      shard->Pull(kChunkId, 1, 0, absl::InfiniteFuture(), &data, &version).ok());
   EXPECT_EQ(version, 1);
   const std::vector<float> values = Decode(data);
   const std::vector<float> init = InitValues();
@@ -397,7 +396,7 @@ TEST_F(ParameterStoreTest, UnknownChunkIsNotFound) {
   EXPECT_EQ(outcome.status().code(), absl::StatusCode::kNotFound);
   std::string data;
   int64_t version = -1;
-  absl::Status pulled = shard->Pull(99, 0, absl::Now(), &data, &version);
+  absl::Status pulled = shard->Pull(99, 0, 0, absl::Now(), &data, &version);
   EXPECT_EQ(pulled.code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(Contains(pulled.message(), "99"));
 }
@@ -440,7 +439,7 @@ TEST_F(ParameterStoreTest, DropJobWakesAWaitingPull) {
     // No deadline: only the drop can end this wait. If the drop happens
     // first the pull returns CANCELLED straight away.
     pulled =
-        shard->Pull(kChunkId, 1, absl::InfiniteFuture(), &data, &version);
+        shard->Pull(kChunkId, 1, 0, absl::InfiniteFuture(), &data, &version);
   });
   store_.DropJob("job-1", "cancelled by user");
   puller.join();
@@ -475,7 +474,7 @@ TEST_F(ParameterStoreTest, DropWithKeepParametersServesPullsRefusesPushes) {
   absl::StatusOr<std::shared_ptr<JobShard>> kept = store_.Find("job-1");
   ASSERT_TRUE(kept.ok()) << kept.status();
   std::string data;
-  ASSERT_TRUE((*kept)->Pull(kChunkId, 1, absl::Now(), &data, &version).ok());
+  ASSERT_TRUE((*kept)->Pull(kChunkId, 1, 0, absl::Now(), &data, &version).ok());
   EXPECT_EQ(version, 1);
   EXPECT_EQ(Decode(data), final_values);
 
@@ -483,7 +482,7 @@ TEST_F(ParameterStoreTest, DropWithKeepParametersServesPullsRefusesPushes) {
       (*kept)->Push(Args("w0", 0, 2, 1, Encode(g)));
   EXPECT_EQ(pushed.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(pushed.status().message(), "succeeded"));
-  ASSERT_TRUE((*kept)->Pull(kChunkId, 0, absl::Now(), &data, &version).ok());
+  ASSERT_TRUE((*kept)->Pull(kChunkId, 0, 0, absl::Now(), &data, &version).ok());
   EXPECT_EQ(version, 1);
   EXPECT_EQ(Decode(data), final_values);
 }
@@ -640,11 +639,11 @@ TEST(ToJobShardConfigTest, ResultIsUsableByTheStore) {
   ASSERT_TRUE(shard.ok());
   std::string data;
   int64_t version = -1;
-  ASSERT_TRUE((*shard)->Pull(3, 0, absl::Now(), &data, &version).ok());
+  ASSERT_TRUE((*shard)->Pull(3, 0, 0, absl::Now(), &data, &version).ok());
   std::vector<float> expected(100);
   FillInit(InitKind::kUniform, 0.125f, 1234, 0, 0, 100, expected.data());
   EXPECT_EQ(Decode(data), expected);
-  ASSERT_TRUE((*shard)->Pull(4, 0, absl::Now(), &data, &version).ok());
+  ASSERT_TRUE((*shard)->Pull(4, 0, 0, absl::Now(), &data, &version).ok());
   EXPECT_EQ(Decode(data), std::vector<float>(10, 0.0f));
 }
 
@@ -658,6 +657,26 @@ TEST_F(ParameterStoreTest, AspPartitionStepIsAppliedOnceWhicheverWorkerSendsIt) 
   EXPECT_EQ(*shard->Push(Args("b", 1, 2, 1, bytes)), PushOutcome::kApplied);
   // Partition 0 has its own count.
   EXPECT_EQ(*shard->Push(Args("b", 0, 3, 0, bytes)), PushOutcome::kApplied);
+}
+
+TEST_F(ParameterStoreTest, SspPullWaitsForTheSlowestPartition) {
+  auto shard = Setup(TestJob(/*synchronous=*/false, 2));
+  const std::string bytes = Encode(Grad(1.0f));
+  std::string data;
+  int64_t version = 0, clock = -1;
+  // Partition 0 runs two steps ahead; partition 1 has none in.
+  ASSERT_TRUE(shard->Push(Args("a", 0, 1, 0, bytes)).ok());
+  ASSERT_TRUE(shard->Push(Args("a", 0, 2, 1, bytes)).ok());
+  ASSERT_TRUE(shard->Pull(kChunkId, 0, 0, absl::Now(), &data, &version, &clock).ok());
+  EXPECT_EQ(clock, 0);
+  EXPECT_EQ(version, 2);
+  // A pull needing every partition at step 1 waits (here: times out)...
+  EXPECT_EQ(shard->Pull(kChunkId, 0, 1, absl::Now() + absl::Milliseconds(20), &data, &version, &clock).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // ...until the slow partition catches up.
+  ASSERT_TRUE(shard->Push(Args("b", 1, 1, 0, bytes)).ok());
+  ASSERT_TRUE(shard->Pull(kChunkId, 0, 1, absl::Now(), &data, &version, &clock).ok());
+  EXPECT_EQ(clock, 1);
 }
 
 }  // namespace

@@ -647,6 +647,36 @@ TEST_F(ServerFailoverTest, PartitionedPrimaryIsFenced) {
   });
 }
 
+class SspTest : public WorkerLossTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(1, 2); }
+};
+
+// SSP with staleness s: one worker is paused (SIGSTOP, shorter than its
+// lease) mid-job; the other runs ahead up to s steps and then waits. The
+// workers report the largest lead they computed at: never more than s.
+TEST_F(SspTest, NoWorkerRunsMoreThanStalenessStepsAhead) {
+  constexpr int kStaleness = 3;
+  v1::JobSpec spec = LongBspSpec();
+  spec.set_mode(v1::SSP);
+  spec.set_staleness(kStaleness);
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitFor(
+      *id, [](const v1::JobStatus& s) { return s.progress().step() > 50 || Terminal(s.state()); },
+      absl::Seconds(60));
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  const std::string paused = running.workers(1).worker_id();
+  ASSERT_TRUE(cluster_->Signal(paused, SIGSTOP).ok());
+  absl::SleepFor(absl::Milliseconds(500));  // the pause itself, well inside the 1.5 s lease
+  ASSERT_TRUE(cluster_->Signal(paused, SIGCONT).ok());
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  EXPECT_LE(done.progress().max_staleness_seen(), kStaleness);
+  EXPECT_GE(done.progress().max_staleness_seen(), 1) << "the pause never let a worker run ahead";
+  EXPECT_GT(done.progress().test_accuracy(), 0.9);
+}
+
 TEST_F(WorkerLossTest, SigtermStopsEveryProcessCleanly) {
   absl::Status status = cluster_->Down(absl::Seconds(15));
   EXPECT_TRUE(status.ok()) << status;

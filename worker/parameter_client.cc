@@ -101,17 +101,19 @@ absl::Status ParameterClient::RunAll(const std::vector<Request>& requests,
 }
 
 absl::Status ParameterClient::Pull(int64_t min_version, absl::Duration timeout,
-                                   std::vector<std::vector<float>>* params, Versions* versions) {
+                                   std::vector<std::vector<float>>* params, Versions* versions,
+                                   int64_t min_clock) {
   std::vector<v1::PullRequest> requests(batches_.size());
   for (size_t i = 0; i < batches_.size(); ++i) {
     requests[i].set_job_id(job_id_);
     requests[i].set_min_version(min_version);
     requests[i].set_map_version(map_.version());
+    requests[i].set_min_clock(min_clock);
     for (int chunk : batches_[i].chunks) requests[i].add_chunk_ids(map_.chunks(chunk).chunk_id());
   }
   std::vector<v1::PullResponse> responses;
   RETURN_IF_ERROR(RunAll(requests, &responses, /*pull=*/true, timeout));
-  Versions seen{INT64_MAX, 0};
+  Versions seen{INT64_MAX, 0, INT64_MAX};
   for (size_t i = 0; i < batches_.size(); ++i) {
     if (responses[i].chunks_size() != static_cast<int>(batches_[i].chunks.size())) {
       return absl::InternalError(absl::StrCat("pull from ", batches_[i].address, " returned ",
@@ -125,6 +127,7 @@ absl::Status ParameterClient::Pull(int64_t min_version, absl::Duration timeout,
                                    absl::StrCat("pulled chunk ", chunk.chunk_id())));
       seen.min = std::min(seen.min, responses[i].chunks(c).version());
       seen.max = std::max(seen.max, responses[i].chunks(c).version());
+      seen.clock = std::min(seen.clock, responses[i].chunks(c).clock());
     }
   }
   if (versions != nullptr) *versions = batches_.empty() ? Versions() : seen;

@@ -33,12 +33,13 @@ class ParameterClient {
   struct Versions {
     int64_t min = 0;
     int64_t max = 0;
+    int64_t clock = 0;  // the slowest data partition's steps, over all chunks
   };
 
   // Fills `params` once every chunk has at least `min_version` updates.
   // DEADLINE_EXCEEDED after `timeout`; `params` is untouched on error.
   absl::Status Pull(int64_t min_version, absl::Duration timeout, std::vector<std::vector<float>>* params,
-                    Versions* versions = nullptr);
+                    Versions* versions = nullptr, int64_t min_clock = 0);
 
   // Sends `grads` (same layout as MakeBuffers), computed on data partition
   // `partition` at `step`, as this worker's push number `seq`.

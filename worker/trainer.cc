@@ -257,6 +257,7 @@ class TrainingRun {
   kernels::Mlp model_;
   std::unique_ptr<ParameterClient> client_;  // replaced when the shard map changes
   int failures_ = 0;                          // data-path failures in a row
+  int64_t max_staleness_seen_ = 0;            // SSP: largest lead over the slowest partition
   StagedTensors params_;
   StagedTensors grads_;
   kernels::Buffer x_buffer_, y_buffer_;
@@ -333,6 +334,7 @@ void TrainingRun::MaybeReportProgress(int64_t step, bool force, const std::map<i
   report.set_epoch(std::min<int32_t>(spec_.data().epochs(), EpochOf(std::max<int64_t>(0, step - 1)) + 1));
   report.set_loss(window_.count ? window_.loss_sum / window_.count : 0);
   report.set_samples_per_second(window_steps_ * batch_ / std::max(1e-9, absl::ToDoubleSeconds(elapsed)));
+  report.set_max_staleness_seen(max_staleness_seen_);
   if (positions != nullptr) {
     for (const auto& [partition, position] : *positions) {
       report.add_partitions(partition);
@@ -445,7 +447,8 @@ absl::Status TrainingRun::RunBsp() {
   return absl::OkStatus();
 }
 
-// ASP: each partition runs through the epochs at its own pace; the worker
+// ASP and SSP: each partition runs through the epochs at its own pace (SSP:
+// at most `staleness` steps ahead of the slowest); the worker
 // takes its partition that is furthest behind. Servers apply a partition's
 // step once, so a partition resumed elsewhere after a failure (from the last
 // reported position) is not applied twice.
@@ -483,7 +486,24 @@ absl::Status TrainingRun::RunAsp() {
       continue;
     }
     const int64_t step = positions[next];
-    absl::Status status = PullNow();
+    absl::Status status;
+    if (spec_.mode() == v1::SSP) {
+      // Stale synchronous: wait until the slowest partition is at most
+      // `staleness` steps behind this one.
+      ParameterClient::Versions versions;
+      status = client_->Pull(0, kWaitSlice, params_.host(), &versions, step - spec_.staleness());
+      if (absl::IsDeadlineExceeded(status)) {  // still too far ahead: look for new partitions, then wait again
+        assignment = trainer_.hooks_.latest_assignment();
+        if (assignment.shard_map().version() > client_->map_version()) RETURN_IF_ERROR(Recover(status));
+        continue;
+      }
+      if (status.ok()) {
+        max_staleness_seen_ = std::max(max_staleness_seen_, step - versions.clock);
+        status = params_.Upload();
+      }
+    } else {
+      status = PullNow();
+    }
     if (status.ok()) status = ComputeAndPush(next, step);
     if (!status.ok()) {
       RETURN_IF_ERROR(Recover(status));
@@ -505,7 +525,7 @@ absl::Status TrainingRun::RunAsp() {
 absl::Status Trainer::Train(const v1::Assignment& assignment) {
   TrainingRun run(this, assignment);
   RETURN_IF_ERROR(run.Init());
-  if (assignment.spec().mode() == v1::ASP) {
+  if (assignment.spec().mode() == v1::ASP || assignment.spec().mode() == v1::SSP) {
     absl::Status status = run.RunAsp();
     // The job ending (withdrawn) after this worker is through is success.
     return status;

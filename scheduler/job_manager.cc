@@ -314,6 +314,7 @@ void JobManager::Tick() {
     SchedulePending();
     GrowJobs();
     StartSetups();
+    ReplenishReplicas();
     actions.swap(actions_);
   }
   for (Action& action : actions) action();

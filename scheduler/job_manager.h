@@ -120,6 +120,10 @@ class JobManager {
   // it from the others, bump the map version (job_manager_placement.cc).
   void FailOver(Job* job, const std::string& server_id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SyncShardStatus(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds live spare servers to replica groups short of the job's replicas:
+  // the new backup copies the shard from its primary, then joins.
+  void ReplenishReplicas() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishReplenish(const std::string& job_id, const std::string& server_id, const absl::Status& status);
   Job* FindJob(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndJob(Job* job, v1::JobState state, const std::string& reason)

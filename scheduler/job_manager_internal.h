@@ -53,6 +53,7 @@ struct JobManager::Job {
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
   absl::Time last_history_point;
+  std::string replenishing;  // the server being added to a short replica group, if any
 };
 
 }  // namespace fulcrum

@@ -170,6 +170,86 @@ void JobManager::SyncShardStatus(Job* job) {
   if (job->phase == Job::Phase::kTraining) *job->status.mutable_shard_map() = map;
 }
 
+void JobManager::ReplenishReplicas() {
+  for (auto& [job_id, job] : jobs_) {
+    if (job->phase != Job::Phase::kTraining || !job->replenishing.empty()) continue;
+    const int replicas = std::max(1, job->status.spec().replicas());
+    v1::ShardMap& map = job->shard_map;
+    for (v1::ShardLocation& shard : *map.mutable_shards()) {
+      if (1 + shard.backup_ids_size() >= replicas) continue;
+      // The live server that rendezvous hashing ranks highest for this shard
+      // among those not in its group.
+      Member* best = nullptr;
+      uint64_t best_score = 0;
+      for (auto& [id, member] : members_) {
+        if (member->role != v1::SERVER || id == shard.server_id()) continue;
+        if (std::count(shard.backup_ids().begin(), shard.backup_ids().end(), id) > 0) continue;
+        uint64_t score = RendezvousScore(ShardKey(shard.shard()), StableHash(id));
+        if (best == nullptr || score > best_score) {
+          best = member.get();
+          best_score = score;
+        }
+      }
+      if (best == nullptr) continue;
+      shard.add_backup_ids(best->id);
+      shard.add_backup_addresses(best->address);
+      map.set_version(map.version() + 1);
+      job->server_addresses[best->id] = best->address;
+      job->replenishing = best->id;
+      SyncShardStatus(job.get());
+      AddEvent(job.get(), absl::StrCat(best->id, " joins shard ", shard.shard(), " as a backup (shard map version ",
+                                       map.version(), "); copying it from ", shard.server_id()));
+      // First every current replica takes the new map (the primary then
+      // forwards to the newcomer, which refuses until it has the state, so
+      // the primary's state cannot move), then the newcomer copies and joins.
+      std::vector<std::string> addresses;
+      for (const auto& [id, address] : job->server_addresses) {
+        if (id != best->id) addresses.push_back(address);
+      }
+      v1::SetupJobRequest setup;
+      setup.set_job_id(job_id);
+      *setup.mutable_spec() = job->status.spec();
+      setup.set_num_partitions(job->num_partitions);
+      setup.set_total_steps(job->total_steps);
+      *setup.mutable_shard_map() = map;
+      setup.set_server_id(best->id);
+      setup.set_copy_from(shard.address());
+      ModelLayout layout = LayoutFor(job->status.spec(), job->data_info.features(), job->data_info.classes());
+      for (const v1::ChunkLocation& chunk : map.chunks()) {
+        if (chunk.shard() != shard.shard()) continue;
+        v1::ChunkSetup* c = setup.add_chunks();
+        c->set_chunk_id(chunk.chunk_id());
+        c->set_shard(chunk.shard());
+        c->set_tensor(chunk.tensor());
+        c->set_offset(chunk.offset());
+        c->set_length(chunk.length());
+        const auto& tensor = layout.tensors[chunk.tensor()];
+        c->set_init(tensor.init == InitKind::kUniform ? v1::ChunkSetup::UNIFORM : v1::ChunkSetup::ZEROS);
+        c->set_init_scale(tensor.init_scale);
+      }
+      actions_.push_back([this, job_id = job_id, addresses, map = map, setup = std::move(setup),
+                          server_id = best->id, target = best->address] {
+        for (const std::string& address : addresses) IgnoreError(servers_->Reconfigure(address, job_id, map));
+        FinishReplenish(job_id, server_id, servers_->SetupJob(target, setup));
+      });
+      break;  // one newcomer per job at a time
+    }
+  }
+}
+
+void JobManager::FinishReplenish(const std::string& job_id, const std::string& server_id, const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr || job->replenishing != server_id) return;
+  job->replenishing.clear();
+  if (job->phase != Job::Phase::kTraining) return;
+  if (status.ok()) {
+    AddEvent(job, absl::StrCat(server_id, " holds its copy and replicates"));
+    return;
+  }
+  FailOver(job, server_id, absl::StrCat("re-replication onto ", server_id, " failed: ", status.message()));
+}
+
 void JobManager::FailOver(Job* job, const std::string& server_id, const std::string& why) {
   if (job->server_addresses.erase(server_id) == 0) return;
   if (job->phase == Job::Phase::kLoading || job->phase == Job::Phase::kPending) return;  // no shards yet

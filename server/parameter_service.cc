@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "common/tensor_codec.h"
 
 namespace fulcrum {
 namespace {
@@ -137,12 +138,24 @@ grpc::Status ParameterServiceImpl::Finish(const char* method, const absl::Status
 
 grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::SetupJobRequest* request,
                                             v1::SetupJobResponse*) {
-  absl::Status status = store_->SetupJob(ToJobShardConfig(*request));
-  if (status.ok()) {
-    auto shard = store_->Find(request->job_id());
-    status = shard.ok() ? (*shard)->Configure(request->shard_map().version(),
-                                               RolesFor(request->shard_map(), request->server_id()))
-                        : shard.status();
+  absl::Status status;
+  if (request->copy_from().empty()) {
+    status = store_->SetupJob(ToJobShardConfig(*request));
+    if (status.ok()) {
+      auto shard = store_->Find(request->job_id());
+      status = shard.ok() ? (*shard)->Configure(request->shard_map().version(),
+                                                 RolesFor(request->shard_map(), request->server_id()))
+                          : shard.status();
+    }
+  } else {
+    // A new backup: built aside, filled from the primary, then put in place.
+    auto shard = JobShard::Create(ToJobShardConfig(*request));
+    status = shard.status();
+    if (status.ok()) status = CopyFrom(request->copy_from(), shard->get());
+    if (status.ok()) {
+      status = (*shard)->Configure(request->shard_map().version(), RolesFor(request->shard_map(), request->server_id()));
+    }
+    if (status.ok()) store_->Install(std::move(*shard));
   }
   if (status.ok()) {
     FLOG(INFO) << "job " << request->job_id() << ": holding " << request->chunks_size()
@@ -266,6 +279,7 @@ absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const
 
 grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*, const v1::PushRequest* request,
                                         v1::PushResponse* response) {
+  absl::ReaderMutexLock writes(&writes_mu_);
   const int64_t received = request->ByteSizeLong();
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("Push", shard.status(), received, 0);
@@ -291,6 +305,7 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*, const v1::PushRequ
 
 grpc::Status ParameterServiceImpl::Replicate(grpc::ServerContext*, const v1::PushRequest* request,
                                              v1::PushResponse* response) {
+  absl::ReaderMutexLock writes(&writes_mu_);
   const int64_t received = request->ByteSizeLong();
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("Replicate", shard.status(), received, 0);
@@ -301,6 +316,7 @@ grpc::Status ParameterServiceImpl::Replicate(grpc::ServerContext*, const v1::Pus
 
 grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext*, const v1::ReconfigureRequest* request,
                                                v1::ReconfigureResponse*) {
+  absl::MutexLock writes(&writes_mu_);
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("Reconfigure", shard.status(), request->ByteSizeLong(), 0);
   absl::Status status =
@@ -309,6 +325,56 @@ grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext*, const v1::R
     FLOG(INFO) << "job " << request->job_id() << ": shard map version " << request->shard_map().version();
   }
   return Finish("Reconfigure", status, request->ByteSizeLong(), 0);
+}
+
+grpc::Status ParameterServiceImpl::CopyChunk(grpc::ServerContext*, const v1::CopyChunkRequest* request,
+                                             v1::ChunkState* response) {
+  auto shard = store_->Find(request->job_id());
+  if (!shard.ok()) return Finish("CopyChunk", shard.status(), request->ByteSizeLong(), 0);
+  absl::StatusOr<ChunkSnapshot> snapshot = (*shard)->Snapshot(request->chunk_id());
+  if (!snapshot.ok()) return Finish("CopyChunk", snapshot.status(), request->ByteSizeLong(), 0);
+  response->set_chunk_id(request->chunk_id());
+  EncodeFloats(snapshot->values.data(), snapshot->values.size(), response->mutable_values());
+  for (const auto& slot : snapshot->optimizer_state) {
+    EncodeFloats(slot.data(), slot.size(), response->add_optimizer_state());
+  }
+  response->set_version(snapshot->version);
+  for (const auto& gradient : snapshot->pending) EncodeFloats(gradient.data(), gradient.size(), response->add_pending());
+  for (const auto& [worker, seq] : snapshot->watermarks) (*response->mutable_watermarks())[worker] = seq;
+  for (int64_t s : snapshot->partition_steps) response->add_partition_steps(s);
+  return Finish("CopyChunk", absl::OkStatus(), request->ByteSizeLong(), response->ByteSizeLong());
+}
+
+absl::Status ParameterServiceImpl::CopyFrom(const std::string& address, JobShard* shard) {
+  const std::string& job_id = shard->config().job_id;
+  auto decode = [](const std::string& bytes, std::vector<float>* out) {
+    out->resize(bytes.size() / 4);
+    return DecodeFloats(bytes, static_cast<int64_t>(out->size()), out->data(), "copied chunk state");
+  };
+  for (int32_t chunk_id : shard->chunk_ids()) {
+    v1::CopyChunkRequest request;
+    request.set_job_id(job_id);
+    request.set_chunk_id(chunk_id);
+    v1::ChunkState state;
+    grpc::ClientContext context;
+    SetDeadline(&context, 30.0);
+    absl::Status status = FromGrpcStatus(BackupStub(address)->CopyChunk(&context, request, &state));
+    if (!status.ok()) {
+      return absl::UnavailableError(absl::StrCat("copying chunk ", chunk_id, " of job ", job_id, " from ", address,
+                                                 ": ", status.message()));
+    }
+    ChunkSnapshot snapshot;
+    RETURN_IF_ERROR(decode(state.values(), &snapshot.values));
+    for (const std::string& slot : state.optimizer_state()) {
+      RETURN_IF_ERROR(decode(slot, &snapshot.optimizer_state.emplace_back()));
+    }
+    snapshot.version = state.version();
+    for (const std::string& gradient : state.pending()) RETURN_IF_ERROR(decode(gradient, &snapshot.pending.emplace_back()));
+    snapshot.watermarks.assign(state.watermarks().begin(), state.watermarks().end());
+    snapshot.partition_steps.assign(state.partition_steps().begin(), state.partition_steps().end());
+    RETURN_IF_ERROR(shard->Restore(chunk_id, snapshot));
+  }
+  return absl::OkStatus();
 }
 
 grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context, const v1::PullRequest* request,

@@ -41,6 +41,8 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
                          v1::PushResponse* response) override;
   grpc::Status Reconfigure(grpc::ServerContext* context, const v1::ReconfigureRequest* request,
                            v1::ReconfigureResponse* response) override;
+  grpc::Status CopyChunk(grpc::ServerContext* context, const v1::CopyChunkRequest* request,
+                         v1::ChunkState* response) override;
 
  private:
   // Checks the request's map version and this server's role for every chunk.
@@ -51,6 +53,8 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   // Sends each backup the chunks of the push it replicates; OK when all have them.
   absl::Status ForwardToBackups(const JobShard& shard, const v1::PushRequest& request);
   v1::ParameterService::Stub* BackupStub(const std::string& address);
+  // A new backup: copies every chunk's state from the primary at `address`.
+  absl::Status CopyFrom(const std::string& address, JobShard* shard);
 
   grpc::Status Finish(const char* method, const absl::Status& status, int64_t received,
                       int64_t sent);
@@ -58,6 +62,10 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   ParameterStore* store_;
   MetricsEndpoint* metrics_;
   std::function<bool()> lease_valid_;
+  // Pushes and replications hold it shared from their checks to their apply;
+  // Reconfigure holds it exclusively, so no push straddles a role change
+  // (a new backup then copies a state no push can change unseen).
+  absl::Mutex writes_mu_;
   absl::Mutex stubs_mu_;  // guards stubs_
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(stubs_mu_);
   prometheus::Counter* updates_applied_;

@@ -156,6 +156,40 @@ absl::Status Chunk::Pull(int64_t min_version, int64_t min_clock, absl::Time dead
   return absl::OkStatus();
 }
 
+ChunkSnapshot Chunk::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  ChunkSnapshot snapshot;
+  snapshot.values = values_;
+  snapshot.optimizer_state = state_;
+  snapshot.version = version_;
+  snapshot.pending = pending_;
+  snapshot.watermarks.assign(watermarks_.begin(), watermarks_.end());
+  snapshot.partition_steps = partition_steps_;
+  return snapshot;
+}
+
+absl::Status Chunk::Restore(const ChunkSnapshot& snapshot) {
+  absl::MutexLock lock(&mu_);
+  bool fits = snapshot.values.size() == values_.size() && snapshot.optimizer_state.size() == state_.size() &&
+              snapshot.pending.size() == pending_.size() && snapshot.partition_steps.size() == partition_steps_.size();
+  for (size_t i = 0; fits && i < state_.size(); ++i) fits = snapshot.optimizer_state[i].size() == state_[i].size();
+  if (!fits) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id,
+                                                   ": the copied state does not match its shape"));
+  }
+  values_ = snapshot.values;
+  state_ = snapshot.optimizer_state;
+  version_ = snapshot.version;
+  pending_ = snapshot.pending;
+  pending_count_ = 0;
+  for (const auto& p : pending_) pending_count_ += p.empty() ? 0 : 1;
+  watermarks_.clear();
+  for (const auto& [worker, seq] : snapshot.watermarks) watermarks_[worker] = seq;
+  partition_steps_ = snapshot.partition_steps;
+  updated_.SignalAll();
+  return absl::OkStatus();
+}
+
 void Chunk::Freeze(const std::string& reason) {
   absl::MutexLock lock(&mu_);
   frozen_reason_ = reason.empty() ? "finished" : reason;
@@ -207,6 +241,22 @@ absl::Status JobShard::Pull(int32_t chunk_id, int64_t min_version, int64_t min_c
                             std::string* data, int64_t* version, int64_t* clock) {
   ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
   return chunk->Pull(min_version, min_clock, deadline, data, version, clock);
+}
+
+absl::StatusOr<ChunkSnapshot> JobShard::Snapshot(int32_t chunk_id) const {
+  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  return chunk->Snapshot();
+}
+
+absl::Status JobShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot) {
+  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  return chunk->Restore(snapshot);
+}
+
+std::vector<int32_t> JobShard::chunk_ids() const {
+  std::vector<int32_t> ids;
+  for (const auto& [id, chunk] : chunks_) ids.push_back(id);
+  return ids;
 }
 
 absl::Status JobShard::Validate(const PushArgs& args) {
@@ -265,6 +315,18 @@ absl::Status ParameterStore::SetupJob(JobShardConfig config) {
     return absl::AlreadyExistsError(absl::StrCat("job ", job_id, " is already set up on this server"));
   }
   return absl::OkStatus();
+}
+
+void ParameterStore::Install(std::unique_ptr<JobShard> shard) {
+  std::string job_id = shard->config().job_id;
+  std::shared_ptr<JobShard> old;
+  {
+    absl::MutexLock lock(&mu_);
+    auto& slot = jobs_[job_id];
+    old = std::move(slot);
+    slot = std::move(shard);
+  }
+  if (old != nullptr) old->Drop("replaced by a fresh copy of the job's state");
 }
 
 void ParameterStore::DropJob(const std::string& job_id, const std::string& reason,

@@ -56,6 +56,17 @@ struct PushArgs {
 
 enum class PushOutcome { kApplied, kBuffered, kDuplicate };
 
+// Everything a replica of a chunk holds: what a new backup copies from the
+// primary before it joins the replica group.
+struct ChunkSnapshot {
+  std::vector<float> values;
+  std::vector<std::vector<float>> optimizer_state;
+  int64_t version = 0;
+  std::vector<std::vector<float>> pending;  // BSP: this step's gradients by partition
+  std::vector<std::pair<std::string, int64_t>> watermarks;
+  std::vector<int64_t> partition_steps;
+};
+
 // One chunk of a dense tensor with its optimizer state. Thread-safe.
 class Chunk {
  public:
@@ -74,6 +85,10 @@ class Chunk {
   // `deadline`; CANCELLED if the job is dropped meanwhile.
   absl::Status Pull(int64_t min_version, int64_t min_clock, absl::Time deadline, std::string* data,
                     int64_t* version, int64_t* clock = nullptr);
+
+  ChunkSnapshot Snapshot() const;
+  // Replaces this replica's state. INVALID_ARGUMENT if the shapes differ.
+  absl::Status Restore(const ChunkSnapshot& snapshot);
 
   void Drop(const std::string& reason);
   // Refuses further pushes (FAILED_PRECONDITION) but keeps serving pulls.
@@ -114,6 +129,9 @@ class JobShard {
 
   absl::StatusOr<PushOutcome> Push(const PushArgs& args);
   absl::Status Validate(const PushArgs& args);
+  absl::StatusOr<ChunkSnapshot> Snapshot(int32_t chunk_id) const;
+  absl::Status Restore(int32_t chunk_id, const ChunkSnapshot& snapshot);
+  std::vector<int32_t> chunk_ids() const;
   absl::Status Pull(int32_t chunk_id, int64_t min_version, int64_t min_clock, absl::Time deadline,
                     std::string* data, int64_t* version, int64_t* clock = nullptr);
   void Drop(const std::string& reason);
@@ -149,6 +167,9 @@ class ParameterStore {
  public:
   // ALREADY_EXISTS if the job is already set up on this server.
   absl::Status SetupJob(JobShardConfig config);
+  // Puts a job set up elsewhere (e.g. copied from a primary) in place,
+  // replacing any state this server still had of it (which is stale).
+  void Install(std::unique_ptr<JobShard> shard);
   // Drops the job's state; waiting pulls return CANCELLED with `reason`.
   // With keep_parameters the state stays readable but takes no more pushes.
   void DropJob(const std::string& job_id, const std::string& reason, bool keep_parameters = false);

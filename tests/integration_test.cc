@@ -647,6 +647,55 @@ TEST_F(ServerFailoverTest, PartitionedPrimaryIsFenced) {
   });
 }
 
+// Three servers, two replicas per shard: after a failover the shard is short
+// of a replica, and the spare server copies it from the new primary and joins.
+class ReReplicationTest : public WorkerLossTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(3, 2, /*replicas=*/2); }
+};
+
+TEST_F(ReReplicationTest, SpareServerRestoresTheReplicaCountAndSurvivesASecondFailure) {
+  v1::JobSpec spec = LongBspSpec();
+  spec.set_num_shards(1);
+  spec.mutable_data()->set_epochs(8);
+  auto reference = Submit(spec);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  v1::JobStatus reference_done = WaitForEnd(*reference);
+  ASSERT_EQ(reference_done.state(), v1::SUCCEEDED) << reference_done.reason();
+  std::vector<float> expected = FinalParameters(reference_done);
+
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok());
+  v1::JobStatus running = WaitFor(
+      *id, [](const v1::JobStatus& s) { return s.progress().step() > 50 || Terminal(s.state()); },
+      absl::Seconds(60));
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  const std::string first = running.shards(0).server_id();
+  ASSERT_TRUE(cluster_->Signal(first, SIGKILL).ok());
+  // The group is whole again: a primary and a backup, neither the dead one.
+  v1::JobStatus whole = WaitFor(
+      *id,
+      [&](const v1::JobStatus& s) {
+        if (Terminal(s.state())) return true;
+        const auto& shard = s.shards(0);
+        bool copied = false;
+        for (const auto& e : s.events()) copied |= e.message().find("holds its copy") != std::string::npos;
+        return copied && shard.server_id() != first && shard.backup_ids_size() == 1;
+      },
+      absl::Seconds(60));
+  ASSERT_EQ(whole.state(), v1::RUNNING) << "the job ended before the group was whole again: " << whole.reason();
+  // Now the new primary dies too: the copy takes over.
+  const std::string second = whole.shards(0).server_id();
+  const std::string copy = whole.shards(0).backup_ids(0);
+  ASSERT_TRUE(cluster_->Signal(second, SIGKILL).ok());
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  EXPECT_EQ(done.shards(0).server_id(), copy);
+  std::vector<float> actual = FinalParameters(done);
+  ASSERT_EQ(actual.size(), expected.size());
+  EXPECT_EQ(0, std::memcmp(actual.data(), expected.data(), actual.size() * sizeof(float)));
+}
+
 class SspTest : public WorkerLossTest {
  protected:
   static void SetUpTestSuite() { StartCluster(1, 2); }

@@ -314,6 +314,7 @@ void JobManager::Tick() {
     SchedulePending();
     GrowJobs();
     StartSetups();
+    GrowShards();
     ReplenishReplicas();
     actions.swap(actions_);
   }

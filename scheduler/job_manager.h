@@ -123,6 +123,10 @@ class JobManager {
   // Adds live spare servers to replica groups short of the job's replicas:
   // the new backup copies the shard from its primary, then joins.
   void ReplenishReplicas() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Jobs with one shard per live server (numShards 0) take a new server as a
+  // new shard: consistent hashing moves about 1/N of the chunks to it, copied
+  // from their primaries while the workers keep training.
+  void GrowShards() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishReplenish(const std::string& job_id, const std::string& server_id, const absl::Status& status);
   Job* FindJob(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

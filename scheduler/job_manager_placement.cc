@@ -237,6 +237,74 @@ void JobManager::ReplenishReplicas() {
   }
 }
 
+void JobManager::GrowShards() {
+  for (auto& [job_id, job] : jobs_) {
+    if (job->phase != Job::Phase::kTraining || !job->replenishing.empty() || job->status.spec().num_shards() > 0) {
+      continue;
+    }
+    v1::ShardMap& map = job->shard_map;
+    // A live server that leads no shard of the job yet.
+    Member* newcomer = nullptr;
+    int live = 0;
+    for (auto& [id, member] : members_) {
+      if (member->role != v1::SERVER) continue;
+      ++live;
+      bool leads = false;
+      for (const auto& shard : map.shards()) leads |= shard.server_id() == id;
+      if (!leads && newcomer == nullptr) newcomer = member.get();
+    }
+    if (newcomer == nullptr || live <= map.shards_size()) continue;
+    const int32_t new_shard = map.shards_size();
+    std::vector<ChunkSpan> spans;
+    for (const auto& chunk : map.chunks()) spans.push_back({chunk.tensor(), chunk.offset(), chunk.length()});
+    std::vector<int32_t> placement = AssignChunksToShards(spans, new_shard + 1);
+    v1::SetupJobRequest setup;
+    ModelLayout layout = LayoutFor(job->status.spec(), job->data_info.features(), job->data_info.classes());
+    for (int i = 0; i < map.chunks_size(); ++i) {
+      if (placement[i] != new_shard) continue;  // rendezvous hashing moves chunks only to the new shard
+      v1::ChunkLocation* chunk = map.mutable_chunks(i);
+      v1::ChunkSetup* c = setup.add_chunks();
+      c->set_chunk_id(chunk->chunk_id());
+      c->set_shard(new_shard);
+      c->set_tensor(chunk->tensor());
+      c->set_offset(chunk->offset());
+      c->set_length(chunk->length());
+      const auto& tensor = layout.tensors[chunk->tensor()];
+      c->set_init(tensor.init == InitKind::kUniform ? v1::ChunkSetup::UNIFORM : v1::ChunkSetup::ZEROS);
+      c->set_init_scale(tensor.init_scale);
+      c->set_copy_from(map.shards(chunk->shard()).address());
+      chunk->set_shard(new_shard);
+    }
+    v1::ShardLocation* shard = map.add_shards();
+    shard->set_shard(new_shard);
+    shard->set_server_id(newcomer->id);
+    shard->set_address(newcomer->address);
+    map.set_version(map.version() + 1);
+    job->server_addresses[newcomer->id] = newcomer->address;
+    job->replenishing = newcomer->id;
+    SyncShardStatus(job.get());
+    AddEvent(job.get(), absl::StrCat(newcomer->id, " joins as shard ", new_shard, " and takes ", setup.chunks_size(), " of ",
+                                     map.chunks_size(), " chunks (shard map version ", map.version(), ")"));
+    setup.set_job_id(job_id);
+    *setup.mutable_spec() = job->status.spec();
+    setup.set_num_partitions(job->num_partitions);
+    setup.set_total_steps(job->total_steps);
+    *setup.mutable_shard_map() = map;
+    setup.set_server_id(newcomer->id);
+    std::vector<std::string> addresses;
+    for (const auto& [id, address] : job->server_addresses) {
+      if (id != newcomer->id) addresses.push_back(address);
+    }
+    // The old replicas first take the new map (and refuse the moved chunks
+    // from then on), then the newcomer copies them.
+    actions_.push_back([this, job_id = job_id, addresses, map = map, setup = std::move(setup),
+                        server_id = newcomer->id, target = newcomer->address] {
+      for (const std::string& address : addresses) IgnoreError(servers_->Reconfigure(address, job_id, map));
+      FinishReplenish(job_id, server_id, servers_->SetupJob(target, setup));
+    });
+  }
+}
+
 void JobManager::FinishReplenish(const std::string& job_id, const std::string& server_id, const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);

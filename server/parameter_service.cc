@@ -86,6 +86,12 @@ JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request) {
   return config;
 }
 
+std::map<int32_t, int32_t> ChunkShards(const v1::ShardMap& map) {
+  std::map<int32_t, int32_t> shards;
+  for (const v1::ChunkLocation& chunk : map.chunks()) shards[chunk.chunk_id()] = chunk.shard();
+  return shards;
+}
+
 std::map<int32_t, JobShard::ShardRole> RolesFor(const v1::ShardMap& map, const std::string& server_id) {
   std::map<int32_t, JobShard::ShardRole> roles;
   for (const v1::ShardLocation& shard : map.shards()) {
@@ -139,7 +145,11 @@ grpc::Status ParameterServiceImpl::Finish(const char* method, const absl::Status
 grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::SetupJobRequest* request,
                                             v1::SetupJobResponse*) {
   absl::Status status;
-  if (request->copy_from().empty()) {
+  std::map<int32_t, std::string> sources;
+  for (const v1::ChunkSetup& chunk : request->chunks()) {
+    if (!chunk.copy_from().empty()) sources[chunk.chunk_id()] = chunk.copy_from();
+  }
+  if (request->copy_from().empty() && sources.empty()) {
     status = store_->SetupJob(ToJobShardConfig(*request));
     if (status.ok()) {
       auto shard = store_->Find(request->job_id());
@@ -151,7 +161,7 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::Setu
     // A new backup: built aside, filled from the primary, then put in place.
     auto shard = JobShard::Create(ToJobShardConfig(*request));
     status = shard.status();
-    if (status.ok()) status = CopyFrom(request->copy_from(), shard->get());
+    if (status.ok()) status = CopyFrom(request->copy_from(), shard->get(), sources);
     if (status.ok()) {
       status = (*shard)->Configure(request->shard_map().version(), RolesFor(request->shard_map(), request->server_id()));
     }
@@ -320,7 +330,8 @@ grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext*, const v1::R
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("Reconfigure", shard.status(), request->ByteSizeLong(), 0);
   absl::Status status =
-      (*shard)->Configure(request->shard_map().version(), RolesFor(request->shard_map(), (*shard)->config().server_id));
+      (*shard)->Configure(request->shard_map().version(), RolesFor(request->shard_map(), (*shard)->config().server_id),
+                            ChunkShards(request->shard_map()));
   if (status.ok()) {
     FLOG(INFO) << "job " << request->job_id() << ": shard map version " << request->shard_map().version();
   }
@@ -345,13 +356,16 @@ grpc::Status ParameterServiceImpl::CopyChunk(grpc::ServerContext*, const v1::Cop
   return Finish("CopyChunk", absl::OkStatus(), request->ByteSizeLong(), response->ByteSizeLong());
 }
 
-absl::Status ParameterServiceImpl::CopyFrom(const std::string& address, JobShard* shard) {
+absl::Status ParameterServiceImpl::CopyFrom(const std::string& default_source, JobShard* shard,
+                                            const std::map<int32_t, std::string>& sources) {
   const std::string& job_id = shard->config().job_id;
   auto decode = [](const std::string& bytes, std::vector<float>* out) {
     out->resize(bytes.size() / 4);
     return DecodeFloats(bytes, static_cast<int64_t>(out->size()), out->data(), "copied chunk state");
   };
   for (int32_t chunk_id : shard->chunk_ids()) {
+    auto source = sources.find(chunk_id);
+    const std::string& address = source != sources.end() ? source->second : default_source;
     v1::CopyChunkRequest request;
     request.set_job_id(job_id);
     request.set_chunk_id(chunk_id);

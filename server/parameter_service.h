@@ -19,6 +19,8 @@ namespace fulcrum {
 JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request);
 
 // The roles a shard map gives `server_id`, per shard it is a replica of.
+// chunk id -> shard in a shard map.
+std::map<int32_t, int32_t> ChunkShards(const v1::ShardMap& map);
 std::map<int32_t, JobShard::ShardRole> RolesFor(const v1::ShardMap& map, const std::string& server_id);
 
 class ParameterServiceImpl final : public v1::ParameterService::Service {
@@ -54,7 +56,9 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   absl::Status ForwardToBackups(const JobShard& shard, const v1::PushRequest& request);
   v1::ParameterService::Stub* BackupStub(const std::string& address);
   // A new backup: copies every chunk's state from the primary at `address`.
-  absl::Status CopyFrom(const std::string& address, JobShard* shard);
+  // (`sources` names another primary for chunks that come from elsewhere.)
+  absl::Status CopyFrom(const std::string& default_source, JobShard* shard,
+                        const std::map<int32_t, std::string>& sources);
 
   grpc::Status Finish(const char* method, const absl::Status& status, int64_t received,
                       int64_t sent);

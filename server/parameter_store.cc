@@ -213,7 +213,10 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(JobShardConfig config
     if (chunk.length <= 0) {
       return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.chunk_id, " has length ", chunk.length));
     }
-    shard->shard_of_[chunk.chunk_id] = chunk.shard;
+    {
+      absl::MutexLock lock(&shard->roles_mu_);
+      shard->shard_of_[chunk.chunk_id] = chunk.shard;
+    }
     auto [it, inserted] =
         shard->chunks_.emplace(chunk.chunk_id, std::make_unique<Chunk>(chunk, shard->config_));
     if (!inserted) {
@@ -264,7 +267,8 @@ absl::Status JobShard::Validate(const PushArgs& args) {
   return chunk->Validate(args);
 }
 
-absl::Status JobShard::Configure(int64_t version, std::map<int32_t, ShardRole> roles) {
+absl::Status JobShard::Configure(int64_t version, std::map<int32_t, ShardRole> roles,
+                                 std::map<int32_t, int32_t> chunk_shards) {
   absl::MutexLock lock(&roles_mu_);
   if (version < map_version_) {
     return absl::FailedPreconditionError(absl::StrCat("job ", config_.job_id, ": shard map version ", version,
@@ -272,6 +276,10 @@ absl::Status JobShard::Configure(int64_t version, std::map<int32_t, ShardRole> r
   }
   map_version_ = version;
   roles_ = std::move(roles);
+  for (const auto& [chunk, shard] : chunk_shards) {
+    auto it = shard_of_.find(chunk);
+    if (it != shard_of_.end()) it->second = shard;
+  }
   return absl::OkStatus();
 }
 
@@ -281,14 +289,18 @@ int64_t JobShard::map_version() const {
 }
 
 absl::StatusOr<JobShard::ShardRole> JobShard::RoleOf(int32_t chunk_id) const {
+  absl::MutexLock lock(&roles_mu_);
   auto shard = shard_of_.find(chunk_id);
   if (shard == shard_of_.end()) {
     return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
                                             " is not on this server (stale shard map?)"));
   }
-  absl::MutexLock lock(&roles_mu_);
   auto role = roles_.find(shard->second);
-  if (role == roles_.end()) return ShardRole{/*primary=*/true, {}};  // not configured: a lone replica
+  if (role == roles_.end()) {
+    if (roles_.empty()) return ShardRole{/*primary=*/true, {}};  // not configured: a lone replica
+    return absl::AbortedError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id, " moved to shard ",
+                                           shard->second, ", which this server does not hold: refresh the map"));
+  }
   return role->second;
 }
 

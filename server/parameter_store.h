@@ -143,9 +143,12 @@ class JobShard {
     bool primary = false;
     std::vector<std::string> backup_addresses;  // the primary's backups
   };
-  // Takes the roles of shard-map `version`. FAILED_PRECONDITION (nothing
-  // changed) for a version older than the one held.
-  absl::Status Configure(int64_t version, std::map<int32_t, ShardRole> roles);
+  // Takes the roles of shard-map `version` and (if not empty) its chunk ->
+  // shard assignment: a chunk moved to a shard this server does not hold is
+  // refused from then on. FAILED_PRECONDITION (nothing changed) for a
+  // version older than the one held.
+  absl::Status Configure(int64_t version, std::map<int32_t, ShardRole> roles,
+                         std::map<int32_t, int32_t> chunk_shards = {});
   int64_t map_version() const;
   // The role of the shard holding `chunk_id`; NOT_FOUND for an unknown chunk.
   absl::StatusOr<ShardRole> RoleOf(int32_t chunk_id) const;
@@ -156,8 +159,8 @@ class JobShard {
 
   const JobShardConfig config_;
   std::map<int32_t, std::unique_ptr<Chunk>> chunks_;  // immutable after Create
-  std::map<int32_t, int32_t> shard_of_;               // chunk id -> shard, immutable after Create
   mutable absl::Mutex roles_mu_;                      // guards the roles below
+  std::map<int32_t, int32_t> shard_of_ ABSL_GUARDED_BY(roles_mu_);  // chunk id -> shard
   int64_t map_version_ ABSL_GUARDED_BY(roles_mu_) = 0;
   std::map<int32_t, ShardRole> roles_ ABSL_GUARDED_BY(roles_mu_);
 };

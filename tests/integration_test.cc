@@ -696,6 +696,45 @@ TEST_F(ReReplicationTest, SpareServerRestoresTheReplicaCountAndSurvivesASecondFa
   EXPECT_EQ(0, std::memcmp(actual.data(), expected.data(), actual.size() * sizeof(float)));
 }
 
+class ServerJoinTest : public WorkerLossTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(2, 2); }
+};
+
+// A server added mid-job becomes a new shard: about 1/N of the chunks move to
+// it (copied from their primaries) while the workers train, and the result is
+// that of an undisturbed run.
+TEST_F(ServerJoinTest, AddedServerTakesAShareOfTheChunks) {
+  v1::JobSpec spec = LongBspSpec();
+  spec.mutable_model()->set_hidden_sizes(0, 256);  // 8 chunks of 4 KiB
+  spec.mutable_data()->set_epochs(4);
+  auto reference = Submit(spec);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  v1::JobStatus reference_done = WaitForEnd(*reference);
+  ASSERT_EQ(reference_done.state(), v1::SUCCEEDED) << reference_done.reason();
+  std::vector<float> expected = FinalParameters(reference_done);
+  const int chunks = reference_done.shard_map().chunks_size();
+
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok());
+  v1::JobStatus running = WaitFor(
+      *id, [](const v1::JobStatus& s) { return s.progress().step() > 50 || Terminal(s.state()); },
+      absl::Seconds(60));
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  ASSERT_EQ(running.shards_size(), 2);
+  auto added = cluster_->AddServer();
+  ASSERT_TRUE(added.ok()) << added.status();
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  ASSERT_EQ(done.shards_size(), 3) << "the new server did not join the job";
+  EXPECT_EQ(done.shards(2).server_id(), added->id());
+  EXPECT_GT(done.shards(2).chunks(), 0);
+  EXPECT_LE(done.shards(2).chunks(), chunks / 3 + 2) << "more than about 1/N of the chunks moved";
+  std::vector<float> actual = FinalParameters(done);
+  ASSERT_EQ(actual.size(), expected.size());
+  EXPECT_EQ(0, std::memcmp(actual.data(), expected.data(), actual.size() * sizeof(float)));
+}
+
 class SspTest : public WorkerLossTest {
  protected:
   static void SetUpTestSuite() { StartCluster(1, 2); }

@@ -276,22 +276,23 @@ absl::Status LocalCluster::Signal(const std::string& id, int signal) {
 }
 
 absl::Status LocalCluster::Down(absl::Duration grace) {
-  // Workers first, then servers, then the scheduler: nobody loses a peer
-  // while it still has work in flight.
-  for (const char* role : {"worker", "server", "scheduler"}) {
-    for (const auto& p : file_.processes()) {
-      if (p.role() == role) kill(static_cast<pid_t>(p.pid()), SIGTERM);
-    }
-  }
+  // Workers and servers first (servers hand their shards over through the
+  // scheduler), the scheduler last.
   absl::Time deadline = absl::Now() + grace;
   std::vector<std::string> killed;
-  for (const auto& p : file_.processes()) {
-    pid_t pid = static_cast<pid_t>(p.pid());
-    while (Alive(pid) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
-    if (Alive(pid)) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      killed.push_back(p.id());
+  for (bool scheduler : {false, true}) {
+    for (const auto& p : file_.processes()) {
+      if ((p.role() == "scheduler") == scheduler) kill(static_cast<pid_t>(p.pid()), SIGTERM);
+    }
+    for (const auto& p : file_.processes()) {
+      if ((p.role() == "scheduler") != scheduler) continue;
+      pid_t pid = static_cast<pid_t>(p.pid());
+      while (Alive(pid) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+      if (Alive(pid)) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+        killed.push_back(p.id());
+      }
     }
   }
   owned_ = false;

@@ -92,11 +92,15 @@ bool MembershipClient::HeartbeatOnce() {
   }
   if (!status.ok()) {
     FLOG(WARNING) << "heartbeat to " << options_.scheduler << " failed: " << status.error_message();
+    absl::MutexLock lock(&mu_);
+    unreachable_ = true;
     return false;
   }
   {
     absl::MutexLock lock(&mu_);
     last_renewal_ = sent;
+    drained_ = response.drained();
+    unreachable_ = false;
   }
   if (options_.on_heartbeat) options_.on_heartbeat(response);
   return true;
@@ -110,6 +114,25 @@ void MembershipClient::Loop() {
     int64_t wait_ms = registered ? interval_ms_ : 500;
     if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(wait_ms))) return;
   }
+}
+
+bool MembershipClient::LeaveAndDrain(absl::Duration timeout) {
+  v1::LeaveRequest request;
+  request.set_member_id(member_id());
+  if (request.member_id().empty()) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    drained_ = false;
+  }
+  v1::LeaveResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, 2.0);
+  if (!stub_->Leave(&context, request, &response).ok()) return false;
+  FLOG(INFO) << "leaving: waiting for the scheduler to move this server's shards away";
+  absl::MutexLock lock(&mu_);
+  unreachable_ = false;
+  mu_.AwaitWithTimeout(absl::Condition(this, &MembershipClient::DrainSettled), timeout);
+  return drained_;
 }
 
 absl::Status MembershipClient::Report(v1::WorkReport report) {

@@ -50,6 +50,11 @@ class MembershipClient {
   // Sends a work report (workers). Retries UNAVAILABLE briefly.
   absl::Status Report(v1::WorkReport report);
 
+  // Servers: asks the scheduler to move this server's shards away, then
+  // waits until a heartbeat says it is drained (true) or `timeout` passes or
+  // the scheduler cannot be reached (false).
+  bool LeaveAndDrain(absl::Duration timeout);
+
  private:
   void Loop();
   bool RegisterOnce();
@@ -64,6 +69,9 @@ class MembershipClient {
   int64_t lease_ms_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_renewal_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool drained_ ABSL_GUARDED_BY(mu_) = false;
+  bool unreachable_ ABSL_GUARDED_BY(mu_) = false;  // the last heartbeat failed
+  bool DrainSettled() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return drained_ || unreachable_ || stopping_; }
   std::thread thread_;
 };
 

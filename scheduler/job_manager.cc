@@ -314,7 +314,8 @@ void JobManager::Tick() {
     SchedulePending();
     GrowJobs();
     StartSetups();
-    GrowShards();
+    if (options_.grow_shards) GrowShards();
+    DrainServers();
     ReplenishReplicas();
     actions.swap(actions_);
   }

@@ -23,6 +23,7 @@ struct JobManager::Member {
   int64_t pid = 0;
   absl::Time last_heartbeat;
   std::string job_id;  // workers: the job assigned, if any
+  bool draining = false;  // servers: asked to leave; their shards move away
 };
 
 // A worker taking part in a job.

@@ -95,7 +95,26 @@ absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatR
   member.last_heartbeat = clock_();
   v1::HeartbeatResponse response;
   if (member.role == v1::WORKER) *response.mutable_assignment() = AssignmentFor(member);
+  if (member.draining) response.set_drained(Drained(member.id));
   return response;
+}
+
+absl::Status JobManager::Leave(const std::string& member_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(member_id);
+  if (it == members_.end()) return absl::NotFoundError(absl::StrCat("member \"", member_id, "\" is not registered"));
+  if (it->second->role != v1::SERVER) return absl::InvalidArgumentError("only servers leave through Leave");
+  if (!it->second->draining) FLOG(INFO) << "server " << member_id << " leaves: moving its shards away";
+  it->second->draining = true;
+  return absl::OkStatus();
+}
+
+bool JobManager::Drained(const std::string& server_id) const {
+  for (const auto& [job_id, job] : jobs_) {
+    if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
+    if (job->server_addresses.count(server_id) > 0) return false;
+  }
+  return true;
 }
 
 v1::Assignment JobManager::AssignmentFor(const Member& member) const {
@@ -141,6 +160,7 @@ std::vector<v1::MemberInfo> JobManager::Members() const {
     info.set_job_id(member->job_id);
     info.set_last_heartbeat_unix_ms(UnixMillis(member->last_heartbeat));
     info.set_device(member->device);
+    info.set_draining(member->draining);
     members.push_back(std::move(info));
   }
   return members;

@@ -1,5 +1,6 @@
 // JobManager: the shard map of a job and setting its chunks up on the servers.
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -26,6 +27,13 @@ void JobManager::StartSetups() {
     if (job->phase != Job::Phase::kLoading || job->workers.empty()) continue;
     if (!std::all_of(job->workers.begin(), job->workers.end(), [](const JobWorker& w) { return w.ready; })) continue;
     absl::Status status = BuildShardPlan(job.get());
+    if (absl::IsUnavailable(status)) {  // servers not (yet) registered, e.g. after a restart: wait
+      if (job->status.reason() != status.message()) {
+        job->status.set_reason(std::string(status.message()));
+        Touch(job.get());
+      }
+      continue;
+    }
     if (!status.ok()) {
       EndJob(job.get(), v1::FAILED, std::string(status.message()));
       continue;
@@ -171,18 +179,29 @@ void JobManager::SyncShardStatus(Job* job) {
 }
 
 void JobManager::ReplenishReplicas() {
+  auto draining = [this](const std::string& id) {
+    auto it = members_.find(id);
+    return it != members_.end() && it->second->draining;
+  };
   for (auto& [job_id, job] : jobs_) {
     if (job->phase != Job::Phase::kTraining || !job->replenishing.empty()) continue;
     const int replicas = std::max(1, job->status.spec().replicas());
     v1::ShardMap& map = job->shard_map;
+    std::set<int32_t> holding;  // shards with at least one chunk
+    for (const auto& chunk : map.chunks()) holding.insert(chunk.shard());
     for (v1::ShardLocation& shard : *map.mutable_shards()) {
-      if (1 + shard.backup_ids_size() >= replicas) continue;
+      if (holding.count(shard.shard()) == 0 || shard.server_id().empty()) continue;
+      int staying = draining(shard.server_id()) ? 0 : 1;
+      for (const std::string& b : shard.backup_ids()) staying += draining(b) ? 0 : 1;
+      // Short of replicas, or led by a leaving server with no staying backup.
+      bool needs = 1 + shard.backup_ids_size() < replicas || (draining(shard.server_id()) && staying == 0);
+      if (!needs) continue;
       // The live server that rendezvous hashing ranks highest for this shard
       // among those not in its group.
       Member* best = nullptr;
       uint64_t best_score = 0;
       for (auto& [id, member] : members_) {
-        if (member->role != v1::SERVER || id == shard.server_id()) continue;
+        if (member->role != v1::SERVER || id == shard.server_id() || member->draining) continue;
         if (std::count(shard.backup_ids().begin(), shard.backup_ids().end(), id) > 0) continue;
         uint64_t score = RendezvousScore(ShardKey(shard.shard()), StableHash(id));
         if (best == nullptr || score > best_score) {
@@ -237,6 +256,29 @@ void JobManager::ReplenishReplicas() {
   }
 }
 
+void JobManager::DrainServers() {
+  for (auto& [id, member] : members_) {
+    if (!member->draining) continue;
+    for (auto& [job_id, job] : jobs_) {
+      if (job->phase != Job::Phase::kTraining || !job->replenishing.empty()) continue;
+      if (job->server_addresses.count(id) == 0) continue;
+      // It can go once every shard it leads has a staying backup to take over
+      // (ReplenishReplicas makes one where there is none).
+      bool ready = true;
+      for (const auto& shard : job->shard_map.shards()) {
+        if (shard.server_id() != id) continue;
+        bool staying_backup = false;
+        for (const std::string& b : shard.backup_ids()) {
+          auto backup = members_.find(b);
+          staying_backup |= backup != members_.end() && !backup->second->draining;
+        }
+        ready &= staying_backup;
+      }
+      if (ready) FailOver(job.get(), id, absl::StrCat("server ", id, " leaves the cluster"));
+    }
+  }
+}
+
 void JobManager::GrowShards() {
   for (auto& [job_id, job] : jobs_) {
     if (job->phase != Job::Phase::kTraining || !job->replenishing.empty() || job->status.spec().num_shards() > 0) {
@@ -247,7 +289,7 @@ void JobManager::GrowShards() {
     Member* newcomer = nullptr;
     int live = 0;
     for (auto& [id, member] : members_) {
-      if (member->role != v1::SERVER) continue;
+      if (member->role != v1::SERVER || member->draining) continue;
       ++live;
       bool leads = false;
       for (const auto& shard : map.shards()) leads |= shard.server_id() == id;
@@ -323,7 +365,16 @@ void JobManager::FailOver(Job* job, const std::string& server_id, const std::str
   if (job->phase == Job::Phase::kLoading || job->phase == Job::Phase::kPending) return;  // no shards yet
   v1::ShardMap& map = job->shard_map;
   std::vector<std::string> changes;
+  std::set<int32_t> holding;  // shards with at least one chunk
+  for (const auto& chunk : map.chunks()) holding.insert(chunk.shard());
   for (v1::ShardLocation& shard : *map.mutable_shards()) {
+    if (shard.server_id() == server_id && holding.count(shard.shard()) == 0) {
+      shard.clear_server_id();  // an empty shard: nothing to lose, nothing to lead
+      shard.clear_address();
+      shard.clear_backup_ids();
+      shard.clear_backup_addresses();
+      continue;
+    }
     if (shard.server_id() == server_id) {
       if (shard.backup_ids_size() == 0) {
         EndJob(job, v1::FAILED, absl::StrCat(why, "; it held the only replica of shard ", shard.shard(),

@@ -26,6 +26,9 @@ ABSL_FLAG(int, heartbeat_ms, 500, "Heartbeat interval members are told to use");
 ABSL_FLAG(int64_t, chunk_bytes, 256 << 10, "Dense tensors are cut into chunks of this many bytes");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 ABSL_FLAG(int, default_replicas, 1, "Replicas per parameter shard for jobs whose spec sets none");
+ABSL_FLAG(bool, grow_shards, false,
+          "Experimental: servers joining the cluster become new shards of running jobs with numShards 0 "
+          "(about 1/N of the chunks move to them while training continues)");
 ABSL_FLAG(std::string, data_dir, "",
           "Keep the scheduler's state (jobs, shard maps, membership) in a RocksDB database here, so that a "
           "restarted scheduler carries on with running jobs (default: in memory only)");
@@ -44,6 +47,7 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   options.chunk_elems = absl::GetFlag(FLAGS_chunk_bytes) / 4;
   options.default_replicas = absl::GetFlag(FLAGS_default_replicas);
+  options.grow_shards = absl::GetFlag(FLAGS_grow_shards);
   if (options.default_replicas < 1 || options.default_replicas > 8) {
     FLOG(ERROR) << "--default-replicas must be in [1, 8]";
     return 2;

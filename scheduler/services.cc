@@ -97,6 +97,10 @@ grpc::Status ClusterServiceImpl::ListMembers(grpc::ServerContext*, const v1::Lis
   return Finish("ListMembers", absl::OkStatus());
 }
 
+grpc::Status ClusterServiceImpl::Leave(grpc::ServerContext*, const v1::LeaveRequest* request, v1::LeaveResponse*) {
+  return Finish("Leave", manager_->Leave(request->member_id()));
+}
+
 v1::ParameterService::Stub* GrpcServerControl::Stub(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = stubs_[address];
@@ -118,8 +122,14 @@ absl::Status GrpcServerControl::Reconfigure(const std::string& address, const st
   v1::ReconfigureRequest request;
   request.set_job_id(job_id);
   *request.mutable_shard_map() = map;
-  v1::ReconfigureResponse response;
-  absl::Status status = FromGrpcStatus(Stub(address)->Reconfigure(&context, request, &response));
+  absl::Status status;
+  for (int attempt = 0; attempt < 3; ++attempt) {  // a server that misses the new map stalls the job's pushes
+    grpc::ClientContext attempt_context;
+    SetDeadline(&attempt_context, 5.0);
+    v1::ReconfigureResponse response;
+    status = FromGrpcStatus(Stub(address)->Reconfigure(&attempt_context, request, &response));
+    if (status.ok() || !absl::IsUnavailable(status)) break;
+  }
   if (!status.ok()) FLOG(WARNING) << "reconfiguring job " << job_id << " on " << address << ": " << status;
   return status;
 }

@@ -40,6 +40,7 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
   grpc::Status ReportWork(grpc::ServerContext*, const v1::WorkReport*, v1::WorkReportResponse*) override;
   grpc::Status ListMembers(grpc::ServerContext*, const v1::ListMembersRequest*, v1::ListMembersResponse*) override;
+  grpc::Status Leave(grpc::ServerContext*, const v1::LeaveRequest*, v1::LeaveResponse*) override;
 
  private:
   grpc::Status Finish(const char* method, const absl::Status& status);

@@ -69,6 +69,12 @@ int main(int argc, char** argv) {
              << ", metrics on " << options.metrics_address;
   int sig = WaitForShutdown();
   FLOG(INFO) << "shutting down (signal " << sig << ")";
+  // Hand running jobs' shards to other servers before going (bounded: a
+  // scheduler that is gone or slow does not keep this process alive).
+  {
+    bool drained = membership.LeaveAndDrain(absl::Seconds(30));
+    FLOG(INFO) << (drained ? "drained: no running job needs this server" : "leaving without a drain");
+  }
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   membership.Stop();
   membership_ptr = nullptr;

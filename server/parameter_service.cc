@@ -158,14 +158,26 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::Setu
                           : shard.status();
     }
   } else {
-    // A new backup: built aside, filled from the primary, then put in place.
-    auto shard = JobShard::Create(ToJobShardConfig(*request));
-    status = shard.status();
-    if (status.ok()) status = CopyFrom(request->copy_from(), shard->get(), sources);
-    if (status.ok()) {
-      status = (*shard)->Configure(request->shard_map().version(), RolesFor(request->shard_map(), request->server_id()));
+    // Chunks copied from their primaries (a new backup, or chunks moving to
+    // a new shard): fetched first, then added to what this server holds of
+    // the job (other shards stay), or to a fresh job state put in place.
+    JobShardConfig config = ToJobShardConfig(*request);
+    auto snapshots = FetchChunks(request->copy_from(), config, sources);
+    status = snapshots.status();
+    auto existing = store_->Find(request->job_id());
+    const auto roles = RolesFor(request->shard_map(), request->server_id());
+    if (status.ok() && existing.ok()) {
+      status = (*existing)->AdoptChunks(config.chunks, *snapshots);
+      if (status.ok()) {
+        status = (*existing)->Configure(request->shard_map().version(), roles, ChunkShards(request->shard_map()));
+      }
+    } else if (status.ok()) {
+      auto shard = JobShard::Create(config);
+      status = shard.status();
+      if (status.ok()) status = (*shard)->AdoptChunks(config.chunks, *snapshots);
+      if (status.ok()) status = (*shard)->Configure(request->shard_map().version(), roles);
+      if (status.ok()) store_->Install(std::move(*shard));
     }
-    if (status.ok()) store_->Install(std::move(*shard));
   }
   if (status.ok()) {
     FLOG(INFO) << "job " << request->job_id() << ": holding " << request->chunks_size()
@@ -356,28 +368,28 @@ grpc::Status ParameterServiceImpl::CopyChunk(grpc::ServerContext*, const v1::Cop
   return Finish("CopyChunk", absl::OkStatus(), request->ByteSizeLong(), response->ByteSizeLong());
 }
 
-absl::Status ParameterServiceImpl::CopyFrom(const std::string& default_source, JobShard* shard,
-                                            const std::map<int32_t, std::string>& sources) {
-  const std::string& job_id = shard->config().job_id;
+absl::StatusOr<std::vector<ChunkSnapshot>> ParameterServiceImpl::FetchChunks(
+    const std::string& default_source, const JobShardConfig& config, const std::map<int32_t, std::string>& sources) {
   auto decode = [](const std::string& bytes, std::vector<float>* out) {
     out->resize(bytes.size() / 4);
     return DecodeFloats(bytes, static_cast<int64_t>(out->size()), out->data(), "copied chunk state");
   };
-  for (int32_t chunk_id : shard->chunk_ids()) {
-    auto source = sources.find(chunk_id);
+  std::vector<ChunkSnapshot> snapshots;
+  for (const ChunkConfig& chunk : config.chunks) {
+    auto source = sources.find(chunk.chunk_id);
     const std::string& address = source != sources.end() ? source->second : default_source;
     v1::CopyChunkRequest request;
-    request.set_job_id(job_id);
-    request.set_chunk_id(chunk_id);
+    request.set_job_id(config.job_id);
+    request.set_chunk_id(chunk.chunk_id);
     v1::ChunkState state;
     grpc::ClientContext context;
     SetDeadline(&context, 30.0);
     absl::Status status = FromGrpcStatus(BackupStub(address)->CopyChunk(&context, request, &state));
     if (!status.ok()) {
-      return absl::UnavailableError(absl::StrCat("copying chunk ", chunk_id, " of job ", job_id, " from ", address,
-                                                 ": ", status.message()));
+      return absl::UnavailableError(absl::StrCat("copying chunk ", chunk.chunk_id, " of job ", config.job_id, " from ",
+                                                 address, ": ", status.message()));
     }
-    ChunkSnapshot snapshot;
+    ChunkSnapshot& snapshot = snapshots.emplace_back();
     RETURN_IF_ERROR(decode(state.values(), &snapshot.values));
     for (const std::string& slot : state.optimizer_state()) {
       RETURN_IF_ERROR(decode(slot, &snapshot.optimizer_state.emplace_back()));
@@ -386,9 +398,8 @@ absl::Status ParameterServiceImpl::CopyFrom(const std::string& default_source, J
     for (const std::string& gradient : state.pending()) RETURN_IF_ERROR(decode(gradient, &snapshot.pending.emplace_back()));
     snapshot.watermarks.assign(state.watermarks().begin(), state.watermarks().end());
     snapshot.partition_steps.assign(state.partition_steps().begin(), state.partition_steps().end());
-    RETURN_IF_ERROR(shard->Restore(chunk_id, snapshot));
   }
-  return absl::OkStatus();
+  return snapshots;
 }
 
 grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context, const v1::PullRequest* request,

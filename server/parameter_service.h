@@ -55,10 +55,11 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   // Sends each backup the chunks of the push it replicates; OK when all have them.
   absl::Status ForwardToBackups(const JobShard& shard, const v1::PushRequest& request);
   v1::ParameterService::Stub* BackupStub(const std::string& address);
-  // A new backup: copies every chunk's state from the primary at `address`.
-  // (`sources` names another primary for chunks that come from elsewhere.)
-  absl::Status CopyFrom(const std::string& default_source, JobShard* shard,
-                        const std::map<int32_t, std::string>& sources);
+  // The state of the chunks of `config` from their primaries: the server at
+  // `default_source`, or the one `sources` names for a chunk.
+  absl::StatusOr<std::vector<ChunkSnapshot>> FetchChunks(const std::string& default_source,
+                                                          const JobShardConfig& config,
+                                                          const std::map<int32_t, std::string>& sources);
 
   grpc::Status Finish(const char* method, const absl::Status& status, int64_t received,
                       int64_t sent);

@@ -218,7 +218,10 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(JobShardConfig config
       shard->shard_of_[chunk.chunk_id] = chunk.shard;
     }
     auto [it, inserted] =
-        shard->chunks_.emplace(chunk.chunk_id, std::make_unique<Chunk>(chunk, shard->config_));
+        [&] {
+          absl::MutexLock lock(&shard->chunks_mu_);
+          return shard->chunks_.emplace(chunk.chunk_id, std::make_unique<Chunk>(chunk, shard->config_));
+        }();
     if (!inserted) {
       return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.chunk_id, " listed twice"));
     }
@@ -227,6 +230,7 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(JobShardConfig config
 }
 
 absl::StatusOr<Chunk*> JobShard::Find(int32_t chunk_id) const {
+  absl::MutexLock lock(&chunks_mu_);
   auto it = chunks_.find(chunk_id);
   if (it == chunks_.end()) {
     return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
@@ -256,8 +260,29 @@ absl::Status JobShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot) 
   return chunk->Restore(snapshot);
 }
 
+absl::Status JobShard::AdoptChunks(const std::vector<ChunkConfig>& chunks,
+                                   const std::vector<ChunkSnapshot>& snapshots) {
+  if (chunks.size() != snapshots.size()) return absl::InvalidArgumentError("AdoptChunks: one snapshot per chunk");
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Chunk* chunk = nullptr;
+    {
+      absl::MutexLock lock(&chunks_mu_);
+      auto& slot = chunks_[chunks[i].chunk_id];
+      if (slot == nullptr) slot = std::make_unique<Chunk>(chunks[i], config_);
+      chunk = slot.get();
+    }
+    {
+      absl::MutexLock lock(&roles_mu_);
+      shard_of_[chunks[i].chunk_id] = chunks[i].shard;
+    }
+    RETURN_IF_ERROR(chunk->Restore(snapshots[i]));
+  }
+  return absl::OkStatus();
+}
+
 std::vector<int32_t> JobShard::chunk_ids() const {
   std::vector<int32_t> ids;
+  absl::MutexLock lock(&chunks_mu_);
   for (const auto& [id, chunk] : chunks_) ids.push_back(id);
   return ids;
 }
@@ -305,27 +330,21 @@ absl::StatusOr<JobShard::ShardRole> JobShard::RoleOf(int32_t chunk_id) const {
 }
 
 void JobShard::Drop(const std::string& reason) {
+  absl::MutexLock lock(&chunks_mu_);
   for (auto& [id, chunk] : chunks_) chunk->Drop(reason);
 }
 
 void JobShard::Freeze(const std::string& reason) {
+  absl::MutexLock lock(&chunks_mu_);
   for (auto& [id, chunk] : chunks_) chunk->Freeze(reason);
 }
 
 absl::Status ParameterStore::SetupJob(JobShardConfig config) {
-  std::string job_id = config.job_id;
-  {
-    absl::MutexLock lock(&mu_);
-    if (jobs_.count(job_id) > 0) {
-      return absl::AlreadyExistsError(absl::StrCat("job ", job_id, " is already set up on this server"));
-    }
-  }
-  // Initializing the chunks can take a while; do it outside the lock.
+  // Initializing the chunks can take a while; do it outside the lock. A
+  // setup of a job already here (the scheduler redoing an interrupted setup)
+  // replaces it: nothing has trained on it yet.
   ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(std::move(config)));
-  absl::MutexLock lock(&mu_);
-  if (!jobs_.emplace(job_id, std::move(shard)).second) {
-    return absl::AlreadyExistsError(absl::StrCat("job ", job_id, " is already set up on this server"));
-  }
+  Install(std::move(shard));
   return absl::OkStatus();
 }
 

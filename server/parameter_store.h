@@ -132,6 +132,10 @@ class JobShard {
   absl::StatusOr<ChunkSnapshot> Snapshot(int32_t chunk_id) const;
   absl::Status Restore(int32_t chunk_id, const ChunkSnapshot& snapshot);
   std::vector<int32_t> chunk_ids() const;
+  // Takes chunks copied from another replica (re-replication, a chunk moving
+  // to a new shard): each one is created if absent, and given the snapshot's
+  // state. `chunks` and `snapshots` correspond.
+  absl::Status AdoptChunks(const std::vector<ChunkConfig>& chunks, const std::vector<ChunkSnapshot>& snapshots);
   absl::Status Pull(int32_t chunk_id, int64_t min_version, int64_t min_clock, absl::Time deadline,
                     std::string* data, int64_t* version, int64_t* clock = nullptr);
   void Drop(const std::string& reason);
@@ -158,7 +162,8 @@ class JobShard {
   absl::StatusOr<Chunk*> Find(int32_t chunk_id) const;
 
   const JobShardConfig config_;
-  std::map<int32_t, std::unique_ptr<Chunk>> chunks_;  // immutable after Create
+  mutable absl::Mutex chunks_mu_ ABSL_ACQUIRED_BEFORE(roles_mu_);  // guards chunks_ (chunks are never removed)
+  std::map<int32_t, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(chunks_mu_);
   mutable absl::Mutex roles_mu_;                      // guards the roles below
   std::map<int32_t, int32_t> shard_of_ ABSL_GUARDED_BY(roles_mu_);  // chunk id -> shard
   int64_t map_version_ ABSL_GUARDED_BY(roles_mu_) = 0;
@@ -168,7 +173,8 @@ class JobShard {
 // The jobs on this server. Thread-safe.
 class ParameterStore {
  public:
-  // ALREADY_EXISTS if the job is already set up on this server.
+  // Sets the job up with fresh (initialized) chunks, replacing any state of
+  // it this server had (a setup the scheduler redoes after a restart).
   absl::Status SetupJob(JobShardConfig config);
   // Puts a job set up elsewhere (e.g. copied from a primary) in place,
   // replacing any state this server still had of it (which is stale).

@@ -408,11 +408,22 @@ TEST_F(ParameterStoreTest, UnknownJobIsNotFound) {
   EXPECT_EQ(store_.num_jobs(), 0u);
 }
 
-TEST_F(ParameterStoreTest, SetupTwiceWithDifferentConfigIsAlreadyExists) {
-  ASSERT_NE(Setup(TestJob(true, 2)), nullptr);
-  absl::Status again = store_.SetupJob(TestJob(false, 3));
-  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists);
+TEST_F(ParameterStoreTest, SetupAgainReplacesTheJobWithFreshState) {
+  auto first = Setup(TestJob(/*synchronous=*/false, 2));
+  ASSERT_NE(first, nullptr);
+  ASSERT_TRUE(first->Push(Args("w", 0, 1, 0, Encode(Grad(1.0f)))).ok());
+  // A redone setup (after a scheduler restart) starts from the initial values.
+  ASSERT_TRUE(store_.SetupJob(TestJob(/*synchronous=*/true, 3)).ok());
   EXPECT_EQ(store_.num_jobs(), 1u);
+  auto second = store_.Find("job-1");
+  ASSERT_TRUE(second.ok());
+  std::string data;
+  int64_t version = -1;
+  ASSERT_TRUE((*second)->Pull(kChunkId, 0, 0, absl::Now(), &data, &version).ok());
+  EXPECT_EQ(version, 0);
+  EXPECT_EQ(Decode(data), InitValues());
+  // The replaced state is dropped: pushes to it are refused.
+  EXPECT_EQ(first->Push(Args("w", 1, 2, 1, Encode(Grad(1.0f)))).status().code(), absl::StatusCode::kCancelled);
 }
 
 TEST_F(ParameterStoreTest, SetupRejectsBadConfigs) {

@@ -272,7 +272,11 @@ class TrainingRun {
 };
 
 absl::Status TrainingRun::Recover(const absl::Status& error) {
-  if (!absl::IsAborted(error) && !absl::IsUnavailable(error) && !absl::IsDeadlineExceeded(error)) return error;
+  // NOT_FOUND too: a chunk whose new server is still copying it.
+  if (!absl::IsAborted(error) && !absl::IsUnavailable(error) && !absl::IsDeadlineExceeded(error) &&
+      !absl::IsNotFound(error)) {
+    return error;
+  }
   if (++failures_ > kMaxFailures) return error;
   const int64_t current = client_->map_version();
   v1::Assignment assignment = trainer_.hooks_.latest_assignment();

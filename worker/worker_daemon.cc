@@ -48,13 +48,17 @@ void WorkerDaemon::Stop() {
 
 bool WorkerDaemon::Withdrawn(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
-  return stopping_ || latest_.job_id() != job_id || latest_.phase() == v1::Assignment::STOP;
+  return stopping_ || latest_.job_id() != job_id || latest_.phase() == v1::Assignment::STOP ||
+         latest_.rank() != current_rank_;
 }
 
 bool WorkerDaemon::WaitForNewJob(v1::Assignment* assignment) {
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || (!latest_.job_id().empty() && latest_.job_id() != last_job_ &&
+    // A new job, or the same job again under a new rank (this worker was
+    // taken out of it, e.g. after a missed lease, and then added back).
+    bool fresh = latest_.job_id() != last_job_ || latest_.rank() != last_rank_;
+    return stopping_ || (!latest_.job_id().empty() && fresh &&
                          (latest_.phase() == v1::Assignment::LOAD ||
                           latest_.phase() == v1::Assignment::TRAIN));
   };
@@ -62,15 +66,20 @@ bool WorkerDaemon::WaitForNewJob(v1::Assignment* assignment) {
   if (stopping_) return false;
   *assignment = latest_;
   current_job_ = last_job_ = latest_.job_id();
+  current_rank_ = last_rank_ = latest_.rank();
   return true;
 }
 
 bool WorkerDaemon::WaitForTrain(const std::string& job_id, v1::Assignment* assignment) {
   absl::MutexLock lock(&mu_);
-  while (!stopping_ && latest_.job_id() == job_id && latest_.phase() == v1::Assignment::LOAD) {
+  while (!stopping_ && latest_.job_id() == job_id && latest_.rank() == current_rank_ &&
+         latest_.phase() == v1::Assignment::LOAD) {
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(50));
   }
-  if (stopping_ || latest_.job_id() != job_id || latest_.phase() != v1::Assignment::TRAIN) return false;
+  if (stopping_ || latest_.job_id() != job_id || latest_.rank() != current_rank_ ||
+      latest_.phase() != v1::Assignment::TRAIN) {
+    return false;
+  }
   *assignment = latest_;
   return true;
 }

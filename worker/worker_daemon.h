@@ -50,6 +50,8 @@ class WorkerDaemon {
   v1::Assignment latest_ ABSL_GUARDED_BY(mu_);
   std::string current_job_ ABSL_GUARDED_BY(mu_);
   std::string last_job_ ABSL_GUARDED_BY(mu_);
+  int32_t current_rank_ ABSL_GUARDED_BY(mu_) = -1;  // rank in current_job_ (a re-join gets a new one)
+  int32_t last_rank_ ABSL_GUARDED_BY(mu_) = -1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 

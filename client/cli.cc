@@ -168,8 +168,10 @@ void PrintJob(const v1::JobStatus& job) {
   }
   std::cout << "Shards:\n";
   for (const auto& s : job.shards()) {
-    std::cout << absl::StrFormat("  shard %-3d %-10s %-21s %4d chunks %10d elements\n", s.shard(), s.server_id(),
+    std::cout << absl::StrFormat("  shard %-3d %-10s %-21s %4d chunks %10d elements", s.shard(), s.server_id(),
                                  s.address(), s.chunks(), s.elements());
+    if (s.backup_ids_size() > 0) std::cout << "  backups " << absl::StrJoin(s.backup_ids(), ",");
+    std::cout << "\n";
   }
   if (job.events_size() > 0) std::cout << "Events:\n";
   for (const auto& e : job.events()) {

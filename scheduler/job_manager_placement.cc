@@ -361,6 +361,8 @@ void JobManager::FinishReplenish(const std::string& job_id, const std::string& s
 }
 
 void JobManager::FailOver(Job* job, const std::string& server_id, const std::string& why) {
+  // (No DropJob to it: a stopped server would hold the scheduler's tick for
+  // the call's deadline. A fenced server keeps a stale copy until it restarts.)
   if (job->server_addresses.erase(server_id) == 0) return;
   if (job->phase == Job::Phase::kLoading || job->phase == Job::Phase::kPending) return;  // no shards yet
   v1::ShardMap& map = job->shard_map;

@@ -258,6 +258,8 @@ class TrainingRun {
   std::unique_ptr<ParameterClient> client_;  // replaced when the shard map changes
   int failures_ = 0;                          // data-path failures in a row
   int64_t max_staleness_seen_ = 0;            // SSP: largest lead over the slowest partition
+  double last_loss_ = 0;                      // figures of the last non-empty report window
+  double last_samples_per_second_ = 0;
   StagedTensors params_;
   StagedTensors grads_;
   kernels::Buffer x_buffer_, y_buffer_;
@@ -336,8 +338,14 @@ void TrainingRun::MaybeReportProgress(int64_t step, bool force, const std::map<i
   report.set_kind(v1::WorkReport::PROGRESS);
   report.set_step(step);
   report.set_epoch(std::min<int32_t>(spec_.data().epochs(), EpochOf(std::max<int64_t>(0, step - 1)) + 1));
-  report.set_loss(window_.count ? window_.loss_sum / window_.count : 0);
-  report.set_samples_per_second(window_steps_ * batch_ / std::max(1e-9, absl::ToDoubleSeconds(elapsed)));
+  // An empty window (nothing computed since the last report) repeats the
+  // last figures rather than reporting a loss of 0.
+  if (window_.count > 0) {
+    last_loss_ = window_.loss_sum / window_.count;
+    last_samples_per_second_ = window_steps_ * batch_ / std::max(1e-9, absl::ToDoubleSeconds(elapsed));
+  }
+  report.set_loss(last_loss_);
+  report.set_samples_per_second(last_samples_per_second_);
   report.set_max_staleness_seen(max_staleness_seen_);
   if (positions != nullptr) {
     for (const auto& [partition, position] : *positions) {

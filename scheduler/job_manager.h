@@ -53,10 +53,9 @@ struct SchedulerOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   int64_t chunk_elems = 65536;  // 256 KiB of float32
   int32_t default_replicas = 1;  // for jobs whose spec sets none
-  // Experimental: a server joining the cluster becomes a new shard of running
-  // jobs with numShards 0 (chunks move to it). Off by default: an
-  // intermittent wrong final state was seen in tests (see issue notes).
-  bool grow_shards = false;
+  // A server joining the cluster becomes a new shard of running jobs with
+  // numShards 0 (about 1/N of the chunks move to it).
+  bool grow_shards = true;
   absl::Duration tick = absl::Milliseconds(100);
 };
 

@@ -26,8 +26,8 @@ ABSL_FLAG(int, heartbeat_ms, 500, "Heartbeat interval members are told to use");
 ABSL_FLAG(int64_t, chunk_bytes, 256 << 10, "Dense tensors are cut into chunks of this many bytes");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 ABSL_FLAG(int, default_replicas, 1, "Replicas per parameter shard for jobs whose spec sets none");
-ABSL_FLAG(bool, grow_shards, false,
-          "Experimental: servers joining the cluster become new shards of running jobs with numShards 0 "
+ABSL_FLAG(bool, grow_shards, true,
+          "Servers joining the cluster become new shards of running jobs with numShards 0 "
           "(about 1/N of the chunks move to them while training continues)");
 ABSL_FLAG(std::string, data_dir, "",
           "Keep the scheduler's state (jobs, shard maps, membership) in a RocksDB database here, so that a "

@@ -704,19 +704,13 @@ TEST_F(ReReplicationTest, SpareServerRestoresTheReplicaCountAndSurvivesASecondFa
 
 class ServerJoinTest : public WorkerLossTest {
  protected:
-  static void SetUpTestSuite() { StartCluster(2, 2, 1, {"--grow-shards"}); }
+  static void SetUpTestSuite() { StartCluster(2, 2); }
 };
 
 // A server added mid-job becomes a new shard: about 1/N of the chunks move to
 // it (copied from their primaries) while the workers train, and the result is
 // that of an undisturbed run.
-//
-// DISABLED: the feature is behind fulcrum-scheduler --grow-shards (off by
-// default) because in about one run in five the training diverges from the
-// reference right after the move (a step's update is lost or doubled around
-// the copy); the cause is not found yet (issue 4 notes). Run it with
-// --gtest_also_run_disabled_tests after setting the flag below.
-TEST_F(ServerJoinTest, DISABLED_AddedServerTakesAShareOfTheChunks) {
+TEST_F(ServerJoinTest, AddedServerTakesAShareOfTheChunks) {
   v1::JobSpec spec = LongBspSpec();
   spec.mutable_model()->set_hidden_sizes(0, 256);  // 8 chunks of 4 KiB
   spec.mutable_data()->set_epochs(4);

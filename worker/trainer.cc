@@ -203,6 +203,7 @@ class TrainingRun {
         model_(layout_.config, trainer->backend_),
         client_(std::make_unique<ParameterClient>(assignment.shard_map(), trainer->job_id_, trainer->worker_id_)),
         params_(trainer->backend_, client_->MakeBuffers()),
+        pulled_(client_->MakeBuffers()),
         grads_(trainer->backend_, client_->MakeBuffers()) {}
 
   absl::Status Init() {
@@ -261,6 +262,7 @@ class TrainingRun {
   double last_loss_ = 0;                      // figures of the last non-empty report window
   double last_samples_per_second_ = 0;
   StagedTensors params_;
+  std::vector<std::vector<float>> pulled_;  // BSP: where pulls land before they are known to be whole
   StagedTensors grads_;
   kernels::Buffer x_buffer_, y_buffer_;
   const float* x_device_ = nullptr;
@@ -379,7 +381,10 @@ absl::Status TrainingRun::RunBsp() {
   while (true) {
     if (Stopped()) return absl::CancelledError("assignment withdrawn");
     ParameterClient::Versions versions;
-    absl::Status pulled = client_->Pull(next, kWaitSlice, params_.host(), &versions);
+    // Into a staging copy: a pull caught mid-update (mixed versions) must not
+    // touch the parameters a recompute of this step still uses (on the CPU
+    // backend those are the host buffers themselves).
+    absl::Status pulled = client_->Pull(next, kWaitSlice, &pulled_, &versions);
     if (absl::IsDeadlineExceeded(pulled)) {
       // The step waits for a partition nobody sent: compute the ones this
       // worker owns now (e.g. taken over from a worker that died).
@@ -410,6 +415,9 @@ absl::Status TrainingRun::RunBsp() {
       continue;
     }
     const int64_t version = versions.min;
+    for (size_t t = 0; t < pulled_.size(); ++t) {
+      std::copy(pulled_[t].begin(), pulled_[t].end(), (*params_.host())[t].begin());
+    }
     RETURN_IF_ERROR(params_.Upload());
     have_version = version;
     pushed.clear();

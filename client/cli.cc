@@ -35,7 +35,7 @@ Usage:
   fulcrum watch JOB                        follow a job until it ends
   fulcrum cancel JOB                       cancel a pending or running job
   fulcrum cluster                          list the live servers and workers
-  fulcrum local up [--servers N] [--workers M] [--replicas R] [--dir DIR] [--detach] [--device D]
+  fulcrum local up [--servers N] [--workers M] [--replicas R (default min(2, N))] [--dir DIR] [--detach] [--device D]
   fulcrum local add worker|server [--dir DIR] [--device D]
   fulcrum local down [--dir DIR]
 
@@ -383,7 +383,9 @@ int LocalUp(const Args& args, bool json) {
   options.dir = LocalDir(args);
   auto servers = IntOption(args, "--servers", 2);
   auto workers = IntOption(args, "--workers", 2);
-  auto replicas = IntOption(args, "--replicas", 1);
+  // Two replicas per shard once there are two servers: a local cluster
+  // survives losing a server unless told otherwise.
+  auto replicas = IntOption(args, "--replicas", servers.ok() ? std::min(2, std::max(1, *servers)) : 1);
   for (const auto* v : {&servers, &workers, &replicas}) {
     if (!v->ok()) return Fail(v->status());
   }

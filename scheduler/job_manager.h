@@ -136,6 +136,13 @@ class JobManager {
   void DrainServers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Drained(const std::string& server_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishReplenish(const std::string& job_id, const std::string& server_id, const absl::Status& status);
+  // A SetupJob request for `server_id` with the job's spec, sizes and map (no chunks yet).
+  v1::SetupJobRequest SetupRequestFor(const Job& job, const std::string& server_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues the hand-over to a newcomer: every other server of the job takes
+  // the job's current map first, then the newcomer copies its chunks (`setup`).
+  void QueueCopyOnto(Job* job, const std::string& server_id, const std::string& address,
+                     v1::SetupJobRequest setup) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Job* FindJob(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndJob(Job* job, v1::JobState state, const std::string& reason)

@@ -20,7 +20,44 @@ uint64_t StableHash(const std::string& text) {
   return hash;
 }
 
+// A chunk's location and initialization, as a server sets it up.
+void AddChunkSetup(const v1::ChunkLocation& chunk, const ModelLayout& layout, v1::SetupJobRequest* request) {
+  v1::ChunkSetup* setup = request->add_chunks();
+  setup->set_chunk_id(chunk.chunk_id());
+  setup->set_shard(chunk.shard());
+  setup->set_tensor(chunk.tensor());
+  setup->set_offset(chunk.offset());
+  setup->set_length(chunk.length());
+  const auto& tensor = layout.tensors[chunk.tensor()];
+  setup->set_init(tensor.init == InitKind::kUniform ? v1::ChunkSetup::UNIFORM : v1::ChunkSetup::ZEROS);
+  setup->set_init_scale(tensor.init_scale);
+}
+
 }  // namespace
+
+v1::SetupJobRequest JobManager::SetupRequestFor(const Job& job, const std::string& server_id) const {
+  v1::SetupJobRequest request;
+  request.set_job_id(job.status.job_id());
+  *request.mutable_spec() = job.status.spec();
+  request.set_num_partitions(job.num_partitions);
+  request.set_total_steps(job.total_steps);
+  *request.mutable_shard_map() = job.shard_map;
+  request.set_server_id(server_id);
+  return request;
+}
+
+void JobManager::QueueCopyOnto(Job* job, const std::string& server_id, const std::string& address,
+                               v1::SetupJobRequest setup) {
+  std::vector<std::string> others;
+  for (const auto& [id, other] : job->server_addresses) {
+    if (id != server_id) others.push_back(other);
+  }
+  actions_.push_back([this, job_id = job->status.job_id(), others, map = job->shard_map, setup = std::move(setup),
+                      server_id, address] {
+    for (const std::string& other : others) IgnoreError(servers_->Reconfigure(other, job_id, map));
+    FinishReplenish(job_id, server_id, servers_->SetupJob(address, setup));
+  });
+}
 
 void JobManager::StartSetups() {
   for (auto& [id, job] : jobs_) {
@@ -39,36 +76,16 @@ void JobManager::StartSetups() {
       continue;
     }
     // Every replica of a shard gets its chunks (and the whole map, for roles).
+    ModelLayout layout = LayoutFor(job->status.spec(), job->data_info.features(), job->data_info.classes());
     std::map<std::string, v1::SetupJobRequest> requests;
     for (const v1::ChunkLocation& chunk : job->shard_map.chunks()) {
       const v1::ShardLocation& shard = job->shard_map.shards(chunk.shard());
       std::vector<std::pair<std::string, std::string>> replicas = {{shard.server_id(), shard.address()}};
       for (int b = 0; b < shard.backup_ids_size(); ++b) replicas.emplace_back(shard.backup_ids(b), shard.backup_addresses(b));
       for (const auto& [server_id, address] : replicas) {
-        v1::SetupJobRequest& request = requests[address];
-        if (request.job_id().empty()) {
-          request.set_job_id(id);
-          *request.mutable_spec() = job->status.spec();
-          request.set_num_partitions(job->num_partitions);
-          request.set_total_steps(job->total_steps);
-          *request.mutable_shard_map() = job->shard_map;
-          request.set_server_id(server_id);
-        }
-        v1::ChunkSetup* setup = request.add_chunks();
-        setup->set_chunk_id(chunk.chunk_id());
-        setup->set_shard(chunk.shard());
-        setup->set_tensor(chunk.tensor());
-        setup->set_offset(chunk.offset());
-        setup->set_length(chunk.length());
-      }
-    }
-    // Initialization comes from the model's tensor table.
-    ModelLayout layout = LayoutFor(job->status.spec(), job->data_info.features(), job->data_info.classes());
-    for (auto& [address, request] : requests) {
-      for (v1::ChunkSetup& setup : *request.mutable_chunks()) {
-        const auto& tensor = layout.tensors[setup.tensor()];
-        setup.set_init(tensor.init == InitKind::kUniform ? v1::ChunkSetup::UNIFORM : v1::ChunkSetup::ZEROS);
-        setup.set_init_scale(tensor.init_scale);
+        auto [it, fresh] = requests.try_emplace(address);
+        if (fresh) it->second = SetupRequestFor(*job, server_id);
+        AddChunkSetup(chunk, layout, &it->second);
       }
     }
     job->phase = Job::Phase::kSettingUp;
@@ -221,36 +238,13 @@ void JobManager::ReplenishReplicas() {
       // First every current replica takes the new map (the primary then
       // forwards to the newcomer, which refuses until it has the state, so
       // the primary's state cannot move), then the newcomer copies and joins.
-      std::vector<std::string> addresses;
-      for (const auto& [id, address] : job->server_addresses) {
-        if (id != best->id) addresses.push_back(address);
-      }
-      v1::SetupJobRequest setup;
-      setup.set_job_id(job_id);
-      *setup.mutable_spec() = job->status.spec();
-      setup.set_num_partitions(job->num_partitions);
-      setup.set_total_steps(job->total_steps);
-      *setup.mutable_shard_map() = map;
-      setup.set_server_id(best->id);
+      v1::SetupJobRequest setup = SetupRequestFor(*job, best->id);
       setup.set_copy_from(shard.address());
       ModelLayout layout = LayoutFor(job->status.spec(), job->data_info.features(), job->data_info.classes());
       for (const v1::ChunkLocation& chunk : map.chunks()) {
-        if (chunk.shard() != shard.shard()) continue;
-        v1::ChunkSetup* c = setup.add_chunks();
-        c->set_chunk_id(chunk.chunk_id());
-        c->set_shard(chunk.shard());
-        c->set_tensor(chunk.tensor());
-        c->set_offset(chunk.offset());
-        c->set_length(chunk.length());
-        const auto& tensor = layout.tensors[chunk.tensor()];
-        c->set_init(tensor.init == InitKind::kUniform ? v1::ChunkSetup::UNIFORM : v1::ChunkSetup::ZEROS);
-        c->set_init_scale(tensor.init_scale);
+        if (chunk.shard() == shard.shard()) AddChunkSetup(chunk, layout, &setup);
       }
-      actions_.push_back([this, job_id = job_id, addresses, map = map, setup = std::move(setup),
-                          server_id = best->id, target = best->address] {
-        for (const std::string& address : addresses) IgnoreError(servers_->Reconfigure(address, job_id, map));
-        FinishReplenish(job_id, server_id, servers_->SetupJob(target, setup));
-      });
+      QueueCopyOnto(job.get(), best->id, best->address, std::move(setup));
       break;  // one newcomer per job at a time
     }
   }
@@ -300,22 +294,15 @@ void JobManager::GrowShards() {
     std::vector<ChunkSpan> spans;
     for (const auto& chunk : map.chunks()) spans.push_back({chunk.tensor(), chunk.offset(), chunk.length()});
     std::vector<int32_t> placement = AssignChunksToShards(spans, new_shard + 1);
-    v1::SetupJobRequest setup;
+    v1::SetupJobRequest moved;  // the moved chunks, each with the address of its old primary
     ModelLayout layout = LayoutFor(job->status.spec(), job->data_info.features(), job->data_info.classes());
     for (int i = 0; i < map.chunks_size(); ++i) {
       if (placement[i] != new_shard) continue;  // rendezvous hashing moves chunks only to the new shard
       v1::ChunkLocation* chunk = map.mutable_chunks(i);
-      v1::ChunkSetup* c = setup.add_chunks();
-      c->set_chunk_id(chunk->chunk_id());
-      c->set_shard(new_shard);
-      c->set_tensor(chunk->tensor());
-      c->set_offset(chunk->offset());
-      c->set_length(chunk->length());
-      const auto& tensor = layout.tensors[chunk->tensor()];
-      c->set_init(tensor.init == InitKind::kUniform ? v1::ChunkSetup::UNIFORM : v1::ChunkSetup::ZEROS);
-      c->set_init_scale(tensor.init_scale);
-      c->set_copy_from(map.shards(chunk->shard()).address());
+      const std::string old_primary = map.shards(chunk->shard()).address();
       chunk->set_shard(new_shard);
+      AddChunkSetup(*chunk, layout, &moved);
+      moved.mutable_chunks()->rbegin()->set_copy_from(old_primary);
     }
     v1::ShardLocation* shard = map.add_shards();
     shard->set_shard(new_shard);
@@ -325,25 +312,13 @@ void JobManager::GrowShards() {
     job->server_addresses[newcomer->id] = newcomer->address;
     job->replenishing = newcomer->id;
     SyncShardStatus(job.get());
-    AddEvent(job.get(), absl::StrCat(newcomer->id, " joins as shard ", new_shard, " and takes ", setup.chunks_size(), " of ",
+    AddEvent(job.get(), absl::StrCat(newcomer->id, " joins as shard ", new_shard, " and takes ", moved.chunks_size(), " of ",
                                      map.chunks_size(), " chunks (shard map version ", map.version(), ")"));
-    setup.set_job_id(job_id);
-    *setup.mutable_spec() = job->status.spec();
-    setup.set_num_partitions(job->num_partitions);
-    setup.set_total_steps(job->total_steps);
-    *setup.mutable_shard_map() = map;
-    setup.set_server_id(newcomer->id);
-    std::vector<std::string> addresses;
-    for (const auto& [id, address] : job->server_addresses) {
-      if (id != newcomer->id) addresses.push_back(address);
-    }
     // The old replicas first take the new map (and refuse the moved chunks
     // from then on), then the newcomer copies them.
-    actions_.push_back([this, job_id = job_id, addresses, map = map, setup = std::move(setup),
-                        server_id = newcomer->id, target = newcomer->address] {
-      for (const std::string& address : addresses) IgnoreError(servers_->Reconfigure(address, job_id, map));
-      FinishReplenish(job_id, server_id, servers_->SetupJob(target, setup));
-    });
+    v1::SetupJobRequest setup = SetupRequestFor(*job, newcomer->id);
+    *setup.mutable_chunks() = std::move(*moved.mutable_chunks());
+    QueueCopyOnto(job.get(), newcomer->id, newcomer->address, std::move(setup));
   }
 }
 

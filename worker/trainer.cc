@@ -224,6 +224,16 @@ class TrainingRun {
  private:
   // Computes partition p's gradient at `step` from the uploaded parameters and pushes it.
   absl::Status ComputeAndPush(int32_t partition, int64_t step);
+  // Computes and pushes, at `step`, each partition of `assignment` not yet
+  // in *pushed; stops at the first failure.
+  absl::Status PushMissing(const v1::Assignment& assignment, int64_t step, std::set<int32_t>* pushed) {
+    for (int32_t p : assignment.partitions()) {
+      if (pushed->count(p) > 0) continue;
+      RETURN_IF_ERROR(ComputeAndPush(p, step));
+      pushed->insert(p);
+    }
+    return absl::OkStatus();
+  }
   // Pulls the current parameters (no waiting) into backend memory.
   absl::Status PullNow() {
     RETURN_IF_ERROR(client_->Pull(0, kRpcTimeout, params_.host()));
@@ -394,15 +404,8 @@ absl::Status TrainingRun::RunBsp() {
         continue;
       }
       if (have_version < 0) continue;
-      for (int32_t p : assignment.partitions()) {
-        if (pushed.count(p) > 0) continue;
-        absl::Status status = ComputeAndPush(p, have_version);
-        if (!status.ok()) {
-          RETURN_IF_ERROR(Recover(status));
-          break;
-        }
-        pushed.insert(p);
-      }
+      absl::Status pushes = PushMissing(assignment, have_version, &pushed);
+      if (!pushes.ok()) RETURN_IF_ERROR(Recover(pushes));
       continue;
     }
     if (!pulled.ok()) {
@@ -429,13 +432,7 @@ absl::Status TrainingRun::RunBsp() {
       evaluated = version;
     }
     if (version >= total_steps_) break;
-    absl::Status pushes = absl::OkStatus();
-    for (int32_t p : assignment.partitions()) {
-      if (pushed.count(p) > 0) continue;
-      pushes = ComputeAndPush(p, version);
-      if (!pushes.ok()) break;
-      pushed.insert(p);
-    }
+    absl::Status pushes = PushMissing(assignment, version, &pushed);
     if (!pushes.ok()) {  // pull this step again (with a new map) and send what is missing
       RETURN_IF_ERROR(Recover(pushes));
       next = version;

@@ -31,6 +31,7 @@
 #include "fulcrum/v1/job.pb.h"
 #include "common/kv_store.h"
 #include "fulcrum/v1/parameter.pb.h"
+#include "fulcrum/v1/scheduler_state.pb.h"
 
 namespace fulcrum {
 
@@ -160,6 +161,7 @@ class JobManager {
   void Loop();
   // Persistence (job_manager_state.cc).
   void Flush() ABSL_LOCKS_EXCLUDED(mu_);
+  static v1::JobRecord RecordOf(const Job& job);
   void CheckRecovery() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SchedulerOptions options_;

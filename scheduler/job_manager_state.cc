@@ -14,37 +14,33 @@ namespace {
 constexpr char kJobPrefix[] = "job/";
 constexpr char kMetaKey[] = "meta";
 
-v1::JobRecord Record(const v1::JobStatus& status, int64_t version, int phase, const std::vector<JobWorker>& workers,
-                     int32_t next_rank, int32_t num_partitions, const std::vector<int64_t>& partition_steps,
-                     const std::set<int32_t>& done, bool have_data_info, const v1::WorkReport& data_info,
-                     const std::map<std::string, std::string>& servers, const v1::ShardMap& map,
-                     int64_t steps_per_epoch, int64_t total_steps, absl::Time started) {
+}  // namespace
+
+v1::JobRecord JobManager::RecordOf(const Job& job) {
   v1::JobRecord record;
-  *record.mutable_status() = status;
-  record.set_record_version(version);
-  record.set_phase(phase);
-  for (const JobWorker& w : workers) {
+  *record.mutable_status() = job.status;
+  record.set_record_version(job.version);
+  record.set_phase(static_cast<int>(job.phase));
+  for (const JobWorker& w : job.workers) {
     v1::JobWorkerRecord* r = record.add_workers();
     r->set_id(w.id);
     r->set_rank(w.rank);
     r->set_ready(w.ready);
     for (int32_t p : w.partitions) r->add_partitions(p);
   }
-  record.set_next_rank(next_rank);
-  record.set_num_partitions(num_partitions);
-  for (int64_t s : partition_steps) record.add_partition_steps(s);
-  for (int32_t p : done) record.add_done_partitions(p);
-  record.set_have_data_info(have_data_info);
-  *record.mutable_data_info() = data_info;
-  for (const auto& [id, address] : servers) (*record.mutable_server_addresses())[id] = address;
-  *record.mutable_shard_map() = map;
-  record.set_steps_per_epoch(steps_per_epoch);
-  record.set_total_steps(total_steps);
-  record.set_started_unix_ms(absl::ToUnixMillis(started));
+  record.set_next_rank(job.next_rank);
+  record.set_num_partitions(job.num_partitions);
+  for (int64_t s : job.partition_steps) record.add_partition_steps(s);
+  for (int32_t p : job.done_partitions) record.add_done_partitions(p);
+  record.set_have_data_info(job.have_data_info);
+  *record.mutable_data_info() = job.data_info;
+  for (const auto& [id, address] : job.server_addresses) (*record.mutable_server_addresses())[id] = address;
+  *record.mutable_shard_map() = job.shard_map;
+  record.set_steps_per_epoch(job.steps_per_epoch);
+  record.set_total_steps(job.total_steps);
+  record.set_started_unix_ms(absl::ToUnixMillis(job.started));
   return record;
 }
-
-}  // namespace
 
 void JobManager::Flush() {
   if (store_ == nullptr) return;
@@ -56,11 +52,7 @@ void JobManager::Flush() {
     for (const std::string& id : dirty_) {
       Job* job = FindJob(id);
       if (job == nullptr) continue;
-      records.emplace_back(
-          id, Record(job->status, job->version, static_cast<int>(job->phase), job->workers, job->next_rank,
-                     job->num_partitions, job->partition_steps, job->done_partitions, job->have_data_info,
-                     job->data_info, job->server_addresses, job->shard_map, job->steps_per_epoch, job->total_steps,
-                     job->started));
+      records.emplace_back(id, RecordOf(*job));
     }
     dirty_.clear();
     meta.set_next_job(next_job_);

@@ -2,13 +2,27 @@
 
 #include <unistd.h>
 
+#include <random>
+
+#include "absl/time/clock.h"
+
 #include "common/logging.h"
 #include "common/rpc.h"
 
 namespace fulcrum {
 
+namespace {
+
+uint64_t NewIncarnation() {
+  std::random_device random;
+  return ((static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(absl::GetCurrentTimeNanos())) | 1;
+}
+
+}  // namespace
+
 MembershipClient::MembershipClient(Options options)
     : options_(std::move(options)),
+      incarnation_(NewIncarnation()),
       stub_(v1::ClusterService::NewStub(MakeChannel(options_.scheduler))) {}
 
 MembershipClient::~MembershipClient() { Stop(); }
@@ -50,6 +64,7 @@ bool MembershipClient::RegisterOnce() {
     for (const std::string& job : options_.held_jobs()) request.add_jobs(job);
   }
   request.set_pid(getpid());
+  request.set_incarnation(incarnation_);
   request.set_device(options_.device);
   v1::RegisterResponse response;
   grpc::ClientContext context;

@@ -61,6 +61,7 @@ class MembershipClient {
   bool HeartbeatOnce();
 
   const Options options_;
+  const uint64_t incarnation_;  // random, per process start
   std::unique_ptr<v1::ClusterService::Stub> stub_;
   mutable absl::Mutex mu_;  // guards the members below
   std::string member_id_ ABSL_GUARDED_BY(mu_);

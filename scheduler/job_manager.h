@@ -121,8 +121,16 @@ class JobManager {
   void RemoveWorker(Job* job, const std::string& worker_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Rebalance(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Below minWorkers ready workers a training job pauses (assignments carry
+  // no partitions) until enough are back; UpdatePause keeps its reason and
+  // events in step.
+  bool Paused(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdatePause(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddEvent(Job* job, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SyncWorkerStatus(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues DropJob for the jobs a (re)registering server holds but must not.
+  void DropStaleCopies(const std::string& server_id, const v1::RegisterRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A server of the job is gone: promote backups of the shards it led, drop
   // it from the others, bump the map version (job_manager_placement.cc).
   void FailOver(Job* job, const std::string& server_id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -21,6 +21,7 @@ struct JobManager::Member {
   std::string metrics_address;
   std::string device;
   int64_t pid = 0;
+  uint64_t incarnation = 0;  // the process start it registered from
   absl::Time last_heartbeat;
   std::string job_id;  // workers: the job assigned, if any
   bool draining = false;  // servers: asked to leave; their shards move away

@@ -8,8 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "scheduler/job_manager_internal.h"
 
 namespace fulcrum {
@@ -41,6 +43,18 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
     } while (members_.count(id) > 0);
   }
   auto existing = members_.find(id);
+  if (existing != members_.end() && existing->second->incarnation != request.incarnation() &&
+      clock_() - existing->second->last_heartbeat <= options_.lease) {
+    // Another process holds the id and its lease: two processes must never
+    // share one. A restarted process lands here until the old lease runs out.
+    const Member& holder = *existing->second;
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "register: id \"%s\" is held by a live %s (pid %d, address %s, lease renewed %.1fs ago): "
+        "choose another id, or, if that process is gone, retry after its lease (%.1fs) expires",
+        id, holder.role == v1::SERVER ? "server" : "worker", holder.pid,
+        holder.address.empty() ? "none" : holder.address, absl::ToDoubleSeconds(clock_() - holder.last_heartbeat),
+        absl::ToDoubleSeconds(options_.lease)));
+  }
   if (existing != members_.end()) {
     // The same id registering again is a restarted process: whatever it held
     // for running jobs (a worker's partitions, a server's parameters) is gone.
@@ -58,6 +72,7 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
   member->metrics_address = request.metrics_address();
   member->device = request.device();
   member->pid = request.pid();
+  member->incarnation = request.incarnation();
   member->last_heartbeat = clock_();
   // After a scheduler restart, members of running jobs register again: a
   // worker goes back to its job; a server must still hold the job's shards.
@@ -74,6 +89,7 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
       FailOver(job.get(), id, absl::StrCat("server ", id, " restarted and lost the job's parameters"));
     }
   }
+  if (request.role() == v1::SERVER) DropStaleCopies(id, request);
   members_[id] = std::move(member);
   FLOG(INFO) << "registered " << id << " (" << v1::Role_Name(request.role()) << ", "
              << (request.address().empty() ? "no address" : request.address()) << ")";
@@ -82,6 +98,30 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
   response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
   response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
   return response;
+}
+
+void JobManager::DropStaleCopies(const std::string& server_id, const v1::RegisterRequest& request) {
+  // A server coming back (a restart that kept its state, a partition that
+  // healed) may hold jobs it no longer serves: it was failed over, or the job
+  // is gone. Its copy is stale; it must never be read or written again.
+  for (const std::string& job_id : request.jobs()) {
+    Job* job = FindJob(job_id);
+    std::string why;
+    if (job == nullptr) {
+      why = "the scheduler does not know the job";
+    } else if (job->server_addresses.count(server_id) == 0 && job->phase != Job::Phase::kPending &&
+               job->phase != Job::Phase::kLoading) {
+      why = "this server no longer serves the job (it was failed over)";
+    } else {
+      continue;
+    }
+    FLOG(WARNING) << "server " << server_id << " holds a stale copy of job " << job_id << ": " << why
+                  << "; dropping it";
+    if (job != nullptr) AddEvent(job, absl::StrCat(server_id, " rejoined with a stale copy; dropped"));
+    actions_.push_back([this, address = request.address(), job_id, why] {
+      IgnoreError(servers_->DropJob(address, job_id, absl::StrCat("stale copy: ", why), /*keep_parameters=*/false));
+    });
+  }
 }
 
 absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatRequest& request) {
@@ -141,6 +181,8 @@ v1::Assignment JobManager::AssignmentFor(const Member& member) const {
   *assignment.mutable_shard_map() = job->shard_map;
   assignment.set_steps_per_epoch(job->steps_per_epoch);
   assignment.set_total_steps(job->total_steps);
+  // Below minWorkers the job pauses: workers keep the map but compute nothing.
+  if (Paused(*job)) return assignment;
   for (int32_t p : self->partitions) {
     assignment.add_partitions(p);
     assignment.add_partition_steps(job->partition_steps[p]);
@@ -269,12 +311,33 @@ void JobManager::RemoveWorker(Job* job, const std::string& worker_id, const std:
   Rebalance(job);
   std::string message = absl::StrCat(worker_id, " ", why);
   if (!orphans.empty()) absl::StrAppend(&message, "; its partitions ", PartitionList(orphans), " moved");
-  int live = static_cast<int>(job->workers.size());
-  if (live < job->status.spec().min_workers()) {
-    job->status.set_reason(absl::StrFormat("waiting for workers: %d live, minWorkers %d", live,
-                                           job->status.spec().min_workers()));
-  }
   AddEvent(job, message);
+}
+
+bool JobManager::Paused(const Job& job) const {
+  if (job.phase != Job::Phase::kTraining) return false;
+  int ready = 0;
+  for (const JobWorker& w : job.workers) ready += w.ready ? 1 : 0;
+  return ready < job.status.spec().min_workers();
+}
+
+void JobManager::UpdatePause(Job* job) {
+  constexpr absl::string_view kWaiting = "paused: waiting for workers";
+  const bool waiting = absl::StartsWith(job->status.reason(), kWaiting);
+  if (Paused(*job)) {
+    int ready = 0;
+    for (const JobWorker& w : job->workers) ready += w.ready ? 1 : 0;
+    std::string reason = absl::StrFormat("%s (%d ready, minWorkers %d)", kWaiting, ready,
+                                         job->status.spec().min_workers());
+    if (job->status.reason() != reason) {
+      if (!waiting) AddEvent(job, reason);
+      job->status.set_reason(reason);
+      Touch(job);
+    }
+  } else if (waiting) {
+    job->status.set_reason("");
+    AddEvent(job, "resumed: minWorkers ready");
+  }
 }
 
 void JobManager::Rebalance(Job* job) {
@@ -286,7 +349,10 @@ void JobManager::Rebalance(Job* job) {
   for (JobWorker* w : ready) {
     for (int32_t p : w->partitions) owned[p] = true;
   }
-  if (ready.empty()) return;  // unowned partitions wait for a ready worker
+  if (ready.empty()) {  // unowned partitions wait for a ready worker
+    UpdatePause(job);
+    return;
+  }
   auto least = [&] {
     return *std::min_element(ready.begin(), ready.end(), [](JobWorker* a, JobWorker* b) {
       return a->partitions.size() < b->partitions.size();
@@ -307,6 +373,7 @@ void JobManager::Rebalance(Job* job) {
   }
   for (JobWorker* w : ready) std::sort(w->partitions.begin(), w->partitions.end());
   SyncWorkerStatus(job);
+  UpdatePause(job);
 }
 
 void JobManager::AddEvent(Job* job, const std::string& message) {

@@ -765,4 +765,104 @@ TEST_F(JobManagerTest, RestartedSchedulerRecoversRunningJobs) {
 }
 
 }  // namespace
+TEST_F(JobManagerTest, BothReplicasLostAtOnceFailsTheJobNamingTheShard) {
+  RegisterCluster();
+  const std::string second = RegisterMember(v1::SERVER, "127.0.0.1:7002");
+  v1::JobSpec spec = MlpSpec();
+  spec.set_replicas(2);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  MakeTraining(job_id);
+  // Both servers go silent in the same lease period; the workers stay.
+  Advance(options_.lease / 2);
+  for (const std::string& w : workers_) HeartbeatOk(w, job_id);
+  Advance(options_.lease / 2 + absl::Milliseconds(100));
+  manager_->Tick();
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_TRUE(Contains(status.reason(), "only replica of shard ")) << status.reason();
+  EXPECT_TRUE(Contains(status.reason(), "lost its lease")) << status.reason();
+}
+
+TEST_F(JobManagerTest, AnIdHeldByALiveMemberIsRefusedUntilItsLeaseExpires) {
+  v1::RegisterRequest first;
+  first.set_role(v1::WORKER);
+  first.set_requested_id("worker-a");
+  first.set_incarnation(11);
+  first.set_pid(100);
+  ASSERT_TRUE(manager_->Register(first).ok());
+  v1::RegisterRequest second = first;
+  second.set_incarnation(22);
+  second.set_pid(200);
+  absl::StatusOr<v1::RegisterResponse> refused = manager_->Register(second);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(Contains(refused.status().message(), "worker-a")) << refused.status();
+  EXPECT_TRUE(Contains(refused.status().message(), "pid 100")) << refused.status();
+  // The same process registering again (e.g. after a scheduler restart) is fine.
+  EXPECT_TRUE(manager_->Register(first).ok());
+  // Once the holder's lease has run out, the id is free for the new process.
+  Advance(options_.lease + absl::Milliseconds(1));
+  absl::StatusOr<v1::RegisterResponse> taken = manager_->Register(second);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->member_id(), "worker-a");
+}
+
+TEST_F(JobManagerTest, ServerRejoiningWithAStaleCopyIsToldToDropIt) {
+  const std::string job_id = StartJob();
+  MakeTraining(job_id);
+  // A server that is not among the job's servers (it was failed over while
+  // partitioned, say) comes back claiming the job and one nobody knows.
+  RegisterAs(v1::SERVER, "server-old", "127.0.0.1:7009", {job_id, "job-gone"});
+  manager_->Tick();  // runs the queued calls
+  std::set<std::string> dropped;
+  for (const auto& drop : servers_.drops()) {
+    if (drop.address == "127.0.0.1:7009") {
+      dropped.insert(drop.job_id);
+      EXPECT_FALSE(drop.keep_parameters);
+      EXPECT_TRUE(Contains(drop.reason, "stale")) << drop.reason;
+    }
+  }
+  EXPECT_EQ(dropped, (std::set<std::string>{job_id, "job-gone"}));
+  // The job's own server re-registering with the job keeps it.
+  RegisterAs(v1::SERVER, server_, kServerAddress, {job_id});
+  manager_->Tick();
+  for (const auto& drop : servers_.drops()) EXPECT_NE(drop.address, kServerAddress);
+  EXPECT_EQ(GetOk(job_id).state(), v1::RUNNING);
+}
+
+TEST_F(JobManagerTest, BelowMinWorkersTheJobPausesUntilAWorkerJoins) {
+  RegisterCluster();
+  v1::JobSpec spec = MlpSpec();
+  spec.set_min_workers(2);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  MakeTraining(job_id);
+  EXPECT_EQ(HeartbeatOk(workers_[0], job_id).partitions_size(), 1);
+  // workers_[1] dies: one ready worker left, below minWorkers.
+  Advance(options_.lease / 2);
+  HeartbeatOk(server_);
+  HeartbeatOk(workers_[0], job_id);
+  Advance(options_.lease / 2 + absl::Milliseconds(100));
+  HeartbeatOk(server_);
+  HeartbeatOk(workers_[0], job_id);
+  manager_->Tick();
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::RUNNING);
+  EXPECT_TRUE(Contains(status.reason(), "paused: waiting for workers")) << status.reason();
+  v1::Assignment paused = HeartbeatOk(workers_[0], job_id);
+  EXPECT_EQ(paused.phase(), v1::Assignment::TRAIN);
+  EXPECT_EQ(paused.partitions_size(), 0) << "a paused job hands out no work";
+  // A new worker joins and loads its data: the job resumes with both.
+  const std::string joined = RegisterMember(v1::WORKER);
+  manager_->Tick();
+  ASSERT_TRUE(ReportKind(joined, job_id, v1::WorkReport::READY).ok());
+  status = GetOk(job_id);
+  EXPECT_FALSE(Contains(status.reason(), "paused")) << status.reason();
+  EXPECT_EQ(HeartbeatOk(workers_[0], job_id).partitions_size(), 1);
+  EXPECT_EQ(HeartbeatOk(joined, job_id).partitions_size(), 1);
+  bool resumed = false;
+  for (const auto& event : status.events()) resumed |= Contains(event.message(), "resumed");
+  EXPECT_TRUE(resumed);
+}
+
 }  // namespace fulcrum

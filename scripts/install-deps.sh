@@ -9,6 +9,7 @@ PACKAGES=(
   libabsl-dev librocksdb-dev prometheus-cpp-dev libopenblas-dev
   libyaml-cpp-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
+  python3-numpy  # tests: cross-check exported safetensors files
 )
 
 missing=()

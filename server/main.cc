@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/kv_store.h"
 #include "common/logging.h"
 #include "common/membership_client.h"
 #include "common/metrics.h"
@@ -19,6 +20,9 @@ ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = pick a free one)"
 ABSL_FLAG(std::string, scheduler, "", "Scheduler address host:port (required)");
 ABSL_FLAG(std::string, id, "", "Requested member id (default: assigned by the scheduler)");
 ABSL_FLAG(std::string, port_file, "", "Write the bound ports as JSON to this file");
+ABSL_FLAG(std::string, data_dir, "",
+          "Folder for this server's RocksDB (checkpoints); created if missing. Without it the server takes "
+          "no checkpoints");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
 int main(int argc, char** argv) {
@@ -39,12 +43,29 @@ int main(int argc, char** argv) {
     FLOG(ERROR) << metrics.status().message();
     return 1;
   }
+  std::unique_ptr<KvStore> kv;
+  std::unique_ptr<CheckpointStore> checkpoints;
+  if (!absl::GetFlag(FLAGS_data_dir).empty()) {
+    auto opened = OpenRocksDbStore(absl::GetFlag(FLAGS_data_dir));
+    if (!opened.ok()) {
+      FLOG(ERROR) << "--data-dir: " << opened.status().message();
+      return 1;
+    }
+    kv = *std::move(opened);
+    checkpoints = std::make_unique<CheckpointStore>(kv.get());
+    FLOG(INFO) << "checkpoints in " << absl::GetFlag(FLAGS_data_dir);
+  } else {
+    FLOG(WARNING) << "no --data-dir: this server takes no checkpoints";
+  }
   ParameterStore store;
   std::atomic<MembershipClient*> membership_ptr{nullptr};
-  ParameterServiceImpl service(&store, metrics->get(), [&membership_ptr] {
-    MembershipClient* membership = membership_ptr.load();
-    return membership != nullptr && membership->LeaseValid();
-  });
+  ParameterServiceImpl service(
+      &store, metrics->get(),
+      [&membership_ptr] {
+        MembershipClient* membership = membership_ptr.load();
+        return membership != nullptr && membership->LeaseValid();
+      },
+      checkpoints.get());
   auto server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service});
   if (!server.ok()) {
     FLOG(ERROR) << server.status().message();

@@ -13,6 +13,18 @@
 namespace fulcrum {
 namespace {
 
+// The per-request part of a push; the caller fills chunk_id and gradient.
+PushArgs PushArgsOf(const v1::PushRequest& request) {
+  PushArgs args;
+  args.worker_id = request.worker_id();
+  args.partition = request.partition();
+  args.seq = request.seq();
+  args.step = request.step();
+  args.examples = request.examples();
+  args.examples_digest = request.examples_digest();
+  return args;
+}
+
 // Longest a pull waits for a BSP step when the client set no tighter deadline.
 constexpr absl::Duration kMaxPullWait = absl::Seconds(120);
 
@@ -106,9 +118,45 @@ std::map<int32_t, JobShard::ShardRole> RolesFor(const v1::ShardMap& map, const s
   return roles;
 }
 
+void ToChunkState(const ChunkSnapshot& snapshot, int32_t chunk_id, v1::ChunkState* state) {
+  state->set_chunk_id(chunk_id);
+  EncodeFloats(snapshot.values.data(), snapshot.values.size(), state->mutable_values());
+  for (const auto& slot : snapshot.optimizer_state) EncodeFloats(slot.data(), slot.size(), state->add_optimizer_state());
+  state->set_version(snapshot.version);
+  for (const auto& gradient : snapshot.pending) EncodeFloats(gradient.data(), gradient.size(), state->add_pending());
+  for (const auto& [worker, seq] : snapshot.watermarks) (*state->mutable_watermarks())[worker] = seq;
+  for (int64_t s : snapshot.partition_steps) state->add_partition_steps(s);
+  state->set_examples_seen(snapshot.examples_seen);
+  state->set_examples_digest(snapshot.examples_digest);
+}
+
+absl::StatusOr<ChunkSnapshot> FromChunkState(const v1::ChunkState& state) {
+  auto decode = [](const std::string& bytes, std::vector<float>* out) {
+    out->resize(bytes.size() / 4);
+    return DecodeFloats(bytes, static_cast<int64_t>(out->size()), out->data(), "chunk state");
+  };
+  ChunkSnapshot snapshot;
+  RETURN_IF_ERROR(decode(state.values(), &snapshot.values));
+  for (const std::string& slot : state.optimizer_state()) {
+    RETURN_IF_ERROR(decode(slot, &snapshot.optimizer_state.emplace_back()));
+  }
+  snapshot.version = state.version();
+  for (const std::string& gradient : state.pending()) RETURN_IF_ERROR(decode(gradient, &snapshot.pending.emplace_back()));
+  snapshot.watermarks.assign(state.watermarks().begin(), state.watermarks().end());
+  snapshot.partition_steps.assign(state.partition_steps().begin(), state.partition_steps().end());
+  snapshot.examples_seen = state.examples_seen();
+  snapshot.examples_digest = state.examples_digest();
+  return snapshot;
+}
+
+ParameterServiceImpl::~ParameterServiceImpl() {
+  if (writer_ != nullptr) writer_->Stop();
+}
+
 ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoint* metrics,
-                                           std::function<bool()> lease_valid)
-    : store_(store), metrics_(metrics), lease_valid_(std::move(lease_valid)) {
+                                           std::function<bool()> lease_valid, CheckpointStore* checkpoints)
+    : store_(store), metrics_(metrics), lease_valid_(std::move(lease_valid)), checkpoints_(checkpoints) {
+  if (checkpoints_ != nullptr) writer_ = std::make_unique<CheckpointWriter>(checkpoints_);
   auto& registry = metrics_->registry();
   updates_applied_ = &prometheus::BuildCounter()
                           .Name("fulcrum_server_gradients_accepted_total")
@@ -130,6 +178,16 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                .Help("Jobs with state on this server")
                .Register(registry)
                .Add({});
+  checkpoint_bytes_ = &prometheus::BuildCounter()
+                           .Name("fulcrum_server_checkpoint_written_bytes_total")
+                           .Help("Checkpoint bytes written to this server's store")
+                           .Register(registry)
+                           .Add({});
+  checkpoint_seconds_ = &prometheus::BuildHistogram()
+                             .Name("fulcrum_server_checkpoint_write_seconds")
+                             .Help("Time from a checkpoint's snapshot to its data being durable on this server")
+                             .Register(registry)
+                             .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60});
 }
 
 grpc::Status ParameterServiceImpl::Finish(const char* method, const absl::Status& status,
@@ -150,13 +208,14 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::Setu
     if (!chunk.copy_from().empty()) sources[chunk.chunk_id()] = chunk.copy_from();
   }
   if (request->copy_from().empty() && sources.empty()) {
-    status = store_->SetupJob(ToJobShardConfig(*request));
+    // Fresh state, or a checkpoint's: built aside, installed when whole.
+    auto shard = JobShard::Create(ToJobShardConfig(*request));
+    status = shard.status();
+    if (status.ok() && request->has_restore()) status = RestoreChunks(shard->get(), request->restore());
     if (status.ok()) {
-      auto shard = store_->Find(request->job_id());
-      status = shard.ok() ? (*shard)->Configure(request->shard_map().version(),
-                                                 RolesFor(request->shard_map(), request->server_id()))
-                          : shard.status();
+      status = (*shard)->Configure(request->shard_map().version(), RolesFor(request->shard_map(), request->server_id()));
     }
+    if (status.ok()) store_->Install(std::move(*shard));
   } else {
     // Chunks copied from their primaries (a new backup, or chunks moving to
     // a new shard): fetched first, then added to what this server holds of
@@ -225,11 +284,7 @@ absl::Status ParameterServiceImpl::CheckRoute(const JobShard& shard, int64_t map
 
 absl::Status ParameterServiceImpl::ApplyPush(JobShard* shard, const v1::PushRequest& request,
                                              v1::PushResponse* response) {
-  PushArgs args;
-  args.worker_id = request.worker_id();
-  args.partition = request.partition();
-  args.seq = request.seq();
-  args.step = request.step();
+  PushArgs args = PushArgsOf(request);
   for (const v1::ChunkData& chunk : request.chunks()) {
     args.chunk_id = chunk.chunk_id();
     args.gradient = chunk.data();
@@ -307,11 +362,7 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*, const v1::PushRequ
   if (!shard.ok()) return Finish("Push", shard.status(), received, 0);
   absl::Status status = CheckRoute(**shard, request->map_version(), *request, /*as_primary=*/true);
   // Validate everything first: a bad push must reach no replica.
-  PushArgs args;
-  args.worker_id = request->worker_id();
-  args.partition = request->partition();
-  args.seq = request->seq();
-  args.step = request->step();
+  PushArgs args = PushArgsOf(*request);
   for (int i = 0; status.ok() && i < request->chunks_size(); ++i) {
     args.chunk_id = request->chunks(i).chunk_id();
     args.gradient = request->chunks(i).data();
@@ -356,24 +407,12 @@ grpc::Status ParameterServiceImpl::CopyChunk(grpc::ServerContext*, const v1::Cop
   if (!shard.ok()) return Finish("CopyChunk", shard.status(), request->ByteSizeLong(), 0);
   absl::StatusOr<ChunkSnapshot> snapshot = (*shard)->Snapshot(request->chunk_id());
   if (!snapshot.ok()) return Finish("CopyChunk", snapshot.status(), request->ByteSizeLong(), 0);
-  response->set_chunk_id(request->chunk_id());
-  EncodeFloats(snapshot->values.data(), snapshot->values.size(), response->mutable_values());
-  for (const auto& slot : snapshot->optimizer_state) {
-    EncodeFloats(slot.data(), slot.size(), response->add_optimizer_state());
-  }
-  response->set_version(snapshot->version);
-  for (const auto& gradient : snapshot->pending) EncodeFloats(gradient.data(), gradient.size(), response->add_pending());
-  for (const auto& [worker, seq] : snapshot->watermarks) (*response->mutable_watermarks())[worker] = seq;
-  for (int64_t s : snapshot->partition_steps) response->add_partition_steps(s);
+  ToChunkState(*snapshot, request->chunk_id(), response);
   return Finish("CopyChunk", absl::OkStatus(), request->ByteSizeLong(), response->ByteSizeLong());
 }
 
 absl::StatusOr<std::vector<ChunkSnapshot>> ParameterServiceImpl::FetchChunks(
     const std::string& default_source, const JobShardConfig& config, const std::map<int32_t, std::string>& sources) {
-  auto decode = [](const std::string& bytes, std::vector<float>* out) {
-    out->resize(bytes.size() / 4);
-    return DecodeFloats(bytes, static_cast<int64_t>(out->size()), out->data(), "copied chunk state");
-  };
   std::vector<ChunkSnapshot> snapshots;
   for (const ChunkConfig& chunk : config.chunks) {
     auto source = sources.find(chunk.chunk_id);
@@ -389,15 +428,8 @@ absl::StatusOr<std::vector<ChunkSnapshot>> ParameterServiceImpl::FetchChunks(
       return absl::UnavailableError(absl::StrCat("copying chunk ", chunk.chunk_id, " of job ", config.job_id, " from ",
                                                  address, ": ", status.message()));
     }
-    ChunkSnapshot& snapshot = snapshots.emplace_back();
-    RETURN_IF_ERROR(decode(state.values(), &snapshot.values));
-    for (const std::string& slot : state.optimizer_state()) {
-      RETURN_IF_ERROR(decode(slot, &snapshot.optimizer_state.emplace_back()));
-    }
-    snapshot.version = state.version();
-    for (const std::string& gradient : state.pending()) RETURN_IF_ERROR(decode(gradient, &snapshot.pending.emplace_back()));
-    snapshot.watermarks.assign(state.watermarks().begin(), state.watermarks().end());
-    snapshot.partition_steps.assign(state.partition_steps().begin(), state.partition_steps().end());
+    ASSIGN_OR_RETURN(ChunkSnapshot snapshot, FromChunkState(state));
+    snapshots.push_back(std::move(snapshot));
   }
   return snapshots;
 }

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
+#include "server/checkpoint_store.h"
 #include "server/parameter_store.h"
 
 namespace fulcrum {
@@ -28,8 +29,11 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   // `store` and `metrics` must outlive the service. `lease_valid` says
   // whether this server still holds its membership lease; without it the
   // server takes no writes (fencing a primary cut off from the scheduler).
+  // `checkpoints` (may be null: the server then takes no checkpoints) is
+  // where checkpoints are written, in the background, and read from.
   ParameterServiceImpl(ParameterStore* store, MetricsEndpoint* metrics,
-                       std::function<bool()> lease_valid = nullptr);
+                       std::function<bool()> lease_valid = nullptr, CheckpointStore* checkpoints = nullptr);
+  ~ParameterServiceImpl() override;
 
   grpc::Status SetupJob(grpc::ServerContext* context, const v1::SetupJobRequest* request,
                         v1::SetupJobResponse* response) override;
@@ -45,6 +49,13 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
                            v1::ReconfigureResponse* response) override;
   grpc::Status CopyChunk(grpc::ServerContext* context, const v1::CopyChunkRequest* request,
                          v1::ChunkState* response) override;
+  // Checkpoints (server/parameter_service_checkpoint.cc).
+  grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
+                          v1::CheckpointResponse* response) override;
+  grpc::Status ReadCheckpoint(grpc::ServerContext* context, const v1::ReadCheckpointRequest* request,
+                              v1::ChunkState* response) override;
+  grpc::Status DeleteCheckpoint(grpc::ServerContext* context, const v1::DeleteCheckpointRequest* request,
+                                v1::DeleteCheckpointResponse* response) override;
 
  private:
   // Checks the request's map version and this server's role for every chunk.
@@ -60,6 +71,12 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   absl::StatusOr<std::vector<ChunkSnapshot>> FetchChunks(const std::string& default_source,
                                                           const JobShardConfig& config,
                                                           const std::map<int32_t, std::string>& sources);
+
+  // A job starting from a checkpoint: each chunk's state, read from this
+  // server's store or from a server that wrote it, checksum verified.
+  absl::Status RestoreChunks(JobShard* shard, const v1::RestoreSource& restore);
+  absl::StatusOr<ChunkSnapshot> ReadCheckpointChunk(const v1::RestoreSource& restore,
+                                                    const v1::CheckpointChunk& chunk);
 
   grpc::Status Finish(const char* method, const absl::Status& status, int64_t received,
                       int64_t sent);
@@ -77,7 +94,15 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   prometheus::Counter* duplicates_;
   prometheus::Counter* refused_;
   prometheus::Gauge* jobs_;
+  CheckpointStore* checkpoints_;
+  std::unique_ptr<CheckpointWriter> writer_;  // with checkpoints_
+  prometheus::Counter* checkpoint_bytes_;
+  prometheus::Histogram* checkpoint_seconds_;
 };
+
+// ChunkSnapshot <-> ChunkState (raw little-endian float32 payloads).
+void ToChunkState(const ChunkSnapshot& snapshot, int32_t chunk_id, v1::ChunkState* state);
+absl::StatusOr<ChunkSnapshot> FromChunkState(const v1::ChunkState& state);
 
 }  // namespace fulcrum
 

@@ -26,6 +26,13 @@ Chunk::Chunk(const ChunkConfig& config, const JobShardConfig& job) : config_(con
   }
 }
 
+absl::Status Chunk::DroppedError() const {
+  // ABORTED, not CANCELLED: for a job that goes on elsewhere (this copy was
+  // replaced or found stale) the caller's answer is to refresh its shard map.
+  return absl::AbortedError(absl::StrCat("job ", job_.job_id, " was stopped on this server: ", dropped_reason_,
+                                         " (refresh the shard map)"));
+}
+
 int64_t Chunk::version() const {
   absl::MutexLock lock(&mu_);
   return version_;
@@ -33,7 +40,7 @@ int64_t Chunk::version() const {
 
 absl::Status Chunk::CheckPush(const PushArgs& args) const {
   if (!dropped_reason_.empty()) {
-    return absl::CancelledError(absl::StrCat("job ", job_.job_id, " was stopped: ", dropped_reason_));
+    return DroppedError();
   }
   if (!frozen_reason_.empty()) {
     return absl::FailedPreconditionError(
@@ -92,6 +99,8 @@ absl::StatusOr<PushOutcome> Chunk::Push(const PushArgs& args) {
     return PushOutcome::kDuplicate;  // another worker already sent this partition's step
   }
   watermarks_[args.worker_id] = args.seq;
+  examples_seen_ += args.examples;
+  examples_digest_ += args.examples_digest;
   if (!job_.synchronous) {
     partition_steps_[args.partition] = args.step + 1;
     ApplyLocked(grad.data(), args.step);
@@ -124,6 +133,7 @@ void Chunk::ApplyLocked(const float* grad, int64_t lr_step) {
   for (auto& slot : state_) slots.push_back(slot.data());
   ++version_;
   ApplyOptimizer(job_.optimizer, lr, version_, config_.length, grad, values_.data(), slots.data());
+  if (!captures_.empty()) CaptureLocked();
   updated_.SignalAll();
 }
 
@@ -148,7 +158,7 @@ absl::Status Chunk::Pull(int64_t min_version, int64_t min_clock, absl::Time dead
     }
   }
   if (!dropped_reason_.empty()) {
-    return absl::CancelledError(absl::StrCat("job ", job_.job_id, " was stopped: ", dropped_reason_));
+    return DroppedError();
   }
   EncodeFloats(values_.data(), config_.length, data);
   *version = version_;
@@ -158,6 +168,10 @@ absl::Status Chunk::Pull(int64_t min_version, int64_t min_clock, absl::Time dead
 
 ChunkSnapshot Chunk::Snapshot() const {
   absl::MutexLock lock(&mu_);
+  return SnapshotLocked();
+}
+
+ChunkSnapshot Chunk::SnapshotLocked() const {
   ChunkSnapshot snapshot;
   snapshot.values = values_;
   snapshot.optimizer_state = state_;
@@ -165,6 +179,8 @@ ChunkSnapshot Chunk::Snapshot() const {
   snapshot.pending = pending_;
   snapshot.watermarks.assign(watermarks_.begin(), watermarks_.end());
   snapshot.partition_steps = partition_steps_;
+  snapshot.examples_seen = examples_seen_;
+  snapshot.examples_digest = examples_digest_;
   return snapshot;
 }
 
@@ -186,8 +202,73 @@ absl::Status Chunk::Restore(const ChunkSnapshot& snapshot) {
   watermarks_.clear();
   for (const auto& [worker, seq] : snapshot.watermarks) watermarks_[worker] = seq;
   partition_steps_ = snapshot.partition_steps;
+  examples_seen_ = snapshot.examples_seen;
+  examples_digest_ = snapshot.examples_digest;
   updated_.SignalAll();
   return absl::OkStatus();
+}
+
+absl::Status Chunk::RestoreCheckpoint(ChunkSnapshot snapshot, bool repartition, int64_t version,
+                                      int64_t partition_step) {
+  if (repartition) {
+    absl::MutexLock lock(&mu_);
+    snapshot.pending.assign(pending_.size(), {});
+    snapshot.partition_steps.assign(partition_steps_.size(), partition_step);
+    snapshot.version = version;
+  }
+  return Restore(snapshot);
+}
+
+void Chunk::CaptureLocked() {
+  for (auto& [id, capture] : captures_) {
+    if (!capture.taken && capture.at_version == version_) {
+      capture.snapshot = SnapshotLocked();
+      capture.taken = true;
+      updated_.SignalAll();
+    }
+  }
+}
+
+absl::Status Chunk::ArmCapture(int64_t checkpoint_id, int64_t at_version) {
+  absl::MutexLock lock(&mu_);
+  if (at_version > 0 && version_ > at_version) {
+    return absl::AbortedError(absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id, " is at version ",
+                                           version_, ", past the checkpoint's ", at_version));
+  }
+  Capture& capture = captures_[checkpoint_id];
+  capture.at_version = at_version == 0 ? version_ : at_version;
+  capture.taken = false;
+  CaptureLocked();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ChunkSnapshot> Chunk::TakeCapture(int64_t checkpoint_id, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto it = captures_.find(checkpoint_id);
+  if (it == captures_.end()) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint ", checkpoint_id, " armed on chunk ", config_.chunk_id));
+  }
+  while (!it->second.taken && dropped_reason_.empty()) {
+    if (updated_.WaitWithDeadline(&mu_, deadline) && !it->second.taken) {
+      int64_t at = it->second.at_version;
+      captures_.erase(it);
+      return absl::DeadlineExceededError(absl::StrCat("checkpoint ", checkpoint_id, ": chunk ", config_.chunk_id,
+                                                      " of job ", job_.job_id, " did not reach version ", at,
+                                                      " (it is at ", version_, ")"));
+    }
+  }
+  if (!it->second.taken) {
+    captures_.erase(it);
+    return DroppedError();
+  }
+  ChunkSnapshot snapshot = std::move(it->second.snapshot);
+  captures_.erase(it);
+  return snapshot;
+}
+
+void Chunk::Disarm(int64_t checkpoint_id) {
+  absl::MutexLock lock(&mu_);
+  captures_.erase(checkpoint_id);
 }
 
 void Chunk::Freeze(const std::string& reason) {
@@ -278,6 +359,53 @@ absl::Status JobShard::AdoptChunks(const std::vector<ChunkConfig>& chunks,
     RETURN_IF_ERROR(chunk->Restore(snapshots[i]));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> JobShard::CaptureAll(int64_t checkpoint_id,
+                                                                                    int64_t at_version,
+                                                                                    absl::Time deadline) {
+  std::vector<std::pair<int32_t, Chunk*>> chunks;
+  {
+    absl::MutexLock lock(&chunks_mu_);
+    for (const auto& [id, chunk] : chunks_) chunks.emplace_back(id, chunk.get());
+  }
+  auto disarm = [&] {
+    for (auto& [id, chunk] : chunks) chunk->Disarm(checkpoint_id);
+  };
+  for (auto& [id, chunk] : chunks) {
+    if (absl::Status armed = chunk->ArmCapture(checkpoint_id, at_version); !armed.ok()) {
+      disarm();
+      return armed;
+    }
+  }
+  std::vector<std::pair<int32_t, ChunkSnapshot>> snapshots;
+  for (auto& [id, chunk] : chunks) {
+    absl::StatusOr<ChunkSnapshot> snapshot = chunk->TakeCapture(checkpoint_id, deadline);
+    if (!snapshot.ok()) {
+      disarm();
+      return snapshot.status();
+    }
+    snapshots.emplace_back(id, *std::move(snapshot));
+  }
+  return snapshots;
+}
+
+std::pair<int64_t, int64_t> JobShard::VersionRange() const {
+  absl::MutexLock lock(&chunks_mu_);
+  if (chunks_.empty()) return {0, 0};
+  int64_t low = INT64_MAX, high = 0;
+  for (const auto& [id, chunk] : chunks_) {
+    int64_t v = chunk->version();
+    low = std::min(low, v);
+    high = std::max(high, v);
+  }
+  return {low, high};
+}
+
+absl::Status JobShard::RestoreCheckpoint(int32_t chunk_id, ChunkSnapshot snapshot, bool repartition,
+                                         int64_t version, int64_t partition_step) {
+  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  return chunk->RestoreCheckpoint(std::move(snapshot), repartition, version, partition_step);
 }
 
 std::vector<int32_t> JobShard::chunk_ids() const {

@@ -52,6 +52,10 @@ struct PushArgs {
   int64_t step = 0;
   int32_t chunk_id = 0;
   absl::string_view gradient;  // raw little-endian float32
+  // The training examples behind the gradient: how many, and the sum of
+  // their ExampleDigest values (audits that each example counts once).
+  int64_t examples = 0;
+  uint64_t examples_digest = 0;
 };
 
 enum class PushOutcome { kApplied, kBuffered, kDuplicate };
@@ -65,6 +69,9 @@ struct ChunkSnapshot {
   std::vector<std::vector<float>> pending;  // BSP: this step's gradients by partition
   std::vector<std::pair<std::string, int64_t>> watermarks;
   std::vector<int64_t> partition_steps;
+  // Examples behind the accepted gradients, and the sum of their digests.
+  int64_t examples_seen = 0;
+  uint64_t examples_digest = 0;
 };
 
 // One chunk of a dense tensor with its optimizer state. Thread-safe.
@@ -76,19 +83,35 @@ class Chunk {
   absl::Status Validate(const PushArgs& args) const;
   // Applies (ASP) or buffers (BSP) a gradient. Errors: INVALID_ARGUMENT for a
   // wrong size, non-finite values or a bad partition; FAILED_PRECONDITION for a BSP
-  // push ahead of the chunk's version; CANCELLED once the job is dropped.
+  // push ahead of the chunk's version; ABORTED once the job is dropped here.
   absl::StatusOr<PushOutcome> Push(const PushArgs& args);
 
   // Copies the values once at least `min_version` updates are applied and
   // (SSP) every data partition has at least `min_clock` steps in, reporting
   // the version and the slowest partition's clock. DEADLINE_EXCEEDED at
-  // `deadline`; CANCELLED if the job is dropped meanwhile.
+  // `deadline`; ABORTED if the job is dropped here meanwhile.
   absl::Status Pull(int64_t min_version, int64_t min_clock, absl::Time deadline, std::string* data,
                     int64_t* version, int64_t* clock = nullptr);
 
   ChunkSnapshot Snapshot() const;
   // Replaces this replica's state. INVALID_ARGUMENT if the shapes differ.
   absl::Status Restore(const ChunkSnapshot& snapshot);
+  // Takes a checkpoint's state, possibly from a job with another number of
+  // data partitions (`repartition`): then the per-partition state (BSP
+  // buffers, ASP/SSP steps) starts over at `partition_step` and the update
+  // count becomes `version`.
+  absl::Status RestoreCheckpoint(ChunkSnapshot snapshot, bool repartition, int64_t version,
+                                 int64_t partition_step);
+
+  // Checkpoints. Arms a snapshot for `checkpoint_id` taken, under the chunk's
+  // lock, at the moment its version reaches `at_version` (at once for 0, or
+  // if it is there already): the cut is exact and training never waits.
+  // ABORTED if the chunk is already past `at_version`.
+  absl::Status ArmCapture(int64_t checkpoint_id, int64_t at_version);
+  // Waits for the armed snapshot and disarms it. DEADLINE_EXCEEDED at
+  // `deadline`, ABORTED if the job is dropped, NOT_FOUND if not armed.
+  absl::StatusOr<ChunkSnapshot> TakeCapture(int64_t checkpoint_id, absl::Time deadline);
+  void Disarm(int64_t checkpoint_id);
 
   void Drop(const std::string& reason);
   // Refuses further pushes (FAILED_PRECONDITION) but keeps serving pulls.
@@ -101,6 +124,15 @@ class Chunk {
   void ApplyLocked(const float* grad, int64_t lr_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MinClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DroppedError() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ChunkSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CaptureLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  struct Capture {
+    int64_t at_version = 0;
+    bool taken = false;
+    ChunkSnapshot snapshot;
+  };
 
   const ChunkConfig config_;
   const JobShardConfig& job_;
@@ -118,6 +150,10 @@ class Chunk {
   // ASP and SSP: steps applied per partition (a partition's step is applied
   // once, whichever worker computes it); SSP pulls wait on their minimum.
   std::vector<int64_t> partition_steps_ ABSL_GUARDED_BY(mu_);
+  // Examples behind every gradient accepted (each partition step counts once).
+  int64_t examples_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t examples_digest_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int64_t, Capture> captures_ ABSL_GUARDED_BY(mu_);  // by checkpoint id
   std::string dropped_reason_ ABSL_GUARDED_BY(mu_);
   std::string frozen_reason_ ABSL_GUARDED_BY(mu_);
 };
@@ -138,6 +174,17 @@ class JobShard {
   absl::Status AdoptChunks(const std::vector<ChunkConfig>& chunks, const std::vector<ChunkSnapshot>& snapshots);
   absl::Status Pull(int32_t chunk_id, int64_t min_version, int64_t min_clock, absl::Time deadline,
                     std::string* data, int64_t* version, int64_t* clock = nullptr);
+  // Snapshots every chunk for a checkpoint at `at_version` (see
+  // Chunk::ArmCapture): all are armed before any is waited for, so each is
+  // cut at the same step. On error nothing stays armed.
+  absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> CaptureAll(int64_t checkpoint_id,
+                                                                            int64_t at_version,
+                                                                            absl::Time deadline);
+  // The lowest and highest version over the chunks (0, 0 with none).
+  std::pair<int64_t, int64_t> VersionRange() const;
+  // Puts checkpointed state into chunk `chunk_id` (see Chunk::RestoreCheckpoint).
+  absl::Status RestoreCheckpoint(int32_t chunk_id, ChunkSnapshot snapshot, bool repartition, int64_t version,
+                                 int64_t partition_step);
   void Drop(const std::string& reason);
   void Freeze(const std::string& reason);
   const JobShardConfig& config() const { return config_; }
@@ -179,7 +226,7 @@ class ParameterStore {
   // Puts a job set up elsewhere (e.g. copied from a primary) in place,
   // replacing any state this server still had of it (which is stale).
   void Install(std::unique_ptr<JobShard> shard);
-  // Drops the job's state; waiting pulls return CANCELLED with `reason`.
+  // Drops the job's state; waiting pulls return ABORTED with `reason`.
   // With keep_parameters the state stays readable but takes no more pushes.
   void DropJob(const std::string& job_id, const std::string& reason, bool keep_parameters = false);
   // NOT_FOUND (naming the job) when this server holds nothing of it.

@@ -423,7 +423,7 @@ TEST_F(ParameterStoreTest, SetupAgainReplacesTheJobWithFreshState) {
   EXPECT_EQ(version, 0);
   EXPECT_EQ(Decode(data), InitValues());
   // The replaced state is dropped: pushes to it are refused.
-  EXPECT_EQ(first->Push(Args("w", 1, 2, 1, Encode(Grad(1.0f)))).status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(first->Push(Args("w", 1, 2, 1, Encode(Grad(1.0f)))).status().code(), absl::StatusCode::kAborted);
 }
 
 TEST_F(ParameterStoreTest, SetupRejectsBadConfigs) {
@@ -454,14 +454,14 @@ TEST_F(ParameterStoreTest, DropJobWakesAWaitingPull) {
   });
   store_.DropJob("job-1", "cancelled by user");
   puller.join();
-  EXPECT_EQ(pulled.code(), absl::StatusCode::kCancelled) << pulled;
+  EXPECT_EQ(pulled.code(), absl::StatusCode::kAborted) << pulled;
   EXPECT_TRUE(Contains(pulled.message(), "cancelled by user"));
 
   EXPECT_EQ(store_.Find("job-1").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store_.num_jobs(), 0u);
   // Pushes to the dropped shard are refused too.
   EXPECT_EQ(shard->Push(Args("w0", 0, 1, 0, Encode(Grad(1.0f)))).status().code(),
-            absl::StatusCode::kCancelled);
+            absl::StatusCode::kAborted);
 }
 
 TEST_F(ParameterStoreTest, DropUnknownJobIsANoop) {

@@ -28,6 +28,7 @@
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "worker/parameter_client.h"
+#include "worker/trainer.h"
 
 namespace fulcrum {
 namespace {
@@ -161,6 +162,45 @@ class ClusterTest : public testing::Test {
     std::vector<float> flat;
     for (const auto& t : params) flat.insert(flat.end(), t.begin(), t.end());
     return flat;
+  }
+
+  // Every chunk's replica holds an audit of the examples behind the gradients
+  // it accepted (their count and the sum of their ExampleDigest tags). Checks
+  // it against every example of every epoch used exactly once: a lost step,
+  // a step applied twice or a partition computed on the wrong examples
+  // changes the sum.
+  static void ExpectEveryExampleUsedOncePerEpoch(const v1::JobStatus& done, int64_t num_examples) {
+    const v1::JobSpec& spec = done.spec();
+    const int64_t global_batch = int64_t{spec.data().batch_size()} * spec.max_workers();
+    const int64_t steps_per_epoch = num_examples / global_batch;
+    ASSERT_EQ(done.progress().total_steps(), steps_per_epoch * spec.data().epochs()) << "a full-epochs job expected";
+    int64_t expected_count = 0;
+    uint64_t expected_digest = 0;
+    for (int64_t epoch = 0; epoch < spec.data().epochs(); ++epoch) {
+      std::vector<int64_t> perm = EpochPermutation(spec.data().shuffle_seed(), epoch, num_examples);
+      for (int64_t i = 0; i < steps_per_epoch * global_batch; ++i) {
+        expected_digest += ExampleDigest(epoch, perm[i]);
+        ++expected_count;
+      }
+    }
+    for (const v1::ChunkLocation& chunk : done.shard_map().chunks()) {
+      std::string address;
+      for (const v1::ShardLocation& shard : done.shard_map().shards()) {
+        if (shard.shard() == chunk.shard()) address = shard.address();
+      }
+      auto stub = v1::ParameterService::NewStub(MakeChannel(address));
+      grpc::ClientContext context;
+      SetDeadline(&context, 10);
+      v1::CopyChunkRequest request;
+      request.set_job_id(done.job_id());
+      request.set_chunk_id(chunk.chunk_id());
+      v1::ChunkState state;
+      grpc::Status status = stub->CopyChunk(&context, request, &state);
+      ASSERT_TRUE(status.ok()) << "chunk " << chunk.chunk_id() << " at " << address << ": " << status.error_message();
+      EXPECT_EQ(state.examples_seen(), expected_count) << "chunk " << chunk.chunk_id();
+      EXPECT_EQ(state.examples_digest(), expected_digest)
+          << "chunk " << chunk.chunk_id() << ": the examples behind its updates are not each example once per epoch";
+    }
   }
 
   static inline std::unique_ptr<LocalCluster> cluster_;
@@ -431,9 +471,9 @@ class WorkerLossTest : public ClusterTest {
 };
 
 // Kill -9 a worker mid-job: its data partition moves to the survivor, the job
-// succeeds, and its parameters are bit-identical to the same job without the
-// kill, which can only be if every partition's gradient was applied exactly
-// once in every step, i.e. every example was used once in each epoch.
+// succeeds, every example was used exactly once in each epoch (the servers'
+// example audit), and the parameters are bit-identical to the same job
+// without the kill.
 TEST_F(WorkerLossTest, KilledWorkerJobSucceedsWithTheSameParameters) {
   auto reference = Submit(LongBspSpec());
   ASSERT_TRUE(reference.ok()) << reference.status();
@@ -453,6 +493,7 @@ TEST_F(WorkerLossTest, KilledWorkerJobSucceedsWithTheSameParameters) {
   EXPECT_TRUE(moved) << "no event names " << victim;
   EXPECT_EQ(done.workers_size(), 1);
 
+  ExpectEveryExampleUsedOncePerEpoch(done, 4096);
   ExpectSameParameters(FinalParameters(reference_done), done);
 }
 
@@ -490,6 +531,7 @@ TEST_F(WorkerJoinTest, AddedWorkerTakesPartInTheRunningJob) {
   ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
   EXPECT_EQ(done.workers_size(), 3);
   // Who computes which partition does not change the result.
+  ExpectEveryExampleUsedOncePerEpoch(done, 4096);
   ExpectSameParameters(FinalParameters(reference_done), done);
 }
 
@@ -573,6 +615,7 @@ class ServerFailoverTest : public WorkerLossTest {
     std::vector<float> b = FinalParameters(done);
     ASSERT_EQ(a.size(), b.size());
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+    ExpectEveryExampleUsedOncePerEpoch(done, 4096);  // no acknowledged update lost, none applied twice
     if (disturbed != nullptr) *disturbed = done;
   }
 
@@ -604,8 +647,9 @@ double MetricValue(const std::string& body, const std::string& name) {
 // it: it is fenced (no lease, and its backup moved to the new map), refuses
 // the write, and the job's result is unchanged.
 TEST_F(ServerFailoverTest, PartitionedPrimaryIsFenced) {
-  RunDisturbed(/*primary=*/true, [](const std::string& victim) {
-    std::string address;
+  std::string address;  // the old primary's
+  v1::JobStatus done;
+  RunDisturbed(/*primary=*/true, [&](const std::string& victim) {
     for (const auto& p : cluster_->file().processes()) {
       if (p.id() == victim) address = p.grpc_address();
     }
@@ -654,7 +698,12 @@ TEST_F(ServerFailoverTest, PartitionedPrimaryIsFenced) {
     EXPECT_TRUE(status.error_code() == grpc::StatusCode::UNAVAILABLE ||
                 status.error_code() == grpc::StatusCode::ABORTED)
         << status.error_message();
-  });
+  }, &done);
+  // Back in touch with the scheduler, the old primary is told its copy is
+  // stale and drops it (it may then be re-replicated afresh as a backup).
+  bool dropped = false;
+  for (const auto& event : done.events()) dropped |= event.message().find("stale copy; dropped") != std::string::npos;
+  EXPECT_TRUE(dropped) << "no event says the old primary's stale copy was dropped";
 }
 
 // Three servers, two replicas per shard: after a failover the shard is short

@@ -135,7 +135,8 @@ absl::Status ParameterClient::Pull(int64_t min_version, absl::Duration timeout,
 }
 
 absl::Status ParameterClient::Push(int64_t seq, int32_t partition, int64_t step,
-                                   const std::vector<std::vector<float>>& grads, absl::Duration timeout) {
+                                   const std::vector<std::vector<float>>& grads, absl::Duration timeout,
+                                   int64_t examples, uint64_t examples_digest) {
   std::vector<v1::PushRequest> requests(batches_.size());
   for (size_t i = 0; i < batches_.size(); ++i) {
     v1::PushRequest& request = requests[i];
@@ -145,6 +146,8 @@ absl::Status ParameterClient::Push(int64_t seq, int32_t partition, int64_t step,
     request.set_partition(partition);
     request.set_seq(seq);
     request.set_step(step);
+    request.set_examples(examples);
+    request.set_examples_digest(examples_digest);
     for (int index : batches_[i].chunks) {
       const v1::ChunkLocation& chunk = map_.chunks(index);
       v1::ChunkData* data = request.add_chunks();

@@ -43,8 +43,10 @@ class ParameterClient {
 
   // Sends `grads` (same layout as MakeBuffers), computed on data partition
   // `partition` at `step`, as this worker's push number `seq`.
+  // `examples` and `examples_digest` describe the batch behind the gradient
+  // (see ExampleDigest in worker/trainer.h); servers sum them as an audit.
   absl::Status Push(int64_t seq, int32_t partition, int64_t step, const std::vector<std::vector<float>>& grads,
-                    absl::Duration timeout);
+                    absl::Duration timeout, int64_t examples = 0, uint64_t examples_digest = 0);
 
   int64_t total_bytes() const { return total_bytes_; }
   int64_t map_version() const { return map_.version(); }

@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <mutex>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -125,6 +126,12 @@ absl::StatusOr<kernels::Buffer> UploadArray(kernels::Backend* backend, const std
   return buffer;
 }
 
+std::string WriterId(const std::string& worker_id) {
+  std::random_device random;
+  uint64_t tag = (static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(absl::GetCurrentTimeNanos());
+  return absl::StrCat(worker_id, "/", absl::Hex(tag, absl::kZeroPad16));
+}
+
 }  // namespace
 
 std::vector<int64_t> EpochPermutation(uint64_t seed, int64_t epoch, int64_t n) {
@@ -136,6 +143,10 @@ std::vector<int64_t> EpochPermutation(uint64_t seed, int64_t epoch, int64_t n) {
     std::swap(perm[i], perm[j]);
   }
   return perm;
+}
+
+uint64_t ExampleDigest(int64_t epoch, int64_t example) {
+  return SplitMix64(SplitMix64(static_cast<uint64_t>(epoch) ^ 0x5851f42d4c957f2dull) + static_cast<uint64_t>(example));
 }
 
 Trainer::Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks)
@@ -201,7 +212,8 @@ class TrainingRun {
         total_steps_(assignment.total_steps()),
         layout_(LayoutFor(spec_, trainer->train_->num_features, trainer->train_->num_classes)),
         model_(layout_.config, trainer->backend_),
-        client_(std::make_unique<ParameterClient>(assignment.shard_map(), trainer->job_id_, trainer->worker_id_)),
+        writer_id_(WriterId(trainer->worker_id_)),
+        client_(std::make_unique<ParameterClient>(assignment.shard_map(), trainer->job_id_, writer_id_)),
         params_(trainer->backend_, client_->MakeBuffers()),
         pulled_(client_->MakeBuffers()),
         grads_(trainer->backend_, client_->MakeBuffers()) {}
@@ -266,6 +278,11 @@ class TrainingRun {
   const int64_t total_steps_;
   ModelLayout layout_;
   kernels::Mlp model_;
+  // The name this run's pushes carry: the worker id plus a random run tag.
+  // Sequence numbers restart with every run (a worker put back into a job,
+  // a restarted process under the same id), so deduplication must not mix
+  // one run's numbers with another's.
+  const std::string writer_id_;
   std::unique_ptr<ParameterClient> client_;  // replaced when the shard map changes
   int failures_ = 0;                          // data-path failures in a row
   int64_t max_staleness_seen_ = 0;            // SSP: largest lead over the slowest partition
@@ -301,7 +318,7 @@ absl::Status TrainingRun::Recover(const absl::Status& error) {
   if (assignment.shard_map().version() > current) {
     FLOG(INFO) << "job " << trainer_.job_id_ << ": shard map version " << assignment.shard_map().version()
                << " after: " << error.message();
-    client_ = std::make_unique<ParameterClient>(assignment.shard_map(), trainer_.job_id_, trainer_.worker_id_);
+    client_ = std::make_unique<ParameterClient>(assignment.shard_map(), trainer_.job_id_, writer_id_);
   }
   return absl::OkStatus();
 }
@@ -313,7 +330,10 @@ absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
     perm_ = EpochPermutation(spec_.data().shuffle_seed(), epoch, trainer_.train_->num_examples);
     perm_epoch_ = epoch;
   }
-  trainer_.GatherBatch(perm_, (step % steps_per_epoch_) * global_batch_ + int64_t{partition} * batch_, batch_);
+  const int64_t first = (step % steps_per_epoch_) * global_batch_ + int64_t{partition} * batch_;
+  trainer_.GatherBatch(perm_, first, batch_);
+  uint64_t digest = 0;
+  for (int64_t i = first; i < first + batch_; ++i) digest += ExampleDigest(epoch, perm_[i]);
   kernels::Backend* backend = trainer_.backend_;
   if (!backend->HostMemory()) {
     RETURN_IF_ERROR(backend->CopyFromHost(x_buffer_.get(), trainer_.batch_x_.data(),
@@ -324,7 +344,7 @@ absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
   RETURN_IF_ERROR(model_.ForwardBackward(params_.device_const(), x_device_, y_device_, batch_, grads_.device(),
                                          &window_));
   RETURN_IF_ERROR(grads_.Download());
-  RETURN_IF_ERROR(client_->Push(++seq_, partition, step, *grads_.host(), kRpcTimeout));
+  RETURN_IF_ERROR(client_->Push(++seq_, partition, step, *grads_.host(), kRpcTimeout, batch_, digest));
   ++window_steps_;
   if (trainer_.hooks_.observe_step) trainer_.hooks_.observe_step(absl::ToDoubleSeconds(absl::Now() - start));
   return absl::OkStatus();

@@ -30,6 +30,12 @@ namespace fulcrum {
 // identical on every platform).
 std::vector<int64_t> EpochPermutation(uint64_t seed, int64_t epoch, int64_t n);
 
+// A pseudo-random 64-bit tag of (epoch, example index). Pushes carry the sum
+// of the tags of their batch; a server's running sum then equals the sum over
+// every example of every epoch exactly when each was used once (with
+// overwhelming probability), which the fault-tolerance tests check.
+uint64_t ExampleDigest(int64_t epoch, int64_t example);
+
 struct TrainerHooks {
   std::function<void(v1::WorkReport)> report;  // sends a report to the scheduler
   std::function<bool()> should_stop;           // the assignment was withdrawn

@@ -1,0 +1,173 @@
+// ParameterService: checkpoints. A checkpoint is cut in memory (each chunk
+// snapshotted under its own lock at the step boundary, or at once in
+// ASP/SSP), written to this server's RocksDB by a background thread, and
+// acknowledged once durable; the scheduler commits the manifest after every
+// server has acknowledged. A job started from a checkpoint reads each chunk
+// back here (or from another server that wrote it), checksum verified.
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/rpc.h"
+#include "common/status_macros.h"
+#include "server/parameter_service.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr absl::Duration kDefaultCaptureWait = absl::Seconds(60);
+constexpr double kReadDeadlineSeconds = 60.0;
+
+absl::Status NoStore() {
+  return absl::FailedPreconditionError(
+      "this server keeps no checkpoints: start fulcrum-server with --data-dir to take them");
+}
+
+}  // namespace
+
+grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext*, const v1::CheckpointRequest* request,
+                                              v1::CheckpointResponse* response) {
+  const int64_t received = request->ByteSizeLong();
+  auto shard = store_->Find(request->job_id());
+  if (!shard.ok()) return Finish("Checkpoint", shard.status(), received, 0);
+  auto [low, high] = (*shard)->VersionRange();
+  response->set_min_version(low);
+  response->set_max_version(high);
+  if (request->at_version() < 0) return Finish("Checkpoint", absl::OkStatus(), received, response->ByteSizeLong());
+  if (checkpoints_ == nullptr) return Finish("Checkpoint", NoStore(), received, 0);
+
+  const absl::Time start = absl::Now();
+  const absl::Duration wait =
+      request->timeout_ms() > 0 ? absl::Milliseconds(request->timeout_ms()) : kDefaultCaptureWait;
+  auto snapshots = (*shard)->CaptureAll(request->checkpoint_id(), request->at_version(), start + wait);
+  if (!snapshots.ok()) return Finish("Checkpoint", snapshots.status(), received, 0);
+  for (const auto& [chunk_id, snapshot] : *snapshots) {
+    v1::CheckpointChunk* chunk = response->add_chunks();
+    chunk->set_chunk_id(chunk_id);
+    chunk->set_version(snapshot.version);
+    for (int64_t s : snapshot.partition_steps) chunk->add_partition_steps(s);
+  }
+  // The request path only waits here; the write itself runs on the writer
+  // thread, so pushes and pulls of every job go on meanwhile.
+  absl::Notification written;
+  absl::StatusOr<std::vector<CheckpointStore::ChunkRecordInfo>> result;
+  writer_->Enqueue(request->job_id(), request->checkpoint_id(), *std::move(snapshots),
+                   [&](absl::StatusOr<std::vector<CheckpointStore::ChunkRecordInfo>> r) {
+                     result = std::move(r);
+                     written.Notify();
+                   });
+  written.WaitForNotification();
+  if (!result.ok()) {
+    return Finish("Checkpoint",
+                  absl::Status(result.status().code(),
+                               absl::StrCat("writing checkpoint ", request->checkpoint_id(), " of job ",
+                                            request->job_id(), ": ", result.status().message())),
+                  received, 0);
+  }
+  std::map<int32_t, const CheckpointStore::ChunkRecordInfo*> infos;
+  int64_t bytes = 0;
+  for (const auto& info : *result) {
+    infos[info.chunk_id] = &info;
+    bytes += info.bytes;
+  }
+  for (v1::CheckpointChunk& chunk : *response->mutable_chunks()) {
+    auto it = infos.find(chunk.chunk_id());
+    if (it == infos.end()) continue;
+    chunk.set_checksum(it->second->checksum);
+    chunk.set_bytes(it->second->bytes);
+  }
+  checkpoint_bytes_->Increment(static_cast<double>(bytes));
+  checkpoint_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  FLOG(INFO) << "job " << request->job_id() << ": checkpoint " << request->checkpoint_id() << " written ("
+             << response->chunks_size() << " chunks, " << bytes << " bytes, at version " << high << ")";
+  return Finish("Checkpoint", absl::OkStatus(), received, response->ByteSizeLong());
+}
+
+grpc::Status ParameterServiceImpl::ReadCheckpoint(grpc::ServerContext*, const v1::ReadCheckpointRequest* request,
+                                                  v1::ChunkState* response) {
+  const int64_t received = request->ByteSizeLong();
+  if (checkpoints_ == nullptr) return Finish("ReadCheckpoint", NoStore(), received, 0);
+  auto snapshot =
+      checkpoints_->Read(request->job_id(), request->checkpoint_id(), request->chunk_id(), request->checksum());
+  if (!snapshot.ok()) return Finish("ReadCheckpoint", snapshot.status(), received, 0);
+  ToChunkState(*snapshot, request->chunk_id(), response);
+  return Finish("ReadCheckpoint", absl::OkStatus(), received, response->ByteSizeLong());
+}
+
+grpc::Status ParameterServiceImpl::DeleteCheckpoint(grpc::ServerContext*, const v1::DeleteCheckpointRequest* request,
+                                                    v1::DeleteCheckpointResponse*) {
+  const int64_t received = request->ByteSizeLong();
+  if (checkpoints_ == nullptr) return Finish("DeleteCheckpoint", absl::OkStatus(), received, 0);
+  absl::Status status = request->checkpoint_id() == 0
+                            ? checkpoints_->DeleteJob(request->job_id())
+                            : checkpoints_->Delete(request->job_id(), request->checkpoint_id());
+  if (status.ok()) {
+    FLOG(INFO) << "job " << request->job_id() << ": deleted "
+               << (request->checkpoint_id() == 0 ? std::string("every checkpoint")
+                                                 : absl::StrCat("checkpoint ", request->checkpoint_id()));
+  }
+  return Finish("DeleteCheckpoint", status, received, 0);
+}
+
+absl::StatusOr<ChunkSnapshot> ParameterServiceImpl::ReadCheckpointChunk(const v1::RestoreSource& restore,
+                                                                         const v1::CheckpointChunk& chunk) {
+  std::vector<std::string> failures;
+  bool data_loss = false;
+  auto note = [&](const std::string& where, const absl::Status& status) {
+    data_loss |= absl::IsDataLoss(status);
+    failures.push_back(absl::StrCat(where, ": ", status.message()));
+  };
+  if (checkpoints_ != nullptr) {
+    auto local = checkpoints_->Read(restore.job_id(), restore.checkpoint_id(), chunk.chunk_id(), chunk.checksum());
+    if (local.ok()) return local;
+    if (!absl::IsNotFound(local.status())) note("this server", local.status());
+  }
+  for (const std::string& server_id : chunk.server_ids()) {
+    auto address = restore.server_addresses().find(server_id);
+    if (address == restore.server_addresses().end()) continue;
+    v1::ReadCheckpointRequest request;
+    request.set_job_id(restore.job_id());
+    request.set_checkpoint_id(restore.checkpoint_id());
+    request.set_chunk_id(chunk.chunk_id());
+    request.set_checksum(chunk.checksum());
+    v1::ChunkState state;
+    grpc::ClientContext context;
+    SetDeadline(&context, kReadDeadlineSeconds);
+    absl::Status status = FromGrpcStatus(BackupStub(address->second)->ReadCheckpoint(&context, request, &state));
+    if (status.ok()) return FromChunkState(state);
+    note(absl::StrCat(server_id, " (", address->second, ")"), status);
+  }
+  std::string what = absl::StrCat("checkpoint ", restore.checkpoint_id(), " of job ", restore.job_id(), ": chunk ",
+                                  chunk.chunk_id(), " ");
+  if (failures.empty()) {
+    return absl::NotFoundError(absl::StrCat(what, "is on no reachable server (written by ",
+                                            absl::StrJoin(chunk.server_ids(), ", "), ")"));
+  }
+  return absl::Status(data_loss ? absl::StatusCode::kDataLoss : absl::StatusCode::kUnavailable,
+                      absl::StrCat(what, data_loss ? "is corrupt: " : "could not be read: ",
+                                   absl::StrJoin(failures, "; ")));
+}
+
+absl::Status ParameterServiceImpl::RestoreChunks(JobShard* shard, const v1::RestoreSource& restore) {
+  std::map<int32_t, const v1::CheckpointChunk*> stored;
+  for (const v1::CheckpointChunk& chunk : restore.chunks()) stored[chunk.chunk_id()] = &chunk;
+  for (int32_t chunk_id : shard->chunk_ids()) {
+    auto it = stored.find(chunk_id);
+    if (it == stored.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", restore.checkpoint_id(), " of job ",
+                                                     restore.job_id(), " has no chunk ", chunk_id,
+                                                     " (a different model?)"));
+    }
+    ASSIGN_OR_RETURN(ChunkSnapshot snapshot, ReadCheckpointChunk(restore, *it->second));
+    RETURN_IF_ERROR(shard->RestoreCheckpoint(chunk_id, std::move(snapshot), restore.repartition(), restore.version(),
+                                             restore.version()));
+  }
+  FLOG(INFO) << "job " << shard->config().job_id << ": restored " << shard->chunk_ids().size()
+             << " chunks from checkpoint " << restore.checkpoint_id() << " of job " << restore.job_id();
+  return absl::OkStatus();
+}
+
+}  // namespace fulcrum

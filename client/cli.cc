@@ -11,10 +11,12 @@
 #include <set>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/export.h"
 #include "client/local_cluster.h"
 #include "client/spec_file.h"
 #include "common/process.h"
@@ -29,8 +31,13 @@ namespace {
 constexpr char kUsage[] = R"(fulcrum: submit and watch training jobs on a Fulcrum cluster.
 
 Usage:
-  fulcrum submit -f JOB.yaml [--wait]     submit a job (YAML or JSON JobSpec; - reads stdin)
-  fulcrum get JOB                          show a job: state, progress, metrics history
+  fulcrum submit -f JOB.yaml [--wait] [--resume-from JOB[/CHECKPOINT]]
+                                           submit a job (YAML or JSON JobSpec; - reads stdin),
+                                           optionally starting from another job's checkpoint
+  fulcrum get JOB                          show a job: state, progress, checkpoints, history
+  fulcrum checkpoint JOB                   take a checkpoint of a training job now (waits for it)
+  fulcrum export JOB [--checkpoint ID] -o FILE.safetensors
+                                           write the model (now, or as checkpoint ID holds it)
   fulcrum list                             list jobs
   fulcrum watch JOB                        follow a job until it ends
   fulcrum cancel JOB                       cancel a pending or running job
@@ -61,8 +68,9 @@ struct Args {
   }
 };
 
-const std::set<std::string> kValueOptions = {"-f", "--file", "-o", "--output", "--scheduler", "--servers",
-                                             "--workers", "--replicas", "--dir", "--timeout", "--device"};
+const std::set<std::string> kValueOptions = {"-f",        "--file",    "-o",         "--output",     "--scheduler",
+                                             "--servers", "--workers", "--replicas", "--dir",        "--timeout",
+                                             "--device",  "--checkpoint", "--resume-from"};
 const std::set<std::string> kFlagOptions = {"--wait", "--detach", "-h", "--help"};
 
 absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& raw) {
@@ -93,7 +101,8 @@ absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& raw) {
     }
   }
   std::string output = args.Get("-o", "text");
-  if (output != "text" && output != "json") {
+  const bool exporting = !args.positional.empty() && args.positional[0] == "export";  // -o names the file
+  if (!exporting && output != "text" && output != "json") {
     return absl::InvalidArgumentError(absl::StrCat("-o must be json or text (got ", output, ")"));
   }
   return args;
@@ -110,7 +119,7 @@ absl::StatusOr<std::string> SchedulerAddress(const Args& args) {
   if (!args.Get("--scheduler").empty()) return args.Get("--scheduler");
   if (const char* env = std::getenv("FULCRUM_SCHEDULER"); env && *env) return std::string(env);
   auto local = LocalCluster::Open(LocalDir(args));
-  if (local.ok()) return (*local)->scheduler_address();
+  if (local.ok() && !(*local)->scheduler_address().empty()) return (*local)->scheduler_address();
   return absl::FailedPreconditionError(
       "no scheduler: pass --scheduler HOST:PORT, set FULCRUM_SCHEDULER, or start one with `fulcrum local up`");
 }
@@ -172,6 +181,19 @@ void PrintJob(const v1::JobStatus& job) {
                                  s.address(), s.chunks(), s.elements());
     if (s.backup_ids_size() > 0) std::cout << "  backups " << absl::StrJoin(s.backup_ids(), ",");
     std::cout << "\n";
+  }
+  if (!job.resumed_from().empty()) std::cout << "Resumed:    from checkpoint " << job.resumed_from() << "\n";
+  if (job.checkpoints_size() > 0) {
+    std::cout << "Checkpoints:\n"
+              << absl::StrFormat("  %4s %-9s %8s %-8s %12s %8s %-13s %s\n", "ID", "STATE", "STEP", "TIME", "BYTES",
+                                 "SECONDS", "TRIGGER", "REASON");
+  }
+  for (const auto& c : job.checkpoints()) {
+    std::cout << absl::StrFormat("  %4d %-9s %8d %-8s %12d %8.2f %-13s %s\n", c.id(),
+                                 v1::CheckpointInfo::State_Name(c.state()), c.step(),
+                                 absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(c.time_unix_ms()),
+                                                  absl::LocalTimeZone()),
+                                 c.bytes(), c.duration_seconds(), c.trigger(), c.reason());
   }
   if (job.events_size() > 0) std::cout << "Events:\n";
   for (const auto& e : job.events()) {
@@ -249,6 +271,8 @@ class Client {
   }
 
   v1::JobService::Stub* jobs() { return jobs_.get(); }
+  const std::string& address() const { return address_; }
+  double timeout() const { return timeout_; }
   v1::ClusterService::Stub* cluster() { return cluster_.get(); }
 
  private:
@@ -273,6 +297,7 @@ int Submit(Client& client, const Args& args, bool json) {
   if (!spec.ok()) return Fail(spec.status());
   v1::SubmitJobRequest request;
   *request.mutable_spec() = *spec;
+  request.set_resume_from(args.Get("--resume-from"));
   v1::SubmitJobResponse response;
   absl::Status status = client.Run([&](grpc::ClientContext* c) { return client.jobs()->SubmitJob(c, request, &response); });
   if (!status.ok()) return Fail(status);
@@ -317,6 +342,53 @@ int JobCall(Client& client, const Args& args, const std::string& verb, bool json
   } else {
     std::cout << job.job_id() << " " << v1::JobState_Name(job.state()) << ": " << job.reason() << "\n";
   }
+  return 0;
+}
+
+int Checkpoint(Client& client, const Args& args, bool json) {
+  if (args.positional.size() != 2) return Fail(absl::InvalidArgumentError("checkpoint needs a JOB id"));
+  v1::CheckpointJobRequest request;
+  request.set_job_id(args.positional[1]);
+  v1::CheckpointInfo info;
+  // Waits for the write: at least ten minutes unless --timeout says more.
+  Client patient(client.address(), std::max(client.timeout(), 600.0));
+  absl::Status status =
+      patient.Run([&](grpc::ClientContext* c) { return patient.jobs()->CheckpointJob(c, request, &info); });
+  if (!status.ok()) return Fail(status);
+  if (json) {
+    std::cout << ToJson(info) << "\n";
+  } else {
+    std::cout << absl::StrFormat("checkpoint %d of %s: %s at step %d, %d bytes, %.2f s%s\n", info.id(),
+                                 args.positional[1], v1::CheckpointInfo::State_Name(info.state()), info.step(),
+                                 info.bytes(), info.duration_seconds(),
+                                 info.reason().empty() ? "" : absl::StrCat(" (", info.reason(), ")"));
+  }
+  return info.state() == v1::CheckpointInfo::COMPLETE ? 0 : 1;
+}
+
+int Export(Client& client, const Args& args) {
+  if (args.positional.size() != 2) return Fail(absl::InvalidArgumentError("export needs a JOB id"));
+  const std::string path = args.Get("-o");
+  if (path.empty()) return Fail(absl::InvalidArgumentError("export needs -o FILE.safetensors"));
+  int64_t checkpoint_id = 0;
+  if (!args.Get("--checkpoint").empty() &&
+      (!absl::SimpleAtoi(args.Get("--checkpoint"), &checkpoint_id) || checkpoint_id <= 0)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint must be a checkpoint id (a positive number), got ", args.Get("--checkpoint"))));
+  }
+  const std::string& job_id = args.positional[1];
+  auto gathered = GatherParameters(client.address(), job_id, checkpoint_id, client.timeout());
+  if (!gathered.ok()) return Fail(gathered.status());
+  std::map<std::string, std::string> metadata = {
+      {"format", "pt"}, {"fulcrum.job", job_id}, {"fulcrum.step", absl::StrCat(gathered->step)}};
+  if (checkpoint_id > 0) metadata["fulcrum.checkpoint"] = absl::StrCat(checkpoint_id);
+  absl::Status written = WriteSafetensorsFile(path, gathered->tensors, metadata);
+  if (!written.ok()) return Fail(written);
+  int64_t elements = 0;
+  for (const auto& t : gathered->tensors) elements += static_cast<int64_t>(t.data.size());
+  std::cout << "wrote " << path << ": " << gathered->tensors.size() << " tensors, " << elements
+            << " float32 values, " << (checkpoint_id > 0 ? absl::StrCat("checkpoint ", checkpoint_id, ", ") : "")
+            << "step " << gathered->step << "\n";
   return 0;
 }
 
@@ -463,7 +535,8 @@ int RunCli(const std::vector<std::string>& raw) {
   const std::string verb = args->positional[0];
   const bool json = args->Get("-o") == "json";
   if (verb == "local") return Local(*args, json);
-  static const std::set<std::string> kVerbs = {"submit", "get", "list", "watch", "cancel", "cluster"};
+  static const std::set<std::string> kVerbs = {"submit", "get",     "list",      "watch",
+                                               "cancel", "cluster", "checkpoint", "export"};
   if (!kVerbs.count(verb)) {
     std::cerr << "fulcrum: unknown command \"" << verb << "\"\n\n" << kUsage;
     return 2;
@@ -476,6 +549,8 @@ int RunCli(const std::vector<std::string>& raw) {
   if (verb == "submit") return Submit(client, *args, json);
   if (verb == "list") return List(client, json);
   if (verb == "cluster") return Cluster(client, json);
+  if (verb == "checkpoint") return Checkpoint(client, *args, json);
+  if (verb == "export") return Export(client, *args);
   return JobCall(client, *args, verb, json);
 }
 

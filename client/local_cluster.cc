@@ -55,7 +55,12 @@ bool Alive(pid_t pid) {
   // Reap it if it is our child and already exited.
   int status;
   if (waitpid(pid, &status, WNOHANG) == pid) return false;
-  return kill(pid, 0) == 0;
+  if (kill(pid, 0) != 0) return false;
+  // A zombie (exited, not yet reaped by a parent that is not us) is dead.
+  auto stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  if (!stat.ok()) return true;
+  size_t paren = stat->rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat->size() || (*stat)[paren + 2] != 'Z';
 }
 
 std::string LogTail(const std::string& path) {
@@ -126,7 +131,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
     auto existing = Open(options.dir);
     if (existing.ok()) {
       for (const auto& p : (*existing)->file().processes()) {
-        if (kill(static_cast<pid_t>(p.pid()), 0) == 0) {
+        if (Alive(static_cast<pid_t>(p.pid()))) {
           return absl::AlreadyExistsError(absl::StrCat(
               "a local cluster is already running in ", options.dir, " (", p.role(), " pid ", p.pid(),
               "): run `fulcrum local down --dir ", options.dir, "` first"));
@@ -175,7 +180,12 @@ std::string LocalCluster::NextId(const std::string& role) const {
 }
 
 absl::StatusOr<v1::LocalProcess> LocalCluster::AddServer() {
-  return Spawn("server", NextId("server"), options_.server_flags);
+  // Each server keeps its checkpoints in DIR/state/ID: a cluster started
+  // again in the same folder finds them (same ids, same folders).
+  const std::string id = NextId("server");
+  std::vector<std::string> flags = options_.server_flags;
+  flags.push_back(absl::StrCat("--data_dir=", file_.dir(), "/state/", id));
+  return Spawn("server", id, std::move(flags));
 }
 
 absl::StatusOr<v1::LocalProcess> LocalCluster::AddWorker(std::vector<std::string> extra_flags) {

@@ -1,5 +1,7 @@
 #include "common/kv_store.h"
 
+#include <filesystem>
+
 #include <mutex>
 
 #include <rocksdb/db.h>
@@ -69,6 +71,11 @@ class MemoryStore final : public KvStore {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KvStore>> OpenRocksDbStore(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::UnavailableError(absl::StrCat("cannot create the state folder ", dir, ": ", error.message()));
+  }
   rocksdb::Options options;
   options.create_if_missing = true;
   rocksdb::DB* db = nullptr;

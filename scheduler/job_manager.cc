@@ -5,7 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "scheduler/job_manager_internal.h"
@@ -41,7 +43,10 @@ JobManager::JobManager(SchedulerOptions options, ServerControl* servers, Clock c
 
 JobManager::~JobManager() { Stop(); }
 
-void JobManager::Start() { thread_ = std::thread([this] { Loop(); }); }
+void JobManager::Start() {
+  thread_ = std::thread([this] { Loop(); });
+  checkpoint_thread_ = std::thread([this] { CheckpointLoop(); });
+}
 
 void JobManager::Stop() {
   {
@@ -49,6 +54,7 @@ void JobManager::Stop() {
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
+  if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
 }
 
 void JobManager::Loop() {
@@ -78,8 +84,8 @@ void JobManager::Touch(Job* job) {
 // JobService
 // ---------------------------------------------------------------------------
 
-absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec) {
-  auto result = DoSubmit(std::move(spec));
+absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::string& resume_from) {
+  auto result = DoSubmit(std::move(spec), resume_from);
   Flush();
   return result;
 }
@@ -98,11 +104,31 @@ absl::Status JobManager::Report(const v1::WorkReport& report) {
   return result;
 }
 
-absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec) {
+absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::string& resume_from) {
   ApplyJobSpecDefaults(&spec);
   if (spec.replicas() == 0) spec.set_replicas(options_.default_replicas);
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   absl::MutexLock lock(&mu_);
+  const v1::CheckpointManifest* resume = nullptr;
+  if (!resume_from.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(resume_from, absl::MaxSplits('/', 1));
+    int64_t checkpoint_id = 0;
+    if (parts.size() == 2 && (!absl::SimpleAtoi(parts[1], &checkpoint_id) || checkpoint_id <= 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("resumeFrom: \"", resume_from,
+                                                     "\" must be JOB or JOB/CHECKPOINT (a positive number)"));
+    }
+    Job* source = FindJob(parts[0]);
+    if (source == nullptr) return absl::NotFoundError(absl::StrCat("resumeFrom: no job with id \"", parts[0], "\""));
+    for (auto it = source->manifests.rbegin(); it != source->manifests.rend() && resume == nullptr; ++it) {
+      if (checkpoint_id != 0 && it->first != checkpoint_id) continue;
+      if (it->second.info().state() == v1::CheckpointInfo::COMPLETE) resume = &it->second;
+    }
+    if (resume == nullptr) {
+      return absl::FailedPreconditionError(
+          checkpoint_id == 0 ? absl::StrCat("resumeFrom: job ", parts[0], " has no complete checkpoint")
+                             : absl::StrCat("resumeFrom: job ", parts[0], " has no complete checkpoint ", checkpoint_id));
+    }
+  }
   auto job = std::make_unique<Job>();
   std::string id = absl::StrFormat("job-%04d", next_job_++);
   job->status.set_job_id(id);
@@ -114,6 +140,10 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec) {
   job->status.mutable_progress()->set_test_accuracy(-1);
   job->num_partitions = job->status.spec().max_workers();
   job->partition_steps.assign(job->num_partitions, 0);
+  if (resume != nullptr) {
+    PlanRestore(job.get(), *resume);
+    job->status.set_resumed_from(absl::StrCat(resume->job_id(), "/", resume->info().id()));
+  }
   v1::JobStatus status = job->status;
   jobs_[id] = std::move(job);
   pending_.push_back(id);
@@ -317,6 +347,7 @@ void JobManager::Tick() {
     if (options_.grow_shards) GrowShards();
     DrainServers();
     ReplenishReplicas();
+    ScheduleCheckpoints();
     actions.swap(actions_);
   }
   for (Action& action : actions) action();

@@ -47,6 +47,13 @@ class ServerControl {
   // Gives a server the shard map after a failover.
   virtual absl::Status Reconfigure(const std::string& address, const std::string& job_id,
                                    const v1::ShardMap& map) = 0;
+  // Checkpoints: cut (and write) the server's chunks of a job; returns once
+  // durable. See fulcrum.v1.CheckpointRequest.
+  virtual absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,
+                                                            const v1::CheckpointRequest& request) = 0;
+  // checkpoint_id 0: every checkpoint of the job.
+  virtual absl::Status DeleteCheckpoint(const std::string& address, const std::string& job_id,
+                                        int64_t checkpoint_id) = 0;
 };
 
 struct SchedulerOptions {
@@ -81,7 +88,9 @@ class JobManager {
 
   // --- JobService ---
   // INVALID_ARGUMENT naming the field for a bad spec.
-  absl::StatusOr<v1::JobStatus> Submit(v1::JobSpec spec);
+  // `resume_from`: "" or "JOB[/CHECKPOINT]" (see SubmitJobRequest).
+  // NOT_FOUND / FAILED_PRECONDITION when that checkpoint is unknown or unusable.
+  absl::StatusOr<v1::JobStatus> Submit(v1::JobSpec spec, const std::string& resume_from = "");
   // NOT_FOUND for an unknown id.
   absl::StatusOr<v1::JobStatus> Get(const std::string& job_id) const;
   std::vector<v1::JobStatus> List() const;
@@ -91,6 +100,15 @@ class JobManager {
   // passes), then returns the status and updates *version.
   absl::StatusOr<v1::JobStatus> WaitForChange(const std::string& job_id, int64_t* version,
                                               absl::Duration timeout) const;
+
+  // Takes a checkpoint of a training job now and waits (up to `timeout`)
+  // until it is complete or failed. FAILED_PRECONDITION if the job is not
+  // training. Needs Start() (the checkpoint thread) or RunQueuedCheckpoints().
+  absl::StatusOr<v1::CheckpointInfo> CheckpointNow(const std::string& job_id, absl::Duration timeout);
+  // A committed checkpoint's manifest; id 0: the latest complete one.
+  absl::StatusOr<v1::CheckpointManifest> GetCheckpoint(const std::string& job_id, int64_t checkpoint_id) const;
+  // Runs the checkpoints queued so far on the calling thread (tests).
+  void RunQueuedCheckpoints();
 
   // --- ClusterService ---
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
@@ -112,7 +130,7 @@ class JobManager {
   using Action = std::function<void()>;
 
   static bool IsTerminal(v1::JobState state);
-  absl::StatusOr<v1::JobStatus> DoSubmit(v1::JobSpec spec);
+  absl::StatusOr<v1::JobStatus> DoSubmit(v1::JobSpec spec, const std::string& resume_from);
   absl::StatusOr<v1::JobStatus> DoCancel(const std::string& job_id);
   absl::Status DoReport(const v1::WorkReport& report);
   // Membership of running jobs (job_manager_membership.cc).
@@ -171,6 +189,33 @@ class JobManager {
   void Flush() ABSL_LOCKS_EXCLUDED(mu_);
   static v1::JobRecord RecordOf(const Job& job);
   void CheckRecovery() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checkpoints (job_manager_checkpoint.cc).
+  struct CheckpointTask {
+    std::string job_id;
+    int64_t id = 0;
+  };
+  // Starts the checkpoints that are due (everySteps / everySeconds).
+  void ScheduleCheckpoints() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t QueueCheckpoint(Job* job, const std::string& trigger) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckpointLoop();
+  // Cuts, writes and commits one checkpoint (no lock held across the calls).
+  void TakeCheckpoint(const CheckpointTask& task) ABSL_LOCKS_EXCLUDED(mu_);
+  void FinishCheckpoint(const CheckpointTask& task, absl::Status status, v1::CheckpointManifest manifest,
+                        absl::Time started, const std::map<std::string, std::string>& servers)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  v1::CheckpointInfo* FindCheckpointInfo(Job* job, int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restarts a job whose parameters are lost from its latest complete
+  // checkpoint: back to pending, every worker re-added, a new placement set
+  // up from the checkpoint. False when it has none.
+  bool RestoreFromCheckpoint(Job* job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the job's next setup start from `manifest`.
+  void PlanRestore(Job* job, const v1::CheckpointManifest& manifest) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED_PRECONDITION when the checkpoint's tensors and chunks differ from the job's plan.
+  static absl::Status CheckRestoreFits(const v1::ShardMap& plan, const v1::RestoreSource& restore,
+                                       const v1::CheckpointManifest& manifest);
+  // A restore's setup failed on a chunk: the checkpoint is marked corrupt and
+  // the previous one is tried. False when none is left.
+  bool RestoreFailed(Job* job, const absl::Status& failure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SchedulerOptions options_;
   ServerControl* const servers_;
@@ -186,6 +231,8 @@ class JobManager {
   int64_t next_member_[3] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
+  std::thread checkpoint_thread_;
+  std::deque<CheckpointTask> checkpoint_queue_ ABSL_GUARDED_BY(mu_);
 
   KvStore* const store_;
   std::set<std::string> dirty_ ABSL_GUARDED_BY(mu_);  // jobs to write to the store

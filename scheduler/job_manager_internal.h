@@ -5,6 +5,7 @@
 #define FULCRUM_SCHEDULER_JOB_MANAGER_INTERNAL_H_
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -56,6 +57,15 @@ struct JobManager::Job {
   int64_t total_steps = 0;
   absl::Time last_history_point;
   std::string replenishing;  // the server being added to a short replica group, if any
+  // Checkpoints: committed manifests by id (COMPLETE or CORRUPT), the next
+  // id, whether one is in flight and when/where the last one was started.
+  std::map<int64_t, v1::CheckpointManifest> manifests;
+  int64_t next_checkpoint_id = 1;
+  bool checkpointing = false;
+  absl::Time last_checkpoint_time;
+  int64_t last_checkpoint_step = 0;
+  // Set while the job's next setup starts from a checkpoint.
+  std::optional<v1::RestoreSource> restore;
 };
 
 }  // namespace fulcrum

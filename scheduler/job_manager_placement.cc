@@ -75,6 +75,21 @@ void JobManager::StartSetups() {
       EndJob(job.get(), v1::FAILED, std::string(status.message()));
       continue;
     }
+    if (job->restore.has_value()) {
+      Job* source = FindJob(job->restore->job_id());
+      const v1::CheckpointManifest* manifest = nullptr;
+      if (source != nullptr) {
+        auto it = source->manifests.find(job->restore->checkpoint_id());
+        if (it != source->manifests.end()) manifest = &it->second;
+      }
+      status = manifest == nullptr ? absl::NotFoundError(absl::StrCat("checkpoint ", job->restore->checkpoint_id(),
+                                                                      " of job ", job->restore->job_id(), " is gone"))
+                                   : CheckRestoreFits(job->shard_map, *job->restore, *manifest);
+      if (!status.ok()) {
+        EndJob(job.get(), v1::FAILED, std::string(status.message()));
+        continue;
+      }
+    }
     // Every replica of a shard gets its chunks (and the whole map, for roles).
     ModelLayout layout = LayoutFor(job->status.spec(), job->data_info.features(), job->data_info.classes());
     std::map<std::string, v1::SetupJobRequest> requests;
@@ -84,7 +99,10 @@ void JobManager::StartSetups() {
       for (int b = 0; b < shard.backup_ids_size(); ++b) replicas.emplace_back(shard.backup_ids(b), shard.backup_addresses(b));
       for (const auto& [server_id, address] : replicas) {
         auto [it, fresh] = requests.try_emplace(address);
-        if (fresh) it->second = SetupRequestFor(*job, server_id);
+        if (fresh) {
+          it->second = SetupRequestFor(*job, server_id);
+          if (job->restore.has_value()) *it->second.mutable_restore() = *job->restore;
+        }
         AddChunkSetup(chunk, layout, &it->second);
       }
     }
@@ -114,8 +132,9 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
   ModelLayout layout = LayoutFor(spec, data.features(), data.classes());
   std::vector<int64_t> sizes;
   v1::ShardMap& map = job->shard_map;
+  const int64_t previous_version = map.version();  // > 0 when set up again (a restore)
   map.Clear();
-  map.set_version(1);
+  map.set_version(previous_version + 1);
   map.set_chunk_elems(options_.chunk_elems);
   int64_t parameters = 0;
   for (const auto& tensor : layout.tensors) {
@@ -337,7 +356,8 @@ void JobManager::FinishReplenish(const std::string& job_id, const std::string& s
 
 void JobManager::FailOver(Job* job, const std::string& server_id, const std::string& why) {
   // (No DropJob to it: a stopped server would hold the scheduler's tick for
-  // the call's deadline. A fenced server keeps a stale copy until it restarts.)
+  // the call's deadline. It is told to drop its stale copy when it registers
+  // again; see DropStaleCopies.)
   if (job->server_addresses.erase(server_id) == 0) return;
   if (job->phase == Job::Phase::kLoading || job->phase == Job::Phase::kPending) return;  // no shards yet
   v1::ShardMap& map = job->shard_map;
@@ -354,8 +374,10 @@ void JobManager::FailOver(Job* job, const std::string& server_id, const std::str
     }
     if (shard.server_id() == server_id) {
       if (shard.backup_ids_size() == 0) {
-        EndJob(job, v1::FAILED, absl::StrCat(why, "; it held the only replica of shard ", shard.shard(),
-                                             " (set replicas >= 2 to survive this)"));
+        std::string lost = absl::StrCat(why, "; it held the only replica of shard ", shard.shard());
+        if (!RestoreFromCheckpoint(job, lost)) {
+          EndJob(job, v1::FAILED, absl::StrCat(lost, " (set replicas >= 2, or checkpoints, to survive this)"));
+        }
         return;
       }
       shard.set_server_id(shard.backup_ids(0));
@@ -399,13 +421,19 @@ void JobManager::RunSetup(const std::string& job_id, std::map<std::string, v1::S
   Job* job = FindJob(job_id);
   if (job == nullptr || job->phase != Job::Phase::kSettingUp) return;  // ended meanwhile
   if (!failure.ok()) {
-    EndJob(job, v1::FAILED, std::string(failure.message()));
+    if (!RestoreFailed(job, failure)) EndJob(job, v1::FAILED, std::string(failure.message()));
     return;
+  }
+  const bool restored = job->restore.has_value();
+  if (restored) {
+    AddEvent(job, absl::StrCat("restored from checkpoint ", job->restore->checkpoint_id(), " of job ",
+                               job->restore->job_id(), " at step ", job->status.progress().step()));
+    job->restore.reset();
   }
   job->phase = Job::Phase::kTraining;
   job->status.set_reason("training");
   SyncShardStatus(job);
-  if (job->shard_map.version() > 1) {  // a server failed during the setup: give the others the new map
+  if (job->shard_map.version() > 1 && !restored) {  // a server failed during the setup: give the others the new map
     for (const auto& [id, address] : job->server_addresses) {
       actions_.push_back([this, address = address, job_id, map = job->shard_map] {
         IgnoreError(servers_->Reconfigure(address, job_id, map));

@@ -13,6 +13,7 @@ namespace {
 
 constexpr char kJobPrefix[] = "job/";
 constexpr char kMetaKey[] = "meta";
+constexpr char kManifestPrefix[] = "ckpt/";  // as in job_manager_checkpoint.cc
 
 }  // namespace
 
@@ -39,6 +40,12 @@ v1::JobRecord JobManager::RecordOf(const Job& job) {
   record.set_steps_per_epoch(job.steps_per_epoch);
   record.set_total_steps(job.total_steps);
   record.set_started_unix_ms(absl::ToUnixMillis(job.started));
+  record.set_next_checkpoint_id(job.next_checkpoint_id);
+  record.set_last_checkpoint_step(job.last_checkpoint_step);
+  if (job.restore.has_value()) {
+    record.set_restoring(true);
+    *record.mutable_restore() = *job.restore;
+  }
   return record;
 }
 
@@ -76,6 +83,7 @@ absl::Status JobManager::Recover() {
   if (store_ == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(auto meta_entries, store_->Scan(kMetaKey));
   ASSIGN_OR_RETURN(auto job_entries, store_->Scan(kJobPrefix));
+  ASSIGN_OR_RETURN(auto manifest_entries, store_->Scan(kManifestPrefix));
   absl::MutexLock lock(&mu_);
   for (const auto& [key, value] : meta_entries) {
     if (key != kMetaKey) continue;
@@ -114,12 +122,33 @@ absl::Status JobManager::Recover() {
     job->steps_per_epoch = record.steps_per_epoch();
     job->total_steps = record.total_steps();
     job->started = absl::FromUnixMillis(record.started_unix_ms());
+    job->next_checkpoint_id = std::max<int64_t>(1, record.next_checkpoint_id());
+    job->last_checkpoint_step = record.last_checkpoint_step();
+    if (record.restoring()) job->restore = record.restore();
+    // A checkpoint being written when the scheduler stopped was never
+    // committed: it is not used.
+    for (v1::CheckpointInfo& info : *job->status.mutable_checkpoints()) {
+      if (info.state() != v1::CheckpointInfo::WRITING) continue;
+      info.set_state(v1::CheckpointInfo::FAILED);
+      info.set_reason("the scheduler restarted while it was being written");
+    }
     // A setup interrupted by the restart is redone from the loading phase.
     if (job->phase == Job::Phase::kSettingUp) job->phase = Job::Phase::kLoading;
     if (job->phase == Job::Phase::kPending) pending_.push_back(job->status.job_id());
     if (job->phase != Job::Phase::kEnded && job->phase != Job::Phase::kPending) ++active;
     written_[job->status.job_id()] = job->version;
     jobs_[job->status.job_id()] = std::move(job);
+  }
+  for (const auto& [key, value] : manifest_entries) {
+    v1::CheckpointManifest manifest;
+    if (!manifest.ParseFromString(value)) {
+      FLOG(ERROR) << "scheduler state: corrupt checkpoint manifest " << key << "; ignored";
+      continue;
+    }
+    Job* job = FindJob(manifest.job_id());
+    if (job == nullptr) continue;
+    job->manifests[manifest.info().id()] = manifest;
+    job->next_checkpoint_id = std::max(job->next_checkpoint_id, manifest.info().id() + 1);
   }
   // Pending jobs in submit order (ids are zero-padded counters).
   std::sort(pending_.begin(), pending_.end());

@@ -55,6 +55,14 @@ class FakeServers : public ServerControl {
     reconfigures_.push_back(map);
     return absl::OkStatus();
   }
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,
+                                                    const v1::CheckpointRequest& request) override {
+    return absl::UnimplementedError("no checkpoints in this fake");
+  }
+  absl::Status DeleteCheckpoint(const std::string& address, const std::string& job_id,
+                                int64_t checkpoint_id) override {
+    return absl::OkStatus();
+  }
   std::vector<v1::ShardMap> reconfigures() const {
     absl::MutexLock lock(&mu_);
     return reconfigures_;

@@ -161,6 +161,10 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   if (spec->num_workers() == 0) spec->set_num_workers(1);
   if (spec->max_workers() == 0) spec->set_max_workers(spec->num_workers());
   if (spec->min_workers() == 0) spec->set_min_workers(1);
+  if (spec->checkpoint().keep_last() == 0 &&
+      (spec->checkpoint().every_steps() > 0 || spec->checkpoint().every_seconds() > 0)) {
+    spec->mutable_checkpoint()->set_keep_last(3);
+  }
   if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(v1::BSP);
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP32);
   if (spec->model().kind() == v1::ModelSpec::MLP &&
@@ -198,6 +202,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckRange("minWorkers", spec.min_workers(), 1, spec.num_workers()));
   RETURN_IF_ERROR(CheckRange("numShards", spec.num_shards(), 0, 1024));
   RETURN_IF_ERROR(CheckRange("replicas", spec.replicas(), 0, 8));
+  RETURN_IF_ERROR(CheckRange<int64_t>("checkpoint.everySteps", spec.checkpoint().every_steps(), 0, int64_t{1} << 40));
+  RETURN_IF_ERROR(CheckRange<int64_t>("checkpoint.everySeconds", spec.checkpoint().every_seconds(), 0, int64_t{86400} * 365));
+  RETURN_IF_ERROR(CheckRange("checkpoint.keepLast", spec.checkpoint().keep_last(), 0, 1000));
   return absl::OkStatus();
 }
 

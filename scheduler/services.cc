@@ -1,5 +1,8 @@
 #include "scheduler/services.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/rpc.h"
@@ -23,7 +26,7 @@ grpc::Status JobServiceImpl::Finish(const char* method, const absl::Status& stat
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
-  auto status = manager_->Submit(request->spec());
+  auto status = manager_->Submit(request->spec(), request->resume_from());
   if (!status.ok()) return Finish("SubmitJob", status.status());
   response->set_job_id(status->job_id());
   *response->mutable_status() = std::move(*status);
@@ -63,6 +66,25 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::Wa
     if (state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED) break;
   }
   return Finish("WatchJob", absl::OkStatus());
+}
+
+grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* context, const v1::CheckpointJobRequest* request,
+                                           v1::CheckpointInfo* response) {
+  // Waits for the checkpoint, within the client's deadline (10 minutes at most).
+  absl::Duration timeout = absl::Minutes(10);
+  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+    timeout = std::min(timeout, absl::FromChrono(context->deadline()) - absl::Now());
+  }
+  auto info = manager_->CheckpointNow(request->job_id(), timeout);
+  if (info.ok()) *response = std::move(*info);
+  return Finish("CheckpointJob", info.status());
+}
+
+grpc::Status JobServiceImpl::GetCheckpoint(grpc::ServerContext*, const v1::GetCheckpointRequest* request,
+                                           v1::CheckpointManifest* response) {
+  auto manifest = manager_->GetCheckpoint(request->job_id(), request->checkpoint_id());
+  if (manifest.ok()) *response = std::move(*manifest);
+  return Finish("GetCheckpoint", manifest.status());
 }
 
 ClusterServiceImpl::ClusterServiceImpl(JobManager* manager, MetricsEndpoint* metrics)
@@ -145,6 +167,29 @@ absl::Status GrpcServerControl::DropJob(const std::string& address, const std::s
   v1::DropJobResponse response;
   absl::Status status = FromGrpcStatus(Stub(address)->DropJob(&context, request, &response));
   if (!status.ok()) FLOG(WARNING) << "dropping job " << job_id << " on " << address << ": " << status;
+  return status;
+}
+
+absl::StatusOr<v1::CheckpointResponse> GrpcServerControl::Checkpoint(const std::string& address,
+                                                                     const v1::CheckpointRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(&context, request.timeout_ms() / 1000.0 + 30.0);  // the cut's wait, then the write
+  v1::CheckpointResponse response;
+  absl::Status status = FromGrpcStatus(Stub(address)->Checkpoint(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::Status GrpcServerControl::DeleteCheckpoint(const std::string& address, const std::string& job_id,
+                                                 int64_t checkpoint_id) {
+  grpc::ClientContext context;
+  SetDeadline(&context, 10.0);
+  v1::DeleteCheckpointRequest request;
+  request.set_job_id(job_id);
+  request.set_checkpoint_id(checkpoint_id);
+  v1::DeleteCheckpointResponse response;
+  absl::Status status = FromGrpcStatus(Stub(address)->DeleteCheckpoint(&context, request, &response));
+  if (!status.ok()) FLOG(WARNING) << "deleting checkpoint " << checkpoint_id << " of job " << job_id << " on " << address << ": " << status;
   return status;
 }
 

@@ -26,6 +26,9 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*, v1::JobStatus*) override;
   grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest*,
                         grpc::ServerWriter<v1::JobStatus>*) override;
+  grpc::Status CheckpointJob(grpc::ServerContext*, const v1::CheckpointJobRequest*, v1::CheckpointInfo*) override;
+  grpc::Status GetCheckpoint(grpc::ServerContext*, const v1::GetCheckpointRequest*,
+                             v1::CheckpointManifest*) override;
 
  private:
   grpc::Status Finish(const char* method, const absl::Status& status);
@@ -55,6 +58,10 @@ class GrpcServerControl final : public ServerControl {
   absl::Status DropJob(const std::string& address, const std::string& job_id,
                        const std::string& reason, bool keep_parameters) override;
   absl::Status Reconfigure(const std::string& address, const std::string& job_id, const v1::ShardMap& map) override;
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,
+                                                    const v1::CheckpointRequest& request) override;
+  absl::Status DeleteCheckpoint(const std::string& address, const std::string& job_id,
+                                int64_t checkpoint_id) override;
 
  private:
   v1::ParameterService::Stub* Stub(const std::string& address);

@@ -1,0 +1,31 @@
+// `fulcrum export`: a job's parameters (as they are now, or as a committed
+// checkpoint holds them) written as one safetensors file.
+#ifndef FULCRUM_CLIENT_EXPORT_H_
+#define FULCRUM_CLIENT_EXPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/safetensors.h"
+
+namespace fulcrum {
+
+struct ExportResult {
+  std::vector<SafetensorsTensor> tensors;  // in the model's order, named as in the shard map
+  int64_t step = 0;                        // the update count of the exported state
+  int64_t checkpoint_id = 0;               // 0: the live parameters
+};
+
+// Gathers the parameters of `job_id` through the scheduler at `scheduler`:
+// checkpoint_id 0 pulls the live ones (a running BSP job is read at one
+// step), otherwise reads every chunk of that committed checkpoint from a
+// server holding it (checksum verified; the servers' current addresses come
+// from the cluster's member list). RPCs time out after `timeout_seconds`.
+absl::StatusOr<ExportResult> GatherParameters(const std::string& scheduler, const std::string& job_id,
+                                              int64_t checkpoint_id, double timeout_seconds);
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_CLIENT_EXPORT_H_

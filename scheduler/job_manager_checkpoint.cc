@@ -1,0 +1,491 @@
+// JobManager: checkpoints and restores.
+//
+// A checkpoint is one consistent cut of a job's parameters, optimizer state,
+// update counts, dedup watermarks and data positions:
+//  - BSP: a step boundary S. The scheduler asks every server for its chunks'
+//    versions, picks S a little ahead of the highest, and asks every replica
+//    to snapshot each chunk at the moment it reaches version S (in memory,
+//    under the chunk's lock, so training never waits); a chunk already past
+//    S aborts the attempt, which is retried further ahead.
+//  - ASP/SSP: each chunk is snapshotted as it is when the request arrives;
+//    the cut is the per-chunk versions and per-partition step counts, and
+//    each data partition resumes at the lowest step any chunk has of it
+//    (chunks that already hold a later step refuse its replay as a
+//    duplicate, so no update is applied twice).
+// Servers write their snapshots to RocksDB in the background and answer once
+// durable. Only when every server has answered does the scheduler commit the
+// manifest (chunks, versions, checksums, holders) to its own store; an
+// attempt without a committed manifest is never used and its data is deleted.
+#include <algorithm>
+#include <set>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "scheduler/job_manager_internal.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr char kManifestPrefix[] = "ckpt/";
+constexpr int kMaxCheckpointInfos = 100;   // FAILED entries beyond this are forgotten
+constexpr int kMaxAttempts = 5;            // BSP: retries when the job outran the cut
+constexpr int64_t kCaptureTimeoutMs = 60000;
+constexpr int kDefaultKeepLast = 3;
+
+std::string ManifestKey(const std::string& job_id, int64_t id) {
+  return absl::StrFormat("%s%s/%020d", kManifestPrefix, job_id, id);
+}
+
+int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
+
+// Calls Checkpoint on every server at once (each call blocks until its cut
+// is durable; all must be armed before the job passes the cut).
+absl::Status CheckpointAll(ServerControl* servers, const std::map<std::string, std::string>& addresses,
+                           const v1::CheckpointRequest& request,
+                           std::map<std::string, v1::CheckpointResponse>* responses) {
+  std::vector<std::string> ids;
+  for (const auto& [id, address] : addresses) ids.push_back(id);
+  std::vector<absl::StatusOr<v1::CheckpointResponse>> results(ids.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = servers->Checkpoint(addresses.at(ids[i]), request); });
+  }
+  for (std::thread& t : threads) t.join();
+  absl::Status first;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (results[i].ok()) {
+      (*responses)[ids[i]] = *std::move(results[i]);
+    } else if (first.ok() || absl::IsAborted(results[i].status())) {
+      // ABORTED wins: it is the retryable one (the job outran the cut).
+      first = absl::Status(results[i].status().code(),
+                           absl::StrCat("server ", ids[i], ": ", results[i].status().message()));
+    }
+  }
+  return first;
+}
+
+void DeleteEverywhere(ServerControl* servers, const std::map<std::string, std::string>& addresses,
+                      const std::string& job_id, int64_t id) {
+  for (const auto& [server, address] : addresses) IgnoreError(servers->DeleteCheckpoint(address, job_id, id));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Taking checkpoints
+// ---------------------------------------------------------------------------
+
+v1::CheckpointInfo* JobManager::FindCheckpointInfo(Job* job, int64_t id) {
+  for (v1::CheckpointInfo& info : *job->status.mutable_checkpoints()) {
+    if (info.id() == id) return &info;
+  }
+  return nullptr;
+}
+
+int64_t JobManager::QueueCheckpoint(Job* job, const std::string& trigger) {
+  const int64_t id = job->next_checkpoint_id++;
+  job->checkpointing = true;
+  job->last_checkpoint_time = clock_();
+  job->last_checkpoint_step = job->status.progress().step();
+  v1::CheckpointInfo* info = job->status.add_checkpoints();
+  info->set_id(id);
+  info->set_step(job->status.progress().step());
+  info->set_time_unix_ms(UnixMillis(clock_()));
+  info->set_state(v1::CheckpointInfo::WRITING);
+  info->set_trigger(trigger);
+  checkpoint_queue_.push_back({job->status.job_id(), id});
+  Touch(job);
+  return id;
+}
+
+void JobManager::ScheduleCheckpoints() {
+  for (auto& [job_id, job] : jobs_) {
+    const v1::CheckpointSpec& policy = job->status.spec().checkpoint();
+    if (job->phase != Job::Phase::kTraining || job->checkpointing || Paused(*job)) continue;
+    if (policy.every_steps() > 0 && job->status.progress().step() - job->last_checkpoint_step >= policy.every_steps()) {
+      QueueCheckpoint(job.get(), "every_steps");
+    } else if (policy.every_seconds() > 0 &&
+               clock_() - job->last_checkpoint_time >= absl::Seconds(policy.every_seconds())) {
+      QueueCheckpoint(job.get(), "every_seconds");
+    }
+  }
+}
+
+void JobManager::CheckpointLoop() {
+  while (true) {
+    CheckpointTask task;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !checkpoint_queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      task = checkpoint_queue_.front();
+      checkpoint_queue_.pop_front();
+    }
+    TakeCheckpoint(task);
+  }
+}
+
+void JobManager::RunQueuedCheckpoints() {
+  while (true) {
+    CheckpointTask task;
+    {
+      absl::MutexLock lock(&mu_);
+      if (checkpoint_queue_.empty()) return;
+      task = checkpoint_queue_.front();
+      checkpoint_queue_.pop_front();
+    }
+    TakeCheckpoint(task);
+  }
+}
+
+absl::StatusOr<v1::CheckpointInfo> JobManager::CheckpointNow(const std::string& job_id, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id \"", job_id, "\""));
+  auto training = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return job->phase == Job::Phase::kTraining;
+  };
+  if (!training()) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is not training (",
+                                                      v1::JobState_Name(job->status.state()), ", ",
+                                                      job->status.reason(), "): there is nothing to checkpoint"));
+  }
+  // One at a time per job: wait for the one in flight, then take a new one.
+  while (job->checkpointing && training()) {
+    if (changed_.WaitWithDeadline(&mu_, deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat("job ", job_id, ": a checkpoint is still being written"));
+    }
+  }
+  if (!training()) return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " stopped training"));
+  const int64_t id = QueueCheckpoint(job, "manual");
+  while (true) {
+    v1::CheckpointInfo* info = FindCheckpointInfo(job, id);
+    if (info == nullptr) return absl::InternalError("checkpoint record vanished");
+    if (info->state() != v1::CheckpointInfo::WRITING) return *info;
+    if (changed_.WaitWithDeadline(&mu_, deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat("checkpoint ", id, " of job ", job_id,
+                                                      " is still being written; see `fulcrum get ", job_id, "`"));
+    }
+  }
+}
+
+void JobManager::TakeCheckpoint(const CheckpointTask& task) {
+  const absl::Time started = absl::Now();
+  std::map<std::string, std::string> servers;  // every replica of every shard
+  v1::CheckpointManifest manifest;
+  bool synchronous = false;
+  int64_t total_steps = 0;
+  bool training = false;
+  {
+    absl::MutexLock lock(&mu_);
+    Job* job = FindJob(task.job_id);
+    if (job == nullptr) return;
+    training = job->phase == Job::Phase::kTraining;
+    // Every replica of every shard that holds chunks (an empty shard's
+    // server has nothing of the job).
+    std::set<int32_t> holding;
+    for (const v1::ChunkLocation& chunk : job->shard_map.chunks()) holding.insert(chunk.shard());
+    for (const v1::ShardLocation& shard : job->shard_map.shards()) {
+      if (holding.count(shard.shard()) == 0) continue;
+      servers[shard.server_id()] = shard.address();
+      for (int b = 0; b < shard.backup_ids_size(); ++b) servers[shard.backup_ids(b)] = shard.backup_addresses(b);
+    }
+    synchronous = job->status.spec().mode() == v1::BSP || job->status.spec().mode() == v1::MODE_UNSPECIFIED;
+    total_steps = job->total_steps;
+    manifest.set_job_id(task.job_id);
+    *manifest.mutable_shard_map() = job->shard_map;
+    manifest.mutable_server_addresses()->insert(servers.begin(), servers.end());
+    manifest.set_num_partitions(job->num_partitions);
+    manifest.set_global_batch(int64_t{job->status.spec().data().batch_size()} * job->num_partitions);
+    *manifest.mutable_progress() = job->status.progress();
+    *manifest.mutable_spec() = job->status.spec();
+    if (const v1::CheckpointInfo* info = FindCheckpointInfo(job, task.id)) *manifest.mutable_info() = *info;
+  }
+  if (!training) {
+    return FinishCheckpoint(task, absl::FailedPreconditionError("the job stopped training"), {}, started, {});
+  }
+  v1::CheckpointRequest request;
+  request.set_job_id(task.job_id);
+  request.set_checkpoint_id(task.id);
+  request.set_timeout_ms(kCaptureTimeoutMs);
+  std::map<std::string, v1::CheckpointResponse> responses;
+  absl::Status status;
+  int64_t cut = 0;
+  if (!synchronous) {
+    status = CheckpointAll(servers_, servers, request, &responses);
+  } else {
+    for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+      v1::CheckpointRequest probe = request;
+      probe.set_at_version(-1);
+      std::map<std::string, v1::CheckpointResponse> versions;
+      status = CheckpointAll(servers_, servers, probe, &versions);
+      if (!status.ok()) break;
+      int64_t highest = 0;
+      for (const auto& [id, response] : versions) highest = std::max(highest, response.max_version());
+      cut = highest + 2 + 8 * attempt;  // further ahead after each miss
+      if (cut >= total_steps) {
+        status = absl::FailedPreconditionError(absl::StrCat(
+            "the job is within ", total_steps - highest, " steps of its end (its final parameters are kept anyway)"));
+        break;
+      }
+      request.set_at_version(cut);
+      responses.clear();
+      status = CheckpointAll(servers_, servers, request, &responses);
+      if (!absl::IsAborted(status)) break;
+      FLOG(INFO) << "job " << task.job_id << ": checkpoint " << task.id << " missed step " << cut << "; retrying";
+      DeleteEverywhere(servers_, servers, task.job_id, task.id);
+    }
+  }
+  if (status.ok()) {
+    // The primary's copy of each chunk is the checkpoint's; replicas with the
+    // same checksum are further sources for it.
+    std::map<int32_t, std::string> primary_of;
+    for (const v1::ShardLocation& shard : manifest.shard_map().shards()) {
+      for (const v1::ChunkLocation& chunk : manifest.shard_map().chunks()) {
+        if (chunk.shard() == shard.shard()) primary_of[chunk.chunk_id()] = shard.server_id();
+      }
+    }
+    std::map<std::string, std::map<int32_t, const v1::CheckpointChunk*>> by_server;
+    int64_t bytes = 0;
+    for (const auto& [id, response] : responses) {
+      for (const v1::CheckpointChunk& chunk : response.chunks()) {
+        by_server[id][chunk.chunk_id()] = &chunk;
+        bytes += chunk.bytes();
+      }
+    }
+    std::vector<int64_t> positions(manifest.num_partitions(), synchronous ? cut : INT64_MAX);
+    for (const v1::ChunkLocation& location : manifest.shard_map().chunks()) {
+      const std::string& primary = primary_of[location.chunk_id()];
+      auto found = by_server[primary].find(location.chunk_id());
+      if (found == by_server[primary].end()) {
+        status = absl::InternalError(absl::StrCat("chunk ", location.chunk_id(), " is missing from its primary ",
+                                                  primary, "'s checkpoint"));
+        break;
+      }
+      v1::CheckpointChunk* chunk = manifest.add_chunks();
+      *chunk = *found->second;
+      chunk->clear_server_ids();
+      chunk->add_server_ids(primary);
+      for (const auto& [server, chunks] : by_server) {
+        auto other = chunks.find(location.chunk_id());
+        if (server != primary && other != chunks.end() && other->second->checksum() == chunk->checksum()) {
+          chunk->add_server_ids(server);
+        }
+      }
+      for (int p = 0; !synchronous && p < chunk->partition_steps_size() && p < manifest.num_partitions(); ++p) {
+        positions[p] = std::min(positions[p], chunk->partition_steps(p));
+      }
+    }
+    for (int64_t& p : positions) p = p == INT64_MAX ? 0 : p;
+    manifest.mutable_partition_steps()->Assign(positions.begin(), positions.end());
+    int64_t step = synchronous ? cut : (positions.empty() ? 0 : *std::min_element(positions.begin(), positions.end()));
+    manifest.mutable_info()->set_step(step);
+    manifest.mutable_info()->set_bytes(bytes);
+  }
+  if (status.ok()) {
+    manifest.mutable_info()->set_state(v1::CheckpointInfo::COMPLETE);
+    manifest.mutable_info()->set_duration_seconds(absl::ToDoubleSeconds(absl::Now() - started));
+    // The commit point: the manifest in the scheduler's own store.
+    if (store_ != nullptr) {
+      absl::Status committed = store_->Put(ManifestKey(task.job_id, task.id), manifest.SerializeAsString());
+      if (!committed.ok()) status = absl::Status(committed.code(), absl::StrCat("committing the manifest: ", committed.message()));
+    }
+  }
+  FinishCheckpoint(task, status, std::move(manifest), started, servers);
+}
+
+void JobManager::FinishCheckpoint(const CheckpointTask& task, absl::Status status, v1::CheckpointManifest manifest,
+                                  absl::Time started, const std::map<std::string, std::string>& servers) {
+  std::vector<std::pair<int64_t, std::map<std::string, std::string>>> expired;  // checkpoints to delete
+  {
+    absl::MutexLock lock(&mu_);
+    Job* job = FindJob(task.job_id);
+    if (job == nullptr) return;
+    job->checkpointing = false;
+    v1::CheckpointInfo* info = FindCheckpointInfo(job, task.id);
+    if (info == nullptr) info = job->status.add_checkpoints();
+    if (!status.ok()) {
+      info->set_state(v1::CheckpointInfo::FAILED);
+      info->set_reason(std::string(status.message()));
+      info->set_duration_seconds(absl::ToDoubleSeconds(absl::Now() - started));
+      FLOG(WARNING) << "job " << task.job_id << ": checkpoint " << task.id << " failed: " << status.message();
+    } else {
+      *info = manifest.info();
+      job->last_checkpoint_step = manifest.info().step();
+      job->manifests[task.id] = manifest;
+      FLOG(INFO) << "job " << task.job_id << ": checkpoint " << task.id << " complete at step " << info->step()
+                 << " (" << info->bytes() << " bytes, " << info->duration_seconds() << " s)";
+      // Retention: the newest keep_last complete ones stay; older ones go.
+      int keep = job->status.spec().checkpoint().keep_last();
+      if (keep <= 0) keep = kDefaultKeepLast;
+      std::vector<int64_t> complete;
+      for (const auto& [id, m] : job->manifests) {
+        if (m.info().state() == v1::CheckpointInfo::COMPLETE) complete.push_back(id);
+      }
+      for (size_t i = 0; i + keep < complete.size(); ++i) {
+        const v1::CheckpointManifest& old = job->manifests[complete[i]];
+        std::map<std::string, std::string> holders(old.server_addresses().begin(), old.server_addresses().end());
+        expired.emplace_back(complete[i], std::move(holders));
+        job->manifests.erase(complete[i]);
+      }
+    }
+    // The status keeps the kept checkpoints and the latest failures.
+    auto* infos = job->status.mutable_checkpoints();
+    for (int i = infos->size() - 1; i >= 0; --i) {
+      const v1::CheckpointInfo& c = infos->Get(i);
+      bool gone = c.state() == v1::CheckpointInfo::COMPLETE && job->manifests.count(c.id()) == 0;
+      bool old_failure = c.state() == v1::CheckpointInfo::FAILED && infos->size() > kMaxCheckpointInfos;
+      if (gone || old_failure) infos->DeleteSubrange(i, 1);
+    }
+    Touch(job);
+  }
+  Flush();
+  if (!status.ok()) DeleteEverywhere(servers_, servers, task.job_id, task.id);
+  for (const auto& [id, holders] : expired) {
+    if (store_ != nullptr) IgnoreError(store_->Delete(ManifestKey(task.job_id, id)));
+    DeleteEverywhere(servers_, holders, task.job_id, id);
+  }
+}
+
+absl::StatusOr<v1::CheckpointManifest> JobManager::GetCheckpoint(const std::string& job_id,
+                                                                 int64_t checkpoint_id) const {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id \"", job_id, "\""));
+  if (checkpoint_id == 0) {
+    for (auto it = job->manifests.rbegin(); it != job->manifests.rend(); ++it) {
+      if (it->second.info().state() == v1::CheckpointInfo::COMPLETE) return it->second;
+    }
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no complete checkpoint"));
+  }
+  auto it = job->manifests.find(checkpoint_id);
+  if (it == job->manifests.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no committed checkpoint ", checkpoint_id));
+  }
+  return it->second;
+}
+
+// ---------------------------------------------------------------------------
+// Restoring
+// ---------------------------------------------------------------------------
+
+void JobManager::PlanRestore(Job* job, const v1::CheckpointManifest& manifest) {
+  v1::RestoreSource restore;
+  restore.set_job_id(manifest.job_id());
+  restore.set_checkpoint_id(manifest.info().id());
+  *restore.mutable_chunks() = manifest.chunks();
+  // The holders' current addresses where they are live (a server that came
+  // back on another port), else the addresses recorded at the cut.
+  for (const auto& [id, address] : manifest.server_addresses()) {
+    auto member = members_.find(id);
+    (*restore.mutable_server_addresses())[id] = member != members_.end() ? member->second->address : address;
+  }
+  const int64_t global_batch = int64_t{job->status.spec().data().batch_size()} * job->num_partitions;
+  int64_t step = manifest.info().step();
+  std::vector<int64_t> positions(manifest.partition_steps().begin(), manifest.partition_steps().end());
+  if (manifest.num_partitions() != job->num_partitions || manifest.global_batch() != global_batch) {
+    // Another number of workers: the same examples done, in the new job's steps.
+    step = global_batch > 0 ? step * manifest.global_batch() / global_batch : step;
+    restore.set_repartition(true);
+    restore.set_version(step);
+    positions.assign(job->num_partitions, step);
+  }
+  job->partition_steps = positions;
+  job->partition_steps.resize(job->num_partitions, step);
+  job->status.mutable_progress()->set_step(step);
+  job->last_checkpoint_step = step;
+  job->restore = std::move(restore);
+}
+
+bool JobManager::RestoreFromCheckpoint(Job* job, const std::string& why) {
+  const v1::CheckpointManifest* latest = nullptr;
+  for (auto it = job->manifests.rbegin(); it != job->manifests.rend() && latest == nullptr; ++it) {
+    if (it->second.info().state() == v1::CheckpointInfo::COMPLETE) latest = &it->second;
+  }
+  if (latest == nullptr) return false;
+  const std::string& id = job->status.job_id();
+  // Everything that ran on the lost state starts over: servers drop what
+  // they still hold, workers are taken out (they come back under new ranks).
+  for (const auto& [server, address] : job->server_addresses) {
+    if (members_.count(server) == 0) continue;
+    actions_.push_back([this, address = address, id] {
+      IgnoreError(servers_->DropJob(address, id, "the job restarts from a checkpoint", false));
+    });
+  }
+  job->server_addresses.clear();
+  job->replenishing.clear();
+  for (const JobWorker& w : job->workers) {
+    auto member = members_.find(w.id);
+    if (member != members_.end() && member->second->job_id == id) member->second->job_id.clear();
+  }
+  job->workers.clear();
+  job->done_partitions.clear();
+  SyncWorkerStatus(job);
+  PlanRestore(job, *latest);
+  job->phase = Job::Phase::kPending;
+  pending_.push_front(id);
+  job->status.set_reason(absl::StrCat("restoring from checkpoint ", latest->info().id(), " (step ",
+                                      latest->info().step(), "): ", why));
+  AddEvent(job, job->status.reason());
+  return true;
+}
+
+bool JobManager::RestoreFailed(Job* job, const absl::Status& failure) {
+  if (!job->restore.has_value()) return false;
+  const int64_t bad = job->restore->checkpoint_id();
+  auto it = job->manifests.find(bad);
+  if (it == job->manifests.end() || job->restore->job_id() != job->status.job_id()) return false;
+  it->second.mutable_info()->set_state(v1::CheckpointInfo::CORRUPT);
+  it->second.mutable_info()->set_reason(std::string(failure.message()));
+  if (v1::CheckpointInfo* info = FindCheckpointInfo(job, bad)) *info = it->second.info();
+  if (store_ != nullptr) {
+    v1::CheckpointManifest marked = it->second;
+    actions_.push_back([this, key = ManifestKey(job->status.job_id(), bad), marked] {
+      IgnoreError(store_->Put(key, marked.SerializeAsString()));
+    });
+  }
+  job->restore.reset();
+  FLOG(WARNING) << "job " << job->status.job_id() << ": checkpoint " << bad << " is unusable: " << failure.message();
+  return RestoreFromCheckpoint(job, absl::StrCat("checkpoint ", bad, " is unusable (", failure.message(), ")"));
+}
+
+absl::Status JobManager::CheckRestoreFits(const v1::ShardMap& plan, const v1::RestoreSource& restore,
+                                          const v1::CheckpointManifest& manifest) {
+  auto mismatch = [&](const std::string& what) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", restore.checkpoint_id(), " of job ",
+                                                      restore.job_id(), " does not fit this job: ", what));
+  };
+  const v1::ShardMap& saved = manifest.shard_map();
+  if (saved.tensors_size() != plan.tensors_size()) {
+    return mismatch(absl::StrCat(saved.tensors_size(), " tensors saved, the model has ", plan.tensors_size()));
+  }
+  for (int t = 0; t < plan.tensors_size(); ++t) {
+    if (saved.tensors(t).size() != plan.tensors(t).size() || saved.tensors(t).name() != plan.tensors(t).name()) {
+      return mismatch(absl::StrCat("tensor ", plan.tensors(t).name(), " has ", plan.tensors(t).size(),
+                                   " elements, the checkpoint's ", saved.tensors(t).name(), " ",
+                                   saved.tensors(t).size(), " (a different model?)"));
+    }
+  }
+  if (saved.chunks_size() != plan.chunks_size()) {
+    return mismatch(absl::StrCat("the model is cut into ", plan.chunks_size(), " chunks, the checkpoint into ",
+                                 saved.chunks_size(), " (a scheduler with another --chunk-bytes?)"));
+  }
+  for (int c = 0; c < plan.chunks_size(); ++c) {
+    const auto& a = plan.chunks(c);
+    const auto& b = saved.chunks(c);
+    if (a.chunk_id() != b.chunk_id() || a.tensor() != b.tensor() || a.offset() != b.offset() ||
+        a.length() != b.length()) {
+      return mismatch(absl::StrCat("chunk ", a.chunk_id(), " is cut differently"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fulcrum

@@ -183,9 +183,26 @@ absl::StatusOr<v1::LocalProcess> LocalCluster::AddServer() {
   // Each server keeps its checkpoints in DIR/state/ID: a cluster started
   // again in the same folder finds them (same ids, same folders).
   const std::string id = NextId("server");
+  return Spawn("server", id, ServerFlags(id));
+}
+
+std::vector<std::string> LocalCluster::ServerFlags(const std::string& id) const {
   std::vector<std::string> flags = options_.server_flags;
   flags.push_back(absl::StrCat("--data_dir=", file_.dir(), "/state/", id));
-  return Spawn("server", id, std::move(flags));
+  return flags;
+}
+
+absl::StatusOr<v1::LocalProcess> LocalCluster::RestartServer(const std::string& id) {
+  for (int i = 0; i < file_.processes_size(); ++i) {
+    const v1::LocalProcess& old = file_.processes(i);
+    if (old.id() != id || old.role() != "server") continue;
+    if (Alive(static_cast<pid_t>(old.pid()))) {
+      return absl::FailedPreconditionError(absl::StrCat("server ", id, " (pid ", old.pid(), ") is still running"));
+    }
+    file_.mutable_processes()->DeleteSubrange(i, 1);
+    return Spawn("server", id, ServerFlags(id));
+  }
+  return absl::NotFoundError(absl::StrCat("no server ", id, " in ", file_.dir()));
 }
 
 absl::StatusOr<v1::LocalProcess> LocalCluster::AddWorker(std::vector<std::string> extra_flags) {

@@ -59,6 +59,9 @@ class LocalCluster {
   // Starts the scheduler again on its old port and state folder (after it
   // died or was killed), replacing its entry in cluster.json.
   absl::StatusOr<v1::LocalProcess> RestartScheduler();
+  // Starts a dead server again under its id, on its state folder (as a pod
+  // restarted with its volume). FAILED_PRECONDITION while it still runs.
+  absl::StatusOr<v1::LocalProcess> RestartServer(const std::string& id);
   // Sends `signal` to the process with member id `id`.
   absl::Status Signal(const std::string& id, int signal);
   // Leaves the processes running when this object goes away (--detach).
@@ -74,6 +77,7 @@ class LocalCluster {
                                          std::vector<std::string> flags);
   absl::Status WriteFile() const;
   std::string NextId(const std::string& role) const;
+  std::vector<std::string> ServerFlags(const std::string& id) const;
 
   Options options_;
   v1::LocalClusterFile file_;

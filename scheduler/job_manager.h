@@ -57,8 +57,8 @@ class ServerControl {
 };
 
 struct SchedulerOptions {
-  absl::Duration lease = absl::Seconds(3);
-  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration lease = absl::Milliseconds(1800);
+  absl::Duration heartbeat_interval = absl::Milliseconds(300);
   int64_t chunk_elems = 65536;  // 256 KiB of float32
   int32_t default_replicas = 1;  // for jobs whose spec sets none
   // A server joining the cluster becomes a new shard of running jobs with
@@ -213,8 +213,14 @@ class JobManager {
   // FAILED_PRECONDITION when the checkpoint's tensors and chunks differ from the job's plan.
   static absl::Status CheckRestoreFits(const v1::ShardMap& plan, const v1::RestoreSource& restore,
                                        const v1::CheckpointManifest& manifest);
-  // A restore's setup failed on a chunk: the checkpoint is marked corrupt and
-  // the previous one is tried. False when none is left.
+  // Whether a server holding each chunk of the checkpoint to restore is live
+  // (their current addresses are then in the restore source). A job waits
+  // for missing holders (a server restarting with its volume) for a while,
+  // then tries an older checkpoint.
+  bool RestoreSourcesLive(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A restore's setup failed: a checkpoint that did not verify is marked
+  // CORRUPT, one that could not be read is skipped, and the previous one is
+  // tried. False when none is left.
   bool RestoreFailed(Job* job, const absl::Status& failure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SchedulerOptions options_;

@@ -23,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -407,7 +408,9 @@ void JobManager::PlanRestore(Job* job, const v1::CheckpointManifest& manifest) {
 bool JobManager::RestoreFromCheckpoint(Job* job, const std::string& why) {
   const v1::CheckpointManifest* latest = nullptr;
   for (auto it = job->manifests.rbegin(); it != job->manifests.rend() && latest == nullptr; ++it) {
-    if (it->second.info().state() == v1::CheckpointInfo::COMPLETE) latest = &it->second;
+    if (it->second.info().state() == v1::CheckpointInfo::COMPLETE && job->restore_skipped.count(it->first) == 0) {
+      latest = &it->second;
+    }
   }
   if (latest == nullptr) return false;
   const std::string& id = job->status.job_id();
@@ -437,11 +440,54 @@ bool JobManager::RestoreFromCheckpoint(Job* job, const std::string& why) {
   return true;
 }
 
+bool JobManager::RestoreSourcesLive(Job* job) {
+  v1::RestoreSource& restore = *job->restore;
+  std::set<std::string> missing;
+  for (const v1::CheckpointChunk& chunk : restore.chunks()) {
+    bool live = false;
+    for (const std::string& server : chunk.server_ids()) {
+      auto member = members_.find(server);
+      if (member == members_.end()) continue;
+      (*restore.mutable_server_addresses())[server] = member->second->address;
+      live = true;
+    }
+    if (!live) missing.insert(chunk.server_ids().begin(), chunk.server_ids().end());
+  }
+  if (missing.empty()) {
+    job->restore_waiting_since.reset();
+    return true;
+  }
+  const absl::Time now = clock_();
+  if (!job->restore_waiting_since.has_value()) job->restore_waiting_since = now;
+  const std::string who = absl::StrJoin(missing, ", ");
+  if (now - *job->restore_waiting_since < options_.lease * 40) {
+    std::string reason = absl::StrCat("waiting for ", who, " (holding checkpoint ", restore.checkpoint_id(),
+                                      ") to come back");
+    if (job->status.reason() != reason) {
+      job->status.set_reason(reason);
+      Touch(job);
+    }
+    return false;
+  }
+  job->restore_waiting_since.reset();
+  absl::Status gone = absl::UnavailableError(absl::StrCat(who, " did not come back"));
+  if (!RestoreFailed(job, gone)) {
+    EndJob(job, v1::FAILED, absl::StrCat("cannot restore: checkpoint ", restore.checkpoint_id(), ": ", gone.message()));
+  }
+  return false;
+}
+
 bool JobManager::RestoreFailed(Job* job, const absl::Status& failure) {
   if (!job->restore.has_value()) return false;
   const int64_t bad = job->restore->checkpoint_id();
   auto it = job->manifests.find(bad);
   if (it == job->manifests.end() || job->restore->job_id() != job->status.job_id()) return false;
+  if (!absl::IsDataLoss(failure)) {  // unreadable, not proven bad: skipped, kept
+    job->restore_skipped.insert(bad);
+    job->restore.reset();
+    FLOG(WARNING) << "job " << job->status.job_id() << ": checkpoint " << bad << " cannot be read: " << failure.message();
+    return RestoreFromCheckpoint(job, absl::StrCat("checkpoint ", bad, " cannot be read (", failure.message(), ")"));
+  }
   it->second.mutable_info()->set_state(v1::CheckpointInfo::CORRUPT);
   it->second.mutable_info()->set_reason(std::string(failure.message()));
   if (v1::CheckpointInfo* info = FindCheckpointInfo(job, bad)) *info = it->second.info();

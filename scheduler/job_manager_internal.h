@@ -66,6 +66,8 @@ struct JobManager::Job {
   int64_t last_checkpoint_step = 0;
   // Set while the job's next setup starts from a checkpoint.
   std::optional<v1::RestoreSource> restore;
+  std::optional<absl::Time> restore_waiting_since;  // for missing holders
+  std::set<int64_t> restore_skipped;                // unreadable checkpoints, not tried again
 };
 
 }  // namespace fulcrum

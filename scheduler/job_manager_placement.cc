@@ -63,6 +63,7 @@ void JobManager::StartSetups() {
   for (auto& [id, job] : jobs_) {
     if (job->phase != Job::Phase::kLoading || job->workers.empty()) continue;
     if (!std::all_of(job->workers.begin(), job->workers.end(), [](const JobWorker& w) { return w.ready; })) continue;
+    if (job->restore.has_value() && !RestoreSourcesLive(job.get())) continue;
     absl::Status status = BuildShardPlan(job.get());
     if (absl::IsUnavailable(status)) {  // servers not (yet) registered, e.g. after a restart: wait
       if (job->status.reason() != status.message()) {
@@ -425,6 +426,7 @@ void JobManager::RunSetup(const std::string& job_id, std::map<std::string, v1::S
     return;
   }
   const bool restored = job->restore.has_value();
+  job->restore_skipped.clear();
   if (restored) {
     AddEvent(job, absl::StrCat("restored from checkpoint ", job->restore->checkpoint_id(), " of job ",
                                job->restore->job_id(), " at step ", job->status.progress().step()));

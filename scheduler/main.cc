@@ -21,8 +21,9 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind");
 ABSL_FLAG(int, port, 0, "gRPC port (0 = pick a free one)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = pick a free one)");
 ABSL_FLAG(std::string, port_file, "", "Write the bound ports as JSON to this file");
-ABSL_FLAG(int, lease_ms, 3000, "Membership lease: a member silent this long is declared dead");
-ABSL_FLAG(int, heartbeat_ms, 500, "Heartbeat interval members are told to use");
+ABSL_FLAG(int, lease_ms, 1800,
+          "Membership lease: a member silent this long is declared dead (a failover then takes about this long)");
+ABSL_FLAG(int, heartbeat_ms, 300, "Heartbeat interval members are told to use");
 ABSL_FLAG(int64_t, chunk_bytes, 256 << 10, "Dense tensors are cut into chunks of this many bytes");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 ABSL_FLAG(int, default_replicas, 1, "Replicas per parameter shard for jobs whose spec sets none");

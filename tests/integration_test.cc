@@ -24,188 +24,15 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/local_cluster.h"
+#include "tests/cluster_fixture.h"
 #include "common/rpc.h"
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "worker/parameter_client.h"
-#include "worker/trainer.h"
 
 namespace fulcrum {
 namespace {
 
-std::string MakeTempDir() {
-  std::string pattern = absl::StrCat(testing::TempDir(), "/fulcrum-it.XXXXXX");
-  std::vector<char> buffer(pattern.begin(), pattern.end());
-  buffer.push_back('\0');
-  char* dir = mkdtemp(buffer.data());
-  return dir ? dir : "";
-}
-
-// A small synthetic classification job that trains in well under a second.
-v1::JobSpec SyntheticSpec(v1::Mode mode, int workers, int batch, int64_t max_steps) {
-  v1::JobSpec spec;
-  spec.set_name("synthetic");
-  spec.mutable_model()->set_kind(v1::ModelSpec::MLP);
-  spec.mutable_model()->add_hidden_sizes(16);
-  spec.mutable_model()->set_activation(v1::TANH);
-  v1::DataSpec* data = spec.mutable_data();
-  data->set_dataset(v1::DataSpec::SYNTHETIC);
-  data->set_synthetic_examples(4096);
-  data->set_synthetic_features(20);
-  data->set_synthetic_classes(4);
-  data->set_batch_size(batch);
-  data->set_epochs(3);
-  data->set_shuffle_seed(7);
-  data->set_max_steps(max_steps);
-  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
-  spec.mutable_optimizer()->set_lr(0.1f);
-  spec.mutable_optimizer()->set_momentum(0.9f);
-  spec.set_mode(mode);
-  spec.set_num_workers(workers);
-  spec.set_seed(3);
-  return spec;
-}
-
-bool Terminal(v1::JobState state) {
-  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
-}
-
-// "N of M values differ, first at i (a vs b)" for a failure message.
-std::string DescribeDifference(const std::vector<float>& a, const std::vector<float>& b) {
-  size_t differ = 0, first = a.size();
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-      if (differ++ == 0) first = i;
-    }
-  }
-  if (differ == 0) return "no value differs";
-  return absl::StrCat(differ, " of ", a.size(), " values differ, first at ", first, " (", a[first], " vs ", b[first], ")");
-}
-
-class ClusterTest : public testing::Test {
- protected:
-  static void StartCluster(int servers, int workers, int replicas = 1,
-                           const std::vector<std::string>& scheduler_flags = {}) {
-    LocalCluster::Options options;
-    options.dir = MakeTempDir();
-    options.servers = servers;
-    options.workers = workers;
-    options.replicas = replicas;
-    // Short leases so that a dead worker is noticed quickly.
-    options.scheduler_flags = {"--lease-ms=1500", "--heartbeat-ms=200", "--chunk-bytes=4096"};
-    options.scheduler_flags.insert(options.scheduler_flags.end(), scheduler_flags.begin(), scheduler_flags.end());
-    auto cluster = LocalCluster::Start(options);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = std::move(*cluster);
-    stub_ = v1::JobService::NewStub(MakeChannel(cluster_->scheduler_address()));
-  }
-  static void SetUpTestSuite() { StartCluster(2, 2); }
-  static void TearDownTestSuite() {
-    stub_.reset();
-    cluster_.reset();  // SIGKILLs and reaps every process it started
-  }
-
-  static absl::StatusOr<std::string> Submit(const v1::JobSpec& spec) {
-    grpc::ClientContext context;
-    SetDeadline(&context, 10);
-    v1::SubmitJobRequest request;
-    *request.mutable_spec() = spec;
-    v1::SubmitJobResponse response;
-    grpc::Status status = stub_->SubmitJob(&context, request, &response);
-    if (!status.ok()) return FromGrpcStatus(status);
-    return response.job_id();
-  }
-
-  // Follows WatchJob until `done` holds or `timeout` passes.
-  template <typename Predicate>
-  static v1::JobStatus WaitFor(const std::string& job_id, Predicate done, absl::Duration timeout) {
-    grpc::ClientContext context;
-    SetDeadline(&context, absl::ToDoubleSeconds(timeout));
-    v1::WatchJobRequest request;
-    request.set_job_id(job_id);
-    auto reader = stub_->WatchJob(&context, request);
-    v1::JobStatus status;
-    while (reader->Read(&status)) {
-      if (done(status)) {
-        context.TryCancel();
-        break;
-      }
-    }
-    reader->Finish();
-    return status;
-  }
-
-  static v1::JobStatus WaitForEnd(const std::string& job_id, absl::Duration timeout = absl::Seconds(120)) {
-    return WaitFor(job_id, [](const v1::JobStatus& s) { return Terminal(s.state()); }, timeout);
-  }
-
-  // Waits until the job has done more than `step` steps (or ended).
-  static v1::JobStatus WaitForStep(const std::string& job_id, int64_t step) {
-    return WaitFor(
-        job_id, [step](const v1::JobStatus& s) { return s.progress().step() > step || Terminal(s.state()); },
-        absl::Seconds(60));
-  }
-
-  // The job ended with exactly the parameters `expected` (bit for bit).
-  static void ExpectSameParameters(const std::vector<float>& expected, const v1::JobStatus& done) {
-    std::vector<float> actual = FinalParameters(done);
-    ASSERT_EQ(actual.size(), expected.size());
-    EXPECT_EQ(0, std::memcmp(actual.data(), expected.data(), actual.size() * sizeof(float)))
-        << DescribeDifference(expected, actual);
-  }
-
-  static std::vector<float> FinalParameters(const v1::JobStatus& job) {
-    ParameterClient client(job.shard_map(), job.job_id(), "test-reader");
-    auto params = client.MakeBuffers();
-    absl::Status status = client.Pull(0, absl::Seconds(10), &params);
-    EXPECT_TRUE(status.ok()) << status;
-    std::vector<float> flat;
-    for (const auto& t : params) flat.insert(flat.end(), t.begin(), t.end());
-    return flat;
-  }
-
-  // Every chunk's replica holds an audit of the examples behind the gradients
-  // it accepted (their count and the sum of their ExampleDigest tags). Checks
-  // it against every example of every epoch used exactly once: a lost step,
-  // a step applied twice or a partition computed on the wrong examples
-  // changes the sum.
-  static void ExpectEveryExampleUsedOncePerEpoch(const v1::JobStatus& done, int64_t num_examples) {
-    const v1::JobSpec& spec = done.spec();
-    const int64_t global_batch = int64_t{spec.data().batch_size()} * spec.max_workers();
-    const int64_t steps_per_epoch = num_examples / global_batch;
-    ASSERT_EQ(done.progress().total_steps(), steps_per_epoch * spec.data().epochs()) << "a full-epochs job expected";
-    int64_t expected_count = 0;
-    uint64_t expected_digest = 0;
-    for (int64_t epoch = 0; epoch < spec.data().epochs(); ++epoch) {
-      std::vector<int64_t> perm = EpochPermutation(spec.data().shuffle_seed(), epoch, num_examples);
-      for (int64_t i = 0; i < steps_per_epoch * global_batch; ++i) {
-        expected_digest += ExampleDigest(epoch, perm[i]);
-        ++expected_count;
-      }
-    }
-    for (const v1::ChunkLocation& chunk : done.shard_map().chunks()) {
-      std::string address;
-      for (const v1::ShardLocation& shard : done.shard_map().shards()) {
-        if (shard.shard() == chunk.shard()) address = shard.address();
-      }
-      auto stub = v1::ParameterService::NewStub(MakeChannel(address));
-      grpc::ClientContext context;
-      SetDeadline(&context, 10);
-      v1::CopyChunkRequest request;
-      request.set_job_id(done.job_id());
-      request.set_chunk_id(chunk.chunk_id());
-      v1::ChunkState state;
-      grpc::Status status = stub->CopyChunk(&context, request, &state);
-      ASSERT_TRUE(status.ok()) << "chunk " << chunk.chunk_id() << " at " << address << ": " << status.error_message();
-      EXPECT_EQ(state.examples_seen(), expected_count) << "chunk " << chunk.chunk_id();
-      EXPECT_EQ(state.examples_digest(), expected_digest)
-          << "chunk " << chunk.chunk_id() << ": the examples behind its updates are not each example once per epoch";
-    }
-  }
-
-  static inline std::unique_ptr<LocalCluster> cluster_;
-  static inline std::unique_ptr<v1::JobService::Stub> stub_;
-};
 
 TEST_F(ClusterTest, BspTwoWorkersMatchOneWorkerWithDoubleBatch) {
   constexpr int64_t kSteps = 25;
@@ -309,18 +136,6 @@ TEST_F(ClusterTest, MissingDataFileFailsTheJobNamingThePath) {
   v1::JobStatus done = WaitForEnd(*id);
   EXPECT_EQ(done.state(), v1::FAILED);
   EXPECT_NE(done.reason().find("/nonexistent/fashion"), std::string::npos) << done.reason();
-}
-
-// Runs the fulcrum CLI; returns its exit code and stdout.
-std::pair<int, std::string> RunCli(const std::string& args) {
-  std::string command = absl::StrCat(DefaultBinDir(), "/fulcrum ", args, " 2>/dev/null");
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string out;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 TEST_F(ClusterTest, CliSubmitWaitExitCodeFollowsTheJob) {

@@ -1,0 +1,378 @@
+// Checkpoints, multi-process on loopback: whole-cluster kill -9 and resume,
+// a server killed while a checkpoint is written, a corrupt stored chunk,
+// resuming onto another topology, and export to safetensors.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/safetensors.h"
+#include "common/kv_store.h"
+#include "tests/cluster_fixture.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr int64_t kExamples = 4096;  // SyntheticSpec's training set
+
+class CheckpointTest : public ClusterTest {
+ protected:
+  // One replica per shard: losing a server loses its shards, so only a
+  // checkpoint can save the job.
+  static void SetUpTestSuite() { StartCluster(2, 2, /*replicas=*/1); }
+
+  // A seeded BSP job of a few seconds (3072 steps).
+  static v1::JobSpec Spec(int64_t every_steps) {
+    v1::JobSpec spec = SyntheticSpec(v1::BSP, 2, 2, 0);
+    spec.mutable_model()->set_hidden_sizes(0, 64);
+    spec.mutable_data()->set_epochs(3);
+    spec.mutable_checkpoint()->set_every_steps(every_steps);
+    spec.mutable_checkpoint()->set_keep_last(3);
+    return spec;
+  }
+
+  // The parameters of the job run without any disturbance (checkpoints do
+  // not change them), computed once per suite.
+  static const std::vector<float>& Reference() {
+    static const std::vector<float>* reference = [] {
+      auto id = Submit(Spec(0));
+      EXPECT_TRUE(id.ok()) << id.status();
+      v1::JobStatus done = WaitForEnd(*id);
+      EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+      return new std::vector<float>(FinalParameters(done));
+    }();
+    return *reference;
+  }
+
+  // For comparing accuracies: a bigger test set (3276 examples) and a model
+  // trained to convergence, so that run-to-run rounding differences do not
+  // move the accuracy by more than a fraction of a point.
+  static v1::JobSpec AccuracySpec(int workers, int batch) {
+    v1::JobSpec spec = Spec(0);
+    spec.set_num_workers(workers);
+    spec.mutable_data()->set_batch_size(batch);
+    spec.mutable_data()->set_synthetic_examples(16384);
+    spec.mutable_data()->set_epochs(3);
+    spec.mutable_optimizer()->set_lr(0.05f);
+    return spec;
+  }
+
+  static int Complete(const v1::JobStatus& job) {
+    int n = 0;
+    for (const auto& c : job.checkpoints()) n += c.state() == v1::CheckpointInfo::COMPLETE ? 1 : 0;
+    return n;
+  }
+
+  static v1::JobStatus WaitForCheckpoints(const std::string& id, int n) {
+    return WaitFor(
+        id, [n](const v1::JobStatus& s) { return Complete(s) >= n || Terminal(s.state()); }, absl::Seconds(60));
+  }
+
+  // The checkpoint the job was restored from, per its events (0: none).
+  static int64_t RestoredFrom(const v1::JobStatus& job) {
+    int64_t id = 0;
+    for (const auto& e : job.events()) {
+      long long n = 0;
+      if (std::sscanf(e.message().c_str(), "restored from checkpoint %lld", &n) == 1) id = n;
+    }
+    return id;
+  }
+
+  static const v1::CheckpointInfo* Info(const v1::JobStatus& job, int64_t id) {
+    for (const auto& c : job.checkpoints()) {
+      if (c.id() == id) return &c;
+    }
+    return nullptr;
+  }
+
+  static absl::StatusOr<v1::CheckpointInfo> CheckpointNow(const std::string& job_id) {
+    grpc::ClientContext context;
+    SetDeadline(&context, 120);
+    v1::CheckpointJobRequest request;
+    request.set_job_id(job_id);
+    v1::CheckpointInfo info;
+    absl::Status status = FromGrpcStatus(stub_->CheckpointJob(&context, request, &info));
+    if (!status.ok()) return status;
+    return info;
+  }
+};
+
+// Kill -9 every process mid-job and start the cluster again on the same
+// folders: the job resumes from its latest complete checkpoint and ends with
+// the parameters of an uninterrupted run, every example used once per epoch.
+TEST_F(CheckpointTest, WholeClusterKillResumesBitIdentical) {
+  const std::vector<float> expected = Reference();
+  auto id = Submit(Spec(300));
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitForCheckpoints(*id, 1);
+  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
+
+  KillAndRestartWholeCluster();
+
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  const int64_t from = RestoredFrom(done);
+  EXPECT_GT(from, 0) << "no event says the job was restored";
+  ExpectEveryExampleUsedOncePerEpoch(done, kExamples);
+  ExpectSameParameters(expected, done);
+}
+
+// A flipped byte in a stored chunk of the latest checkpoint: the restore
+// detects it, names the chunk and the checkpoint, marks it CORRUPT and falls
+// back to the previous one; the result is still the uninterrupted run's.
+TEST_F(CheckpointTest, CorruptChunkIsDetectedAndThePreviousCheckpointUsed) {
+  const std::vector<float> expected = Reference();
+  auto id = Submit(Spec(200));
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitForCheckpoints(*id, 2);
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.reason();
+
+  // Everything down; then read the latest committed manifest from the
+  // scheduler's store and damage one of its chunks where it is stored.
+  stub_.reset();
+  cluster_.reset();
+  v1::CheckpointManifest latest;
+  {
+    auto scheduler = OpenRocksDbStore(options_.dir + "/scheduler-state");
+    ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+    auto manifests = (*scheduler)->Scan(absl::StrCat("ckpt/", *id, "/"));
+    ASSERT_TRUE(manifests.ok()) << manifests.status();
+    ASSERT_GE(manifests->size(), 2u);
+    ASSERT_TRUE(latest.ParseFromString(manifests->back().second));
+  }
+  ASSERT_GT(latest.chunks_size(), 0);
+  const v1::CheckpointChunk& victim = latest.chunks(latest.chunks_size() - 1);
+  {
+    auto server = OpenRocksDbStore(absl::StrCat(options_.dir, "/state/", victim.server_ids(0)));
+    ASSERT_TRUE(server.ok()) << server.status();
+    const std::string key = absl::StrFormat("ckpt/%s/%020d/%010d", *id, latest.info().id(), victim.chunk_id());
+    auto records = (*server)->Scan(key);
+    ASSERT_TRUE(records.ok()) << records.status();
+    ASSERT_EQ(records->size(), 1u) << "no stored record " << key;
+    std::string damaged = records->front().second;
+    damaged[damaged.size() / 2] ^= 0x5a;
+    ASSERT_TRUE((*server)->Put(key, damaged).ok());
+  }
+  auto cluster = LocalCluster::Start(options_);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  cluster_ = std::move(*cluster);
+  stub_ = v1::JobService::NewStub(MakeChannel(cluster_->scheduler_address()));
+
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  const v1::CheckpointInfo* bad = Info(done, latest.info().id());
+  ASSERT_NE(bad, nullptr);
+  EXPECT_EQ(bad->state(), v1::CheckpointInfo::CORRUPT);
+  EXPECT_NE(bad->reason().find(absl::StrCat("chunk ", victim.chunk_id())), std::string::npos) << bad->reason();
+  EXPECT_NE(bad->reason().find(absl::StrCat("checkpoint ", latest.info().id())), std::string::npos) << bad->reason();
+  const int64_t from = RestoredFrom(done);
+  EXPECT_GT(from, 0);
+  EXPECT_LT(from, latest.info().id()) << "restored from the corrupt checkpoint";
+  ExpectEveryExampleUsedOncePerEpoch(done, kExamples);
+  ExpectSameParameters(expected, done);
+}
+
+// A server killed while a checkpoint is being written, and started again on
+// its volume (as Kubernetes restarts a pod): that checkpoint is never
+// committed (or had completed just before the kill), the job restarts from a
+// complete one, and the result is unchanged.
+TEST_F(CheckpointTest, ServerKilledWhileACheckpointIsWrittenKeepsThePreviousOne) {
+  const std::vector<float> expected = Reference();
+  v1::JobSpec spec = Spec(100);
+  spec.mutable_checkpoint()->set_keep_last(1000);  // every checkpoint stays listed
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_EQ(WaitForCheckpoints(*id, 1).state(), v1::RUNNING);
+  v1::JobStatus writing = WaitFor(
+      *id,
+      [](const v1::JobStatus& s) {
+        return Terminal(s.state()) ||
+               (!s.checkpoints().empty() && s.checkpoints().rbegin()->state() == v1::CheckpointInfo::WRITING);
+      },
+      absl::Seconds(60));
+  ASSERT_EQ(writing.state(), v1::RUNNING);
+  const int64_t in_flight = writing.checkpoints().rbegin()->id();
+  std::string victim;
+  for (const auto& shard : writing.shards()) {
+    if (shard.chunks() > 0) victim = shard.server_id();
+  }
+  ASSERT_FALSE(victim.empty());
+  ASSERT_TRUE(cluster_->Signal(victim, SIGKILL).ok());
+  absl::StatusOr<v1::LocalProcess> restarted;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
+    restarted = cluster_->RestartServer(victim);  // FAILED_PRECONDITION until the killed one is gone
+    if (restarted.ok() || restarted.status().code() != absl::StatusCode::kFailedPrecondition) break;
+  }
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  const int64_t from = RestoredFrom(done);
+  ASSERT_GT(from, 0) << "the job did not restart from a checkpoint";
+  const v1::CheckpointInfo* used = Info(done, from);
+  ASSERT_NE(used, nullptr);
+  EXPECT_EQ(used->state(), v1::CheckpointInfo::COMPLETE);
+  const v1::CheckpointInfo* cut = Info(done, in_flight);
+  if (cut != nullptr && cut->state() != v1::CheckpointInfo::COMPLETE) {
+    EXPECT_EQ(cut->state(), v1::CheckpointInfo::FAILED) << cut->reason();
+    EXPECT_LT(from, in_flight);
+  }
+  ExpectEveryExampleUsedOncePerEpoch(done, kExamples);
+  ExpectSameParameters(expected, done);
+}
+
+// `fulcrum checkpoint` mid-job, then a new job resumed from it on another
+// number of workers and servers reaches the accuracy of an uninterrupted run;
+// the checkpoint exported to safetensors holds the parameters after its step.
+TEST_F(CheckpointTest, ResumeOnAnotherTopologyAndExport) {
+  auto first = Submit(AccuracySpec(2, 4));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(WaitForStep(*first, 1500).state(), v1::RUNNING);
+  auto [rc, out] = RunCli(absl::StrCat("checkpoint ", *first, " -o json --scheduler ", cluster_->scheduler_address()));
+  ASSERT_EQ(rc, 0) << out;
+  v1::JobStatus status = WaitFor(*first, [](const v1::JobStatus& s) { return Complete(s) >= 1; }, absl::Seconds(10));
+  ASSERT_EQ(Complete(status), 1);
+  const v1::CheckpointInfo taken = *status.checkpoints().rbegin();
+  ASSERT_GT(taken.step(), 0);
+
+  // Export the checkpoint and compare with a job stopped at the same step.
+  const std::string dir = MakeTempDir();
+  const std::string file = dir + "/checkpoint.safetensors";
+  auto [export_rc, export_out] = RunCli(absl::StrCat("export ", *first, " --checkpoint ", taken.id(), " -o ", file,
+                                                     " --scheduler ", cluster_->scheduler_address()));
+  ASSERT_EQ(export_rc, 0) << export_out;
+  {
+    grpc::ClientContext context;
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(*first);
+    v1::JobStatus cancelled;
+    ASSERT_TRUE(stub_->CancelJob(&context, cancel, &cancelled).ok());
+  }
+  v1::JobSpec until = AccuracySpec(2, 4);
+  until.mutable_data()->set_max_steps(taken.step());
+  auto stopped = Submit(until);
+  ASSERT_TRUE(stopped.ok());
+  v1::JobStatus stopped_done = WaitForEnd(*stopped);
+  ASSERT_EQ(stopped_done.state(), v1::SUCCEEDED) << stopped_done.reason();
+  std::map<std::string, std::string> metadata;
+  auto tensors = ReadSafetensorsFile(file, &metadata);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  std::vector<float> exported;
+  for (const auto& t : *tensors) exported.insert(exported.end(), t.data.begin(), t.data.end());
+  std::vector<float> at_step = FinalParameters(stopped_done);
+  ASSERT_EQ(exported.size(), at_step.size());
+  EXPECT_EQ(0, std::memcmp(exported.data(), at_step.data(), exported.size() * sizeof(float)))
+      << DescribeDifference(at_step, exported);
+  EXPECT_EQ(metadata["fulcrum.checkpoint"], absl::StrCat(taken.id()));
+  ASSERT_EQ(tensors->size(), static_cast<size_t>(stopped_done.shard_map().tensors_size()));
+  for (int t = 0; t < stopped_done.shard_map().tensors_size(); ++t) {
+    EXPECT_EQ((*tensors)[t].name, stopped_done.shard_map().tensors(t).name());
+  }
+
+  // Resume on one worker (same global batch) and one shard.
+  v1::JobSpec moved = AccuracySpec(1, 8);
+  moved.set_num_shards(1);
+  grpc::ClientContext context;
+  SetDeadline(&context, 10);
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = moved;
+  request.set_resume_from(absl::StrCat(*first, "/", taken.id()));
+  v1::SubmitJobResponse response;
+  ASSERT_TRUE(stub_->SubmitJob(&context, request, &response).ok());
+  v1::JobStatus resumed = WaitForEnd(response.job_id());
+  ASSERT_EQ(resumed.state(), v1::SUCCEEDED) << resumed.reason();
+  EXPECT_EQ(resumed.resumed_from(), absl::StrCat(*first, "/", taken.id()));
+  EXPECT_EQ(resumed.shards_size(), 1);
+
+  auto reference = Submit(AccuracySpec(2, 4));  // the uninterrupted run's accuracy
+  ASSERT_TRUE(reference.ok());
+  v1::JobStatus reference_done = WaitForEnd(*reference);
+  ASSERT_EQ(reference_done.state(), v1::SUCCEEDED);
+  std::cerr << "test accuracy: resumed on 1 worker and 1 shard " << resumed.progress().test_accuracy()
+            << ", uninterrupted " << reference_done.progress().test_accuracy() << "\n";
+  EXPECT_NEAR(resumed.progress().test_accuracy(), reference_done.progress().test_accuracy(), 0.003)
+      << "resumed " << resumed.progress().test_accuracy() << " vs uninterrupted "
+      << reference_done.progress().test_accuracy();
+
+  // The live parameters of a finished job export too, and read back equal.
+  const std::string live = dir + "/final.safetensors";
+  auto [live_rc, live_out] =
+      RunCli(absl::StrCat("export ", *reference, " -o ", live, " --scheduler ", cluster_->scheduler_address()));
+  ASSERT_EQ(live_rc, 0) << live_out;
+  auto final_tensors = ReadSafetensorsFile(live);
+  ASSERT_TRUE(final_tensors.ok()) << final_tensors.status();
+  std::vector<float> flat;
+  for (const auto& t : *final_tensors) flat.insert(flat.end(), t.data.begin(), t.data.end());
+  std::vector<float> final_params = FinalParameters(reference_done);
+  ASSERT_EQ(flat.size(), final_params.size());
+  EXPECT_EQ(0, std::memcmp(flat.data(), final_params.data(), flat.size() * sizeof(float)));
+
+  // And numpy reads the same values, where it is installed.
+  const std::string python = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+  if (std::system((python + " -c 'import numpy' >/dev/null 2>&1").c_str()) == 0) {
+    const std::string script = dir + "/check.py";
+    FILE* f = std::fopen(script.c_str(), "w");
+    std::fputs(
+        "import json, struct, sys\nimport numpy as np\n"
+        "b = open(sys.argv[1], 'rb').read()\nn = struct.unpack('<Q', b[:8])[0]\nh = json.loads(b[8:8 + n])\n"
+        "total = 0.0\ncount = 0\n"
+        "for name, t in h.items():\n"
+        "    if name == '__metadata__': continue\n"
+        "    s, e = t['data_offsets']\n"
+        "    a = np.frombuffer(b[8 + n + s:8 + n + e], dtype='<f4').reshape(t['shape'])\n"
+        "    total += float(a.astype(np.float64).sum())\n    count += a.size\n"
+        "print(count, repr(total))\n",
+        f);
+    std::fclose(f);
+    FILE* pipe = popen((python + " " + script + " " + live).c_str(), "r");
+    long long count = 0;
+    double total = 0;
+    ASSERT_EQ(std::fscanf(pipe, "%lld %lf", &count, &total), 2);
+    pclose(pipe);
+    double expected_total = 0;
+    for (float v : final_params) expected_total += v;
+    EXPECT_EQ(count, static_cast<long long>(final_params.size()));
+    EXPECT_NEAR(total, expected_total, 1e-6 * (1 + std::abs(expected_total)));
+  }
+}
+
+// Bad input: an unknown job, an unknown checkpoint, a bad id, a job that is
+// not training: clear errors, nothing started.
+TEST_F(CheckpointTest, BadCheckpointRequestsAreRefusedClearly) {
+  grpc::ClientContext context;
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec(0);
+  request.set_resume_from("job-nope");
+  v1::SubmitJobResponse response;
+  grpc::Status status = stub_->SubmitJob(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message();
+
+  auto done = Submit(Spec(0));
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ(WaitForEnd(*done).state(), v1::SUCCEEDED);
+  for (const std::string& from : {absl::StrCat(*done, "/7"), absl::StrCat(*done, "/x"), *done}) {
+    grpc::ClientContext c;
+    request.set_resume_from(from);
+    grpc::Status s = stub_->SubmitJob(&c, request, &response);
+    EXPECT_TRUE(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+                s.error_code() == grpc::StatusCode::INVALID_ARGUMENT)
+        << from << ": " << s.error_message();
+  }
+  auto info = CheckpointNow(*done);
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kFailedPrecondition) << info.status();
+  auto [rc, out] = RunCli(absl::StrCat("export ", *done, " --checkpoint 3 -o /nonexistent/x.safetensors --scheduler ",
+                                       cluster_->scheduler_address()));
+  EXPECT_NE(rc, 0);
+}
+
+}  // namespace
+}  // namespace fulcrum

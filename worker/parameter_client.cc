@@ -1,5 +1,7 @@
 #include "worker/parameter_client.h"
 
+#include "absl/time/clock.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,8 +19,9 @@ constexpr int kMaxAttempts = 5;
 
 }  // namespace
 
-ParameterClient::ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id)
-    : map_(map), job_id_(std::move(job_id)), worker_id_(std::move(worker_id)) {
+ParameterClient::ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id,
+                                 std::function<bool()> superseded)
+    : map_(map), superseded_(std::move(superseded)), job_id_(std::move(job_id)), worker_id_(std::move(worker_id)) {
   std::map<std::string, std::vector<int>> by_server;
   for (int i = 0; i < map_.chunks_size(); ++i) {
     by_server[map_.shards(map_.chunks(i).shard()).address()].push_back(i);
@@ -61,7 +64,13 @@ absl::Status ParameterClient::RunAll(const std::vector<Request>& requests,
   for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
   absl::Status last;
   for (int attempt = 0; attempt < kMaxAttempts && !todo.empty(); ++attempt) {
-    if (attempt > 0) usleep(100000 << attempt);  // backoff before retrying UNAVAILABLE
+    if (attempt > 0) {  // backoff before retrying UNAVAILABLE, unless a newer map is out
+      const absl::Time until = absl::Now() + absl::Milliseconds(100 << attempt);
+      while (absl::Now() < until) {
+        if (superseded_ && superseded_()) return last;
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    }
     std::vector<grpc::ClientContext> contexts(todo.size());
     std::vector<grpc::Status> results(todo.size());
     absl::Mutex mu;

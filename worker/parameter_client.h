@@ -6,6 +6,7 @@
 #ifndef FULCRUM_WORKER_PARAMETER_CLIENT_H_
 #define FULCRUM_WORKER_PARAMETER_CLIENT_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,7 +25,11 @@ class ParameterClient {
   // with default limits could take them, and well below our 8 MiB limit.
   static constexpr int64_t kMaxBatchBytes = 3 << 20;
 
-  ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id);
+  // `superseded` (optional) says whether a newer shard map than `map` is
+  // known: retries of UNAVAILABLE stop as soon as it is, so that a worker
+  // moves to the new map at once rather than backing off on a dead server.
+  ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id,
+                  std::function<bool()> superseded = nullptr);
 
   // One float buffer per tensor of the map, sized to the tensor.
   std::vector<std::vector<float>> MakeBuffers() const;
@@ -62,6 +67,7 @@ class ParameterClient {
   v1::ParameterService::Stub* Stub(const std::string& address);
 
   const v1::ShardMap map_;
+  const std::function<bool()> superseded_;
   const std::string job_id_;
   const std::string worker_id_;
   std::vector<Batch> batches_;

@@ -213,7 +213,7 @@ class TrainingRun {
         layout_(LayoutFor(spec_, trainer->train_->num_features, trainer->train_->num_classes)),
         model_(layout_.config, trainer->backend_),
         writer_id_(WriterId(trainer->worker_id_)),
-        client_(std::make_unique<ParameterClient>(assignment.shard_map(), trainer->job_id_, writer_id_)),
+        client_(MakeClient(assignment.shard_map())),
         params_(trainer->backend_, client_->MakeBuffers()),
         pulled_(client_->MakeBuffers()),
         grads_(trainer->backend_, client_->MakeBuffers()) {}
@@ -234,6 +234,12 @@ class TrainingRun {
   absl::Status RunAsp();
 
  private:
+  std::unique_ptr<ParameterClient> MakeClient(const v1::ShardMap& map) {
+    auto superseded = [this, version = map.version()] {
+      return trainer_.hooks_.latest_assignment().shard_map().version() > version;
+    };
+    return std::make_unique<ParameterClient>(map, trainer_.job_id_, writer_id_, superseded);
+  }
   // Computes partition p's gradient at `step` from the uploaded parameters and pushes it.
   absl::Status ComputeAndPush(int32_t partition, int64_t step);
   // Computes and pushes, at `step`, each partition of `assignment` not yet
@@ -318,7 +324,7 @@ absl::Status TrainingRun::Recover(const absl::Status& error) {
   if (assignment.shard_map().version() > current) {
     FLOG(INFO) << "job " << trainer_.job_id_ << ": shard map version " << assignment.shard_map().version()
                << " after: " << error.message();
-    client_ = std::make_unique<ParameterClient>(assignment.shard_map(), trainer_.job_id_, writer_id_);
+    client_ = MakeClient(assignment.shard_map());
   }
   return absl::OkStatus();
 }

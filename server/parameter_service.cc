@@ -371,6 +371,12 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*, const v1::PushRequ
   // Backups have it before the primary applies and acknowledges it, so an
   // acknowledged update survives the primary's death. Retries are safe: every
   // replica deduplicates.
+  if (status.ok() && !(*shard)->config().synchronous) {
+    absl::MutexLock order(&(*shard)->replication_order());
+    status = ForwardToBackups(**shard, *request);
+    if (status.ok()) status = ApplyPush(shard->get(), *request, response);
+    return Finish("Push", status, received, response->ByteSizeLong());
+  }
   if (status.ok()) status = ForwardToBackups(**shard, *request);
   if (status.ok()) status = ApplyPush(shard->get(), *request, response);
   return Finish("Push", status, received, response->ByteSizeLong());

@@ -188,6 +188,10 @@ class JobShard {
   void Drop(const std::string& reason);
   void Freeze(const std::string& reason);
   const JobShardConfig& config() const { return config_; }
+  // ASP/SSP primaries hold it from forwarding a push to their backups until
+  // they have applied it, so every replica applies pushes in one order and
+  // replicas stay bit-identical (BSP sums in partition order anyway).
+  absl::Mutex& replication_order() { return replication_order_; }
 
   // Replication roles, per shard of the job, under a shard-map version.
   struct ShardRole {
@@ -209,6 +213,7 @@ class JobShard {
   absl::StatusOr<Chunk*> Find(int32_t chunk_id) const;
 
   const JobShardConfig config_;
+  absl::Mutex replication_order_;
   mutable absl::Mutex chunks_mu_ ABSL_ACQUIRED_BEFORE(roles_mu_);  // guards chunks_ (chunks are never removed)
   std::map<int32_t, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(chunks_mu_);
   mutable absl::Mutex roles_mu_;                      // guards the roles below

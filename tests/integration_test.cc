@@ -451,6 +451,35 @@ TEST_F(ServerFailoverTest, KilledBackupLosesNoUpdate) {
   });
 }
 
+// ASP with replicas: the primary forwards and applies each push under one
+// lock, so its backup applies the pushes in the same order and the two end
+// bit-identical (values, optimizer state and update count).
+TEST_F(ServerFailoverTest, AspReplicasStayBitIdentical) {
+  for (; killed_ > 0; --killed_) ASSERT_TRUE(cluster_->AddServer().ok());
+  v1::JobSpec spec = SyntheticSpec(v1::ASP, 2, 4, 0);
+  spec.set_num_shards(1);
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  ASSERT_EQ(done.shard_map().shards(0).backup_addresses_size(), 1);
+  auto primary = v1::ParameterService::NewStub(MakeChannel(done.shard_map().shards(0).address()));
+  auto backup = v1::ParameterService::NewStub(MakeChannel(done.shard_map().shards(0).backup_addresses(0)));
+  for (const v1::ChunkLocation& chunk : done.shard_map().chunks()) {
+    v1::CopyChunkRequest request;
+    request.set_job_id(*id);
+    request.set_chunk_id(chunk.chunk_id());
+    v1::ChunkState a, b;
+    grpc::ClientContext ca, cb;
+    ASSERT_TRUE(primary->CopyChunk(&ca, request, &a).ok());
+    ASSERT_TRUE(backup->CopyChunk(&cb, request, &b).ok());
+    EXPECT_EQ(a.version(), b.version()) << "chunk " << chunk.chunk_id();
+    EXPECT_TRUE(a.values() == b.values()) << "chunk " << chunk.chunk_id() << ": replicas differ";
+    ASSERT_EQ(a.optimizer_state_size(), b.optimizer_state_size());
+    for (int i = 0; i < a.optimizer_state_size(); ++i) EXPECT_TRUE(a.optimizer_state(i) == b.optimizer_state(i));
+  }
+}
+
 double MetricValue(const std::string& body, const std::string& name) {
   size_t at = body.find("\n" + name + " ");
   if (at == std::string::npos) return -1;

@@ -1,0 +1,580 @@
+// The gRPC edge of the parameter server, end to end over loopback: each test
+// starts ParameterServiceImpl in this process on port 0 (with an in-memory
+// checkpoint store and a lease the test toggles) and talks to it through a
+// real v1::ParameterService stub.
+#include "server/parameter_service.h"
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/kv_store.h"
+#include "common/metrics.h"
+#include "common/rpc.h"
+#include "common/tensor_codec.h"
+#include "common/test_util.h"
+#include "fulcrum/v1/parameter.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "server/checkpoint_store.h"
+#include "server/parameter_store.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr int kNumChunks = 2;
+constexpr int64_t kChunkLength = 4;
+constexpr float kLr = 0.5f;  // SGD without momentum: values -= 0.5 * gradient, exact in float
+constexpr double kRpcSeconds = 10.0;
+
+// One parameter server in this process. The gRPC server is shut down before
+// the service and the stores it uses go away.
+class TestServer {
+ public:
+  // `with_checkpoints`: whether the service gets a CheckpointStore (what
+  // fulcrum-server does with --data-dir).
+  static absl::StatusOr<std::unique_ptr<TestServer>> Start(const std::string& id, bool with_checkpoints) {
+    std::unique_ptr<TestServer> server(new TestServer(id));
+    auto metrics = MetricsEndpoint::Start("127.0.0.1", 0);
+    if (!metrics.ok()) return metrics.status();
+    server->metrics_ = *std::move(metrics);
+    if (with_checkpoints) {
+      server->kv_ = NewMemoryStore();
+      server->checkpoints_ = std::make_unique<CheckpointStore>(server->kv_.get());
+    }
+    TestServer* raw = server.get();
+    server->service_ = std::make_unique<ParameterServiceImpl>(
+        &server->store_, server->metrics_.get(), [raw] { return raw->lease_valid_.load(); },
+        server->checkpoints_.get());
+    auto running = StartGrpcServer("127.0.0.1", 0, {server->service_.get()});
+    if (!running.ok()) return running.status();
+    server->running_ = *std::move(running);
+    server->address_ = absl::StrCat("127.0.0.1:", server->running_.port);
+    server->stub_ = v1::ParameterService::NewStub(MakeChannel(server->address_));
+    return server;
+  }
+
+  ~TestServer() {
+    if (running_.server != nullptr) running_.server->Shutdown();
+  }
+
+  const std::string& id() const { return id_; }
+  const std::string& address() const { return address_; }
+  v1::ParameterService::Stub* stub() { return stub_.get(); }
+  void set_lease_valid(bool valid) { lease_valid_ = valid; }
+
+ private:
+  explicit TestServer(std::string id) : id_(std::move(id)) {}
+
+  const std::string id_;
+  std::atomic<bool> lease_valid_{true};
+  std::unique_ptr<MetricsEndpoint> metrics_;
+  std::unique_ptr<KvStore> kv_;
+  std::unique_ptr<CheckpointStore> checkpoints_;
+  ParameterStore store_;
+  std::unique_ptr<ParameterServiceImpl> service_;
+  RunningServer running_;
+  std::string address_;
+  std::unique_ptr<v1::ParameterService::Stub> stub_;
+};
+
+// A replica group as a shard map names it: (id, address) of the primary and
+// of each backup.
+struct Replica {
+  std::string id;
+  std::string address;
+};
+struct ReplicaGroup {
+  Replica primary;
+  std::vector<Replica> backups;
+};
+
+// One tensor of kNumChunks * kChunkLength floats; chunk i at offset
+// i * kChunkLength, every chunk on shard 0, led by `group`.
+v1::ShardMap MakeShardMap(int64_t version, const ReplicaGroup& group) {
+  v1::ShardMap map;
+  map.set_version(version);
+  map.set_chunk_elems(kChunkLength);
+  v1::TensorLayout* tensor = map.add_tensors();
+  tensor->set_name("weights");
+  tensor->add_shape(kNumChunks * kChunkLength);
+  tensor->set_size(kNumChunks * kChunkLength);
+  for (int i = 0; i < kNumChunks; ++i) {
+    v1::ChunkLocation* chunk = map.add_chunks();
+    chunk->set_chunk_id(i);
+    chunk->set_tensor(0);
+    chunk->set_offset(i * kChunkLength);
+    chunk->set_length(kChunkLength);
+    chunk->set_shard(0);
+  }
+  v1::ShardLocation* shard = map.add_shards();
+  shard->set_shard(0);
+  shard->set_server_id(group.primary.id);
+  shard->set_address(group.primary.address);
+  for (const Replica& backup : group.backups) {
+    shard->add_backup_ids(backup.id);
+    shard->add_backup_addresses(backup.address);
+  }
+  return map;
+}
+
+// What the scheduler sends `server_id` (JobManager::SetupRequestFor followed
+// by AddChunkSetup for each chunk of the map): zero-initialized chunks, SGD.
+v1::SetupJobRequest MakeSetup(const std::string& job_id, v1::Mode mode, const v1::ShardMap& map,
+                              const std::string& server_id) {
+  v1::SetupJobRequest request;
+  request.set_job_id(job_id);
+  request.mutable_spec()->set_mode(mode);
+  request.mutable_spec()->mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
+  request.mutable_spec()->mutable_optimizer()->set_lr(kLr);
+  request.set_num_partitions(1);
+  request.set_total_steps(100);
+  *request.mutable_shard_map() = map;
+  request.set_server_id(server_id);
+  for (const v1::ChunkLocation& chunk : map.chunks()) {
+    v1::ChunkSetup* setup = request.add_chunks();
+    setup->set_chunk_id(chunk.chunk_id());
+    setup->set_shard(chunk.shard());
+    setup->set_tensor(chunk.tensor());
+    setup->set_offset(chunk.offset());
+    setup->set_length(chunk.length());
+    setup->set_init(v1::ChunkSetup::ZEROS);
+  }
+  return request;
+}
+
+std::string Floats(const std::vector<float>& values) {
+  std::string bytes;
+  EncodeFloats(values.data(), static_cast<int64_t>(values.size()), &bytes);
+  return bytes;
+}
+
+// A push from worker "w0" of partition 0.
+v1::PushRequest MakePush(const std::string& job_id, int64_t seq, int64_t step, int64_t map_version,
+                         const std::vector<std::pair<int32_t, std::vector<float>>>& gradients) {
+  v1::PushRequest request;
+  request.set_job_id(job_id);
+  request.set_worker_id("w0");
+  request.set_partition(0);
+  request.set_seq(seq);
+  request.set_step(step);
+  request.set_map_version(map_version);
+  for (const auto& [chunk_id, gradient] : gradients) {
+    v1::ChunkData* chunk = request.add_chunks();
+    chunk->set_chunk_id(chunk_id);
+    chunk->set_data(Floats(gradient));
+  }
+  return request;
+}
+
+const std::vector<float> kGradient = {1, 2, 3, 4};
+const std::vector<float> kOneStep = {-0.5f, -1.0f, -1.5f, -2.0f};  // zeros after one kGradient step
+const std::vector<float> kZeros(kChunkLength, 0.0f);
+
+grpc::Status Push(v1::ParameterService::Stub* stub, const v1::PushRequest& request,
+                  v1::PushResponse* response = nullptr) {
+  v1::PushResponse ignored;
+  grpc::ClientContext context;
+  SetDeadline(&context, kRpcSeconds);
+  return stub->Push(&context, request, response != nullptr ? response : &ignored);
+}
+
+grpc::Status Replicate(v1::ParameterService::Stub* stub, const v1::PushRequest& request) {
+  v1::PushResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kRpcSeconds);
+  return stub->Replicate(&context, request, &response);
+}
+
+grpc::Status SetupJob(v1::ParameterService::Stub* stub, const v1::SetupJobRequest& request) {
+  v1::SetupJobResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kRpcSeconds);
+  return stub->SetupJob(&context, request, &response);
+}
+
+grpc::Status Reconfigure(v1::ParameterService::Stub* stub, const std::string& job_id, const v1::ShardMap& map) {
+  v1::ReconfigureRequest request;
+  request.set_job_id(job_id);
+  *request.mutable_shard_map() = map;
+  v1::ReconfigureResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kRpcSeconds);
+  return stub->Reconfigure(&context, request, &response);
+}
+
+grpc::Status Checkpoint(v1::ParameterService::Stub* stub, const std::string& job_id, int64_t checkpoint_id,
+                        int64_t at_version, v1::CheckpointResponse* response) {
+  v1::CheckpointRequest request;
+  request.set_job_id(job_id);
+  request.set_checkpoint_id(checkpoint_id);
+  request.set_at_version(at_version);
+  request.set_timeout_ms(5000);
+  grpc::ClientContext context;
+  SetDeadline(&context, kRpcSeconds);
+  return stub->Checkpoint(&context, request, response);
+}
+
+grpc::Status ReadCheckpoint(v1::ParameterService::Stub* stub, const std::string& job_id, int64_t checkpoint_id,
+                            int32_t chunk_id, uint32_t checksum, v1::ChunkState* state) {
+  v1::ReadCheckpointRequest request;
+  request.set_job_id(job_id);
+  request.set_checkpoint_id(checkpoint_id);
+  request.set_chunk_id(chunk_id);
+  request.set_checksum(checksum);
+  grpc::ClientContext context;
+  SetDeadline(&context, kRpcSeconds);
+  return stub->ReadCheckpoint(&context, request, state);
+}
+
+// One chunk as a pull returns it.
+struct Pulled {
+  grpc::Status status;
+  std::vector<float> values;
+  int64_t version = -1;
+};
+
+Pulled Pull(v1::ParameterService::Stub* stub, const std::string& job_id, int32_t chunk_id, int64_t map_version) {
+  v1::PullRequest request;
+  request.set_job_id(job_id);
+  request.add_chunk_ids(chunk_id);
+  request.set_map_version(map_version);
+  v1::PullResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kRpcSeconds);
+  Pulled pulled;
+  pulled.status = stub->Pull(&context, request, &response);
+  if (!pulled.status.ok() || response.chunks_size() != 1) return pulled;
+  const std::string& data = response.chunks(0).data();
+  pulled.values.resize(data.size() / 4);
+  pulled.status = ToGrpcStatus(DecodeFloats(data, static_cast<int64_t>(pulled.values.size()), pulled.values.data(),
+                                            "pulled chunk"));
+  pulled.version = response.chunks(0).version();
+  return pulled;
+}
+
+std::vector<float> DecodeValues(const std::string& bytes) {
+  std::vector<float> values(bytes.size() / 4);
+  EXPECT_TRUE(DecodeFloats(bytes, static_cast<int64_t>(values.size()), values.data(), "chunk state").ok());
+  return values;
+}
+
+::testing::AssertionResult IsOk(const grpc::Status& status) {
+  if (status.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "status " << status.error_code() << ": " << status.error_message();
+}
+
+// `status` has `code` and a message naming `needle`.
+::testing::AssertionResult HasError(const grpc::Status& status, grpc::StatusCode code, absl::string_view needle) {
+  if (status.error_code() != code) {
+    return ::testing::AssertionFailure() << "status code " << status.error_code() << " (" << status.error_message()
+                                         << "), expected " << code;
+  }
+  return Contains(status.error_message(), needle);
+}
+
+class ParameterServiceTest : public ::testing::Test {
+ protected:
+  // The server under test, "ps-0", with a checkpoint store.
+  void SetUp() override {
+    server_ = StartServer("ps-0", /*with_checkpoints=*/true);
+    ASSERT_NE(server_, nullptr);
+  }
+
+  std::unique_ptr<TestServer> StartServer(const std::string& id, bool with_checkpoints) {
+    auto server = TestServer::Start(id, with_checkpoints);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return nullptr;
+    return *std::move(server);
+  }
+
+  // A job on `server` as the lone replica (primary, no backups), map version 1.
+  grpc::Status SetUpAlone(TestServer* server, const std::string& job_id, v1::Mode mode) {
+    return SetupJob(server->stub(), MakeSetup(job_id, mode, AloneMap(server, 1), server->id()));
+  }
+  v1::ShardMap AloneMap(TestServer* server, int64_t version) {
+    return MakeShardMap(version, ReplicaGroup{{server->id(), server->address()}, {}});
+  }
+
+  // Expects `chunk_id` of the job on `server` to hold `values` at `version`.
+  void ExpectChunk(TestServer* server, const std::string& job_id, int32_t chunk_id, int64_t map_version,
+                   const std::vector<float>& values, int64_t version) {
+    Pulled pulled = Pull(server->stub(), job_id, chunk_id, map_version);
+    ASSERT_TRUE(IsOk(pulled.status));
+    EXPECT_EQ(pulled.values, values) << "chunk " << chunk_id;
+    EXPECT_EQ(pulled.version, version) << "chunk " << chunk_id;
+  }
+
+  std::unique_ptr<TestServer> server_;
+};
+
+TEST_F(ParameterServiceTest, PushForChunkNotHeldIsNotFoundAndServerKeepsServing) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  EXPECT_TRUE(HasError(Push(server_->stub(), MakePush("job", 1, 0, 1, {{7, kGradient}})), grpc::StatusCode::NOT_FOUND,
+                       "chunk 7"));
+  v1::PushResponse response;
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", 2, 0, 1, {{0, kGradient}}), &response)));
+  EXPECT_EQ(response.applied(), 1);
+  ExpectChunk(server_.get(), "job", 0, 1, kOneStep, 1);
+}
+
+TEST_F(ParameterServiceTest, PushToBackupOnlyIsAbortedNotItsPrimary) {
+  // "ps-other" leads the shard; this server is only its backup.
+  v1::ShardMap map = MakeShardMap(1, ReplicaGroup{{"ps-other", "127.0.0.1:1"}, {{server_->id(), server_->address()}}});
+  ASSERT_TRUE(IsOk(SetupJob(server_->stub(), MakeSetup("job", v1::ASP, map, server_->id()))));
+  EXPECT_TRUE(HasError(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, kGradient}})), grpc::StatusCode::ABORTED,
+                       "chunk 0 of job job: this server is not its primary"));
+  ExpectChunk(server_.get(), "job", 0, 1, kZeros, 0);
+}
+
+TEST_F(ParameterServiceTest, PushWithOlderShardMapIsAbortedAndNothingApplied) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  ASSERT_TRUE(IsOk(Reconfigure(server_->stub(), "job", AloneMap(server_.get(), 2))));
+  EXPECT_TRUE(HasError(Push(server_->stub(), MakePush("job", 1, 0, /*map_version=*/1, {{0, kGradient}})),
+                       grpc::StatusCode::ABORTED, "shard map version 1, this server is at 2"));
+  ExpectChunk(server_.get(), "job", 0, 2, kZeros, 0);
+}
+
+TEST_F(ParameterServiceTest, PullWithOlderShardMapIsAborted) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, kGradient}}))));
+  ASSERT_TRUE(IsOk(Reconfigure(server_->stub(), "job", AloneMap(server_.get(), 2))));
+  EXPECT_TRUE(HasError(Pull(server_->stub(), "job", 0, /*map_version=*/1).status, grpc::StatusCode::ABORTED,
+                       "pull made with shard map version 1, this server is at 2"));
+  ExpectChunk(server_.get(), "job", 0, 2, kOneStep, 1);
+}
+
+TEST_F(ParameterServiceTest, PushWithoutLeaseIsUnavailableUntilLeaseReturns) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  const v1::PushRequest push = MakePush("job", 1, 0, 1, {{0, kGradient}});
+  server_->set_lease_valid(false);
+  EXPECT_TRUE(HasError(Push(server_->stub(), push), grpc::StatusCode::UNAVAILABLE, "lost its lease"));
+  ExpectChunk(server_.get(), "job", 0, 1, kZeros, 0);
+
+  server_->set_lease_valid(true);
+  v1::PushResponse response;
+  ASSERT_TRUE(IsOk(Push(server_->stub(), push, &response)));
+  EXPECT_EQ(response.applied(), 1);
+  EXPECT_EQ(response.duplicates(), 0);  // the refused push left no watermark behind
+  ExpectChunk(server_.get(), "job", 0, 1, kOneStep, 1);
+}
+
+// Primary "ps-0" (server_) and its backup "ps-1" hold the job at map version 1.
+class ParameterServiceReplicationTest : public ParameterServiceTest {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(ParameterServiceTest::SetUp());
+    backup_ = StartServer("ps-1", /*with_checkpoints=*/false);
+    ASSERT_NE(backup_, nullptr);
+    ASSERT_TRUE(IsOk(SetupJob(backup_->stub(), MakeSetup("job", v1::ASP, Map(1), backup_->id()))));
+    ASSERT_TRUE(IsOk(SetupJob(server_->stub(), MakeSetup("job", v1::ASP, Map(1), server_->id()))));
+  }
+  v1::ShardMap Map(int64_t version) {
+    return MakeShardMap(version,
+                        ReplicaGroup{{server_->id(), server_->address()}, {{backup_->id(), backup_->address()}}});
+  }
+  std::unique_ptr<TestServer> backup_;
+};
+
+TEST_F(ParameterServiceReplicationTest, PushReachesBackupBeforeItIsAcknowledged) {
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, kGradient}}))));
+  ExpectChunk(backup_.get(), "job", 0, 1, kOneStep, 1);
+  ExpectChunk(server_.get(), "job", 0, 1, kOneStep, 1);
+}
+
+TEST_F(ParameterServiceReplicationTest, ReplicateWithOlderShardMapThanBackupsIsAborted) {
+  ASSERT_TRUE(IsOk(Reconfigure(backup_->stub(), "job", Map(2))));
+  EXPECT_TRUE(HasError(Replicate(backup_->stub(), MakePush("job", 1, 0, /*map_version=*/1, {{0, kGradient}})),
+                       grpc::StatusCode::ABORTED, "shard map version 1, this server is at 2"));
+  ExpectChunk(backup_.get(), "job", 0, 2, kZeros, 0);
+}
+
+TEST_F(ParameterServiceReplicationTest, PrimaryBehindItsBackupsMapIsAbortedAndAppliesNothing) {
+  ASSERT_TRUE(IsOk(Reconfigure(backup_->stub(), "job", Map(2))));
+  EXPECT_TRUE(HasError(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, kGradient}})), grpc::StatusCode::ABORTED,
+                       absl::StrCat("replicating to backup ", backup_->address())));
+  ExpectChunk(server_.get(), "job", 0, 1, kZeros, 0);
+  ExpectChunk(backup_.get(), "job", 0, 2, kZeros, 0);
+}
+
+TEST_F(ParameterServiceTest, PushWithNanIsInvalidArgumentNamingElementAndAppliesNothing) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // Chunk 0's gradient is fine; chunk 1's is not: the whole push is refused.
+  EXPECT_TRUE(HasError(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, kGradient}, {1, {1, 2, nan, 4}}})),
+                       grpc::StatusCode::INVALID_ARGUMENT, "chunk 1 of job job has a non-finite gradient (nan) at element 2"));
+  ExpectChunk(server_.get(), "job", 0, 1, kZeros, 0);
+  ExpectChunk(server_.get(), "job", 1, 1, kZeros, 0);
+}
+
+TEST_F(ParameterServiceTest, PushOfWrongSizeIsInvalidArgument) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  EXPECT_TRUE(HasError(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, {1, 2, 3}}})),
+                       grpc::StatusCode::INVALID_ARGUMENT, "push to chunk 0 of job job: payload has 12 bytes, expected 16"));
+  ExpectChunk(server_.get(), "job", 0, 1, kZeros, 0);
+}
+
+TEST_F(ParameterServiceTest, DuplicatePushIsAcknowledgedNotAppliedTwice) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  const v1::PushRequest push = MakePush("job", 1, 0, 1, {{0, kGradient}});
+  v1::PushResponse first;
+  ASSERT_TRUE(IsOk(Push(server_->stub(), push, &first)));
+  EXPECT_EQ(first.applied(), 1);
+  EXPECT_EQ(first.duplicates(), 0);
+  v1::PushResponse again;
+  ASSERT_TRUE(IsOk(Push(server_->stub(), push, &again)));
+  EXPECT_EQ(again.applied(), 0);
+  EXPECT_EQ(again.duplicates(), 1);
+  ExpectChunk(server_.get(), "job", 0, 1, kOneStep, 1);
+}
+
+TEST_F(ParameterServiceTest, CheckpointAtNegativeVersionReportsVersionRange) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, kGradient}}))));
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", 2, 1, 1, {{0, kGradient}}))));
+  v1::CheckpointResponse response;
+  ASSERT_TRUE(IsOk(Checkpoint(server_->stub(), "job", 1, /*at_version=*/-1, &response)));
+  EXPECT_EQ(response.min_version(), 0);  // chunk 1
+  EXPECT_EQ(response.max_version(), 2);  // chunk 0
+  EXPECT_EQ(response.chunks_size(), 0);  // nothing taken
+}
+
+TEST_F(ParameterServiceTest, CheckpointWithoutCheckpointStoreIsFailedPrecondition) {
+  std::unique_ptr<TestServer> bare = StartServer("ps-bare", /*with_checkpoints=*/false);
+  ASSERT_NE(bare, nullptr);
+  ASSERT_TRUE(IsOk(SetUpAlone(bare.get(), "job", v1::ASP)));
+  v1::CheckpointResponse response;
+  EXPECT_TRUE(HasError(Checkpoint(bare->stub(), "job", 1, /*at_version=*/0, &response),
+                       grpc::StatusCode::FAILED_PRECONDITION, "--data-dir"));
+}
+
+TEST_F(ParameterServiceTest, AspCheckpointWritesEveryChunkAndReadsBack) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, kGradient}, {1, {-4, -3, -2, -1}}}))));
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", 2, 1, 1, {{0, kGradient}}))));
+  v1::CheckpointResponse response;
+  ASSERT_TRUE(IsOk(Checkpoint(server_->stub(), "job", 1, /*at_version=*/0, &response)));
+  ASSERT_EQ(response.chunks_size(), kNumChunks);
+  for (const v1::CheckpointChunk& chunk : response.chunks()) {
+    SCOPED_TRACE(absl::StrCat("chunk ", chunk.chunk_id()));
+    EXPECT_NE(chunk.checksum(), 0u);
+    EXPECT_GT(chunk.bytes(), 0);
+    Pulled pulled = Pull(server_->stub(), "job", chunk.chunk_id(), 1);
+    ASSERT_TRUE(IsOk(pulled.status));
+    EXPECT_EQ(chunk.version(), pulled.version);
+    v1::ChunkState state;
+    ASSERT_TRUE(IsOk(ReadCheckpoint(server_->stub(), "job", 1, chunk.chunk_id(), chunk.checksum(), &state)));
+    EXPECT_EQ(DecodeValues(state.values()), pulled.values);
+    EXPECT_EQ(state.version(), pulled.version);
+  }
+}
+
+TEST_F(ParameterServiceTest, BspCheckpointBelowChunkVersionIsAborted) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::BSP)));
+  // One partition: every push completes a step.
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, kGradient}, {1, kGradient}}))));
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", 2, 1, 1, {{0, kGradient}, {1, kGradient}}))));
+  v1::CheckpointResponse response;
+  EXPECT_TRUE(HasError(Checkpoint(server_->stub(), "job", 1, /*at_version=*/1, &response), grpc::StatusCode::ABORTED,
+                       "chunk 0 of job job is at version 2, past the checkpoint's 1"));
+}
+
+TEST_F(ParameterServiceTest, ReadCheckpointWithWrongChecksumIsDataLoss) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  v1::CheckpointResponse response;
+  ASSERT_TRUE(IsOk(Checkpoint(server_->stub(), "job", 1, /*at_version=*/0, &response)));
+  ASSERT_EQ(response.chunks_size(), kNumChunks);
+  v1::ChunkState state;
+  EXPECT_TRUE(HasError(ReadCheckpoint(server_->stub(), "job", 1, 0, response.chunks(0).checksum() ^ 1u, &state),
+                       grpc::StatusCode::DATA_LOSS, "chunk 0 of checkpoint 1 of job \"job\""));
+}
+
+TEST_F(ParameterServiceTest, DeletedCheckpointIsNotFound) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  v1::CheckpointResponse response;
+  ASSERT_TRUE(IsOk(Checkpoint(server_->stub(), "job", 1, /*at_version=*/0, &response)));
+  v1::DeleteCheckpointRequest request;
+  request.set_job_id("job");
+  request.set_checkpoint_id(1);
+  v1::DeleteCheckpointResponse deleted;
+  grpc::ClientContext context;
+  SetDeadline(&context, kRpcSeconds);
+  ASSERT_TRUE(IsOk(server_->stub()->DeleteCheckpoint(&context, request, &deleted)));
+  v1::ChunkState state;
+  EXPECT_TRUE(HasError(ReadCheckpoint(server_->stub(), "job", 1, 0, 0, &state), grpc::StatusCode::NOT_FOUND,
+                       "chunk 0 of checkpoint 1 of job \"job\""));
+}
+
+// A RestoreSource for checkpoint `checkpoint_id` of `job_id`, written by
+// `writer` (the chunks as its Checkpoint response lists them).
+v1::RestoreSource RestoreFrom(const std::string& job_id, int64_t checkpoint_id,
+                              const v1::CheckpointResponse& written, const TestServer& writer) {
+  v1::RestoreSource restore;
+  restore.set_job_id(job_id);
+  restore.set_checkpoint_id(checkpoint_id);
+  for (v1::CheckpointChunk chunk : written.chunks()) {
+    chunk.add_server_ids(writer.id());
+    *restore.add_chunks() = std::move(chunk);
+  }
+  (*restore.mutable_server_addresses())[writer.id()] = writer.address();
+  return restore;
+}
+
+TEST_F(ParameterServiceTest, SetupJobRestoresCheckpointWrittenByThisServer) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "old", v1::ASP)));
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("old", 1, 0, 1, {{0, kGradient}, {1, {-4, -3, -2, -1}}}))));
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("old", 2, 1, 1, {{0, kGradient}}))));
+  v1::CheckpointResponse written;
+  ASSERT_TRUE(IsOk(Checkpoint(server_->stub(), "old", 5, /*at_version=*/0, &written)));
+
+  v1::SetupJobRequest setup = MakeSetup("new", v1::ASP, AloneMap(server_.get(), 1), server_->id());
+  *setup.mutable_restore() = RestoreFrom("old", 5, written, *server_);
+  ASSERT_TRUE(IsOk(SetupJob(server_->stub(), setup)));
+  ExpectChunk(server_.get(), "new", 0, 1, {-1, -2, -3, -4}, 2);
+  ExpectChunk(server_.get(), "new", 1, 1, {2, 1.5f, 1, 0.5f}, 1);
+}
+
+TEST_F(ParameterServiceTest, SetupJobRestoresCheckpointFromTheServerThatWroteIt) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "old", v1::ASP)));
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("old", 1, 0, 1, {{0, kGradient}}))));
+  v1::CheckpointResponse written;
+  ASSERT_TRUE(IsOk(Checkpoint(server_->stub(), "old", 5, /*at_version=*/0, &written)));
+
+  // Another server, whose own checkpoint store lacks checkpoint 5, reads it from ps-0.
+  std::unique_ptr<TestServer> other = StartServer("ps-1", /*with_checkpoints=*/true);
+  ASSERT_NE(other, nullptr);
+  v1::SetupJobRequest setup = MakeSetup("new", v1::ASP, AloneMap(other.get(), 1), other->id());
+  *setup.mutable_restore() = RestoreFrom("old", 5, written, *server_);
+  ASSERT_TRUE(IsOk(SetupJob(other->stub(), setup)));
+  ExpectChunk(other.get(), "new", 0, 1, kOneStep, 1);
+  ExpectChunk(other.get(), "new", 1, 1, kZeros, 0);
+}
+
+TEST_F(ParameterServiceTest, SetupJobWithEmptyChunkIsInvalidArgument) {
+  v1::SetupJobRequest setup = MakeSetup("job", v1::ASP, AloneMap(server_.get(), 1), server_->id());
+  setup.mutable_chunks(1)->set_length(0);
+  EXPECT_TRUE(HasError(SetupJob(server_->stub(), setup), grpc::StatusCode::INVALID_ARGUMENT, "chunk 1 has length 0"));
+  EXPECT_TRUE(HasError(Pull(server_->stub(), "job", 0, 1).status, grpc::StatusCode::NOT_FOUND,
+                       "job job is not set up on this server"));
+}
+
+}  // namespace
+}  // namespace fulcrum
+namespace fulcrum { namespace {
+TEST_F(ParameterServiceTest, ProbeRemovedReplicaTakesPushes) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  v1::ShardMap map = MakeShardMap(2, ReplicaGroup{{"ps-x", "127.0.0.1:1"}, {{"ps-y", "127.0.0.1:2"}}});
+  ASSERT_TRUE(IsOk(Reconfigure(server_->stub(), "job", map)));
+  grpc::Status s = Push(server_->stub(), MakePush("job", 1, 0, 2, {{0, kGradient}}));
+  EXPECT_FALSE(s.ok()) << "removed replica accepted a push";
+  ExpectChunk(server_.get(), "job", 0, 2, kZeros, 0);
+}
+}}

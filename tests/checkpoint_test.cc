@@ -345,6 +345,48 @@ TEST_F(CheckpointTest, ResumeOnAnotherTopologyAndExport) {
   }
 }
 
+// A checkpoint of another model: the new job fails before training, naming
+// the mismatch.
+TEST_F(CheckpointTest, ResumeWithAnotherModelFailsNamingTheMismatch) {
+  auto source = Submit(Spec(300));
+  ASSERT_TRUE(source.ok()) << source.status();
+  v1::JobStatus done = WaitForEnd(*source);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  ASSERT_GT(Complete(done), 0);
+  v1::JobSpec other = Spec(0);
+  other.mutable_model()->set_hidden_sizes(0, 32);
+  grpc::ClientContext context;
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = other;
+  request.set_resume_from(*source);
+  v1::SubmitJobResponse response;
+  ASSERT_TRUE(stub_->SubmitJob(&context, request, &response).ok());
+  v1::JobStatus failed = WaitForEnd(response.job_id());
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_NE(failed.reason().find("does not fit"), std::string::npos) << failed.reason();
+  EXPECT_NE(failed.reason().find("layer0.weight"), std::string::npos) << failed.reason();
+}
+
+// The servers' data folders are gone when the cluster comes back: the
+// restore cannot read any checkpoint and the job fails, naming the
+// checkpoint and the chunk; nothing crashes or hangs.
+TEST_F(CheckpointTest, LostDataFoldersFailTheRestoreClearly) {
+  auto id = Submit(Spec(300));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_EQ(WaitForCheckpoints(*id, 1).state(), v1::RUNNING);
+  stub_.reset();
+  cluster_.reset();
+  ASSERT_EQ(std::system(absl::StrCat("rm -rf '", options_.dir, "/state'").c_str()), 0);
+  auto cluster = LocalCluster::Start(options_);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  cluster_ = std::move(*cluster);
+  stub_ = v1::JobService::NewStub(MakeChannel(cluster_->scheduler_address()));
+  v1::JobStatus done = WaitForEnd(*id);
+  EXPECT_EQ(done.state(), v1::FAILED);
+  EXPECT_NE(done.reason().find("checkpoint"), std::string::npos) << done.reason();
+  EXPECT_NE(done.reason().find("chunk"), std::string::npos) << done.reason();
+}
+
 // Bad input: an unknown job, an unknown checkpoint, a bad id, a job that is
 // not training: clear errors, nothing started.
 TEST_F(CheckpointTest, BadCheckpointRequestsAreRefusedClearly) {

@@ -20,7 +20,7 @@
 // 3. Step-time overhead: a local cluster of real processes (2 servers, 2
 //    workers, replicas 1) runs a BSP synthetic job (MLP 784-2048-2048-10,
 //    about 23 MB of parameters, batch 64) of a fixed number of steps
-//    (calibrated to about 100 s) without checkpoints and with
+//    (calibrated to at least 90 s) without checkpoints and with
 //    checkpoint.every_seconds 30, alternated (none, ckpt, none, ckpt); steps/s
 //    of each, the overhead, and the checkpoints taken and their durations.
 //
@@ -76,7 +76,8 @@
 ABSL_FLAG(bool, quick, false,
           "A smoke test: a 64 MiB model (unless --model-mib), one run of each, ~20 s jobs "
           "checkpointed every 5 s; the figures are rough");
-ABSL_FLAG(int, model_mib, 0, "Model size for figures 1 and 2, MiB of float32 parameters (0: 1024, or 64 with --quick)");
+ABSL_FLAG(int, model_mib, 0,
+          "Model size for figures 1 and 2, MiB of float32 parameters (0: 1024, or 64 with --quick)");
 ABSL_FLAG(int, runs, 0, "Repeats of each side of every figure (0: 2, or 1 with --quick)");
 ABSL_FLAG(bool, keep_logs, false, "Keep the temp folder (cluster logs) even when every figure was measured");
 
@@ -150,7 +151,8 @@ class Cleanup {
     for (const std::string& dir : clusters_) {
       auto opened = LocalCluster::Open(dir);  // not owned: its destructor kills nothing
       if (!opened.ok()) continue;
-      for (const v1::LocalProcess& p : (*opened)->file().processes()) kill(static_cast<pid_t>(p.pid()), SIGKILL);
+      for (const v1::LocalProcess& p : (*opened)->file().processes())
+        kill(static_cast<pid_t>(p.pid()), SIGKILL);
     }
     if (!temp_dir_.empty() && !keep_) {
       std::error_code ignored;
@@ -246,7 +248,8 @@ struct StorageResults {
 
 // The chunk records of a checkpoint as raw key/value pairs (the baseline's
 // puts); times their encoding and, separately, a crc32 over them.
-std::vector<std::pair<std::string, std::string>> RawPuts(const Snapshots& snapshots, StorageResults* results) {
+std::vector<std::pair<std::string, std::string>> RawPuts(const Snapshots& snapshots,
+                                                         StorageResults* results) {
   std::vector<std::pair<std::string, std::string>> puts;
   puts.reserve(snapshots.size());
   const absl::Time encoding = absl::Now();
@@ -258,8 +261,8 @@ std::vector<std::pair<std::string, std::string>> RawPuts(const Snapshots& snapsh
   const absl::Time crcing = absl::Now();
   int64_t bytes = 0;
   for (const auto& put : puts) {
-    results->crc_sink ^= static_cast<uint32_t>(
-        crc32_z(0L, reinterpret_cast<const Bytef*>(put.second.data()), static_cast<z_size_t>(put.second.size())));
+    results->crc_sink ^= static_cast<uint32_t>(crc32_z(0L, reinterpret_cast<const Bytef*>(put.second.data()),
+                                                       static_cast<z_size_t>(put.second.size())));
     bytes += static_cast<int64_t>(put.second.size());
   }
   results->crc_seconds.push_back(SecondsSince(crcing));
@@ -267,7 +270,8 @@ std::vector<std::pair<std::string, std::string>> RawPuts(const Snapshots& snapsh
   return puts;
 }
 
-absl::StatusOr<double> TimeRawWrite(const std::string& dir, const Snapshots& snapshots, StorageResults* results) {
+absl::StatusOr<double> TimeRawWrite(const std::string& dir, const Snapshots& snapshots,
+                                    StorageResults* results) {
   std::vector<std::pair<std::string, std::string>> puts = RawPuts(snapshots, results);
   ASSIGN_OR_RETURN(std::unique_ptr<KvStore> kv, OpenRocksDbStore(dir));
   const absl::Time start = absl::Now();
@@ -308,24 +312,26 @@ absl::StatusOr<Snapshots> CaptureModel(int64_t elements, int runs, StorageResult
   ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(ModelConfig(elements)));
   RETURN_IF_ERROR(TrainOneStep(shard.get()));
   results->chunks = static_cast<int64_t>(shard->chunk_ids().size());
-  Log(absl::StrFormat("model: %d MiB of parameters + 1 momentum slot in %d chunks of %d floats, built in %.1f s",
-                      results->model_bytes >> 20, results->chunks, kChunkElems, SecondsSince(building)));
+  Log(absl::StrFormat(
+      "model: %d MiB of parameters + 1 momentum slot in %d chunks of %d floats, built in %.1f s",
+      results->model_bytes >> 20, results->chunks, kChunkElems, SecondsSince(building)));
   Snapshots snapshots;
   for (int run = 0; run < runs; ++run) {
     snapshots.clear();  // not timed: freeing the previous cut
     const absl::Time start = absl::Now();
     ASSIGN_OR_RETURN(snapshots, shard->CaptureAll(1000 + run, 0, absl::Now() + absl::Minutes(1)));
     results->capture_seconds.push_back(SecondsSince(start));
-    Log(absl::StrFormat("snapshot %d/%d (JobShard::CaptureAll, at_version 0): %s of values + momentum", run + 1,
-                        runs, Rate(2 * results->model_bytes, results->capture_seconds.back())));
+    Log(absl::StrFormat("snapshot %d/%d (JobShard::CaptureAll, at_version 0): %s of values + momentum",
+                        run + 1, runs, Rate(2 * results->model_bytes, results->capture_seconds.back())));
   }
   return snapshots;
 }
 
 // Times the restore of checkpoint `checkpoint_id` from `kv` into a fresh
 // JobShard, then checks every restored chunk against its record.
-absl::Status TimeRestore(KvStore* kv, int64_t checkpoint_id, const std::vector<CheckpointStore::ChunkRecordInfo>& infos,
-                         int64_t elements, StorageResults* results) {
+absl::Status TimeRestore(KvStore* kv, int64_t checkpoint_id,
+                         const std::vector<CheckpointStore::ChunkRecordInfo>& infos, int64_t elements,
+                         StorageResults* results) {
   ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(ModelConfig(elements)));
   CheckpointStore store(kv);
   const absl::Time start = absl::Now();
@@ -356,10 +362,11 @@ absl::Status WriteRound(const std::string& dir, int run, int runs, const Snapsho
   RemoveDir(raw_dir);
   if (!raw.ok()) return raw.status();
   results->raw_seconds.push_back(*raw);
-  Log(absl::StrFormat("raw %d/%d (KvStore::Write, %d values in 1 batch): %s; encoding the same records took %.3f s "
-                      "(crc32 alone %.3f s)",
-                      run + 1, runs, snapshots.size(), Rate(results->record_bytes, *raw),
-                      results->encode_seconds.back(), results->crc_seconds.back()));
+  Log(absl::StrFormat(
+      "raw %d/%d (KvStore::Write, %d values in 1 batch): %s; encoding the same records took %.3f s "
+      "(crc32 alone %.3f s)",
+      run + 1, runs, snapshots.size(), Rate(results->record_bytes, *raw), results->encode_seconds.back(),
+      results->crc_seconds.back()));
   const std::string ckpt_dir = absl::StrCat(dir, "/ckpt-", run);
   const int64_t checkpoint_id = run + 1;
   absl::StatusOr<CheckpointWrite> ckpt = TimeCheckpointWrite(ckpt_dir, checkpoint_id, snapshots);
@@ -368,8 +375,8 @@ absl::Status WriteRound(const std::string& dir, int run, int runs, const Snapsho
     return ckpt.status();
   }
   results->ckpt_seconds.push_back(ckpt->seconds);
-  Log(absl::StrFormat("checkpoint %d/%d (CheckpointStore::Write, %d chunk records + index in 1 batch): %s", run + 1,
-                      runs, ckpt->infos.size(), Rate(RecordBytes(ckpt->infos), ckpt->seconds)));
+  Log(absl::StrFormat("checkpoint %d/%d (CheckpointStore::Write, %d chunk records + index in 1 batch): %s",
+                      run + 1, runs, ckpt->infos.size(), Rate(RecordBytes(ckpt->infos), ckpt->seconds)));
   if (keep) {
     *kept = *std::move(ckpt);
   } else {
@@ -402,7 +409,8 @@ StorageResults MeasureStorage(const std::string& dir, int model_mib, int runs) {
   snapshots->shrink_to_fit();
   results.restore = TimeRestore(last.kv.get(), runs, last.infos, elements, &results);
   if (results.restore.ok()) {
-    Log(absl::StrFormat("restore (CheckpointStore::Read + JobShard::RestoreCheckpoint, %d chunks): %s; every "
+    Log(
+        absl::StrFormat("restore (CheckpointStore::Read + JobShard::RestoreCheckpoint, %d chunks): %s; every "
                         "restored chunk matches its record bit for bit",
                         last.infos.size(), Rate(results.record_bytes, results.restore_seconds)));
   } else {
@@ -464,8 +472,8 @@ class Cluster {
     }
     absl::Status finished = FromGrpcStatus(reader->Finish());
     return absl::UnavailableError(absl::StrCat("watching job ", id, ": ",
-                                               finished.ok() ? "stream ended" : finished.ToString(), " (last state ",
-                                               v1::JobState_Name(status.state()), ")"));
+                                               finished.ok() ? "stream ended" : finished.ToString(),
+                                               " (last state ", v1::JobState_Name(status.state()), ")"));
   }
 
  private:
@@ -565,16 +573,19 @@ std::string CountCheckpoints(const v1::JobStatus& done, OverheadResults* results
   }
   results->complete += complete;
   results->failed += failed;
-  return absl::StrFormat("%d checkpoints COMPLETE (at steps %s; %.2f s median, %.2f s max), %d FAILED", complete,
-                         steps.empty() ? "-" : absl::StrJoin(steps, ", "), Median(durations), Max(durations),
-                         failed);
+  return absl::StrFormat("%d checkpoints COMPLETE (at steps %s; %.2f s median, %.2f s max), %d FAILED",
+                         complete, steps.empty() ? "-" : absl::StrJoin(steps, ", "), Median(durations),
+                         Max(durations), failed);
 }
 
 absl::StatusOr<OverheadResults> MeasureOverhead(const std::string& dir, int runs, bool quick) {
   OverheadResults results;
   results.every_seconds = quick ? 5 : 30;
-  const double target_seconds = quick ? 20 : 100;
-  Log(absl::StrFormat("figure 3: 2 servers, 2 workers, replicas 1; MLP 784-2048-2048-10, batch 64, BSP; "
+  // The first job on fresh processes runs slower than the ones after it, so
+  // the calibration underestimates the pace: aim above the 90 s wanted.
+  const double target_seconds = quick ? 20 : 120;
+  Log(
+      absl::StrFormat("figure 3: 2 servers, 2 workers, replicas 1; MLP 784-2048-2048-10, batch 64, BSP; "
                       "checkpoint every %d s vs none, alternated, %d each",
                       results.every_seconds, runs));
   ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster, Cluster::Start(dir, 2));
@@ -596,6 +607,8 @@ absl::StatusOr<OverheadResults> MeasureOverhead(const std::string& dir, int runs
       Log(absl::StrFormat("%s run %d/%d: %.3f steps/s (%d steps in %.1f s); %s",
                           every == 0 ? "none" : absl::StrCat("every ", every, " s"), run + 1, runs,
                           steps_per_second, done.progress().step(), seconds, checkpoints));
+      if (!quick && seconds < 90)
+        Log("  (shorter than the 90 s wanted: the figure covers fewer checkpoints)");
     }
   }
   return results;
@@ -606,15 +619,16 @@ absl::StatusOr<OverheadResults> MeasureOverhead(const std::string& dir, int runs
 // ---------------------------------------------------------------------------
 
 void PrintStorageRows(const StorageResults& s) {
-  const std::string size = absl::StrFormat("%d MiB model + momentum: %.3f GB in %d records", s.model_bytes >> 20,
-                                           s.record_bytes / kGB, s.chunks);
+  const std::string size = absl::StrFormat("%d MiB model + momentum: %.3f GB in %d records",
+                                           s.model_bytes >> 20, s.record_bytes / kGB, s.chunks);
   if (s.capture_seconds.empty()) {
     std::printf("| checkpoint write vs raw RocksDB | not measured | %s |\n", s.failure.c_str());
     return;
   }
   const double capture = Median(s.capture_seconds);
-  std::printf("| in-memory snapshot (JobShard::CaptureAll, at_version 0) | %.3f s | %.2f GB/s; %s; median of %zu |\n",
-              capture, capture > 0 ? 2 * s.model_bytes / kGB / capture : 0, size.c_str(), s.capture_seconds.size());
+  std::printf(
+      "| in-memory snapshot (JobShard::CaptureAll, at_version 0) | %.3f s | %.2f GB/s; %s; median of %zu |\n",
+      capture, capture > 0 ? 2 * s.model_bytes / kGB / capture : 0, size.c_str(), s.capture_seconds.size());
   if (s.ckpt_seconds.empty() || s.raw_seconds.empty()) {
     std::printf("| checkpoint write vs raw RocksDB | not measured | %s |\n", s.failure.c_str());
     return;
@@ -622,21 +636,25 @@ void PrintStorageRows(const StorageResults& s) {
   const double raw = s.record_bytes / kGB / Median(s.raw_seconds);
   const double ckpt = s.record_bytes / kGB / Median(s.ckpt_seconds);
   const double ratio = raw > 0 ? ckpt / raw : 0;
-  std::printf("| raw RocksDB write (KvStore::Write, 1 synced batch) | %.2f GB/s | same values; median of %zu |\n", raw,
-              s.raw_seconds.size());
-  std::printf("| checkpoint write (CheckpointStore::Write, 1 synced batch) | %.2f GB/s | %s; median of %zu |\n", ckpt,
-              size.c_str(), s.ckpt_seconds.size());
   std::printf(
-      "| checkpoint / raw write | %.2f (goal >= 0.70: %s) | encoding the records (copy + crc32) %.3f s, crc32 alone "
+      "| raw RocksDB write (KvStore::Write, 1 synced batch) | %.2f GB/s | same values; median of %zu |\n",
+      raw, s.raw_seconds.size());
+  std::printf(
+      "| checkpoint write (CheckpointStore::Write, 1 synced batch) | %.2f GB/s | %s; median of %zu |\n", ckpt,
+      size.c_str(), s.ckpt_seconds.size());
+  std::printf(
+      "| checkpoint / raw write | %.2f (goal >= 0.70: %s) | encoding the records (copy + crc32) %.3f s, "
+      "crc32 alone "
       "%.3f s, of the checkpoint write's %.3f s; raw and checkpoint alternated |\n",
       ratio, ratio >= 0.70 ? "met" : "NOT met", Median(s.encode_seconds), Median(s.crc_seconds),
       Median(s.ckpt_seconds));
   if (!s.restore.ok()) {
     std::printf("| restore | not measured | %s |\n", s.restore.ToString().c_str());
   } else {
-    std::printf("| restore (CheckpointStore::Read + JobShard::RestoreCheckpoint) | %.3f s (%.2f GB/s) | every chunk "
-                "read, checksum verified, restored; checked bit for bit afterwards; OS page cache warm |\n",
-                s.restore_seconds, s.record_bytes / kGB / s.restore_seconds);
+    std::printf(
+        "| restore (CheckpointStore::Read + JobShard::RestoreCheckpoint) | %.3f s (%.2f GB/s) | every chunk "
+        "read, checksum verified, restored; checked bit for bit afterwards; OS page cache warm |\n",
+        s.restore_seconds, s.record_bytes / kGB / s.restore_seconds);
   }
 }
 
@@ -651,12 +669,14 @@ void PrintOverheadRow(const absl::StatusOr<OverheadResults>& overhead) {
   const double cost = none > 0 ? (1 - ckpt / none) * 100 : 0;
   double bytes = Median(o.checkpoint_bytes);
   std::printf(
-      "| step-time overhead, checkpoint every %d s | %.2f%% (goal <= 2%%: %s) | none %.3f steps/s, checkpointed %.3f "
-      "steps/s (mean of %zu each, alternated, %d steps a job, %.0f-%.0f s); %d checkpoints COMPLETE of %.1f MB, "
+      "| step-time overhead, checkpoint every %d s | %.2f%% (goal <= 2%%: %s) | none %.3f steps/s, "
+      "checkpointed %.3f "
+      "steps/s (mean of %zu each, alternated, %d steps a job, %.0f-%.0f s); %d checkpoints COMPLETE of %.1f "
+      "MB, "
       "%.2f s median / %.2f s max; %d FAILED%s |\n",
       o.every_seconds, cost, cost <= 2 ? "met" : "NOT met", none, ckpt, o.none.size(), o.steps,
-      *std::min_element(o.job_seconds.begin(), o.job_seconds.end()), Max(o.job_seconds), o.complete, bytes / 1e6,
-      Median(o.durations), Max(o.durations), o.failed,
+      *std::min_element(o.job_seconds.begin(), o.job_seconds.end()), Max(o.job_seconds), o.complete,
+      bytes / 1e6, Median(o.durations), Max(o.durations), o.failed,
       o.failure_reason.empty() ? "" : absl::StrCat(" (", o.failure_reason, ")").c_str());
 }
 
@@ -669,7 +689,8 @@ void PrintTable(const StorageResults& storage, const absl::StatusOr<OverheadResu
 
 std::string MakeTempDir() {
   const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp", "/fulcrum-checkpoint-bench.XXXXXX");
+  std::string pattern =
+      absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp", "/fulcrum-checkpoint-bench.XXXXXX");
   std::vector<char> buffer(pattern.begin(), pattern.end());
   buffer.push_back('\0');
   char* dir = mkdtemp(buffer.data());
@@ -713,7 +734,9 @@ int main(int argc, char** argv) {
   fulcrum::BlockTerminationSignals();
   fulcrum::AcceptDashedFlags(argc, argv);
   absl::FlagsUsageConfig config;
-  config.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, "checkpoint_bench.cc"); };
+  config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "checkpoint_bench.cc");
+  };
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);
   absl::SetProgramUsageMessage("fulcrum-checkpoint-bench [--quick] [--model-mib N] [--runs N] [--keep-logs]");

@@ -20,10 +20,6 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const st
   endpoint->port_ = ports.front();
   endpoint->registry_ = std::make_shared<prometheus::Registry>();
   endpoint->exposer_->RegisterCollectable(endpoint->registry_);
-  endpoint->requests_ = &prometheus::BuildCounter()
-                             .Name("fulcrum_rpc_requests_total")
-                             .Help("gRPC requests served, by method and status code")
-                             .Register(*endpoint->registry_);
   endpoint->received_ = &prometheus::BuildCounter()
                              .Name("fulcrum_rpc_received_bytes_total")
                              .Help("Request payload bytes received, by method")
@@ -33,10 +29,6 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const st
                          .Help("Response payload bytes sent, by method")
                          .Register(*endpoint->registry_);
   return endpoint;
-}
-
-void MetricsEndpoint::CountRpc(const std::string& method, const std::string& code) {
-  requests_->Add({{"method", method}, {"code", code}}).Increment();
 }
 
 void MetricsEndpoint::CountBytes(const std::string& method, int64_t received, int64_t sent) {

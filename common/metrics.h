@@ -25,8 +25,6 @@ class MetricsEndpoint {
   prometheus::Registry& registry() { return *registry_; }
   int port() const { return port_; }
 
-  // fulcrum_rpc_requests_total{method, code}: counts served RPCs.
-  void CountRpc(const std::string& method, const std::string& code);
   // fulcrum_rpc_received_bytes_total / fulcrum_rpc_sent_bytes_total by method.
   void CountBytes(const std::string& method, int64_t received, int64_t sent);
 
@@ -35,7 +33,6 @@ class MetricsEndpoint {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
-  prometheus::Family<prometheus::Counter>* requests_ = nullptr;
   prometheus::Family<prometheus::Counter>* received_ = nullptr;
   prometheus::Family<prometheus::Counter>* sent_ = nullptr;
 };

@@ -1,5 +1,8 @@
 #include "common/rpc.h"
 
+#include "common/grpc_metrics.h"
+#include "common/metrics.h"
+
 #include <chrono>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -22,7 +25,8 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 }
 
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
-                                              const std::vector<grpc::Service*>& services) {
+                                              const std::vector<grpc::Service*>& services,
+                                              MetricsEndpoint* metrics) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -32,6 +36,11 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   for (grpc::Service* service : services) builder.RegisterService(service);
+  if (metrics != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(NewServerMetricsInterceptorFactory(&metrics->registry()));
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address,

@@ -27,10 +27,15 @@ struct RunningServer {
   int port = 0;
 };
 
+class MetricsEndpoint;
+
 // Builds and starts a gRPC server on host:port (port 0 picks a free one)
-// serving `services`, grpc.health.v1.Health (SERVING) and reflection.
+// serving `services`, grpc.health.v1.Health (SERVING) and reflection. With
+// `metrics`, every RPC is counted and timed into its registry
+// (grpc_server_*, see common/grpc_metrics.h).
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
-                                              const std::vector<grpc::Service*>& services);
+                                              const std::vector<grpc::Service*>& services,
+                                              MetricsEndpoint* metrics = nullptr);
 
 // A channel with Fulcrum's message limits.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);

@@ -37,6 +37,7 @@ constexpr int kMaxCheckpointInfos = 100;   // FAILED entries beyond this are for
 constexpr int kMaxAttempts = 5;            // BSP: retries when the job outran the cut
 constexpr int64_t kCaptureTimeoutMs = 60000;
 constexpr int kDefaultKeepLast = 3;
+constexpr int64_t kNearEndSteps = 16;  // no periodic checkpoint this close to the end
 
 std::string ManifestKey(const std::string& job_id, int64_t id) {
   return absl::StrFormat("%s%s/%020d", kManifestPrefix, job_id, id);
@@ -108,6 +109,8 @@ void JobManager::ScheduleCheckpoints() {
   for (auto& [job_id, job] : jobs_) {
     const v1::CheckpointSpec& policy = job->status.spec().checkpoint();
     if (job->phase != Job::Phase::kTraining || job->checkpointing || Paused(*job)) continue;
+    // Not in the last steps: the job's final parameters are kept anyway.
+    if (job->status.progress().step() + kNearEndSteps >= job->total_steps) continue;
     if (policy.every_steps() > 0 && job->status.progress().step() - job->last_checkpoint_step >= policy.every_steps()) {
       QueueCheckpoint(job.get(), "every_steps");
     } else if (policy.every_seconds() > 0 &&
@@ -232,7 +235,7 @@ void JobManager::TakeCheckpoint(const CheckpointTask& task) {
       for (const auto& [id, response] : versions) highest = std::max(highest, response.max_version());
       cut = highest + 2 + 8 * attempt;  // further ahead after each miss
       if (cut >= total_steps) {
-        status = absl::FailedPreconditionError(absl::StrCat(
+        status = absl::OutOfRangeError(absl::StrCat(
             "the job is within ", total_steps - highest, " steps of its end (its final parameters are kept anyway)"));
         break;
       }
@@ -312,7 +315,12 @@ void JobManager::FinishCheckpoint(const CheckpointTask& task, absl::Status statu
     job->checkpointing = false;
     v1::CheckpointInfo* info = FindCheckpointInfo(job, task.id);
     if (info == nullptr) info = job->status.add_checkpoints();
-    if (!status.ok()) {
+    const bool at_end = absl::IsOutOfRange(status);
+    if (at_end && info->trigger() != "manual") {
+      // A periodic one that met the job's last steps: not taken, not a failure.
+      info->set_state(v1::CheckpointInfo::FAILED);
+      info->set_reason("skipped");
+    } else if (!status.ok()) {
       info->set_state(v1::CheckpointInfo::FAILED);
       info->set_reason(std::string(status.message()));
       info->set_duration_seconds(absl::ToDoubleSeconds(absl::Now() - started));
@@ -343,7 +351,8 @@ void JobManager::FinishCheckpoint(const CheckpointTask& task, absl::Status statu
       const v1::CheckpointInfo& c = infos->Get(i);
       bool gone = c.state() == v1::CheckpointInfo::COMPLETE && job->manifests.count(c.id()) == 0;
       bool old_failure = c.state() == v1::CheckpointInfo::FAILED && infos->size() > kMaxCheckpointInfos;
-      if (gone || old_failure) infos->DeleteSubrange(i, 1);
+      bool skipped = c.state() == v1::CheckpointInfo::FAILED && c.reason() == "skipped";
+      if (gone || old_failure || skipped) infos->DeleteSubrange(i, 1);
     }
     Touch(job);
   }

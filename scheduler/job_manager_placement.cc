@@ -434,6 +434,8 @@ void JobManager::RunSetup(const std::string& job_id, std::map<std::string, v1::S
   }
   job->phase = Job::Phase::kTraining;
   job->status.set_reason("training");
+  job->last_checkpoint_time = clock_();  // periodic checkpoints count from here
+  job->last_checkpoint_step = job->status.progress().step();
   SyncShardStatus(job);
   if (job->shard_map.version() > 1 && !restored) {  // a server failed during the setup: give the others the new map
     for (const auto& [id, address] : job->server_addresses) {

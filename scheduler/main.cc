@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   }
   JobServiceImpl job_service(&manager, metrics->get());
   ClusterServiceImpl cluster_service(&manager, metrics->get());
-  auto server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&job_service, &cluster_service});
+  auto server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&job_service, &cluster_service}, metrics->get());
   if (!server.ok()) {
     FLOG(ERROR) << server.status().message();
     return 1;

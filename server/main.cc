@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
         return membership != nullptr && membership->LeaseValid();
       },
       checkpoints.get());
-  auto server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service});
+  auto server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service}, metrics->get());
   if (!server.ok()) {
     FLOG(ERROR) << server.status().message();
     return 1;

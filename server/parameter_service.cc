@@ -192,8 +192,7 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
 
 grpc::Status ParameterServiceImpl::Finish(const char* method, const absl::Status& status,
                                           int64_t received, int64_t sent) {
-  metrics_->CountRpc(method, absl::StatusCodeToString(status.code()));
-  metrics_->CountBytes(method, received, sent);
+  metrics_->CountBytes(method, received, sent);  // calls themselves: grpc_server_* (interceptor)
   if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {
     FLOG(WARNING) << method << ": " << status;
   }

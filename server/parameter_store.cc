@@ -286,13 +286,15 @@ void Chunk::Drop(const std::string& reason) {
 JobShard::JobShard(JobShardConfig config) : config_(std::move(config)) {}
 
 absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(JobShardConfig config) {
-  if (config.num_partitions < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("job ", config.job_id, ": num_partitions must be >= 1"));
+  if (config.num_partitions < 1 || config.num_partitions > kMaxPartitions) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", config.job_id, ": num_partitions must be in [1, ",
+                                                   kMaxPartitions, "] (got ", config.num_partitions, ")"));
   }
   std::unique_ptr<JobShard> shard(new JobShard(std::move(config)));
   for (const ChunkConfig& chunk : shard->config_.chunks) {
-    if (chunk.length <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.chunk_id, " has length ", chunk.length));
+    if (chunk.length <= 0 || chunk.length > kMaxChunkElements) {
+      return absl::InvalidArgumentError(absl::StrCat("job ", config.job_id, ": chunk ", chunk.chunk_id, " has length ",
+                                                     chunk.length, " (must be in [1, ", kMaxChunkElements, "])"));
     }
     {
       absl::MutexLock lock(&shard->roles_mu_);
@@ -429,6 +431,7 @@ absl::Status JobShard::Configure(int64_t version, std::map<int32_t, ShardRole> r
   }
   map_version_ = version;
   roles_ = std::move(roles);
+  configured_ = true;
   for (const auto& [chunk, shard] : chunk_shards) {
     auto it = shard_of_.find(chunk);
     if (it != shard_of_.end()) it->second = shard;
@@ -450,7 +453,7 @@ absl::StatusOr<JobShard::ShardRole> JobShard::RoleOf(int32_t chunk_id) const {
   }
   auto role = roles_.find(shard->second);
   if (role == roles_.end()) {
-    if (roles_.empty()) return ShardRole{/*primary=*/true, {}};  // not configured: a lone replica
+    if (!configured_) return ShardRole{/*primary=*/true, {}};  // never configured: a lone replica
     return absl::AbortedError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id, " moved to shard ",
                                            shard->second, ", which this server does not hold: refresh the map"));
   }

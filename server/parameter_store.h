@@ -23,6 +23,11 @@
 
 namespace fulcrum {
 
+// Bounds on what a SetupJob may ask for (the scheduler cuts chunks of at most
+// 4 MiB and has at most 1024 data partitions).
+constexpr int64_t kMaxChunkElements = int64_t{1} << 22;
+constexpr int32_t kMaxPartitions = 1024;
+
 struct ChunkConfig {
   int32_t chunk_id = 0;
   int32_t shard = 0;
@@ -220,6 +225,9 @@ class JobShard {
   std::map<int32_t, int32_t> shard_of_ ABSL_GUARDED_BY(roles_mu_);  // chunk id -> shard
   int64_t map_version_ ABSL_GUARDED_BY(roles_mu_) = 0;
   std::map<int32_t, ShardRole> roles_ ABSL_GUARDED_BY(roles_mu_);
+  // Set by the first Configure: from then on a shard missing from roles_ is
+  // one this server does not hold (it was taken out of the group).
+  bool configured_ ABSL_GUARDED_BY(roles_mu_) = false;
 };
 
 // The jobs on this server. Thread-safe.

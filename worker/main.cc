@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<kernels::Backend> backend = std::move(choice->backend);
   // Workers serve no API of their own, but answer gRPC health checks (and
   // reflection) like every Fulcrum process.
-  auto health = StartGrpcServer(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port), {});
+  auto health = StartGrpcServer(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port), {}, metrics->get());
   if (!health.ok()) {
     FLOG(ERROR) << health.status().message();
     return 1;

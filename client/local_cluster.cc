@@ -72,6 +72,8 @@ std::string LogTail(const std::string& path) {
 
 // fork + exec with stdout/stderr sent to `log`, in a session of its own so a
 // terminal's Ctrl-C reaches only the CLI, which then stops everything.
+}  // namespace
+
 absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv, const std::string& log) {
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -95,8 +97,6 @@ absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv, const s
   }
   return pid;
 }
-
-}  // namespace
 
 std::string DefaultBinDir() {
   if (const char* env = std::getenv("FULCRUM_BIN_DIR"); env != nullptr && *env) return env;
@@ -269,7 +269,17 @@ absl::Status LocalCluster::WriteFile() const {
   print.always_print_primitive_fields = true;
   auto status = google::protobuf::util::MessageToJsonString(file_, &json, print);
   if (!status.ok()) return absl::InternalError(status.ToString());
-  return WriteFileAtomically(file_.dir() + "/cluster.json", json);
+  RETURN_IF_ERROR(WriteFileAtomically(file_.dir() + "/cluster.json", json));
+  // Prometheus file service discovery: one target group per process, with
+  // its role and id as labels (deploy/prometheus/local-cluster.yml).
+  std::vector<std::string> groups;
+  for (const v1::LocalProcess& p : file_.processes()) {
+    if (p.metrics_address().empty()) continue;
+    groups.push_back(absl::StrCat("  {\"targets\": [\"", p.metrics_address(), "\"], \"labels\": {\"role\": \"",
+                                  p.role(), "\", \"member\": \"", p.id(), "\"}}"));
+  }
+  return WriteFileAtomically(file_.dir() + "/prometheus-targets.json",
+                             absl::StrCat("[\n", absl::StrJoin(groups, ",\n"), "\n]\n"));
 }
 
 absl::StatusOr<v1::LocalProcess> LocalCluster::RestartScheduler() {
@@ -324,6 +334,7 @@ absl::Status LocalCluster::Down(absl::Duration grace) {
   }
   owned_ = false;
   unlink((file_.dir() + "/cluster.json").c_str());
+  unlink((file_.dir() + "/prometheus-targets.json").c_str());
   if (!killed.empty()) {
     return absl::UnavailableError(absl::StrCat("did not stop on SIGTERM within ", absl::FormatDuration(grace),
                                                " and were killed: ", absl::StrJoin(killed, ", ")));

@@ -23,6 +23,10 @@ namespace fulcrum {
 // $FULCRUM_BIN_DIR if set, else the folder of the running executable.
 std::string DefaultBinDir();
 
+// Starts argv[0] with `argv` in its own session, stdout and stderr appended
+// to `log`, stdin from /dev/null; returns its pid (the caller reaps it).
+absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv, const std::string& log);
+
 class LocalCluster {
  public:
   struct Options {

@@ -442,6 +442,7 @@ bool JobManager::RestoreFromCheckpoint(Job* job, const std::string& why) {
   SyncWorkerStatus(job);
   PlanRestore(job, *latest);
   job->phase = Job::Phase::kPending;
+  job->status.set_restores(job->status.restores() + 1);
   pending_.push_front(id);
   job->status.set_reason(absl::StrCat("restoring from checkpoint ", latest->info().id(), " (step ",
                                       latest->info().step(), "): ", why));

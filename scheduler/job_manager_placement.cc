@@ -397,6 +397,7 @@ void JobManager::FailOver(Job* job, const std::string& server_id, const std::str
     }
   }
   map.set_version(map.version() + 1);
+  job->status.set_failovers(job->status.failovers() + 1);
   SyncShardStatus(job);
   AddEvent(job, absl::StrCat(why, "; shard map version ", map.version(), ": ", absl::StrJoin(changes, ", ")));
   if (job->phase == Job::Phase::kSettingUp) return;  // RunSetup fails and the job with it

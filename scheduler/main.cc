@@ -15,6 +15,7 @@
 #include "common/process.h"
 #include "common/rpc.h"
 #include "scheduler/job_manager.h"
+#include "scheduler/scheduler_metrics.h"
 #include "scheduler/services.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind");
@@ -88,25 +89,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   manager.Start();
-  // Cluster gauges, refreshed once a second.
-  auto& jobs_gauge = prometheus::BuildGauge()
-                         .Name("fulcrum_scheduler_jobs")
-                         .Help("Jobs known to the scheduler, by state")
-                         .Register((*metrics)->registry());
-  auto& members_gauge = prometheus::BuildGauge()
-                            .Name("fulcrum_scheduler_members")
-                            .Help("Live members (servers and workers) holding a lease, by role")
-                            .Register((*metrics)->registry());
+  // Cluster and job gauges, refreshed once a second.
+  SchedulerMetrics scheduler_metrics(&(*metrics)->registry());
   absl::Notification stop_gauges;
   std::thread gauges([&] {
     do {
-      std::map<std::string, int> by_state, by_role;
-      for (int s = v1::PENDING; s <= v1::CANCELLED; ++s) by_state[v1::JobState_Name(static_cast<v1::JobState>(s))] = 0;
-      by_role["SERVER"] = by_role["WORKER"] = 0;
-      for (const auto& job : manager.List()) ++by_state[v1::JobState_Name(job.state())];
-      for (const auto& member : manager.Members()) ++by_role[v1::Role_Name(member.role())];
-      for (const auto& [state, n] : by_state) jobs_gauge.Add({{"state", state}}).Set(n);
-      for (const auto& [role, n] : by_role) members_gauge.Add({{"role", role}}).Set(n);
+      scheduler_metrics.Update(manager.List(), manager.Members(), absl::Now());
     } while (!stop_gauges.WaitForNotificationWithTimeout(absl::Seconds(1)));
   });
   FLOG(INFO) << "scheduler serving gRPC on " << host << ":" << server->port << ", metrics on " << host

@@ -10,6 +10,7 @@ PACKAGES=(
   libyaml-cpp-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
   python3-numpy  # tests: cross-check exported safetensors files
+  prometheus yamllint  # tests: promtool check metrics / test rules, a real Prometheus, YAML lint
 )
 
 missing=()

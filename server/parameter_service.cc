@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
@@ -178,6 +179,11 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                .Help("Jobs with state on this server")
                .Register(registry)
                .Add({});
+  replication_seconds_ = &prometheus::BuildHistogram()
+                              .Name("fulcrum_server_replication_seconds")
+                              .Help("Time a primary waits for its backups to take a push (replication lag)")
+                              .Register(registry)
+                              .Add({}, DurationBuckets());
   checkpoint_bytes_ = &prometheus::BuildCounter()
                            .Name("fulcrum_server_checkpoint_written_bytes_total")
                            .Help("Checkpoint bytes written to this server's store")
@@ -320,6 +326,7 @@ absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const
     }
   }
   if (forwards.empty()) return absl::OkStatus();
+  const absl::Time start = absl::Now();
   struct Call {
     grpc::ClientContext context;
     v1::PushResponse response;
@@ -341,6 +348,7 @@ absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const
     absl::MutexLock lock(&mu);
     mu.Await(absl::Condition(+[](size_t* r) { return *r == 0; }, &remaining));
   }
+  replication_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   for (auto& [address, call] : calls) {
     if (call.status.ok()) continue;
     absl::Status status = FromGrpcStatus(call.status);

@@ -96,6 +96,7 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   prometheus::Gauge* jobs_;
   CheckpointStore* checkpoints_;
   std::unique_ptr<CheckpointWriter> writer_;  // with checkpoints_
+  prometheus::Histogram* replication_seconds_;
   prometheus::Counter* checkpoint_bytes_;
   prometheus::Histogram* checkpoint_seconds_;
 };

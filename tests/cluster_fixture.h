@@ -5,7 +5,11 @@
 #ifndef FULCRUM_TESTS_CLUSTER_FIXTURE_H_
 #define FULCRUM_TESTS_CLUSTER_FIXTURE_H_
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -225,6 +229,32 @@ inline std::pair<int, std::string> RunCli(const std::string& args) {
   while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
   int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// A plain HTTP/1.0 GET; returns the whole response (status line, headers, body).
+inline std::string HttpGet(const std::string& address, const std::string& path) {
+  std::string host = address.substr(0, address.rfind(':'));
+  int port = std::atoi(address.substr(address.rfind(':') + 1).c_str());
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host, "\r\n\r\n");
+  if (write(fd, request.data(), request.size()) < 0) {
+    close(fd);
+    return "";
+  }
+  std::string response;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
+  close(fd);
+  return response;
 }
 
 }  // namespace fulcrum

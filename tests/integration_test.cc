@@ -171,31 +171,6 @@ TEST_F(ClusterTest, CliSubmitWaitExitCodeFollowsTheJob) {
 }
 
 // Plain HTTP GET of /metrics.
-std::string HttpGet(const std::string& address, const std::string& path) {
-  std::string host = address.substr(0, address.rfind(':'));
-  int port = std::atoi(address.substr(address.rfind(':') + 1).c_str());
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host, "\r\n\r\n");
-  if (write(fd, request.data(), request.size()) < 0) {
-    close(fd);
-    return "";
-  }
-  std::string response;
-  char buffer[4096];
-  ssize_t n;
-  while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
-  close(fd);
-  return response;
-}
-
 TEST_F(ClusterTest, EveryProcessServesPrometheusMetrics) {
   for (const auto& process : cluster_->file().processes()) {
     std::string body = HttpGet(process.metrics_address(), "/metrics");

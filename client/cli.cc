@@ -171,9 +171,16 @@ void PrintJob(const v1::JobStatus& job) {
   std::cout << "Membership: epoch " << job.membership_epoch() << ", " << job.workers_size() << " workers (min "
             << spec.min_workers() << ", max " << spec.max_workers() << "), " << spec.max_workers()
             << " data partitions\n";
+  int stragglers = 0;
+  for (const auto& w : job.workers()) stragglers += w.straggler() ? 1 : 0;
+  std::cout << absl::StrFormat("Throughput: %.0f samples/s over %d workers%s\n", job.progress().samples_per_second(),
+                               job.workers_size(),
+                               stragglers > 0 ? absl::StrCat(", ", stragglers, " straggler(s)") : "");
   for (const auto& w : job.workers()) {
-    std::cout << absl::StrFormat("  %-12s rank %-3d %-8s partitions {%s}\n", w.worker_id(), w.rank(),
-                                 w.ready() ? "training" : "loading", absl::StrJoin(w.partitions(), ","));
+    std::cout << absl::StrFormat("  %-12s rank %-3d %-8s partitions {%s}  %.1f ms/step  %.0f samples/s%s\n",
+                                 w.worker_id(), w.rank(), w.ready() ? "training" : "loading",
+                                 absl::StrJoin(w.partitions(), ","), w.step_seconds() * 1e3, w.samples_per_second(),
+                                 w.straggler() ? "  STRAGGLER" : "");
   }
   std::cout << "Shards:\n";
   for (const auto& s : job.shards()) {

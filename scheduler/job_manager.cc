@@ -249,6 +249,7 @@ absl::Status JobManager::DoReport(const v1::WorkReport& report) {
     case v1::WorkReport::PROGRESS:
       worker->progress = report;
       OnProgress(job, report);
+      FlagStragglers(job);
       break;
     case v1::WorkReport::EVAL:
       OnEval(job, report);
@@ -313,6 +314,32 @@ void JobManager::OnProgress(Job* job, const v1::WorkReport& report) {
     point.set_elapsed_seconds(progress->elapsed_seconds());
     AddHistoryPoint(&job->status, point);
   }
+}
+
+void JobManager::FlagStragglers(Job* job) {
+  bool changed = false;
+  for (JobWorker& w : job->workers) {
+    const double mine = w.progress.step_seconds();
+    std::vector<double> others;
+    for (const JobWorker& o : job->workers) {
+      if (&o != &w && o.progress.step_seconds() > 0) others.push_back(o.progress.step_seconds());
+    }
+    if (mine <= 0 || others.empty()) continue;
+    std::nth_element(others.begin(), others.begin() + others.size() / 2, others.end());
+    const double median = others[others.size() / 2];
+    w.slow_reports = mine > options_.straggler_factor * median ? w.slow_reports + 1 : 0;
+    const bool straggler = w.slow_reports >= 3;
+    if (straggler != w.straggler) {
+      w.straggler = straggler;
+      changed = true;
+      if (straggler) {
+        AddEvent(job, absl::StrFormat("%s is a straggler: %.1f ms a step, the others' median %.1f ms", w.id,
+                                      mine * 1e3, median * 1e3));
+      }
+    }
+  }
+  (void)changed;
+  SyncWorkerStatus(job);  // the workers' step times and flags, for GetJob
 }
 
 void JobManager::OnEval(Job* job, const v1::WorkReport& report) {

@@ -65,6 +65,9 @@ struct SchedulerOptions {
   // numShards 0 (about 1/N of the chunks move to it).
   bool grow_shards = true;
   absl::Duration tick = absl::Milliseconds(100);
+  // A worker whose step time stays (three reports in a row) above this many
+  // times the median of the other workers' is flagged as a straggler.
+  double straggler_factor = 2.0;
 };
 
 class JobManager {
@@ -183,6 +186,9 @@ class JobManager {
   void OnProgress(Job* job, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnDone(Job* job, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnEval(Job* job, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Flags workers whose step time stays above straggler_factor times the
+  // median of the others' (an event when one becomes a straggler).
+  void FlagStragglers(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Assignment AssignmentFor(const Member& member) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop();
   // Persistence (job_manager_state.cc).

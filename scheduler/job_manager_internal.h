@@ -35,6 +35,8 @@ struct JobWorker {
   bool ready = false;                // its data is loaded
   std::vector<int32_t> partitions;   // data partitions it computes (ready workers only)
   v1::WorkReport progress;           // its latest PROGRESS report
+  int slow_reports = 0;              // reports in a row above the straggler bound
+  bool straggler = false;
 };
 
 struct JobManager::Job {

@@ -394,6 +394,9 @@ void JobManager::SyncWorkerStatus(Job* job) {
     info->set_worker_id(w.id);
     info->set_rank(w.rank);
     info->set_ready(w.ready);
+    info->set_step_seconds(w.progress.step_seconds());
+    info->set_samples_per_second(w.progress.samples_per_second());
+    info->set_straggler(w.straggler);
     for (int32_t p : w.partitions) info->add_partitions(p);
     auto member = members_.find(w.id);
     if (member != members_.end()) info->set_address(member->second->address);

@@ -873,4 +873,38 @@ TEST_F(JobManagerTest, BelowMinWorkersTheJobPausesUntilAWorkerJoins) {
   EXPECT_TRUE(resumed);
 }
 
+TEST_F(JobManagerTest, AWorkerSlowerThanTheOthersForThreeReportsIsAStraggler) {
+  const std::string job_id = StartJob();
+  MakeTraining(job_id);
+  auto report = [&](const std::string& worker, double step_seconds) {
+    v1::WorkReport r;
+    r.set_member_id(worker);
+    r.set_job_id(job_id);
+    r.set_kind(v1::WorkReport::PROGRESS);
+    r.set_step(10);
+    r.set_step_seconds(step_seconds);
+    ASSERT_TRUE(manager_->Report(r).ok());
+  };
+  auto flagged = [&](const std::string& worker) {
+    const v1::JobStatus status = GetOk(job_id);
+    for (const auto& w : status.workers()) {
+      if (w.worker_id() == worker) return w.straggler();
+    }
+    return false;
+  };
+  report(workers_[0], 0.010);
+  for (int i = 0; i < 2; ++i) report(workers_[1], 0.050);
+  EXPECT_FALSE(flagged(workers_[1])) << "flagged after two slow reports";
+  report(workers_[1], 0.050);
+  EXPECT_TRUE(flagged(workers_[1]));
+  EXPECT_FALSE(flagged(workers_[0]));
+  bool event = false;
+  const v1::JobStatus status = GetOk(job_id);
+  for (const auto& e : status.events()) event |= Contains(e.message(), "straggler");
+  EXPECT_TRUE(event);
+  // Back within the bound: no longer flagged.
+  report(workers_[1], 0.012);
+  EXPECT_FALSE(flagged(workers_[1]));
+}
+
 }  // namespace fulcrum

@@ -24,6 +24,8 @@ ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = pick a free one)"
 ABSL_FLAG(std::string, port_file, "", "Write the bound ports as JSON to this file");
 ABSL_FLAG(int, lease_ms, 1800,
           "Membership lease: a member silent this long is declared dead (a failover then takes about this long)");
+ABSL_FLAG(double, straggler_factor, 2.0,
+          "Flag a worker whose step time stays above this many times the other workers' median");
 ABSL_FLAG(int, heartbeat_ms, 300, "Heartbeat interval members are told to use");
 ABSL_FLAG(int64_t, chunk_bytes, 256 << 10, "Dense tensors are cut into chunks of this many bytes");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -47,6 +49,7 @@ int main(int argc, char** argv) {
   SchedulerOptions options;
   options.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
+  options.straggler_factor = absl::GetFlag(FLAGS_straggler_factor);
   options.chunk_elems = absl::GetFlag(FLAGS_chunk_bytes) / 4;
   options.default_replicas = absl::GetFlag(FLAGS_default_replicas);
   options.grow_shards = absl::GetFlag(FLAGS_grow_shards);

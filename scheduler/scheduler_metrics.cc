@@ -39,13 +39,20 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry* registry)
                                 "How long the latest complete checkpoint took, cut to commit")),
       checkpoint_bytes_(Gauge(registry, "fulcrum_job_last_checkpoint_bytes",
                               "Bytes the latest complete checkpoint stored, over all replicas")),
-      checkpoints_failed_(Gauge(registry, "fulcrum_job_checkpoints_failed", "Failed checkpoints listed for the job")) {
+      checkpoints_failed_(Gauge(registry, "fulcrum_job_checkpoints_failed", "Failed checkpoints listed for the job")),
+      stragglers_(Gauge(registry, "fulcrum_job_stragglers", "Workers of the job flagged as stragglers")),
+      worker_step_seconds_(Gauge(registry, "fulcrum_job_worker_step_seconds",
+                                 "Mean time per partition step of each worker of a running job, by rank")) {
   per_job_ = {&step_,     &total_steps_,      &epoch_,       &loss_,      &accuracy_,        &samples_,
               &workers_,  &membership_epoch_, &map_version_, &failovers_, &restores_,        &staleness_,
-              &last_step_time_, &checkpoint_time_, &checkpoint_seconds_, &checkpoint_bytes_, &checkpoints_failed_};
+              &last_step_time_, &checkpoint_time_, &checkpoint_seconds_, &checkpoint_bytes_, &checkpoints_failed_, &stragglers_};
 }
 
 void SchedulerMetrics::Remove(const std::string& job_id) {
+  for (const std::string& rank : ranks_[job_id]) {
+    worker_step_seconds_.Remove(&worker_step_seconds_.Add({{"job", job_id}, {"rank", rank}}));
+  }
+  ranks_.erase(job_id);
   for (prometheus::Family<prometheus::Gauge>* family : per_job_) {
     // Family::Remove takes the metric; Add returns the existing one.
     family->Remove(&family->Add({{"job", job_id}}));
@@ -96,6 +103,25 @@ void SchedulerMetrics::Update(const std::vector<v1::JobStatus>& jobs, const std:
       if (c.state() == v1::CheckpointInfo::COMPLETE) latest = &c;
     }
     checkpoints_failed_.Add(labels).Set(failed);
+    int stragglers = 0;
+    std::set<std::string>& ranks = ranks_[id];
+    std::set<std::string> seen;
+    for (const v1::WorkerAssignmentInfo& w : job.workers()) {
+      stragglers += w.straggler() ? 1 : 0;
+      const std::string rank = std::to_string(w.rank());
+      seen.insert(rank);
+      ranks.insert(rank);
+      worker_step_seconds_.Add({{"job", id}, {"rank", rank}}).Set(w.step_seconds());
+    }
+    for (auto it = ranks.begin(); it != ranks.end();) {  // workers gone from the job
+      if (seen.count(*it) > 0) {
+        ++it;
+        continue;
+      }
+      worker_step_seconds_.Remove(&worker_step_seconds_.Add({{"job", id}, {"rank", *it}}));
+      it = ranks.erase(it);
+    }
+    stragglers_.Add(labels).Set(stragglers);
     if (periodic) {
       // Until the first one completes, the age counts from the job's start.
       checkpoint_time_.Add(labels).Set(Seconds(latest != nullptr ? latest->time_unix_ms() : job.start_time_unix_ms()));

@@ -56,6 +56,9 @@ class SchedulerMetrics {
   prometheus::Family<prometheus::Gauge>& checkpoint_seconds_;
   prometheus::Family<prometheus::Gauge>& checkpoint_bytes_;
   prometheus::Family<prometheus::Gauge>& checkpoints_failed_;
+  prometheus::Family<prometheus::Gauge>& stragglers_;
+  prometheus::Family<prometheus::Gauge>& worker_step_seconds_;
+  std::map<std::string, std::set<std::string>> ranks_;  // job -> rank labels with series
   std::map<std::string, Tracked> tracked_;  // running jobs with series
 };
 

@@ -294,6 +294,8 @@ class TrainingRun {
   int64_t max_staleness_seen_ = 0;            // SSP: largest lead over the slowest partition
   double last_loss_ = 0;                      // figures of the last non-empty report window
   double last_samples_per_second_ = 0;
+  double last_step_seconds_ = 0;
+  double window_step_seconds_ = 0;  // compute + push time of the window's steps
   StagedTensors params_;
   std::vector<std::vector<float>> pulled_;  // BSP: where pulls land before they are known to be whole
   StagedTensors grads_;
@@ -352,7 +354,9 @@ absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
   RETURN_IF_ERROR(grads_.Download());
   RETURN_IF_ERROR(client_->Push(++seq_, partition, step, *grads_.host(), kRpcTimeout, batch_, digest));
   ++window_steps_;
-  if (trainer_.hooks_.observe_step) trainer_.hooks_.observe_step(absl::ToDoubleSeconds(absl::Now() - start));
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  window_step_seconds_ += seconds;
+  if (trainer_.hooks_.observe_step) trainer_.hooks_.observe_step(seconds);
   return absl::OkStatus();
 }
 
@@ -385,6 +389,8 @@ void TrainingRun::MaybeReportProgress(int64_t step, bool force, const std::map<i
   report.set_loss(last_loss_);
   report.set_samples_per_second(last_samples_per_second_);
   report.set_max_staleness_seen(max_staleness_seen_);
+  if (window_steps_ > 0) last_step_seconds_ = window_step_seconds_ / window_steps_;
+  report.set_step_seconds(last_step_seconds_);
   if (positions != nullptr) {
     for (const auto& [partition, position] : *positions) {
       report.add_partitions(partition);
@@ -394,6 +400,7 @@ void TrainingRun::MaybeReportProgress(int64_t step, bool force, const std::map<i
   trainer_.hooks_.report(report);
   window_ = kernels::BatchStats();
   window_steps_ = 0;
+  window_step_seconds_ = 0;
   window_start_ = absl::Now();
 }
 

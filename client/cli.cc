@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "client/spec_file.h"
 #include "common/process.h"
 #include "common/rpc.h"
+#include "common/rpc_security.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -42,7 +44,7 @@ Usage:
   fulcrum watch JOB                        follow a job until it ends
   fulcrum cancel JOB                       cancel a pending or running job
   fulcrum cluster                          list the live servers and workers
-  fulcrum local up [--servers N] [--workers M] [--replicas R (default min(2, N))] [--dir DIR] [--detach] [--device D]
+  fulcrum local up [--servers N] [--workers M] [--replicas R (default min(2, N))] [--dir DIR] [--detach] [--device D] [--tls]
   fulcrum local add worker|server [--dir DIR] [--device D]
   fulcrum local down [--dir DIR]
 
@@ -53,6 +55,12 @@ Options:
   --dir DIR               local cluster folder (default $FULCRUM_LOCAL_DIR or ~/.fulcrum/local)
   --timeout SECONDS       give up on RPCs after this long (default 30)
   --device D              local workers' compute device: auto (default), cpu, cuda, cuda:N
+  --tls                   local up: mTLS between all processes, a cluster credential and a
+                          JobService token, from DIR/tls (made by scripts/dev-certs.sh)
+  --token T               JobService bearer token (default $FULCRUM_TOKEN)
+  --tls-cert F, --tls-key F, --tls-ca F
+                          mTLS client identity (default $FULCRUM_TLS_CERT/_KEY/_CA)
+  --cluster-token-file F  the cluster credential, for export (reads the servers)
 
 `submit --wait` and `watch` exit 0 only when the job SUCCEEDED.
 )";
@@ -70,8 +78,9 @@ struct Args {
 
 const std::set<std::string> kValueOptions = {"-f",        "--file",    "-o",         "--output",     "--scheduler",
                                              "--servers", "--workers", "--replicas", "--dir",        "--timeout",
-                                             "--device",  "--checkpoint", "--resume-from"};
-const std::set<std::string> kFlagOptions = {"--wait", "--detach", "-h", "--help"};
+                                             "--device",  "--checkpoint", "--resume-from", "--token",
+                                             "--tls-cert", "--tls-key",  "--tls-ca",  "--cluster-token-file"};
+const std::set<std::string> kFlagOptions = {"--wait", "--detach", "--tls", "-h", "--help"};
 
 absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& raw) {
   Args args;
@@ -113,6 +122,46 @@ std::string LocalDir(const Args& args) {
   if (const char* env = std::getenv("FULCRUM_LOCAL_DIR"); env && *env) return env;
   const char* home = std::getenv("HOME");
   return absl::StrCat(home ? home : "/tmp", "/.fulcrum/local");
+}
+
+// The CLI's transport security: --tls-cert/--tls-key/--tls-ca (or
+// $FULCRUM_TLS_CERT/_KEY/_CA), --token (or $FULCRUM_TOKEN) for JobService and
+// --cluster-token-file for `export` (which reads the servers); a local
+// cluster started with --tls provides all of them from DIR/tls.
+absl::Status ConfigureClientSecurity(const Args& args) {
+  auto pick = [&](const std::string& option, const char* env) {
+    if (!args.Get(option).empty()) return args.Get(option);
+    const char* value = std::getenv(env);
+    return std::string(value != nullptr ? value : "");
+  };
+  RpcSecurityFiles files;
+  files.tls_cert = pick("--tls-cert", "FULCRUM_TLS_CERT");
+  files.tls_key = pick("--tls-key", "FULCRUM_TLS_KEY");
+  files.tls_ca = pick("--tls-ca", "FULCRUM_TLS_CA");
+  std::string token = pick("--token", "FULCRUM_TOKEN");
+  std::string cluster_token_file = pick("--cluster-token-file", "FULCRUM_CLUSTER_TOKEN_FILE");
+  const bool explicit_scheduler = !args.Get("--scheduler").empty() || std::getenv("FULCRUM_SCHEDULER") != nullptr;
+  auto local = LocalCluster::Open(LocalDir(args));
+  if (local.ok() && (*local)->file().tls() && (files.tls_cert.empty() || !explicit_scheduler)) {
+    const std::string tls = (*local)->dir() + "/tls";
+    if (files.tls_cert.empty()) {
+      files.tls_cert = tls + "/node.crt";
+      files.tls_key = tls + "/node.key";
+      files.tls_ca = tls + "/ca.crt";
+    }
+    if (token.empty()) {
+      std::ifstream in(tls + "/token");
+      std::getline(in, token);
+    }
+    if (cluster_token_file.empty()) cluster_token_file = tls + "/cluster-token";
+  }
+  std::string cluster_token;
+  if (!cluster_token_file.empty()) {
+    std::ifstream in(cluster_token_file);
+    if (!in) return absl::NotFoundError(absl::StrCat("--cluster-token-file: cannot read ", cluster_token_file));
+    std::getline(in, cluster_token);
+  }
+  return ConfigureRpcSecurity(files, token, cluster_token);
 }
 
 absl::StatusOr<std::string> SchedulerAddress(const Args& args) {
@@ -471,6 +520,7 @@ int LocalUp(const Args& args, bool json) {
   options.servers = *servers;
   options.workers = *workers;
   options.replicas = *replicas;
+  options.tls = args.Has("--tls");
   if (!args.Get("--device").empty()) options.worker_flags.push_back("--device=" + args.Get("--device"));
   const bool detach = args.Has("--detach");
   if (!detach) BlockTerminationSignals();  // before any thread: Ctrl-C is handled below
@@ -550,6 +600,7 @@ int RunCli(const std::vector<std::string>& raw) {
   }
   auto address = SchedulerAddress(*args);
   if (!address.ok()) return Fail(address.status());
+  if (absl::Status security = ConfigureClientSecurity(*args); !security.ok()) return Fail(security);
   double timeout = std::atof(args->Get("--timeout", "30").c_str());
   if (timeout <= 0) return Fail(absl::InvalidArgumentError("--timeout must be a positive number of seconds"));
   Client client(*address, timeout);

@@ -98,6 +98,18 @@ absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv, const s
   return pid;
 }
 
+absl::Status EnsureDevCertificates(const std::string& tls_dir, const std::string& bin_dir) {
+  if (access((tls_dir + "/node.crt").c_str(), R_OK) == 0) return absl::OkStatus();
+  // build/bin/ -> the source tree's scripts/ (or next to the binaries).
+  for (const std::string& script : {bin_dir + "/../../scripts/dev-certs.sh", bin_dir + "/dev-certs.sh"}) {
+    if (access(script.c_str(), X_OK) != 0) continue;
+    if (std::system(absl::StrCat("'", script, "' '", tls_dir, "' >/dev/null").c_str()) == 0) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat(script, " failed to make certificates in ", tls_dir));
+  }
+  return absl::NotFoundError(absl::StrCat("local up --tls: no certificates in ", tls_dir,
+                                          ": make them with scripts/dev-certs.sh ", tls_dir));
+}
+
 std::string DefaultBinDir() {
   if (const char* env = std::getenv("FULCRUM_BIN_DIR"); env != nullptr && *env) return env;
   char exe[4096];
@@ -144,9 +156,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   cluster->owned_ = true;
   cluster->file_.set_dir(options.dir);
   cluster->file_.set_replicas(options.replicas);
+  cluster->file_.set_tls(options.tls);
+  if (options.tls) RETURN_IF_ERROR(EnsureDevCertificates(options.dir + "/tls", options.bin_dir));
+  auto add_security = [&](std::vector<std::string>* flags, bool scheduler) {
+    for (std::string& f : cluster->SecurityFlags(scheduler)) flags->push_back(std::move(f));
+  };
+
   std::vector<std::string> scheduler_flags = options.scheduler_flags;
   scheduler_flags.push_back(absl::StrCat("--data_dir=", options.dir, "/scheduler-state"));
   scheduler_flags.push_back(absl::StrCat("--default_replicas=", options.replicas));
+  add_security(&scheduler_flags, true);
   ASSIGN_OR_RETURN(v1::LocalProcess scheduler, cluster->Spawn("scheduler", "scheduler", scheduler_flags));
   cluster->file_.set_scheduler(scheduler.grpc_address());
   for (int i = 0; i < options.servers; ++i) RETURN_IF_ERROR(cluster->AddServer().status());
@@ -184,6 +203,15 @@ absl::StatusOr<v1::LocalProcess> LocalCluster::AddServer() {
   // again in the same folder finds them (same ids, same folders).
   const std::string id = NextId("server");
   return Spawn("server", id, ServerFlags(id));
+}
+
+std::vector<std::string> LocalCluster::SecurityFlags(bool scheduler) const {
+  if (!file_.tls()) return {};
+  const std::string tls = file_.dir() + "/tls";
+  std::vector<std::string> flags = {"--tls_cert=" + tls + "/node.crt", "--tls_key=" + tls + "/node.key",
+                                    "--tls_ca=" + tls + "/ca.crt", "--cluster_token_file=" + tls + "/cluster-token"};
+  if (scheduler) flags.push_back("--token_file=" + tls + "/token");
+  return flags;
 }
 
 std::vector<std::string> LocalCluster::ServerFlags(const std::string& id) const {
@@ -227,6 +255,7 @@ absl::StatusOr<v1::LocalProcess> LocalCluster::Spawn(const std::string& role, co
   if (role != "scheduler") {
     argv.push_back(absl::StrCat("--scheduler=", file_.scheduler()));
     argv.push_back(absl::StrCat("--id=", id));
+    for (std::string& f : SecurityFlags(/*scheduler=*/false)) argv.push_back(std::move(f));
   }
   for (std::string& f : flags) argv.push_back(std::move(f));
   ASSIGN_OR_RETURN(pid_t pid, SpawnProcess(argv, log));
@@ -297,6 +326,7 @@ absl::StatusOr<v1::LocalProcess> LocalCluster::RestartScheduler() {
   std::vector<std::string> flags = options_.scheduler_flags;
   flags.push_back(absl::StrCat("--data_dir=", file_.dir(), "/scheduler-state"));
   flags.push_back(absl::StrCat("--default_replicas=", std::max(1, file_.replicas())));
+  for (std::string& f : SecurityFlags(/*scheduler=*/true)) flags.push_back(std::move(f));
   flags.push_back(absl::StrCat("--port=", old.grpc_address().substr(old.grpc_address().rfind(':') + 1)));
   return Spawn("scheduler", "scheduler", flags);
 }

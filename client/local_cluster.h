@@ -27,6 +27,11 @@ std::string DefaultBinDir();
 // to `log`, stdin from /dev/null; returns its pid (the caller reaps it).
 absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv, const std::string& log);
 
+// Makes sure `tls_dir` holds the development CA, certificate and tokens of
+// scripts/dev-certs.sh (running it, found beside the binaries' source tree,
+// when they are missing).
+absl::Status EnsureDevCertificates(const std::string& tls_dir, const std::string& bin_dir);
+
 class LocalCluster {
  public:
   struct Options {
@@ -39,6 +44,9 @@ class LocalCluster {
     std::vector<std::string> server_flags;
     std::vector<std::string> worker_flags;
     absl::Duration start_timeout = absl::Seconds(30);
+    // mTLS between all processes, a cluster credential and a JobService
+    // token, from DIR/tls (made with scripts/dev-certs.sh if missing).
+    bool tls = false;
   };
 
   // Starts the scheduler, then the servers and workers, waits until each has
@@ -72,6 +80,8 @@ class LocalCluster {
   void Release() { owned_ = false; }
 
   const v1::LocalClusterFile& file() const { return file_; }
+  // The flags that give a process the cluster's TLS and tokens (none without TLS).
+  std::vector<std::string> SecurityFlags(bool scheduler) const;
   const std::string& scheduler_address() const { return file_.scheduler(); }
   std::string dir() const { return file_.dir(); }
 

@@ -2,6 +2,7 @@
 
 #include "common/grpc_metrics.h"
 #include "common/metrics.h"
+#include "common/rpc_security.h"
 
 #include <chrono>
 
@@ -26,13 +27,13 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
                                               const std::vector<grpc::Service*>& services,
-                                              MetricsEndpoint* metrics) {
+                                              MetricsEndpoint* metrics, bool plaintext) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   RunningServer running;
   std::string address = absl::StrCat(host, ":", port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &running.port);
+  builder.AddListeningPort(address, plaintext ? grpc::InsecureServerCredentials() : ServerCredentials(), &running.port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   for (grpc::Service* service : services) builder.RegisterService(service);
@@ -56,7 +57,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Independent channels per peer so that one busy connection cannot starve another.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, ChannelCredentials(), args,
+                                                                  CredentialInterceptors());
 }
 
 void SetDeadline(grpc::ClientContext* context, double seconds) {

@@ -32,12 +32,16 @@ class MetricsEndpoint;
 // Builds and starts a gRPC server on host:port (port 0 picks a free one)
 // serving `services`, grpc.health.v1.Health (SERVING) and reflection. With
 // `metrics`, every RPC is counted and timed into its registry
-// (grpc_server_*, see common/grpc_metrics.h).
+// (grpc_server_*, see common/grpc_metrics.h). It uses the process's
+// transport security (common/rpc_security.h) unless `plaintext` (a health
+// port for probes when TLS is on).
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
                                               const std::vector<grpc::Service*>& services,
-                                              MetricsEndpoint* metrics = nullptr);
+                                              MetricsEndpoint* metrics = nullptr, bool plaintext = false);
 
-// A channel with Fulcrum's message limits.
+// A channel with Fulcrum's message limits, the process's transport security
+// and its credentials on every call.
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 
 // Sets a deadline `seconds` from now on `context`.

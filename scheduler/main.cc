@@ -14,6 +14,7 @@
 #include "common/metrics.h"
 #include "common/process.h"
 #include "common/rpc.h"
+#include "common/security_flags.h"
 #include "scheduler/job_manager.h"
 #include "scheduler/scheduler_metrics.h"
 #include "scheduler/services.h"
@@ -24,6 +25,9 @@ ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = pick a free one)"
 ABSL_FLAG(std::string, port_file, "", "Write the bound ports as JSON to this file");
 ABSL_FLAG(int, lease_ms, 1800,
           "Membership lease: a member silent this long is declared dead (a failover then takes about this long)");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the bearer token JobService requires (clients: fulcrum --token / FULCRUM_TOKEN); "
+          "\"\" = no token");
 ABSL_FLAG(double, straggler_factor, 2.0,
           "Flag a worker whose step time stays above this many times the other workers' median");
 ABSL_FLAG(int, heartbeat_ms, 300, "Heartbeat interval members are told to use");
@@ -43,6 +47,10 @@ int main(int argc, char** argv) {
   ParseFlags(argc, argv, "fulcrum-scheduler [--port P] [--metrics-port M] [--lease-ms L]");
   SetLogTag("scheduler");
   if (auto s = SetMinLogLevelFromString(absl::GetFlag(FLAGS_log_level)); !s.ok()) {
+    FLOG(ERROR) << s.message();
+    return 2;
+  }
+  if (absl::Status s = ConfigureSecurityFromFlags(absl::GetFlag(FLAGS_token_file)); !s.ok()) {
     FLOG(ERROR) << s.message();
     return 2;
   }
@@ -87,6 +95,11 @@ int main(int argc, char** argv) {
   JobServiceImpl job_service(&manager, metrics->get());
   ClusterServiceImpl cluster_service(&manager, metrics->get());
   auto server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&job_service, &cluster_service}, metrics->get());
+  auto health_server = StartHealthServerFromFlags(host);
+  if (!health_server.ok()) {
+    FLOG(ERROR) << health_server.status().message();
+    return 1;
+  }
   if (!server.ok()) {
     FLOG(ERROR) << server.status().message();
     return 1;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/rpc.h"
+#include "common/rpc_security.h"
 
 namespace fulcrum {
 namespace {
@@ -22,8 +23,9 @@ grpc::Status JobServiceImpl::Finish(const char* method, const absl::Status& stat
   return Count(metrics_, method, status);
 }
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
+  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return Finish("SubmitJob", denied);
   auto status = manager_->Submit(request->spec(), request->resume_from());
   if (!status.ok()) return Finish("SubmitJob", status.status());
   response->set_job_id(status->job_id());
@@ -31,21 +33,24 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJob
   return Finish("SubmitJob", absl::OkStatus());
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                     v1::JobStatus* response) {
+  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return Finish("GetJob", denied);
   auto status = manager_->Get(request->job_id());
   if (status.ok()) *response = std::move(*status);
   return Finish("GetJob", status.status());
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest*,
                                       v1::ListJobsResponse* response) {
+  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return Finish("ListJobs", denied);
   for (v1::JobStatus& job : manager_->List()) *response->add_jobs() = std::move(job);
   return Finish("ListJobs", absl::OkStatus());
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                                        v1::JobStatus* response) {
+  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return Finish("CancelJob", denied);
   auto status = manager_->Cancel(request->job_id());
   if (status.ok()) *response = std::move(*status);
   return Finish("CancelJob", status.status());
@@ -53,6 +58,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJob
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobStatus>* writer) {
+  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return Finish("WatchJob", denied);
   int64_t version = -1;
   while (!context->IsCancelled()) {
     int64_t seen = version;
@@ -68,6 +74,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::Wa
 
 grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* context, const v1::CheckpointJobRequest* request,
                                            v1::CheckpointInfo* response) {
+  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return Finish("CheckpointJob", denied);
   // Waits for the checkpoint, within the client's deadline (10 minutes at most).
   absl::Duration timeout = absl::Minutes(10);
   if (context->deadline() != std::chrono::system_clock::time_point::max()) {
@@ -78,8 +85,9 @@ grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* context, const v
   return Finish("CheckpointJob", info.status());
 }
 
-grpc::Status JobServiceImpl::GetCheckpoint(grpc::ServerContext*, const v1::GetCheckpointRequest* request,
+grpc::Status JobServiceImpl::GetCheckpoint(grpc::ServerContext* context, const v1::GetCheckpointRequest* request,
                                            v1::CheckpointManifest* response) {
+  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return Finish("GetCheckpoint", denied);
   auto manifest = manager_->GetCheckpoint(request->job_id(), request->checkpoint_id());
   if (manifest.ok()) *response = std::move(*manifest);
   return Finish("GetCheckpoint", manifest.status());
@@ -92,32 +100,37 @@ grpc::Status ClusterServiceImpl::Finish(const char* method, const absl::Status& 
   return Count(metrics_, method, status);
 }
 
-grpc::Status ClusterServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
+grpc::Status ClusterServiceImpl::Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                                           v1::RegisterResponse* response) {
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("Register", denied);
   auto result = manager_->Register(*request);
   if (result.ok()) *response = std::move(*result);
   return Finish("Register", result.status());
 }
 
-grpc::Status ClusterServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+grpc::Status ClusterServiceImpl::Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                                            v1::HeartbeatResponse* response) {
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("Heartbeat", denied);
   auto result = manager_->Heartbeat(*request);
   if (result.ok()) *response = std::move(*result);
   return Finish("Heartbeat", result.status());
 }
 
-grpc::Status ClusterServiceImpl::ReportWork(grpc::ServerContext*, const v1::WorkReport* request,
+grpc::Status ClusterServiceImpl::ReportWork(grpc::ServerContext* context, const v1::WorkReport* request,
                                             v1::WorkReportResponse*) {
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("ReportWork", denied);
   return Finish("ReportWork", manager_->Report(*request));
 }
 
-grpc::Status ClusterServiceImpl::ListMembers(grpc::ServerContext*, const v1::ListMembersRequest*,
+grpc::Status ClusterServiceImpl::ListMembers(grpc::ServerContext* context, const v1::ListMembersRequest*,
                                              v1::ListMembersResponse* response) {
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("ListMembers", denied);
   for (v1::MemberInfo& member : manager_->Members()) *response->add_members() = std::move(member);
   return Finish("ListMembers", absl::OkStatus());
 }
 
-grpc::Status ClusterServiceImpl::Leave(grpc::ServerContext*, const v1::LeaveRequest* request, v1::LeaveResponse*) {
+grpc::Status ClusterServiceImpl::Leave(grpc::ServerContext* context, const v1::LeaveRequest* request, v1::LeaveResponse*) {
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("Leave", denied);
   return Finish("Leave", manager_->Leave(request->member_id()));
 }
 

@@ -11,6 +11,7 @@ PACKAGES=(
   dataset-fashion-mnist
   python3-numpy  # tests: cross-check exported safetensors files
   prometheus yamllint  # tests: promtool check metrics / test rules, a real Prometheus, YAML lint
+  openssl  # scripts/dev-certs.sh (local up --tls)
 )
 
 missing=()

@@ -12,6 +12,7 @@
 #include "common/metrics.h"
 #include "common/process.h"
 #include "common/rpc.h"
+#include "common/security_flags.h"
 #include "server/parameter_service.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind and advertise");
@@ -37,7 +38,17 @@ int main(int argc, char** argv) {
     FLOG(ERROR) << "--scheduler HOST:PORT is required";
     return 2;
   }
+  if (absl::Status s = ConfigureSecurityFromFlags(); !s.ok()) {
+    FLOG(ERROR) << s.message();
+    return 2;
+  }
   const std::string host = absl::GetFlag(FLAGS_host);
+  auto health_server = StartHealthServerFromFlags(host);
+  if (!health_server.ok()) {
+    FLOG(ERROR) << health_server.status().message();
+    return 1;
+  }
+
   auto metrics = MetricsEndpoint::Start(host, absl::GetFlag(FLAGS_metrics_port));
   if (!metrics.ok()) {
     FLOG(ERROR) << metrics.status().message();

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/rpc.h"
+#include "common/rpc_security.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 
@@ -205,8 +206,9 @@ grpc::Status ParameterServiceImpl::Finish(const char* method, const absl::Status
   return ToGrpcStatus(status);
 }
 
-grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::SetupJobRequest* request,
+grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext* context, const v1::SetupJobRequest* request,
                                             v1::SetupJobResponse*) {
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("SetupJob", denied, 0, 0);
   absl::Status status;
   std::map<int32_t, std::string> sources;
   for (const v1::ChunkSetup& chunk : request->chunks()) {
@@ -251,8 +253,9 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::Setu
   return Finish("SetupJob", status, request->ByteSizeLong(), 0);
 }
 
-grpc::Status ParameterServiceImpl::DropJob(grpc::ServerContext*, const v1::DropJobRequest* request,
+grpc::Status ParameterServiceImpl::DropJob(grpc::ServerContext* context, const v1::DropJobRequest* request,
                                            v1::DropJobResponse*) {
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("DropJob", denied, 0, 0);
   store_->DropJob(request->job_id(), request->reason(), request->keep_parameters());
   FLOG(INFO) << "job " << request->job_id() << ": " << (request->keep_parameters() ? "finished" : "dropped")
              << " (" << request->reason() << ")";
@@ -361,8 +364,9 @@ absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const
   return absl::OkStatus();
 }
 
-grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*, const v1::PushRequest* request,
+grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* context, const v1::PushRequest* request,
                                         v1::PushResponse* response) {
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("Push", denied, 0, 0);
   absl::ReaderMutexLock writes(&writes_mu_);
   const int64_t received = request->ByteSizeLong();
   auto shard = store_->Find(request->job_id());
@@ -389,8 +393,9 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*, const v1::PushRequ
   return Finish("Push", status, received, response->ByteSizeLong());
 }
 
-grpc::Status ParameterServiceImpl::Replicate(grpc::ServerContext*, const v1::PushRequest* request,
+grpc::Status ParameterServiceImpl::Replicate(grpc::ServerContext* context, const v1::PushRequest* request,
                                              v1::PushResponse* response) {
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("Replicate", denied, 0, 0);
   absl::ReaderMutexLock writes(&writes_mu_);
   const int64_t received = request->ByteSizeLong();
   auto shard = store_->Find(request->job_id());
@@ -400,8 +405,9 @@ grpc::Status ParameterServiceImpl::Replicate(grpc::ServerContext*, const v1::Pus
   return Finish("Replicate", status, received, response->ByteSizeLong());
 }
 
-grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext*, const v1::ReconfigureRequest* request,
+grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext* context, const v1::ReconfigureRequest* request,
                                                v1::ReconfigureResponse*) {
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("Reconfigure", denied, 0, 0);
   absl::MutexLock writes(&writes_mu_);
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("Reconfigure", shard.status(), request->ByteSizeLong(), 0);
@@ -414,8 +420,9 @@ grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext*, const v1::R
   return Finish("Reconfigure", status, request->ByteSizeLong(), 0);
 }
 
-grpc::Status ParameterServiceImpl::CopyChunk(grpc::ServerContext*, const v1::CopyChunkRequest* request,
+grpc::Status ParameterServiceImpl::CopyChunk(grpc::ServerContext* context, const v1::CopyChunkRequest* request,
                                              v1::ChunkState* response) {
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("CopyChunk", denied, 0, 0);
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("CopyChunk", shard.status(), request->ByteSizeLong(), 0);
   absl::StatusOr<ChunkSnapshot> snapshot = (*shard)->Snapshot(request->chunk_id());
@@ -449,6 +456,7 @@ absl::StatusOr<std::vector<ChunkSnapshot>> ParameterServiceImpl::FetchChunks(
 
 grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context, const v1::PullRequest* request,
                                         v1::PullResponse* response) {
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("Pull", denied, 0, 0);
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("Pull", shard.status(), request->ByteSizeLong(), 0);
   absl::Time deadline = PullDeadline(*context);

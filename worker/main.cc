@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/membership_client.h"
 #include "common/metrics.h"
+#include "common/security_flags.h"
 #include "common/process.h"
 #include "common/rpc.h"
 #include "kernels/backend_loader.h"
@@ -40,6 +41,15 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_scheduler).empty()) {
     FLOG(ERROR) << "--scheduler HOST:PORT is required";
     return 2;
+  }
+  if (absl::Status s = ConfigureSecurityFromFlags(); !s.ok()) {
+    FLOG(ERROR) << s.message();
+    return 2;
+  }
+  auto health_server = StartHealthServerFromFlags(absl::GetFlag(FLAGS_host));
+  if (!health_server.ok()) {
+    FLOG(ERROR) << health_server.status().message();
+    return 1;
   }
   // One BLAS thread per worker: a node runs several workers (and servers).
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && openblas_set_num_threads != nullptr) {

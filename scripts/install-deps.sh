@@ -12,6 +12,10 @@ PACKAGES=(
   python3-numpy  # tests: cross-check exported safetensors files
   prometheus yamllint  # tests: promtool check metrics / test rules, a real Prometheus, YAML lint
   openssl  # scripts/dev-certs.sh (local up --tls)
+  python3-kubernetes  # tests: Kubernetes API schemas (tests/deploy/validate_k8s.py)
+  # tests: kubectl with kustomize (tests/deploy/check_k8s.sh), unless another
+  # package (e.g. google-cloud-sdk's kubectl) already provides /usr/bin/kubectl
+  $(command -v kubectl >/dev/null 2>&1 || echo kubernetes-client)
 )
 
 missing=()

@@ -151,6 +151,12 @@ absl::StatusOr<ChunkSnapshot> FromChunkState(const v1::ChunkState& state) {
   return snapshot;
 }
 
+JobShardConfig ParameterServiceImpl::ConfigFor(const v1::SetupJobRequest& request) {
+  JobShardConfig config = ToJobShardConfig(request);
+  config.observe_apply = [histogram = optimizer_seconds_](double seconds) { histogram->Observe(seconds); };
+  return config;
+}
+
 ParameterServiceImpl::~ParameterServiceImpl() {
   if (writer_ != nullptr) writer_->Stop();
 }
@@ -180,6 +186,11 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                .Help("Jobs with state on this server")
                .Register(registry)
                .Add({});
+  optimizer_seconds_ = &prometheus::BuildHistogram()
+                            .Name("fulcrum_server_optimizer_apply_seconds")
+                            .Help("Time of one optimizer update of one chunk")
+                            .Register(registry)
+                            .Add({}, DurationBuckets());
   replication_seconds_ = &prometheus::BuildHistogram()
                               .Name("fulcrum_server_replication_seconds")
                               .Help("Time a primary waits for its backups to take a push (replication lag)")
@@ -216,7 +227,7 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext* context, const 
   }
   if (request->copy_from().empty() && sources.empty()) {
     // Fresh state, or a checkpoint's: built aside, installed when whole.
-    auto shard = JobShard::Create(ToJobShardConfig(*request));
+    auto shard = JobShard::Create(ConfigFor(*request));
     status = shard.status();
     if (status.ok() && request->has_restore()) status = RestoreChunks(shard->get(), request->restore());
     if (status.ok()) {
@@ -227,7 +238,7 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext* context, const 
     // Chunks copied from their primaries (a new backup, or chunks moving to
     // a new shard): fetched first, then added to what this server holds of
     // the job (other shards stay), or to a fresh job state put in place.
-    JobShardConfig config = ToJobShardConfig(*request);
+    JobShardConfig config = ConfigFor(*request);
     auto snapshots = FetchChunks(request->copy_from(), config, sources);
     status = snapshots.status();
     auto existing = store_->Find(request->job_id());

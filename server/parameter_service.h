@@ -72,6 +72,8 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
                                                           const JobShardConfig& config,
                                                           const std::map<int32_t, std::string>& sources);
 
+  // ToJobShardConfig plus this server's metrics hooks.
+  JobShardConfig ConfigFor(const v1::SetupJobRequest& request);
   // A job starting from a checkpoint: each chunk's state, read from this
   // server's store or from a server that wrote it, checksum verified.
   absl::Status RestoreChunks(JobShard* shard, const v1::RestoreSource& restore);
@@ -97,6 +99,7 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   CheckpointStore* checkpoints_;
   std::unique_ptr<CheckpointWriter> writer_;  // with checkpoints_
   prometheus::Histogram* replication_seconds_;
+  prometheus::Histogram* optimizer_seconds_;
   prometheus::Counter* checkpoint_bytes_;
   prometheus::Histogram* checkpoint_seconds_;
 };

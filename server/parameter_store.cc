@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 
@@ -132,7 +133,9 @@ void Chunk::ApplyLocked(const float* grad, int64_t lr_step) {
   std::vector<float*> slots;
   for (auto& slot : state_) slots.push_back(slot.data());
   ++version_;
+  const absl::Time start = job_.observe_apply ? absl::Now() : absl::InfinitePast();
   ApplyOptimizer(job_.optimizer, lr, version_, config_.length, grad, values_.data(), slots.data());
+  if (job_.observe_apply) job_.observe_apply(absl::ToDoubleSeconds(absl::Now() - start));
   if (!captures_.empty()) CaptureLocked();
   updated_.SignalAll();
 }

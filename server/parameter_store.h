@@ -5,6 +5,7 @@
 #define FULCRUM_SERVER_PARAMETER_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -48,6 +49,8 @@ struct JobShardConfig {
   int32_t num_partitions = 1;  // BSP: one gradient per partition and step
   uint64_t seed = 0;
   std::vector<ChunkConfig> chunks;
+  // Called with the seconds each optimizer apply took (metrics); may be empty.
+  std::function<void(double)> observe_apply;
 };
 
 struct PushArgs {

@@ -71,6 +71,21 @@ int main(int argc, char** argv) {
                           .Help("Training steps completed")
                           .Register((*metrics)->registry())
                           .Add({});
+  auto& examples_total = prometheus::BuildCounter()
+                             .Name("fulcrum_worker_examples_total")
+                             .Help("Training examples computed (rate: samples per second)")
+                             .Register((*metrics)->registry())
+                             .Add({});
+  auto& pull_wait = prometheus::BuildHistogram()
+                        .Name("fulcrum_worker_pull_wait_seconds")
+                        .Help("Time in one pull of the parameters; in BSP mostly waiting for the step to complete")
+                        .Register((*metrics)->registry())
+                        .Add({}, DurationBuckets());
+  auto& staleness = prometheus::BuildHistogram()
+                        .Name("fulcrum_worker_staleness_steps")
+                        .Help("ASP/SSP: how many steps a worker's pull was ahead of the slowest data partition")
+                        .Register((*metrics)->registry())
+                        .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128});
   auto choice = kernels::MakeBackend(absl::GetFlag(FLAGS_device));
   if (!choice.ok()) {
     FLOG(ERROR) << choice.status().message();
@@ -85,7 +100,7 @@ int main(int argc, char** argv) {
     FLOG(ERROR) << health.status().message();
     return 1;
   }
-  WorkerDaemon daemon(backend.get(), &step_seconds, &steps_total);
+  WorkerDaemon daemon(backend.get(), {&step_seconds, &steps_total, &examples_total, &pull_wait, &staleness});
   MembershipClient::Options options;
   options.scheduler = absl::GetFlag(FLAGS_scheduler);
   options.role = v1::WORKER;

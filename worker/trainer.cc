@@ -356,7 +356,7 @@ absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
   ++window_steps_;
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   window_step_seconds_ += seconds;
-  if (trainer_.hooks_.observe_step) trainer_.hooks_.observe_step(seconds);
+  if (trainer_.hooks_.observe_step) trainer_.hooks_.observe_step(seconds, batch_);
   return absl::OkStatus();
 }
 
@@ -427,7 +427,9 @@ absl::Status TrainingRun::RunBsp() {
     // Into a staging copy: a pull caught mid-update (mixed versions) must not
     // touch the parameters a recompute of this step still uses (on the CPU
     // backend those are the host buffers themselves).
+    const absl::Time pull_start = absl::Now();
     absl::Status pulled = client_->Pull(next, kWaitSlice, &pulled_, &versions);
+    if (trainer_.hooks_.observe_pull) trainer_.hooks_.observe_pull(absl::ToDoubleSeconds(absl::Now() - pull_start));
     if (absl::IsDeadlineExceeded(pulled)) {
       // The step waits for a partition nobody sent: compute the ones this
       // worker owns now (e.g. taken over from a worker that died).
@@ -549,6 +551,7 @@ absl::Status TrainingRun::RunAsp() {
       }
       if (status.ok()) {
         max_staleness_seen_ = std::max(max_staleness_seen_, step - versions.clock);
+        if (trainer_.hooks_.observe_staleness) trainer_.hooks_.observe_staleness(step - versions.clock);
         status = params_.Upload();
       }
     } else {

@@ -39,7 +39,9 @@ uint64_t ExampleDigest(int64_t epoch, int64_t example);
 struct TrainerHooks {
   std::function<void(v1::WorkReport)> report;  // sends a report to the scheduler
   std::function<bool()> should_stop;           // the assignment was withdrawn
-  std::function<void(double)> observe_step;    // step duration in seconds (metrics)
+  std::function<void(double, int64_t)> observe_step;  // a partition step's seconds and examples (metrics)
+  std::function<void(double)> observe_pull;           // seconds a pull took (BSP: includes waiting for the step)
+  std::function<void(int64_t)> observe_staleness;     // ASP/SSP: a pull's lead over the slowest partition
   // The newest assignment of this job (partitions change as workers come and go).
   std::function<v1::Assignment()> latest_assignment;
   // Waits until the job's membership epoch passes `epoch`, the job is

@@ -8,9 +8,7 @@
 
 namespace fulcrum {
 
-WorkerDaemon::WorkerDaemon(kernels::Backend* backend, prometheus::Histogram* step_seconds,
-                           prometheus::Counter* steps_total)
-    : backend_(backend), step_seconds_(step_seconds), steps_total_(steps_total) {}
+WorkerDaemon::WorkerDaemon(kernels::Backend* backend, Metrics metrics) : backend_(backend), metrics_(metrics) {}
 
 void WorkerDaemon::OnHeartbeat(const v1::HeartbeatResponse& response) {
   absl::MutexLock lock(&mu_);
@@ -107,9 +105,16 @@ void WorkerDaemon::RunJob(MembershipClient* membership, v1::Assignment assignmen
   hooks.wait_for_change = [this, job_id](int64_t epoch, absl::Duration timeout) {
     return WaitForChange(job_id, epoch, timeout);
   };
-  hooks.observe_step = [this](double seconds) {
-    if (step_seconds_) step_seconds_->Observe(seconds);
-    if (steps_total_) steps_total_->Increment();
+  hooks.observe_step = [this](double seconds, int64_t examples) {
+    if (metrics_.step_seconds) metrics_.step_seconds->Observe(seconds);
+    if (metrics_.steps_total) metrics_.steps_total->Increment();
+    if (metrics_.examples_total) metrics_.examples_total->Increment(static_cast<double>(examples));
+  };
+  hooks.observe_pull = [this](double seconds) {
+    if (metrics_.pull_wait_seconds) metrics_.pull_wait_seconds->Observe(seconds);
+  };
+  hooks.observe_staleness = [this](int64_t steps) {
+    if (metrics_.staleness_steps) metrics_.staleness_steps->Observe(static_cast<double>(steps));
   };
   Trainer trainer(membership->member_id(), backend_, hooks);
   FLOG(INFO) << "job " << job_id << ": rank " << assignment.rank() << " of " << assignment.world_size();

@@ -22,8 +22,15 @@ namespace fulcrum {
 class WorkerDaemon {
  public:
   // `backend` must outlive the daemon; metrics may be null.
-  WorkerDaemon(kernels::Backend* backend, prometheus::Histogram* step_seconds,
-               prometheus::Counter* steps_total);
+  // The worker's Prometheus metrics (any may be null).
+  struct Metrics {
+    prometheus::Histogram* step_seconds = nullptr;       // compute + push of one partition step
+    prometheus::Counter* steps_total = nullptr;
+    prometheus::Counter* examples_total = nullptr;       // training examples computed
+    prometheus::Histogram* pull_wait_seconds = nullptr;  // time in pulls (BSP: waiting for the step)
+    prometheus::Histogram* staleness_steps = nullptr;    // ASP/SSP: lead over the slowest partition
+  };
+  WorkerDaemon(kernels::Backend* backend, Metrics metrics);
 
   void OnHeartbeat(const v1::HeartbeatResponse& response);
   // The job being worked on ("" when idle), for heartbeats.
@@ -43,8 +50,7 @@ class WorkerDaemon {
   void RunJob(MembershipClient* membership, v1::Assignment assignment);
 
   kernels::Backend* backend_;
-  prometheus::Histogram* step_seconds_;
-  prometheus::Counter* steps_total_;
+  const Metrics metrics_;
   mutable absl::Mutex mu_;  // guards the members below
   absl::CondVar changed_;   // signalled on every heartbeat and on Stop
   v1::Assignment latest_ ABSL_GUARDED_BY(mu_);

@@ -478,11 +478,31 @@ int Cluster(Client& client, bool json) {
     std::cout << ToJson(response) << "\n";
     return 0;
   }
-  std::cout << absl::StrFormat("%-12s %-7s %-22s %-22s %-8s %s\n", "MEMBER", "ROLE", "GRPC", "METRICS", "DEVICE", "JOB");
+  std::cout << absl::StrFormat("%-12s %-7s %-22s %-22s %-8s %-10s %s\n", "MEMBER", "ROLE", "GRPC", "METRICS", "DEVICE",
+                               "JOB", "HEALTH");
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   for (const auto& m : response.members()) {
-    std::cout << absl::StrFormat("%-12s %-7s %-22s %-22s %-8s %s\n", m.member_id(), v1::Role_Name(m.role()),
+    std::string health = absl::StrFormat("heartbeat %.1fs ago", (now_ms - m.last_heartbeat_unix_ms()) / 1000.0);
+    if (m.draining()) absl::StrAppend(&health, ", draining");
+    std::cout << absl::StrFormat("%-12s %-7s %-22s %-22s %-8s %-10s %s\n", m.member_id(), v1::Role_Name(m.role()),
                                  m.address().empty() ? "-" : m.address(), m.metrics_address(),
-                                 m.device().empty() ? "-" : m.device(), m.job_id().empty() ? "-" : m.job_id());
+                                 m.device().empty() ? "-" : m.device(), m.job_id().empty() ? "-" : m.job_id(), health);
+  }
+  // The shards of running jobs: primaries, backups, epochs.
+  v1::ListJobsResponse jobs;
+  absl::Status listed =
+      client.Run([&](grpc::ClientContext* c) { return client.jobs()->ListJobs(c, v1::ListJobsRequest(), &jobs); });
+  if (!listed.ok()) return Fail(listed);
+  for (const auto& job : jobs.jobs()) {
+    if (job.state() != v1::RUNNING || job.shards_size() == 0) continue;
+    std::cout << absl::StrFormat("\n%s: membership epoch %d, shard map version %d, %d failovers, %d workers\n",
+                                 job.job_id(), job.membership_epoch(), job.shard_map().version(), job.failovers(),
+                                 job.workers_size());
+    for (const auto& s : job.shards()) {
+      std::cout << absl::StrFormat("  shard %-3d primary %-10s backups %-20s %4d chunks\n", s.shard(),
+                                   s.server_id().empty() ? "-" : s.server_id(),
+                                   s.backup_ids().empty() ? "-" : absl::StrJoin(s.backup_ids(), ","), s.chunks());
+    }
   }
   return 0;
 }

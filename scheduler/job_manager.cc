@@ -54,6 +54,7 @@ void JobManager::Stop() {
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
+  servers_->CancelAll();  // a checkpoint may be waiting on a server for its cut
   if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
 }
 

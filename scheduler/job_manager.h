@@ -54,6 +54,8 @@ class ServerControl {
   // checkpoint_id 0: every checkpoint of the job.
   virtual absl::Status DeleteCheckpoint(const std::string& address, const std::string& job_id,
                                         int64_t checkpoint_id) = 0;
+  // Cancels the calls in flight (the scheduler is stopping).
+  virtual void CancelAll() {}
 };
 
 struct SchedulerOptions {

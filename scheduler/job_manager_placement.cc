@@ -271,6 +271,11 @@ void JobManager::ReplenishReplicas() {
 }
 
 void JobManager::DrainServers() {
+  // When every server is leaving (the whole cluster going down) nothing can
+  // take their shards: they go at once, and their jobs restart from a
+  // checkpoint when servers are back (or fail, naming the shard).
+  bool any_staying = false;
+  for (const auto& [id, member] : members_) any_staying |= member->role == v1::SERVER && !member->draining;
   for (auto& [id, member] : members_) {
     if (!member->draining) continue;
     for (auto& [job_id, job] : jobs_) {
@@ -288,7 +293,7 @@ void JobManager::DrainServers() {
         }
         ready &= staying_backup;
       }
-      if (ready) FailOver(job.get(), id, absl::StrCat("server ", id, " leaves the cluster"));
+      if (ready || !any_staying) FailOver(job.get(), id, absl::StrCat("server ", id, " leaves the cluster"));
     }
   }
 }

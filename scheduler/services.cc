@@ -185,10 +185,25 @@ absl::StatusOr<v1::CheckpointResponse> GrpcServerControl::Checkpoint(const std::
                                                                      const v1::CheckpointRequest& request) {
   grpc::ClientContext context;
   SetDeadline(&context, request.timeout_ms() / 1000.0 + 30.0);  // the cut's wait, then the write
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) return absl::CancelledError("the scheduler is stopping");
+    in_flight_.insert(&context);
+  }
   v1::CheckpointResponse response;
   absl::Status status = FromGrpcStatus(Stub(address)->Checkpoint(&context, request, &response));
+  {
+    absl::MutexLock lock(&mu_);
+    in_flight_.erase(&context);
+  }
   if (!status.ok()) return status;
   return response;
+}
+
+void GrpcServerControl::CancelAll() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* context : in_flight_) context->TryCancel();
 }
 
 absl::Status GrpcServerControl::DeleteCheckpoint(const std::string& address, const std::string& job_id,

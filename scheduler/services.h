@@ -5,6 +5,7 @@
 #define FULCRUM_SCHEDULER_SERVICES_H_
 
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 
@@ -62,11 +63,14 @@ class GrpcServerControl final : public ServerControl {
                                                     const v1::CheckpointRequest& request) override;
   absl::Status DeleteCheckpoint(const std::string& address, const std::string& job_id,
                                 int64_t checkpoint_id) override;
+  void CancelAll() override;
 
  private:
   v1::ParameterService::Stub* Stub(const std::string& address);
   absl::Mutex mu_;  // guards stubs_
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);  // long calls CancelAll cancels
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace fulcrum

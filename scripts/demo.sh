@@ -42,6 +42,6 @@ if [ $rc -ne 0 ]; then
   tail -n 5 "$DIR"/logs/*.log >&2 || true
   exit $rc
 fi
-ACC="$("$FULCRUM" get "$JOB_ID" -o json --dir "$DIR" | grep -o '"testAccuracy": [0-9.]*' | tail -1 | awk '{print $2}')"
+ACC="$("$FULCRUM" get "$JOB_ID" -o json --dir "$DIR" | grep -o '"testAccuracy": [0-9.]*' | head -1 | awk '{print $2}')"
 echo
 echo "final test accuracy: ${ACC}"

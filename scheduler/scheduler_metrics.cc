@@ -50,12 +50,12 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry* registry)
 
 void SchedulerMetrics::Remove(const std::string& job_id) {
   for (const std::string& rank : ranks_[job_id]) {
-    worker_step_seconds_.Remove(&worker_step_seconds_.Add({{"job", job_id}, {"rank", rank}}));
+    worker_step_seconds_.Remove(&worker_step_seconds_.Add({{"job_id", job_id}, {"rank", rank}}));
   }
   ranks_.erase(job_id);
   for (prometheus::Family<prometheus::Gauge>* family : per_job_) {
     // Family::Remove takes the metric; Add returns the existing one.
-    family->Remove(&family->Add({{"job", job_id}}));
+    family->Remove(&family->Add({{"job_id", job_id}}));
   }
 }
 
@@ -73,7 +73,7 @@ void SchedulerMetrics::Update(const std::vector<v1::JobStatus>& jobs, const std:
     if (job.state() != v1::RUNNING) continue;
     const std::string& id = job.job_id();
     running.insert(id);
-    const std::map<std::string, std::string> labels = {{"job", id}};
+    const std::map<std::string, std::string> labels = {{"job_id", id}};
     const v1::JobProgress& p = job.progress();
     Tracked& tracked = tracked_[id];
     if (p.step() != tracked.step) {
@@ -111,14 +111,14 @@ void SchedulerMetrics::Update(const std::vector<v1::JobStatus>& jobs, const std:
       const std::string rank = std::to_string(w.rank());
       seen.insert(rank);
       ranks.insert(rank);
-      worker_step_seconds_.Add({{"job", id}, {"rank", rank}}).Set(w.step_seconds());
+      worker_step_seconds_.Add({{"job_id", id}, {"rank", rank}}).Set(w.step_seconds());
     }
     for (auto it = ranks.begin(); it != ranks.end();) {  // workers gone from the job
       if (seen.count(*it) > 0) {
         ++it;
         continue;
       }
-      worker_step_seconds_.Remove(&worker_step_seconds_.Add({{"job", id}, {"rank", *it}}));
+      worker_step_seconds_.Remove(&worker_step_seconds_.Add({{"job_id", id}, {"rank", *it}}));
       it = ranks.erase(it);
     }
     stragglers_.Add(labels).Set(stragglers);

@@ -219,9 +219,8 @@ class ClusterTest : public testing::Test {
   static inline std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
-// Runs the fulcrum CLI; returns its exit code and stdout.
-inline std::pair<int, std::string> RunCli(const std::string& args) {
-  std::string command = absl::StrCat(DefaultBinDir(), "/fulcrum ", args, " 2>/dev/null");
+// Runs a shell command; returns its exit code and its stdout.
+inline std::pair<int, std::string> RunCommand(const std::string& command) {
   FILE* pipe = popen(command.c_str(), "r");
   std::string out;
   char buffer[4096];
@@ -229,6 +228,11 @@ inline std::pair<int, std::string> RunCli(const std::string& args) {
   while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
   int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Runs the fulcrum CLI; returns its exit code and stdout.
+inline std::pair<int, std::string> RunCli(const std::string& args) {
+  return RunCommand(absl::StrCat(DefaultBinDir(), "/fulcrum ", args, " 2>/dev/null"));
 }
 
 // A plain HTTP/1.0 GET; returns the whole response (status line, headers, body).

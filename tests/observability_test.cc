@@ -35,15 +35,7 @@ std::string Body(const std::string& response) {
 }
 
 // Runs a shell command; returns its exit code and output (stdout + stderr).
-std::pair<int, std::string> Shell(const std::string& command) {
-  FILE* pipe = popen(absl::StrCat(command, " 2>&1").c_str(), "r");
-  std::string out;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+std::pair<int, std::string> Shell(const std::string& command) { return RunCommand(absl::StrCat(command, " 2>&1")); }
 
 class ObservabilityTest : public ClusterTest {
  protected:

@@ -158,6 +158,10 @@ class Backend {
   // bag b. dtable is accumulated into, not overwritten.
   virtual absl::Status EmbeddingBagBackward(int bags, int dim, const int32_t* offsets, const int32_t* ids,
                                             int64_t table_rows, const float* dout, float* dtable) = 0;
+
+  // Bytes of backend memory this backend holds (in use and cached by its
+  // pool); 0 for host-memory backends. Same thread as the ops.
+  virtual int64_t MemoryInUse() const { return 0; }
 };
 
 // Backend memory owned RAII-style; movable, not copyable.

@@ -100,7 +100,19 @@ int main(int argc, char** argv) {
     FLOG(ERROR) << health.status().message();
     return 1;
   }
-  WorkerDaemon daemon(backend.get(), {&step_seconds, &steps_total, &examples_total, &pull_wait, &staleness});
+  auto& compute_seconds = prometheus::BuildHistogram()
+                              .Name("fulcrum_worker_compute_seconds")
+                              .Help("Forward + backward of one partition step on the compute backend (GPU: kernel time, "
+                                    "synchronized)")
+                              .Register((*metrics)->registry())
+                              .Add({}, DurationBuckets());
+  auto& device_memory = prometheus::BuildGauge()
+                            .Name("fulcrum_worker_device_memory_bytes")
+                            .Help("Backend (GPU) memory the worker holds, in use and cached; 0 on the CPU")
+                            .Register((*metrics)->registry())
+                            .Add({});
+  WorkerDaemon daemon(backend.get(), {&step_seconds, &steps_total, &examples_total, &pull_wait, &staleness,
+                                      &compute_seconds, &device_memory});
   MembershipClient::Options options;
   options.scheduler = absl::GetFlag(FLAGS_scheduler);
   options.role = v1::WORKER;

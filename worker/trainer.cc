@@ -349,9 +349,14 @@ absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
     RETURN_IF_ERROR(backend->CopyFromHost(y_buffer_.get(), trainer_.batch_y_.data(),
                                           trainer_.batch_y_.size() * sizeof(int32_t)));
   }
+  const absl::Time compute_start = absl::Now();
   RETURN_IF_ERROR(model_.ForwardBackward(params_.device_const(), x_device_, y_device_, batch_, grads_.device(),
                                          &window_));
-  RETURN_IF_ERROR(grads_.Download());
+  RETURN_IF_ERROR(grads_.Download());  // synchronizes with the device
+  if (trainer_.hooks_.observe_compute) {
+    trainer_.hooks_.observe_compute(absl::ToDoubleSeconds(absl::Now() - compute_start),
+                                    trainer_.backend_->MemoryInUse());
+  }
   RETURN_IF_ERROR(client_->Push(++seq_, partition, step, *grads_.host(), kRpcTimeout, batch_, digest));
   ++window_steps_;
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);

@@ -42,6 +42,9 @@ struct TrainerHooks {
   std::function<void(double, int64_t)> observe_step;  // a partition step's seconds and examples (metrics)
   std::function<void(double)> observe_pull;           // seconds a pull took (BSP: includes waiting for the step)
   std::function<void(int64_t)> observe_staleness;     // ASP/SSP: a pull's lead over the slowest partition
+  // After each partition step: the seconds of its forward + backward (on a
+  // GPU: the kernels, synchronized) and the backend memory held.
+  std::function<void(double, int64_t)> observe_compute;
   // The newest assignment of this job (partitions change as workers come and go).
   std::function<v1::Assignment()> latest_assignment;
   // Waits until the job's membership epoch passes `epoch`, the job is

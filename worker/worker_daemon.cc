@@ -1,6 +1,7 @@
 #include "worker/worker_daemon.h"
 
 #include <prometheus/counter.h>
+#include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 
 #include "common/logging.h"
@@ -109,6 +110,10 @@ void WorkerDaemon::RunJob(MembershipClient* membership, v1::Assignment assignmen
     if (metrics_.step_seconds) metrics_.step_seconds->Observe(seconds);
     if (metrics_.steps_total) metrics_.steps_total->Increment();
     if (metrics_.examples_total) metrics_.examples_total->Increment(static_cast<double>(examples));
+  };
+  hooks.observe_compute = [this](double seconds, int64_t memory) {
+    if (metrics_.compute_seconds) metrics_.compute_seconds->Observe(seconds);
+    if (metrics_.device_memory_bytes) metrics_.device_memory_bytes->Set(static_cast<double>(memory));
   };
   hooks.observe_pull = [this](double seconds) {
     if (metrics_.pull_wait_seconds) metrics_.pull_wait_seconds->Observe(seconds);

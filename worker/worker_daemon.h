@@ -15,6 +15,7 @@
 namespace prometheus {
 class Histogram;
 class Counter;
+class Gauge;
 }  // namespace prometheus
 
 namespace fulcrum {
@@ -29,6 +30,8 @@ class WorkerDaemon {
     prometheus::Counter* examples_total = nullptr;       // training examples computed
     prometheus::Histogram* pull_wait_seconds = nullptr;  // time in pulls (BSP: waiting for the step)
     prometheus::Histogram* staleness_steps = nullptr;    // ASP/SSP: lead over the slowest partition
+    prometheus::Histogram* compute_seconds = nullptr;    // forward + backward of one partition step
+    prometheus::Gauge* device_memory_bytes = nullptr;    // backend memory held (GPU)
   };
   WorkerDaemon(kernels::Backend* backend, Metrics metrics);
 

@@ -81,6 +81,9 @@ class CudaBackend : public Backend {
   const char* Name() const override { return name_.c_str(); }
 
   bool HostMemory() const override { return false; }
+  int64_t MemoryInUse() const override {
+    return pool_ == nullptr ? 0 : static_cast<int64_t>(pool_->stats().live_bytes + pool_->stats().cached_bytes);
+  }
   absl::StatusOr<void*> Allocate(size_t bytes) override;
   // An unknown pointer is reported as INVALID_ARGUMENT by the next
   // Synchronize().

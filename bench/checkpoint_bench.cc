@@ -30,44 +30,29 @@
 // Exit code 1 when a figure could not be measured or a restore did not verify.
 //
 //   fulcrum-checkpoint-bench [--quick] [--model-mib N] [--runs N] [--keep-logs]
-#include <signal.h>
-#include <stdlib.h>
 #include <sys/resource.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
+#include <cstdint>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <functional>
 #include <memory>
-#include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_util.h"
 #include "client/local_cluster.h"
 #include "common/kv_store.h"
 #include "common/param_init.h"
-#include "common/process.h"
-#include "common/rpc.h"
 #include "common/status_macros.h"
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "server/checkpoint_store.h"
@@ -90,26 +75,12 @@ constexpr int kWorkers = 2;
 constexpr absl::Duration kJobLimit = absl::Minutes(20);
 constexpr double kGB = 1e9;
 
-const absl::Time kBenchStart = absl::Now();
-
-// One timestamped line on stdout, flushed at once (the run takes minutes).
-void Log(const std::string& line) {
-  std::printf("[%7.1fs] %s\n", absl::ToDoubleSeconds(absl::Now() - kBenchStart), line.c_str());
-  std::fflush(stdout);
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  if (n == 0) return 0;
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
-double Mean(const std::vector<double>& values) {
-  double sum = 0;
-  for (double v : values) sum += v;
-  return values.empty() ? 0 : sum / values.size();
-}
+using bench::Log;
+using bench::Mean;
+using bench::Median;
+using bench::RemoveDir;
+using bench::StepsPerSecond;
+using Cluster = bench::BenchCluster;
 
 double Max(const std::vector<double>& values) {
   return values.empty() ? 0 : *std::max_element(values.begin(), values.end());
@@ -121,60 +92,6 @@ double PeakRssGiB() {
   struct rusage usage;
   getrusage(RUSAGE_SELF, &usage);
   return usage.ru_maxrss / (1024.0 * 1024.0);  // ru_maxrss is in KiB
-}
-
-// ---------------------------------------------------------------------------
-// The temp folder and the clusters, and cleaning up on SIGINT / SIGTERM.
-// ---------------------------------------------------------------------------
-
-// What the signal watcher must clean up: the processes of the running
-// clusters (read back from each cluster.json) and the temp folder. Thread-safe.
-class Cleanup {
- public:
-  void SetTempDir(const std::string& dir, bool keep) {
-    absl::MutexLock lock(&mu_);
-    temp_dir_ = dir;
-    keep_ = keep;
-  }
-  void AddCluster(const std::string& dir) {
-    absl::MutexLock lock(&mu_);
-    clusters_.insert(dir);
-  }
-  void RemoveCluster(const std::string& dir) {
-    absl::MutexLock lock(&mu_);
-    clusters_.erase(dir);
-  }
-  // SIGKILL to every process of every registered cluster; then the temp
-  // folder goes unless it is to be kept.
-  void KillAll() {
-    absl::MutexLock lock(&mu_);
-    for (const std::string& dir : clusters_) {
-      auto opened = LocalCluster::Open(dir);  // not owned: its destructor kills nothing
-      if (!opened.ok()) continue;
-      for (const v1::LocalProcess& p : (*opened)->file().processes())
-        kill(static_cast<pid_t>(p.pid()), SIGKILL);
-    }
-    if (!temp_dir_.empty() && !keep_) {
-      std::error_code ignored;
-      std::filesystem::remove_all(temp_dir_, ignored);
-    }
-  }
-
- private:
-  absl::Mutex mu_;  // guards everything below
-  std::string temp_dir_ ABSL_GUARDED_BY(mu_);
-  bool keep_ ABSL_GUARDED_BY(mu_) = false;
-  std::set<std::string> clusters_ ABSL_GUARDED_BY(mu_);
-};
-
-Cleanup& Cleaner() {
-  static Cleanup* cleanup = new Cleanup();
-  return *cleanup;
-}
-
-void RemoveDir(const std::string& dir) {
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 // ---------------------------------------------------------------------------
@@ -424,121 +341,19 @@ StorageResults MeasureStorage(const std::string& dir, int model_mib, int runs) {
 // Figure 3: step time with checkpoints every N s against none, on a cluster.
 // ---------------------------------------------------------------------------
 
-bool Terminal(v1::JobState state) {
-  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
-}
-
-// A LocalCluster and a JobService stub to its scheduler. Not thread-safe.
-class Cluster {
- public:
-  static absl::StatusOr<std::unique_ptr<Cluster>> Start(const std::string& dir, int servers) {
-    LocalCluster::Options options;
-    options.dir = dir;
-    options.servers = servers;
-    options.workers = kWorkers;
-    options.replicas = 1;
-    std::unique_ptr<Cluster> cluster(new Cluster());
-    Cleaner().AddCluster(dir);
-    cluster->dir_ = dir;
-    ASSIGN_OR_RETURN(cluster->local_, LocalCluster::Start(options));
-    cluster->stub_ = v1::JobService::NewStub(MakeChannel(cluster->local_->scheduler_address()));
-    return cluster;
-  }
-  // LocalCluster's destructor SIGKILLs and reaps every process it started.
-  ~Cluster() {
-    local_.reset();
-    Cleaner().RemoveCluster(dir_);
-  }
-
-  // Submits `spec` and follows WatchJob to its end; FAILED_PRECONDITION
-  // unless it succeeded.
-  absl::StatusOr<v1::JobStatus> RunToEnd(const v1::JobSpec& spec) {
-    ASSIGN_OR_RETURN(std::string id, Submit(spec));
-    grpc::ClientContext context;
-    SetDeadline(&context, absl::ToDoubleSeconds(kJobLimit));
-    v1::WatchJobRequest request;
-    request.set_job_id(id);
-    auto reader = stub_->WatchJob(&context, request);
-    v1::JobStatus status;
-    while (reader->Read(&status)) {
-      if (!Terminal(status.state())) continue;
-      context.TryCancel();
-      IgnoreError(FromGrpcStatus(reader->Finish()));
-      if (status.state() != v1::SUCCEEDED) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("job ", id, " ended ", v1::JobState_Name(status.state()), ": ", status.reason()));
-      }
-      return status;
-    }
-    absl::Status finished = FromGrpcStatus(reader->Finish());
-    return absl::UnavailableError(absl::StrCat("watching job ", id, ": ",
-                                               finished.ok() ? "stream ended" : finished.ToString(),
-                                               " (last state ", v1::JobState_Name(status.state()), ")"));
-  }
-
- private:
-  Cluster() = default;
-
-  absl::StatusOr<std::string> Submit(const v1::JobSpec& spec) {
-    grpc::ClientContext context;
-    SetDeadline(&context, 10);
-    v1::SubmitJobRequest request;
-    *request.mutable_spec() = spec;
-    v1::SubmitJobResponse response;
-    RETURN_IF_ERROR(FromGrpcStatus(stub_->SubmitJob(&context, request, &response)));
-    return response.job_id();
-  }
-
-  std::string dir_;
-  std::unique_ptr<LocalCluster> local_;
-  std::unique_ptr<v1::JobService::Stub> stub_;
-};
-
 // 784 -> 2048 -> 2048 -> 10 (5.8 M parameters, 23 MB) on batches of 64, BSP,
 // SGD with momentum; checkpoints every `every_seconds` (0: none), all kept so
 // that the status lists every one taken.
 v1::JobSpec StepSpec(int64_t steps, int64_t every_seconds) {
-  v1::JobSpec spec;
-  spec.set_name(every_seconds > 0 ? absl::StrCat("ckpt-every-", every_seconds, "s") : "no-ckpt");
-  spec.mutable_model()->set_kind(v1::ModelSpec::MLP);
-  spec.mutable_model()->add_hidden_sizes(2048);
-  spec.mutable_model()->add_hidden_sizes(2048);
-  spec.mutable_model()->set_activation(v1::RELU);
-  v1::DataSpec* data = spec.mutable_data();
-  data->set_dataset(v1::DataSpec::SYNTHETIC);
-  data->set_synthetic_examples(65536);  // 512 steps an epoch: few evaluations
-  data->set_synthetic_features(784);
-  data->set_synthetic_classes(10);
-  data->set_batch_size(64);
-  data->set_epochs(10000);
-  data->set_shuffle_seed(7);
-  data->set_max_steps(steps);
-  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
-  spec.mutable_optimizer()->set_lr(0.01f);
-  spec.mutable_optimizer()->set_momentum(0.9f);
-  spec.set_mode(v1::BSP);
-  spec.set_num_workers(kWorkers);
+  const std::string name = every_seconds > 0 ? absl::StrCat("ckpt-every-", every_seconds, "s") : "no-ckpt";
+  // 65536 examples: 512 steps an epoch, so few evaluations.
+  v1::JobSpec spec = bench::SyntheticMlpSpec(name, {2048, 2048}, 65536, 0.01f, steps, kWorkers);
   spec.set_replicas(1);
-  spec.set_seed(3);
   if (every_seconds > 0) {
     spec.mutable_checkpoint()->set_every_seconds(every_seconds);
     spec.mutable_checkpoint()->set_keep_last(1000);
   }
   return spec;
-}
-
-// Training steps per second of a finished job, from its first progress point
-// with a step in to its end (data loading and start-up left out); over the
-// whole start..end span if it has no such point. As fulcrum-failover-bench.
-double StepsPerSecond(const v1::JobStatus& done) {
-  const double end = (done.end_time_unix_ms() - done.start_time_unix_ms()) / 1000.0;
-  const int64_t steps = done.progress().step();
-  for (const v1::MetricPoint& point : done.history()) {
-    if (point.step() > 0 && point.step() < steps && point.elapsed_seconds() < end) {
-      return (steps - point.step()) / (end - point.elapsed_seconds());
-    }
-  }
-  return end > 0 ? steps / end : 0;
 }
 
 struct OverheadResults {
@@ -588,7 +403,12 @@ absl::StatusOr<OverheadResults> MeasureOverhead(const std::string& dir, int runs
       absl::StrFormat("figure 3: 2 servers, 2 workers, replicas 1; MLP 784-2048-2048-10, batch 64, BSP; "
                       "checkpoint every %d s vs none, alternated, %d each",
                       results.every_seconds, runs));
-  ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster, Cluster::Start(dir, 2));
+  LocalCluster::Options options;
+  options.dir = dir;
+  options.servers = 2;
+  options.workers = kWorkers;
+  options.replicas = 1;
+  ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster, Cluster::Start(options, kJobLimit));
   // Calibration, and a warm-up: the first job on fresh processes also pays
   // for connections and allocations that every later job finds ready.
   ASSIGN_OR_RETURN(v1::JobStatus calibration, cluster->RunToEnd(StepSpec(quick ? 15 : 40, 0)));
@@ -687,16 +507,6 @@ void PrintTable(const StorageResults& storage, const absl::StatusOr<OverheadResu
   std::fflush(stdout);
 }
 
-std::string MakeTempDir() {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string pattern =
-      absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp", "/fulcrum-checkpoint-bench.XXXXXX");
-  std::vector<char> buffer(pattern.begin(), pattern.end());
-  buffer.push_back('\0');
-  char* dir = mkdtemp(buffer.data());
-  return dir != nullptr ? dir : "";
-}
-
 int Run() {
   const bool quick = absl::GetFlag(FLAGS_quick);
   int model_mib = absl::GetFlag(FLAGS_model_mib);
@@ -704,12 +514,9 @@ int Run() {
   if (model_mib <= 0) model_mib = quick ? 64 : 1024;
   if (runs <= 0) runs = quick ? 1 : 2;
   const bool keep = absl::GetFlag(FLAGS_keep_logs);
-  const std::string dir = MakeTempDir();
-  if (dir.empty()) {
-    std::fprintf(stderr, "cannot create a folder under $TMPDIR or /tmp: %s\n", std::strerror(errno));
-    return 1;
-  }
-  Cleaner().SetTempDir(dir, keep);
+  const std::string dir = bench::MakeTempDir("fulcrum-checkpoint-bench");
+  if (dir.empty()) return 1;
+  bench::RegisterTempDir(dir, keep);
   Log(absl::StrCat("temp folder ", dir));
   const StorageResults storage = MeasureStorage(dir + "/storage", model_mib, runs);
   RemoveDir(dir + "/storage");
@@ -717,39 +524,14 @@ int Run() {
   if (!overhead.ok()) Log(absl::StrCat("figure 3 not measured: ", overhead.status().ToString()));
   PrintTable(storage, overhead);
   const bool good = storage.failure.empty() && storage.restore.ok() && overhead.ok();
-  if (good && !keep) {
-    RemoveDir(dir);
-  } else {
-    Log(absl::StrCat("logs kept in ", dir));
-  }
-  return good ? 0 : 1;
+  return bench::FinishRun(dir, good, keep);
 }
 
 }  // namespace
 }  // namespace fulcrum
 
 int main(int argc, char** argv) {
-  // Before any thread: SIGINT / SIGTERM are taken by the watcher below, which
-  // kills every cluster process and removes the temp folder before exiting.
-  fulcrum::BlockTerminationSignals();
-  fulcrum::AcceptDashedFlags(argc, argv);
-  absl::FlagsUsageConfig config;
-  config.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "checkpoint_bench.cc");
-  };
-  config.contains_helpshort_flags = config.contains_help_flags;
-  absl::SetFlagsUsageConfig(config);
-  absl::SetProgramUsageMessage("fulcrum-checkpoint-bench [--quick] [--model-mib N] [--runs N] [--keep-logs]");
-  absl::ParseCommandLine(argc, argv);
-  std::thread watcher([] {
-    const int sig = fulcrum::WaitForShutdown();
-    if (sig == 0) return;  // the benchmark finished
-    fulcrum::Cleaner().KillAll();
-    std::fprintf(stderr, "signal %d: killed every cluster process\n", sig);
-    _exit(128 + sig);
-  });
-  const int rc = fulcrum::Run();
-  fulcrum::RequestShutdown();
-  watcher.join();
-  return rc;
+  return fulcrum::bench::BenchMain(
+      argc, argv, "checkpoint_bench.cc",
+      "fulcrum-checkpoint-bench [--quick] [--model-mib N] [--runs N] [--keep-logs]", fulcrum::Run);
 }

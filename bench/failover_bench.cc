@@ -25,39 +25,28 @@
 //                          [--throughput-steps N] [--keep-logs]
 #include <signal.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <functional>
 #include <memory>
-#include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_util.h"
 #include "client/local_cluster.h"
-#include "common/process.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "worker/parameter_client.h"
-#include "worker/trainer.h"
 
 ABSL_FLAG(bool, quick, false,
           "Short jobs and one repeat of each figure (a smoke test; the figures are rough)");
@@ -82,160 +71,29 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
 constexpr absl::Duration kStallLimit = absl::Seconds(120);
 constexpr absl::Duration kJobLimit = absl::Minutes(15);
 
-const absl::Time kBenchStart = absl::Now();
-
-// One timestamped line on stdout, flushed at once (the run takes minutes).
-void Log(const std::string& line) {
-  std::printf("[%7.1fs] %s\n", absl::ToDoubleSeconds(absl::Now() - kBenchStart), line.c_str());
-  std::fflush(stdout);
-}
-
-bool Terminal(v1::JobState state) {
-  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  if (n == 0) return 0;
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
-double Mean(const std::vector<double>& values) {
-  double sum = 0;
-  for (double v : values) sum += v;
-  return values.empty() ? 0 : sum / values.size();
-}
+using bench::EveryExampleOncePerEpoch;
+using bench::Log;
+using bench::Mean;
+using bench::Median;
+using bench::StepsPerSecond;
+using bench::Terminal;
+using Audit = bench::ExampleAudit;
+using Cluster = bench::BenchCluster;
 
 // ---------------------------------------------------------------------------
-// Clusters, and killing their processes on SIGINT / SIGTERM.
+// The clusters.
 // ---------------------------------------------------------------------------
 
-// The folders of the clusters this process has running, so that the signal
-// watcher can kill their processes (read back from each cluster.json) before
-// the program exits. Thread-safe.
-class LiveClusters {
- public:
-  void Add(const std::string& dir) {
-    absl::MutexLock lock(&mu_);
-    dirs_.insert(dir);
-  }
-  void Remove(const std::string& dir) {
-    absl::MutexLock lock(&mu_);
-    dirs_.erase(dir);
-  }
-  // SIGKILL to every process of every registered cluster.
-  void KillAll() {
-    absl::MutexLock lock(&mu_);
-    for (const std::string& dir : dirs_) {
-      auto opened = LocalCluster::Open(dir);  // not owned: its destructor kills nothing
-      if (!opened.ok()) continue;
-      for (const v1::LocalProcess& p : (*opened)->file().processes()) {
-        kill(static_cast<pid_t>(p.pid()), SIGKILL);
-      }
-    }
-  }
-
- private:
-  absl::Mutex mu_;
-  std::set<std::string> dirs_ ABSL_GUARDED_BY(mu_);
-};
-
-LiveClusters& Live() {
-  static LiveClusters* live = new LiveClusters();
-  return *live;
+// `servers` servers and kWorkers workers; scheduler flags otherwise default:
+// the default lease.
+absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const std::string& dir, int servers, int replicas) {
+  LocalCluster::Options options;
+  options.dir = dir;
+  options.servers = servers;
+  options.workers = kWorkers;
+  options.replicas = replicas;
+  return Cluster::Start(options, kJobLimit);
 }
-
-// A LocalCluster and a JobService stub to its scheduler. Not thread-safe.
-class Cluster {
- public:
-  static absl::StatusOr<std::unique_ptr<Cluster>> Start(const std::string& dir, int servers, int replicas) {
-    LocalCluster::Options options;
-    options.dir = dir;
-    options.servers = servers;
-    options.workers = kWorkers;
-    options.replicas = replicas;  // scheduler flags otherwise default: the default lease
-    std::unique_ptr<Cluster> cluster(new Cluster());
-    Live().Add(dir);
-    cluster->dir_ = dir;
-    ASSIGN_OR_RETURN(cluster->local_, LocalCluster::Start(options));
-    cluster->stub_ = v1::JobService::NewStub(MakeChannel(cluster->local_->scheduler_address()));
-    return cluster;
-  }
-  // LocalCluster's destructor SIGKILLs and reaps every process it started.
-  ~Cluster() {
-    local_.reset();
-    Live().Remove(dir_);
-  }
-
-  LocalCluster& local() { return *local_; }
-
-  absl::StatusOr<std::string> Submit(const v1::JobSpec& spec) {
-    grpc::ClientContext context;
-    SetDeadline(&context, 10);
-    v1::SubmitJobRequest request;
-    *request.mutable_spec() = spec;
-    v1::SubmitJobResponse response;
-    RETURN_IF_ERROR(FromGrpcStatus(stub_->SubmitJob(&context, request, &response)));
-    return response.job_id();
-  }
-
-  absl::StatusOr<v1::JobStatus> Get(const std::string& job_id) {
-    grpc::ClientContext context;
-    SetDeadline(&context, 5);
-    v1::GetJobRequest request;
-    request.set_job_id(job_id);
-    v1::JobStatus status;
-    RETURN_IF_ERROR(FromGrpcStatus(stub_->GetJob(&context, request, &status)));
-    return status;
-  }
-
-  // Follows WatchJob until `done` holds or the job ends.
-  absl::StatusOr<v1::JobStatus> WaitFor(const std::string& job_id,
-                                        const std::function<bool(const v1::JobStatus&)>& done,
-                                        absl::Duration timeout) {
-    grpc::ClientContext context;
-    SetDeadline(&context, absl::ToDoubleSeconds(timeout));
-    v1::WatchJobRequest request;
-    request.set_job_id(job_id);
-    auto reader = stub_->WatchJob(&context, request);
-    v1::JobStatus status;
-    while (reader->Read(&status)) {
-      if (done(status) || Terminal(status.state())) {
-        context.TryCancel();
-        reader->Finish().IgnoreError();
-        return status;
-      }
-    }
-    absl::Status finished = FromGrpcStatus(reader->Finish());
-    return absl::Status(
-        finished.ok() ? absl::StatusCode::kUnavailable : finished.code(),
-        absl::StrCat("watching job ", job_id, ": ", finished.ok() ? "stream ended" : finished.message(),
-                     " (last state ", v1::JobState_Name(status.state()), ")"));
-  }
-
-  absl::StatusOr<v1::JobStatus> WaitForEnd(const std::string& job_id) {
-    return WaitFor(
-        job_id, [](const v1::JobStatus&) { return false; }, kJobLimit);
-  }
-
-  // Submits `spec` and waits for its end; FAILED_PRECONDITION unless it succeeded.
-  absl::StatusOr<v1::JobStatus> RunToEnd(const v1::JobSpec& spec) {
-    ASSIGN_OR_RETURN(std::string id, Submit(spec));
-    ASSIGN_OR_RETURN(v1::JobStatus done, WaitForEnd(id));
-    if (done.state() != v1::SUCCEEDED) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", id, " ended ", v1::JobState_Name(done.state()), ": ", done.reason()));
-    }
-    return done;
-  }
-
- private:
-  Cluster() = default;
-  std::string dir_;
-  std::unique_ptr<LocalCluster> local_;
-  std::unique_ptr<v1::JobService::Stub> stub_;
-};
 
 // The --lease-ms default of the fulcrum-scheduler next to this program, read
 // from its --help (scheduler/main.cc); -1 if it cannot be read.
@@ -289,42 +147,10 @@ v1::JobSpec FailoverSpec(int epochs, int64_t max_steps = 0) {
 
 // A step of a few ms: 784 -> 256 -> 10 on batches of 64, one shard per server.
 v1::JobSpec ThroughputSpec(int replicas, int64_t steps) {
-  v1::JobSpec spec;
-  spec.set_name(absl::StrCat("throughput-r", replicas));
-  spec.mutable_model()->set_kind(v1::ModelSpec::MLP);
-  spec.mutable_model()->add_hidden_sizes(256);
-  spec.mutable_model()->set_activation(v1::RELU);
-  v1::DataSpec* data = spec.mutable_data();
-  data->set_dataset(v1::DataSpec::SYNTHETIC);
-  data->set_synthetic_examples(16384);
-  data->set_synthetic_features(784);
-  data->set_synthetic_classes(10);
-  data->set_batch_size(64);
-  data->set_epochs(10000);
-  data->set_shuffle_seed(7);
-  data->set_max_steps(steps);
-  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
-  spec.mutable_optimizer()->set_lr(0.05f);
-  spec.mutable_optimizer()->set_momentum(0.9f);
-  spec.set_mode(v1::BSP);
-  spec.set_num_workers(kWorkers);
+  v1::JobSpec spec =
+      bench::SyntheticMlpSpec(absl::StrCat("throughput-r", replicas), {256}, 16384, 0.05f, steps, kWorkers);
   spec.set_replicas(replicas);
-  spec.set_seed(3);
   return spec;
-}
-
-// Training steps per second of a finished job, from its first progress point
-// with a step in to its end (data loading and start-up left out); over the
-// whole start..end span if it has no such point.
-double StepsPerSecond(const v1::JobStatus& done) {
-  const double end = (done.end_time_unix_ms() - done.start_time_unix_ms()) / 1000.0;
-  const int64_t steps = done.progress().step();
-  for (const v1::MetricPoint& point : done.history()) {
-    if (point.step() > 0 && point.step() < steps && point.elapsed_seconds() < end) {
-      return (steps - point.step()) / (end - point.elapsed_seconds());
-    }
-  }
-  return end > 0 ? steps / end : 0;
 }
 
 absl::StatusOr<std::vector<float>> FinalParameters(const v1::JobStatus& done) {
@@ -346,28 +172,6 @@ std::string Difference(const std::vector<float>& a, const std::vector<float>& b)
   if (differ == 0) return "";
   return absl::StrCat(differ, " of ", a.size(), " values differ, first at ", first, " (", a[first], " vs ",
                       b[first], ")");
-}
-
-struct Audit {
-  int64_t examples = 0;
-  uint64_t digest = 0;
-};
-
-// Every example of every epoch of `spec` used exactly once (as in
-// ExpectEveryExampleUsedOncePerEpoch, tests/integration_test.cc).
-Audit EveryExampleOncePerEpoch(const v1::JobSpec& spec, int64_t num_examples) {
-  const int partitions = spec.max_workers() > 0 ? spec.max_workers() : spec.num_workers();
-  const int64_t global_batch = int64_t{spec.data().batch_size()} * partitions;
-  const int64_t steps_per_epoch = num_examples / global_batch;
-  Audit audit;
-  for (int64_t epoch = 0; epoch < spec.data().epochs(); ++epoch) {
-    std::vector<int64_t> perm = EpochPermutation(spec.data().shuffle_seed(), epoch, num_examples);
-    for (int64_t i = 0; i < steps_per_epoch * global_batch; ++i) {
-      audit.digest += ExampleDigest(epoch, perm[i]);
-      ++audit.examples;
-    }
-  }
-  return audit;
 }
 
 // OK when every chunk's primary holds exactly the `expected` example audit;
@@ -571,7 +375,7 @@ absl::StatusOr<FailoverResults> MeasureFailover(const std::string& dir, int runs
   Log(absl::StrCat(
       "figure 1+2: 3 servers, 2 workers, 2 replicas, scheduler lease ",
       results.lease_ms > 0 ? absl::StrCat(results.lease_ms, " ms (its default)") : "(default; unread)"));
-  ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster, Cluster::Start(dir, 3, 2));
+  ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster, StartCluster(dir, 3, 2));
   ASSIGN_OR_RETURN(results.epochs, EpochsForSeconds(*cluster, quick ? 8 : 20, quick));
   const v1::JobSpec spec = FailoverSpec(results.epochs);
   const Audit audit = EveryExampleOncePerEpoch(spec, kFailoverExamples);
@@ -605,7 +409,7 @@ struct ThroughputResults {
 absl::StatusOr<ThroughputResults> MeasureThroughput(const std::string& dir, int runs, int64_t steps) {
   Log(absl::StrCat("figure 3: 2 servers, 2 workers, MLP 784-256-10, batch 64, BSP, ", steps,
                    " steps a job; replicas 1 and 2 alternated, ", runs, " each"));
-  ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster, Cluster::Start(dir, 2, 1));
+  ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster, StartCluster(dir, 2, 1));
   // Not counted: the first job on fresh processes also pays for connections
   // and allocations that every later job finds ready.
   ASSIGN_OR_RETURN(v1::JobStatus warm_up, cluster->RunToEnd(ThroughputSpec(1, std::min<int64_t>(steps, 50))));
@@ -667,15 +471,6 @@ void PrintTable(const absl::StatusOr<FailoverResults>& failover,
   std::fflush(stdout);
 }
 
-std::string MakeTempDir() {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp", "/fulcrum-failover-bench.XXXXXX");
-  std::vector<char> buffer(pattern.begin(), pattern.end());
-  buffer.push_back('\0');
-  char* dir = mkdtemp(buffer.data());
-  return dir != nullptr ? dir : "";
-}
-
 int Run() {
   const bool quick = absl::GetFlag(FLAGS_quick);
   int runs = absl::GetFlag(FLAGS_runs);
@@ -684,11 +479,8 @@ int Run() {
   if (runs <= 0) runs = quick ? 1 : 3;
   if (throughput_runs <= 0) throughput_runs = quick ? 1 : 2;
   if (throughput_steps <= 0) throughput_steps = quick ? 150 : 1000;
-  const std::string dir = MakeTempDir();
-  if (dir.empty()) {
-    std::fprintf(stderr, "cannot create a folder under $TMPDIR or /tmp: %s\n", std::strerror(errno));
-    return 1;
-  }
+  const std::string dir = bench::MakeTempDir("fulcrum-failover-bench");
+  if (dir.empty()) return 1;
   Log(absl::StrCat("clusters and their logs in ", dir));
   absl::StatusOr<FailoverResults> failover = MeasureFailover(dir + "/failover", runs, quick);
   if (!failover.ok()) Log(absl::StrCat("figures 1+2 not measured: ", failover.status().ToString()));
@@ -698,42 +490,15 @@ int Run() {
   PrintTable(failover, throughput);
   const bool good =
       failover.ok() && throughput.ok() && !failover->stalls.empty() && failover->verified == failover->runs;
-  if (good && !absl::GetFlag(FLAGS_keep_logs)) {
-    std::error_code ignored;
-    std::filesystem::remove_all(dir, ignored);
-  } else {
-    Log(absl::StrCat("logs kept in ", dir));
-  }
-  return good ? 0 : 1;
+  return bench::FinishRun(dir, good, absl::GetFlag(FLAGS_keep_logs));
 }
 
 }  // namespace
 }  // namespace fulcrum
 
 int main(int argc, char** argv) {
-  // Before any thread: SIGINT / SIGTERM are taken by the watcher below, which
-  // kills every cluster process before exiting.
-  fulcrum::BlockTerminationSignals();
-  fulcrum::AcceptDashedFlags(argc, argv);
-  absl::FlagsUsageConfig config;
-  config.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "failover_bench.cc");
-  };
-  config.contains_helpshort_flags = config.contains_help_flags;
-  absl::SetFlagsUsageConfig(config);
-  absl::SetProgramUsageMessage(
-      "fulcrum-failover-bench [--quick] [--runs N] [--throughput-runs N] [--throughput-steps N] "
-      "[--keep-logs]");
-  absl::ParseCommandLine(argc, argv);
-  std::thread watcher([] {
-    const int sig = fulcrum::WaitForShutdown();
-    if (sig == 0) return;  // the benchmark finished
-    fulcrum::Live().KillAll();
-    std::fprintf(stderr, "signal %d: killed every cluster process\n", sig);
-    _exit(128 + sig);
-  });
-  const int rc = fulcrum::Run();
-  fulcrum::RequestShutdown();
-  watcher.join();
-  return rc;
+  return fulcrum::bench::BenchMain(argc, argv, "failover_bench.cc",
+                                   "fulcrum-failover-bench [--quick] [--runs N] [--throughput-runs N] "
+                                   "[--throughput-steps N] [--keep-logs]",
+                                   fulcrum::Run);
 }

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -138,7 +139,8 @@ absl::Status ConfigureClientSecurity(const Args& args) {
   files.tls_cert = pick("--tls-cert", "FULCRUM_TLS_CERT");
   files.tls_key = pick("--tls-key", "FULCRUM_TLS_KEY");
   files.tls_ca = pick("--tls-ca", "FULCRUM_TLS_CA");
-  std::string token = pick("--token", "FULCRUM_TOKEN");
+  // Trimmed: a token read from a file or a Secret often ends in a newline.
+  std::string token = std::string(absl::StripAsciiWhitespace(pick("--token", "FULCRUM_TOKEN")));
   std::string cluster_token_file = pick("--cluster-token-file", "FULCRUM_CLUSTER_TOKEN_FILE");
   const bool explicit_scheduler = !args.Get("--scheduler").empty() || std::getenv("FULCRUM_SCHEDULER") != nullptr;
   auto local = LocalCluster::Open(LocalDir(args));
@@ -161,7 +163,7 @@ absl::Status ConfigureClientSecurity(const Args& args) {
     if (!in) return absl::NotFoundError(absl::StrCat("--cluster-token-file: cannot read ", cluster_token_file));
     std::getline(in, cluster_token);
   }
-  return ConfigureRpcSecurity(files, token, cluster_token);
+  return ConfigureRpcSecurity(files, token, std::string(absl::StripAsciiWhitespace(cluster_token)));
 }
 
 absl::StatusOr<std::string> SchedulerAddress(const Args& args) {

@@ -43,11 +43,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string host = absl::GetFlag(FLAGS_host);
-  auto health_server = StartHealthServerFromFlags(host);
-  if (!health_server.ok()) {
-    FLOG(ERROR) << health_server.status().message();
-    return 1;
-  }
 
   auto metrics = MetricsEndpoint::Start(host, absl::GetFlag(FLAGS_metrics_port));
   if (!metrics.ok()) {
@@ -80,6 +75,12 @@ int main(int argc, char** argv) {
   auto server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&service}, metrics->get());
   if (!server.ok()) {
     FLOG(ERROR) << server.status().message();
+    return 1;
+  }
+  // Probes see it only once the main server listens.
+  auto health_server = StartHealthServerFromFlags(host);
+  if (!health_server.ok()) {
+    FLOG(ERROR) << health_server.status().message();
     return 1;
   }
   if (!absl::GetFlag(FLAGS_port_file).empty()) {

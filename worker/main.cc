@@ -46,11 +46,6 @@ int main(int argc, char** argv) {
     FLOG(ERROR) << s.message();
     return 2;
   }
-  auto health_server = StartHealthServerFromFlags(absl::GetFlag(FLAGS_host));
-  if (!health_server.ok()) {
-    FLOG(ERROR) << health_server.status().message();
-    return 1;
-  }
   // One BLAS thread per worker: a node runs several workers (and servers).
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && openblas_set_num_threads != nullptr) {
     openblas_set_num_threads(1);
@@ -98,6 +93,12 @@ int main(int argc, char** argv) {
   auto health = StartGrpcServer(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port), {}, metrics->get());
   if (!health.ok()) {
     FLOG(ERROR) << health.status().message();
+    return 1;
+  }
+  // Probes see it only once the main server listens.
+  auto health_server = StartHealthServerFromFlags(absl::GetFlag(FLAGS_host));
+  if (!health_server.ok()) {
+    FLOG(ERROR) << health_server.status().message();
     return 1;
   }
   auto& compute_seconds = prometheus::BuildHistogram()

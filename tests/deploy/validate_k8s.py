@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Offline validation of rendered Kubernetes manifests (deploy/k8s).
 
-    kubectl kustomize deploy/k8s/overlays/cpu | validate_k8s.py [--binaries DIR] [FILE ...]
+    kubectl kustomize deploy/k8s/overlays/cpu | validate_k8s.py [--binaries DIR]
+        [--secret NAME:KEY,KEY ...] [FILE ...]
     validate_k8s.py --self-test
 
 Reads YAML documents (stdin, or FILEs) and checks every object:
@@ -24,12 +25,27 @@ Reads YAML documents (stdin, or FILEs) and checks every object:
    Services, PodDisruptionBudgets and ServiceMonitors select something and
    name ports that exist; ConfigMaps mounted (and flagfiles read from them)
    exist; volume mounts name volumes; $(VAR) in args names an env var of the
-   container (Kubernetes leaves an unknown one as literal text).
+   container (Kubernetes leaves an unknown one as literal text). Secrets that
+   volumes, secretKeyRef and envFrom use must be objects of the manifests or
+   declared with --secret NAME:KEY,... (the ones the user creates, which the
+   manifests must not carry), with the keys used; Secret mounts are readOnly
+   and their file modes readable by the pod's user (a mode without group or
+   other read needs fsGroup, which the kubelet turns into group read).
 3. Fulcrum's contract: --port/--metrics-port agree with the container ports,
    the probes and the prometheus.io/port annotation; servers and workers
    advertise a reachable --host and find the scheduler through a Service
    that selects it; --data-dir sits on a persistent volume; servers run in a
    StatefulSet with time to drain; requests and limits set; non-root.
+   gRPC probes go to --port, or to --health-port (a container port named
+   health) when it is set; with TLS (--tls-cert, --tls-key, --tls-ca: all or
+   none) the probes must use --health-port (kubelet cannot present a client
+   certificate). The files of --tls-*, --cluster-token-file and --token-file
+   (scheduler only) are keys of a mounted Secret or ConfigMap. All daemons
+   agree on TLS and on the cluster credential; the CLI's environment
+   (FULCRUM_TLS_*, FULCRUM_CLUSTER_TOKEN_FILE, and FULCRUM_TOKEN from the
+   Secret key of --token-file in the scheduler's pod) matches, wherever
+   FULCRUM_SCHEDULER is set for the CLI. Flags are read from args and the
+   flagfiles alike.
    With --binaries DIR (the fulcrum-* executables), every flag in args and
    in flagfiles must be one the binary defines (from `--helpfull`).
 
@@ -359,11 +375,30 @@ def selector_matches(selector, labels):
 class Cluster:
     """The rendered objects, indexed for the reference checks."""
 
-    def __init__(self, docs):
+    def __init__(self, docs, secrets=None):
         self.docs = docs
         self.by_kind = {}
         for d in docs:
             self.by_kind.setdefault(d.get("kind"), []).append(d)
+        # Secrets created outside the manifests: name -> set of keys.
+        self.external_secrets = dict(secrets or {})
+        # What each Fulcrum daemon was found to do (check_fulcrum_cluster).
+        self.daemons = []
+
+    def secret_keys(self, namespace, name):
+        """The keys of a Secret of the manifests or declared, or None."""
+        doc = self.get("Secret", namespace, name)
+        if doc is not None:
+            return set((doc.get("data") or {})) | set((doc.get("stringData") or {}))
+        if name in self.external_secrets:
+            return set(self.external_secrets[name])
+        return None
+
+    def configmap_keys(self, namespace, name):
+        doc = self.get("ConfigMap", namespace, name)
+        if doc is None:
+            return None
+        return set((doc.get("data") or {})) | set((doc.get("binaryData") or {}))
 
     def get(self, kind, namespace, name):
         for d in self.by_kind.get(kind, []):
@@ -432,12 +467,15 @@ def check_pod_template(doc, template, cluster, report, binaries):
     sa = spec.get("serviceAccountName")
     if sa and not cluster.get("ServiceAccount", ns, sa):
         report.error(obj, base + ".spec.serviceAccountName", "no ServiceAccount %r in the manifests" % sa)
+    sc = spec.get("securityContext") or {}
     for vi, vol in enumerate(spec.get("volumes") or []):
         cm = vol.get("configMap")
         if cm and not cm.get("optional") and not cluster.get("ConfigMap", ns, cm.get("name")):
             report.error(obj, "%s.spec.volumes[%d].configMap.name" % (base, vi),
                          "no ConfigMap %r in the manifests" % cm.get("name"))
-    sc = spec.get("securityContext") or {}
+        if vol.get("secret") is not None:
+            check_secret_volume(obj, "%s.spec.volumes[%d].secret" % (base, vi), vol["secret"], sc, cluster, ns,
+                                report)
     for ci, c in enumerate(spec.get("containers") or []):
         cpath = "%s.spec.containers[%d]" % (base, ci)
         mounts = {}
@@ -449,6 +487,10 @@ def check_pod_template(doc, template, cluster, report, binaries):
                 report.error(obj, "%s.volumeMounts[%d].mountPath" % (cpath, mi),
                              "%s is mounted twice" % m.get("mountPath"))
             mounts[m.get("mountPath")] = m.get("name")
+            if (volumes.get(m.get("name")) or {}).get("secret") is not None and m.get("readOnly") is not True:
+                report.error(obj, "%s.volumeMounts[%d].readOnly" % (cpath, mi),
+                             "the Secret volume %r must be mounted readOnly: true" % m.get("name"))
+        check_env_references(obj, cpath, c, cluster, ns, report)
         env_names = {e.get("name") for e in c.get("env") or []}
         has_env_from = bool(c.get("envFrom"))
         for field in ("command", "args"):
@@ -483,9 +525,86 @@ def check_pod_template(doc, template, cluster, report, binaries):
         check_fulcrum_container(doc, template, c, cpath, mounts, volumes, claims, cluster, report, binaries)
 
 
+def _secret_key_error(cluster, ns, name, key):
+    """Why Secret `name` has no `key` (None when it has, or is unknown)."""
+    keys = cluster.secret_keys(ns, name)
+    if keys is None or key in keys:
+        return None
+    return "Secret %r has no key %r (its keys: %s)" % (name, key, ", ".join(sorted(keys)) or "none")
+
+
+def _unknown_secret(name):
+    return ("no Secret %r in the manifests, nor declared as one the user creates "
+            "(validate_k8s.py --secret %s:KEY,...)" % (name, name))
+
+
+def check_secret_volume(obj, vpath, sec, pod_sc, cluster, ns, report):
+    """A Secret volume: the Secret and its keys exist; its files are readable by the pod's user."""
+    name = sec.get("secretName")
+    if not name:
+        report.error(obj, vpath + ".secretName", "not set")
+        return
+    if cluster.secret_keys(ns, name) is None and not sec.get("optional"):
+        report.error(obj, vpath + ".secretName", _unknown_secret(name))
+    modes = [("defaultMode", sec.get("defaultMode", 0o644))]
+    for ii, item in enumerate(sec.get("items") or []):
+        why = _secret_key_error(cluster, ns, name, item.get("key"))
+        if why and not sec.get("optional"):
+            report.error(obj, "%s.items[%d].key" % (vpath, ii), why)
+        if "mode" in item:
+            modes.append(("items[%d].mode" % ii, item["mode"]))
+    for where, mode in modes:
+        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
+            report.error(obj, "%s.%s" % (vpath, where),
+                         "%r is not a file mode from 0 to 0777 (decimal in YAML: 0400 is 256)" % (mode,))
+            continue
+        # Files of Secret volumes belong to root. With fsGroup the kubelet
+        # gives them to that group and adds group read (0400 -> 0440).
+        if mode & 0o044 == 0 and pod_sc.get("fsGroup") is None and pod_sc.get("runAsUser", 0) != 0:
+            report.error(obj, "%s.%s" % (vpath, where),
+                         "mode %04o: only root could read the files; set the pod's securityContext.fsGroup "
+                         "(the kubelet then adds group read) or a wider mode" % mode)
+
+
+def check_env_references(obj, cpath, c, cluster, ns, report):
+    """secretKeyRef/configMapKeyRef and envFrom name objects (and keys) that exist."""
+    for ei, e in enumerate(c.get("env") or []):
+        value_from = e.get("valueFrom") or {}
+        where = "%s.env[%d].valueFrom" % (cpath, ei)
+        ref = value_from.get("secretKeyRef")
+        if ref and not ref.get("optional"):
+            if cluster.secret_keys(ns, ref.get("name")) is None:
+                report.error(obj, where + ".secretKeyRef.name", _unknown_secret(ref.get("name")))
+            else:
+                why = _secret_key_error(cluster, ns, ref.get("name"), ref.get("key"))
+                if why:
+                    report.error(obj, where + ".secretKeyRef.key", why)
+        ref = value_from.get("configMapKeyRef")
+        if ref and not ref.get("optional"):
+            keys = cluster.configmap_keys(ns, ref.get("name"))
+            if keys is None:
+                report.error(obj, where + ".configMapKeyRef.name", "no ConfigMap %r in the manifests" % ref.get("name"))
+            elif ref.get("key") not in keys:
+                report.error(obj, where + ".configMapKeyRef.key",
+                             "ConfigMap %r has no key %r" % (ref.get("name"), ref.get("key")))
+    for ei, e in enumerate(c.get("envFrom") or []):
+        ref = e.get("secretRef")
+        if ref and not ref.get("optional") and cluster.secret_keys(ns, ref.get("name")) is None:
+            report.error(obj, "%s.envFrom[%d].secretRef.name" % (cpath, ei), _unknown_secret(ref.get("name")))
+        ref = e.get("configMapRef")
+        if ref and not ref.get("optional") and cluster.configmap_keys(ns, ref.get("name")) is None:
+            report.error(obj, "%s.envFrom[%d].configMapRef.name" % (cpath, ei),
+                         "no ConfigMap %r in the manifests" % ref.get("name"))
+
+
 # ------------------------------------------------------ Fulcrum contract ---
 
 FULCRUM_BINARIES = ("fulcrum-scheduler", "fulcrum-server", "fulcrum-worker")
+# Flags naming files the process reads at start (and exits without).
+FILE_FLAGS = ("tls_cert", "tls_key", "tls_ca", "cluster_token_file", "token_file")
+TLS_FLAGS = ("tls_cert", "tls_key", "tls_ca")
+# The CLI's environment for the daemon's flag of the same file.
+CLI_TLS_ENV = (("FULCRUM_TLS_CERT", "tls_cert"), ("FULCRUM_TLS_KEY", "tls_key"), ("FULCRUM_TLS_CA", "tls_ca"))
 _help_flags = {}
 
 
@@ -539,6 +658,46 @@ def flagfile_lines(path, mounts, volumes, cluster, ns):
     return None
 
 
+def mounted_file(path, mounts, volumes, cluster, ns):
+    """(source, None) when a volume mount provides the file `path`, else (None, why not).
+
+    source: ("secret" | "configMap", object name, key), or (volume type, volume
+    name, path) for volumes whose content is not in the manifests (csi, projected).
+    """
+    under = [p for p in mounts if path.startswith(p.rstrip("/") + "/")]
+    if not under:
+        return None, "is on no volume mount of the container"
+    mount_path = max(under, key=len)
+    vol_name = mounts[mount_path]
+    vol = volumes.get(vol_name)
+    rel = path[len(mount_path.rstrip("/")) + 1:]
+    if vol is None:
+        return None, "is on the persistent volume %r, which nothing in the manifests fills" % vol_name
+    for vtype, name_field, keys_of in (("secret", "secretName", cluster.secret_keys),
+                                       ("configMap", "name", cluster.configmap_keys)):
+        src = vol.get(vtype)
+        if src is None:
+            continue
+        name = src.get(name_field)
+        items = src.get("items")
+        key = rel
+        if items is not None:
+            by_path = {i.get("path"): i.get("key") for i in items}
+            if rel not in by_path:
+                return None, "is not among the items of the %s volume %r (paths: %s)" % (
+                    vtype, vol_name, ", ".join(sorted(str(p) for p in by_path)))
+            key = by_path[rel]
+        keys = keys_of(ns, name)
+        if keys is not None and key not in keys:
+            return None, "is not a key of %s %r (its keys: %s)" % (
+                "Secret" if vtype == "secret" else "ConfigMap", name, ", ".join(sorted(keys)) or "none")
+        return (vtype, name, key), None  # an unknown object is reported with the volume
+    for vtype in ("csi", "projected"):
+        if vol.get(vtype) is not None:
+            return (vtype, vol_name, rel), None
+    return None, "is on the volume %r, which is no Secret or ConfigMap the manifests fill" % vol_name
+
+
 def check_fulcrum_container(doc, template, c, cpath, mounts, volumes, claims, cluster, report, binaries):
     command = c.get("command") or []
     binary = os.path.basename(str(command[0])) if command else ""
@@ -556,6 +715,7 @@ def check_fulcrum_container(doc, template, c, cpath, mounts, volumes, claims, cl
                 report.error(obj, cpath + ".args", "%s does not define %s" % (binary, raw))
     # Flagfiles: present in their ConfigMap, one --flag=value a line with
     # underscores (the dashed spelling is accepted on the command line only).
+    from_files = {}
     for flagfile in str(flags.get("flagfile", ("", ""))[0]).split(","):
         if not flagfile:
             continue
@@ -575,6 +735,11 @@ def check_fulcrum_container(doc, template, c, cpath, mounts, volumes, claims, cl
                 report.error(obj, where, "%s does not define --%s" % (binary, m.group(1)))
             elif m.group(1) in flags:
                 report.error(obj, where, "--%s is also given in args" % m.group(1))
+            if m:
+                from_files[m.group(1)] = ((m.group(2) or "=")[1:], line)
+    # What the process runs with: the flagfiles' values, then args.
+    effective = dict(from_files)
+    effective.update(flags)
     named, _ = container_ports(template)
     annotations = (template.get("metadata") or {}).get("annotations") or {}
     grpc_port = flags.get("port", (None,))[0]
@@ -634,6 +799,120 @@ def check_fulcrum_container(doc, template, c, cpath, mounts, volumes, claims, cl
             ref = ((env.get(var) or {}).get("valueFrom") or {}).get("fieldRef") or {}
             if ref.get("fieldPath") != "metadata.name":
                 report.error(obj, cpath + ".env", "%s (in --id) must come from fieldRef metadata.name" % var)
+    check_fulcrum_security(doc, c, cpath, binary, effective, named, mounts, volumes, cluster, report)
+
+
+def _port_number(value):
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def check_fulcrum_security(doc, c, cpath, binary, effective, named, mounts, volumes, cluster, report):
+    """TLS, tokens, the health port and the probes, the CLI's environment."""
+    obj = name_of(doc)
+    ns = (doc.get("metadata") or {}).get("namespace")
+    value = lambda name: str(effective.get(name, ("",))[0])  # noqa: E731
+    sources = {}
+    for name in FILE_FLAGS:
+        if not value(name):
+            continue
+        source, why = mounted_file(value(name), mounts, volumes, cluster, ns)
+        if why:
+            report.error(obj, cpath + ".args", "--%s=%s %s: the process exits without it"
+                         % (name.replace("_", "-"), value(name), why))
+        sources[name] = source
+    tls_set = [n for n in TLS_FLAGS if value(n)]
+    if tls_set and len(tls_set) != len(TLS_FLAGS):
+        report.error(obj, cpath + ".args", "--tls-cert, --tls-key and --tls-ca go together (the process exits 2 "
+                     "otherwise); set here: %s" % ", ".join("--" + n.replace("_", "-") for n in tls_set))
+    tls = len(tls_set) == len(TLS_FLAGS)
+    if value("token_file") and binary != "fulcrum-scheduler":
+        report.error(obj, cpath + ".args", "--token-file is the scheduler's (JobService); %s has none" % binary)
+    # Probes: grpc.health.v1 on --port, or on the plaintext --health-port.
+    grpc_port = _port_number(value("port"))
+    health = _port_number(value("health_port")) if value("health_port") else -1
+    if health is None:
+        report.error(obj, cpath + ".args", "--health-port=%s is not a port number" % value("health_port"))
+        health = -1
+    if health == 0:
+        report.error(obj, cpath + ".args", "--health-port=0 picks a random port, which the probes cannot know")
+    if health > 0:
+        if named.get("health") != health:
+            report.error(obj, cpath + ".args", "--health-port (%d) must be the container port named health (%s)"
+                         % (health, named.get("health")))
+        if str(health) in (value("port"), value("metrics_port")):
+            report.error(obj, cpath + ".args", "--health-port (%d) must differ from --port and --metrics-port"
+                         % health)
+    elif tls:
+        report.error(obj, cpath + ".args", "with TLS the gRPC port requires a client certificate, which kubelet's "
+                     "probes cannot present: set --health-port (plaintext grpc.health.v1) and probe it")
+    allowed = {health} if tls and health > 0 else {p for p in (grpc_port, health) if p is not None and p > 0}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        grpc = (c.get(probe) or {}).get("grpc")
+        if grpc is None or grpc.get("port") in allowed:
+            continue
+        if tls and grpc.get("port") == grpc_port:
+            why = "the gRPC port requires mTLS, which kubelet's probes cannot do: probe --health-port (%s)" % (
+                health if health > 0 else "not set")
+        else:
+            why = "grpc.health.v1 is served on %s" % " and ".join(
+                "--%s (%d)" % (n, p) for n, p in (("port", grpc_port), ("health-port", health))
+                if p is not None and p > 0)
+        report.error(obj, "%s.%s.grpc.port" % (cpath, probe), "%s: %s" % (grpc.get("port"), why))
+    # The CLI in the pod (FULCRUM_SCHEDULER set for it) speaks as the daemon does.
+    env = {e.get("name"): e for e in c.get("env") or []}
+    for ei, e in enumerate(c.get("env") or []):
+        if e.get("name") == "FULCRUM_TOKEN" and "value" in e:
+            report.error(obj, "%s.env[%d].value" % (cpath, ei),
+                         "the JobService token in the manifest: take it from the Secret (secretKeyRef)")
+    if "FULCRUM_SCHEDULER" in env:
+        for var, flag in CLI_TLS_ENV:
+            given = (env.get(var) or {}).get("value")
+            if tls and given != value(flag):
+                report.error(obj, cpath + ".env", "%s must be %s (--%s): the CLI in the pod (FULCRUM_SCHEDULER) "
+                             "speaks mTLS to the cluster" % (var, value(flag), flag.replace("_", "-")))
+            elif not tls and var in env:
+                report.error(obj, cpath + ".env", "%s set, but the cluster is plaintext (no --tls-cert)" % var)
+        given = (env.get("FULCRUM_CLUSTER_TOKEN_FILE") or {}).get("value")
+        if value("cluster_token_file") and given != value("cluster_token_file"):
+            report.error(obj, cpath + ".env", "FULCRUM_CLUSTER_TOKEN_FILE must be %s (--cluster-token-file): "
+                         "`fulcrum cluster` and `export` need the cluster credential" % value("cluster_token_file"))
+        if binary == "fulcrum-scheduler" and value("token_file"):
+            ref = ((env.get("FULCRUM_TOKEN") or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
+            source = sources.get("token_file")
+            if not ref:
+                report.error(obj, cpath + ".env", "FULCRUM_TOKEN not set: the CLI in the scheduler's pod needs the "
+                             "token of --token-file (secretKeyRef)")
+            elif source and source[0] == "secret" and (ref.get("name"), ref.get("key")) != source[1:]:
+                report.error(obj, cpath + ".env", "FULCRUM_TOKEN comes from Secret %s key %s, but --token-file "
+                             "reads Secret %s key %s" % (ref.get("name"), ref.get("key"), source[1], source[2]))
+    cluster.daemons.append({"obj": obj, "ns": ns, "tls": tls, "ca": sources.get("tls_ca"),
+                            "cluster_token": sources.get("cluster_token_file") if value("cluster_token_file")
+                            else None})
+
+
+def check_fulcrum_cluster(cluster, report):
+    """The daemons of a namespace can talk: all mTLS or none, one CA, one cluster credential."""
+    by_ns = {}
+    for d in cluster.daemons:
+        by_ns.setdefault(d["ns"], []).append(d)
+    for daemons in by_ns.values():
+        for what, key, label in (("TLS", "tls", "--tls-*"), ("the cluster credential", "cluster_token",
+                                                            "--cluster-token-file")):
+            on = [d for d in daemons if d[key]]
+            if on and len(on) != len(daemons):
+                for d in daemons:
+                    if not d[key]:
+                        report.error(d["obj"], "spec.template.spec.containers", "%s is on in %s but not here (%s): "
+                                     "the daemons could not talk" % (what, on[0]["obj"], label))
+        for what, key in (("CA (--tls-ca)", "ca"), ("cluster credential (--cluster-token-file)", "cluster_token")):
+            seen = {d[key] for d in daemons if d[key] and d[key][0] in ("secret", "configMap")}
+            if len(seen) > 1:
+                report.error(daemons[0]["obj"], "spec.template.spec.containers",
+                             "the daemons read their %s from different places: %s"
+                             % (what, ", ".join("%s %s key %s" % s for s in sorted(seen))))
 
 
 def check_scheduler_address(doc, flags, cpath, cluster, report):
@@ -713,7 +992,7 @@ def check_references(cluster, report):
 
 # ------------------------------------------------------------------ main ---
 
-def validate(docs, binaries=None, out=sys.stdout):
+def validate(docs, binaries=None, out=sys.stdout, secrets=None):
     report = Report()
     seen = set()
     objects = []
@@ -727,7 +1006,7 @@ def validate(docs, binaries=None, out=sys.stdout):
             report.error("document %d" % i, "", "a List: render objects one per document")
             continue
         objects.append(doc)
-    cluster = Cluster(objects)
+    cluster = Cluster(objects, secrets)
     for doc in objects:
         obj = name_of(doc)
         api_version, kind = doc.get("apiVersion"), doc.get("kind")
@@ -756,6 +1035,7 @@ def validate(docs, binaries=None, out=sys.stdout):
         status = "ok " if len(report.errors) == before else "BAD"
         out.write("%s %-44s %s -> %s\n" % (status, obj, api_version, schema_name))
     check_references(cluster, report)
+    check_fulcrum_cluster(cluster, report)
     return objects, report.errors
 
 
@@ -899,7 +1179,131 @@ spec:
       spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
 """
 
+# GOOD_FULCRUM with mTLS, tokens and the plaintext health port, as
+# deploy/k8s/overlays/cpu-tls sets them up: the scheduler has its flags in
+# args, the server in its flagfile. The Secret tls is declared (one the user
+# creates), the Secret tokens is an object of the manifests.
+TLS_SECRETS = {"tls": {"ca.crt", "tls.crt", "tls.key"}}
+GOOD_FULCRUM_TLS = """
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: flags, namespace: f}
+data:
+  server.flags: |
+    --log_level=info
+    --tls_cert=/etc/fulcrum/tls/tls.crt
+    --tls_key=/etc/fulcrum/tls/tls.key
+    --tls_ca=/etc/fulcrum/tls/ca.crt
+    --cluster_token_file=/etc/fulcrum/tokens/cluster-token
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: tokens, namespace: f}
+stringData: {cluster-token: not-a-secret, token: not-a-secret}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: sched, namespace: f}
+spec:
+  serviceName: sched
+  selector: {matchLabels: {app.kubernetes.io/component: scheduler}}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/component: scheduler, app.kubernetes.io/part-of: fulcrum}
+      annotations: {prometheus.io/scrape: "true", prometheus.io/port: "9100"}
+    spec:
+      securityContext: {runAsNonRoot: true, runAsUser: 10001, fsGroup: 10001}
+      containers:
+        - name: scheduler
+          image: fulcrum:dev
+          command: [fulcrum-scheduler]
+          args: [--host=0.0.0.0, --port=7000, --metrics-port=9100, --data-dir=/var/lib/fulcrum/scheduler,
+                 --tls-cert=/etc/fulcrum/tls/tls.crt, --tls-key=/etc/fulcrum/tls/tls.key,
+                 --tls-ca=/etc/fulcrum/tls/ca.crt, --cluster-token-file=/etc/fulcrum/tokens/cluster-token,
+                 --token-file=/etc/fulcrum/tokens/token, --health-port=8081]
+          env:
+            - {name: FULCRUM_SCHEDULER, value: "127.0.0.1:7000"}
+            - {name: FULCRUM_TLS_CERT, value: /etc/fulcrum/tls/tls.crt}
+            - {name: FULCRUM_TLS_KEY, value: /etc/fulcrum/tls/tls.key}
+            - {name: FULCRUM_TLS_CA, value: /etc/fulcrum/tls/ca.crt}
+            - {name: FULCRUM_CLUSTER_TOKEN_FILE, value: /etc/fulcrum/tokens/cluster-token}
+            - {name: FULCRUM_TOKEN, valueFrom: {secretKeyRef: {name: tokens, key: token}}}
+          ports: [{name: grpc, containerPort: 7000}, {name: metrics, containerPort: 9100},
+                  {name: health, containerPort: 8081}]
+          resources: {requests: {cpu: 1, memory: 1Gi}, limits: {cpu: 1, memory: 1Gi}}
+          startupProbe: {grpc: {port: 8081}}
+          readinessProbe: {grpc: {port: 8081}}
+          livenessProbe: {grpc: {port: 8081}}
+          volumeMounts:
+            - {name: data, mountPath: /var/lib/fulcrum}
+            - {name: tls, mountPath: /etc/fulcrum/tls, readOnly: true}
+            - {name: tokens, mountPath: /etc/fulcrum/tokens, readOnly: true}
+      volumes:
+        - {name: tls, secret: {secretName: tls, defaultMode: 256}}
+        - name: tokens
+          secret:
+            secretName: tokens
+            defaultMode: 256
+            items: [{key: cluster-token, path: cluster-token}, {key: token, path: token}]
+  volumeClaimTemplates:
+    - metadata: {name: data}
+      spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: server, namespace: f}
+spec:
+  serviceName: sched
+  selector: {matchLabels: {app.kubernetes.io/component: server}}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/component: server, app.kubernetes.io/part-of: fulcrum}
+      annotations: {prometheus.io/scrape: "true", prometheus.io/port: "9100"}
+    spec:
+      terminationGracePeriodSeconds: 45
+      securityContext: {runAsNonRoot: true, runAsUser: 10001, fsGroup: 10001}
+      containers:
+        - name: server
+          image: fulcrum:dev
+          command: [fulcrum-server]
+          args: [--flagfile=/etc/fulcrum/server.flags, --host=$(POD_IP), --port=7000, --metrics-port=9100,
+                 --scheduler=sched.f.svc:7000, --id=$(POD_NAME), --data-dir=/var/lib/fulcrum/server,
+                 --health-port=8081]
+          env:
+            - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
+            - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+          ports: [{name: grpc, containerPort: 7000}, {name: metrics, containerPort: 9100},
+                  {name: health, containerPort: 8081}]
+          resources: {requests: {cpu: 1, memory: 1Gi}, limits: {cpu: 1, memory: 1Gi}}
+          startupProbe: {grpc: {port: 8081}}
+          readinessProbe: {grpc: {port: 8081}}
+          livenessProbe: {grpc: {port: 8081}}
+          volumeMounts:
+            - {name: data, mountPath: /var/lib/fulcrum}
+            - {name: config, mountPath: /etc/fulcrum}
+            - {name: tls, mountPath: /etc/fulcrum/tls, readOnly: true}
+            - {name: tokens, mountPath: /etc/fulcrum/tokens, readOnly: true}
+      volumes:
+        - {name: config, configMap: {name: flags}}
+        - {name: tls, secret: {secretName: tls, defaultMode: 256}}
+        - {name: tokens, secret: {secretName: tokens, defaultMode: 256}}
+  volumeClaimTemplates:
+    - metadata: {name: data}
+      spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: sched, namespace: f}
+spec:
+  selector: {app.kubernetes.io/component: scheduler}
+  ports: [{name: grpc, port: 7000, targetPort: 7000}]
+"""
+
 _SERVER_ARGS = "3:spec.template.spec.containers[0].args"
+_SCHED = "2:spec.template.spec"
+_SCHED_C = _SCHED + ".containers[0]"
+_SCHED = "2:spec.template.spec"
+_SERVER = "3:spec.template.spec"
 
 def _mutate(path, value=None, delete=False, rename=None):
     """A function that edits docs[idx] at a dotted path ([i] for lists)."""
@@ -984,14 +1388,67 @@ FULCRUM_SELF_TESTS = [
      "Deployment f/server: kind: servers need a StatefulSet"),
 ]
 
+TLS_SELF_TESTS = [
+    ("probe on the mTLS port", _mutate(_SCHED_C + ".readinessProbe.grpc.port", 7000),
+     "readinessProbe.grpc.port: 7000: the gRPC port requires mTLS, which kubelet's probes cannot do"),
+    ("TLS without --health-port", _mutate(_SERVER_ARGS + "[7]", delete=True),
+     "StatefulSet f/server: spec.template.spec.containers[0].args: with TLS the gRPC port requires a client "
+     "certificate"),
+    ("--health-port not the health container port", _mutate(_SCHED_C + ".args[9]", "--health-port=8082"),
+     "--health-port (8082) must be the container port named health (8081)"),
+    ("--health-port=0", _mutate(_SCHED_C + ".args[9]", "--health-port=0"),
+     "--health-port=0 picks a random port"),
+    ("Secret neither in the manifests nor declared", _mutate(_SCHED + ".volumes[0].secret.secretName", "tls-certs"),
+     "volumes[0].secret.secretName: no Secret 'tls-certs' in the manifests, nor declared"),
+    ("secretKeyRef to an unknown Secret", _mutate(_SCHED_C + ".env[5].valueFrom.secretKeyRef.name", "tokenz"),
+     "env[5].valueFrom.secretKeyRef.name: no Secret 'tokenz'"),
+    ("--tls-cert not a key of the Secret", _mutate(_SCHED_C + ".args[4]", "--tls-cert=/etc/fulcrum/tls/tls.cert"),
+     "--tls-cert=/etc/fulcrum/tls/tls.cert is not a key of Secret 'tls'"),
+    ("--token-file not among the volume's items", _mutate(_SCHED_C + ".args[8]",
+                                                          "--token-file=/etc/fulcrum/tokens/job-token"),
+     "--token-file=/etc/fulcrum/tokens/job-token is not among the items of the secret volume 'tokens'"),
+    ("--tls-cert on no mount", _mutate(_SCHED_C + ".args[4]", "--tls-cert=/tls/tls.crt"),
+     "--tls-cert=/tls/tls.crt is on no volume mount"),
+    ("items key missing from the Secret", _mutate(_SCHED + ".volumes[1].secret.items[1].key", "jobtoken"),
+     "volumes[1].secret.items[1].key: Secret 'tokens' has no key 'jobtoken'"),
+    ("incomplete TLS triple", _mutate(_SCHED_C + ".args[6]", delete=True),
+     "--tls-cert, --tls-key and --tls-ca go together"),
+    ("TLS on the scheduler only",
+     _mutate("0:data.server\\.flags", "--cluster_token_file=/etc/fulcrum/tokens/cluster-token\n"),
+     "StatefulSet f/server: spec.template.spec.containers: TLS is on in StatefulSet f/sched but not here"),
+    ("cluster credential on the scheduler only",
+     _mutate("0:data.server\\.flags", "--tls_cert=/etc/fulcrum/tls/tls.crt\n--tls_key=/etc/fulcrum/tls/tls.key\n"
+             "--tls_ca=/etc/fulcrum/tls/ca.crt\n"),
+     "the cluster credential is on in StatefulSet f/sched but not here"),
+    ("--token-file on a server", _mutate(_SERVER_ARGS + "[6]", "--token-file=/etc/fulcrum/tokens/token"),
+     "--token-file is the scheduler's (JobService); fulcrum-server has none"),
+    ("no FULCRUM_TOKEN in the scheduler's pod", _mutate(_SCHED_C + ".env[5]", delete=True),
+     "FULCRUM_TOKEN not set: the CLI in the scheduler's pod needs the token"),
+    ("the token written into the manifest", _mutate(_SCHED_C + ".env[5]", {"name": "FULCRUM_TOKEN", "value": "x"}),
+     "env[5].value: the JobService token in the manifest"),
+    ("FULCRUM_TOKEN from another key", _mutate(_SCHED_C + ".env[5].valueFrom.secretKeyRef.key", "cluster-token"),
+     "FULCRUM_TOKEN comes from Secret tokens key cluster-token, but --token-file reads Secret tokens key token"),
+    ("FULCRUM_TLS_CA not the daemon's CA", _mutate(_SCHED_C + ".env[3].value", "/etc/fulcrum/tls/tls.crt"),
+     "FULCRUM_TLS_CA must be /etc/fulcrum/tls/ca.crt (--tls-ca)"),
+    ("no FULCRUM_CLUSTER_TOKEN_FILE for the CLI", _mutate(_SCHED_C + ".env[4]", delete=True),
+     "FULCRUM_CLUSTER_TOKEN_FILE must be /etc/fulcrum/tokens/cluster-token"),
+    ("mode 0400 without fsGroup", _mutate(_SCHED + ".securityContext.fsGroup", delete=True),
+     "volumes[0].secret.defaultMode: mode 0400: only root could read the files"),
+    ("a decimal mode meant as octal", _mutate(_SCHED + ".volumes[0].secret.defaultMode", 644),
+     "volumes[0].secret.defaultMode: 644 is not a file mode from 0 to 0777"),
+    ("Secret mounted writable", _mutate(_SCHED_C + ".volumeMounts[1].readOnly", False),
+     "volumeMounts[1].readOnly: the Secret volume 'tls' must be mounted readOnly: true"),
+]
+
 
 def self_test():
     """Valid examples pass; each broken variant is rejected with the expected message."""
     failures, total = 0, 0
     sink = open(os.devnull, "w")
-    for fixture, cases in ((GOOD, SELF_TESTS), (GOOD_FULCRUM, FULCRUM_SELF_TESTS)):
+    for fixture, cases, secrets in ((GOOD, SELF_TESTS, None), (GOOD_FULCRUM, FULCRUM_SELF_TESTS, None),
+                                    (GOOD_FULCRUM_TLS, TLS_SELF_TESTS, TLS_SECRETS)):
         base = list(yaml.safe_load_all(fixture))
-        _, errors = validate(copy.deepcopy(base), out=sink)
+        _, errors = validate(copy.deepcopy(base), out=sink, secrets=secrets)
         total += 1
         if errors:
             failures += 1
@@ -1002,7 +1459,7 @@ def self_test():
             total += 1
             docs = copy.deepcopy(base)
             mutation(docs)
-            _, errors = validate(docs, out=sink)
+            _, errors = validate(docs, out=sink, secrets=secrets)
             hit = [e for e in errors if expected in e]
             if hit:
                 print("self-test ok: %s rejected: %s" % (what, hit[0]))
@@ -1017,12 +1474,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="*", help="YAML files (default: standard input)")
     parser.add_argument("--binaries", help="folder with fulcrum-scheduler, -server, -worker: check flag names")
+    parser.add_argument("--secret", action="append", default=[], metavar="NAME:KEY,KEY",
+                        help="a Secret the user creates outside the manifests, with its keys (repeatable)")
     parser.add_argument("--self-test", action="store_true", help="check that bad objects are rejected")
     args = parser.parse_args()
     if args.self_test:
         return self_test()
+    secrets = {}
+    for spec in args.secret:
+        name, colon, keys = spec.partition(":")
+        if not name or not colon or not keys:
+            parser.error("--secret %r: expected NAME:KEY[,KEY...]" % spec)
+        secrets[name] = {k for k in keys.split(",") if k}
     docs = load(args.files)
-    objects, errors = validate(docs, args.binaries)
+    objects, errors = validate(docs, args.binaries, secrets=secrets)
     if args.binaries:
         checked = [b for b in FULCRUM_BINARIES if _help_flags.get(b)]
         print("flag names checked against: %s" % (", ".join(checked) or "nothing (binaries not usable)"))

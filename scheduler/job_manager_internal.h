@@ -70,6 +70,9 @@ struct JobManager::Job {
   std::optional<v1::RestoreSource> restore;
   std::optional<absl::Time> restore_waiting_since;  // for missing holders
   std::set<int64_t> restore_skipped;                // unreadable checkpoints, not tried again
+  // Checkpoints that were being written when the scheduler stopped: never
+  // committed; servers that register are told to delete their data.
+  std::set<int64_t> orphaned_checkpoints;
 };
 
 }  // namespace fulcrum

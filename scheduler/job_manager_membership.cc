@@ -89,7 +89,18 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
       FailOver(job.get(), id, absl::StrCat("server ", id, " restarted and lost the job's parameters"));
     }
   }
-  if (request.role() == v1::SERVER) DropStaleCopies(id, request);
+  if (request.role() == v1::SERVER) {
+    DropStaleCopies(id, request);
+    // Data of checkpoints never committed (the scheduler restarted while
+    // they were written) is deleted wherever it may be.
+    for (const auto& [job_id, job] : jobs_) {
+      for (int64_t orphan : job->orphaned_checkpoints) {
+        actions_.push_back([this, address = request.address(), job_id = job_id, orphan] {
+          IgnoreError(servers_->DeleteCheckpoint(address, job_id, orphan));
+        });
+      }
+    }
+  }
   members_[id] = std::move(member);
   FLOG(INFO) << "registered " << id << " (" << v1::Role_Name(request.role()) << ", "
              << (request.address().empty() ? "no address" : request.address()) << ")";

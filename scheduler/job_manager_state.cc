@@ -131,6 +131,7 @@ absl::Status JobManager::Recover() {
       if (info.state() != v1::CheckpointInfo::WRITING) continue;
       info.set_state(v1::CheckpointInfo::FAILED);
       info.set_reason("the scheduler restarted while it was being written");
+      job->orphaned_checkpoints.insert(info.id());
     }
     // A setup interrupted by the restart is redone from the loading phase.
     if (job->phase == Job::Phase::kSettingUp) job->phase = Job::Phase::kLoading;

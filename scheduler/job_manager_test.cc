@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -61,7 +62,13 @@ class FakeServers : public ServerControl {
   }
   absl::Status DeleteCheckpoint(const std::string& address, const std::string& job_id,
                                 int64_t checkpoint_id) override {
+    absl::MutexLock lock(&mu_);
+    deleted_checkpoints_.push_back({address, absl::StrCat(job_id, "/", checkpoint_id)});
     return absl::OkStatus();
+  }
+  std::vector<std::pair<std::string, std::string>> deleted_checkpoints() const {
+    absl::MutexLock lock(&mu_);
+    return deleted_checkpoints_;
   }
   std::vector<v1::ShardMap> reconfigures() const {
     absl::MutexLock lock(&mu_);
@@ -87,6 +94,7 @@ class FakeServers : public ServerControl {
   std::vector<Setup> setups_ ABSL_GUARDED_BY(mu_);
   std::vector<Drop> drops_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ShardMap> reconfigures_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, std::string>> deleted_checkpoints_ ABSL_GUARDED_BY(mu_);  // address, job/id
 };
 
 constexpr char kServerAddress[] = "127.0.0.1:7001";
@@ -905,6 +913,37 @@ TEST_F(JobManagerTest, AWorkerSlowerThanTheOthersForThreeReportsIsAStraggler) {
   // Back within the bound: no longer flagged.
   report(workers_[1], 0.012);
   EXPECT_FALSE(flagged(workers_[1]));
+}
+
+TEST_F(JobManagerTest, CheckpointBeingWrittenAtARestartIsFailedAndItsDataDeleted) {
+  RegisterCluster();
+  v1::JobSpec spec = MlpSpec();
+  spec.mutable_checkpoint()->set_every_steps(1);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  MakeTraining(job_id);
+  v1::WorkReport progress;
+  progress.set_member_id(workers_[0]);
+  progress.set_job_id(job_id);
+  progress.set_kind(v1::WorkReport::PROGRESS);
+  progress.set_step(2);
+  ASSERT_TRUE(manager_->Report(progress).ok());
+  manager_->Tick();  // queues checkpoint 1 (no checkpoint thread runs it)
+  v1::JobStatus status = GetOk(job_id);
+  ASSERT_EQ(status.checkpoints_size(), 1);
+  ASSERT_EQ(status.checkpoints(0).state(), v1::CheckpointInfo::WRITING);
+
+  Restart();
+  status = GetOk(job_id);
+  ASSERT_EQ(status.checkpoints_size(), 1);
+  EXPECT_EQ(status.checkpoints(0).state(), v1::CheckpointInfo::FAILED);
+  EXPECT_TRUE(Contains(status.checkpoints(0).reason(), "scheduler restarted")) << status.checkpoints(0).reason();
+  RegisterAs(v1::SERVER, server_, kServerAddress, {job_id});
+  manager_->Tick();  // runs the queued calls
+  const auto deleted = servers_.deleted_checkpoints();
+  ASSERT_EQ(deleted.size(), 1u);
+  EXPECT_EQ(deleted[0].first, kServerAddress);
+  EXPECT_EQ(deleted[0].second, absl::StrCat(job_id, "/1"));
 }
 
 }  // namespace fulcrum

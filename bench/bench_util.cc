@@ -24,7 +24,6 @@
 #include "common/process.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
-#include "worker/trainer.h"
 
 namespace fulcrum {
 namespace bench {
@@ -270,25 +269,6 @@ absl::StatusOr<v1::JobStatus> BenchCluster::RunToEnd(const v1::JobSpec& spec) {
         absl::StrCat("job ", id, " ended ", v1::JobState_Name(done.state()), ": ", done.reason()));
   }
   return done;
-}
-
-// ---------------------------------------------------------------------------
-// The example audit
-// ---------------------------------------------------------------------------
-
-ExampleAudit EveryExampleOncePerEpoch(const v1::JobSpec& spec, int64_t num_examples) {
-  const int partitions = spec.max_workers() > 0 ? spec.max_workers() : spec.num_workers();
-  const int64_t global_batch = int64_t{spec.data().batch_size()} * partitions;
-  const int64_t steps_per_epoch = num_examples / global_batch;
-  ExampleAudit audit;
-  for (int64_t epoch = 0; epoch < spec.data().epochs(); ++epoch) {
-    std::vector<int64_t> perm = EpochPermutation(spec.data().shuffle_seed(), epoch, num_examples);
-    for (int64_t i = 0; i < steps_per_epoch * global_batch; ++i) {
-      audit.digest += ExampleDigest(epoch, perm[i]);
-      ++audit.examples;
-    }
-  }
-  return audit;
 }
 
 }  // namespace bench

@@ -105,18 +105,6 @@ class BenchCluster {
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
-// The example audit a chunk's primary holds (ChunkState.examples_seen /
-// examples_digest) after a job used every example of every epoch exactly once.
-struct ExampleAudit {
-  int64_t examples = 0;
-  uint64_t digest = 0;
-};
-
-// The audit of every example of every epoch of `spec` (full epochs of
-// `num_examples`) used exactly once; as ExpectEveryExampleUsedOncePerEpoch in
-// tests/cluster_fixture.h.
-ExampleAudit EveryExampleOncePerEpoch(const v1::JobSpec& spec, int64_t num_examples);
-
 }  // namespace bench
 }  // namespace fulcrum
 

@@ -46,6 +46,7 @@
 #include "common/status_macros.h"
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
+#include "worker/example_audit.h"
 #include "worker/parameter_client.h"
 
 ABSL_FLAG(bool, quick, false,
@@ -71,13 +72,12 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
 constexpr absl::Duration kStallLimit = absl::Seconds(120);
 constexpr absl::Duration kJobLimit = absl::Minutes(15);
 
-using bench::EveryExampleOncePerEpoch;
 using bench::Log;
 using bench::Mean;
 using bench::Median;
 using bench::StepsPerSecond;
 using bench::Terminal;
-using Audit = bench::ExampleAudit;
+using Audit = ExampleAudit;
 using Cluster = bench::BenchCluster;
 
 // ---------------------------------------------------------------------------
@@ -177,27 +177,12 @@ std::string Difference(const std::vector<float>& a, const std::vector<float>& b)
 // OK when every chunk's primary holds exactly the `expected` example audit;
 // DATA_LOSS naming the first chunk that does not.
 absl::Status CheckAudit(const v1::JobStatus& done, const Audit& expected) {
-  for (const v1::ChunkLocation& chunk : done.shard_map().chunks()) {
-    std::string address;
-    for (const v1::ShardLocation& shard : done.shard_map().shards()) {
-      if (shard.shard() == chunk.shard()) address = shard.address();
-    }
-    auto stub = v1::ParameterService::NewStub(MakeChannel(address));
-    grpc::ClientContext context;
-    SetDeadline(&context, 10);
-    v1::CopyChunkRequest request;
-    request.set_job_id(done.job_id());
-    request.set_chunk_id(chunk.chunk_id());
-    v1::ChunkState state;
-    absl::Status status = FromGrpcStatus(stub->CopyChunk(&context, request, &state));
-    if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat("audit of chunk ", chunk.chunk_id(), " at ", address,
-                                                      ": ", status.message()));
-    }
-    if (state.examples_seen() != expected.examples || state.examples_digest() != expected.digest) {
+  ASSIGN_OR_RETURN(std::vector<ChunkAudit> audits, ReadChunkAudits(done));
+  for (const ChunkAudit& chunk : audits) {
+    if (chunk.audit.examples != expected.examples || chunk.audit.digest != expected.digest) {
       return absl::DataLossError(absl::StrCat(
-          "chunk ", chunk.chunk_id(), " at ", address, " saw ", state.examples_seen(), " examples (digest ",
-          state.examples_digest(), "), expected ", expected.examples, " (digest ", expected.digest, ")"));
+          "chunk ", chunk.chunk_id, " at ", chunk.address, " saw ", chunk.audit.examples, " examples (digest ",
+          chunk.audit.digest, "), expected ", expected.examples, " (digest ", expected.digest, ")"));
     }
   }
   return absl::OkStatus();
@@ -378,7 +363,7 @@ absl::StatusOr<FailoverResults> MeasureFailover(const std::string& dir, int runs
   ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster, StartCluster(dir, 3, 2));
   ASSIGN_OR_RETURN(results.epochs, EpochsForSeconds(*cluster, quick ? 8 : 20, quick));
   const v1::JobSpec spec = FailoverSpec(results.epochs);
-  const Audit audit = EveryExampleOncePerEpoch(spec, kFailoverExamples);
+  const Audit audit = ExpectedExampleAudit(spec, kFailoverExamples);
 
   const absl::Time reference_start = absl::Now();
   ASSIGN_OR_RETURN(v1::JobStatus reference_done, cluster->RunToEnd(spec));

@@ -29,7 +29,7 @@
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "worker/parameter_client.h"
-#include "worker/trainer.h"
+#include "worker/example_audit.h"
 
 namespace fulcrum {
 
@@ -185,32 +185,13 @@ class ClusterTest : public testing::Test {
     const int64_t global_batch = int64_t{spec.data().batch_size()} * spec.max_workers();
     const int64_t steps_per_epoch = num_examples / global_batch;
     ASSERT_EQ(done.progress().total_steps(), steps_per_epoch * spec.data().epochs()) << "a full-epochs job expected";
-    int64_t expected_count = 0;
-    uint64_t expected_digest = 0;
-    for (int64_t epoch = 0; epoch < spec.data().epochs(); ++epoch) {
-      std::vector<int64_t> perm = EpochPermutation(spec.data().shuffle_seed(), epoch, num_examples);
-      for (int64_t i = 0; i < steps_per_epoch * global_batch; ++i) {
-        expected_digest += ExampleDigest(epoch, perm[i]);
-        ++expected_count;
-      }
-    }
-    for (const v1::ChunkLocation& chunk : done.shard_map().chunks()) {
-      std::string address;
-      for (const v1::ShardLocation& shard : done.shard_map().shards()) {
-        if (shard.shard() == chunk.shard()) address = shard.address();
-      }
-      auto stub = v1::ParameterService::NewStub(MakeChannel(address));
-      grpc::ClientContext context;
-      SetDeadline(&context, 10);
-      v1::CopyChunkRequest request;
-      request.set_job_id(done.job_id());
-      request.set_chunk_id(chunk.chunk_id());
-      v1::ChunkState state;
-      grpc::Status status = stub->CopyChunk(&context, request, &state);
-      ASSERT_TRUE(status.ok()) << "chunk " << chunk.chunk_id() << " at " << address << ": " << status.error_message();
-      EXPECT_EQ(state.examples_seen(), expected_count) << "chunk " << chunk.chunk_id();
-      EXPECT_EQ(state.examples_digest(), expected_digest)
-          << "chunk " << chunk.chunk_id() << ": the examples behind its updates are not each example once per epoch";
+    const ExampleAudit expected = ExpectedExampleAudit(spec, num_examples);
+    absl::StatusOr<std::vector<ChunkAudit>> audits = ReadChunkAudits(done);
+    ASSERT_TRUE(audits.ok()) << audits.status();
+    for (const ChunkAudit& chunk : *audits) {
+      EXPECT_EQ(chunk.audit.examples, expected.examples) << "chunk " << chunk.chunk_id;
+      EXPECT_EQ(chunk.audit.digest, expected.digest)
+          << "chunk " << chunk.chunk_id << ": the examples behind its updates are not each example once per epoch";
     }
   }
 

@@ -293,10 +293,8 @@ TEST_F(CheckpointTest, ResumeOnAnotherTopologyAndExport) {
   EXPECT_EQ(resumed.resumed_from(), absl::StrCat(*first, "/", taken.id()));
   EXPECT_EQ(resumed.shards_size(), 1);
 
-  auto reference = Submit(AccuracySpec(2, 4));  // the uninterrupted run's accuracy
-  ASSERT_TRUE(reference.ok());
-  v1::JobStatus reference_done = WaitForEnd(*reference);
-  ASSERT_EQ(reference_done.state(), v1::SUCCEEDED);
+  v1::JobStatus reference_done;  // the uninterrupted run's accuracy
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(AccuracySpec(2, 4), &reference_done));
   std::cerr << "test accuracy: resumed on 1 worker and 1 shard " << resumed.progress().test_accuracy()
             << ", uninterrupted " << reference_done.progress().test_accuracy() << "\n";
   EXPECT_NEAR(resumed.progress().test_accuracy(), reference_done.progress().test_accuracy(), 0.003)
@@ -306,7 +304,7 @@ TEST_F(CheckpointTest, ResumeOnAnotherTopologyAndExport) {
   // The live parameters of a finished job export too, and read back equal.
   const std::string live = dir + "/final.safetensors";
   auto [live_rc, live_out] =
-      RunCli(absl::StrCat("export ", *reference, " -o ", live, " --scheduler ", cluster_->scheduler_address()));
+      RunCli(absl::StrCat("export ", reference_done.job_id(), " -o ", live, " --scheduler ", cluster_->scheduler_address()));
   ASSERT_EQ(live_rc, 0) << live_out;
   auto final_tensors = ReadSafetensorsFile(live);
   ASSERT_TRUE(final_tensors.ok()) << final_tensors.status();

@@ -150,6 +150,15 @@ class ClusterTest : public testing::Test {
     return WaitFor(job_id, [](const v1::JobStatus& s) { return Terminal(s.state()); }, timeout);
   }
 
+  // Runs `spec` to its end; fails the test unless it SUCCEEDED. Call it in
+  // ASSERT_NO_FATAL_FAILURE.
+  static void RunToSuccess(const v1::JobSpec& spec, v1::JobStatus* done) {
+    auto id = Submit(spec);
+    ASSERT_TRUE(id.ok()) << id.status();
+    *done = WaitForEnd(*id);
+    ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  }
+
   // Waits until the job has done more than `step` steps (or ended).
   static v1::JobStatus WaitForStep(const std::string& job_id, int64_t step) {
     return WaitFor(

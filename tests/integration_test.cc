@@ -265,10 +265,8 @@ class WorkerLossTest : public ClusterTest {
 // example audit), and the parameters are bit-identical to the same job
 // without the kill.
 TEST_F(WorkerLossTest, KilledWorkerJobSucceedsWithTheSameParameters) {
-  auto reference = Submit(LongBspSpec());
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  v1::JobStatus reference_done = WaitForEnd(*reference);
-  ASSERT_EQ(reference_done.state(), v1::SUCCEEDED) << reference_done.reason();
+  v1::JobStatus reference_done;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(LongBspSpec(), &reference_done));
 
   auto id = Submit(LongBspSpec());
   ASSERT_TRUE(id.ok()) << id.status();
@@ -295,10 +293,8 @@ class WorkerJoinTest : public WorkerLossTest {
 TEST_F(WorkerJoinTest, AddedWorkerTakesPartInTheRunningJob) {
   v1::JobSpec spec = LongBspSpec();
   spec.set_max_workers(3);  // three partitions; two workers to start with
-  auto reference = Submit(spec);
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  v1::JobStatus reference_done = WaitForEnd(*reference);
-  ASSERT_EQ(reference_done.state(), v1::SUCCEEDED) << reference_done.reason();
+  v1::JobStatus reference_done;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference_done));
 
   auto id = Submit(spec);
   ASSERT_TRUE(id.ok());
@@ -334,10 +330,8 @@ class SchedulerRestartTest : public WorkerLossTest {
 // it reloads the job from RocksDB, the servers and workers register again,
 // and the job finishes with the parameters of an undisturbed run.
 TEST_F(SchedulerRestartTest, JobSurvivesSchedulerKillAndRestart) {
-  auto reference = Submit(LongBspSpec());
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  v1::JobStatus reference_done = WaitForEnd(*reference);
-  ASSERT_EQ(reference_done.state(), v1::SUCCEEDED) << reference_done.reason();
+  v1::JobStatus reference_done;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(LongBspSpec(), &reference_done));
 
   auto id = Submit(LongBspSpec());
   ASSERT_TRUE(id.ok());
@@ -359,7 +353,7 @@ TEST_F(SchedulerRestartTest, JobSurvivesSchedulerKillAndRestart) {
   // The earlier job is still known too.
   grpc::ClientContext context;
   v1::GetJobRequest request;
-  request.set_job_id(*reference);
+  request.set_job_id(reference_done.job_id());
   v1::JobStatus again;
   ASSERT_TRUE(stub_->GetJob(&context, request, &again).ok());
   EXPECT_EQ(again.state(), v1::SUCCEEDED);
@@ -382,10 +376,8 @@ class ServerFailoverTest : public WorkerLossTest {
                            v1::JobStatus* disturbed = nullptr) {
     // A server killed by an earlier test of this suite is replaced.
     for (; killed_ > 0; --killed_) ASSERT_TRUE(cluster_->AddServer().ok());
-    auto reference = Submit(OneShardSpec());
-    ASSERT_TRUE(reference.ok()) << reference.status();
-    v1::JobStatus reference_done = WaitForEnd(*reference);
-    ASSERT_EQ(reference_done.state(), v1::SUCCEEDED) << reference_done.reason();
+    v1::JobStatus reference_done;
+    ASSERT_NO_FATAL_FAILURE(RunToSuccess(OneShardSpec(), &reference_done));
     ASSERT_EQ(reference_done.shards(0).backup_ids_size(), 1);
     std::vector<float> a = FinalParameters(reference_done);  // before any server goes away
 
@@ -536,10 +528,8 @@ TEST_F(ReReplicationTest, SpareServerRestoresTheReplicaCountAndSurvivesASecondFa
   v1::JobSpec spec = LongBspSpec();
   spec.set_num_shards(1);
   spec.mutable_data()->set_epochs(8);
-  auto reference = Submit(spec);
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  v1::JobStatus reference_done = WaitForEnd(*reference);
-  ASSERT_EQ(reference_done.state(), v1::SUCCEEDED) << reference_done.reason();
+  v1::JobStatus reference_done;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference_done));
   std::vector<float> expected = FinalParameters(reference_done);
 
   auto id = Submit(spec);
@@ -582,10 +572,8 @@ TEST_F(ServerJoinTest, AddedServerTakesAShareOfTheChunks) {
   v1::JobSpec spec = LongBspSpec();
   spec.mutable_model()->set_hidden_sizes(0, 256);  // 8 chunks of 4 KiB
   spec.mutable_data()->set_epochs(4);
-  auto reference = Submit(spec);
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  v1::JobStatus reference_done = WaitForEnd(*reference);
-  ASSERT_EQ(reference_done.state(), v1::SUCCEEDED) << reference_done.reason();
+  v1::JobStatus reference_done;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference_done));
   std::vector<float> expected = FinalParameters(reference_done);
   const int chunks = reference_done.shard_map().chunks_size();
 
@@ -617,10 +605,8 @@ TEST_F(ServerLeaveTest, TerminatedServerHandsItsShardOverFirst) {
   v1::JobSpec spec = LongBspSpec();
   spec.mutable_model()->set_hidden_sizes(0, 256);  // 8 chunks of 4 KiB over both servers
   spec.mutable_data()->set_epochs(4);
-  auto reference = Submit(spec);
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  v1::JobStatus reference_done = WaitForEnd(*reference);
-  ASSERT_EQ(reference_done.state(), v1::SUCCEEDED) << reference_done.reason();
+  v1::JobStatus reference_done;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference_done));
   std::vector<float> expected = FinalParameters(reference_done);
 
   auto id = Submit(spec);

@@ -175,17 +175,22 @@ else
   echo "ok: no private key, certificate or Secret object in deploy/ and the rendered overlays"
 fi
 
+# Prints the gRPC port a process wrote to its --port-file $1, polling up to
+# 10 s for the file to appear; prints nothing if it never does.
+port_from() {
+  for _ in $(seq 1 100); do
+    [ -s "$1" ] && break
+    sleep 0.1
+  done
+  "$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["grpc_port"])' "$1" 2>/dev/null || true
+}
+
 echo "== example job spec"
 if [ ${#BIN_ARGS[@]} -gt 0 ] && [ -x "$BIN_DIR/fulcrum" ]; then
   "$BIN_DIR/fulcrum-scheduler" --host=127.0.0.1 --port=0 --metrics-port=0 \
     --port-file="$TMP/scheduler.ports" >"$TMP/scheduler.log" 2>&1 &
   SCHEDULER_PID=$!
-  for _ in $(seq 1 100); do
-    [ -s "$TMP/scheduler.ports" ] && break
-    sleep 0.1
-  done
-  port="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["grpc_port"])' \
-    "$TMP/scheduler.ports" 2>/dev/null || true)"
+  port="$(port_from "$TMP/scheduler.ports")"
   if [ -z "$port" ]; then
     fail "the scheduler wrote no port file"
     cat "$TMP/scheduler.log"
@@ -229,12 +234,7 @@ if [ ${#BIN_ARGS[@]} -gt 0 ] && [ -x "$BIN_DIR/fulcrum" ] && command -v openssl 
         --port-file="$TMP/tls-scheduler.ports"
     ) >"$TMP/tls-scheduler.log" 2>&1 &
     TLS_SCHEDULER_PID=$!
-    for _ in $(seq 1 100); do
-      [ -s "$TMP/tls-scheduler.ports" ] && break
-      sleep 0.1
-    done
-    port="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["grpc_port"])' \
-      "$TMP/tls-scheduler.ports" 2>/dev/null || true)"
+    port="$(port_from "$TMP/tls-scheduler.ports")"
     if [ -z "$port" ]; then
       fail "the scheduler with overlays/cpu-tls's flags wrote no port file"
       cat "$TMP/tls-scheduler.log"

@@ -140,14 +140,6 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials() {
   return grpc::SslCredentials(options);
 }
 
-void AddCallCredentials(grpc::ClientContext* context) {
-  const Security& s = Current();
-  if (!s.cluster_token.empty()) context->AddMetadata(kClusterTokenHeader, s.cluster_token);
-  if (!s.sent_job_token.empty()) {
-    context->AddMetadata(kAuthorizationHeader, absl::StrCat("Bearer ", s.sent_job_token));
-  }
-}
-
 absl::Status Authorize(const grpc::ServerContext* context, Caller caller) {
   const Security& s = Current();
   if (caller == Caller::kClusterMember) {

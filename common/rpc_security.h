@@ -43,9 +43,8 @@ absl::Status ConfigureRpcSecurity(const RpcSecurityFiles& files, const std::stri
 bool TlsEnabled();
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials();
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials();
-// Metadata every outgoing call carries (the tokens configured). Channels
-// from MakeChannel add it by themselves, through CredentialInterceptors.
-void AddCallCredentials(grpc::ClientContext* context);
+// The client interceptors that put the configured tokens into every call's
+// metadata; MakeChannel installs them on its channels.
 std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> CredentialInterceptors();
 
 enum class Caller { kJobClient, kClusterMember };

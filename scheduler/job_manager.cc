@@ -318,7 +318,6 @@ void JobManager::OnProgress(Job* job, const v1::WorkReport& report) {
 }
 
 void JobManager::FlagStragglers(Job* job) {
-  bool changed = false;
   for (JobWorker& w : job->workers) {
     const double mine = w.progress.step_seconds();
     std::vector<double> others;
@@ -332,14 +331,12 @@ void JobManager::FlagStragglers(Job* job) {
     const bool straggler = w.slow_reports >= 3;
     if (straggler != w.straggler) {
       w.straggler = straggler;
-      changed = true;
       if (straggler) {
         AddEvent(job, absl::StrFormat("%s is a straggler: %.1f ms a step, the others' median %.1f ms", w.id,
                                       mine * 1e3, median * 1e3));
       }
     }
   }
-  (void)changed;
   SyncWorkerStatus(job);  // the workers' step times and flags, for GetJob
 }
 

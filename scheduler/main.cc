@@ -92,8 +92,8 @@ int main(int argc, char** argv) {
                 << recovered.message();
     return 1;
   }
-  JobServiceImpl job_service(&manager, metrics->get());
-  ClusterServiceImpl cluster_service(&manager, metrics->get());
+  JobServiceImpl job_service(&manager);
+  ClusterServiceImpl cluster_service(&manager);
   auto server = StartGrpcServer(host, absl::GetFlag(FLAGS_port), {&job_service, &cluster_service}, metrics->get());
   auto health_server = StartHealthServerFromFlags(host);
   if (!health_server.ok()) {

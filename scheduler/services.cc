@@ -9,72 +9,61 @@
 #include "common/rpc_security.h"
 
 namespace fulcrum {
-namespace {
 
-// (Every RPC is counted and timed by the server's interceptor: grpc_server_*.)
-grpc::Status Count(MetricsEndpoint*, const char*, const absl::Status& status) { return ToGrpcStatus(status); }
-
-}  // namespace
-
-JobServiceImpl::JobServiceImpl(JobManager* manager, MetricsEndpoint* metrics)
-    : manager_(manager), metrics_(metrics) {}
-
-grpc::Status JobServiceImpl::Finish(const char* method, const absl::Status& status) {
-  return Count(metrics_, method, status);
-}
+JobServiceImpl::JobServiceImpl(JobManager* manager) : manager_(manager) {}
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
-  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return Finish("SubmitJob", denied);
+  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return ToGrpcStatus(denied);
   auto status = manager_->Submit(request->spec(), request->resume_from());
-  if (!status.ok()) return Finish("SubmitJob", status.status());
+  if (!status.ok()) return ToGrpcStatus(status.status());
   response->set_job_id(status->job_id());
   *response->mutable_status() = std::move(*status);
-  return Finish("SubmitJob", absl::OkStatus());
+  return ToGrpcStatus(absl::OkStatus());
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                     v1::JobStatus* response) {
-  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return Finish("GetJob", denied);
+  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return ToGrpcStatus(denied);
   auto status = manager_->Get(request->job_id());
   if (status.ok()) *response = std::move(*status);
-  return Finish("GetJob", status.status());
+  return ToGrpcStatus(status.status());
 }
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest*,
                                       v1::ListJobsResponse* response) {
-  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return Finish("ListJobs", denied);
+  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return ToGrpcStatus(denied);
   for (v1::JobStatus& job : manager_->List()) *response->add_jobs() = std::move(job);
-  return Finish("ListJobs", absl::OkStatus());
+  return ToGrpcStatus(absl::OkStatus());
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                                        v1::JobStatus* response) {
-  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return Finish("CancelJob", denied);
+  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return ToGrpcStatus(denied);
   auto status = manager_->Cancel(request->job_id());
   if (status.ok()) *response = std::move(*status);
-  return Finish("CancelJob", status.status());
+  return ToGrpcStatus(status.status());
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobStatus>* writer) {
-  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return Finish("WatchJob", denied);
+  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return ToGrpcStatus(denied);
   int64_t version = -1;
   while (!context->IsCancelled()) {
     int64_t seen = version;
     auto status = manager_->WaitForChange(request->job_id(), &version, absl::Milliseconds(500));
-    if (!status.ok()) return Finish("WatchJob", status.status());
+    if (!status.ok()) return ToGrpcStatus(status.status());
     if (version == seen) continue;  // timed out: only check for cancellation
     if (!writer->Write(*status)) break;  // client went away
     v1::JobState state = status->state();
     if (state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED) break;
   }
-  return Finish("WatchJob", absl::OkStatus());
+  return ToGrpcStatus(absl::OkStatus());
 }
 
 grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* context, const v1::CheckpointJobRequest* request,
                                            v1::CheckpointInfo* response) {
-  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return Finish("CheckpointJob", denied);
+  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return ToGrpcStatus(denied);
   // Waits for the checkpoint, within the client's deadline (10 minutes at most).
   absl::Duration timeout = absl::Minutes(10);
   if (context->deadline() != std::chrono::system_clock::time_point::max()) {
@@ -82,56 +71,51 @@ grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* context, const v
   }
   auto info = manager_->CheckpointNow(request->job_id(), timeout);
   if (info.ok()) *response = std::move(*info);
-  return Finish("CheckpointJob", info.status());
+  return ToGrpcStatus(info.status());
 }
 
 grpc::Status JobServiceImpl::GetCheckpoint(grpc::ServerContext* context, const v1::GetCheckpointRequest* request,
                                            v1::CheckpointManifest* response) {
-  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return Finish("GetCheckpoint", denied);
+  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return ToGrpcStatus(denied);
   auto manifest = manager_->GetCheckpoint(request->job_id(), request->checkpoint_id());
   if (manifest.ok()) *response = std::move(*manifest);
-  return Finish("GetCheckpoint", manifest.status());
+  return ToGrpcStatus(manifest.status());
 }
 
-ClusterServiceImpl::ClusterServiceImpl(JobManager* manager, MetricsEndpoint* metrics)
-    : manager_(manager), metrics_(metrics) {}
-
-grpc::Status ClusterServiceImpl::Finish(const char* method, const absl::Status& status) {
-  return Count(metrics_, method, status);
-}
+ClusterServiceImpl::ClusterServiceImpl(JobManager* manager) : manager_(manager) {}
 
 grpc::Status ClusterServiceImpl::Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                                           v1::RegisterResponse* response) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("Register", denied);
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return ToGrpcStatus(denied);
   auto result = manager_->Register(*request);
   if (result.ok()) *response = std::move(*result);
-  return Finish("Register", result.status());
+  return ToGrpcStatus(result.status());
 }
 
 grpc::Status ClusterServiceImpl::Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                                            v1::HeartbeatResponse* response) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("Heartbeat", denied);
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return ToGrpcStatus(denied);
   auto result = manager_->Heartbeat(*request);
   if (result.ok()) *response = std::move(*result);
-  return Finish("Heartbeat", result.status());
+  return ToGrpcStatus(result.status());
 }
 
 grpc::Status ClusterServiceImpl::ReportWork(grpc::ServerContext* context, const v1::WorkReport* request,
                                             v1::WorkReportResponse*) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("ReportWork", denied);
-  return Finish("ReportWork", manager_->Report(*request));
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return ToGrpcStatus(denied);
+  return ToGrpcStatus(manager_->Report(*request));
 }
 
 grpc::Status ClusterServiceImpl::ListMembers(grpc::ServerContext* context, const v1::ListMembersRequest*,
                                              v1::ListMembersResponse* response) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("ListMembers", denied);
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return ToGrpcStatus(denied);
   for (v1::MemberInfo& member : manager_->Members()) *response->add_members() = std::move(member);
-  return Finish("ListMembers", absl::OkStatus());
+  return ToGrpcStatus(absl::OkStatus());
 }
 
 grpc::Status ClusterServiceImpl::Leave(grpc::ServerContext* context, const v1::LeaveRequest* request, v1::LeaveResponse*) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("Leave", denied);
-  return Finish("Leave", manager_->Leave(request->member_id()));
+  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return ToGrpcStatus(denied);
+  return ToGrpcStatus(manager_->Leave(request->member_id()));
 }
 
 v1::ParameterService::Stub* GrpcServerControl::Stub(const std::string& address) {

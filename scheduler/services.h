@@ -10,7 +10,6 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
-#include "common/metrics.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
@@ -20,7 +19,8 @@ namespace fulcrum {
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  JobServiceImpl(JobManager* manager, MetricsEndpoint* metrics);
+  // Calls are counted and timed by the server's interceptor (grpc_server_*).
+  explicit JobServiceImpl(JobManager* manager);
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::JobStatus*) override;
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse*) override;
@@ -32,14 +32,12 @@ class JobServiceImpl final : public v1::JobService::Service {
                              v1::CheckpointManifest*) override;
 
  private:
-  grpc::Status Finish(const char* method, const absl::Status& status);
   JobManager* manager_;
-  MetricsEndpoint* metrics_;
 };
 
 class ClusterServiceImpl final : public v1::ClusterService::Service {
  public:
-  ClusterServiceImpl(JobManager* manager, MetricsEndpoint* metrics);
+  explicit ClusterServiceImpl(JobManager* manager);
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
   grpc::Status ReportWork(grpc::ServerContext*, const v1::WorkReport*, v1::WorkReportResponse*) override;
@@ -47,9 +45,7 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
   grpc::Status Leave(grpc::ServerContext*, const v1::LeaveRequest*, v1::LeaveResponse*) override;
 
  private:
-  grpc::Status Finish(const char* method, const absl::Status& status);
   JobManager* manager_;
-  MetricsEndpoint* metrics_;
 };
 
 // Reaches parameter servers over gRPC, one cached channel per address.

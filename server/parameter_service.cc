@@ -393,12 +393,8 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* context, const v1::
   // Backups have it before the primary applies and acknowledges it, so an
   // acknowledged update survives the primary's death. Retries are safe: every
   // replica deduplicates.
-  if (status.ok() && !(*shard)->config().synchronous) {
-    absl::MutexLock order(&(*shard)->replication_order());
-    status = ForwardToBackups(**shard, *request);
-    if (status.ok()) status = ApplyPush(shard->get(), *request, response);
-    return Finish("Push", status, received, response->ByteSizeLong());
-  }
+  // ASP/SSP: one push at a time from forward to apply (see replication_order).
+  absl::MutexLockMaybe order((*shard)->config().synchronous ? nullptr : &(*shard)->replication_order());
   if (status.ok()) status = ForwardToBackups(**shard, *request);
   if (status.ok()) status = ApplyPush(shard->get(), *request, response);
   return Finish("Push", status, received, response->ByteSizeLong());

@@ -214,12 +214,12 @@ if [ ${#BIN_ARGS[@]} -gt 0 ] && [ -x "$BIN_DIR/fulcrum" ] && command -v openssl 
   # The Secrets as the README has them created from dev-certs.sh's output
   # (values without a trailing newline, as --from-literal "$(cat ...)" gives).
   bash scripts/dev-certs.sh "$TMP/certs" >/dev/null
-  mkdir -p "$ROOTFS/etc/fulcrum/tls" "$ROOTFS/etc/fulcrum/tokens"
+  mkdir -p "$ROOTFS/etc/fulcrum/tls" "$ROOTFS/etc/fulcrum/tokens" "$ROOTFS/etc/fulcrum/job-token"
   cp "$TMP/certs/ca.crt" "$ROOTFS/etc/fulcrum/tls/ca.crt"
   cp "$TMP/certs/node.crt" "$ROOTFS/etc/fulcrum/tls/tls.crt"
   cp "$TMP/certs/node.key" "$ROOTFS/etc/fulcrum/tls/tls.key"
   printf %s "$(cat "$TMP/certs/cluster-token")" >"$ROOTFS/etc/fulcrum/tokens/cluster-token"
-  printf %s "$(cat "$TMP/certs/token")" >"$ROOTFS/etc/fulcrum/tokens/token"
+  printf %s "$(cat "$TMP/certs/token")" >"$ROOTFS/etc/fulcrum/job-token/token"
   if ! "$PYTHON" tests/deploy/pod_command.py "$TMP/cpu-tls.yaml" StatefulSet/fulcrum-scheduler "$ROOTFS" \
       >"$TMP/pod-env.sh"; then
     fail "tests/deploy/pod_command.py could not read the scheduler pod of overlays/cpu-tls"

@@ -890,7 +890,29 @@ def check_fulcrum_security(doc, c, cpath, binary, effective, named, mounts, volu
                              "reads Secret %s key %s" % (ref.get("name"), ref.get("key"), source[1], source[2]))
     cluster.daemons.append({"obj": obj, "ns": ns, "tls": tls, "ca": sources.get("tls_ca"),
                             "cluster_token": sources.get("cluster_token_file") if value("cluster_token_file")
-                            else None})
+                            else None,
+                            "binary": binary, "secrets": readable_secret_keys(c, mounts, volumes, cluster, ns),
+                            "job_token": sources.get("token_file") if value("token_file") else None})
+
+
+def readable_secret_keys(c, mounts, volumes, cluster, ns):
+    """{(Secret name, key)} the container can read: mounted ones and env secretKeyRefs ("*": every key)."""
+    readable = set()
+    for vol_name in mounts.values():
+        src = (volumes.get(vol_name) or {}).get("secret")
+        if src is None:
+            continue
+        name = src.get("secretName")
+        if src.get("items") is not None:
+            readable |= {(name, i.get("key")) for i in src["items"]}
+        else:
+            keys = cluster.secret_keys(ns, name)
+            readable |= {(name, k) for k in keys} if keys is not None else {(name, "*")}
+    for e in c.get("env") or []:
+        ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+        if ref:
+            readable.add((ref.get("name"), ref.get("key")))
+    return readable
 
 
 def check_fulcrum_cluster(cluster, report):
@@ -907,6 +929,17 @@ def check_fulcrum_cluster(cluster, report):
                     if not d[key]:
                         report.error(d["obj"], "spec.template.spec.containers", "%s is on in %s but not here (%s): "
                                      "the daemons could not talk" % (what, on[0]["obj"], label))
+        # Least privilege: the JobService token submits and cancels jobs; only
+        # the scheduler (which checks it) has any use for it.
+        job_tokens = {d["job_token"][1:] for d in daemons if d["job_token"] and d["job_token"][0] == "secret"}
+        for d in daemons:
+            if d["binary"] == "fulcrum-scheduler":
+                continue
+            for name, key in sorted(job_tokens):
+                if (name, key) in d["secrets"] or (name, "*") in d["secrets"]:
+                    report.error(d["obj"], "spec.template.spec", "the JobService token (Secret %s key %s) is "
+                                 "readable here, but only the scheduler uses it: mount only the keys %s needs "
+                                 "(volume items)" % (name, key, d["binary"]))
         for what, key in (("CA (--tls-ca)", "ca"), ("cluster credential (--cluster-token-file)", "cluster_token")):
             seen = {d[key] for d in daemons if d[key] and d[key][0] in ("secret", "configMap")}
             if len(seen) > 1:
@@ -1286,7 +1319,8 @@ spec:
       volumes:
         - {name: config, configMap: {name: flags}}
         - {name: tls, secret: {secretName: tls, defaultMode: 256}}
-        - {name: tokens, secret: {secretName: tokens, defaultMode: 256}}
+        - {name: tokens, secret: {secretName: tokens, defaultMode: 256,
+                                  items: [{key: cluster-token, path: cluster-token}]}}
   volumeClaimTemplates:
     - metadata: {name: data}
       spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
@@ -1302,7 +1336,6 @@ spec:
 _SERVER_ARGS = "3:spec.template.spec.containers[0].args"
 _SCHED = "2:spec.template.spec"
 _SCHED_C = _SCHED + ".containers[0]"
-_SCHED = "2:spec.template.spec"
 _SERVER = "3:spec.template.spec"
 
 def _mutate(path, value=None, delete=False, rename=None):
@@ -1420,6 +1453,8 @@ TLS_SELF_TESTS = [
      _mutate("0:data.server\\.flags", "--tls_cert=/etc/fulcrum/tls/tls.crt\n--tls_key=/etc/fulcrum/tls/tls.key\n"
              "--tls_ca=/etc/fulcrum/tls/ca.crt\n"),
      "the cluster credential is on in StatefulSet f/sched but not here"),
+    ("the JobService token mounted in a server", _mutate(_SERVER + ".volumes[2].secret.items", delete=True),
+     "StatefulSet f/server: spec.template.spec: the JobService token (Secret tokens key token) is readable here"),
     ("--token-file on a server", _mutate(_SERVER_ARGS + "[6]", "--token-file=/etc/fulcrum/tokens/token"),
      "--token-file is the scheduler's (JobService); fulcrum-server has none"),
     ("no FULCRUM_TOKEN in the scheduler's pod", _mutate(_SCHED_C + ".env[5]", delete=True),

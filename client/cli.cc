@@ -218,7 +218,8 @@ void PrintJob(const v1::JobStatus& job) {
             << "Training:   " << v1::Mode_Name(spec.mode()) << ", " << spec.num_workers() << " workers x batch "
             << spec.data().batch_size() << ", " << v1::OptimizerSpec::Kind_Name(spec.optimizer().kind())
             << " lr " << spec.optimizer().lr() << ", "
-            << v1::LrScheduleSpec::Kind_Name(spec.lr_schedule().kind()) << " schedule\n";
+            << v1::LrScheduleSpec::Kind_Name(spec.lr_schedule().kind()) << " schedule, precision "
+            << v1::Precision_Name(spec.precision()) << ", wire " << v1::WireFormat_Name(spec.wire_format()) << "\n";
   std::cout << "Membership: epoch " << job.membership_epoch() << ", " << job.workers_size() << " workers (min "
             << spec.min_workers() << ", max " << spec.max_workers() << "), " << spec.max_workers()
             << " data partitions\n";

@@ -1,4 +1,6 @@
-// Raw little-endian float32 encoding of tensor payloads (never `repeated float`).
+// Encoding of tensor payloads on the wire (never `repeated float`): raw
+// little-endian float32, or 16-bit values (bfloat16 / IEEE half) for jobs
+// with a 16-bit JobSpec.wire_format.
 #ifndef FULCRUM_COMMON_TENSOR_CODEC_H_
 #define FULCRUM_COMMON_TENSOR_CODEC_H_
 
@@ -7,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "fulcrum/v1/job.pb.h"
 
 namespace fulcrum {
 
@@ -17,6 +20,30 @@ void EncodeFloats(const float* values, int64_t n, std::string* out);
 // naming `what` if the byte count is not 4 * expected.
 absl::Status DecodeFloats(absl::string_view bytes, int64_t expected, float* out,
                           absl::string_view what);
+
+// Bytes per element of `format` (UNSPECIFIED is float32): 4 or 2; 0 for a
+// value this build does not know.
+int WireBytes(v1::WireFormat format);
+// "fp32", "bf16", "fp16" (or "unknown").
+const char* WireFormatName(v1::WireFormat format);
+// True for the 16-bit formats.
+inline bool IsHalfWire(v1::WireFormat format) { return WireBytes(format) == 2; }
+
+// Writes n floats in `format` to *out (resized to exactly n * WireBytes):
+// 16-bit formats round to nearest even (fp16: beyond +-65504 becomes inf).
+// `format` must be known (WireBytes > 0).
+void EncodeValues(v1::WireFormat format, const float* values, int64_t n, std::string* out);
+// Writes n already packed 16-bit values as little-endian bytes (2n).
+void EncodeHalves(const uint16_t* values, int64_t n, std::string* out);
+
+// Decodes exactly `expected` values encoded in `format` into float32.
+// InvalidArgument naming `what` for an unknown format or a byte count other
+// than expected * WireBytes(format).
+absl::Status DecodeValues(v1::WireFormat format, absl::string_view bytes, int64_t expected, float* out,
+                          absl::string_view what);
+// Copies exactly `expected` 16-bit little-endian values (no conversion);
+// InvalidArgument naming `what` if the byte count is not 2 * expected.
+absl::Status DecodeHalves(absl::string_view bytes, int64_t expected, uint16_t* out, absl::string_view what);
 
 }  // namespace fulcrum
 

@@ -116,5 +116,73 @@ TEST(TensorCodecTest, SizeMismatchIsInvalidArgumentNamingWhat) {
   EXPECT_TRUE(Contains(nonempty_for_zero.message(), "nothing"));
 }
 
+TEST(TensorCodecTest, SixteenBitFormatsRoundToNearestEvenAndWidenExactly) {
+  // bf16 has 7 fraction bits: 1 + 2^-8 lies halfway between its neighbours
+  // 1 and 1 + 2^-7 and ties to the even one (1).
+  const std::vector<float> in = {1.0f, -2.5f, 1.0f + 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f, 65504.0f, 0x1p-24f};
+  std::string bf16, fp16;
+  EncodeValues(v1::WIRE_BF16, in.data(), static_cast<int64_t>(in.size()), &bf16);
+  EncodeValues(v1::WIRE_FP16, in.data(), static_cast<int64_t>(in.size()), &fp16);
+  ASSERT_EQ(bf16.size(), in.size() * 2);
+  ASSERT_EQ(fp16.size(), in.size() * 2);
+  // Little-endian 16-bit values: bf16(1.0) = 0x3F80.
+  EXPECT_EQ(static_cast<uint8_t>(bf16[0]), 0x80);
+  EXPECT_EQ(static_cast<uint8_t>(bf16[1]), 0x3F);
+
+  std::vector<float> out(in.size());
+  ASSERT_TRUE(DecodeValues(v1::WIRE_BF16, bf16, static_cast<int64_t>(in.size()), out.data(), "bf16").ok());
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], -2.5f);
+  EXPECT_EQ(out[2], 1.0f);                 // a tie goes to the even neighbour
+  EXPECT_EQ(out[3], 1.0f + 0x1p-7f);       // just above the tie rounds up
+  EXPECT_EQ(out[4], 65536.0f);             // 65504 is not a bf16 value
+  EXPECT_EQ(out[5], 0x1p-24f);             // bf16 keeps float's range
+  ASSERT_TRUE(DecodeValues(v1::WIRE_FP16, fp16, static_cast<int64_t>(in.size()), out.data(), "fp16").ok());
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[2], 1.0f + 0x1p-8f);       // fp16 has 10 fraction bits: exact
+  EXPECT_EQ(out[4], 65504.0f);             // fp16's largest finite value
+  EXPECT_EQ(out[5], 0x1p-24f);             // its smallest subnormal
+
+  // Values packed elsewhere (a device) travel as they are.
+  const std::vector<uint16_t> halves = {0x3F80, 0xC020};
+  std::string raw;
+  EncodeHalves(halves.data(), 2, &raw);
+  EXPECT_EQ(raw, std::string("\x80\x3F\x20\xC0", 4));
+  std::vector<uint16_t> back(2);
+  ASSERT_TRUE(DecodeHalves(raw, 2, back.data(), "halves").ok());
+  EXPECT_EQ(back, halves);
+  ASSERT_TRUE(DecodeValues(v1::WIRE_BF16, raw, 2, out.data(), "bf16").ok());
+  EXPECT_EQ(out[1], -2.5f);
+}
+
+TEST(TensorCodecTest, WireFormatsHaveTheirSizesAndFloat32IsTheDefault) {
+  EXPECT_EQ(WireBytes(v1::WIRE_FORMAT_UNSPECIFIED), 4);
+  EXPECT_EQ(WireBytes(v1::WIRE_FP32), 4);
+  EXPECT_EQ(WireBytes(v1::WIRE_BF16), 2);
+  EXPECT_EQ(WireBytes(v1::WIRE_FP16), 2);
+  EXPECT_EQ(WireBytes(static_cast<v1::WireFormat>(9)), 0);
+  const float v[2] = {1.5f, -3.0f};
+  std::string a, b;
+  EncodeValues(v1::WIRE_FORMAT_UNSPECIFIED, v, 2, &a);
+  EncodeFloats(v, 2, &b);
+  EXPECT_EQ(a, b);
+}
+
+TEST(TensorCodecTest, SixteenBitSizeMismatchAndUnknownFormatAreInvalidArgument) {
+  const float v[3] = {1.0f, 2.0f, 3.0f};
+  std::string fp32;
+  EncodeFloats(v, 3, &fp32);
+  float out[6];
+  absl::Status wrong = DecodeValues(v1::WIRE_BF16, fp32, 3, out, "push to chunk 2");
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(wrong.message(), "push to chunk 2: payload has 12 bytes, expected 6 (3 bf16 values)"))
+      << wrong.message();
+  absl::Status unknown = DecodeValues(static_cast<v1::WireFormat>(7), fp32, 3, out, "push to chunk 2");
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(unknown.message(), "unknown wire format 7")) << unknown.message();
+  uint16_t halves[3];
+  EXPECT_EQ(DecodeHalves(fp32, 3, halves, "pulled chunk").code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace fulcrum

@@ -92,6 +92,25 @@ class Backend {
   // Waits for every queued op; returns the first asynchronous error.
   virtual absl::Status Synchronize() = 0;
 
+  // Asynchronous download, for overlapping transfers with compute: queues a
+  // copy of `bytes` from backend memory `src` into host memory `host_dst`
+  // that starts once the ops queued before it are done, and returns at once
+  // with a ticket (ops queued after it may run while it travels). `src` must
+  // not be written, nor `host_dst` read, until WaitCopy(ticket) returns.
+  // This default copies at once (CopyToHost) and returns a ticket that is
+  // already done: right for backends whose ops are synchronous.
+  virtual absl::StatusOr<int64_t> CopyToHostAsync(void* host_dst, const void* src, size_t bytes) {
+    absl::Status copied = CopyToHost(host_dst, src, bytes);
+    if (!copied.ok()) return copied;
+    return int64_t{0};
+  }
+  // Blocks until the copy `ticket`, and every one queued before it, is in
+  // host memory; returns the first error among them.
+  virtual absl::Status WaitCopy(int64_t ticket) {
+    (void)ticket;
+    return absl::OkStatus();
+  }
+
   // Sets the GEMM precision for later calls. The CPU backend accepts every
   // value and computes float32.
   virtual absl::Status SetPrecision(Precision precision) = 0;

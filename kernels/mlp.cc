@@ -136,13 +136,14 @@ absl::Status Mlp::Forward(const std::vector<const float*>& params, const float* 
 
 // Expects delta_ to hold d(loss)/d(logits). Propagates it down the layers.
 absl::Status Mlp::Backward(const std::vector<const float*>& params, const float* x, int batch,
-                           const std::vector<float*>& grads) {
+                           const std::vector<float*>& grads, const std::function<absl::Status(int)>& layer_done) {
   for (int i = num_layers() - 1; i >= 0; --i) {
     const int in = dims_[i], out = dims_[i + 1];
     const float* input = i == 0 ? x : outputs_[i - 1].get();
     RETURN_IF_ERROR(
         backend_->Gemm(true, false, in, out, batch, 1.0f, input, delta_.get(), 0.0f, grads[2 * i]));
     RETURN_IF_ERROR(backend_->ColumnSum(batch, out, delta_.get(), grads[2 * i + 1]));
+    if (layer_done) RETURN_IF_ERROR(layer_done(i));
     if (i == 0) break;
     RETURN_IF_ERROR(backend_->Gemm(false, true, batch, in, out, 1.0f, delta_.get(), params[2 * i], 0.0f,
                                    next_delta_.get()));
@@ -162,7 +163,7 @@ void Mlp::AddStats(double loss_sum, int64_t correct, int batch, BatchStats* stat
 
 absl::Status Mlp::ForwardBackward(const std::vector<const float*>& params, const float* x,
                                   const int32_t* labels, int batch, const std::vector<float*>& grads,
-                                  BatchStats* stats) {
+                                  BatchStats* stats, const std::function<absl::Status(int)>& layer_done) {
   RETURN_IF_ERROR(ValidateInputs(params, x, labels, batch));
   RETURN_IF_ERROR(CheckPointers("grad", params.size(), grads.size(), AnyNull(grads)));
   RETURN_IF_ERROR(Forward(params, x, batch));
@@ -171,7 +172,7 @@ absl::Status Mlp::ForwardBackward(const std::vector<const float*>& params, const
   RETURN_IF_ERROR(backend_->SoftmaxCrossEntropy(batch, config_.num_classes, outputs_.back().get(), labels,
                                                 1.0f / static_cast<float>(batch), delta_.get(), &loss_sum,
                                                 &correct));
-  RETURN_IF_ERROR(Backward(params, x, batch, grads));
+  RETURN_IF_ERROR(Backward(params, x, batch, grads, layer_done));
   AddStats(loss_sum, correct, batch, stats);
   return absl::OkStatus();
 }

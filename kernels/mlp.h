@@ -9,6 +9,7 @@
 #define FULCRUM_KERNELS_MLP_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -76,8 +77,16 @@ class Mlp {
   // InvalidArgument for an invalid config, batch <= 0, a wrong number of
   // params/grads, null pointers, or a label outside [0, num_classes); stats
   // are left unchanged on error. Backend failures pass through.
+  //
+  // `layer_done` (optional) is called with each layer's index as soon as the
+  // ops writing its gradients (tensors 2i and 2i + 1) are queued, from the
+  // last layer down, before the rest of the backward pass is queued: the
+  // caller can start moving those gradients while the backward pass goes on
+  // (on a device, order its copies after them, e.g. CopyToHostAsync). An
+  // error it returns stops the pass and is returned.
   absl::Status ForwardBackward(const std::vector<const float*>& params, const float* x, const int32_t* labels,
-                               int batch, const std::vector<float*>& grads, BatchStats* stats);
+                               int batch, const std::vector<float*>& grads, BatchStats* stats,
+                               const std::function<absl::Status(int layer)>& layer_done = nullptr);
 
   // Forward pass only; adds loss, correct count and size to *stats (may be
   // null). Same error conditions as ForwardBackward, plus RESOURCE_EXHAUSTED
@@ -93,7 +102,7 @@ class Mlp {
   absl::Status EnsureScratch(int batch);
   absl::Status Forward(const std::vector<const float*>& params, const float* x, int batch);
   absl::Status Backward(const std::vector<const float*>& params, const float* x, int batch,
-                        const std::vector<float*>& grads);
+                        const std::vector<float*>& grads, const std::function<absl::Status(int)>& layer_done);
   static void AddStats(double loss_sum, int64_t correct, int batch, BatchStats* stats);
 
   ModelConfig config_;

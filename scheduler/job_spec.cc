@@ -167,6 +167,7 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   }
   if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(v1::BSP);
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP32);
+  if (spec->wire_format() == v1::WIRE_FORMAT_UNSPECIFIED) spec->set_wire_format(v1::WIRE_FP32);
   if (spec->model().kind() == v1::ModelSpec::MLP &&
       spec->model().activation() == v1::ACTIVATION_UNSPECIFIED) {
     spec->mutable_model()->set_activation(v1::RELU);

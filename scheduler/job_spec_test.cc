@@ -126,7 +126,25 @@ TEST(JobSpecTest, DefaultsFillUnsetFields) {
   EXPECT_EQ(spec.data().path(), kDefaultFashionMnistPath);
   EXPECT_EQ(spec.data().path(), "/usr/share/datasets/fashion-mnist");
   EXPECT_EQ(spec.num_shards(), 0);
+  EXPECT_EQ(spec.wire_format(), v1::WIRE_FP32);
   EXPECT_TRUE(ValidateJobSpec(spec).ok());
+}
+
+TEST(JobSpecTest, UnknownWireFormatIsRejectedNamingTheField) {
+  v1::JobSpec spec;
+  spec.mutable_model()->set_kind(v1::ModelSpec::MLP);
+  spec.mutable_model()->add_hidden_sizes(32);
+  spec.mutable_data()->set_dataset(v1::DataSpec::FASHION_MNIST);
+  spec.mutable_data()->set_batch_size(32);
+  spec.mutable_optimizer()->set_lr(0.1f);
+  spec.set_wire_format(v1::WIRE_BF16);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(spec.wire_format(), v1::WIRE_BF16);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  spec.set_wire_format(static_cast<v1::WireFormat>(12));
+  absl::Status status = ValidateJobSpec(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(status.message(), "wireFormat")) << status.message();
 }
 
 TEST(JobSpecTest, DefaultsKeepSetFields) {

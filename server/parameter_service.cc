@@ -307,6 +307,7 @@ absl::Status ParameterServiceImpl::ApplyPush(JobShard* shard, const v1::PushRequ
   for (const v1::ChunkData& chunk : request.chunks()) {
     args.chunk_id = chunk.chunk_id();
     args.gradient = chunk.data();
+    args.format = chunk.format();
     ASSIGN_OR_RETURN(PushOutcome outcome, shard->Push(args));
     if (outcome == PushOutcome::kDuplicate) {
       response->set_duplicates(response->duplicates() + 1);
@@ -388,6 +389,7 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* context, const v1::
   for (int i = 0; status.ok() && i < request->chunks_size(); ++i) {
     args.chunk_id = request->chunks(i).chunk_id();
     args.gradient = request->chunks(i).data();
+    args.format = request->chunks(i).format();
     status = (*shard)->Validate(args);
   }
   // Backups have it before the primary applies and acknowledges it, so an
@@ -473,13 +475,20 @@ grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context, const v1::
                                                           (*shard)->map_version(), ": refresh the map")),
                   request->ByteSizeLong(), 0);
   }
+  if (WireBytes(request->format()) == 0) {
+    return Finish("Pull", absl::InvalidArgumentError(absl::StrCat("job ", request->job_id(), ": pull asks for unknown wire format ",
+                                                                  static_cast<int>(request->format()),
+                                                                  " (known: WIRE_FP32, WIRE_BF16, WIRE_FP16)")),
+                  request->ByteSizeLong(), 0);
+  }
   for (int32_t chunk_id : request->chunk_ids()) {
     v1::ChunkData* chunk = response->add_chunks();
     chunk->set_chunk_id(chunk_id);
+    chunk->set_format(request->format());
     int64_t version = 0;
     int64_t clock = 0;
     absl::Status status = (*shard)->Pull(chunk_id, request->min_version(), request->min_clock(), deadline,
-                                         chunk->mutable_data(), &version, &clock);
+                                         chunk->mutable_data(), &version, &clock, request->format());
     chunk->set_clock(clock);
     if (!status.ok()) return Finish("Pull", status, request->ByteSizeLong(), 0);
     chunk->set_version(version);

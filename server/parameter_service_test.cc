@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/half.h"
 #include "common/kv_store.h"
 #include "common/metrics.h"
 #include "common/rpc.h"
@@ -596,6 +597,84 @@ TEST_F(ParameterServiceTest, SetupJobWithEmptyChunkIsInvalidArgument) {
       HasError(SetupJob(server_->stub(), setup), grpc::StatusCode::INVALID_ARGUMENT, "chunk 1 has length 0"));
   EXPECT_TRUE(HasError(Pull(server_->stub(), "job", 0, 1).status, grpc::StatusCode::NOT_FOUND,
                        "job job is not set up on this server"));
+}
+
+// Push number `seq` (partition 0's step seq - 1) of `gradient` for chunk 0,
+// encoded in `format` (16-bit values rounded to nearest even).
+v1::PushRequest MakeWirePush(int64_t seq, v1::WireFormat format, const std::vector<float>& gradient) {
+  v1::PushRequest request = MakePush("job", seq, /*step=*/seq - 1, 1, {{0, {}}});
+  v1::ChunkData* chunk = request.mutable_chunks(0);
+  chunk->set_format(format);
+  EncodeValues(format, gradient.data(), static_cast<int64_t>(gradient.size()), chunk->mutable_data());
+  return request;
+}
+
+// A pull of chunk 0 in `format`.
+grpc::Status PullIn(v1::ParameterService::Stub* stub, v1::WireFormat format, v1::PullResponse* response) {
+  v1::PullRequest request;
+  request.set_job_id("job");
+  request.add_chunk_ids(0);
+  request.set_map_version(1);
+  request.set_format(format);
+  grpc::ClientContext context;
+  SetDeadline(&context, kRpcSeconds);
+  return stub->Pull(&context, request, response);
+}
+
+// 16-bit pushes are widened to float32 on arrival (the chunk keeps float32);
+// 16-bit pulls get the float32 values rounded to nearest even.
+TEST_F(ParameterServiceTest, SixteenBitPushesAreWidenedAndPullsRoundedFromFloat32) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakeWirePush(1, v1::WIRE_BF16, kGradient))));  // exact in bf16
+  ExpectChunk(server_.get(), "job", 0, 1, kOneStep, 1);
+  // Not a bf16 value: the push carries its rounding, 1 + 2^-7.
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakeWirePush(2, v1::WIRE_BF16, {1.0f + 0x1p-7f + 0x1p-12f, 0, 0, 0}))));
+  const std::vector<float> two_steps = {-0.5f - 0.5f * (1.0f + 0x1p-7f), -1.0f, -1.5f, -2.0f};
+  ExpectChunk(server_.get(), "job", 0, 1, two_steps, 2);
+  // fp16 keeps 10 fraction bits: 2^-10 arrives exactly.
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakeWirePush(3, v1::WIRE_FP16, {0x1p-10f, 0, 0, 0}))));
+  std::vector<float> three_steps = two_steps;
+  three_steps[0] -= 0.5f * 0x1p-10f;
+  ExpectChunk(server_.get(), "job", 0, 1, three_steps, 3);
+
+  for (v1::WireFormat format : {v1::WIRE_BF16, v1::WIRE_FP16}) {
+    v1::PullResponse response;
+    ASSERT_TRUE(IsOk(PullIn(server_->stub(), format, &response)));
+    ASSERT_EQ(response.chunks_size(), 1);
+    EXPECT_EQ(response.chunks(0).format(), format);
+    ASSERT_EQ(response.chunks(0).data().size(), 2 * kChunkLength) << WireFormatName(format);
+    std::vector<float> pulled(kChunkLength);
+    ASSERT_TRUE(fulcrum::DecodeValues(format, response.chunks(0).data(), kChunkLength, pulled.data(), "pulled").ok());
+    for (int64_t i = 0; i < kChunkLength; ++i) {
+      const float expected = format == v1::WIRE_BF16 ? Bf16ToFloat(FloatToBf16(three_steps[i]))
+                                                     : Fp16ToFloat(FloatToFp16(three_steps[i]));
+      EXPECT_EQ(pulled[i], expected) << WireFormatName(format) << " element " << i;
+    }
+    EXPECT_EQ(response.chunks(0).version(), 3);
+  }
+  EXPECT_NE(Bf16ToFloat(FloatToBf16(three_steps[0])), three_steps[0]) << "the bf16 pull must have rounded";
+}
+
+TEST_F(ParameterServiceTest, BadSixteenBitPushesAndPullsAreRefusedClearly) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  // Beyond fp16's range: the value arrives as inf.
+  EXPECT_TRUE(HasError(Push(server_->stub(), MakeWirePush(1, v1::WIRE_FP16, {70000.0f, 0, 0, 0})),
+                       grpc::StatusCode::INVALID_ARGUMENT, "beyond fp16's range (wireFormat WIRE_FP16)"));
+  // float32 bytes labelled bf16.
+  v1::PushRequest mislabelled = MakePush("job", 2, 0, 1, {{0, kGradient}});
+  mislabelled.mutable_chunks(0)->set_format(v1::WIRE_BF16);
+  EXPECT_TRUE(HasError(Push(server_->stub(), mislabelled), grpc::StatusCode::INVALID_ARGUMENT,
+                       "payload has 16 bytes, expected 8 (4 bf16 values)"));
+  v1::PushRequest unknown = MakePush("job", 3, 0, 1, {{0, kGradient}});
+  unknown.mutable_chunks(0)->set_format(static_cast<v1::WireFormat>(7));
+  EXPECT_TRUE(HasError(Push(server_->stub(), unknown), grpc::StatusCode::INVALID_ARGUMENT, "unknown wire format 7"));
+  v1::PullResponse response;
+  EXPECT_TRUE(HasError(PullIn(server_->stub(), static_cast<v1::WireFormat>(9), &response),
+                       grpc::StatusCode::INVALID_ARGUMENT, "pull asks for unknown wire format 9"));
+  // Nothing was applied, and the server keeps serving.
+  ExpectChunk(server_.get(), "job", 0, 1, kZeros, 0);
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakeWirePush(4, v1::WIRE_FP16, kGradient))));
+  ExpectChunk(server_.get(), "job", 0, 1, kOneStep, 1);
 }
 
 }  // namespace

@@ -64,13 +64,16 @@ namespace {
 absl::Status DecodeGradient(const PushArgs& args, const ChunkConfig& config, const std::string& job_id,
                             std::vector<float>* grad) {
   grad->resize(config.length);
-  RETURN_IF_ERROR(DecodeFloats(args.gradient, config.length, grad->data(),
+  RETURN_IF_ERROR(DecodeValues(args.format, args.gradient, config.length, grad->data(),
                                absl::StrCat("push to chunk ", config.chunk_id, " of job ", job_id)));
   for (int64_t i = 0; i < config.length; ++i) {
     if (!std::isfinite((*grad)[i])) {
+      const bool fp16_overflow = args.format == v1::WIRE_FP16 && std::isinf((*grad)[i]);
       return absl::InvalidArgumentError(absl::StrCat(
           "push from worker ", args.worker_id, " to chunk ", config.chunk_id, " of job ", job_id,
-          " has a non-finite gradient (", (*grad)[i], ") at element ", i, ": the model diverged; lower optimizer.lr"));
+          " has a non-finite gradient (", (*grad)[i], ") at element ", i,
+          fp16_overflow ? ": beyond fp16's range (wireFormat WIRE_FP16); use WIRE_BF16 or lower optimizer.lr"
+                        : ": the model diverged; lower optimizer.lr"));
     }
   }
   return absl::OkStatus();
@@ -146,7 +149,7 @@ int64_t Chunk::MinClockLocked() const {
 }
 
 absl::Status Chunk::Pull(int64_t min_version, int64_t min_clock, absl::Time deadline, std::string* data,
-                         int64_t* version, int64_t* clock) {
+                         int64_t* version, int64_t* clock, v1::WireFormat format) {
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return (version_ >= min_version && MinClockLocked() >= min_clock) || !dropped_reason_.empty() ||
@@ -163,7 +166,7 @@ absl::Status Chunk::Pull(int64_t min_version, int64_t min_clock, absl::Time dead
   if (!dropped_reason_.empty()) {
     return DroppedError();
   }
-  EncodeFloats(values_.data(), config_.length, data);
+  EncodeValues(format, values_.data(), config_.length, data);
   *version = version_;
   if (clock != nullptr) *clock = MinClockLocked();
   return absl::OkStatus();
@@ -331,9 +334,9 @@ absl::StatusOr<PushOutcome> JobShard::Push(const PushArgs& args) {
 }
 
 absl::Status JobShard::Pull(int32_t chunk_id, int64_t min_version, int64_t min_clock, absl::Time deadline,
-                            std::string* data, int64_t* version, int64_t* clock) {
+                            std::string* data, int64_t* version, int64_t* clock, v1::WireFormat format) {
   ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
-  return chunk->Pull(min_version, min_clock, deadline, data, version, clock);
+  return chunk->Pull(min_version, min_clock, deadline, data, version, clock, format);
 }
 
 absl::StatusOr<ChunkSnapshot> JobShard::Snapshot(int32_t chunk_id) const {

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/param_init.h"
+#include "fulcrum/v1/job.pb.h"
 #include "server/lr_schedule.h"
 #include "server/optimizer.h"
 
@@ -59,7 +60,8 @@ struct PushArgs {
   int64_t seq = 0;
   int64_t step = 0;
   int32_t chunk_id = 0;
-  absl::string_view gradient;  // raw little-endian float32
+  absl::string_view gradient;  // little-endian values in `format`
+  v1::WireFormat format = v1::WIRE_FP32;
   // The training examples behind the gradient: how many, and the sum of
   // their ExampleDigest values (audits that each example counts once).
   int64_t examples = 0;
@@ -98,8 +100,9 @@ class Chunk {
   // (SSP) every data partition has at least `min_clock` steps in, reporting
   // the version and the slowest partition's clock. DEADLINE_EXCEEDED at
   // `deadline`; ABORTED if the job is dropped here meanwhile.
+  // `data` gets the values encoded in `format`.
   absl::Status Pull(int64_t min_version, int64_t min_clock, absl::Time deadline, std::string* data,
-                    int64_t* version, int64_t* clock = nullptr);
+                    int64_t* version, int64_t* clock = nullptr, v1::WireFormat format = v1::WIRE_FP32);
 
   ChunkSnapshot Snapshot() const;
   // Replaces this replica's state. INVALID_ARGUMENT if the shapes differ.
@@ -181,7 +184,8 @@ class JobShard {
   // state. `chunks` and `snapshots` correspond.
   absl::Status AdoptChunks(const std::vector<ChunkConfig>& chunks, const std::vector<ChunkSnapshot>& snapshots);
   absl::Status Pull(int32_t chunk_id, int64_t min_version, int64_t min_clock, absl::Time deadline,
-                    std::string* data, int64_t* version, int64_t* clock = nullptr);
+                    std::string* data, int64_t* version, int64_t* clock = nullptr,
+                    v1::WireFormat format = v1::WIRE_FP32);
   // Snapshots every chunk for a checkpoint at `at_version` (see
   // Chunk::ArmCapture): all are armed before any is waited for, so each is
   // cut at the same step. On error nothing stays armed.

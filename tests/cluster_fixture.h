@@ -226,6 +226,14 @@ inline std::pair<int, std::string> RunCli(const std::string& args) {
 }
 
 // A plain HTTP/1.0 GET; returns the whole response (status line, headers, body).
+// The value of the sample `name` (with its labels, as exposed) in a
+// Prometheus text exposition; -1 if absent.
+inline double MetricValue(const std::string& body, const std::string& name) {
+  size_t at = body.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::atof(body.c_str() + at + name.size() + 2);
+}
+
 inline std::string HttpGet(const std::string& address, const std::string& path) {
   std::string host = address.substr(0, address.rfind(':'));
   int port = std::atoi(address.substr(address.rfind(':') + 1).c_str());

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "client/local_cluster.h"
 #include "tests/cluster_fixture.h"
 #include "common/rpc.h"
+#include "common/tensor_codec.h"
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "worker/parameter_client.h"
@@ -79,6 +81,69 @@ TEST_F(ClusterTest, AspJobLearns) {
   ASSERT_GT(done.history_size(), 0);
   EXPECT_LT(done.progress().train_loss(), 0.3);
   EXPECT_GT(done.progress().test_accuracy(), 0.9);
+}
+
+// A 16-bit wire format halves what pushes carry and trains as well: the
+// same job in fp32, bf16 and fp16 (servers count the payload bytes).
+TEST_F(ClusterTest, SixteenBitWireFormatsTrainAlikeOnHalfTheBytes) {
+  const std::string pushed = "fulcrum_rpc_received_bytes_total{method=\"Push\"}";
+  const std::string pulled = "fulcrum_rpc_sent_bytes_total{method=\"Pull\"}";
+  auto servers_total = [&](const std::string& metric) {
+    double total = 0;
+    for (const auto& process : cluster_->file().processes()) {
+      if (process.role() != "server") continue;
+      double value = MetricValue(HttpGet(process.metrics_address(), "/metrics"), metric);
+      total += std::max(0.0, value);
+    }
+    return total;
+  };
+  struct Run {
+    double accuracy;
+    double push_bytes;
+    double pull_bytes;
+    int64_t pushes;
+    std::vector<float> parameters;
+  };
+  std::map<v1::WireFormat, Run> runs;
+  for (v1::WireFormat format : {v1::WIRE_FP32, v1::WIRE_BF16, v1::WIRE_FP16}) {
+    v1::JobSpec spec = SyntheticSpec(v1::BSP, 2, 32, 0);
+    spec.mutable_model()->set_hidden_sizes(0, 256);  // 6.4 K parameters: payload, not headers, dominates
+    spec.set_wire_format(format);
+    const double push_before = servers_total(pushed), pull_before = servers_total(pulled);
+    v1::JobStatus done;
+    RunToSuccess(spec, &done);
+    ASSERT_EQ(done.spec().wire_format(), format);
+    runs[format] = {done.progress().test_accuracy(), servers_total(pushed) - push_before,
+                    servers_total(pulled) - pull_before, done.progress().step(), FinalParameters(done)};
+  }
+  const Run& fp32 = runs[v1::WIRE_FP32];
+  EXPECT_GT(fp32.accuracy, 0.9);
+  ASSERT_GT(fp32.push_bytes, 0);
+  for (v1::WireFormat format : {v1::WIRE_BF16, v1::WIRE_FP16}) {
+    const Run& run = runs[format];
+    const char* name = WireFormatName(format);
+    EXPECT_EQ(run.pushes, fp32.pushes) << name;
+    EXPECT_NEAR(run.accuracy, fp32.accuracy, 0.02) << name;
+    // Workers computed on rounded parameters and sent rounded gradients: the
+    // result differs from fp32's, a little.
+    ASSERT_EQ(run.parameters.size(), fp32.parameters.size());
+    double max_diff = 0, max_scale = 0;
+    for (size_t i = 0; i < run.parameters.size(); ++i) {
+      max_diff = std::max(max_diff, std::fabs(double{run.parameters[i]} - fp32.parameters[i]));
+      max_scale = std::max(max_scale, std::fabs(double{fp32.parameters[i]}));
+    }
+    EXPECT_GT(max_diff, 0) << name << ": no rounding happened";
+    EXPECT_LT(max_diff, 0.1 * max_scale) << name;
+    // The same pushes (BSP: one per partition and step) with half the
+    // payload; message headers (ids, step, audit) stay.
+    const double push_ratio = run.push_bytes / fp32.push_bytes;
+    std::fprintf(stderr, "%s: test accuracy %.4f (fp32 %.4f), parameters differ by at most %g (largest %g), "
+                 "push bytes %.0f (%.3f of fp32), pull bytes %.0f (%.3f)\n", name, run.accuracy, fp32.accuracy,
+                 max_diff, max_scale, run.push_bytes, push_ratio, run.pull_bytes, run.pull_bytes / fp32.pull_bytes);
+    EXPECT_GT(push_ratio, 0.45) << name;
+    EXPECT_LT(push_ratio, 0.6) << name;
+    EXPECT_LT(run.pull_bytes, 0.7 * fp32.pull_bytes) << name << ": " << run.pull_bytes << " vs " << fp32.pull_bytes;
+  }
 }
 
 TEST_F(ClusterTest, CancelStopsARunningJobAndFreesItsWorkers) {
@@ -445,12 +510,6 @@ TEST_F(ServerFailoverTest, AspReplicasStayBitIdentical) {
     ASSERT_EQ(a.optimizer_state_size(), b.optimizer_state_size());
     for (int i = 0; i < a.optimizer_state_size(); ++i) EXPECT_TRUE(a.optimizer_state(i) == b.optimizer_state(i));
   }
-}
-
-double MetricValue(const std::string& body, const std::string& name) {
-  size_t at = body.find("\n" + name + " ");
-  if (at == std::string::npos) return -1;
-  return std::atof(body.c_str() + at + name.size() + 2);
 }
 
 // The primary is cut off (SIGSTOP) past its lease, so the scheduler fails it

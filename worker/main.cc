@@ -25,6 +25,9 @@ ABSL_FLAG(std::string, id, "", "Requested member id (default: assigned by the sc
 ABSL_FLAG(std::string, device, "auto",
           "auto (a GPU when a CUDA driver and device are present, else the CPU), cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, port_file, "", "Write the bound ports as JSON to this file");
+ABSL_FLAG(bool, overlap_push, true,
+          "Push each layer's gradients while the backward pass computes the layers below (false: after the whole "
+          "pass; for measuring what the overlap gains)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
 // Weak: absent when the CPU backend runs on a reference BLAS.
@@ -112,8 +115,10 @@ int main(int argc, char** argv) {
                             .Help("Backend (GPU) memory the worker holds, in use and cached; 0 on the CPU")
                             .Register((*metrics)->registry())
                             .Add({});
-  WorkerDaemon daemon(backend.get(), {&step_seconds, &steps_total, &examples_total, &pull_wait, &staleness,
-                                      &compute_seconds, &device_memory});
+  WorkerDaemon daemon(backend.get(),
+                      {&step_seconds, &steps_total, &examples_total, &pull_wait, &staleness, &compute_seconds,
+                       &device_memory},
+                      absl::GetFlag(FLAGS_overlap_push));
   MembershipClient::Options options;
   options.scheduler = absl::GetFlag(FLAGS_scheduler);
   options.role = v1::WORKER;

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -19,36 +21,49 @@ constexpr int kMaxAttempts = 5;
 
 }  // namespace
 
-ParameterClient::ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id,
-                                 std::function<bool()> superseded)
-    : map_(map), superseded_(std::move(superseded)), job_id_(std::move(job_id)), worker_id_(std::move(worker_id)) {
+std::vector<ParameterClient::Batch> ParameterClient::GroupByServer(const v1::ShardMap& map,
+                                                                   const std::vector<int>& chunks, int element_bytes) {
   std::map<std::string, std::vector<int>> by_server;
-  for (int i = 0; i < map_.chunks_size(); ++i) {
-    by_server[map_.shards(map_.chunks(i).shard()).address()].push_back(i);
-  }
-  for (auto& [address, chunks] : by_server) {
-    Batch batch{address, {}};
+  for (int chunk : chunks) by_server[map.shards(map.chunks(chunk).shard()).address()].push_back(chunk);
+  std::vector<ParameterClient::Batch> batches;
+  for (auto& [address, indices] : by_server) {
+    ParameterClient::Batch batch{address, {}};
     int64_t bytes = 0;
-    for (int chunk : chunks) {
-      int64_t chunk_bytes = map_.chunks(chunk).length() * 4;
-      if (!batch.chunks.empty() && bytes + chunk_bytes > kMaxBatchBytes) {
-        batches_.push_back(batch);
+    for (int chunk : indices) {
+      const int64_t chunk_bytes = map.chunks(chunk).length() * element_bytes;
+      if (!batch.chunks.empty() && bytes + chunk_bytes > ParameterClient::kMaxBatchBytes) {
+        batches.push_back(batch);
         batch.chunks.clear();
         bytes = 0;
       }
       batch.chunks.push_back(chunk);
       bytes += chunk_bytes;
     }
-    if (!batch.chunks.empty()) batches_.push_back(batch);
-    stubs_[address] = v1::ParameterService::NewStub(MakeChannel(address));
+    if (!batch.chunks.empty()) batches.push_back(batch);
   }
-  for (const auto& chunk : map_.chunks()) total_bytes_ += chunk.length() * 4;
+  return batches;
 }
 
-std::vector<std::vector<float>> ParameterClient::MakeBuffers() const {
-  std::vector<std::vector<float>> buffers;
-  for (const auto& tensor : map_.tensors()) buffers.emplace_back(tensor.size(), 0.0f);
-  return buffers;
+ParameterClient::ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id,
+                                 std::function<bool()> superseded, v1::WireFormat format)
+    : map_(map),
+      superseded_(std::move(superseded)),
+      format_(format == v1::WIRE_FORMAT_UNSPECIFIED ? v1::WIRE_FP32 : format),
+      job_id_(std::move(job_id)),
+      worker_id_(std::move(worker_id)) {
+  const int element_bytes = std::max(1, WireBytes(format_));
+  std::vector<int> all(map_.chunks_size());
+  tensor_chunks_.resize(map_.tensors_size());
+  for (int i = 0; i < map_.chunks_size(); ++i) {
+    all[i] = i;
+    const int tensor = map_.chunks(i).tensor();
+    if (tensor >= 0 && tensor < map_.tensors_size()) tensor_chunks_[tensor].push_back(i);
+    total_bytes_ += map_.chunks(i).length() * element_bytes;
+  }
+  batches_ = GroupByServer(map_, all, element_bytes);
+  for (const Batch& batch : batches_) {
+    if (stubs_.count(batch.address) == 0) stubs_[batch.address] = v1::ParameterService::NewStub(MakeChannel(batch.address));
+  }
 }
 
 v1::ParameterService::Stub* ParameterClient::Stub(const std::string& address) {
@@ -56,14 +71,13 @@ v1::ParameterService::Stub* ParameterClient::Stub(const std::string& address) {
 }
 
 template <typename Request, typename Response>
-absl::Status ParameterClient::RunAll(const std::vector<Request>& requests,
-                                     std::vector<Response>* responses, bool pull,
-                                     absl::Duration timeout) {
+absl::Status ParameterClient::RunAll(const std::vector<Request>& requests, const std::vector<std::string>& addresses,
+                                     std::vector<Response>* responses, bool pull, absl::Duration timeout,
+                                     int first_attempt, absl::Status last) {
   responses->assign(requests.size(), Response());
   std::vector<size_t> todo(requests.size());
   for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
-  absl::Status last;
-  for (int attempt = 0; attempt < kMaxAttempts && !todo.empty(); ++attempt) {
+  for (int attempt = first_attempt; attempt < kMaxAttempts && !todo.empty(); ++attempt) {
     if (attempt > 0) {  // backoff before retrying UNAVAILABLE, unless a newer map is out
       const absl::Time until = absl::Now() + absl::Milliseconds(100 << attempt);
       while (absl::Now() < until) {
@@ -83,7 +97,7 @@ absl::Status ParameterClient::RunAll(const std::vector<Request>& requests,
         results[k] = std::move(status);
         --remaining;
       };
-      auto* async = Stub(batches_[i].address)->async();
+      auto* async = Stub(addresses[i])->async();
       if constexpr (std::is_same_v<Request, v1::PullRequest>) {
         async->Pull(&contexts[k], &requests[i], &(*responses)[i], done);
       } else {
@@ -99,7 +113,7 @@ absl::Status ParameterClient::RunAll(const std::vector<Request>& requests,
     for (size_t k = 0; k < todo.size(); ++k) {
       if (results[k].ok()) continue;
       last = absl::Status(FromGrpcStatus(results[k]).code(),
-                          absl::StrCat(pull ? "pull from " : "push to ", batches_[todo[k]].address,
+                          absl::StrCat(pull ? "pull from " : "push to ", addresses[todo[k]],
                                        ": ", results[k].error_message()));
       if (results[k].error_code() != grpc::StatusCode::UNAVAILABLE) return last;
       retry.push_back(todo[k]);
@@ -109,19 +123,229 @@ absl::Status ParameterClient::RunAll(const std::vector<Request>& requests,
   return todo.empty() ? absl::OkStatus() : last;
 }
 
+namespace {
+
+// Chunk payloads into and out of host buffers: float32 ones convert to and
+// from the wire format, 16-bit ones (packed or unpacked on a device) are the
+// wire values themselves.
+absl::Status DecodeChunk(v1::WireFormat format, absl::string_view bytes, int64_t n, float* out,
+                         absl::string_view what) {
+  return DecodeValues(format, bytes, n, out, what);
+}
+absl::Status DecodeChunk(v1::WireFormat, absl::string_view bytes, int64_t n, uint16_t* out, absl::string_view what) {
+  return DecodeHalves(bytes, n, out, what);
+}
+void EncodeChunk(v1::WireFormat format, const float* values, int64_t n, std::string* out) {
+  EncodeValues(format, values, n, out);
+}
+void EncodeChunk(v1::WireFormat, const uint16_t* values, int64_t n, std::string* out) { EncodeHalves(values, n, out); }
+
+// 16-bit host buffers need a 16-bit wire format.
+template <typename T>
+absl::Status CheckBufferType(v1::WireFormat format, const char* what) {
+  if (std::is_same_v<T, uint16_t> && !IsHalfWire(format)) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " of 16-bit values, but the wire format is ",
+                                                      WireFormatName(format)));
+  }
+  return absl::OkStatus();
+}
+
+// fp16 holds |x| <= 65504: a larger gradient would arrive as inf, which the
+// servers refuse; say so here, naming the tensor, and send nothing of it.
+// float32 values: 65520 and beyond round to inf.
+absl::Status Fp16Overflow(const std::string& tensor, size_t i, float value) {
+  if (std::fabs(value) < 65520.0f || !std::isfinite(value)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("gradient of ", tensor, " has ", value, " at element ", i,
+                                                 ", beyond fp16's range (wireFormat WIRE_FP16): use WIRE_BF16 "
+                                                 "or lower optimizer.lr"));
+}
+// Packed on a device: the overflow is already an infinity.
+absl::Status Fp16Overflow(const std::string& tensor, size_t i, uint16_t value) {
+  if ((value & 0x7FFF) != 0x7C00) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("gradient of ", tensor, " overflowed fp16 at element ", i,
+                                                 " (|g| > 65504; wireFormat WIRE_FP16): use WIRE_BF16 or lower "
+                                                 "optimizer.lr"));
+}
+
+template <typename T>
+absl::Status CheckFp16Range(const v1::ShardMap& map, const std::vector<int>& tensors,
+                            const std::vector<std::vector<T>>& grads) {
+  for (int t : tensors) {
+    for (size_t i = 0; i < grads[t].size(); ++i) RETURN_IF_ERROR(Fp16Overflow(map.tensors(t).name(), i, grads[t][i]));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParameterClient::Pull(int64_t min_version, absl::Duration timeout, std::vector<std::vector<float>>* params,
+                                   Versions* versions, int64_t min_clock) {
+  return PullInto(min_version, timeout, params, versions, min_clock);
+}
+
 absl::Status ParameterClient::Pull(int64_t min_version, absl::Duration timeout,
-                                   std::vector<std::vector<float>>* params, Versions* versions,
-                                   int64_t min_clock) {
+                                   std::vector<std::vector<uint16_t>>* params, Versions* versions, int64_t min_clock) {
+  return PullInto(min_version, timeout, params, versions, min_clock);
+}
+
+absl::Status ParameterClient::Push(int64_t seq, int32_t partition, int64_t step,
+                                   const std::vector<std::vector<float>>& grads, absl::Duration timeout,
+                                   int64_t examples, uint64_t examples_digest) {
+  std::unique_ptr<PushStream> stream = StartPush(seq, partition, step, timeout, examples, examples_digest);
+  std::vector<int> all(map_.tensors_size());
+  for (int t = 0; t < map_.tensors_size(); ++t) all[t] = t;
+  stream->Send(all, grads);
+  return stream->Finish();
+}
+
+absl::Status ParameterClient::Push(int64_t seq, int32_t partition, int64_t step,
+                                   const std::vector<std::vector<uint16_t>>& grads, absl::Duration timeout,
+                                   int64_t examples, uint64_t examples_digest) {
+  std::unique_ptr<PushStream> stream = StartPush(seq, partition, step, timeout, examples, examples_digest);
+  std::vector<int> all(map_.tensors_size());
+  for (int t = 0; t < map_.tensors_size(); ++t) all[t] = t;
+  stream->Send(all, grads);
+  return stream->Finish();
+}
+
+// --- PushStream ----------------------------------------------------------------
+
+struct ParameterClient::PushStream::Call {
+  v1::PushRequest request;
+  v1::PushResponse response;
+  grpc::ClientContext context;
+  grpc::Status status;
+  std::string address;
+};
+
+std::unique_ptr<ParameterClient::PushStream> ParameterClient::StartPush(int64_t seq, int32_t partition, int64_t step,
+                                                                        absl::Duration timeout, int64_t examples,
+                                                                        uint64_t examples_digest) {
+  v1::PushRequest header;
+  header.set_job_id(job_id_);
+  header.set_map_version(map_.version());
+  header.set_worker_id(worker_id_);
+  header.set_partition(partition);
+  header.set_seq(seq);
+  header.set_step(step);
+  header.set_examples(examples);
+  header.set_examples_digest(examples_digest);
+  return std::unique_ptr<PushStream>(new PushStream(this, std::move(header), timeout));
+}
+
+ParameterClient::PushStream::PushStream(ParameterClient* client, v1::PushRequest header, absl::Duration timeout)
+    : client_(client), header_(std::move(header)), timeout_(timeout), sent_(client->map_.tensors_size(), false) {}
+
+ParameterClient::PushStream::~PushStream() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
+}
+
+void ParameterClient::PushStream::Send(const std::vector<int>& tensors, const std::vector<std::vector<float>>& grads) {
+  SendTensors(tensors, grads);
+}
+
+void ParameterClient::PushStream::Send(const std::vector<int>& tensors,
+                                       const std::vector<std::vector<uint16_t>>& grads) {
+  SendTensors(tensors, grads);
+}
+
+template <typename T>
+void ParameterClient::PushStream::SendTensors(const std::vector<int>& tensors,
+                                              const std::vector<std::vector<T>>& grads) {
+  if (!error_.ok()) return;
+  const v1::ShardMap& map = client_->map_;
+  const v1::WireFormat format = client_->format_;
+  error_ = CheckBufferType<T>(format, "push");
+  for (int t : tensors) {
+    if (!error_.ok()) break;
+    if (t < 0 || t >= map.tensors_size() || sent_[t] || static_cast<int64_t>(grads.size()) <= t ||
+        static_cast<int64_t>(grads[t].size()) != map.tensors(t).size()) {
+      error_ = absl::InternalError(absl::StrCat("push of seq ", header_.seq(), ": tensor ", t,
+                                                " is out of range, sent twice or of the wrong size"));
+    }
+  }
+  if (error_.ok() && format == v1::WIRE_FP16) error_ = CheckFp16Range(map, tensors, grads);
+  if (!error_.ok()) return;
+  std::vector<int> chunks;
+  for (int t : tensors) {
+    sent_[t] = true;
+    chunks.insert(chunks.end(), client_->tensor_chunks_[t].begin(), client_->tensor_chunks_[t].end());
+  }
+  for (const Batch& batch : GroupByServer(map, chunks, WireBytes(format))) {
+    auto call = std::make_unique<Call>();
+    call->request = header_;
+    call->address = batch.address;
+    for (int index : batch.chunks) {
+      const v1::ChunkLocation& chunk = map.chunks(index);
+      v1::ChunkData* data = call->request.add_chunks();
+      data->set_chunk_id(chunk.chunk_id());
+      data->set_format(format);
+      EncodeChunk(format, grads[chunk.tensor()].data() + chunk.offset(), chunk.length(), data->mutable_data());
+    }
+    SetDeadline(&call->context, absl::ToDoubleSeconds(timeout_));
+    Call* raw = call.get();
+    calls_.push_back(std::move(call));
+    {
+      absl::MutexLock lock(&mu_);
+      ++in_flight_;
+    }
+    client_->Stub(raw->address)->async()->Push(&raw->context, &raw->request, &raw->response,
+                                               [this, raw](grpc::Status status) { Done(raw, std::move(status)); });
+  }
+}
+
+void ParameterClient::PushStream::Done(Call* call, grpc::Status status) {
+  absl::MutexLock lock(&mu_);
+  call->status = std::move(status);
+  --in_flight_;
+}
+
+absl::Status ParameterClient::PushStream::Finish() {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
+  }
+  RETURN_IF_ERROR(error_);
+  for (int t = 0; t < static_cast<int>(sent_.size()); ++t) {
+    if (!sent_[t]) {
+      return absl::FailedPreconditionError(absl::StrCat("push of seq ", header_.seq(), ": tensor ",
+                                                        client_->map_.tensors(t).name(), " was never sent"));
+    }
+  }
+  std::vector<v1::PushRequest> retry;
+  std::vector<std::string> addresses;
+  absl::Status last;
+  for (const auto& call : calls_) {
+    if (call->status.ok()) continue;
+    last = absl::Status(FromGrpcStatus(call->status).code(),
+                        absl::StrCat("push to ", call->address, ": ", call->status.error_message()));
+    if (call->status.error_code() != grpc::StatusCode::UNAVAILABLE) return last;
+    retry.push_back(std::move(call->request));
+    addresses.push_back(call->address);
+  }
+  if (retry.empty()) return absl::OkStatus();
+  std::vector<v1::PushResponse> responses;
+  return client_->RunAll(retry, addresses, &responses, /*pull=*/false, timeout_, /*first_attempt=*/1, last);
+}
+
+template <typename T>
+absl::Status ParameterClient::PullInto(int64_t min_version, absl::Duration timeout,
+                                       std::vector<std::vector<T>>* params, Versions* versions, int64_t min_clock) {
+  RETURN_IF_ERROR(CheckBufferType<T>(format_, "pull"));
   std::vector<v1::PullRequest> requests(batches_.size());
   for (size_t i = 0; i < batches_.size(); ++i) {
     requests[i].set_job_id(job_id_);
     requests[i].set_min_version(min_version);
     requests[i].set_map_version(map_.version());
     requests[i].set_min_clock(min_clock);
+    requests[i].set_format(format_);
     for (int chunk : batches_[i].chunks) requests[i].add_chunk_ids(map_.chunks(chunk).chunk_id());
   }
+  std::vector<std::string> addresses;
+  for (const Batch& batch : batches_) addresses.push_back(batch.address);
   std::vector<v1::PullResponse> responses;
-  RETURN_IF_ERROR(RunAll(requests, &responses, /*pull=*/true, timeout));
+  RETURN_IF_ERROR(RunAll(requests, addresses, &responses, /*pull=*/true, timeout));
   Versions seen{INT64_MAX, 0, INT64_MAX};
   for (size_t i = 0; i < batches_.size(); ++i) {
     if (responses[i].chunks_size() != static_cast<int>(batches_[i].chunks.size())) {
@@ -131,41 +355,23 @@ absl::Status ParameterClient::Pull(int64_t min_version, absl::Duration timeout,
     }
     for (size_t c = 0; c < batches_[i].chunks.size(); ++c) {
       const v1::ChunkLocation& chunk = map_.chunks(batches_[i].chunks[c]);
-      float* out = (*params)[chunk.tensor()].data() + chunk.offset();
-      RETURN_IF_ERROR(DecodeFloats(responses[i].chunks(c).data(), chunk.length(), out,
-                                   absl::StrCat("pulled chunk ", chunk.chunk_id())));
-      seen.min = std::min(seen.min, responses[i].chunks(c).version());
-      seen.max = std::max(seen.max, responses[i].chunks(c).version());
-      seen.clock = std::min(seen.clock, responses[i].chunks(c).clock());
+      const v1::ChunkData& data = responses[i].chunks(c);
+      const v1::WireFormat got = data.format() == v1::WIRE_FORMAT_UNSPECIFIED ? v1::WIRE_FP32 : data.format();
+      if (got != format_) {  // a server that ignores PullRequest.format
+        return absl::InternalError(absl::StrCat("pull from ", batches_[i].address, " returned chunk ", chunk.chunk_id(),
+                                                " in ", WireFormatName(got), ", asked for ", WireFormatName(format_)));
+      }
+      T* out = (*params)[chunk.tensor()].data() + chunk.offset();
+      RETURN_IF_ERROR(DecodeChunk(format_, data.data(), chunk.length(), out,
+                                  absl::StrCat("pulled chunk ", chunk.chunk_id())));
+      seen.min = std::min(seen.min, data.version());
+      seen.max = std::max(seen.max, data.version());
+      seen.clock = std::min(seen.clock, data.clock());
     }
   }
   if (versions != nullptr) *versions = batches_.empty() ? Versions() : seen;
   return absl::OkStatus();
 }
 
-absl::Status ParameterClient::Push(int64_t seq, int32_t partition, int64_t step,
-                                   const std::vector<std::vector<float>>& grads, absl::Duration timeout,
-                                   int64_t examples, uint64_t examples_digest) {
-  std::vector<v1::PushRequest> requests(batches_.size());
-  for (size_t i = 0; i < batches_.size(); ++i) {
-    v1::PushRequest& request = requests[i];
-    request.set_job_id(job_id_);
-    request.set_map_version(map_.version());
-    request.set_worker_id(worker_id_);
-    request.set_partition(partition);
-    request.set_seq(seq);
-    request.set_step(step);
-    request.set_examples(examples);
-    request.set_examples_digest(examples_digest);
-    for (int index : batches_[i].chunks) {
-      const v1::ChunkLocation& chunk = map_.chunks(index);
-      v1::ChunkData* data = request.add_chunks();
-      data->set_chunk_id(chunk.chunk_id());
-      EncodeFloats(grads[chunk.tensor()].data() + chunk.offset(), chunk.length(), data->mutable_data());
-    }
-  }
-  std::vector<v1::PushResponse> responses;
-  return RunAll(requests, &responses, /*pull=*/false, timeout);
-}
 
 }  // namespace fulcrum

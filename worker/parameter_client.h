@@ -2,7 +2,8 @@
 // parameters from the servers named by the shard map. Requests to different
 // servers (and batches of chunks up to kMaxBatchBytes) run in parallel;
 // UNAVAILABLE is retried with backoff, which (worker, seq) deduplication on
-// the servers makes safe for pushes.
+// the servers makes safe for pushes. A push can also go out tensor by tensor
+// while the backward pass still runs (PushStream).
 #ifndef FULCRUM_WORKER_PARAMETER_CLIENT_H_
 #define FULCRUM_WORKER_PARAMETER_CLIENT_H_
 
@@ -12,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "fulcrum/v1/shard_map.pb.h"
@@ -28,11 +31,17 @@ class ParameterClient {
   // `superseded` (optional) says whether a newer shard map than `map` is
   // known: retries of UNAVAILABLE stop as soon as it is, so that a worker
   // moves to the new map at once rather than backing off on a dead server.
+  // Pushes and pulls travel in `format` (a job's JobSpec.wire_format).
   ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id,
-                  std::function<bool()> superseded = nullptr);
+                  std::function<bool()> superseded = nullptr, v1::WireFormat format = v1::WIRE_FP32);
 
-  // One float buffer per tensor of the map, sized to the tensor.
-  std::vector<std::vector<float>> MakeBuffers() const;
+  // One buffer per tensor of the map, sized to the tensor.
+  template <typename T = float>
+  std::vector<std::vector<T>> MakeBuffers() const {
+    std::vector<std::vector<T>> buffers;
+    for (const auto& tensor : map_.tensors()) buffers.emplace_back(tensor.size(), T{});
+    return buffers;
+  }
 
   // The chunks' update counts seen by a pull.
   struct Versions {
@@ -43,34 +52,104 @@ class ParameterClient {
 
   // Fills `params` once every chunk has at least `min_version` updates.
   // DEADLINE_EXCEEDED after `timeout`; `params` is untouched on error.
+  // float32 buffers take any wire format (16-bit values are widened);
+  // 16-bit buffers get the raw values of a 16-bit format (for a device to
+  // unpack; FAILED_PRECONDITION with a float32 format).
   absl::Status Pull(int64_t min_version, absl::Duration timeout, std::vector<std::vector<float>>* params,
+                    Versions* versions = nullptr, int64_t min_clock = 0);
+  absl::Status Pull(int64_t min_version, absl::Duration timeout, std::vector<std::vector<uint16_t>>* params,
                     Versions* versions = nullptr, int64_t min_clock = 0);
 
   // Sends `grads` (same layout as MakeBuffers), computed on data partition
   // `partition` at `step`, as this worker's push number `seq`.
   // `examples` and `examples_digest` describe the batch behind the gradient
   // (see ExampleDigest in worker/trainer.h); servers sum them as an audit.
+  // float32 gradients are rounded to a 16-bit format here (fp16: a value
+  // beyond its range is INVALID_ARGUMENT naming the tensor, nothing is
+  // sent); 16-bit ones (packed on a device) are sent as they are, with a
+  // 16-bit format only.
   absl::Status Push(int64_t seq, int32_t partition, int64_t step, const std::vector<std::vector<float>>& grads,
                     absl::Duration timeout, int64_t examples = 0, uint64_t examples_digest = 0);
+  absl::Status Push(int64_t seq, int32_t partition, int64_t step, const std::vector<std::vector<uint16_t>>& grads,
+                    absl::Duration timeout, int64_t examples = 0, uint64_t examples_digest = 0);
 
+  // One push, sent in parts as its gradients become final: each Send()
+  // encodes the chunks of the tensors it names and starts their requests
+  // (one per server, split at kMaxBatchBytes) without waiting, so that they
+  // travel while the caller computes the next layer's gradients. Finish()
+  // waits for every request and retries those that met UNAVAILABLE, as Push
+  // does. Every request carries the push's (worker, seq), partition, step and
+  // example audit: servers deduplicate and audit per chunk. The client must
+  // outlive the stream; the destructor waits for requests in flight.
+  class PushStream {
+   public:
+    ~PushStream();
+    PushStream(const PushStream&) = delete;
+    PushStream& operator=(const PushStream&) = delete;
+
+    // Sends `tensors` of `grads` (MakeBuffers layout; float32, or 16-bit
+    // values with a 16-bit format, as Push takes). A tensor must be sent
+    // once. Errors (a buffer of the wrong type, an fp16 overflow) are kept
+    // for Finish, and the tensors concerned are not sent.
+    void Send(const std::vector<int>& tensors, const std::vector<std::vector<float>>& grads);
+    void Send(const std::vector<int>& tensors, const std::vector<std::vector<uint16_t>>& grads);
+    // Waits for every request; the first error, or FAILED_PRECONDITION if a
+    // tensor of the map was never sent (a partial push). Call once.
+    absl::Status Finish();
+
+   private:
+    friend class ParameterClient;
+    struct Call;
+    PushStream(ParameterClient* client, v1::PushRequest header, absl::Duration timeout);
+    template <typename T>
+    void SendTensors(const std::vector<int>& tensors, const std::vector<std::vector<T>>& grads);
+    void Done(Call* call, grpc::Status status);
+
+    ParameterClient* const client_;
+    const v1::PushRequest header_;  // every field but the chunks
+    const absl::Duration timeout_;
+    std::vector<bool> sent_;        // by tensor
+    absl::Status error_;            // the first Send error
+    std::vector<std::unique_ptr<Call>> calls_;
+    absl::Mutex mu_;
+    int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  };
+  std::unique_ptr<PushStream> StartPush(int64_t seq, int32_t partition, int64_t step, absl::Duration timeout,
+                                        int64_t examples = 0, uint64_t examples_digest = 0);
+
+  // Payload bytes of one whole push or pull in the wire format.
   int64_t total_bytes() const { return total_bytes_; }
   int64_t map_version() const { return map_.version(); }
+  v1::WireFormat format() const { return format_; }
 
  private:
   struct Batch {
     std::string address;
     std::vector<int> chunks;  // indices into map_.chunks()
   };
+  // Chunks (indices into map.chunks()) grouped by the server leading them,
+  // in batches of at most kMaxBatchBytes of payload (or one bigger chunk).
+  static std::vector<Batch> GroupByServer(const v1::ShardMap& map, const std::vector<int>& chunks,
+                                          int element_bytes);
+  template <typename T>
+  absl::Status PullInto(int64_t min_version, absl::Duration timeout, std::vector<std::vector<T>>* params,
+                        Versions* versions, int64_t min_clock);
+  // Runs `requests` (request i to addresses[i]) in parallel, retrying those
+  // that meet UNAVAILABLE with backoff; attempts start at `first_attempt`
+  // (1: the requests already failed once, with `last`).
   template <typename Request, typename Response>
-  absl::Status RunAll(const std::vector<Request>& requests, std::vector<Response>* responses,
-                      bool pull, absl::Duration timeout);
+  absl::Status RunAll(const std::vector<Request>& requests, const std::vector<std::string>& addresses,
+                      std::vector<Response>* responses, bool pull, absl::Duration timeout, int first_attempt = 0,
+                      absl::Status last = absl::OkStatus());
   v1::ParameterService::Stub* Stub(const std::string& address);
 
   const v1::ShardMap map_;
   const std::function<bool()> superseded_;
+  const v1::WireFormat format_;
   const std::string job_id_;
   const std::string worker_id_;
-  std::vector<Batch> batches_;
+  std::vector<Batch> batches_;               // every chunk: by server, split at kMaxBatchBytes
+  std::vector<std::vector<int>> tensor_chunks_;  // indices into map_.chunks() by tensor
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_;
   int64_t total_bytes_ = 0;
 };

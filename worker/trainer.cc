@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/param_init.h"
 #include "common/status_macros.h"
+#include "common/tensor_codec.h"
 #include "kernels/model_from_spec.h"
 #include "worker/parameter_client.h"
 
@@ -69,11 +70,17 @@ kernels::Precision ToPrecision(v1::Precision precision) {
   }
 }
 
+// The backend's 16-bit type for a 16-bit wire format.
+kernels::HalfType HalfTypeOf(v1::WireFormat format) {
+  return format == v1::WIRE_FP16 ? kernels::HalfType::kFp16 : kernels::HalfType::kBf16;
+}
+
 // Host tensors mirrored in backend memory. On a host-memory backend the
 // "device" pointers are the host vectors themselves and copies are no-ops.
+template <typename T>
 class StagedTensors {
  public:
-  StagedTensors(kernels::Backend* backend, std::vector<std::vector<float>> host)
+  StagedTensors(kernels::Backend* backend, std::vector<std::vector<T>> host)
       : backend_(backend), host_(std::move(host)) {}
 
   absl::Status Init() {
@@ -82,8 +89,8 @@ class StagedTensors {
         device_.push_back(tensor.data());
         continue;
       }
-      ASSIGN_OR_RETURN(kernels::Buffer buffer, kernels::Buffer::Make(backend_, tensor.size() * sizeof(float)));
-      device_.push_back(buffer.get());
+      ASSIGN_OR_RETURN(kernels::Buffer buffer, kernels::Buffer::Make(backend_, std::max<size_t>(1, tensor.size()) * sizeof(T)));
+      device_.push_back(buffer.get<T>());
       buffers_.push_back(std::move(buffer));
     }
     return absl::OkStatus();
@@ -91,25 +98,25 @@ class StagedTensors {
   absl::Status Upload() {
     if (backend_->HostMemory()) return absl::OkStatus();
     for (size_t i = 0; i < host_.size(); ++i) {
-      RETURN_IF_ERROR(backend_->CopyFromHost(device_[i], host_[i].data(), host_[i].size() * sizeof(float)));
+      RETURN_IF_ERROR(backend_->CopyFromHost(device_[i], host_[i].data(), host_[i].size() * sizeof(T)));
     }
     return absl::OkStatus();
   }
   absl::Status Download() {
     if (backend_->HostMemory()) return absl::OkStatus();
     for (size_t i = 0; i < host_.size(); ++i) {
-      RETURN_IF_ERROR(backend_->CopyToHost(host_[i].data(), device_[i], host_[i].size() * sizeof(float)));
+      RETURN_IF_ERROR(backend_->CopyToHost(host_[i].data(), device_[i], host_[i].size() * sizeof(T)));
     }
     return absl::OkStatus();
   }
-  std::vector<std::vector<float>>* host() { return &host_; }
-  std::vector<const float*> device_const() const { return {device_.begin(), device_.end()}; }
-  const std::vector<float*>& device() const { return device_; }
+  std::vector<std::vector<T>>* host() { return &host_; }
+  std::vector<const T*> device_const() const { return {device_.begin(), device_.end()}; }
+  const std::vector<T*>& device() const { return device_; }
 
  private:
   kernels::Backend* backend_;
-  std::vector<std::vector<float>> host_;
-  std::vector<float*> device_;
+  std::vector<std::vector<T>> host_;
+  std::vector<T*> device_;
   std::vector<kernels::Buffer> buffers_;
 };
 
@@ -149,8 +156,8 @@ uint64_t ExampleDigest(int64_t epoch, int64_t example) {
   return SplitMix64(SplitMix64(static_cast<uint64_t>(epoch) ^ 0x5851f42d4c957f2dull) + static_cast<uint64_t>(example));
 }
 
-Trainer::Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks)
-    : worker_id_(std::move(worker_id)), backend_(backend), hooks_(std::move(hooks)) {}
+Trainer::Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks, bool overlap_push)
+    : worker_id_(std::move(worker_id)), backend_(backend), hooks_(std::move(hooks)), overlap_push_(overlap_push) {}
 
 absl::Status Trainer::Load(const v1::Assignment& assignment) {
   job_id_ = assignment.job_id();
@@ -213,16 +220,23 @@ class TrainingRun {
         layout_(LayoutFor(spec_, trainer->train_->num_features, trainer->train_->num_classes)),
         model_(layout_.config, trainer->backend_),
         writer_id_(WriterId(trainer->worker_id_)),
+        wire_(spec_.wire_format()),
         client_(MakeClient(assignment.shard_map())),
         params_(trainer->backend_, client_->MakeBuffers()),
         pulled_(client_->MakeBuffers()),
-        grads_(trainer->backend_, client_->MakeBuffers()) {}
+        grads_(trainer->backend_, client_->MakeBuffers()),
+        params16_(trainer->backend_, IsHalfWire(wire_) ? client_->MakeBuffers<uint16_t>()
+                                                       : std::vector<std::vector<uint16_t>>()),
+        grads16_(trainer->backend_, IsHalfWire(wire_) ? client_->MakeBuffers<uint16_t>()
+                                                      : std::vector<std::vector<uint16_t>>()) {}
 
   absl::Status Init() {
     kernels::Backend* backend = trainer_.backend_;
     RETURN_IF_ERROR(backend->SetPrecision(ToPrecision(spec_.precision())));
     RETURN_IF_ERROR(params_.Init());
     RETURN_IF_ERROR(grads_.Init());
+    RETURN_IF_ERROR(params16_.Init());
+    RETURN_IF_ERROR(grads16_.Init());
     trainer_.batch_x_.assign(static_cast<size_t>(batch_) * trainer_.train_->num_features, 0.0f);
     trainer_.batch_y_.assign(batch_, 0);
     ASSIGN_OR_RETURN(x_buffer_, UploadArray(backend, trainer_.batch_x_, &x_device_));
@@ -238,8 +252,45 @@ class TrainingRun {
     auto superseded = [this, version = map.version()] {
       return trainer_.hooks_.latest_assignment().shard_map().version() > version;
     };
-    return std::make_unique<ParameterClient>(map, trainer_.job_id_, writer_id_, superseded);
+    return std::make_unique<ParameterClient>(map, trainer_.job_id_, writer_id_, superseded, wire_);
   }
+  // Pulls parameters that have at least `min_version` updates (SSP: every
+  // partition at least `min_clock` steps) into the landing buffers: the
+  // 16-bit host tensors with a 16-bit wire format; else pulled_ when
+  // `staged` (the parameters in use stay untouched until the pull is known
+  // whole), else the parameters' own host tensors.
+  absl::Status PullParams(int64_t min_version, absl::Duration timeout, bool staged,
+                          ParameterClient::Versions* versions = nullptr, int64_t min_clock = 0) {
+    if (IsHalfWire(wire_)) return client_->Pull(min_version, timeout, params16_.host(), versions, min_clock);
+    return client_->Pull(min_version, timeout, staged ? &pulled_ : params_.host(), versions, min_clock);
+  }
+  // Makes what PullParams landed the parameters in backend memory (16-bit:
+  // uploads the 16-bit values and widens them on the backend).
+  absl::Status InstallParams(bool staged) {
+    kernels::Backend* backend = trainer_.backend_;
+    if (IsHalfWire(wire_)) {
+      RETURN_IF_ERROR(params16_.Upload());
+      for (size_t t = 0; t < params16_.device().size(); ++t) {
+        RETURN_IF_ERROR(backend->UnpackHalf(HalfTypeOf(wire_), static_cast<int64_t>((*params16_.host())[t].size()),
+                                            params16_.device()[t], params_.device()[t]));
+      }
+      return absl::OkStatus();
+    }
+    if (staged) {
+      for (size_t t = 0; t < pulled_.size(); ++t) {
+        std::copy(pulled_[t].begin(), pulled_[t].end(), (*params_.host())[t].begin());
+      }
+    }
+    return params_.Upload();
+  }
+  // Layer `layer`'s gradients (tensors 2 * layer and 2 * layer + 1) are
+  // final on the backend: packs them for a 16-bit wire format, then on a
+  // host-memory backend sends them at once; on a device queues their copies
+  // to the host and notes (layer, ticket) in *downloads for sending later.
+  absl::Status LayerDone(int layer, ParameterClient::PushStream* push, std::vector<std::pair<int, int64_t>>* downloads);
+  // Sends layer `layer`'s gradients from their host buffers.
+  void SendLayer(int layer, ParameterClient::PushStream* push);
+  int NumLayers() const { return static_cast<int>(grads_.device().size()) / 2; }
   // Computes partition p's gradient at `step` from the uploaded parameters and pushes it.
   absl::Status ComputeAndPush(int32_t partition, int64_t step);
   // Computes and pushes, at `step`, each partition of `assignment` not yet
@@ -254,8 +305,8 @@ class TrainingRun {
   }
   // Pulls the current parameters (no waiting) into backend memory.
   absl::Status PullNow() {
-    RETURN_IF_ERROR(client_->Pull(0, kRpcTimeout, params_.host()));
-    return params_.Upload();
+    RETURN_IF_ERROR(PullParams(0, kRpcTimeout, /*staged=*/false));
+    return InstallParams(/*staged=*/false);
   }
   absl::Status EvaluateAndReport(int64_t step);
   void MaybeReportProgress(int64_t step, bool force, const std::map<int32_t, int64_t>* positions = nullptr);
@@ -289,6 +340,7 @@ class TrainingRun {
   // a restarted process under the same id), so deduplication must not mix
   // one run's numbers with another's.
   const std::string writer_id_;
+  const v1::WireFormat wire_;                 // how pushes and pulls travel
   std::unique_ptr<ParameterClient> client_;  // replaced when the shard map changes
   int failures_ = 0;                          // data-path failures in a row
   int64_t max_staleness_seen_ = 0;            // SSP: largest lead over the slowest partition
@@ -296,9 +348,13 @@ class TrainingRun {
   double last_samples_per_second_ = 0;
   double last_step_seconds_ = 0;
   double window_step_seconds_ = 0;  // compute + push time of the window's steps
-  StagedTensors params_;
+  StagedTensors<float> params_;
   std::vector<std::vector<float>> pulled_;  // BSP: where pulls land before they are known to be whole
-  StagedTensors grads_;
+  StagedTensors<float> grads_;
+  // 16-bit wire formats only (else empty): pulled parameters and packed
+  // gradients as they travel.
+  StagedTensors<uint16_t> params16_;
+  StagedTensors<uint16_t> grads16_;
   kernels::Buffer x_buffer_, y_buffer_;
   const float* x_device_ = nullptr;
   const int32_t* y_device_ = nullptr;
@@ -350,19 +406,65 @@ absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
                                           trainer_.batch_y_.size() * sizeof(int32_t)));
   }
   const absl::Time compute_start = absl::Now();
+  std::unique_ptr<ParameterClient::PushStream> push =
+      client_->StartPush(++seq_, partition, step, kRpcTimeout, batch_, digest);
+  std::vector<std::pair<int, int64_t>> downloads;  // (layer, ticket of its last copy) in the order queued
+  std::function<absl::Status(int)> layer_done;
+  if (trainer_.overlap_push_) layer_done = [&](int layer) { return LayerDone(layer, push.get(), &downloads); };
   RETURN_IF_ERROR(model_.ForwardBackward(params_.device_const(), x_device_, y_device_, batch_, grads_.device(),
-                                         &window_));
-  RETURN_IF_ERROR(grads_.Download());  // synchronizes with the device
-  if (trainer_.hooks_.observe_compute) {
-    trainer_.hooks_.observe_compute(absl::ToDoubleSeconds(absl::Now() - compute_start),
-                                    trainer_.backend_->MemoryInUse());
+                                         &window_, layer_done));
+  if (!trainer_.overlap_push_) {
+    for (int layer = NumLayers() - 1; layer >= 0; --layer) RETURN_IF_ERROR(LayerDone(layer, push.get(), &downloads));
   }
-  RETURN_IF_ERROR(client_->Push(++seq_, partition, step, *grads_.host(), kRpcTimeout, batch_, digest));
+  // On a device: each layer's gradients leave as soon as their copy is in,
+  // while the layers below are still being computed.
+  for (const auto& [layer, ticket] : downloads) {
+    RETURN_IF_ERROR(backend->WaitCopy(ticket));
+    SendLayer(layer, push.get());
+  }
+  if (trainer_.hooks_.observe_compute) {
+    trainer_.hooks_.observe_compute(absl::ToDoubleSeconds(absl::Now() - compute_start), backend->MemoryInUse());
+  }
+  RETURN_IF_ERROR(push->Finish());
   ++window_steps_;
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   window_step_seconds_ += seconds;
   if (trainer_.hooks_.observe_step) trainer_.hooks_.observe_step(seconds, batch_);
   return absl::OkStatus();
+}
+
+absl::Status TrainingRun::LayerDone(int layer, ParameterClient::PushStream* push,
+                                    std::vector<std::pair<int, int64_t>>* downloads) {
+  kernels::Backend* backend = trainer_.backend_;
+  const bool half = IsHalfWire(wire_);
+  int64_t ticket = 0;
+  for (int t : {2 * layer, 2 * layer + 1}) {
+    const int64_t n = static_cast<int64_t>((*grads_.host())[t].size());
+    if (half) RETURN_IF_ERROR(backend->PackHalf(HalfTypeOf(wire_), n, grads_.device()[t], grads16_.device()[t]));
+    if (backend->HostMemory()) continue;
+    if (half) {
+      ASSIGN_OR_RETURN(ticket, backend->CopyToHostAsync((*grads16_.host())[t].data(), grads16_.device()[t],
+                                                        n * sizeof(uint16_t)));
+    } else {
+      ASSIGN_OR_RETURN(ticket, backend->CopyToHostAsync((*grads_.host())[t].data(), grads_.device()[t],
+                                                        n * sizeof(float)));
+    }
+  }
+  if (backend->HostMemory()) {  // computed already: send now, while the layers below are computed
+    SendLayer(layer, push);
+  } else {
+    downloads->emplace_back(layer, ticket);
+  }
+  return absl::OkStatus();
+}
+
+void TrainingRun::SendLayer(int layer, ParameterClient::PushStream* push) {
+  const std::vector<int> tensors = {2 * layer, 2 * layer + 1};
+  if (IsHalfWire(wire_)) {
+    push->Send(tensors, *grads16_.host());
+  } else {
+    push->Send(tensors, *grads_.host());
+  }
 }
 
 absl::Status TrainingRun::EvaluateAndReport(int64_t step) {
@@ -433,7 +535,7 @@ absl::Status TrainingRun::RunBsp() {
     // touch the parameters a recompute of this step still uses (on the CPU
     // backend those are the host buffers themselves).
     const absl::Time pull_start = absl::Now();
-    absl::Status pulled = client_->Pull(next, kWaitSlice, &pulled_, &versions);
+    absl::Status pulled = PullParams(next, kWaitSlice, /*staged=*/true, &versions);
     if (trainer_.hooks_.observe_pull) trainer_.hooks_.observe_pull(absl::ToDoubleSeconds(absl::Now() - pull_start));
     if (absl::IsDeadlineExceeded(pulled)) {
       // The step waits for a partition nobody sent: compute the ones this
@@ -458,10 +560,7 @@ absl::Status TrainingRun::RunBsp() {
       continue;
     }
     const int64_t version = versions.min;
-    for (size_t t = 0; t < pulled_.size(); ++t) {
-      std::copy(pulled_[t].begin(), pulled_[t].end(), (*params_.host())[t].begin());
-    }
-    RETURN_IF_ERROR(params_.Upload());
+    RETURN_IF_ERROR(InstallParams(/*staged=*/true));
     have_version = version;
     pushed.clear();
     assignment = trainer_.hooks_.latest_assignment();
@@ -548,7 +647,7 @@ absl::Status TrainingRun::RunAsp() {
       // Stale synchronous: wait until the slowest partition is at most
       // `staleness` steps behind this one.
       ParameterClient::Versions versions;
-      status = client_->Pull(0, kWaitSlice, params_.host(), &versions, step - spec_.staleness());
+      status = PullParams(0, kWaitSlice, /*staged=*/false, &versions, step - spec_.staleness());
       if (absl::IsDeadlineExceeded(status)) {  // still too far ahead: look for new partitions, then wait again
         assignment = trainer_.hooks_.latest_assignment();
         if (assignment.shard_map().version() > client_->map_version()) RETURN_IF_ERROR(Recover(status));
@@ -557,7 +656,7 @@ absl::Status TrainingRun::RunAsp() {
       if (status.ok()) {
         max_staleness_seen_ = std::max(max_staleness_seen_, step - versions.clock);
         if (trainer_.hooks_.observe_staleness) trainer_.hooks_.observe_staleness(step - versions.clock);
-        status = params_.Upload();
+        status = InstallParams(/*staged=*/false);
       }
     } else {
       status = PullNow();

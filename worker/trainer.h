@@ -56,7 +56,10 @@ class TrainingRun;
 
 class Trainer {
  public:
-  Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks);
+  // `overlap_push`: push each layer's gradients as soon as the backward pass
+  // has them, while it computes the layers below (on a device, through
+  // CopyToHostAsync); false waits for the whole pass first.
+  Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks, bool overlap_push = true);
 
   // Loads the datasets named by the assignment's spec. Errors name the path.
   absl::Status Load(const v1::Assignment& assignment);
@@ -76,6 +79,7 @@ class Trainer {
   const std::string worker_id_;
   kernels::Backend* backend_;
   TrainerHooks hooks_;
+  const bool overlap_push_;
   std::string job_id_;
   std::shared_ptr<const Dataset> train_;
   std::shared_ptr<const Dataset> test_;

@@ -33,7 +33,8 @@ class WorkerDaemon {
     prometheus::Histogram* compute_seconds = nullptr;    // forward + backward of one partition step
     prometheus::Gauge* device_memory_bytes = nullptr;    // backend memory held (GPU)
   };
-  WorkerDaemon(kernels::Backend* backend, Metrics metrics);
+  // `overlap_push`: see Trainer.
+  WorkerDaemon(kernels::Backend* backend, Metrics metrics, bool overlap_push = true);
 
   void OnHeartbeat(const v1::HeartbeatResponse& response);
   // The job being worked on ("" when idle), for heartbeats.
@@ -54,6 +55,7 @@ class WorkerDaemon {
 
   kernels::Backend* backend_;
   const Metrics metrics_;
+  const bool overlap_push_;
   mutable absl::Mutex mu_;  // guards the members below
   absl::CondVar changed_;   // signalled on every heartbeat and on Stop
   v1::Assignment latest_ ABSL_GUARDED_BY(mu_);

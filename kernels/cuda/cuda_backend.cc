@@ -25,6 +25,7 @@ namespace {
 constexpr size_t kAlign = 256;
 constexpr size_t kCopyChunk = size_t{4} << 20;         // one staged transfer
 constexpr size_t kToDeviceStaging = 4 * kCopyChunk;    // CopyFromHost ring
+constexpr size_t kMaxCachedDownloadBytes = size_t{1} << 30;  // CopyToHostAsync staging kept
 constexpr size_t kCublasWorkspace = size_t{32} << 20;  // NVIDIA's advice for Hopper
 constexpr int kCheckSlots = 256;
 constexpr size_t kCheckBytes = kCheckSlots * sizeof(unsigned long long);
@@ -187,6 +188,16 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(size_t bytes) {
                                    free_bytes, " of ", total_bytes, " bytes free on the device)"));
 }
 
+absl::StatusOr<void*> PinnedAllocator::Allocate(size_t bytes) {
+  void* block = nullptr;
+  RETURN_IF_ERROR(CudaError("CopyToHostAsync staging: cudaMallocHost", cudaMallocHost(&block, bytes)));
+  return block;
+}
+
+void PinnedAllocator::Free(void* block) {
+  if (cudaFreeHost(block) != cudaSuccess) (void)cudaGetLastError();
+}
+
 void DeviceAllocator::Free(void* block) {
   // Nothing to report to: a failing cudaFree means the context is already
   // broken, which every later call reports.
@@ -244,6 +255,8 @@ absl::Status CudaBackend::Init() {
   RETURN_IF_ERROR(CudaError("CudaBackend setup: cudaMallocHost", cudaMallocHost(&to_host, 2 * kCopyChunk)));
   to_host_ = static_cast<char*>(to_host);
   ASSIGN_OR_RETURN(to_device_, PinnedRing::Create(kToDeviceStaging));
+  // Pinned memory is precious: keep at most what a few steps' gradients need.
+  download_pool_ = std::make_unique<CachingPool<PinnedAllocator>>(PinnedAllocator(), kMaxCachedDownloadBytes);
   return CudaError(op, cudaStreamSynchronize(compute_));
 }
 
@@ -253,6 +266,12 @@ CudaBackend::~CudaBackend() {
   if (copy_ != nullptr) (void)cudaStreamSynchronize(copy_);
   if (compute_ != nullptr) (void)cudaStreamSynchronize(compute_);
   to_device_.reset();
+  for (const Download& download : downloads_) {  // the copy stream is idle: nothing reads them
+    download_pool_->Free(download.staging);
+    (void)cudaEventDestroy(download.done);
+  }
+  for (cudaEvent_t event : spare_download_events_) (void)cudaEventDestroy(event);
+  download_pool_.reset();
   if (to_host_ != nullptr) (void)cudaFreeHost(to_host_);
   if (host_state_ != nullptr) (void)cudaFreeHost(host_state_);
   if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
@@ -335,6 +354,57 @@ absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t byt
   RETURN_IF_ERROR(drain(chunks - 1));
   if (pending_checks_.empty()) return absl::OkStatus();
   return FinishCompute(op);
+}
+
+absl::StatusOr<int64_t> CudaBackend::CopyToHostAsync(void* host_dst, const void* src, size_t bytes) {
+  const char* op = "CopyToHostAsync";
+  RETURN_IF_ERROR(checks::FirstError(
+      {checks::Bytes(op, "host_dst", host_dst, bytes), checks::Bytes(op, "src", src, bytes)}));
+  RETURN_IF_ERROR(UseDevice());
+  const int64_t ticket = ++next_ticket_;
+  if (bytes == 0) return ticket;  // nothing in flight: WaitCopy passes it
+  RETURN_IF_ERROR(Order(copy_, compute_, compute_mark_, op));
+  ASSIGN_OR_RETURN(void* staging, download_pool_->Allocate(bytes));
+  cudaEvent_t done = nullptr;
+  if (!spare_download_events_.empty()) {
+    done = spare_download_events_.back();
+    spare_download_events_.pop_back();
+  } else if (absl::Status created =
+                 CudaError(op, cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+             !created.ok()) {
+    download_pool_->Free(staging);
+    return created;
+  }
+  absl::Status queued =
+      CudaError("CopyToHostAsync: cudaMemcpyAsync", cudaMemcpyAsync(staging, src, bytes, cudaMemcpyDeviceToHost, copy_));
+  if (queued.ok()) queued = CudaError("CopyToHostAsync: cudaEventRecord", cudaEventRecord(done, copy_));
+  if (!queued.ok()) {
+    download_pool_->Free(staging);  // stream order: a later copy into it runs after this one
+    spare_download_events_.push_back(done);
+    return queued;
+  }
+  downloads_.push_back({ticket, done, staging, host_dst, bytes});
+  return ticket;
+}
+
+absl::Status CudaBackend::FinishDownload() {
+  Download download = downloads_.front();
+  downloads_.pop_front();
+  absl::Status waited = CudaError("WaitCopy: cudaEventSynchronize", cudaEventSynchronize(download.done));
+  if (waited.ok()) std::memcpy(download.host_dst, download.staging, download.bytes);
+  download_pool_->Free(download.staging);
+  spare_download_events_.push_back(download.done);
+  return waited;
+}
+
+absl::Status CudaBackend::WaitCopy(int64_t ticket) {
+  RETURN_IF_ERROR(UseDevice());
+  absl::Status first = absl::OkStatus();
+  while (!downloads_.empty() && downloads_.front().ticket <= ticket) {
+    absl::Status finished = FinishDownload();
+    if (first.ok()) first = finished;
+  }
+  return first;
 }
 
 absl::Status CudaBackend::Synchronize() {

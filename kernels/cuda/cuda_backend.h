@@ -38,6 +38,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,6 +66,13 @@ class DeviceAllocator {
 
 class PinnedRing;  // pinned host staging for CopyFromHost (cuda_backend.cc)
 
+// cudaMallocHost / cudaFreeHost for the pool of CopyToHostAsync's staging.
+class PinnedAllocator {
+ public:
+  absl::StatusOr<void*> Allocate(size_t bytes);
+  void Free(void* block);
+};
+
 class CudaBackend : public Backend {
  public:
   // A backend on CUDA device `device`. INVALID_ARGUMENT for a device index
@@ -90,6 +98,11 @@ class CudaBackend : public Backend {
   void Free(void* buffer) override;
   absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override;
   absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
+  // On the copy stream, after the compute queued so far, into pinned staging
+  // from a pool (no allocation once shapes repeat); WaitCopy moves it into
+  // host_dst. Compute queued afterwards runs while the copy travels.
+  absl::StatusOr<int64_t> CopyToHostAsync(void* host_dst, const void* src, size_t bytes) override;
+  absl::Status WaitCopy(int64_t ticket) override;
   absl::Status Synchronize() override;
   absl::Status SetPrecision(Precision precision) override;
 
@@ -114,6 +127,17 @@ class CudaBackend : public Backend {
                                     int64_t table_rows, const float* dout, float* dtable) override;
 
  private:
+  // A CopyToHostAsync in flight.
+  struct Download {
+    int64_t ticket;
+    cudaEvent_t done;
+    void* staging;  // pinned, from download_pool_
+    void* host_dst;
+    size_t bytes;
+  };
+  // Finishes the oldest download (waiting for it) and recycles its staging.
+  absl::Status FinishDownload();
+
   // A device-side data check waiting to be read back.
   struct PendingCheck {
     enum class Kind { kLabels, kBags } kind;
@@ -156,6 +180,10 @@ class CudaBackend : public Backend {
   // Pinned host mirror of device_state_, for reading it back.
   void* host_state_ = nullptr;
   std::unique_ptr<PinnedRing> to_device_;
+  std::unique_ptr<CachingPool<PinnedAllocator>> download_pool_;
+  std::deque<Download> downloads_;  // in ticket order
+  std::vector<cudaEvent_t> spare_download_events_;
+  int64_t next_ticket_ = 0;
   char* to_host_ = nullptr;  // two pinned chunks for CopyToHost
   std::vector<PendingCheck> pending_checks_;
   int checks_used_ = 0;

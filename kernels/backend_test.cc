@@ -219,6 +219,67 @@ TEST_P(BackendTest, CopiesRejectNullPointers) {
   EXPECT_TRUE(backend()->CopyToHost(nullptr, nullptr, 0).ok());
 }
 
+TEST_P(BackendTest, AsyncCopiesSeeTheOpsQueuedBeforeThemNotAfter) {
+  const int64_t n = (int64_t{3} << 20) / 4 + 7;  // several MiB: long enough to overlap
+  Buffer first = In(Poisoned(n));
+  Buffer second = In(Poisoned(n));
+  ASSERT_TRUE(backend()->Fill(n, 1.0f, first.get()).ok());
+  std::vector<float> first_host(n, kNaN);
+  const absl::StatusOr<int64_t> first_ticket =
+      backend()->CopyToHostAsync(first_host.data(), first.get(), n * sizeof(float));
+  ASSERT_TRUE(first_ticket.ok()) << first_ticket.status();
+  // Queued after the copy: may run while it travels, must not change what it carries...
+  ASSERT_TRUE(backend()->Fill(n, 2.0f, second.get()).ok());
+  std::vector<float> second_host(n, kNaN);
+  const absl::StatusOr<int64_t> second_ticket =
+      backend()->CopyToHostAsync(second_host.data(), second.get(), n * sizeof(float));
+  ASSERT_TRUE(second_ticket.ok()) << second_ticket.status();
+  // ...and writing a buffer after its copy was queued is allowed once waited.
+  ASSERT_TRUE(backend()->WaitCopy(*second_ticket).ok()) << "waiting for the later ticket waits for both";
+  EXPECT_EQ(first_host, std::vector<float>(n, 1.0f));
+  EXPECT_EQ(second_host, std::vector<float>(n, 2.0f));
+  ASSERT_TRUE(backend()->Fill(n, 3.0f, first.get()).ok());
+  EXPECT_TRUE(backend()->WaitCopy(*first_ticket).ok()) << "a ticket already waited for passes";
+  EXPECT_EQ(first_host, std::vector<float>(n, 1.0f)) << "a finished copy is not written again";
+  EXPECT_EQ(Out<float>(first, n), std::vector<float>(n, 3.0f));
+  EXPECT_TRUE(backend()->Synchronize().ok());
+}
+
+TEST_P(BackendTest, AsyncCopiesOfManyLayersArriveWhole) {
+  // The trainer's pattern: one copy per gradient tensor, each queued right
+  // after the op that writes it, all waited for at the end.
+  std::vector<Buffer> tensors;
+  std::vector<std::vector<float>> hosts;
+  std::vector<int64_t> tickets;
+  for (int t = 0; t < 12; ++t) {
+    const int64_t n = 1 + t * 997;
+    tensors.push_back(In(Poisoned(n)));
+    hosts.emplace_back(n, kNaN);
+    ASSERT_TRUE(backend()->Fill(n, static_cast<float>(t), tensors.back().get()).ok());
+    const absl::StatusOr<int64_t> ticket =
+        backend()->CopyToHostAsync(hosts.back().data(), tensors.back().get(), n * sizeof(float));
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    if (!tickets.empty()) EXPECT_GE(*ticket, tickets.back()) << "tickets are ordered";
+    tickets.push_back(*ticket);
+  }
+  for (int t = 0; t < 12; ++t) {
+    ASSERT_TRUE(backend()->WaitCopy(tickets[t]).ok());
+    EXPECT_EQ(hosts[t], std::vector<float>(hosts[t].size(), static_cast<float>(t))) << "tensor " << t;
+  }
+}
+
+TEST_P(BackendTest, AsyncCopyOfNothingIsDoneAndNullIsRefused) {
+  const absl::StatusOr<int64_t> empty = backend()->CopyToHostAsync(nullptr, nullptr, 0);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(backend()->WaitCopy(*empty).ok());
+  float host = 0;
+  Buffer one = In(std::vector<float>{4.0f});
+  EXPECT_EQ(backend()->CopyToHostAsync(nullptr, one.get(), 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend()->CopyToHostAsync(&host, nullptr, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(host, 0.0f);
+  EXPECT_TRUE(backend()->Synchronize().ok());
+}
+
 // --- Fill ---------------------------------------------------------------------
 
 TEST_P(BackendTest, FillWritesEveryElement) {

@@ -313,6 +313,77 @@ TEST_P(MlpBackendTest, ScratchReuseAcrossBatchSizesGivesSameResults) {
   EXPECT_EQ(reused_grads, host.grads);
 }
 
+// What the trainer relies on to push layer k while layer k-1's backward runs:
+// layer_done comes top layer first, once per layer, and a copy queued in it
+// carries that layer's final gradients (the ones the whole pass leaves).
+TEST_P(MlpBackendTest, LayerDoneComesTopDownWithEachLayersFinalGradients) {
+  const ModelConfig config{7, {6, 5}, Activation::kTanh, 4};
+  const int batch_size = 9;
+  Mlp mlp(config, backend());
+  Params host = MakeParams(config, 5, 0.6f);
+  BackendParams params(backend(), host);
+  const Batch batch = RandomBatch(config, batch_size, 8);
+  Buffer x = ToBackend(backend(), batch.x), labels = ToBackend(backend(), batch.labels);
+
+  std::vector<int> order;
+  std::vector<std::vector<float>> streamed(host.grads.size());
+  std::vector<int64_t> tickets;
+  const std::vector<float*> grads = params.GradPtrs();
+  BatchStats streamed_stats;
+  const absl::Status status = mlp.ForwardBackward(
+      params.ValuePtrs(), x.get(), labels.get<int32_t>(), batch_size, grads, &streamed_stats,
+      [&](int layer) -> absl::Status {
+        order.push_back(layer);
+        for (int t : {2 * layer, 2 * layer + 1}) {
+          streamed[t].assign(host.grads[t].size(), std::nanf(""));
+          absl::StatusOr<int64_t> ticket =
+              backend()->CopyToHostAsync(streamed[t].data(), grads[t], sizeof(float) * streamed[t].size());
+          if (!ticket.ok()) return ticket.status();
+          tickets.push_back(*ticket);
+        }
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(order, (std::vector<int>{2, 1, 0}));
+  for (int64_t ticket : tickets) ASSERT_TRUE(backend()->WaitCopy(ticket).ok());
+
+  params.DownloadGrads(host);
+  for (size_t t = 0; t < host.grads.size(); ++t) EXPECT_EQ(streamed[t], host.grads[t]) << "tensor " << t;
+  // And the callback changes nothing: a pass without one gives the same.
+  BackendParams plain(backend(), MakeParams(config, 5, 0.6f));
+  BatchStats plain_stats;
+  ASSERT_TRUE(mlp.ForwardBackward(plain.ValuePtrs(), x.get(), labels.get<int32_t>(), batch_size,
+                                  plain.GradPtrs(), &plain_stats)
+                  .ok());
+  Params plain_host = MakeParams(config, 5, 0.6f);
+  plain.DownloadGrads(plain_host);
+  EXPECT_EQ(plain_host.grads, host.grads);
+  EXPECT_EQ(plain_stats.loss_sum, streamed_stats.loss_sum);
+}
+
+TEST_P(MlpBackendTest, LayerDoneErrorStopsThePass) {
+  const ModelConfig config{4, {3}, Activation::kRelu, 2};
+  Mlp mlp(config, backend());
+  Params host = MakeParams(config, 2, 0.5f);
+  BackendParams params(backend(), host);
+  const Batch batch = RandomBatch(config, 3, 1);
+  Buffer x = ToBackend(backend(), batch.x), labels = ToBackend(backend(), batch.labels);
+  std::vector<int> order;
+  BatchStats stats;
+  const absl::Status status =
+      mlp.ForwardBackward(params.ValuePtrs(), x.get(), labels.get<int32_t>(), 3, params.GradPtrs(), &stats,
+                          [&](int layer) -> absl::Status {
+                            order.push_back(layer);
+                            return absl::UnavailableError("push stream broke");
+                          });
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_EQ(order, std::vector<int>{1}) << "no layer after the failing one";
+  EXPECT_EQ(stats.count, 0) << "stats untouched on error";
+  params.DownloadGrads(host);
+  for (float g : host.grads[0]) EXPECT_TRUE(std::isnan(g)) << "layer 0's backward never ran";
+  EXPECT_TRUE(backend()->Synchronize().ok());
+}
+
 // The dataset in backend memory.
 struct BackendDataset {
   Buffer features, labels;

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -28,6 +29,7 @@
 #include "tests/cluster_fixture.h"
 #include "common/rpc.h"
 #include "common/tensor_codec.h"
+#include "fulcrum/v1/cluster.grpc.pb.h"
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "worker/parameter_client.h"
@@ -720,6 +722,64 @@ TEST_F(SspTest, NoWorkerRunsMoreThanStalenessStepsAhead) {
   EXPECT_GE(done.progress().max_staleness_seen(), 1) << "the pause never let a worker run ahead";
   // It learned (4 classes: chance is 0.25); stale gradients make the exact figure vary.
   EXPECT_GT(done.progress().test_accuracy(), 0.5);
+}
+
+class PushOverlapTest : public ClusterTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(1, 2); }
+
+  static std::vector<std::string> MemberIds(v1::Role role) {
+    auto cluster = v1::ClusterService::NewStub(MakeChannel(cluster_->scheduler_address()));
+    grpc::ClientContext context;
+    SetDeadline(&context, 10);
+    v1::ListMembersResponse members;
+    grpc::Status status = cluster->ListMembers(&context, v1::ListMembersRequest(), &members);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    std::vector<std::string> ids;
+    for (const auto& m : members.members()) {
+      if (m.role() == role) ids.push_back(m.member_id());
+    }
+    return ids;
+  }
+};
+
+// Workers push each layer's gradients while the layers below are still being
+// computed (--overlap_push, the default). That changes when bytes leave, never
+// what arrives: the same seeded BSP job on workers that push the whole step
+// at once ends with the same bits.
+TEST_F(PushOverlapTest, StreamedPushesGiveTheSameParametersAsWholeStepPushes) {
+  const v1::JobSpec spec = SyntheticSpec(v1::BSP, 2, 16, 40);
+  v1::JobStatus streamed;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &streamed));
+
+  // Replace both workers by ones that push whole steps.
+  const std::vector<std::string> originals = MemberIds(v1::WORKER);
+  ASSERT_EQ(originals.size(), 2u);
+  std::vector<std::string> added;
+  for (int i = 0; i < 2; ++i) {
+    auto worker = cluster_->AddWorker({"--overlap_push=false"});
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    added.push_back(worker->id());
+  }
+  for (const std::string& id : originals) ASSERT_TRUE(cluster_->Signal(id, SIGTERM).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  std::vector<std::string> workers = MemberIds(v1::WORKER);
+  while (absl::Now() < deadline) {
+    std::sort(workers.begin(), workers.end());
+    std::sort(added.begin(), added.end());
+    if (workers == added) break;
+    absl::SleepFor(absl::Milliseconds(50));  // polling the membership for the leave and the joins
+    workers = MemberIds(v1::WORKER);
+  }
+  ASSERT_EQ(workers, added) << "the original workers did not leave or the new ones did not join";
+
+  v1::JobStatus whole;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &whole));
+  for (const auto& w : whole.workers()) {
+    EXPECT_TRUE(std::find(added.begin(), added.end(), w.worker_id()) != added.end()) << w.worker_id();
+  }
+  EXPECT_EQ(whole.progress().step(), streamed.progress().step());
+  ExpectSameParameters(FinalParameters(streamed), whole);
 }
 
 TEST_F(WorkerLossTest, SigtermStopsEveryProcessCleanly) {

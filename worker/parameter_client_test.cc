@@ -4,6 +4,7 @@
 #include "worker/parameter_client.h"
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -65,6 +66,34 @@ TEST(ParameterClientTest, SixteenBitFormatsHalveThePayload) {
   EXPECT_EQ(ParameterClient(TwoTensorMap(), "job", "w0").total_bytes(), 32);
   EXPECT_EQ(ParameterClient(TwoTensorMap(), "job", "w0", nullptr, v1::WIRE_BF16).total_bytes(), 16);
   EXPECT_EQ(ParameterClient(TwoTensorMap(), "job", "w0", nullptr, v1::WIRE_FP16).total_bytes(), 16);
+}
+
+TEST(ParameterClientTest, PushStreamRefusesAPartialPush) {
+  ParameterClient client(TwoTensorMap(), "job", "w0");
+  std::vector<std::vector<float>> grads = client.MakeBuffers();
+  std::unique_ptr<ParameterClient::PushStream> push = client.StartPush(1, 0, 0, absl::Seconds(1));
+  push->Send({1}, grads);
+  const absl::Status status = push->Finish();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_TRUE(Contains(status.message(), "tensor w was never sent")) << status;
+}
+
+TEST(ParameterClientTest, PushStreamRefusesATensorSentTwiceOrOfTheWrongSize) {
+  ParameterClient client(TwoTensorMap(), "job", "w0");
+  std::vector<std::vector<float>> grads = client.MakeBuffers();
+  std::unique_ptr<ParameterClient::PushStream> twice = client.StartPush(1, 0, 0, absl::Seconds(1));
+  twice->Send({0}, grads);
+  twice->Send({0, 1}, grads);
+  absl::Status status = twice->Finish();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_TRUE(Contains(status.message(), "tensor 0 is out of range, sent twice or of the wrong size")) << status;
+
+  grads[1].push_back(0.0f);
+  std::unique_ptr<ParameterClient::PushStream> wrong_size = client.StartPush(2, 0, 0, absl::Seconds(1));
+  wrong_size->Send({0, 1}, grads);
+  status = wrong_size->Finish();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_TRUE(Contains(status.message(), "tensor 1 is out of range")) << status;
 }
 
 }  // namespace

@@ -77,6 +77,18 @@ inline uint16_t FloatToBf16(float f) {
 
 inline float Bf16ToFloat(uint16_t h) { return half_internal::BitsFloat(static_cast<uint32_t>(h) << 16); }
 
+// Whole arrays, with exactly the results of the functions above. On x86-64
+// CPUs with F16C the fp16 ones convert 8 values an instruction (a block of 8
+// holding a NaN goes through the scalar path, which keeps NaN payloads as
+// above); elsewhere they loop over the scalar functions. `in` and `out` must
+// not overlap.
+void FloatsToFp16(const float* in, int64_t n, uint16_t* out);
+void Fp16sToFloats(const uint16_t* in, int64_t n, float* out);
+void FloatsToBf16(const float* in, int64_t n, uint16_t* out);
+void Bf16sToFloats(const uint16_t* in, int64_t n, float* out);
+// Whether FloatsToFp16 / Fp16sToFloats use F16C on this CPU.
+bool HasHardwareFp16();
+
 }  // namespace fulcrum
 
 #endif  // FULCRUM_COMMON_HALF_H_

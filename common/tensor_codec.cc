@@ -1,6 +1,8 @@
 #include "common/tensor_codec.h"
 
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "absl/base/config.h"
 #include "absl/strings/str_cat.h"
@@ -75,14 +77,13 @@ void EncodeValues(v1::WireFormat format, const float* values, int64_t n, std::st
     EncodeFloats(values, n, out);
     return;
   }
-  out->resize(static_cast<size_t>(n) * 2);
-  unsigned char* o = reinterpret_cast<unsigned char*>(out->data());
-  const bool bf16 = format == v1::WIRE_BF16;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint16_t h = bf16 ? FloatToBf16(values[i]) : FloatToFp16(values[i]);
-    o[2 * i] = static_cast<unsigned char>(h & 0xFF);
-    o[2 * i + 1] = static_cast<unsigned char>(h >> 8);
+  std::vector<uint16_t> halves(static_cast<size_t>(n));
+  if (format == v1::WIRE_BF16) {
+    FloatsToBf16(values, n, halves.data());
+  } else {
+    FloatsToFp16(values, n, halves.data());
   }
+  EncodeHalves(halves.data(), n, out);
 }
 
 void EncodeHalves(const uint16_t* values, int64_t n, std::string* out) {
@@ -100,10 +101,12 @@ absl::Status DecodeValues(v1::WireFormat format, absl::string_view bytes, int64_
   if (size == 4) return DecodeFloats(bytes, expected, out, what);
   const bool bf16 = format == v1::WIRE_BF16;
   if (absl::Status sized = CheckSize(bytes, expected, 2, bf16 ? "bf16" : "fp16", what); !sized.ok()) return sized;
-  const unsigned char* in = reinterpret_cast<const unsigned char*>(bytes.data());
-  for (int64_t i = 0; i < expected; ++i) {
-    const uint16_t h = static_cast<uint16_t>(in[2 * i] | (in[2 * i + 1] << 8));
-    out[i] = bf16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
+  std::vector<uint16_t> halves(static_cast<size_t>(expected));
+  if (expected > 0) CopyLittleEndian(bytes.data(), expected, 2, halves.data());
+  if (bf16) {
+    Bf16sToFloats(halves.data(), expected, out);
+  } else {
+    Fp16sToFloats(halves.data(), expected, out);
   }
   return absl::OkStatus();
 }

@@ -255,9 +255,9 @@ class CpuBackend : public Backend {
     RETURN_IF_ERROR(checks::FirstError({checks::HalfTypeValue(op, type), checks::Dim(op, "n", n),
                                         checks::Ptr(op, "src", src, n), checks::Ptr(op, "dst", dst, n)}));
     if (type == HalfType::kFp16) {
-      for (int64_t i = 0; i < n; ++i) dst[i] = FloatToFp16(src[i]);
+      FloatsToFp16(src, n, dst);
     } else {
-      for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
+      FloatsToBf16(src, n, dst);
     }
     return absl::OkStatus();
   }
@@ -267,9 +267,9 @@ class CpuBackend : public Backend {
     RETURN_IF_ERROR(checks::FirstError({checks::HalfTypeValue(op, type), checks::Dim(op, "n", n),
                                         checks::Ptr(op, "src", src, n), checks::Ptr(op, "dst", dst, n)}));
     if (type == HalfType::kFp16) {
-      for (int64_t i = 0; i < n; ++i) dst[i] = Fp16ToFloat(src[i]);
+      Fp16sToFloats(src, n, dst);
     } else {
-      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(src[i]);
+      Bf16sToFloats(src, n, dst);
     }
     return absl::OkStatus();
   }

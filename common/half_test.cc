@@ -8,22 +8,11 @@
 #include <cstring>
 #include <vector>
 
+#include "common/test_util.h"
 #include "gtest/gtest.h"
 
 namespace fulcrum {
 namespace {
-
-float FromBits(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-uint32_t ToBits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  return bits;
-}
 
 // Encodes `values` with FloatsToFp16 (as one array, and again from an odd
 // offset so that blocks of 8 fall elsewhere) and compares every result with

@@ -15,18 +15,6 @@
 namespace fulcrum {
 namespace {
 
-uint32_t Bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof(b));
-  return b;
-}
-
-float FromBits(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof(f));
-  return f;
-}
-
 TEST(TensorCodecTest, RoundTripIsBitExactIncludingSpecialValues) {
   const std::vector<float> in = {
       0.0f,
@@ -55,7 +43,7 @@ TEST(TensorCodecTest, RoundTripIsBitExactIncludingSpecialValues) {
                            "values")
                   .ok());
   for (size_t i = 0; i < in.size(); ++i) {
-    EXPECT_EQ(Bits(out[i]), Bits(in[i])) << "index " << i;
+    EXPECT_EQ(ToBits(out[i]), ToBits(in[i])) << "index " << i;
   }
 }
 

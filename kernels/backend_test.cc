@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/backend_test_util.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -41,18 +42,6 @@ std::vector<float> RandomVector(int64_t n, uint32_t seed, float lo = -1.0f, floa
 }
 
 std::vector<float> Poisoned(int64_t n) { return std::vector<float>(n, kNaN); }
-
-float FromBits(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-uint32_t ToBits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  return bits;
-}
 
 // Checks |actual - expected| <= kRelTol * max(1, scale) element-wise, where
 // scale bounds the magnitude of the terms that produced the value. A NaN left

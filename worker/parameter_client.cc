@@ -188,9 +188,10 @@ absl::Status ParameterClient::Pull(int64_t min_version, absl::Duration timeout,
   return PullInto(min_version, timeout, params, versions, min_clock);
 }
 
-absl::Status ParameterClient::Push(int64_t seq, int32_t partition, int64_t step,
-                                   const std::vector<std::vector<float>>& grads, absl::Duration timeout,
-                                   int64_t examples, uint64_t examples_digest) {
+template <typename T>
+absl::Status ParameterClient::PushAll(int64_t seq, int32_t partition, int64_t step,
+                                      const std::vector<std::vector<T>>& grads, absl::Duration timeout,
+                                      int64_t examples, uint64_t examples_digest) {
   std::unique_ptr<PushStream> stream = StartPush(seq, partition, step, timeout, examples, examples_digest);
   std::vector<int> all(map_.tensors_size());
   for (int t = 0; t < map_.tensors_size(); ++t) all[t] = t;
@@ -199,13 +200,15 @@ absl::Status ParameterClient::Push(int64_t seq, int32_t partition, int64_t step,
 }
 
 absl::Status ParameterClient::Push(int64_t seq, int32_t partition, int64_t step,
+                                   const std::vector<std::vector<float>>& grads, absl::Duration timeout,
+                                   int64_t examples, uint64_t examples_digest) {
+  return PushAll(seq, partition, step, grads, timeout, examples, examples_digest);
+}
+
+absl::Status ParameterClient::Push(int64_t seq, int32_t partition, int64_t step,
                                    const std::vector<std::vector<uint16_t>>& grads, absl::Duration timeout,
                                    int64_t examples, uint64_t examples_digest) {
-  std::unique_ptr<PushStream> stream = StartPush(seq, partition, step, timeout, examples, examples_digest);
-  std::vector<int> all(map_.tensors_size());
-  for (int t = 0; t < map_.tensors_size(); ++t) all[t] = t;
-  stream->Send(all, grads);
-  return stream->Finish();
+  return PushAll(seq, partition, step, grads, timeout, examples, examples_digest);
 }
 
 // --- PushStream ----------------------------------------------------------------

@@ -131,6 +131,10 @@ class ParameterClient {
   // in batches of at most kMaxBatchBytes of payload (or one bigger chunk).
   static std::vector<Batch> GroupByServer(const v1::ShardMap& map, const std::vector<int>& chunks,
                                           int element_bytes);
+  // Push of every tensor: one PushStream.
+  template <typename T>
+  absl::Status PushAll(int64_t seq, int32_t partition, int64_t step, const std::vector<std::vector<T>>& grads,
+                       absl::Duration timeout, int64_t examples, uint64_t examples_digest);
   template <typename T>
   absl::Status PullInto(int64_t min_version, absl::Duration timeout, std::vector<std::vector<T>>* params,
                         Versions* versions, int64_t min_clock);

@@ -16,7 +16,7 @@
 // left out). Printed as a markdown
 // table at the end. Exit code 1 when a variant could not be measured.
 //
-//   fulcrum-train-bench [--quick] [--hidden N] [--steps N] [--rounds N] [--keep-logs]
+//   fulcrum-train-bench [--quick] [--hidden N] [--steps N] [--rounds N] [--device D] [--keep-logs]
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -43,6 +43,7 @@ ABSL_FLAG(bool, quick, false, "A smoke test: hidden 512, 20 steps a job, one rou
 ABSL_FLAG(int, hidden, 0, "Width of the two hidden layers (0: 2048, or 512 with --quick)");
 ABSL_FLAG(int, steps, 0, "Steps of each job (0: 120, or 20 with --quick)");
 ABSL_FLAG(int, rounds, 0, "Rounds of all six variants (0: 3, or 1 with --quick)");
+ABSL_FLAG(std::string, device, "cpu", "The workers' --device (cpu, auto, cuda, cuda:N)");
 ABSL_FLAG(bool, keep_logs, false, "Keep the temp folder (cluster logs) even when every figure was measured");
 
 namespace fulcrum {
@@ -85,6 +86,7 @@ absl::Status Measure(const std::string& dir, int hidden, int64_t steps, int roun
     options.workers = kWorkers;
     options.replicas = 1;
     options.worker_flags.push_back(absl::StrCat("--overlap_push=", overlap ? "true" : "false"));
+    options.worker_flags.push_back(absl::StrCat("--device=", absl::GetFlag(FLAGS_device)));
     ASSIGN_OR_RETURN(clusters[overlap], Cluster::Start(options, kJobLimit));
     ASSIGN_OR_RETURN(v1::JobStatus warmup, clusters[overlap]->RunToEnd(StepSpec(hidden, 10, v1::WIRE_FP32)));
     Log(absl::StrFormat("cluster with %s pushes up; warm-up job %.2f steps/s", overlap ? "layer-by-layer" : "whole-step",
@@ -112,9 +114,9 @@ void PrintTable(const std::vector<Variant>& variants, int hidden, int64_t steps,
   }
   const double base = baseline != nullptr ? Median(baseline->steps_per_second) : 0;
   std::printf(
-      "\nBSP, 2 servers + 2 workers on loopback, MLP 784-%d-%d-10, batch 64 a worker, %lld steps a job, "
-      "median of %d rounds\n\n",
-      hidden, hidden, static_cast<long long>(steps), rounds);
+      "\nBSP, 2 servers + 2 workers (--device=%s) on loopback, MLP 784-%d-%d-10, batch 64 a worker, %lld steps "
+      "a job, median of %d rounds\n\n",
+      absl::GetFlag(FLAGS_device), hidden, hidden, static_cast<long long>(steps), rounds);
   std::printf("| wire format | pushes | steps/s | vs fp32 whole-step | push payload MB / step |\n|---|---|---|---|---|\n");
   for (const Variant& v : variants) {
     const double rate = Median(v.steps_per_second);
@@ -153,6 +155,6 @@ int Run() {
 
 int main(int argc, char** argv) {
   return fulcrum::bench::BenchMain(argc, argv, "train_step_bench.cc",
-                                   "fulcrum-train-bench [--quick] [--hidden N] [--steps N] [--rounds N] [--keep-logs]",
+                                   "fulcrum-train-bench [--quick] [--hidden N] [--steps N] [--rounds N] [--device D] [--keep-logs]",
                                    fulcrum::Run);
 }

@@ -25,7 +25,7 @@ fi
 
 rm -rf "$BUNDLE"
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/data/fashion-mnist" "$BUNDLE/bench" "$BUNDLE/examples"
-BINARIES=(fulcrum fulcrum-scheduler fulcrum-server fulcrum-worker fulcrum-gpu-bench kernels_test)
+BINARIES=(fulcrum fulcrum-scheduler fulcrum-server fulcrum-worker fulcrum-gpu-bench fulcrum-train-bench kernels_test)
 for b in "${BINARIES[@]}"; do cp "$BUILD_DIR/bin/$b" "$BUNDLE/bin/"; done
 cp "$BUILD_DIR/lib/libfulcrum_kernels_cuda.so" "$BUNDLE/lib/"
 

@@ -2,7 +2,8 @@
 # Runs on the GPU machine from the repository root, with .gpu-bundle/ (made by
 # scripts/gpu-bundle.sh) beside it. In one go: the CUDA backend test suite,
 # the demo job with the workers on the GPU and on the CPU (test accuracy side
-# by side), and the worker-step benchmark against PyTorch eager. Logs go to
+# by side), the worker-step benchmark against PyTorch eager, and training
+# steps/s on GPU workers by wire format and push overlap (fulcrum-train-bench). Logs go to
 # $OUT (or ./gpu-check-out); a short table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +48,9 @@ echo "== worker-step benchmark" >&2
 "$BUNDLE/bin/fulcrum-gpu-bench" --device cuda:0 --steps "$STEPS" > "$OUT/bench-fulcrum.txt" 2> "$OUT/bench-fulcrum.err"
 python3 "$BUNDLE/bench/torch_step_bench.py" --steps "$STEPS" > "$OUT/bench-torch.txt" 2> "$OUT/bench-torch.err"
 
+echo "== training steps/s on GPU workers: wire formats, streamed pushes" >&2
+timeout 300 "$BUNDLE/bin/fulcrum-train-bench" --device cuda --steps 60 --rounds 1 > "$OUT/train-bench.txt" 2>&1
+
 {
   echo
   echo "GPU check ($(head -1 "$OUT/gpu.txt"))"
@@ -59,4 +63,6 @@ python3 "$BUNDLE/bench/torch_step_bench.py" --steps "$STEPS" > "$OUT/bench-torch
     ratio="$(awk -v a="$sps" -v b="${tsps:-0}" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')"
     printf "%-28s %-5s %14s %14s %8s %9s %8s\n" "$model" "$prec" "$sps" "${tsps:--}" "$ratio" "$tflops" "$frac"
   done < "$OUT/bench-fulcrum.txt"
+  echo
+  grep -E '^\||^BSP' "$OUT/train-bench.txt" || echo "fulcrum-train-bench: no table (see train-bench.txt)"
 } | tee "$OUT/summary.txt"

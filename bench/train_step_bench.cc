@@ -3,8 +3,9 @@
 //
 // Two clusters, each of 2 servers and 2 workers on loopback: in one the
 // workers push each layer's gradients while the layers below are still in
-// the backward pass (--overlap_push, the default), in the other they push the
-// whole step after the pass (--overlap_push=false). Each runs the same BSP
+// the backward pass and ask for that layer's next values right after
+// (--overlap_push, --prefetch_pull: the defaults), in the other they push the
+// whole step after the pass and then pull (both false). Each runs the same BSP
 // synthetic job (MLP 784-H-H-10, batch 64 per worker) in every wire format
 // (WIRE_FP32, WIRE_BF16, WIRE_FP16); the six variants are run in turn, round
 // after round, so drift on a noisy machine spreads over all of them. Each
@@ -74,7 +75,7 @@ struct Variant {
 };
 
 std::string Name(const Variant& v) {
-  return absl::StrCat(WireFormatName(v.format), v.overlap ? ", layer-by-layer pushes" : ", whole-step pushes");
+  return absl::StrCat(WireFormatName(v.format), v.overlap ? ", layer by layer" : ", whole step");
 }
 
 absl::Status Measure(const std::string& dir, int hidden, int64_t steps, int rounds, std::vector<Variant>* variants) {
@@ -86,6 +87,7 @@ absl::Status Measure(const std::string& dir, int hidden, int64_t steps, int roun
     options.workers = kWorkers;
     options.replicas = 1;
     options.worker_flags.push_back(absl::StrCat("--overlap_push=", overlap ? "true" : "false"));
+    options.worker_flags.push_back(absl::StrCat("--prefetch_pull=", overlap ? "true" : "false"));
     options.worker_flags.push_back(absl::StrCat("--device=", absl::GetFlag(FLAGS_device)));
     ASSIGN_OR_RETURN(clusters[overlap], Cluster::Start(options, kJobLimit));
     ASSIGN_OR_RETURN(v1::JobStatus warmup, clusters[overlap]->RunToEnd(StepSpec(hidden, 10, v1::WIRE_FP32)));
@@ -117,7 +119,7 @@ void PrintTable(const std::vector<Variant>& variants, int hidden, int64_t steps,
       "\nBSP, 2 servers + 2 workers (--device=%s) on loopback, MLP 784-%d-%d-10, batch 64 a worker, %lld steps "
       "a job, median of %d rounds\n\n",
       absl::GetFlag(FLAGS_device), hidden, hidden, static_cast<long long>(steps), rounds);
-  std::printf("| wire format | pushes | steps/s | vs fp32 whole-step | push payload MB / step |\n|---|---|---|---|---|\n");
+  std::printf("| wire format | push and pull | steps/s | vs fp32 whole-step | push payload MB / step |\n|---|---|---|---|---|\n");
   for (const Variant& v : variants) {
     const double rate = Median(v.steps_per_second);
     std::printf("| %s | %s | %.3f | %.3fx | %.2f |\n", WireFormatName(v.format),

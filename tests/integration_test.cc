@@ -744,20 +744,47 @@ class PushOverlapTest : public ClusterTest {
 };
 
 // Workers push each layer's gradients while the layers below are still being
-// computed (--overlap_push, the default). That changes when bytes leave, never
-// what arrives: the same seeded BSP job on workers that push the whole step
-// at once ends with the same bits.
-TEST_F(PushOverlapTest, StreamedPushesGiveTheSameParametersAsWholeStepPushes) {
+// computed (--overlap_push) and ask for the next step's values of each layer
+// as soon as they have pushed it (--prefetch_pull), both by default. That
+// changes when bytes leave, never what arrives: the same seeded BSP job on
+// workers that push the whole step at once and then pull ends with the same
+// bits.
+TEST_F(PushOverlapTest, StreamedPushesAndPrefetchedPullsGiveTheSameParametersAsWholeSteps) {
   const v1::JobSpec spec = SyntheticSpec(v1::BSP, 2, 16, 40);
   v1::JobStatus streamed;
   ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &streamed));
+  // The prefetches were used (one per worker and step, but for a late one).
+  double used = 0, missed = 0;
+  for (const auto& process : cluster_->file().processes()) {
+    if (process.role() != "worker") continue;
+    const std::string page = HttpGet(process.metrics_address(), "/metrics");
+    used += std::max(0.0, MetricValue(page, "fulcrum_worker_prefetches_total{result=\"used\"}"));
+    missed += std::max(0.0, MetricValue(page, "fulcrum_worker_prefetches_total{result=\"missed\"}"));
+  }
+  std::fprintf(stderr, "prefetched pulls: %.0f used, %.0f missed\n", used, missed);
+  EXPECT_GE(used, 2 * 40 * 0.5) << "most of 2 workers x 40 steps; missed " << missed;
 
-  // Replace both workers by ones that push whole steps.
+  // A prefetch given up (a failover, a step nobody completes) does not wait
+  // for servers holding its requests: dropping it cancels them.
+  {
+    ParameterClient client(streamed.shard_map(), streamed.job_id(), "test-reader");
+    std::vector<std::vector<float>> params = client.MakeBuffers();
+    std::unique_ptr<ParameterClient::PullStream> stream = client.StartPull(1 << 30, absl::Seconds(60), &params);
+    ASSERT_NE(stream, nullptr);
+    std::vector<int> all(params.size());
+    for (size_t t = 0; t < all.size(); ++t) all[t] = static_cast<int>(t);
+    stream->Fetch(all);
+    const absl::Time start = absl::Now();
+    stream.reset();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  }
+
+  // Replace both workers by ones that push whole steps, then pull.
   const std::vector<std::string> originals = MemberIds(v1::WORKER);
   ASSERT_EQ(originals.size(), 2u);
   std::vector<std::string> added;
   for (int i = 0; i < 2; ++i) {
-    auto worker = cluster_->AddWorker({"--overlap_push=false"});
+    auto worker = cluster_->AddWorker({"--overlap_push=false", "--prefetch_pull=false"});
     ASSERT_TRUE(worker.ok()) << worker.status();
     added.push_back(worker->id());
   }

@@ -28,6 +28,9 @@ ABSL_FLAG(std::string, port_file, "", "Write the bound ports as JSON to this fil
 ABSL_FLAG(bool, overlap_push, true,
           "Push each layer's gradients while the backward pass computes the layers below (false: after the whole "
           "pass; for measuring what the overlap gains)");
+ABSL_FLAG(bool, prefetch_pull, true,
+          "BSP: pull each layer's parameters for the next step as soon as this worker has pushed that layer, while "
+          "the layers below are computed (false: pull the whole model after the pushes)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
 // Weak: absent when the CPU backend runs on a reference BLAS.
@@ -115,10 +118,18 @@ int main(int argc, char** argv) {
                             .Help("Backend (GPU) memory the worker holds, in use and cached; 0 on the CPU")
                             .Register((*metrics)->registry())
                             .Add({});
+  auto& prefetches = prometheus::BuildCounter()
+                        .Name("fulcrum_worker_prefetches_total")
+                        .Help("BSP: pulls of the next step's parameters issued while pushing; result=used, or "
+                              "missed (late or failed: pulled again)")
+                        .Register((*metrics)->registry());
+  TransferOptions transfer;
+  transfer.overlap_push = absl::GetFlag(FLAGS_overlap_push);
+  transfer.prefetch_pull = absl::GetFlag(FLAGS_prefetch_pull);
   WorkerDaemon daemon(backend.get(),
                       {&step_seconds, &steps_total, &examples_total, &pull_wait, &staleness, &compute_seconds,
-                       &device_memory},
-                      absl::GetFlag(FLAGS_overlap_push));
+                       &device_memory, &prefetches.Add({{"result", "used"}}), &prefetches.Add({{"result", "missed"}})},
+                      transfer);
   MembershipClient::Options options;
   options.scheduler = absl::GetFlag(FLAGS_scheduler);
   options.role = v1::WORKER;

@@ -332,49 +332,165 @@ absl::Status ParameterClient::PushStream::Finish() {
   return client_->RunAll(retry, addresses, &responses, /*pull=*/false, timeout_, /*first_attempt=*/1, last);
 }
 
+v1::PullRequest ParameterClient::MakePullRequest(const Batch& batch, int64_t min_version, int64_t min_clock) const {
+  v1::PullRequest request;
+  request.set_job_id(job_id_);
+  request.set_min_version(min_version);
+  request.set_map_version(map_.version());
+  request.set_min_clock(min_clock);
+  request.set_format(format_);
+  for (int chunk : batch.chunks) request.add_chunk_ids(map_.chunks(chunk).chunk_id());
+  return request;
+}
+
+template <typename T>
+absl::Status ParameterClient::DecodePull(const Batch& batch, const v1::PullResponse& response,
+                                         std::vector<std::vector<T>>* params, Versions* seen) const {
+  if (response.chunks_size() != static_cast<int>(batch.chunks.size())) {
+    return absl::InternalError(absl::StrCat("pull from ", batch.address, " returned ", response.chunks_size(),
+                                            " chunks, asked for ", batch.chunks.size()));
+  }
+  for (size_t c = 0; c < batch.chunks.size(); ++c) {
+    const v1::ChunkLocation& chunk = map_.chunks(batch.chunks[c]);
+    const v1::ChunkData& data = response.chunks(c);
+    const v1::WireFormat got = data.format() == v1::WIRE_FORMAT_UNSPECIFIED ? v1::WIRE_FP32 : data.format();
+    if (got != format_) {  // a server that ignores PullRequest.format
+      return absl::InternalError(absl::StrCat("pull from ", batch.address, " returned chunk ", chunk.chunk_id(),
+                                              " in ", WireFormatName(got), ", asked for ", WireFormatName(format_)));
+    }
+    T* out = (*params)[chunk.tensor()].data() + chunk.offset();
+    RETURN_IF_ERROR(DecodeChunk(format_, data.data(), chunk.length(), out,
+                                absl::StrCat("pulled chunk ", chunk.chunk_id())));
+    seen->min = std::min(seen->min, data.version());
+    seen->max = std::max(seen->max, data.version());
+    seen->clock = std::min(seen->clock, data.clock());
+  }
+  return absl::OkStatus();
+}
+
 template <typename T>
 absl::Status ParameterClient::PullInto(int64_t min_version, absl::Duration timeout,
                                        std::vector<std::vector<T>>* params, Versions* versions, int64_t min_clock) {
   RETURN_IF_ERROR(CheckBufferType<T>(format_, "pull"));
-  std::vector<v1::PullRequest> requests(batches_.size());
-  for (size_t i = 0; i < batches_.size(); ++i) {
-    requests[i].set_job_id(job_id_);
-    requests[i].set_min_version(min_version);
-    requests[i].set_map_version(map_.version());
-    requests[i].set_min_clock(min_clock);
-    requests[i].set_format(format_);
-    for (int chunk : batches_[i].chunks) requests[i].add_chunk_ids(map_.chunks(chunk).chunk_id());
-  }
+  std::vector<v1::PullRequest> requests;
   std::vector<std::string> addresses;
-  for (const Batch& batch : batches_) addresses.push_back(batch.address);
+  for (const Batch& batch : batches_) {
+    requests.push_back(MakePullRequest(batch, min_version, min_clock));
+    addresses.push_back(batch.address);
+  }
   std::vector<v1::PullResponse> responses;
   RETURN_IF_ERROR(RunAll(requests, addresses, &responses, /*pull=*/true, timeout));
   Versions seen{INT64_MAX, 0, INT64_MAX};
-  for (size_t i = 0; i < batches_.size(); ++i) {
-    if (responses[i].chunks_size() != static_cast<int>(batches_[i].chunks.size())) {
-      return absl::InternalError(absl::StrCat("pull from ", batches_[i].address, " returned ",
-                                              responses[i].chunks_size(), " chunks, asked for ",
-                                              batches_[i].chunks.size()));
-    }
-    for (size_t c = 0; c < batches_[i].chunks.size(); ++c) {
-      const v1::ChunkLocation& chunk = map_.chunks(batches_[i].chunks[c]);
-      const v1::ChunkData& data = responses[i].chunks(c);
-      const v1::WireFormat got = data.format() == v1::WIRE_FORMAT_UNSPECIFIED ? v1::WIRE_FP32 : data.format();
-      if (got != format_) {  // a server that ignores PullRequest.format
-        return absl::InternalError(absl::StrCat("pull from ", batches_[i].address, " returned chunk ", chunk.chunk_id(),
-                                                " in ", WireFormatName(got), ", asked for ", WireFormatName(format_)));
-      }
-      T* out = (*params)[chunk.tensor()].data() + chunk.offset();
-      RETURN_IF_ERROR(DecodeChunk(format_, data.data(), chunk.length(), out,
-                                  absl::StrCat("pulled chunk ", chunk.chunk_id())));
-      seen.min = std::min(seen.min, data.version());
-      seen.max = std::max(seen.max, data.version());
-      seen.clock = std::min(seen.clock, data.clock());
-    }
-  }
+  for (size_t i = 0; i < batches_.size(); ++i) RETURN_IF_ERROR(DecodePull(batches_[i], responses[i], params, &seen));
   if (versions != nullptr) *versions = batches_.empty() ? Versions() : seen;
   return absl::OkStatus();
 }
 
+// --- PullStream ----------------------------------------------------------------
+
+struct ParameterClient::PullStream::Call {
+  Batch batch;
+  v1::PullRequest request;
+  v1::PullResponse response;
+  grpc::ClientContext context;
+  grpc::Status status;
+};
+
+template <typename T>
+std::unique_ptr<ParameterClient::PullStream> ParameterClient::StartPullInto(int64_t min_version, absl::Duration timeout,
+                                                                           std::vector<std::vector<T>>* params) {
+  if (!CheckBufferType<T>(format_, "pull").ok()) return nullptr;
+  return std::unique_ptr<PullStream>(
+      new PullStream(this, min_version, timeout, [this, params](const Batch& batch, const v1::PullResponse& response,
+                                                                Versions* seen) {
+        return DecodePull(batch, response, params, seen);
+      }));
+}
+
+std::unique_ptr<ParameterClient::PullStream> ParameterClient::StartPull(int64_t min_version, absl::Duration timeout,
+                                                                       std::vector<std::vector<float>>* params) {
+  return StartPullInto(min_version, timeout, params);
+}
+
+std::unique_ptr<ParameterClient::PullStream> ParameterClient::StartPull(int64_t min_version, absl::Duration timeout,
+                                                                       std::vector<std::vector<uint16_t>>* params) {
+  return StartPullInto(min_version, timeout, params);
+}
+
+ParameterClient::PullStream::PullStream(ParameterClient* client, int64_t min_version, absl::Duration timeout,
+                                        Decoder decode)
+    : client_(client),
+      min_version_(min_version),
+      timeout_(timeout),
+      decode_(std::move(decode)),
+      fetched_(client->map_.tensors_size(), false) {}
+
+ParameterClient::PullStream::~PullStream() {
+  for (const auto& call : calls_) call->context.TryCancel();
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
+}
+
+void ParameterClient::PullStream::Fetch(const std::vector<int>& tensors) {
+  if (!error_.ok()) return;
+  const v1::ShardMap& map = client_->map_;
+  std::vector<int> chunks;
+  for (int t : tensors) {
+    if (t < 0 || t >= map.tensors_size() || fetched_[t]) {
+      error_ = absl::InternalError(absl::StrCat("prefetch of version ", min_version_, ": tensor ", t,
+                                                " is out of range or fetched twice"));
+      return;
+    }
+  }
+  for (int t : tensors) {
+    fetched_[t] = true;
+    chunks.insert(chunks.end(), client_->tensor_chunks_[t].begin(), client_->tensor_chunks_[t].end());
+  }
+  for (Batch& batch : GroupByServer(map, chunks, WireBytes(client_->format_))) {
+    auto call = std::make_unique<Call>();
+    call->request = client_->MakePullRequest(batch, min_version_, /*min_clock=*/0);
+    call->batch = std::move(batch);
+    SetDeadline(&call->context, absl::ToDoubleSeconds(timeout_));
+    Call* raw = call.get();
+    calls_.push_back(std::move(call));
+    {
+      absl::MutexLock lock(&mu_);
+      ++in_flight_;
+    }
+    client_->Stub(raw->batch.address)
+        ->async()
+        ->Pull(&raw->context, &raw->request, &raw->response,
+               [this, raw](grpc::Status status) { Done(raw, std::move(status)); });
+  }
+}
+
+void ParameterClient::PullStream::Done(Call* call, grpc::Status status) {
+  absl::MutexLock lock(&mu_);
+  call->status = std::move(status);
+  --in_flight_;
+}
+
+absl::Status ParameterClient::PullStream::Finish(Versions* versions) {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
+  }
+  RETURN_IF_ERROR(error_);
+  for (int t = 0; t < static_cast<int>(fetched_.size()); ++t) {
+    if (!fetched_[t]) {
+      return absl::FailedPreconditionError(absl::StrCat("prefetch of version ", min_version_, ": tensor ",
+                                                        client_->map_.tensors(t).name(), " was never fetched"));
+    }
+  }
+  for (const auto& call : calls_) {
+    if (call->status.ok()) continue;
+    return absl::Status(FromGrpcStatus(call->status).code(),
+                        absl::StrCat("pull from ", call->batch.address, ": ", call->status.error_message()));
+  }
+  Versions seen{INT64_MAX, 0, INT64_MAX};
+  for (const auto& call : calls_) RETURN_IF_ERROR(decode_(call->batch, call->response, &seen));
+  if (versions != nullptr) *versions = calls_.empty() ? Versions() : seen;
+  return absl::OkStatus();
+}
 
 }  // namespace fulcrum

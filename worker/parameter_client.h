@@ -23,6 +23,12 @@
 namespace fulcrum {
 
 class ParameterClient {
+ private:
+  struct Batch {
+    std::string address;
+    std::vector<int> chunks;  // indices into map_.chunks()
+  };
+
  public:
   // Payload bytes per request: below gRPC's 4 MiB default, so that any peer
   // with default limits could take them, and well below our 8 MiB limit.
@@ -117,16 +123,61 @@ class ParameterClient {
   std::unique_ptr<PushStream> StartPush(int64_t seq, int32_t partition, int64_t step, absl::Duration timeout,
                                         int64_t examples = 0, uint64_t examples_digest = 0);
 
+  // A pull issued in parts before its values are due (BSP prefetch): each
+  // Fetch() starts, without waiting, the requests for the chunks of the
+  // tensors it names, asking for at least `min_version` updates (servers
+  // hold each request until its chunks get there, or the deadline), so the
+  // caller can issue the pull of a layer for the next step as soon as it has
+  // pushed that layer, while the layers below are still being computed.
+  // Finish() waits for every request and decodes the values into `params`
+  // (the buffers StartPull was given, MakeBuffers layout; the caller must not
+  // touch them meanwhile). Nothing is retried: a prefetch that met an error
+  // reports it and the caller pulls again the ordinary way. The destructor
+  // cancels requests still in flight and waits for them.
+  class PullStream {
+   public:
+    ~PullStream();
+    PullStream(const PullStream&) = delete;
+    PullStream& operator=(const PullStream&) = delete;
+
+    // Starts the requests for `tensors` (each at most once over the stream).
+    void Fetch(const std::vector<int>& tensors);
+    // Waits for every request. OK once every tensor of the map was fetched
+    // and decoded (*versions as Pull reports them); else the first error
+    // (FAILED_PRECONDITION for a tensor never fetched, INTERNAL for one
+    // fetched twice), and `params` may hold part of the values.
+    absl::Status Finish(Versions* versions);
+
+   private:
+    friend class ParameterClient;
+    struct Call;
+    using Decoder = std::function<absl::Status(const Batch&, const v1::PullResponse&, Versions*)>;
+    PullStream(ParameterClient* client, int64_t min_version, absl::Duration timeout, Decoder decode);
+    void Done(Call* call, grpc::Status status);
+
+    ParameterClient* const client_;
+    const int64_t min_version_;
+    const absl::Duration timeout_;
+    const Decoder decode_;
+    std::vector<bool> fetched_;  // by tensor
+    absl::Status error_;         // a tensor fetched twice or out of range
+    std::vector<std::unique_ptr<Call>> calls_;
+    absl::Mutex mu_;
+    int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  };
+  // `params`: float32 buffers (any format), or 16-bit ones with a 16-bit
+  // format; nullptr (FAILED_PRECONDITION from CheckBufferType) otherwise.
+  std::unique_ptr<PullStream> StartPull(int64_t min_version, absl::Duration timeout,
+                                        std::vector<std::vector<float>>* params);
+  std::unique_ptr<PullStream> StartPull(int64_t min_version, absl::Duration timeout,
+                                        std::vector<std::vector<uint16_t>>* params);
+
   // Payload bytes of one whole push or pull in the wire format.
   int64_t total_bytes() const { return total_bytes_; }
   int64_t map_version() const { return map_.version(); }
   v1::WireFormat format() const { return format_; }
 
  private:
-  struct Batch {
-    std::string address;
-    std::vector<int> chunks;  // indices into map_.chunks()
-  };
   // Chunks (indices into map.chunks()) grouped by the server leading them,
   // in batches of at most kMaxBatchBytes of payload (or one bigger chunk).
   static std::vector<Batch> GroupByServer(const v1::ShardMap& map, const std::vector<int>& chunks,
@@ -135,6 +186,15 @@ class ParameterClient {
   template <typename T>
   absl::Status PushAll(int64_t seq, int32_t partition, int64_t step, const std::vector<std::vector<T>>& grads,
                        absl::Duration timeout, int64_t examples, uint64_t examples_digest);
+  v1::PullRequest MakePullRequest(const Batch& batch, int64_t min_version, int64_t min_clock) const;
+  // Decodes a pull response for `batch` into `params`; widens *seen to
+  // cover its chunks' versions and clocks.
+  template <typename T>
+  absl::Status DecodePull(const Batch& batch, const v1::PullResponse& response, std::vector<std::vector<T>>* params,
+                          Versions* seen) const;
+  template <typename T>
+  std::unique_ptr<PullStream> StartPullInto(int64_t min_version, absl::Duration timeout,
+                                            std::vector<std::vector<T>>* params);
   template <typename T>
   absl::Status PullInto(int64_t min_version, absl::Duration timeout, std::vector<std::vector<T>>* params,
                         Versions* versions, int64_t min_clock);

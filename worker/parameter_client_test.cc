@@ -96,5 +96,43 @@ TEST(ParameterClientTest, PushStreamRefusesATensorSentTwiceOrOfTheWrongSize) {
   EXPECT_TRUE(Contains(status.message(), "tensor 1 is out of range")) << status;
 }
 
+TEST(ParameterClientTest, PullStreamRefusesAPartialOrDoubledPrefetch) {
+  ParameterClient client(TwoTensorMap(), "job", "w0");
+  std::vector<std::vector<float>> params = client.MakeBuffers();
+  std::unique_ptr<ParameterClient::PullStream> partial = client.StartPull(1, absl::Seconds(1), &params);
+  ASSERT_NE(partial, nullptr);
+  partial->Fetch({0});
+  absl::Status status = partial->Finish(nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_TRUE(Contains(status.message(), "tensor b was never fetched")) << status;
+
+  std::unique_ptr<ParameterClient::PullStream> twice = client.StartPull(1, absl::Seconds(1), &params);
+  twice->Fetch({1});
+  twice->Fetch({0, 1});
+  status = twice->Finish(nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_TRUE(Contains(status.message(), "tensor 1 is out of range or fetched twice")) << status;
+}
+
+TEST(ParameterClientTest, PullStreamReportsAnUnreachableServerWithoutRetrying) {
+  ParameterClient client(TwoTensorMap(), "job", "w0");
+  std::vector<std::vector<float>> params = client.MakeBuffers();
+  params[0][0] = 7.0f;
+  std::unique_ptr<ParameterClient::PullStream> stream = client.StartPull(1, absl::Seconds(30), &params);
+  stream->Fetch({0, 1});
+  const absl::Time start = absl::Now();
+  const absl::Status status = stream->Finish(nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_TRUE(Contains(status.message(), "pull from 127.0.0.1:1")) << status;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "no retries with backoff, no waiting out the deadline";
+  EXPECT_EQ(params[0][0], 7.0f) << "nothing decoded";
+}
+
+TEST(ParameterClientTest, PullStreamNeedsBuffersOfTheWireFormat) {
+  ParameterClient client(TwoTensorMap(), "job", "w0");
+  std::vector<std::vector<uint16_t>> halves = client.MakeBuffers<uint16_t>();
+  EXPECT_EQ(client.StartPull(1, absl::Seconds(1), &halves), nullptr);
+}
+
 }  // namespace
 }  // namespace fulcrum

@@ -156,8 +156,8 @@ uint64_t ExampleDigest(int64_t epoch, int64_t example) {
   return SplitMix64(SplitMix64(static_cast<uint64_t>(epoch) ^ 0x5851f42d4c957f2dull) + static_cast<uint64_t>(example));
 }
 
-Trainer::Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks, bool overlap_push)
-    : worker_id_(std::move(worker_id)), backend_(backend), hooks_(std::move(hooks)), overlap_push_(overlap_push) {}
+Trainer::Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks, TransferOptions transfer)
+    : worker_id_(std::move(worker_id)), backend_(backend), hooks_(std::move(hooks)), transfer_(transfer) {}
 
 absl::Status Trainer::Load(const v1::Assignment& assignment) {
   job_id_ = assignment.job_id();
@@ -295,13 +295,30 @@ class TrainingRun {
   absl::Status ComputeAndPush(int32_t partition, int64_t step);
   // Computes and pushes, at `step`, each partition of `assignment` not yet
   // in *pushed; stops at the first failure.
-  absl::Status PushMissing(const v1::Assignment& assignment, int64_t step, std::set<int32_t>* pushed) {
+  // With `prefetch_next` (and TransferOptions::prefetch_pull), the last of
+  // them also prefetches the parameters of step + 1, layer by layer.
+  absl::Status PushMissing(const v1::Assignment& assignment, int64_t step, std::set<int32_t>* pushed,
+                           bool prefetch_next = false) {
+    std::vector<int32_t> missing;
     for (int32_t p : assignment.partitions()) {
-      if (pushed->count(p) > 0) continue;
-      RETURN_IF_ERROR(ComputeAndPush(p, step));
-      pushed->insert(p);
+      if (pushed->count(p) == 0) missing.push_back(p);
+    }
+    for (size_t i = 0; i < missing.size(); ++i) {
+      if (i + 1 == missing.size() && prefetch_next && trainer_.transfer_.prefetch_pull) StartPrefetch(step + 1);
+      RETURN_IF_ERROR(ComputeAndPush(missing[i], step));
+      pushed->insert(missing[i]);
     }
     return absl::OkStatus();
+  }
+  // Opens prefetch_ for `version` (SendLayer fetches each layer as it is
+  // pushed), landing where PullParams(staged) would.
+  void StartPrefetch(int64_t version) {
+    // Long enough for the rest of this step on every worker, short enough
+    // that a step nobody completes falls back to the ordinary pull loop soon.
+    const absl::Duration timeout = kWaitSlice + absl::Seconds(2 * last_step_seconds_);
+    prefetch_ = IsHalfWire(wire_) ? client_->StartPull(version, timeout, params16_.host())
+                                  : client_->StartPull(version, timeout, &pulled_);
+    prefetch_version_ = version;
   }
   // Pulls the current parameters (no waiting) into backend memory.
   absl::Status PullNow() {
@@ -350,6 +367,10 @@ class TrainingRun {
   double window_step_seconds_ = 0;  // compute + push time of the window's steps
   StagedTensors<float> params_;
   std::vector<std::vector<float>> pulled_;  // BSP: where pulls land before they are known to be whole
+  // BSP: the next step's pull, issued layer by layer as the last partition
+  // step of this one pushes (see TransferOptions::prefetch_pull).
+  std::unique_ptr<ParameterClient::PullStream> prefetch_;
+  int64_t prefetch_version_ = -1;
   StagedTensors<float> grads_;
   // 16-bit wire formats only (else empty): pulled parameters and packed
   // gradients as they travel.
@@ -410,10 +431,10 @@ absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
       client_->StartPush(++seq_, partition, step, kRpcTimeout, batch_, digest);
   std::vector<std::pair<int, int64_t>> downloads;  // (layer, ticket of its last copy) in the order queued
   std::function<absl::Status(int)> layer_done;
-  if (trainer_.overlap_push_) layer_done = [&](int layer) { return LayerDone(layer, push.get(), &downloads); };
+  if (trainer_.transfer_.overlap_push) layer_done = [&](int layer) { return LayerDone(layer, push.get(), &downloads); };
   RETURN_IF_ERROR(model_.ForwardBackward(params_.device_const(), x_device_, y_device_, batch_, grads_.device(),
                                          &window_, layer_done));
-  if (!trainer_.overlap_push_) {
+  if (!trainer_.transfer_.overlap_push) {
     for (int layer = NumLayers() - 1; layer >= 0; --layer) RETURN_IF_ERROR(LayerDone(layer, push.get(), &downloads));
   }
   // On a device: each layer's gradients leave as soon as their copy is in,
@@ -465,6 +486,7 @@ void TrainingRun::SendLayer(int layer, ParameterClient::PushStream* push) {
   } else {
     push->Send(tensors, *grads_.host());
   }
+  if (prefetch_ != nullptr) prefetch_->Fetch(tensors);
 }
 
 absl::Status TrainingRun::EvaluateAndReport(int64_t step) {
@@ -535,7 +557,18 @@ absl::Status TrainingRun::RunBsp() {
     // touch the parameters a recompute of this step still uses (on the CPU
     // backend those are the host buffers themselves).
     const absl::Time pull_start = absl::Now();
-    absl::Status pulled = PullParams(next, kWaitSlice, /*staged=*/true, &versions);
+    absl::Status pulled;
+    bool prefetched = false;
+    if (prefetch_ != nullptr) {  // issued while the last step's pushes went out
+      if (prefetch_version_ == next) {
+        pulled = prefetch_->Finish(&versions);
+        prefetched = pulled.ok();
+        if (!prefetched) FLOG(DEBUG) << "prefetch of version " << next << " not used: " << pulled;
+      }
+      prefetch_.reset();
+      if (trainer_.hooks_.observe_prefetch) trainer_.hooks_.observe_prefetch(prefetched);
+    }
+    if (!prefetched) pulled = PullParams(next, kWaitSlice, /*staged=*/true, &versions);
     if (trainer_.hooks_.observe_pull) trainer_.hooks_.observe_pull(absl::ToDoubleSeconds(absl::Now() - pull_start));
     if (absl::IsDeadlineExceeded(pulled)) {
       // The step waits for a partition nobody sent: compute the ones this
@@ -571,7 +604,7 @@ absl::Status TrainingRun::RunBsp() {
       evaluated = version;
     }
     if (version >= total_steps_) break;
-    absl::Status pushes = PushMissing(assignment, version, &pushed);
+    absl::Status pushes = PushMissing(assignment, version, &pushed, /*prefetch_next=*/true);
     if (!pushes.ok()) {  // pull this step again (with a new map) and send what is missing
       RETURN_IF_ERROR(Recover(pushes));
       next = version;

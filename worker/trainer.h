@@ -42,6 +42,7 @@ struct TrainerHooks {
   std::function<void(double, int64_t)> observe_step;  // a partition step's seconds and examples (metrics)
   std::function<void(double)> observe_pull;           // seconds a pull took (BSP: includes waiting for the step)
   std::function<void(int64_t)> observe_staleness;     // ASP/SSP: a pull's lead over the slowest partition
+  std::function<void(bool)> observe_prefetch;         // BSP: a prefetched pull was used (true) or pulled again
   // After each partition step: the seconds of its forward + backward (on a
   // GPU: the kernels, synchronized) and the backend memory held.
   std::function<void(double, int64_t)> observe_compute;
@@ -54,12 +55,23 @@ struct TrainerHooks {
 
 class TrainingRun;
 
+// How a worker overlaps communication with compute. Neither changes a result:
+// BSP parameters come out bit for bit the same either way.
+struct TransferOptions {
+  // Push each layer's gradients as soon as the backward pass has them, while
+  // it computes the layers below (on a device, through CopyToHostAsync);
+  // false waits for the whole pass first.
+  bool overlap_push = true;
+  // BSP: right after pushing a layer in the last partition step of a step,
+  // ask for that layer's parameters of the next step (servers answer when
+  // the step is complete there), so the pull travels while the layers below
+  // are still computed; false pulls the whole model after the pushes.
+  bool prefetch_pull = true;
+};
+
 class Trainer {
  public:
-  // `overlap_push`: push each layer's gradients as soon as the backward pass
-  // has them, while it computes the layers below (on a device, through
-  // CopyToHostAsync); false waits for the whole pass first.
-  Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks, bool overlap_push = true);
+  Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks, TransferOptions transfer = {});
 
   // Loads the datasets named by the assignment's spec. Errors name the path.
   absl::Status Load(const v1::Assignment& assignment);
@@ -79,7 +91,7 @@ class Trainer {
   const std::string worker_id_;
   kernels::Backend* backend_;
   TrainerHooks hooks_;
-  const bool overlap_push_;
+  const TransferOptions transfer_;
   std::string job_id_;
   std::shared_ptr<const Dataset> train_;
   std::shared_ptr<const Dataset> test_;

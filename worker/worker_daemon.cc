@@ -9,8 +9,8 @@
 
 namespace fulcrum {
 
-WorkerDaemon::WorkerDaemon(kernels::Backend* backend, Metrics metrics, bool overlap_push)
-    : backend_(backend), metrics_(metrics), overlap_push_(overlap_push) {}
+WorkerDaemon::WorkerDaemon(kernels::Backend* backend, Metrics metrics, TransferOptions transfer)
+    : backend_(backend), metrics_(metrics), transfer_(transfer) {}
 
 void WorkerDaemon::OnHeartbeat(const v1::HeartbeatResponse& response) {
   absl::MutexLock lock(&mu_);
@@ -122,7 +122,11 @@ void WorkerDaemon::RunJob(MembershipClient* membership, v1::Assignment assignmen
   hooks.observe_staleness = [this](int64_t steps) {
     if (metrics_.staleness_steps) metrics_.staleness_steps->Observe(static_cast<double>(steps));
   };
-  Trainer trainer(membership->member_id(), backend_, hooks, overlap_push_);
+  hooks.observe_prefetch = [this](bool used) {
+    prometheus::Counter* counter = used ? metrics_.prefetches_used : metrics_.prefetches_missed;
+    if (counter) counter->Increment();
+  };
+  Trainer trainer(membership->member_id(), backend_, hooks, transfer_);
   FLOG(INFO) << "job " << job_id << ": rank " << assignment.rank() << " of " << assignment.world_size();
   auto fail = [&](const absl::Status& status) {
     if (Withdrawn(job_id)) return;  // the job ended elsewhere; nothing to report

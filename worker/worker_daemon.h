@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/membership_client.h"
 #include "kernels/backend.h"
+#include "worker/trainer.h"
 
 namespace prometheus {
 class Histogram;
@@ -32,9 +33,11 @@ class WorkerDaemon {
     prometheus::Histogram* staleness_steps = nullptr;    // ASP/SSP: lead over the slowest partition
     prometheus::Histogram* compute_seconds = nullptr;    // forward + backward of one partition step
     prometheus::Gauge* device_memory_bytes = nullptr;    // backend memory held (GPU)
+    prometheus::Counter* prefetches_used = nullptr;      // BSP prefetched pulls used
+    prometheus::Counter* prefetches_missed = nullptr;    // ... and pulled again (late, failed)
   };
-  // `overlap_push`: see Trainer.
-  WorkerDaemon(kernels::Backend* backend, Metrics metrics, bool overlap_push = true);
+  // `transfer`: see TransferOptions.
+  WorkerDaemon(kernels::Backend* backend, Metrics metrics, TransferOptions transfer = {});
 
   void OnHeartbeat(const v1::HeartbeatResponse& response);
   // The job being worked on ("" when idle), for heartbeats.
@@ -55,7 +58,7 @@ class WorkerDaemon {
 
   kernels::Backend* backend_;
   const Metrics metrics_;
-  const bool overlap_push_;
+  const TransferOptions transfer_;
   mutable absl::Mutex mu_;  // guards the members below
   absl::CondVar changed_;   // signalled on every heartbeat and on Stop
   v1::Assignment latest_ ABSL_GUARDED_BY(mu_);

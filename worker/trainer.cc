@@ -606,6 +606,7 @@ absl::Status TrainingRun::RunBsp() {
     if (version >= total_steps_) break;
     absl::Status pushes = PushMissing(assignment, version, &pushed, /*prefetch_next=*/true);
     if (!pushes.ok()) {  // pull this step again (with a new map) and send what is missing
+      prefetch_.reset();  // before Recover replaces the client it runs on
       RETURN_IF_ERROR(Recover(pushes));
       next = version;
       continue;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 
 #include "absl/time/clock.h"
@@ -12,6 +13,9 @@
 namespace fulcrum {
 
 namespace {
+
+// The heartbeat interval while hurried (see Hurry).
+constexpr int64_t kHurriedIntervalMs = 50;
 
 uint64_t NewIncarnation() {
   std::random_device random;
@@ -127,8 +131,18 @@ void MembershipClient::Loop() {
     if (registered) HeartbeatOnce();
     absl::MutexLock lock(&mu_);
     int64_t wait_ms = registered ? interval_ms_ : 500;
-    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(wait_ms))) return;
+    if (absl::Now() < hurry_until_) wait_ms = std::min(wait_ms, kHurriedIntervalMs);
+    mu_.AwaitWithTimeout(absl::Condition(this, &MembershipClient::Woken), absl::Milliseconds(wait_ms));
+    if (stopping_) return;
+    hurry_now_ = false;
   }
+}
+
+void MembershipClient::Hurry(absl::Duration period) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (now >= hurry_until_) hurry_now_ = true;  // not hurried yet: heartbeat at once
+  hurry_until_ = std::max(hurry_until_, now + period);
 }
 
 bool MembershipClient::LeaveAndDrain(absl::Duration timeout) {

@@ -47,6 +47,12 @@ class MembershipClient {
   // over while cut off from the scheduler).
   bool LeaseValid() const;
 
+  // Heartbeats at once (unless already hurried) and then every 50 ms for
+  // the next `period`, instead of at the scheduler's interval: a worker that
+  // lost a server calls it to learn the new shard map as soon as the
+  // scheduler publishes it, not up to an interval later.
+  void Hurry(absl::Duration period = absl::Seconds(2));
+
   // Sends a work report (workers). Retries UNAVAILABLE briefly.
   absl::Status Report(v1::WorkReport report);
 
@@ -72,6 +78,9 @@ class MembershipClient {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool drained_ ABSL_GUARDED_BY(mu_) = false;
   bool unreachable_ ABSL_GUARDED_BY(mu_) = false;  // the last heartbeat failed
+  absl::Time hurry_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool hurry_now_ ABSL_GUARDED_BY(mu_) = false;  // wakes the heartbeat loop
+  bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || hurry_now_; }
   bool DrainSettled() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return drained_ || unreachable_ || stopping_; }
   std::thread thread_;
 };

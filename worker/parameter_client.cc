@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,29 @@ namespace fulcrum {
 namespace {
 
 constexpr int kMaxAttempts = 5;
+
+// Waits until every call has finished (`remaining` is 0). With
+// `first_failure`, a failed call cancels those still running (held pulls),
+// and the wait is then only for their cancellations.
+void WaitAll(absl::Mutex* mu, size_t* remaining, const std::optional<size_t>* first_failure,
+             std::vector<grpc::ClientContext>* contexts) {
+  mu->Lock();
+  if (first_failure != nullptr) {
+    struct State {
+      size_t* remaining;
+      const std::optional<size_t>* failure;
+    } state{remaining, first_failure};
+    mu->Await(absl::Condition(
+        +[](State* s) { return *s->remaining == 0 || s->failure->has_value(); }, &state));
+    if (*remaining > 0) {
+      mu->Unlock();  // a cancelled call's callback takes mu
+      for (grpc::ClientContext& context : *contexts) context.TryCancel();
+      mu->Lock();
+    }
+  }
+  mu->Await(absl::Condition(+[](size_t* r) { return *r == 0; }, remaining));
+  mu->Unlock();
+}
 
 }  // namespace
 
@@ -89,12 +113,14 @@ absl::Status ParameterClient::RunAll(const std::vector<Request>& requests, const
     std::vector<grpc::Status> results(todo.size());
     absl::Mutex mu;
     size_t remaining = todo.size();
+    std::optional<size_t> first_failure;  // by completion time
     for (size_t k = 0; k < todo.size(); ++k) {
       size_t i = todo[k];
       SetDeadline(&contexts[k], absl::ToDoubleSeconds(timeout));
       auto done = [&, k](grpc::Status status) {
         absl::MutexLock lock(&mu);
         results[k] = std::move(status);
+        if (!results[k].ok() && !first_failure.has_value()) first_failure = k;
         --remaining;
       };
       auto* async = Stub(addresses[i])->async();
@@ -104,18 +130,22 @@ absl::Status ParameterClient::RunAll(const std::vector<Request>& requests, const
         async->Push(&contexts[k], &requests[i], &(*responses)[i], done);
       }
     }
-    {
-      absl::MutexLock lock(&mu);
-      mu.Await(absl::Condition(
-          +[](size_t* r) { return *r == 0; }, &remaining));
-    }
+    // A pull that waits for a version is held by its server until the step
+    // is complete; once another part of the same pull has failed, the pull
+    // cannot succeed, so the held parts are cancelled rather than waited out
+    // (a dead server must not cost the deadline of its live peers). Pushes
+    // run to the end: each is applied on its own.
+    WaitAll(&mu, &remaining, pull ? &first_failure : nullptr, &contexts);
     std::vector<size_t> retry;
     for (size_t k = 0; k < todo.size(); ++k) {
       if (results[k].ok()) continue;
-      last = absl::Status(FromGrpcStatus(results[k]).code(),
-                          absl::StrCat(pull ? "pull from " : "push to ", addresses[todo[k]],
-                                       ": ", results[k].error_message()));
-      if (results[k].error_code() != grpc::StatusCode::UNAVAILABLE) return last;
+      const bool cancelled_here = pull && k != *first_failure && results[k].error_code() == grpc::StatusCode::CANCELLED;
+      if (!cancelled_here) {
+        last = absl::Status(FromGrpcStatus(results[k]).code(),
+                            absl::StrCat(pull ? "pull from " : "push to ", addresses[todo[k]], ": ",
+                                         results[k].error_message()));
+        if (results[k].error_code() != grpc::StatusCode::UNAVAILABLE) return last;
+      }
       retry.push_back(todo[k]);
     }
     todo.swap(retry);
@@ -467,13 +497,27 @@ void ParameterClient::PullStream::Fetch(const std::vector<int>& tensors) {
 void ParameterClient::PullStream::Done(Call* call, grpc::Status status) {
   absl::MutexLock lock(&mu_);
   call->status = std::move(status);
+  if (!call->status.ok() && first_failure_ == nullptr) first_failure_ = call;
   --in_flight_;
 }
 
 absl::Status ParameterClient::PullStream::Finish(Versions* versions) {
+  Call* failed = nullptr;
   {
     absl::MutexLock lock(&mu_);
+    // As in RunAll: once one part failed, the held parts are cancelled.
+    mu_.Await(absl::Condition(
+        +[](PullStream* s) {
+          return s->in_flight_ == 0 || s->first_failure_ != nullptr;
+        },
+        this));
+    if (in_flight_ > 0) {
+      mu_.Unlock();  // a cancelled call's callback takes mu_
+      for (const auto& call : calls_) call->context.TryCancel();
+      mu_.Lock();
+    }
     mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
+    failed = first_failure_;
   }
   RETURN_IF_ERROR(error_);
   for (int t = 0; t < static_cast<int>(fetched_.size()); ++t) {
@@ -482,10 +526,9 @@ absl::Status ParameterClient::PullStream::Finish(Versions* versions) {
                                                         client_->map_.tensors(t).name(), " was never fetched"));
     }
   }
-  for (const auto& call : calls_) {
-    if (call->status.ok()) continue;
-    return absl::Status(FromGrpcStatus(call->status).code(),
-                        absl::StrCat("pull from ", call->batch.address, ": ", call->status.error_message()));
+  if (failed != nullptr) {
+    return absl::Status(FromGrpcStatus(failed->status).code(),
+                        absl::StrCat("pull from ", failed->batch.address, ": ", failed->status.error_message()));
   }
   Versions seen{INT64_MAX, 0, INT64_MAX};
   for (const auto& call : calls_) RETURN_IF_ERROR(decode_(call->batch, call->response, &seen));

@@ -57,7 +57,10 @@ class ParameterClient {
   };
 
   // Fills `params` once every chunk has at least `min_version` updates.
-  // DEADLINE_EXCEEDED after `timeout`; `params` is untouched on error.
+  // DEADLINE_EXCEEDED after `timeout`; `params` is untouched on error. When
+  // the request to one server fails, those its peers hold for the version
+  // are cancelled (and retried with it if it was UNAVAILABLE) rather than
+  // waited out.
   // float32 buffers take any wire format (16-bit values are widened);
   // 16-bit buffers get the raw values of a 16-bit format (for a device to
   // unpack; FAILED_PRECONDITION with a float32 format).
@@ -145,7 +148,9 @@ class ParameterClient {
     // Waits for every request. OK once every tensor of the map was fetched
     // and decoded (*versions as Pull reports them); else the first error
     // (FAILED_PRECONDITION for a tensor never fetched, INTERNAL for one
-    // fetched twice), and `params` may hold part of the values.
+    // fetched twice, or the first request to fail: the others, which servers
+    // may be holding for the version, are then cancelled, not waited out),
+    // and `params` may hold part of the values.
     absl::Status Finish(Versions* versions);
 
    private:
@@ -164,6 +169,7 @@ class ParameterClient {
     std::vector<std::unique_ptr<Call>> calls_;
     absl::Mutex mu_;
     int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+    Call* first_failure_ ABSL_GUARDED_BY(mu_) = nullptr;  // the first call to fail
   };
   // `params`: float32 buffers (any format), or 16-bit ones with a 16-bit
   // format; nullptr (FAILED_PRECONDITION from CheckBufferType) otherwise.

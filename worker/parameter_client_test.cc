@@ -1,15 +1,25 @@
 // ParameterClient's checks before anything is sent: the shard map points at
 // a port nobody listens on, so a request that went out would come back
-// UNAVAILABLE, not the errors asserted here.
+// UNAVAILABLE, not the errors asserted here. And a pull that one server
+// fails while another holds it for the version: the held part is cancelled.
 #include "worker/parameter_client.h"
 
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/rpc.h"
 #include "common/test_util.h"
+#include "fulcrum/v1/parameter.grpc.pb.h"
 #include "gtest/gtest.h"
 
 namespace fulcrum {
@@ -126,6 +136,110 @@ TEST(ParameterClientTest, PullStreamReportsAnUnreachableServerWithoutRetrying) {
   EXPECT_TRUE(Contains(status.message(), "pull from 127.0.0.1:1")) << status;
   EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "no retries with backoff, no waiting out the deadline";
   EXPECT_EQ(params[0][0], 7.0f) << "nothing decoded";
+}
+
+// A parameter server whose step never completes: it holds every Pull until
+// the client cancels it, and counts the pulls held and cancelled.
+class HoldingParameterService : public v1::ParameterService::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext*, const v1::PullRequest*, v1::PullResponse*) override {
+    absl::MutexLock lock(&mu_);
+    ++held_;
+    return new Held(this);
+  }
+  // True once `n` pulls arrived (waits up to 30 s for that).
+  bool WaitForHeld(int n) { return WaitFor(&held_, n); }
+  // True once `n` pulls were cancelled (waits up to 30 s for that).
+  bool WaitForCancelled(int n) { return WaitFor(&cancelled_, n); }
+
+ private:
+  class Held : public grpc::ServerUnaryReactor {
+   public:
+    explicit Held(HoldingParameterService* service) : service_(service) {}
+    void OnCancel() override {
+      {
+        absl::MutexLock lock(&service_->mu_);
+        ++service_->cancelled_;
+      }
+      Finish(grpc::Status::CANCELLED);
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    HoldingParameterService* service_;
+  };
+  bool WaitFor(const int* counter, int n) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [counter, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return *counter >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(30));
+  }
+
+  absl::Mutex mu_;
+  int held_ ABSL_GUARDED_BY(mu_) = 0;
+  int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A parameter server that is going away: it answers the n-th Pull with
+// UNAVAILABLE once `peer` holds n pulls (so the failure comes while the peer
+// holds its part of the same pull).
+class FailingParameterService : public v1::ParameterService::CallbackService {
+ public:
+  explicit FailingParameterService(HoldingParameterService* peer) : peer_(peer) {}
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const v1::PullRequest*,
+                                 v1::PullResponse*) override {
+    const bool held = peer_->WaitForHeld(++pulls_);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(held ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "shutting down")
+                         : grpc::Status(grpc::StatusCode::INTERNAL, "the peer never held the pull"));
+    return reactor;
+  }
+
+ private:
+  HoldingParameterService* peer_;
+  std::atomic<int> pulls_{0};
+};
+
+// TwoTensorMap with "w" on `live` and "b" on `failing`.
+v1::ShardMap LiveAndFailingMap(int live, int failing) {
+  v1::ShardMap map = TwoTensorMap();
+  map.mutable_shards(0)->set_address(absl::StrCat("127.0.0.1:", live));
+  v1::ShardLocation* other = map.add_shards();
+  other->set_server_id("ps-1");
+  other->set_address(absl::StrCat("127.0.0.1:", failing));
+  map.mutable_chunks(1)->set_shard(1);
+  return map;
+}
+
+TEST(ParameterClientTest, AFailedServerCancelsThePullItsPeersHold) {
+  HoldingParameterService holding;
+  FailingParameterService failing(&holding);
+  absl::StatusOr<RunningServer> live = StartGrpcServer("127.0.0.1", 0, {&holding});
+  ASSERT_TRUE(live.ok()) << live.status();
+  absl::StatusOr<RunningServer> going = StartGrpcServer("127.0.0.1", 0, {&failing});
+  ASSERT_TRUE(going.ok()) << going.status();
+  const std::string going_address = absl::StrCat("127.0.0.1:", going->port);
+  // A newer map is known: no backoff before a retry, the first failure returns.
+  ParameterClient client(LiveAndFailingMap(live->port, going->port), "job", "w0", [] { return true; });
+  std::vector<std::vector<float>> params = client.MakeBuffers();
+
+  const absl::Time start = absl::Now();
+  absl::Status status = client.Pull(1, absl::Seconds(60), &params);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_TRUE(Contains(status.message(), absl::StrCat("pull from ", going_address, ": shutting down")))
+      << status << ": the failed server's error, not CANCELLED";
+  EXPECT_TRUE(holding.WaitForCancelled(1)) << "the held pull was never cancelled";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the held pull was waited out";
+
+  std::unique_ptr<ParameterClient::PullStream> stream = client.StartPull(1, absl::Seconds(60), &params);
+  stream->Fetch({0});
+  stream->Fetch({1});
+  status = stream->Finish(nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_TRUE(Contains(status.message(), absl::StrCat("pull from ", going_address, ": shutting down"))) << status;
+  EXPECT_TRUE(holding.WaitForCancelled(2)) << "the held prefetch was never cancelled";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the held prefetch was waited out";
+  live->server->Shutdown();
+  going->server->Shutdown();
 }
 
 TEST(ParameterClientTest, PullStreamNeedsBuffersOfTheWireFormat) {

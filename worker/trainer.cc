@@ -249,7 +249,9 @@ class TrainingRun {
 
  private:
   std::unique_ptr<ParameterClient> MakeClient(const v1::ShardMap& map) {
+    // Asked between retries of a failed request.
     auto superseded = [this, version = map.version()] {
+      if (trainer_.hooks_.expect_change) trainer_.hooks_.expect_change();
       return trainer_.hooks_.latest_assignment().shard_map().version() > version;
     };
     return std::make_unique<ParameterClient>(map, trainer_.job_id_, writer_id_, superseded, wire_);
@@ -394,6 +396,7 @@ absl::Status TrainingRun::Recover(const absl::Status& error) {
     return error;
   }
   if (++failures_ > kMaxFailures) return error;
+  if (trainer_.hooks_.expect_change) trainer_.hooks_.expect_change();
   const int64_t current = client_->map_version();
   v1::Assignment assignment = trainer_.hooks_.latest_assignment();
   if (assignment.shard_map().version() <= current) {
@@ -573,6 +576,7 @@ absl::Status TrainingRun::RunBsp() {
     if (absl::IsDeadlineExceeded(pulled)) {
       // The step waits for a partition nobody sent: compute the ones this
       // worker owns now (e.g. taken over from a worker that died).
+      if (trainer_.hooks_.expect_change) trainer_.hooks_.expect_change();
       assignment = trainer_.hooks_.latest_assignment();
       if (assignment.shard_map().version() > client_->map_version()) {  // a failover: follow it
         RETURN_IF_ERROR(Recover(pulled));

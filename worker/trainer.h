@@ -51,6 +51,9 @@ struct TrainerHooks {
   // Waits until the job's membership epoch passes `epoch`, the job is
   // withdrawn, or `timeout`; returns the newest assignment.
   std::function<v1::Assignment(int64_t epoch, absl::Duration timeout)> wait_for_change;
+  // A parameter server failed a request: a new shard map may be on its way,
+  // so fetch assignments more often for a while (optional).
+  std::function<void()> expect_change;
 };
 
 class TrainingRun;

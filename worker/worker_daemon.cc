@@ -107,6 +107,7 @@ void WorkerDaemon::RunJob(MembershipClient* membership, v1::Assignment assignmen
   hooks.wait_for_change = [this, job_id](int64_t epoch, absl::Duration timeout) {
     return WaitForChange(job_id, epoch, timeout);
   };
+  hooks.expect_change = [membership] { membership->Hurry(); };
   hooks.observe_step = [this](double seconds, int64_t examples) {
     if (metrics_.step_seconds) metrics_.step_seconds->Observe(seconds);
     if (metrics_.steps_total) metrics_.steps_total->Increment();

@@ -1,0 +1,69 @@
+// MembershipClient against a fake scheduler that asks for a heartbeat a
+// minute: Hurry makes them come at once and every 50 ms.
+#include "common/membership_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/rpc.h"
+#include "fulcrum/v1/cluster.grpc.pb.h"
+#include "gtest/gtest.h"
+
+namespace fulcrum {
+namespace {
+
+class SlowScheduler : public v1::ClusterService::Service {
+ public:
+  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterResponse* response) override {
+    response->set_member_id("worker-1");
+    response->set_lease_ms(120000);
+    response->set_heartbeat_interval_ms(60000);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override {
+    absl::MutexLock lock(&mu_);
+    ++heartbeats_;
+    return grpc::Status::OK;
+  }
+  // True once `n` heartbeats arrived, waiting up to `timeout`.
+  bool WaitForHeartbeats(int n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return heartbeats_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  }
+
+ private:
+  absl::Mutex mu_;
+  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST(MembershipClientTest, HurryHeartbeatsAtOnceAndOftenThenStopsPromptly) {
+  SlowScheduler scheduler;
+  absl::StatusOr<RunningServer> server = StartGrpcServer("127.0.0.1", 0, {&scheduler});
+  ASSERT_TRUE(server.ok()) << server.status();
+  MembershipClient::Options options;
+  options.scheduler = absl::StrCat("127.0.0.1:", server->port);
+  options.role = v1::WORKER;
+  MembershipClient client(options);
+  client.Start();
+  ASSERT_TRUE(scheduler.WaitForHeartbeats(1, absl::Seconds(30))) << "no heartbeat after registering";
+  EXPECT_EQ(client.member_id(), "worker-1");
+
+  // The scheduler's interval is a minute: these come only from hurrying.
+  client.Hurry(absl::Seconds(30));
+  EXPECT_TRUE(scheduler.WaitForHeartbeats(6, absl::Seconds(20))) << "hurried heartbeats did not come every 50 ms";
+
+  const absl::Time stop = absl::Now();
+  client.Stop();
+  EXPECT_LT(absl::Now() - stop, absl::Seconds(10)) << "Stop waited out a heartbeat interval";
+  server->server->Shutdown();
+}
+
+}  // namespace
+}  // namespace fulcrum

@@ -10,8 +10,8 @@
 #include <cstring>
 
 namespace fulcrum {
-namespace half_internal {
 
+// A float's bit pattern, and the float of a bit pattern.
 inline uint32_t FloatBits(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof(bits));
@@ -24,6 +24,8 @@ inline float BitsFloat(uint32_t bits) {
   return f;
 }
 
+namespace half_internal {
+
 // Rounds `value` right by `shift` bits to nearest, ties to even.
 inline uint32_t ShiftRoundEven(uint32_t value, int shift) {
   const uint32_t kept = value >> shift;
@@ -35,7 +37,7 @@ inline uint32_t ShiftRoundEven(uint32_t value, int shift) {
 }  // namespace half_internal
 
 inline uint16_t FloatToFp16(float f) {
-  const uint32_t bits = half_internal::FloatBits(f);
+  const uint32_t bits = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
   const uint32_t magnitude = bits & 0x7FFFFFFF;
   if (magnitude > 0x7F800000) {  // NaN: stay quiet, keep the top payload bits
@@ -60,22 +62,22 @@ inline float Fp16ToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   const uint32_t exponent = (h >> 10) & 0x1F;
   const uint32_t mantissa = h & 0x3FF;
-  if (exponent == 0x1F) return half_internal::BitsFloat(sign | 0x7F800000 | (mantissa << 13));  // inf / NaN
-  if (exponent != 0) return half_internal::BitsFloat(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
+  if (exponent == 0x1F) return BitsFloat(sign | 0x7F800000 | (mantissa << 13));  // inf / NaN
+  if (exponent != 0) return BitsFloat(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
   // Zero or subnormal: mantissa * 2^-24 is exact in float.
   const float value = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
   return sign ? -value : value;
 }
 
 inline uint16_t FloatToBf16(float f) {
-  const uint32_t bits = half_internal::FloatBits(f);
+  const uint32_t bits = FloatBits(f);
   if ((bits & 0x7FFFFFFF) > 0x7F800000) return static_cast<uint16_t>((bits >> 16) | 0x0040);  // quiet NaN
   // bf16 is float's top half; rounding the low half carries correctly into the
   // exponent, up to inf, and through float subnormals.
   return static_cast<uint16_t>(half_internal::ShiftRoundEven(bits, 16));
 }
 
-inline float Bf16ToFloat(uint16_t h) { return half_internal::BitsFloat(static_cast<uint32_t>(h) << 16); }
+inline float Bf16ToFloat(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
 
 // Whole arrays, with exactly the results of the functions above. On x86-64
 // CPUs with F16C the fp16 ones convert 8 values an instruction (a block of 8

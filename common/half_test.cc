@@ -26,7 +26,7 @@ int CountFp16Mismatches(const std::vector<float>& values) {
     const uint16_t expected = FloatToFp16(values[i]);
     const bool ok = bulk[i] == expected && (i < 3 || values.size() <= 3 || shifted[i] == expected);
     if (!ok && ++mismatches <= 5) {
-      ADD_FAILURE() << "float 0x" << std::hex << ToBits(values[i]) << ": FloatToFp16 gives 0x" << expected
+      ADD_FAILURE() << "float 0x" << std::hex << FloatBits(values[i]) << ": FloatToFp16 gives 0x" << expected
                     << ", FloatsToFp16 0x" << bulk[i] << " / 0x" << shifted[i];
     }
   }
@@ -42,7 +42,7 @@ TEST(HalfArrayTest, Fp16EncodingMatchesTheScalarOneOnEveryFloatThatCanRoundToAFi
   std::vector<float> slice(size_t{1} << 23);
   for (uint32_t sign : {0u, 0x80000000u}) {
     for (uint32_t exponent = 101; exponent <= 143; ++exponent) {
-      for (uint32_t m = 0; m < slice.size(); ++m) slice[m] = FromBits(sign | (exponent << 23) | m);
+      for (uint32_t m = 0; m < slice.size(); ++m) slice[m] = BitsFloat(sign | (exponent << 23) | m);
       ASSERT_EQ(CountFp16Mismatches(slice), 0) << "exponent " << exponent << (sign ? ", negative" : "");
     }
   }
@@ -53,10 +53,10 @@ TEST(HalfArrayTest, Fp16EncodingMatchesOnTheRestOfTheFloatsSampledAndOnNaNs) {
   // Every 997th bit pattern (a prime stride: all exponents and mantissa
   // residues), the infinities and NaNs of every kind, and blocks that mix a
   // NaN with ordinary values (the scalar fallback for that block).
-  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 997) values.push_back(FromBits(static_cast<uint32_t>(bits)));
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 997) values.push_back(BitsFloat(static_cast<uint32_t>(bits)));
   for (uint32_t special : {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0x7FBFFFFFu,
                            0xFFFFFFFFu, 0x7FC02000u, 0x7F802000u}) {
-    for (int i = 0; i < 11; ++i) values.push_back(i % 4 == 0 ? FromBits(special) : 1.5f * i);
+    for (int i = 0; i < 11; ++i) values.push_back(i % 4 == 0 ? BitsFloat(special) : 1.5f * i);
   }
   EXPECT_EQ(CountFp16Mismatches(values), 0);
 }
@@ -68,10 +68,10 @@ TEST(HalfArrayTest, Fp16DecodingMatchesTheScalarOneOnEveryPattern) {
   Fp16sToFloats(all.data(), static_cast<int64_t>(all.size()), bulk.data());
   int mismatches = 0;
   for (size_t i = 0; i < all.size(); ++i) {
-    const uint32_t expected = ToBits(Fp16ToFloat(all[i]));
-    if (ToBits(bulk[i]) != expected && ++mismatches <= 5) {
+    const uint32_t expected = FloatBits(Fp16ToFloat(all[i]));
+    if (FloatBits(bulk[i]) != expected && ++mismatches <= 5) {
       ADD_FAILURE() << "half 0x" << std::hex << all[i] << ": Fp16ToFloat gives 0x" << expected
-                    << ", Fp16sToFloats 0x" << ToBits(bulk[i]);
+                    << ", Fp16sToFloats 0x" << FloatBits(bulk[i]);
     }
   }
   EXPECT_EQ(mismatches, 0);
@@ -79,14 +79,14 @@ TEST(HalfArrayTest, Fp16DecodingMatchesTheScalarOneOnEveryPattern) {
 
 TEST(HalfArrayTest, Bf16ArraysMatchTheScalarFunctions) {
   std::vector<float> values;
-  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 4099) values.push_back(FromBits(static_cast<uint32_t>(bits)));
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 4099) values.push_back(BitsFloat(static_cast<uint32_t>(bits)));
   std::vector<uint16_t> halves(values.size());
   FloatsToBf16(values.data(), static_cast<int64_t>(values.size()), halves.data());
   std::vector<float> back(values.size());
   Bf16sToFloats(halves.data(), static_cast<int64_t>(halves.size()), back.data());
   for (size_t i = 0; i < values.size(); ++i) {
-    ASSERT_EQ(halves[i], FloatToBf16(values[i])) << std::hex << ToBits(values[i]);
-    ASSERT_EQ(ToBits(back[i]), ToBits(Bf16ToFloat(halves[i])));
+    ASSERT_EQ(halves[i], FloatToBf16(values[i])) << std::hex << FloatBits(values[i]);
+    ASSERT_EQ(FloatBits(back[i]), FloatBits(Bf16ToFloat(halves[i])));
   }
 }
 

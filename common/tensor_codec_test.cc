@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/half.h"
 #include "common/test_util.h"
 #include "gtest/gtest.h"
 
@@ -27,12 +28,12 @@ TEST(TensorCodecTest, RoundTripIsBitExactIncludingSpecialValues) {
       std::numeric_limits<float>::min(),
       std::numeric_limits<float>::denorm_min(),
       -std::numeric_limits<float>::denorm_min(),
-      FromBits(0x00012345u),  // another denormal
+      BitsFloat(0x00012345u),  // another denormal
       std::numeric_limits<float>::infinity(),
       -std::numeric_limits<float>::infinity(),
       std::numeric_limits<float>::quiet_NaN(),
-      FromBits(0x7fa00001u),  // signalling NaN payload
-      FromBits(0xffc12345u),  // negative NaN with payload
+      BitsFloat(0x7fa00001u),  // signalling NaN payload
+      BitsFloat(0xffc12345u),  // negative NaN with payload
   };
   std::string bytes;
   EncodeFloats(in.data(), static_cast<int64_t>(in.size()), &bytes);
@@ -43,7 +44,7 @@ TEST(TensorCodecTest, RoundTripIsBitExactIncludingSpecialValues) {
                            "values")
                   .ok());
   for (size_t i = 0; i < in.size(); ++i) {
-    EXPECT_EQ(ToBits(out[i]), ToBits(in[i])) << "index " << i;
+    EXPECT_EQ(FloatBits(out[i]), FloatBits(in[i])) << "index " << i;
   }
 }
 

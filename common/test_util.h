@@ -4,9 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdint>
-#include <cstring>
-
 #include "absl/strings/string_view.h"
 
 namespace fulcrum {
@@ -15,19 +12,6 @@ namespace fulcrum {
 inline ::testing::AssertionResult Contains(absl::string_view haystack, absl::string_view needle) {
   if (haystack.find(needle) != absl::string_view::npos) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "\"" << haystack << "\" does not contain \"" << needle << "\"";
-}
-
-// A float's bit pattern, and the float of a bit pattern.
-inline uint32_t ToBits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  return bits;
-}
-
-inline float FromBits(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
 }
 
 }  // namespace fulcrum

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/half.h"
 #include "common/test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/backend_test_util.h"
@@ -702,7 +703,7 @@ TEST_P(BackendTest, UnpackHalfGivesTheEncodedValues) {
   EXPECT_TRUE(std::signbit(fp16[8]));
   const std::vector<float> bf16 =
       Unpack(backend(), HalfType::kBf16, {0x3F80, 0xC040, 0x0001, 0x7F7F, 0xFF80});
-  const std::vector<float> bf16_expected = {1.0f, -3.0f, FromBits(0x00010000), FromBits(0x7F7F0000), -kInf};
+  const std::vector<float> bf16_expected = {1.0f, -3.0f, BitsFloat(0x00010000), BitsFloat(0x7F7F0000), -kInf};
   EXPECT_EQ(bf16, bf16_expected);
 }
 
@@ -737,13 +738,13 @@ TEST_P(BackendTest, PackFp16RoundsToNearestEven) {
 
 TEST_P(BackendTest, PackBf16RoundsToNearestEven) {
   const std::vector<float> values = {
-      FromBits(0x3F808000),  // 1 + 2^-8: tie, 1.0 is even
-      FromBits(0x3F818000),  // tie, 0x3F82 is even
-      FromBits(0x3F808001),  // just above the tie
-      FromBits(0x3F807FFF),  // just below
-      FromBits(0x7F7FFFFF),  // float max rounds up to inf
-      FromBits(0x00018000),  // float subnormal tie: 0x0002 is even
-      FromBits(0x00008000),  // tie with zero
+      BitsFloat(0x3F808000),  // 1 + 2^-8: tie, 1.0 is even
+      BitsFloat(0x3F818000),  // tie, 0x3F82 is even
+      BitsFloat(0x3F808001),  // just above the tie
+      BitsFloat(0x3F807FFF),  // just below
+      BitsFloat(0x7F7FFFFF),  // float max rounds up to inf
+      BitsFloat(0x00018000),  // float subnormal tie: 0x0002 is even
+      BitsFloat(0x00008000),  // tie with zero
       -kInf,
       -0.0f,
   };
@@ -752,7 +753,7 @@ TEST_P(BackendTest, PackBf16RoundsToNearestEven) {
   const std::vector<uint16_t> bits = Pack(backend(), HalfType::kBf16, values);
   ASSERT_EQ(bits.size(), expected.size());
   for (size_t i = 0; i < bits.size(); ++i) {
-    EXPECT_EQ(bits[i], expected[i]) << "value " << i << " = 0x" << std::hex << ToBits(values[i]);
+    EXPECT_EQ(bits[i], expected[i]) << "value " << i << " = 0x" << std::hex << FloatBits(values[i]);
   }
   EXPECT_TRUE(IsHalfNaN(HalfType::kBf16, Pack(backend(), HalfType::kBf16, {kNaN, -kNaN})[0]));
 }

@@ -131,12 +131,7 @@ TEST(JobSpecTest, DefaultsFillUnsetFields) {
 }
 
 TEST(JobSpecTest, UnknownWireFormatIsRejectedNamingTheField) {
-  v1::JobSpec spec;
-  spec.mutable_model()->set_kind(v1::ModelSpec::MLP);
-  spec.mutable_model()->add_hidden_sizes(32);
-  spec.mutable_data()->set_dataset(v1::DataSpec::FASHION_MNIST);
-  spec.mutable_data()->set_batch_size(32);
-  spec.mutable_optimizer()->set_lr(0.1f);
+  v1::JobSpec spec = BaseSpec();
   spec.set_wire_format(v1::WIRE_BF16);
   ApplyJobSpecDefaults(&spec);
   EXPECT_EQ(spec.wire_format(), v1::WIRE_BF16);

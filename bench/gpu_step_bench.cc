@@ -43,7 +43,7 @@ double FlopsPerStep(const Case& c) {
   dims.insert(dims.end(), c.config.hidden.begin(), c.config.hidden.end());
   dims.push_back(c.config.num_classes);
   double macs = 0;
-  for (size_t i = 0; i + 1 < dims.size(); ++i) macs += double{dims[i]} * dims[i + 1];
+  for (size_t i = 0; i + 1 < dims.size(); ++i) macs += static_cast<double>(dims[i]) * dims[i + 1];
   return 6.0 * c.batch * macs;  // forward 2, backward 4 (dW and dX)
 }
 

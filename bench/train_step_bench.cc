@@ -118,9 +118,14 @@ void PrintTable(const std::vector<Variant>& variants, int hidden, int64_t steps,
   std::printf(
       "\nBSP, 2 servers + 2 workers (--device=%s) on loopback, MLP 784-%d-%d-10, batch 64 a worker, %lld steps "
       "a job, median of %d rounds\n\n",
-      absl::GetFlag(FLAGS_device), hidden, hidden, static_cast<long long>(steps), rounds);
+      absl::GetFlag(FLAGS_device).c_str(), hidden, hidden, static_cast<long long>(steps), rounds);
   std::printf("| wire format | push and pull | steps/s | vs fp32 whole-step | push payload MB / step |\n|---|---|---|---|---|\n");
   for (const Variant& v : variants) {
+    if (v.steps_per_second.empty()) {
+      std::printf("| %s | %s | not measured | | |\n", WireFormatName(v.format),
+                  v.overlap ? "layer by layer" : "whole step");
+      continue;
+    }
     const double rate = Median(v.steps_per_second);
     std::printf("| %s | %s | %.3f | %.3fx | %.2f |\n", WireFormatName(v.format),
                 v.overlap ? "layer by layer" : "whole step", rate, base > 0 ? rate / base : 0,

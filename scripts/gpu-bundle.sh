@@ -2,8 +2,10 @@
 # Builds Fulcrum (Release, CUDA for sm_90) and bundles what the GPU machine
 # needs into .gpu-bundle/ (ignored by git), per ../shared/GPU.md: binaries,
 # the CUDA plugin, test binaries, every non-system shared library they use
-# (not CUDA's, which the GPU machine has), Fashion-MNIST, and the PyTorch peer
-# benchmark. Then: run `scripts/gpu-check.sh` there with .gpu-bundle carried.
+# (not CUDA's, which the GPU machine has; binaries and libraries packed in
+# programs.tar.gz), Fashion-MNIST, and the PyTorch peer benchmark. Fails when
+# the bundle and the working tree would not fit in one device call. Then: run
+# `scripts/gpu-check.sh` there with .gpu-bundle carried.
 #
 # OpenBLAS (35 MB) does not fit the 64 MiB a device call may carry, so the
 # bundle ships Debian's 450 KB reference BLAS under OpenBLAS's file name: it
@@ -45,5 +47,17 @@ cp bench/torch_step_bench.py "$BUNDLE/bench/"
 sed "s#path: /usr/share/datasets/fashion-mnist#path: BUNDLE/data/fashion-mnist#" examples/fashion-mnist-mlp.yaml \
   > "$BUNDLE/examples/fashion-mnist-mlp.yaml"
 
-du -sh "$BUNDLE" >&2
+# Programs and libraries travel as one gzip'ed tar (42 MB -> 16 MB): a device
+# call carries at most 64 MiB, working tree included. gpu-check.sh unpacks it.
+tar -C "$BUNDLE" -czf "$BUNDLE/programs.tar.gz" bin lib
+rm -rf "$BUNDLE/bin" "$BUNDLE/lib"
+
+bytes="$(du -sb "$BUNDLE" | cut -f1)"
+tree="$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)"
+limit=$((60 << 20))
+echo "bundle: $bytes bytes, working tree $tree bytes (a device call carries 64 MiB in all)" >&2
+if [ $((bytes + tree)) -gt "$limit" ]; then
+  echo "gpu-bundle: bundle and tree exceed 60 MiB; a device call would not carry them" >&2
+  exit 1
+fi
 echo "bundle ready in $BUNDLE ($(find "$BUNDLE" -type f | wc -l) files)" >&2

@@ -8,9 +8,19 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
-BUNDLE="$ROOT/.gpu-bundle"
+CARRIED="$ROOT/.gpu-bundle"
 OUT="${OUT:-$ROOT/gpu-check-out}"
 mkdir -p "$OUT"
+# Unpack the programs (scripts/gpu-bundle.sh packs them) next to a copy of
+# the rest, outside the carried folder.
+BUNDLE="${TMPDIR:-/tmp}/fulcrum-gpu-bundle"
+rm -rf "$BUNDLE"
+mkdir -p "$BUNDLE"
+if ! tar -C "$BUNDLE" -xzf "$CARRIED/programs.tar.gz"; then
+  echo "gpu-check: cannot unpack $CARRIED/programs.tar.gz (run scripts/gpu-bundle.sh and carry .gpu-bundle)" >&2
+  exit 1
+fi
+cp -r "$CARRIED/data" "$CARRIED/bench" "$CARRIED/examples" "$BUNDLE/"
 CUDA_LIB="$(ls -d /usr/local/cuda-13*/targets/x86_64-linux/lib /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null | head -1)"
 export LD_LIBRARY_PATH="$BUNDLE/lib:$CUDA_LIB:${LD_LIBRARY_PATH:-}"
 export FULCRUM_BIN_DIR="$BUNDLE/bin"
@@ -25,7 +35,7 @@ echo "== CUDA backend tests" >&2
 "$BUNDLE/bin/kernels_test" > "$OUT/kernels_test.log" 2>&1
 TEST_RC=$?
 TEST_SUMMARY="$(grep -E '^\[  (PASSED|FAILED)  \]|tests? skipped|SKIPPED \]' "$OUT/kernels_test.log" | tail -3 | tr '\n' ' ')"
-CUDA_SKIPS="$(grep -c '\[  SKIPPED \].*cuda' "$OUT/kernels_test.log" || true)"
+CUDA_SKIPS="$(grep '\[  SKIPPED \].*cuda' "$OUT/kernels_test.log" | sort -u | wc -l)"
 
 run_job() {  # device -> prints the test accuracy
   local device="$1" dir="/tmp/fulcrum-gpu-check-$1"
@@ -37,7 +47,8 @@ run_job() {  # device -> prints the test accuracy
   cp -r "$dir/logs" "$OUT/logs-$device" 2>/dev/null
   "$FULCRUM" local down --dir "$dir" > /dev/null 2>&1
   [ $rc -eq 0 ] || return 1
-  grep -o '"testAccuracy": [0-9.]*' "$OUT/job-$device.json" | tail -1 | awk '{print $2}'
+  # The first testAccuracy is the job's progress (the history follows it).
+  grep -o '"testAccuracy": [0-9.]*' "$OUT/job-$device.json" | head -1 | awk '{print $2}'
 }
 echo "== demo job on the GPU" >&2
 GPU_ACC="$(run_job cuda || echo FAILED)"

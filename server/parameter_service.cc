@@ -487,8 +487,11 @@ grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context, const v1::
     chunk->set_format(request->format());
     int64_t version = 0;
     int64_t clock = 0;
+    // A worker cancels a pull it no longer needs (a peer server failed, a
+    // prefetch dropped): stop holding a thread for it.
     absl::Status status = (*shard)->Pull(chunk_id, request->min_version(), request->min_clock(), deadline,
-                                         chunk->mutable_data(), &version, &clock, request->format());
+                                         chunk->mutable_data(), &version, &clock, request->format(),
+                                         [context] { return context->IsCancelled(); });
     chunk->set_clock(clock);
     if (!status.ok()) return Finish("Pull", status, request->ByteSizeLong(), 0);
     chunk->set_version(version);

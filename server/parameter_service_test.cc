@@ -5,9 +5,12 @@
 #include "server/parameter_service.h"
 
 #include <grpcpp/grpcpp.h>
+#include <prometheus/registry.h>
 
 #include <atomic>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <limits>
 #include <memory>
 #include <string>
@@ -17,6 +20,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "common/half.h"
 #include "common/kv_store.h"
 #include "common/metrics.h"
@@ -39,7 +44,7 @@ constexpr double kRpcSeconds = 10.0;
 // One metrics endpoint for every server of the test binary, never destroyed:
 // stopping an endpoint's HTTP server takes about 2 s, once per server and test
 // otherwise. The services register the same metric families in it (prometheus
-// merges them); no test reads metrics.
+// merges them); tests that read them compare before and after.
 absl::StatusOr<MetricsEndpoint*> SharedMetrics() {
   static const absl::StatusOr<MetricsEndpoint*>* const metrics = [] {
     auto started = MetricsEndpoint::Start("127.0.0.1", 0);
@@ -66,7 +71,7 @@ class TestServer {
     TestServer* raw = server.get();
     server->service_ = std::make_unique<ParameterServiceImpl>(
         &server->store_, *metrics, [raw] { return raw->lease_valid_.load(); }, server->checkpoints_.get());
-    auto running = StartGrpcServer("127.0.0.1", 0, {server->service_.get()});
+    auto running = StartGrpcServer("127.0.0.1", 0, {server->service_.get()}, *metrics);
     if (!running.ok()) return running.status();
     server->running_ = *std::move(running);
     server->address_ = absl::StrCat("127.0.0.1:", server->running_.port);
@@ -377,6 +382,71 @@ TEST_F(ParameterServiceTest, PullWithOlderShardMapIsAborted) {
   EXPECT_TRUE(HasError(Pull(server_->stub(), "job", 0, /*map_version=*/1).status, grpc::StatusCode::ABORTED,
                        "pull made with shard map version 1, this server is at 2"));
   ExpectChunk(server_.get(), "job", 0, 2, kOneStep, 1);
+}
+
+// The value of counter `name` with `labels` (among others) in the shared
+// registry, summed over the matching series; 0 when there is none.
+double CounterValue(const std::string& name, const std::map<std::string, std::string>& labels) {
+  auto metrics = SharedMetrics();
+  if (!metrics.ok()) return -1;
+  double total = 0;
+  for (const prometheus::MetricFamily& family : (*metrics)->registry().Collect()) {
+    if (family.name != name) continue;
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      size_t matched = 0;
+      for (const prometheus::ClientMetric::Label& label : metric.label) {
+        auto wanted = labels.find(label.name);
+        if (wanted != labels.end() && wanted->second == label.value) ++matched;
+      }
+      if (matched == labels.size()) total += metric.counter.value;
+    }
+  }
+  return total;
+}
+
+// Waits up to `timeout` for `done`; returns whether it came.
+bool Eventually(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time until = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() >= until) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+// A worker that gives up a pull the server holds for a step (it cancels the
+// RPC: a peer server failed, a prefetch was dropped) frees the server's
+// thread at once, not at the pull's deadline.
+TEST_F(ParameterServiceTest, ACancelledHeldPullIsLetGo) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::BSP)));
+  const std::map<std::string, std::string> pull = {{"grpc_method", "Pull"}};
+  const std::map<std::string, std::string> canceled = {{"grpc_method", "Pull"}, {"grpc_code", "Canceled"}};
+  const double started_before = CounterValue("grpc_server_started_total", pull);
+  const double canceled_before = CounterValue("grpc_server_handled_total", canceled);
+
+  v1::PullRequest request;
+  request.set_job_id("job");
+  request.add_chunk_ids(0);
+  request.set_map_version(1);
+  request.set_min_version(100);  // never reached: nobody pushes
+  v1::PullResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, 60.0);
+  absl::Notification finished;
+  grpc::Status status;
+  server_->stub()->async()->Pull(&context, &request, &response, [&](grpc::Status s) {
+    status = std::move(s);
+    finished.Notify();
+  });
+  ASSERT_TRUE(Eventually([&] { return CounterValue("grpc_server_started_total", pull) > started_before; },
+                         absl::Seconds(20)))
+      << "the pull never reached the server";
+  context.TryCancel();
+  ASSERT_TRUE(finished.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(Eventually([&] { return CounterValue("grpc_server_handled_total", canceled) > canceled_before; },
+                         absl::Seconds(20)))
+      << "the server still holds the pull (its deadline is 60 s)";
 }
 
 TEST_F(ParameterServiceTest, PushWithoutLeaseIsUnavailableUntilLeaseReturns) {

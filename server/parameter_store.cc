@@ -149,14 +149,23 @@ int64_t Chunk::MinClockLocked() const {
 }
 
 absl::Status Chunk::Pull(int64_t min_version, int64_t min_clock, absl::Time deadline, std::string* data,
-                         int64_t* version, int64_t* clock, v1::WireFormat format) {
+                         int64_t* version, int64_t* clock, v1::WireFormat format,
+                         const std::function<bool()>& cancelled) {
+  // How often a waiting pull asks whether its caller gave up.
+  constexpr absl::Duration kCancelCheck = absl::Milliseconds(50);
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return (version_ >= min_version && MinClockLocked() >= min_clock) || !dropped_reason_.empty() ||
            !frozen_reason_.empty();
   };
   while (!ready()) {
-    if (updated_.WaitWithDeadline(&mu_, deadline) && !ready()) {
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrCat("pull of chunk ", config_.chunk_id, " of job ", job_.job_id,
+                                               ": cancelled by the client while waiting for step ",
+                                               std::max(min_version, min_clock)));
+    }
+    const absl::Time until = cancelled ? std::min(deadline, absl::Now() + kCancelCheck) : deadline;
+    if (updated_.WaitWithDeadline(&mu_, until) && until == deadline && !ready()) {
       return absl::DeadlineExceededError(absl::StrCat(
           "pull of chunk ", config_.chunk_id, " of job ", job_.job_id, " waited for step ", std::max(min_version, min_clock),
           " but the chunk is at step ", version_, ", its slowest partition at ", MinClockLocked(),
@@ -334,9 +343,10 @@ absl::StatusOr<PushOutcome> JobShard::Push(const PushArgs& args) {
 }
 
 absl::Status JobShard::Pull(int32_t chunk_id, int64_t min_version, int64_t min_clock, absl::Time deadline,
-                            std::string* data, int64_t* version, int64_t* clock, v1::WireFormat format) {
+                            std::string* data, int64_t* version, int64_t* clock, v1::WireFormat format,
+                            const std::function<bool()>& cancelled) {
   ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
-  return chunk->Pull(min_version, min_clock, deadline, data, version, clock, format);
+  return chunk->Pull(min_version, min_clock, deadline, data, version, clock, format, cancelled);
 }
 
 absl::StatusOr<ChunkSnapshot> JobShard::Snapshot(int32_t chunk_id) const {

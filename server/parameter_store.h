@@ -99,10 +99,12 @@ class Chunk {
   // Copies the values once at least `min_version` updates are applied and
   // (SSP) every data partition has at least `min_clock` steps in, reporting
   // the version and the slowest partition's clock. DEADLINE_EXCEEDED at
-  // `deadline`; ABORTED if the job is dropped here meanwhile.
+  // `deadline`; ABORTED if the job is dropped here meanwhile; CANCELLED,
+  // within 50 ms, once `cancelled` (optional: the caller gave up) says so.
   // `data` gets the values encoded in `format`.
   absl::Status Pull(int64_t min_version, int64_t min_clock, absl::Time deadline, std::string* data,
-                    int64_t* version, int64_t* clock = nullptr, v1::WireFormat format = v1::WIRE_FP32);
+                    int64_t* version, int64_t* clock = nullptr, v1::WireFormat format = v1::WIRE_FP32,
+                    const std::function<bool()>& cancelled = nullptr);
 
   ChunkSnapshot Snapshot() const;
   // Replaces this replica's state. INVALID_ARGUMENT if the shapes differ.
@@ -185,7 +187,7 @@ class JobShard {
   absl::Status AdoptChunks(const std::vector<ChunkConfig>& chunks, const std::vector<ChunkSnapshot>& snapshots);
   absl::Status Pull(int32_t chunk_id, int64_t min_version, int64_t min_clock, absl::Time deadline,
                     std::string* data, int64_t* version, int64_t* clock = nullptr,
-                    v1::WireFormat format = v1::WIRE_FP32);
+                    v1::WireFormat format = v1::WIRE_FP32, const std::function<bool()>& cancelled = nullptr);
   // Snapshots every chunk for a checkpoint at `at_version` (see
   // Chunk::ArmCapture): all are armed before any is waited for, so each is
   // cut at the same step. On error nothing stays armed.

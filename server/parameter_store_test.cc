@@ -217,6 +217,25 @@ TEST_F(ParameterStoreTest, BspWaitsForEveryRankThenAppliesTheMean) {
   }
 }
 
+// A worker that gives up a held pull (it cancels the RPC) frees the server
+// thread waiting for the step, long before the pull's deadline.
+TEST_F(ParameterStoreTest, AWaitingPullEndsOnceItsCallerGivesUp) {
+  std::shared_ptr<JobShard> shard = Setup(TestJob(/*synchronous=*/true, 2));
+  ASSERT_NE(shard, nullptr);
+  int asked = 0;
+  auto cancelled = [&asked] { return ++asked > 2; };  // gives up at the third look
+  std::string data;
+  int64_t version = -1;
+  const absl::Time start = absl::Now();
+  const absl::Status pulled =
+      shard->Pull(kChunkId, 1, 0, absl::Now() + absl::Seconds(60), &data, &version, nullptr, v1::WIRE_FP32, cancelled);
+  EXPECT_EQ(pulled.code(), absl::StatusCode::kCancelled) << pulled;
+  EXPECT_TRUE(Contains(pulled.message(), "cancelled by the client while waiting for step 1")) << pulled;
+  EXPECT_EQ(asked, 3);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "waited for the deadline";
+  EXPECT_TRUE(data.empty());
+}
+
 TEST_F(ParameterStoreTest, BspSumsInRankOrderRegardlessOfArrivalOrder) {
   // Three ranks whose float sum depends on the order of addition:
   // (1e8 + 1) - 1e8 == 0 but (1e8 - 1e8) + 1 == 1 in float32. (With two

@@ -290,19 +290,22 @@ void ParameterClient::PushStream::SendTensors(const std::vector<int>& tensors,
   const v1::ShardMap& map = client_->map_;
   const v1::WireFormat format = client_->format_;
   error_ = CheckBufferType<T>(format, "push");
+  std::vector<bool> sent = sent_;  // and this call's tensors, so one listed twice is caught
   for (int t : tensors) {
     if (!error_.ok()) break;
-    if (t < 0 || t >= map.tensors_size() || sent_[t] || static_cast<int64_t>(grads.size()) <= t ||
+    if (t < 0 || t >= map.tensors_size() || sent[t] || static_cast<int64_t>(grads.size()) <= t ||
         static_cast<int64_t>(grads[t].size()) != map.tensors(t).size()) {
       error_ = absl::InternalError(absl::StrCat("push of seq ", header_.seq(), ": tensor ", t,
                                                 " is out of range, sent twice or of the wrong size"));
+      break;
     }
+    sent[t] = true;
   }
   if (error_.ok() && format == v1::WIRE_FP16) error_ = CheckFp16Range(map, tensors, grads);
   if (!error_.ok()) return;
+  sent_.swap(sent);
   std::vector<int> chunks;
   for (int t : tensors) {
-    sent_[t] = true;
     chunks.insert(chunks.end(), client_->tensor_chunks_[t].begin(), client_->tensor_chunks_[t].end());
   }
   for (const Batch& batch : GroupByServer(map, chunks, WireBytes(format))) {
@@ -465,15 +468,17 @@ void ParameterClient::PullStream::Fetch(const std::vector<int>& tensors) {
   if (!error_.ok()) return;
   const v1::ShardMap& map = client_->map_;
   std::vector<int> chunks;
+  std::vector<bool> fetched = fetched_;  // with this call's tensors
   for (int t : tensors) {
-    if (t < 0 || t >= map.tensors_size() || fetched_[t]) {
+    if (t < 0 || t >= map.tensors_size() || fetched[t]) {
       error_ = absl::InternalError(absl::StrCat("prefetch of version ", min_version_, ": tensor ", t,
                                                 " is out of range or fetched twice"));
       return;
     }
+    fetched[t] = true;
   }
+  fetched_.swap(fetched);
   for (int t : tensors) {
-    fetched_[t] = true;
     chunks.insert(chunks.end(), client_->tensor_chunks_[t].begin(), client_->tensor_chunks_[t].end());
   }
   for (Batch& batch : GroupByServer(map, chunks, WireBytes(client_->format_))) {
@@ -502,15 +507,22 @@ void ParameterClient::PullStream::Done(Call* call, grpc::Status status) {
 }
 
 absl::Status ParameterClient::PullStream::Finish(Versions* versions) {
+  absl::Status incomplete = error_;
+  for (int t = 0; incomplete.ok() && t < static_cast<int>(fetched_.size()); ++t) {
+    if (!fetched_[t]) {
+      incomplete = absl::FailedPreconditionError(absl::StrCat("prefetch of version ", min_version_, ": tensor ",
+                                                              client_->map_.tensors(t).name(), " was never fetched"));
+    }
+  }
   Call* failed = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    // As in RunAll: once one part failed, the held parts are cancelled.
-    mu_.Await(absl::Condition(
-        +[](PullStream* s) {
-          return s->in_flight_ == 0 || s->first_failure_ != nullptr;
-        },
-        this));
+    // As in RunAll: once one part failed (or the stream is incomplete), the
+    // held parts are cancelled.
+    if (incomplete.ok()) {
+      mu_.Await(absl::Condition(
+          +[](PullStream* s) { return s->in_flight_ == 0 || s->first_failure_ != nullptr; }, this));
+    }
     if (in_flight_ > 0) {
       mu_.Unlock();  // a cancelled call's callback takes mu_
       for (const auto& call : calls_) call->context.TryCancel();
@@ -519,13 +531,7 @@ absl::Status ParameterClient::PullStream::Finish(Versions* versions) {
     mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
     failed = first_failure_;
   }
-  RETURN_IF_ERROR(error_);
-  for (int t = 0; t < static_cast<int>(fetched_.size()); ++t) {
-    if (!fetched_[t]) {
-      return absl::FailedPreconditionError(absl::StrCat("prefetch of version ", min_version_, ": tensor ",
-                                                        client_->map_.tensors(t).name(), " was never fetched"));
-    }
-  }
+  RETURN_IF_ERROR(incomplete);
   if (failed != nullptr) {
     return absl::Status(FromGrpcStatus(failed->status).code(),
                         absl::StrCat("pull from ", failed->batch.address, ": ", failed->status.error_message()));

@@ -99,7 +99,9 @@ class ParameterClient {
     // Sends `tensors` of `grads` (MakeBuffers layout; float32, or 16-bit
     // values with a 16-bit format, as Push takes). A tensor must be sent
     // once. Errors (a buffer of the wrong type, an fp16 overflow) are kept
-    // for Finish, and the tensors concerned are not sent.
+    // for Finish, and the tensors concerned are not sent; tensors sent by
+    // earlier calls are already on their way (servers apply each chunk once
+    // per partition and step, and the step fails with the error).
     void Send(const std::vector<int>& tensors, const std::vector<std::vector<float>>& grads);
     void Send(const std::vector<int>& tensors, const std::vector<std::vector<uint16_t>>& grads);
     // Waits for every request; the first error, or FAILED_PRECONDITION if a

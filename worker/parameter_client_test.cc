@@ -6,7 +6,8 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <atomic>
+#include <deque>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -98,6 +99,12 @@ TEST(ParameterClientTest, PushStreamRefusesATensorSentTwiceOrOfTheWrongSize) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
   EXPECT_TRUE(Contains(status.message(), "tensor 0 is out of range, sent twice or of the wrong size")) << status;
 
+  std::unique_ptr<ParameterClient::PushStream> listed_twice = client.StartPush(3, 0, 0, absl::Seconds(1));
+  listed_twice->Send({0, 0, 1}, grads);
+  status = listed_twice->Finish();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_TRUE(Contains(status.message(), "tensor 0 is out of range, sent twice")) << status;
+
   grads[1].push_back(0.0f);
   std::unique_ptr<ParameterClient::PushStream> wrong_size = client.StartPush(2, 0, 0, absl::Seconds(1));
   wrong_size->Send({0, 1}, grads);
@@ -122,6 +129,12 @@ TEST(ParameterClientTest, PullStreamRefusesAPartialOrDoubledPrefetch) {
   status = twice->Finish(nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
   EXPECT_TRUE(Contains(status.message(), "tensor 1 is out of range or fetched twice")) << status;
+
+  std::unique_ptr<ParameterClient::PullStream> listed_twice = client.StartPull(1, absl::Seconds(1), &params);
+  listed_twice->Fetch({1, 1, 0});
+  status = listed_twice->Finish(nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_TRUE(Contains(status.message(), "tensor 1 is out of range or fetched twice")) << status;
 }
 
 TEST(ParameterClientTest, PullStreamReportsAnUnreachableServerWithoutRetrying) {
@@ -142,15 +155,25 @@ TEST(ParameterClientTest, PullStreamReportsAnUnreachableServerWithoutRetrying) {
 // the client cancels it, and counts the pulls held and cancelled.
 class HoldingParameterService : public v1::ParameterService::CallbackService {
  public:
+  // Called with the number of pulls held so far, after each new one.
+  std::function<void(int)> on_held;
+
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext*, const v1::PullRequest*, v1::PullResponse*) override {
-    absl::MutexLock lock(&mu_);
-    ++held_;
-    return new Held(this);
+    int held = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      held = ++held_;
+    }
+    auto* reactor = new Held(this);
+    if (on_held) on_held(held);
+    return reactor;
   }
-  // True once `n` pulls arrived (waits up to 30 s for that).
-  bool WaitForHeld(int n) { return WaitFor(&held_, n); }
   // True once `n` pulls were cancelled (waits up to 30 s for that).
-  bool WaitForCancelled(int n) { return WaitFor(&cancelled_, n); }
+  bool WaitForCancelled(int n) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return cancelled_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(30));
+  }
 
  private:
   class Held : public grpc::ServerUnaryReactor {
@@ -168,35 +191,57 @@ class HoldingParameterService : public v1::ParameterService::CallbackService {
    private:
     HoldingParameterService* service_;
   };
-  bool WaitFor(const int* counter, int n) {
-    absl::MutexLock lock(&mu_);
-    auto reached = [counter, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return *counter >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(30));
-  }
 
   absl::Mutex mu_;
   int held_ ABSL_GUARDED_BY(mu_) = 0;
   int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// A parameter server that is going away: it answers the n-th Pull with
-// UNAVAILABLE once `peer` holds n pulls (so the failure comes while the peer
-// holds its part of the same pull).
+// A parameter server that is going away: it answers its n-th Pull with
+// UNAVAILABLE once its peer holds n pulls, so the failure comes while the
+// peer holds its part of the same pull. Nothing blocks a callback thread.
 class FailingParameterService : public v1::ParameterService::CallbackService {
  public:
-  explicit FailingParameterService(HoldingParameterService* peer) : peer_(peer) {}
+  explicit FailingParameterService(HoldingParameterService* peer) {
+    peer->on_held = [this](int held) {
+      {
+        absl::MutexLock lock(&mu_);
+        peer_held_ = held;
+      }
+      Answer();
+    };
+  }
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const v1::PullRequest*,
                                  v1::PullResponse*) override {
-    const bool held = peer_->WaitForHeld(++pulls_);
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(held ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "shutting down")
-                         : grpc::Status(grpc::StatusCode::INTERNAL, "the peer never held the pull"));
+    {
+      absl::MutexLock lock(&mu_);
+      waiting_.push_back(reactor);
+    }
+    Answer();
     return reactor;
   }
 
  private:
-  HoldingParameterService* peer_;
-  std::atomic<int> pulls_{0};
+  void Answer() {
+    std::vector<grpc::ServerUnaryReactor*> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!waiting_.empty() && answered_ < peer_held_) {
+        ready.push_back(waiting_.front());
+        waiting_.pop_front();
+        ++answered_;
+      }
+    }
+    for (grpc::ServerUnaryReactor* reactor : ready) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "shutting down"));
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<grpc::ServerUnaryReactor*> waiting_ ABSL_GUARDED_BY(mu_);
+  int answered_ ABSL_GUARDED_BY(mu_) = 0;
+  int peer_held_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // TwoTensorMap with "w" on `live` and "b" on `failing`.

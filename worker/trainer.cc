@@ -6,6 +6,7 @@
 #include <mutex>
 #include <random>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
@@ -371,6 +372,8 @@ class TrainingRun {
   std::vector<std::vector<float>> pulled_;  // BSP: where pulls land before they are known to be whole
   // BSP: the next step's pull, issued layer by layer as the last partition
   // step of this one pushes (see TransferOptions::prefetch_pull).
+  // The last CopyToHostAsync ticket of the partition step being computed (-1: none).
+  int64_t queued_ticket_ = -1;
   std::unique_ptr<ParameterClient::PullStream> prefetch_;
   int64_t prefetch_version_ = -1;
   StagedTensors<float> grads_;
@@ -396,7 +399,8 @@ absl::Status TrainingRun::Recover(const absl::Status& error) {
     return error;
   }
   if (++failures_ > kMaxFailures) return error;
-  if (trainer_.hooks_.expect_change) trainer_.hooks_.expect_change();
+  // A server failed (not merely a slow step): a new map may be on its way.
+  if (!absl::IsDeadlineExceeded(error) && trainer_.hooks_.expect_change) trainer_.hooks_.expect_change();
   const int64_t current = client_->map_version();
   v1::Assignment assignment = trainer_.hooks_.latest_assignment();
   if (assignment.shard_map().version() <= current) {
@@ -433,6 +437,12 @@ absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
   std::unique_ptr<ParameterClient::PushStream> push =
       client_->StartPush(++seq_, partition, step, kRpcTimeout, batch_, digest);
   std::vector<std::pair<int, int64_t>> downloads;  // (layer, ticket of its last copy) in the order queued
+  // However this step ends, no copy may still be on its way into the host
+  // buffers (an error return leaves them queued; the backend outlives this run).
+  auto drain = absl::MakeCleanup([this, backend] {
+    if (queued_ticket_ >= 0) (void)backend->WaitCopy(queued_ticket_);
+    queued_ticket_ = -1;
+  });
   std::function<absl::Status(int)> layer_done;
   if (trainer_.transfer_.overlap_push) layer_done = [&](int layer) { return LayerDone(layer, push.get(), &downloads); };
   RETURN_IF_ERROR(model_.ForwardBackward(params_.device_const(), x_device_, y_device_, batch_, grads_.device(),
@@ -473,6 +483,7 @@ absl::Status TrainingRun::LayerDone(int layer, ParameterClient::PushStream* push
       ASSIGN_OR_RETURN(ticket, backend->CopyToHostAsync((*grads_.host())[t].data(), grads_.device()[t],
                                                         n * sizeof(float)));
     }
+    queued_ticket_ = ticket;
   }
   if (backend->HostMemory()) {  // computed already: send now, while the layers below are computed
     SendLayer(layer, push);
@@ -576,7 +587,6 @@ absl::Status TrainingRun::RunBsp() {
     if (absl::IsDeadlineExceeded(pulled)) {
       // The step waits for a partition nobody sent: compute the ones this
       // worker owns now (e.g. taken over from a worker that died).
-      if (trainer_.hooks_.expect_change) trainer_.hooks_.expect_change();
       assignment = trainer_.hooks_.latest_assignment();
       if (assignment.shard_map().version() > client_->map_version()) {  // a failover: follow it
         RETURN_IF_ERROR(Recover(pulled));

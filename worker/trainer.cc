@@ -563,6 +563,7 @@ absl::Status TrainingRun::RunBsp() {
   int64_t have_version = -1;  // the version of the uploaded parameters
   int64_t evaluated = 0;      // last step evaluated
   std::set<int32_t> pushed;   // partitions pushed for have_version
+  bool owe_push = false;      // a push for have_version failed and was not sent again yet
   v1::Assignment assignment = trainer_.hooks_.latest_assignment();
   while (true) {
     if (Stopped()) return absl::CancelledError("assignment withdrawn");
@@ -603,6 +604,18 @@ absl::Status TrainingRun::RunBsp() {
     }
     failures_ = 0;
     if (versions.min != versions.max) {  // caught mid-update: wait for all chunks
+      if (owe_push && versions.min == have_version) {
+        // Some chunks still wait for this step and for a push of this worker
+        // that failed (their server died and it switched maps): send what is
+        // missing now rather than after a slice of waiting.
+        assignment = trainer_.hooks_.latest_assignment();
+        absl::Status pushes = PushMissing(assignment, have_version, &pushed);
+        if (pushes.ok()) {
+          owe_push = false;
+        } else {
+          RETURN_IF_ERROR(Recover(pushes));
+        }
+      }
       next = versions.max;
       continue;
     }
@@ -610,6 +623,7 @@ absl::Status TrainingRun::RunBsp() {
     RETURN_IF_ERROR(InstallParams(/*staged=*/true));
     have_version = version;
     pushed.clear();
+    owe_push = false;
     assignment = trainer_.hooks_.latest_assignment();
     const bool evaluator = std::count(assignment.partitions().begin(), assignment.partitions().end(),
                                       assignment.eval_partition()) > 0;
@@ -622,6 +636,7 @@ absl::Status TrainingRun::RunBsp() {
     if (!pushes.ok()) {  // pull this step again (with a new map) and send what is missing
       prefetch_.reset();  // before Recover replaces the client it runs on
       RETURN_IF_ERROR(Recover(pushes));
+      owe_push = true;
       next = version;
       continue;
     }

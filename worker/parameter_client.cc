@@ -20,26 +20,21 @@ namespace {
 
 constexpr int kMaxAttempts = 5;
 
-// Waits until every call has finished (`remaining` is 0). With
-// `first_failure`, a failed call cancels those still running (held pulls),
-// and the wait is then only for their cancellations.
-void WaitAll(absl::Mutex* mu, size_t* remaining, const std::optional<size_t>* first_failure,
-             std::vector<grpc::ClientContext>* contexts) {
+// Waits, holding `mu` only while waiting, until `finished()`. Once
+// `failed()` (read under `mu`) says the outcome is decided while calls still
+// run, calls `cancel()` without `mu` (a cancelled call's callback takes it)
+// and then waits only for the cancelled calls to wind up.
+template <typename Finished, typename Failed, typename Cancel>
+void AwaitCalls(absl::Mutex* mu, Finished finished, Failed failed, Cancel cancel) {
+  auto settled = [&] { return finished() || failed(); };
   mu->Lock();
-  if (first_failure != nullptr) {
-    struct State {
-      size_t* remaining;
-      const std::optional<size_t>* failure;
-    } state{remaining, first_failure};
-    mu->Await(absl::Condition(
-        +[](State* s) { return *s->remaining == 0 || s->failure->has_value(); }, &state));
-    if (*remaining > 0) {
-      mu->Unlock();  // a cancelled call's callback takes mu
-      for (grpc::ClientContext& context : *contexts) context.TryCancel();
-      mu->Lock();
-    }
+  mu->Await(absl::Condition(&settled));
+  if (!finished()) {
+    mu->Unlock();
+    cancel();
+    mu->Lock();
   }
-  mu->Await(absl::Condition(+[](size_t* r) { return *r == 0; }, remaining));
+  mu->Await(absl::Condition(&finished));
   mu->Unlock();
 }
 
@@ -135,7 +130,11 @@ absl::Status ParameterClient::RunAll(const std::vector<Request>& requests, const
     // cannot succeed, so the held parts are cancelled rather than waited out
     // (a dead server must not cost the deadline of its live peers). Pushes
     // run to the end: each is applied on its own.
-    WaitAll(&mu, &remaining, pull ? &first_failure : nullptr, &contexts);
+    AwaitCalls(
+        &mu, [&] { return remaining == 0; }, [&] { return pull && first_failure.has_value(); },
+        [&] {
+          for (grpc::ClientContext& context : contexts) context.TryCancel();
+        });
     std::vector<size_t> retry;
     for (size_t k = 0; k < todo.size(); ++k) {
       if (results[k].ok()) continue;
@@ -514,21 +513,16 @@ absl::Status ParameterClient::PullStream::Finish(Versions* versions) {
                                                               client_->map_.tensors(t).name(), " was never fetched"));
     }
   }
+  // As in RunAll: once one part failed (or the stream is incomplete), the
+  // held parts are cancelled.
+  AwaitCalls(
+      &mu_, [this] { return in_flight_ == 0; }, [&] { return !incomplete.ok() || first_failure_ != nullptr; },
+      [this] {
+        for (const auto& call : calls_) call->context.TryCancel();
+      });
   Call* failed = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    // As in RunAll: once one part failed (or the stream is incomplete), the
-    // held parts are cancelled.
-    if (incomplete.ok()) {
-      mu_.Await(absl::Condition(
-          +[](PullStream* s) { return s->in_flight_ == 0 || s->first_failure_ != nullptr; }, this));
-    }
-    if (in_flight_ > 0) {
-      mu_.Unlock();  // a cancelled call's callback takes mu_
-      for (const auto& call : calls_) call->context.TryCancel();
-      mu_.Lock();
-    }
-    mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
     failed = first_failure_;
   }
   RETURN_IF_ERROR(incomplete);

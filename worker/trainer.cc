@@ -370,10 +370,10 @@ class TrainingRun {
   double window_step_seconds_ = 0;  // compute + push time of the window's steps
   StagedTensors<float> params_;
   std::vector<std::vector<float>> pulled_;  // BSP: where pulls land before they are known to be whole
-  // BSP: the next step's pull, issued layer by layer as the last partition
-  // step of this one pushes (see TransferOptions::prefetch_pull).
   // The last CopyToHostAsync ticket of the partition step being computed (-1: none).
   int64_t queued_ticket_ = -1;
+  // BSP: the next step's pull, issued layer by layer as the last partition
+  // step of this one pushes (see TransferOptions::prefetch_pull).
   std::unique_ptr<ParameterClient::PullStream> prefetch_;
   int64_t prefetch_version_ = -1;
   StagedTensors<float> grads_;

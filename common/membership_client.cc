@@ -70,6 +70,7 @@ bool MembershipClient::RegisterOnce() {
   request.set_pid(getpid());
   request.set_incarnation(incarnation_);
   request.set_device(options_.device);
+  request.set_memory_budget_bytes(options_.memory_budget);
   v1::RegisterResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, 2.0);

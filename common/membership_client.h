@@ -27,6 +27,7 @@ class MembershipClient {
     std::string metrics_address;
     std::string requested_id;
     std::string device;
+    int64_t memory_budget = 0;  // reported on register (bytes; 0: none)
     // Called on the heartbeat thread after every successful heartbeat.
     std::function<void(const v1::HeartbeatResponse&)> on_heartbeat;
     // Called before each heartbeat: the job this process works on now.

@@ -1,5 +1,6 @@
 #include "common/rpc.h"
 
+#include "common/authorization.h"
 #include "common/grpc_metrics.h"
 #include "common/metrics.h"
 #include "common/rpc_security.h"
@@ -26,7 +27,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 }
 
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
-                                              const std::vector<grpc::Service*>& services,
+                                              const std::vector<ServedService>& services,
                                               MetricsEndpoint* metrics, bool plaintext) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -36,12 +37,18 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
   builder.AddListeningPort(address, plaintext ? grpc::InsecureServerCredentials() : ServerCredentials(), &running.port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
-  for (grpc::Service* service : services) builder.RegisterService(service);
-  if (metrics != nullptr) {
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-    interceptors.push_back(NewServerMetricsInterceptorFactory(&metrics->registry()));
-    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  for (const ServedService& served : services) {
+    absl::StatusOr<std::unique_ptr<grpc::Service>> gated = GateService(served.service, served.name);
+    if (!gated.ok()) return gated.status();
+    running.gated.push_back(*std::move(gated));
+    builder.RegisterService(running.gated.back().get());
   }
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  // Send hooks run in this order: the metrics count the status the gate's
+  // interceptor settles on.
+  interceptors.push_back(NewGateStatusInterceptorFactory());
+  if (metrics != nullptr) interceptors.push_back(NewServerMetricsInterceptorFactory(&metrics->registry()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address,
@@ -57,6 +64,12 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Independent channels per peer so that one busy connection cannot starve another.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Reconnect within a second of a peer coming back (a restarted scheduler,
+  // a pod replaced at once), not after gRPC's default backoff of up to two
+  // minutes: a member that reconnects late loses its lease.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return grpc::experimental::CreateCustomChannelWithInterceptors(address, ChannelCredentials(), args,
                                                                   CredentialInterceptors());
 }

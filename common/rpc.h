@@ -11,6 +11,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fulcrum/v1/cluster.grpc.pb.h"
+#include "fulcrum/v1/job.grpc.pb.h"
+#include "fulcrum/v1/parameter.grpc.pb.h"
 
 namespace fulcrum {
 
@@ -22,7 +25,22 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // RESOURCE_EXHAUSTED before it reaches our code.
 constexpr int kMaxMessageBytes = 8 << 20;
 
+// A fulcrum.v1 service to serve, with its full proto name (the
+// authorization gate looks its methods up in the table by it).
+struct ServedService {
+  ServedService(v1::JobService::Service* s) : service(s), name(v1::JobService::service_full_name()) {}  // NOLINT
+  ServedService(v1::ClusterService::Service* s)  // NOLINT
+      : service(s), name(v1::ClusterService::service_full_name()) {}
+  ServedService(v1::ParameterService::Service* s)  // NOLINT
+      : service(s), name(v1::ParameterService::service_full_name()) {}
+  grpc::Service* service;
+  std::string name;
+};
+
 struct RunningServer {
+  // The gated services (common/authorization.h) the server serves; they
+  // must outlive it, so they are declared first (destroyed last).
+  std::vector<std::unique_ptr<grpc::Service>> gated;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
 };
@@ -30,13 +48,14 @@ struct RunningServer {
 class MetricsEndpoint;
 
 // Builds and starts a gRPC server on host:port (port 0 picks a free one)
-// serving `services`, grpc.health.v1.Health (SERVING) and reflection. With
+// serving `services` through the authorization gate (common/authorization.h),
+// grpc.health.v1.Health (SERVING) and reflection. With
 // `metrics`, every RPC is counted and timed into its registry
 // (grpc_server_*, see common/grpc_metrics.h). It uses the process's
 // transport security (common/rpc_security.h) unless `plaintext` (a health
 // port for probes when TLS is on).
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
-                                              const std::vector<grpc::Service*>& services,
+                                              const std::vector<ServedService>& services,
                                               MetricsEndpoint* metrics = nullptr, bool plaintext = false);
 
 // A channel with Fulcrum's message limits, the process's transport security

@@ -1,7 +1,6 @@
 #include "common/rpc_security.h"
 
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -27,12 +26,20 @@ Security& Current() {
   return *security;
 }
 
+// Credentials and certificates are small; a bigger file is a mistake (or
+// /dev/zero) and is refused rather than read without bound.
+constexpr size_t kMaxCredentialFileBytes = 1 << 20;
+
 absl::Status ReadFile(const std::string& path, const char* what, std::string* out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(what, ": cannot read ", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  *out = buffer.str();
+  out->assign(kMaxCredentialFileBytes + 1, '\0');
+  in.read(out->data(), static_cast<std::streamsize>(out->size()));
+  out->resize(static_cast<size_t>(in.gcount()));
+  if (in.bad()) return absl::NotFoundError(absl::StrCat(what, ": cannot read ", path));
+  if (out->size() > kMaxCredentialFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", path, " is over ", kMaxCredentialFileBytes, " bytes"));
+  }
   return absl::OkStatus();
 }
 
@@ -45,10 +52,34 @@ bool SameToken(absl::string_view given, const std::string& expected) {
   return differ == 0;
 }
 
-std::string Header(const grpc::ServerContext* context, const char* name) {
-  auto it = context->client_metadata().find(name);
-  if (it == context->client_metadata().end()) return "";
-  return std::string(it->second.data(), it->second.size());
+// The value of metadata entry `name` ("" if absent).
+absl::string_view Header(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata, const char* name) {
+  auto it = metadata.find(name);
+  if (it == metadata.end()) return "";
+  return absl::string_view(it->second.data(), it->second.size());
+}
+
+// A PEM file; INVALID_ARGUMENT when it holds no PEM block (an empty Secret).
+absl::Status ReadPem(const std::string& path, const char* flag, std::string* pem) {
+  RETURN_IF_ERROR(ReadFile(path, flag, pem));
+  if (pem->find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " holds no PEM data (",
+                                                    pem->empty() ? "it is empty" : "no -----BEGIN line", ")"));
+  }
+  return absl::OkStatus();
+}
+
+// The token in `path`, whitespace trimmed; INVALID_ARGUMENT when there is none.
+absl::Status ReadToken(const std::string& path, const char* flag, std::string* token) {
+  std::string text;
+  RETURN_IF_ERROR(ReadFile(path, flag, &text));
+  *token = std::string(absl::StripAsciiWhitespace(text));
+  if (token->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " holds no token (it is empty or blank); "
+                                                    "an empty credential would turn security off: put a token "
+                                                    "in it, or leave the flag out to run without one"));
+  }
+  return absl::OkStatus();
 }
 
 // Adds the configured tokens to the initial metadata of every call.
@@ -89,14 +120,10 @@ std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterfac
 
 absl::Status ConfigureRpcSecurity(const RpcSecurityFiles& files) {
   std::string job, cluster;
-  if (!files.job_token.empty()) {
-    if (absl::Status s = ReadFile(files.job_token, "--token-file", &job); !s.ok()) return s;
-  }
-  if (!files.cluster_token.empty()) {
-    if (absl::Status s = ReadFile(files.cluster_token, "--cluster-token-file", &cluster); !s.ok()) return s;
-  }
-  RETURN_IF_ERROR(ConfigureRpcSecurity(files, "", std::string(absl::StripAsciiWhitespace(cluster))));
-  Current().accepted_job_token = std::string(absl::StripAsciiWhitespace(job));
+  if (!files.job_token.empty()) RETURN_IF_ERROR(ReadToken(files.job_token, "--token-file", &job));
+  if (!files.cluster_token.empty()) RETURN_IF_ERROR(ReadToken(files.cluster_token, "--cluster-token-file", &cluster));
+  RETURN_IF_ERROR(ConfigureRpcSecurity(files, "", cluster));
+  Current().accepted_job_token = job;
   return absl::OkStatus();
 }
 
@@ -109,9 +136,9 @@ absl::Status ConfigureRpcSecurity(const RpcSecurityFiles& files, const std::stri
   }
   if (given == 3) {
     security.tls = true;
-    if (absl::Status s = ReadFile(files.tls_cert, "--tls-cert", &security.cert); !s.ok()) return s;
-    if (absl::Status s = ReadFile(files.tls_key, "--tls-key", &security.key); !s.ok()) return s;
-    if (absl::Status s = ReadFile(files.tls_ca, "--tls-ca", &security.ca); !s.ok()) return s;
+    RETURN_IF_ERROR(ReadPem(files.tls_cert, "--tls-cert", &security.cert));
+    RETURN_IF_ERROR(ReadPem(files.tls_key, "--tls-key", &security.key));
+    RETURN_IF_ERROR(ReadPem(files.tls_ca, "--tls-ca", &security.ca));
   }
   security.sent_job_token = job_token;
   security.cluster_token = cluster_token;
@@ -140,26 +167,27 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials() {
   return grpc::SslCredentials(options);
 }
 
-absl::Status Authorize(const grpc::ServerContext* context, Caller caller) {
+CredentialCheck CheckCredential(CallerKind kind, const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) {
   const Security& s = Current();
-  if (caller == Caller::kClusterMember) {
-    if (s.cluster_token.empty()) return absl::OkStatus();
-    std::string given = Header(context, kClusterTokenHeader);
-    if (given.empty()) {
-      return absl::UnauthenticatedError("this cluster requires its cluster credential (--cluster-token-file)");
-    }
-    if (!SameToken(given, s.cluster_token)) return absl::PermissionDeniedError("wrong cluster credential");
-    return absl::OkStatus();
+  CredentialCheck check;
+  if (kind == kClusterMember) {
+    absl::string_view given = Header(metadata, kClusterTokenHeader);
+    check.presented = !given.empty();
+    check.valid = s.cluster_token.empty() || (check.presented && SameToken(given, s.cluster_token));
+    check.missing = "this cluster requires its cluster credential (--cluster-token-file)";
+    check.wrong = "wrong cluster credential";
+    return check;
   }
-  if (s.accepted_job_token.empty()) return absl::OkStatus();
-  std::string given = Header(context, kAuthorizationHeader);
-  if (!absl::StartsWith(given, "Bearer ") || given.size() == 7) {
-    return absl::UnauthenticatedError("this scheduler requires a token: pass --token or set FULCRUM_TOKEN");
+  if (kind == kJobClient) {
+    absl::string_view given = Header(metadata, kAuthorizationHeader);
+    check.presented = absl::StartsWith(given, "Bearer ") && given.size() > 7;
+    check.valid = s.accepted_job_token.empty() || (check.presented && SameToken(given.substr(7), s.accepted_job_token));
+    check.missing = "this scheduler requires a token: pass --token or set FULCRUM_TOKEN";
+    check.wrong = "the token is not valid for this scheduler";
+    return check;
   }
-  if (!SameToken(absl::string_view(given).substr(7), s.accepted_job_token)) {
-    return absl::PermissionDeniedError("the token is not valid for this scheduler");
-  }
-  return absl::OkStatus();
+  check.valid = kind == kAnyone;
+  return check;
 }
 
 }  // namespace fulcrum

@@ -14,6 +14,8 @@
 #ifndef FULCRUM_COMMON_RPC_SECURITY_H_
 #define FULCRUM_COMMON_RPC_SECURITY_H_
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,7 +36,9 @@ struct RpcSecurityFiles {
 };
 
 // Reads the files and installs the configuration. INVALID_ARGUMENT for an
-// incomplete TLS triple, NOT_FOUND naming a file that cannot be read.
+// incomplete TLS triple or a credential file that holds no token (an empty
+// secret must never turn security off), NOT_FOUND naming a file that cannot
+// be read.
 absl::Status ConfigureRpcSecurity(const RpcSecurityFiles& files);
 // The same with the tokens given directly (the CLI's --token / FULCRUM_TOKEN).
 absl::Status ConfigureRpcSecurity(const RpcSecurityFiles& files, const std::string& job_token,
@@ -47,10 +51,22 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials();
 // metadata; MakeChannel installs them on its channels.
 std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> CredentialInterceptors();
 
-enum class Caller { kJobClient, kClusterMember };
-// OK when the call carries the credential `caller` needs (or none is
-// configured); UNAUTHENTICATED / PERMISSION_DENIED otherwise.
-absl::Status Authorize(const grpc::ServerContext* context, Caller caller);
+// The callers of an RPC, by the credential they present; see
+// common/authorization.h for the table that says who may call what.
+enum CallerKind : uint32_t {
+  kAnyone = 1u << 0,
+  kJobClient = 1u << 1,
+  kClusterMember = 1u << 2,
+};
+
+// What a call's metadata shows of one kind of credential.
+struct CredentialCheck {
+  bool valid = false;      // it matches the configured one (or none is configured)
+  bool presented = false;  // the call carries one
+  std::string missing;     // the refusal when it carries none
+  std::string wrong;       // the refusal when it does not match
+};
+CredentialCheck CheckCredential(CallerKind kind, const std::multimap<grpc::string_ref, grpc::string_ref>& metadata);
 
 }  // namespace fulcrum
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
+#include "common/quote.h"
 #include "common/status_macros.h"
 #include "scheduler/job_manager_internal.h"
 #include "scheduler/job_spec.h"
@@ -39,11 +40,17 @@ int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
 }  // namespace
 
 JobManager::JobManager(SchedulerOptions options, ServerControl* servers, Clock clock, KvStore* store)
-    : options_(options), servers_(servers), clock_(clock ? std::move(clock) : Clock(absl::Now)), store_(store) {}
+    : options_(options), servers_(servers), clock_(clock ? std::move(clock) : Clock(absl::Now)), store_(store) {
+  if (options_.server_call_threads > 0) server_calls_ = std::make_unique<ThreadPool>(options_.server_call_threads);
+}
 
 JobManager::~JobManager() { Stop(); }
 
 void JobManager::Start() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (recovery_deadline_.has_value()) recovery_deadline_ = clock_() + RecoveryWindow();
+  }
   thread_ = std::thread([this] { Loop(); });
   checkpoint_thread_ = std::thread([this] { CheckpointLoop(); });
 }
@@ -56,6 +63,7 @@ void JobManager::Stop() {
   if (thread_.joinable()) thread_.join();
   servers_->CancelAll();  // a checkpoint may be waiting on a server for its cut
   if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
+  if (server_calls_ != nullptr) server_calls_->Stop();
 }
 
 void JobManager::Loop() {
@@ -109,17 +117,26 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
   ApplyJobSpecDefaults(&spec);
   if (spec.replicas() == 0) spec.set_replicas(options_.default_replicas);
   RETURN_IF_ERROR(ValidateJobSpec(spec));
+  const JobClaims claims = ClaimsOf(spec);
   absl::MutexLock lock(&mu_);
+  {
+    // What can never fit the processes' memory budgets is refused now.
+    std::vector<int64_t> worker_budgets, server_budgets;
+    for (const auto& [id, member] : members_) {
+      (member->role == v1::WORKER ? worker_budgets : server_budgets).push_back(member->memory_budget);
+    }
+    RETURN_IF_ERROR(CheckFitsBudgets(claims, spec, worker_budgets, server_budgets));
+  }
   const v1::CheckpointManifest* resume = nullptr;
   if (!resume_from.empty()) {
     std::vector<std::string> parts = absl::StrSplit(resume_from, absl::MaxSplits('/', 1));
     int64_t checkpoint_id = 0;
     if (parts.size() == 2 && (!absl::SimpleAtoi(parts[1], &checkpoint_id) || checkpoint_id <= 0)) {
-      return absl::InvalidArgumentError(absl::StrCat("resumeFrom: \"", resume_from,
+      return absl::InvalidArgumentError(absl::StrCat("resumeFrom: ", Quote(resume_from),
                                                      "\" must be JOB or JOB/CHECKPOINT (a positive number)"));
     }
     Job* source = FindJob(parts[0]);
-    if (source == nullptr) return absl::NotFoundError(absl::StrCat("resumeFrom: no job with id \"", parts[0], "\""));
+    if (source == nullptr) return absl::NotFoundError(absl::StrCat("resumeFrom: no job with id ", Quote(parts[0])));
     for (auto it = source->manifests.rbegin(); it != source->manifests.rend() && resume == nullptr; ++it) {
       if (checkpoint_id != 0 && it->first != checkpoint_id) continue;
       if (it->second.info().state() == v1::CheckpointInfo::COMPLETE) resume = &it->second;
@@ -131,6 +148,7 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
     }
   }
   auto job = std::make_unique<Job>();
+  job->claims = claims;
   std::string id = absl::StrFormat("job-%04d", next_job_++);
   job->status.set_job_id(id);
   *job->status.mutable_spec() = std::move(spec);
@@ -156,7 +174,7 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
 absl::StatusOr<v1::JobStatus> JobManager::Get(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id \"", job_id, "\""));
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(job_id)));
   return job->status;
 }
 
@@ -173,7 +191,7 @@ std::vector<v1::JobStatus> JobManager::List() const {
 absl::StatusOr<v1::JobStatus> JobManager::DoCancel(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id \"", job_id, "\""));
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(job_id)));
   if (IsTerminal(job->status.state())) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " already ended (", v1::JobState_Name(job->status.state()), ")"));
@@ -187,7 +205,7 @@ absl::StatusOr<v1::JobStatus> JobManager::WaitForChange(const std::string& job_i
   absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id \"", job_id, "\""));
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(job_id)));
   while (job->version <= *version && !stopping_) {
     if (changed_.WaitWithDeadline(&mu_, deadline)) break;
   }
@@ -207,11 +225,15 @@ void JobManager::EndJob(Job* job, v1::JobState state, const std::string& reason)
     auto it = members_.find(worker.id);
     if (it != members_.end() && it->second->job_id == id) it->second->job_id.clear();
   }
+  const bool keep = state == v1::SUCCEEDED;
   for (const auto& [server, address] : job->server_addresses) {
-    bool keep = state == v1::SUCCEEDED;
-    actions_.push_back([this, address = address, id, reason, keep] {
-      IgnoreError(servers_->DropJob(address, id, reason, keep));
+    actions_.push_back([this, address = address, id, reason, keep, version = job->shard_map.version()] {
+      IgnoreError(servers_->DropJob(address, id, reason, keep, version));
     });
+  }
+  if (!keep) {  // its parameters are gone from the servers, and its claim on them
+    job->server_addresses.clear();
+    job->server_claim = 0;
   }
   FLOG(INFO) << "job " << id << " " << v1::JobState_Name(state) << ": " << reason;
   Touch(job);
@@ -224,7 +246,7 @@ void JobManager::EndJob(Job* job, v1::JobState state, const std::string& reason)
 absl::Status JobManager::DoReport(const v1::WorkReport& report) {
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(report.job_id());
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id \"", report.job_id(), "\""));
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(report.job_id())));
   if (job->phase == Job::Phase::kEnded) {
     return absl::FailedPreconditionError(absl::StrCat("job ", report.job_id(), " already ended"));
   }
@@ -357,6 +379,69 @@ void JobManager::OnEval(Job* job, const v1::WorkReport& report) {
 }
 
 // ---------------------------------------------------------------------------
+// Retention
+// ---------------------------------------------------------------------------
+
+void JobManager::ReleaseParameters(Job* job) {
+  const std::string& id = job->status.job_id();
+  for (const auto& [server, address] : job->server_addresses) {
+    actions_.push_back([this, address = address, id, version = job->shard_map.version()] {
+      IgnoreError(servers_->DropJob(address, id, "retention: its parameters are released", false, version));
+    });
+  }
+  job->server_addresses.clear();
+  job->server_claim = 0;
+  job->status.set_parameters_released_unix_ms(UnixMillis(clock_()));
+  // What a finished job keeps: its summary, the last of its history and events.
+  constexpr int kKeptHistory = 100, kKeptEvents = 20;
+  auto* history = job->status.mutable_history();
+  if (history->size() > kKeptHistory) history->DeleteSubrange(0, history->size() - kKeptHistory);
+  auto* events = job->status.mutable_events();
+  if (events->size() > kKeptEvents) events->DeleteSubrange(0, events->size() - kKeptEvents);
+  job->status.clear_shard_map();
+  job->status.clear_shards();
+  job->shard_map.clear_chunks();
+  Touch(job);
+}
+
+void JobManager::ApplyRetention() {
+  std::vector<Job*> ended;
+  for (auto& [id, job] : jobs_) {
+    if (job->phase == Job::Phase::kEnded) ended.push_back(job.get());
+  }
+  // Newest first.
+  std::sort(ended.begin(), ended.end(), [](const Job* a, const Job* b) {
+    return std::make_pair(a->status.end_time_unix_ms(), a->status.job_id()) >
+           std::make_pair(b->status.end_time_unix_ms(), b->status.job_id());
+  });
+  const int64_t now = UnixMillis(clock_());
+  for (size_t i = 0; i < ended.size(); ++i) {
+    Job* job = ended[i];
+    const bool old = now - job->status.end_time_unix_ms() > absl::ToInt64Milliseconds(options_.retain_finished_for);
+    if ((static_cast<int>(i) >= options_.retain_finished_jobs || old) &&
+        job->status.parameters_released_unix_ms() == 0) {
+      ReleaseParameters(job);
+    }
+    if (static_cast<int>(i) < options_.max_finished_records) continue;
+    // Forgotten altogether: the record, its checkpoints' manifests and data.
+    const std::string id = job->status.job_id();
+    for (const auto& [checkpoint, manifest] : job->manifests) {
+      std::map<std::string, std::string> holders(manifest.server_addresses().begin(),
+                                                 manifest.server_addresses().end());
+      actions_.push_back([this, holders, id, checkpoint = checkpoint] {
+        for (const auto& [server, address] : holders) IgnoreError(servers_->DeleteCheckpoint(address, id, checkpoint));
+      });
+    }
+    FLOG(INFO) << "job " << id << " forgotten (retention: over " << options_.max_finished_records
+               << " finished jobs)";
+    forgotten_.insert(JobRecordKey(id));
+    for (const auto& [checkpoint, manifest] : job->manifests) forgotten_.insert(CheckpointManifestKey(id, checkpoint));
+    dirty_.erase(id);
+    jobs_.erase(id);
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Background work
 // ---------------------------------------------------------------------------
 
@@ -371,11 +456,19 @@ void JobManager::Tick() {
     StartSetups();
     if (options_.grow_shards) GrowShards();
     DrainServers();
+    RetryHandovers();
     ReplenishReplicas();
     ScheduleCheckpoints();
+    ApplyRetention();
     actions.swap(actions_);
   }
-  for (Action& action : actions) action();
+  for (Action& action : actions) {
+    if (server_calls_ != nullptr) {
+      server_calls_->Post(std::move(action));
+    } else {
+      action();
+    }
+  }
   Flush();
 }
 

@@ -30,6 +30,7 @@
 #include "fulcrum/v1/cluster.pb.h"
 #include "fulcrum/v1/job.pb.h"
 #include "common/kv_store.h"
+#include "common/thread_pool.h"
 #include "fulcrum/v1/parameter.pb.h"
 #include "fulcrum/v1/scheduler_state.pb.h"
 
@@ -42,8 +43,10 @@ class ServerControl {
   virtual ~ServerControl() = default;
   virtual absl::Status SetupJob(const std::string& address, const v1::SetupJobRequest& request) = 0;
   // keep_parameters: the job succeeded; keep its parameters readable.
+  // map_version: the job's shard-map version when the drop was decided; the
+  // server keeps a copy set up at a newer one (0: drop any).
   virtual absl::Status DropJob(const std::string& address, const std::string& job_id,
-                               const std::string& reason, bool keep_parameters) = 0;
+                               const std::string& reason, bool keep_parameters, int64_t map_version) = 0;
   // Gives a server the shard map after a failover.
   virtual absl::Status Reconfigure(const std::string& address, const std::string& job_id,
                                    const v1::ShardMap& map) = 0;
@@ -70,6 +73,22 @@ struct SchedulerOptions {
   // A worker whose step time stays (three reports in a row) above this many
   // times the median of the other workers' is flagged as a straggler.
   double straggler_factor = 2.0;
+  // Threads calling the servers (setups, reconfigurations, drops) for the
+  // background tick, so that a stopped or slow server never holds the tick
+  // (lease expiry, scheduling). 0: the tick makes the calls itself before it
+  // returns (what tests that drive Tick() by hand want).
+  int server_call_threads = 0;
+  // Queue: a job at the head that cannot start because others hold the
+  // workers or servers keeps later jobs waiting at most this long; then jobs
+  // behind it that fit may start first. A job that cannot run on the cluster
+  // as it is (more workers than registered) never holds others up.
+  absl::Duration max_queue_wait = absl::Seconds(60);
+  // Retention: the servers keep the parameters of the newest this many
+  // finished jobs, each for at most retain_finished_for; the scheduler keeps
+  // the records (status, events, checkpoints) of at most max_finished_records.
+  int retain_finished_jobs = 100;
+  absl::Duration retain_finished_for = absl::Hours(24);
+  int max_finished_records = 1000;
 };
 
 class JobManager {
@@ -81,8 +100,8 @@ class JobManager {
   JobManager(SchedulerOptions options, ServerControl* servers, Clock clock = nullptr, KvStore* store = nullptr);
 
   // Reloads jobs from the store (call once, before Start). Servers and
-  // workers of running jobs get one lease to register again; a worker that
-  // does not is treated as lost, a server as failed.
+  // workers of running jobs get two leases (from Start) to register again; a
+  // worker that does not is treated as lost, a server as failed.
   absl::Status Recover();
   ~JobManager();  // calls Stop()
 
@@ -167,14 +186,21 @@ class JobManager {
   void GrowShards() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DrainServers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Drained(const std::string& server_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishReplenish(const std::string& job_id, const std::string& server_id, const absl::Status& status);
+  // Handovers (a server copying chunks to join a job, job_manager_placement.cc):
+  // starts one, queues its copy from the replicas that hold the chunks now,
+  // takes the copy's result, retries failed copies and, when the server
+  // cannot take the chunks, puts the map back as it was before.
+  void StartHandover(Job* job, v1::HandoverRecord handover) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueHandoverCopy(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishHandover(const std::string& job_id, const std::string& server_id, const absl::Status& status);
+  void RetryHandovers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbandonHandover(Job* job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Shards whose replicas hold chunks of the job: those of the map's chunks
+  // and, during a new shard's handover, those its chunks move from.
+  std::set<int32_t> HoldingShards(const Job& job) const;
   // A SetupJob request for `server_id` with the job's spec, sizes and map (no chunks yet).
   v1::SetupJobRequest SetupRequestFor(const Job& job, const std::string& server_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues the hand-over to a newcomer: every other server of the job takes
-  // the job's current map first, then the newcomer copies its chunks (`setup`).
-  void QueueCopyOnto(Job* job, const std::string& server_id, const std::string& address,
-                     v1::SetupJobRequest setup) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Job* FindJob(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndJob(Job* job, v1::JobState state, const std::string& reason)
@@ -182,7 +208,17 @@ class JobManager {
   void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SchedulePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartSetups() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool TryAssign(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  enum class StartOutcome { kStarted, kWaiting, kNotOnThisCluster };
+  StartOutcome TryAssign(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Admission (scheduler/admission.h): whether a worker's budget takes the
+  // job; the memory the jobs placed on a server claim of it.
+  bool WorkerFits(const Member& worker, const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t ServerClaimed(const std::string& server_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Live servers with room for `per_server` bytes more.
+  std::vector<Member*> ServersWithRoom(int64_t per_server) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Retention of finished jobs (see SchedulerOptions).
+  void ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseParameters(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status BuildShardPlan(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunSetup(const std::string& job_id, std::map<std::string, v1::SetupJobRequest> requests);
   void OnProgress(Job* job, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -197,6 +233,8 @@ class JobManager {
   void Flush() ABSL_LOCKS_EXCLUDED(mu_);
   static v1::JobRecord RecordOf(const Job& job);
   void CheckRecovery() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How long after a restart members of running jobs have to register again.
+  absl::Duration RecoveryWindow() const { return options_.lease * 2; }
   // Checkpoints (job_manager_checkpoint.cc).
   struct CheckpointTask {
     std::string job_id;
@@ -246,10 +284,12 @@ class JobManager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
   std::thread checkpoint_thread_;
+  std::unique_ptr<ThreadPool> server_calls_;  // with options.server_call_threads
   std::deque<CheckpointTask> checkpoint_queue_ ABSL_GUARDED_BY(mu_);
 
   KvStore* const store_;
   std::set<std::string> dirty_ ABSL_GUARDED_BY(mu_);  // jobs to write to the store
+  std::set<std::string> forgotten_ ABSL_GUARDED_BY(mu_);  // job records to delete from the store
   std::optional<absl::Time> recovery_deadline_ ABSL_GUARDED_BY(mu_);
   absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(mu_);  // serializes writes to the store
   std::map<std::string, int64_t> written_ ABSL_GUARDED_BY(persist_mu_);  // record version written per job

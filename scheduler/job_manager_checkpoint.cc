@@ -26,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
+#include "common/quote.h"
 #include "common/status_macros.h"
 #include "scheduler/job_manager_internal.h"
 
@@ -39,9 +40,15 @@ constexpr int64_t kCaptureTimeoutMs = 60000;
 constexpr int kDefaultKeepLast = 3;
 constexpr int64_t kNearEndSteps = 16;  // no periodic checkpoint this close to the end
 
-std::string ManifestKey(const std::string& job_id, int64_t id) {
+}  // namespace
+
+std::string CheckpointManifestKey(const std::string& job_id, int64_t id) {
   return absl::StrFormat("%s%s/%020d", kManifestPrefix, job_id, id);
 }
+
+namespace {
+
+std::string ManifestKey(const std::string& job_id, int64_t id) { return CheckpointManifestKey(job_id, id); }
 
 int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
 
@@ -108,7 +115,7 @@ int64_t JobManager::QueueCheckpoint(Job* job, const std::string& trigger) {
 void JobManager::ScheduleCheckpoints() {
   for (auto& [job_id, job] : jobs_) {
     const v1::CheckpointSpec& policy = job->status.spec().checkpoint();
-    if (job->phase != Job::Phase::kTraining || job->checkpointing || Paused(*job)) continue;
+    if (job->phase != Job::Phase::kTraining || job->checkpointing || Paused(*job) || job->handover.has_value()) continue;
     // Not in the last steps: the job's final parameters are kept anyway.
     if (job->status.progress().step() + kNearEndSteps >= job->total_steps) continue;
     if (policy.every_steps() > 0 && job->status.progress().step() - job->last_checkpoint_step >= policy.every_steps()) {
@@ -152,7 +159,7 @@ absl::StatusOr<v1::CheckpointInfo> JobManager::CheckpointNow(const std::string& 
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id \"", job_id, "\""));
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(job_id)));
   auto training = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return job->phase == Job::Phase::kTraining;
   };
@@ -187,15 +194,16 @@ void JobManager::TakeCheckpoint(const CheckpointTask& task) {
   bool synchronous = false;
   int64_t total_steps = 0;
   bool training = false;
+  bool joining = false;
   {
     absl::MutexLock lock(&mu_);
     Job* job = FindJob(task.job_id);
     if (job == nullptr) return;
     training = job->phase == Job::Phase::kTraining;
+    joining = job->handover.has_value();
     // Every replica of every shard that holds chunks (an empty shard's
     // server has nothing of the job).
-    std::set<int32_t> holding;
-    for (const v1::ChunkLocation& chunk : job->shard_map.chunks()) holding.insert(chunk.shard());
+    const std::set<int32_t> holding = HoldingShards(*job);
     for (const v1::ShardLocation& shard : job->shard_map.shards()) {
       if (holding.count(shard.shard()) == 0) continue;
       servers[shard.server_id()] = shard.address();
@@ -214,6 +222,12 @@ void JobManager::TakeCheckpoint(const CheckpointTask& task) {
   }
   if (!training) {
     return FinishCheckpoint(task, absl::FailedPreconditionError("the job stopped training"), {}, started, {});
+  }
+  if (joining) {
+    return FinishCheckpoint(task,
+                            absl::UnavailableError("a server is joining the job (copying chunks): take the "
+                                                   "checkpoint once it holds its copy"),
+                            {}, started, {});
   }
   v1::CheckpointRequest request;
   request.set_job_id(task.job_id);
@@ -368,7 +382,7 @@ absl::StatusOr<v1::CheckpointManifest> JobManager::GetCheckpoint(const std::stri
                                                                  int64_t checkpoint_id) const {
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id \"", job_id, "\""));
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(job_id)));
   if (checkpoint_id == 0) {
     for (auto it = job->manifests.rbegin(); it != job->manifests.rend(); ++it) {
       if (it->second.info().state() == v1::CheckpointInfo::COMPLETE) return it->second;
@@ -427,12 +441,12 @@ bool JobManager::RestoreFromCheckpoint(Job* job, const std::string& why) {
   // they still hold, workers are taken out (they come back under new ranks).
   for (const auto& [server, address] : job->server_addresses) {
     if (members_.count(server) == 0) continue;
-    actions_.push_back([this, address = address, id] {
-      IgnoreError(servers_->DropJob(address, id, "the job restarts from a checkpoint", false));
+    actions_.push_back([this, address = address, id, version = job->shard_map.version()] {
+      IgnoreError(servers_->DropJob(address, id, "the job restarts from a checkpoint", false, version));
     });
   }
   job->server_addresses.clear();
-  job->replenishing.clear();
+  job->handover.reset();
   for (const JobWorker& w : job->workers) {
     auto member = members_.find(w.id);
     if (member != members_.end() && member->second->job_id == id) member->second->job_id.clear();

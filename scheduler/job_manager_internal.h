@@ -11,9 +11,15 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "fulcrum/v1/scheduler_state.pb.h"
+#include "scheduler/admission.h"
 #include "scheduler/job_manager.h"
 
 namespace fulcrum {
+
+// Keys of the scheduler's store: a job's record, a checkpoint's manifest.
+std::string JobRecordKey(const std::string& job_id);
+std::string CheckpointManifestKey(const std::string& job_id, int64_t id);
 
 struct JobManager::Member {
   std::string id;
@@ -26,6 +32,7 @@ struct JobManager::Member {
   absl::Time last_heartbeat;
   std::string job_id;  // workers: the job assigned, if any
   bool draining = false;  // servers: asked to leave; their shards move away
+  int64_t memory_budget = 0;  // as registered; 0: not reported
 };
 
 // A worker taking part in a job.
@@ -43,6 +50,10 @@ struct JobManager::Job {
   enum class Phase { kPending, kLoading, kSettingUp, kTraining, kEnded };
 
   v1::JobStatus status;
+  JobClaims claims;            // of the processes' memory budgets
+  int64_t server_claim = 0;    // bytes on each server it is placed on (set with its shard map)
+  // Since when it waits for resources others hold (the queue's bound).
+  std::optional<absl::Time> waiting_since;
   int64_t version = 0;  // bumped on every status change (WatchJob)
   absl::Time started;
   Phase phase = Phase::kPending;
@@ -58,7 +69,15 @@ struct JobManager::Job {
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
   absl::Time last_history_point;
-  std::string replenishing;  // the server being added to a short replica group, if any
+  // A server copying chunks to join (a new backup or a new shard), if any;
+  // see HandoverRecord. One at a time per job.
+  std::optional<v1::HandoverRecord> handover;
+  bool handover_in_flight = false;  // its copy is running
+  int handover_attempts = 0;        // failed copies so far
+  absl::Time handover_retry_at = absl::InfinitePast();
+  // Servers whose handover was abandoned recently are not picked again
+  // before the time given.
+  std::map<std::string, absl::Time> handover_declined;
   // Checkpoints: committed manifests by id (COMPLETE or CORRUPT), the next
   // id, whether one is in flight and when/where the last one was started.
   std::map<int64_t, v1::CheckpointManifest> manifests;

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/memory_budget.h"
 #include "common/status_macros.h"
 #include "scheduler/job_manager_internal.h"
 
@@ -73,6 +74,7 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
   member->device = request.device();
   member->pid = request.pid();
   member->incarnation = request.incarnation();
+  member->memory_budget = std::max<int64_t>(0, request.memory_budget_bytes());
   member->last_heartbeat = clock_();
   // After a scheduler restart, members of running jobs register again: a
   // worker goes back to its job; a server must still hold the job's shards.
@@ -129,8 +131,10 @@ void JobManager::DropStaleCopies(const std::string& server_id, const v1::Registe
     FLOG(WARNING) << "server " << server_id << " holds a stale copy of job " << job_id << ": " << why
                   << "; dropping it";
     if (job != nullptr) AddEvent(job, absl::StrCat(server_id, " rejoined with a stale copy; dropped"));
-    actions_.push_back([this, address = request.address(), job_id, why] {
-      IgnoreError(servers_->DropJob(address, job_id, absl::StrCat("stale copy: ", why), /*keep_parameters=*/false));
+    const int64_t version = job != nullptr ? job->shard_map.version() : 0;
+    actions_.push_back([this, address = request.address(), job_id, why, version] {
+      IgnoreError(servers_->DropJob(address, job_id, absl::StrCat("stale copy: ", why), /*keep_parameters=*/false,
+                                    version));
     });
   }
 }
@@ -214,6 +218,8 @@ std::vector<v1::MemberInfo> JobManager::Members() const {
     info.set_last_heartbeat_unix_ms(UnixMillis(member->last_heartbeat));
     info.set_device(member->device);
     info.set_draining(member->draining);
+    info.set_memory_budget_bytes(member->memory_budget);
+    if (member->role == v1::SERVER) info.set_memory_claimed_bytes(ServerClaimed(id));
     members.push_back(std::move(info));
   }
   return members;
@@ -246,45 +252,104 @@ void JobManager::ExpireLeases() {
 }
 
 void JobManager::SchedulePending() {
-  // First come, first served: a job that cannot start blocks those behind it,
-  // so a big job is not starved by a stream of small ones.
-  while (!pending_.empty()) {
-    Job* job = FindJob(pending_.front());
+  // First come, first served, with a bound: a job waiting for workers or
+  // servers that others hold keeps the jobs behind it waiting (so a big job
+  // is not starved by a stream of small ones), but only for max_queue_wait;
+  // then jobs behind it that fit may start first. One that cannot run on the
+  // cluster as it is holds nobody up.
+  const absl::Time now = clock_();
+  std::vector<std::string> queue(pending_.begin(), pending_.end());
+  for (const std::string& id : queue) {
+    Job* job = FindJob(id);
     if (job == nullptr || job->phase != Job::Phase::kPending) {
-      pending_.pop_front();
+      pending_.erase(std::remove(pending_.begin(), pending_.end(), id), pending_.end());
       continue;
     }
-    if (!TryAssign(job)) return;
-    pending_.pop_front();
+    const StartOutcome start = TryAssign(job);
+    if (start == StartOutcome::kStarted) {
+      pending_.erase(std::remove(pending_.begin(), pending_.end(), id), pending_.end());
+      continue;
+    }
+    if (start == StartOutcome::kNotOnThisCluster) {
+      job->waiting_since.reset();
+      continue;
+    }
+    if (!job->waiting_since.has_value()) job->waiting_since = now;
+    if (now - *job->waiting_since < options_.max_queue_wait) return;
   }
 }
 
-bool JobManager::TryAssign(Job* job) {
-  std::vector<Member*> idle;
-  int servers = 0;
-  for (auto& [id, member] : members_) {
-    if (member->role == v1::SERVER) ++servers;
-    if (member->role == v1::WORKER && member->job_id.empty()) idle.push_back(member.get());
+bool JobManager::WorkerFits(const Member& worker, const Job& job) const {
+  return worker.memory_budget == 0 || job.claims.worker_bytes <= worker.memory_budget;
+}
+
+int64_t JobManager::ServerClaimed(const std::string& server_id) const {
+  int64_t claimed = 0;
+  for (const auto& [id, job] : jobs_) {
+    // A job loading its data is not placed yet: it may land on any server.
+    const bool unplaced = job->phase == Job::Phase::kLoading;
+    if (unplaced || job->server_addresses.count(server_id) > 0) claimed += job->server_claim;
   }
-  int wanted = job->status.spec().num_workers();
-  int replicas = job->status.spec().replicas();
-  if (servers < std::max(1, replicas) || static_cast<int>(idle.size()) < wanted) {
-    std::string reason = absl::StrFormat("waiting for resources: %d of %d workers idle, %d servers live (%d replicas wanted)",
-                                         idle.size(), wanted, servers, std::max(1, replicas));
+  return claimed;
+}
+
+std::vector<JobManager::Member*> JobManager::ServersWithRoom(int64_t per_server) const {
+  std::vector<Member*> servers;
+  for (const auto& [id, member] : members_) {
+    if (member->role != v1::SERVER || member->draining) continue;
+    if (member->memory_budget > 0 && ServerClaimed(id) + per_server > member->memory_budget) continue;
+    servers.push_back(member.get());
+  }
+  return servers;
+}
+
+JobManager::StartOutcome JobManager::TryAssign(Job* job) {
+  const int wanted = job->status.spec().num_workers();
+  const int replicas = std::max(1, job->status.spec().replicas());
+  std::vector<Member*> idle;
+  int workers_fitting = 0, servers = 0;
+  for (auto& [id, member] : members_) {
+    if (member->role == v1::SERVER && !member->draining) ++servers;
+    if (member->role != v1::WORKER || !WorkerFits(*member, *job)) continue;
+    ++workers_fitting;
+    if (member->job_id.empty()) idle.push_back(member.get());
+  }
+  const int64_t per_server = PerServerBytes(job->claims, job->status.spec(), std::max(1, servers));
+  const int servers_with_room = static_cast<int>(ServersWithRoom(per_server).size());
+  auto wait = [&](StartOutcome start, const std::string& reason) {
     if (job->status.reason() != reason) {
       job->status.set_reason(reason);
       Touch(job);
     }
-    return false;
+    return start;
+  };
+  if (workers_fitting < wanted || servers < replicas) {
+    return wait(StartOutcome::kNotOnThisCluster,
+                absl::StrFormat("cannot start on the cluster as it is: needs %d workers with %s of memory budget "
+                                "(%d registered) and %d servers for %d replicas (%d registered); jobs queued behind "
+                                "it may start first",
+                                wanted, FormatBytes(job->claims.worker_bytes), workers_fitting, replicas, replicas,
+                                servers));
+  }
+  if (static_cast<int>(idle.size()) < wanted || servers_with_room < replicas) {
+    std::string reason = absl::StrFormat(
+        "waiting for resources: %d of %d workers idle, %d of %d servers with %s of memory free (%d replicas wanted)",
+        idle.size(), wanted, servers_with_room, servers, FormatBytes(per_server), replicas);
+    if (job->waiting_since.has_value() && clock_() - *job->waiting_since >= options_.max_queue_wait) {
+      absl::StrAppend(&reason, "; jobs queued behind it may start first");
+    }
+    return wait(StartOutcome::kWaiting, reason);
   }
   job->phase = Job::Phase::kLoading;
+  job->server_claim = per_server;  // reserved on every server until it is placed
+  job->waiting_since.reset();
   job->started = clock_();
   job->status.set_state(v1::RUNNING);
   job->status.set_reason("workers loading data");
   job->status.set_start_time_unix_ms(UnixMillis(job->started));
   for (int i = 0; i < wanted; ++i) AddWorker(job, idle[i]);
   FLOG(INFO) << "job " << job->status.job_id() << " assigned to " << wanted << " workers";
-  return true;
+  return StartOutcome::kStarted;
 }
 
 void JobManager::GrowJobs() {
@@ -294,7 +359,7 @@ void JobManager::GrowJobs() {
     if (job->phase != Job::Phase::kLoading && job->phase != Job::Phase::kTraining) continue;
     for (auto& [id, member] : members_) {
       if (static_cast<int>(job->workers.size()) >= job->status.spec().max_workers()) break;
-      if (member->role != v1::WORKER || !member->job_id.empty()) continue;
+      if (member->role != v1::WORKER || !member->job_id.empty() || !WorkerFits(*member, *job)) continue;
       AddWorker(job.get(), member.get());
       AddEvent(job.get(), absl::StrCat(id, " joined; loading data"));
     }

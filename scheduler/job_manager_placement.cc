@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "common/logging.h"
+#include "common/memory_budget.h"
 #include "common/shard_map.h"
 #include "kernels/model_from_spec.h"
 #include "scheduler/job_manager_internal.h"
@@ -46,17 +47,147 @@ v1::SetupJobRequest JobManager::SetupRequestFor(const Job& job, const std::strin
   return request;
 }
 
-void JobManager::QueueCopyOnto(Job* job, const std::string& server_id, const std::string& address,
-                               v1::SetupJobRequest setup) {
-  std::vector<std::string> others;
-  for (const auto& [id, other] : job->server_addresses) {
-    if (id != server_id) others.push_back(other);
+std::set<int32_t> JobManager::HoldingShards(const Job& job) const {
+  std::set<int32_t> holding;
+  for (const v1::ChunkLocation& chunk : job.shard_map.chunks()) holding.insert(chunk.shard());
+  if (job.handover.has_value() && job.handover->new_shard()) {
+    holding.erase(job.handover->shard());  // the newcomer holds nothing until its copy is done
+    for (const auto& [chunk, from] : job.handover->moved_from()) holding.insert(from);
   }
-  actions_.push_back([this, job_id = job->status.job_id(), others, map = job->shard_map, setup = std::move(setup),
-                      server_id, address] {
+  return holding;
+}
+
+void JobManager::StartHandover(Job* job, v1::HandoverRecord handover) {
+  job->handover = std::move(handover);
+  job->handover_attempts = 0;
+  job->handover_retry_at = absl::InfinitePast();
+  QueueHandoverCopy(job);
+}
+
+void JobManager::QueueHandoverCopy(Job* job) {
+  const v1::HandoverRecord& handover = *job->handover;
+  const v1::ShardMap& map = job->shard_map;
+  v1::SetupJobRequest setup = SetupRequestFor(*job, handover.server_id());
+  ModelLayout layout = LayoutFor(job->status.spec(), job->data_info.features(), job->data_info.classes());
+  for (const v1::ChunkLocation& chunk : map.chunks()) {
+    if (chunk.shard() != handover.shard()) continue;
+    AddChunkSetup(chunk, layout, &setup);
+    if (!handover.new_shard()) continue;
+    // A moved chunk comes from the shard it left, from whichever replica
+    // leads that shard now (its primary may have died since the move).
+    auto from = handover.moved_from().find(chunk.chunk_id());
+    if (from != handover.moved_from().end()) {
+      setup.mutable_chunks()->rbegin()->set_copy_from(map.shards(from->second).address());
+    }
+  }
+  if (!handover.new_shard()) setup.set_copy_from(map.shards(handover.shard()).address());
+  std::vector<std::string> others;
+  std::string address;
+  for (const auto& [id, other] : job->server_addresses) {
+    if (id == handover.server_id()) {
+      address = other;
+    } else {
+      others.push_back(other);
+    }
+  }
+  job->handover_in_flight = true;
+  // Every other replica takes the map first (the primaries then forward to
+  // the newcomer, which refuses until it holds the state, so the state it
+  // copies cannot move), then the newcomer copies and joins.
+  actions_.push_back([this, job_id = job->status.job_id(), others, map, setup = std::move(setup),
+                      server_id = handover.server_id(), address] {
     for (const std::string& other : others) IgnoreError(servers_->Reconfigure(other, job_id, map));
-    FinishReplenish(job_id, server_id, servers_->SetupJob(address, setup));
+    FinishHandover(job_id, server_id, servers_->SetupJob(address, setup));
   });
+}
+
+void JobManager::FinishHandover(const std::string& job_id, const std::string& server_id, const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr || !job->handover.has_value() || job->handover->server_id() != server_id) return;
+  job->handover_in_flight = false;
+  if (job->phase != Job::Phase::kTraining) return;
+  if (status.ok()) {
+    job->handover.reset();
+    AddEvent(job, absl::StrCat(server_id, " holds its copy and replicates"));
+    return;
+  }
+  // A source that is gone (a primary that died: the scheduler promotes its
+  // backup) or slow is retried from the replica that leads the shard then;
+  // anything else (the newcomer refuses: its memory budget, a bad request)
+  // puts the map back.
+  constexpr int kMaxAttempts = 20;
+  const bool retryable = absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
+                         absl::IsAborted(status) || absl::IsCancelled(status);
+  if (!retryable || ++job->handover_attempts >= kMaxAttempts) {
+    AbandonHandover(job, absl::StrCat("copying onto ", server_id, " failed: ", status.message()));
+    return;
+  }
+  const absl::Duration backoff =
+      std::min(absl::Seconds(2), absl::Milliseconds(100) * (int64_t{1} << std::min(job->handover_attempts, 5)));
+  job->handover_retry_at = clock_() + backoff;
+  AddEvent(job, absl::StrCat("copying onto ", server_id, " failed (", status.message(), "); retrying in ",
+                             absl::FormatDuration(backoff), " from the replicas live then"));
+}
+
+void JobManager::RetryHandovers() {
+  if (recovery_deadline_.has_value()) return;  // members are still registering again
+  for (auto& [job_id, job] : jobs_) {
+    if (job->phase != Job::Phase::kTraining || !job->handover.has_value() || job->handover_in_flight) continue;
+    if (clock_() < job->handover_retry_at) continue;
+    if (members_.count(job->handover->server_id()) == 0) {
+      AbandonHandover(job.get(), absl::StrCat(job->handover->server_id(), " left the cluster"));
+      continue;
+    }
+    QueueHandoverCopy(job.get());
+  }
+}
+
+void JobManager::AbandonHandover(Job* job, const std::string& why) {
+  const v1::HandoverRecord handover = *job->handover;
+  job->handover.reset();
+  job->handover_in_flight = false;
+  const std::string& newcomer = handover.server_id();
+  v1::ShardMap& map = job->shard_map;
+  if (handover.new_shard()) {
+    // The moved chunks go back to the shards they came from, whose replicas
+    // kept their state (they only refused writes to them).
+    for (v1::ChunkLocation& chunk : *map.mutable_chunks()) {
+      auto from = handover.moved_from().find(chunk.chunk_id());
+      if (chunk.shard() == handover.shard() && from != handover.moved_from().end()) chunk.set_shard(from->second);
+    }
+    if (handover.shard() == map.shards_size() - 1) map.mutable_shards()->RemoveLast();
+  } else if (handover.shard() < map.shards_size()) {
+    v1::ShardLocation* shard = map.mutable_shards(handover.shard());
+    for (int b = 0; b < shard->backup_ids_size(); ++b) {
+      if (shard->backup_ids(b) != newcomer) continue;
+      shard->mutable_backup_ids()->DeleteSubrange(b, 1);
+      shard->mutable_backup_addresses()->DeleteSubrange(b, 1);
+      break;
+    }
+  }
+  map.set_version(map.version() + 1);
+  bool still_serves = false;  // in another role of this job
+  for (const v1::ShardLocation& shard : map.shards()) {
+    still_serves |= shard.server_id() == newcomer;
+    for (const std::string& b : shard.backup_ids()) still_serves |= b == newcomer;
+  }
+  auto newcomer_address = job->server_addresses.find(newcomer);
+  if (!still_serves && newcomer_address != job->server_addresses.end()) {
+    actions_.push_back([this, address = newcomer_address->second, job_id = job->status.job_id(),
+                        version = map.version()] {
+      IgnoreError(servers_->DropJob(address, job_id, "its handover was abandoned", false, version));
+    });
+    job->server_addresses.erase(newcomer_address);
+  }
+  job->handover_declined[newcomer] = clock_() + absl::Seconds(30);
+  SyncShardStatus(job);
+  AddEvent(job, absl::StrCat(why, "; ", newcomer, " does not join (shard map version ", map.version(), ")"));
+  for (const auto& [id, address] : job->server_addresses) {
+    actions_.push_back([this, address = address, job_id = job->status.job_id(), map = map] {
+      IgnoreError(servers_->Reconfigure(address, job_id, map));
+    });
+  }
 }
 
 void JobManager::StartSetups() {
@@ -148,14 +279,30 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
   }
   job->status.set_num_parameters(parameters);
 
-  std::vector<uint64_t> server_keys;
-  std::vector<Member*> servers;
-  for (auto& [id, member] : members_) {
-    if (member->role != v1::SERVER) continue;
-    servers.push_back(member.get());
-    server_keys.push_back(StableHash(id));
+  // The servers with room for their share (which grows as fewer take it),
+  // this job's own reservation aside.
+  job->server_claim = 0;
+  std::vector<Member*> servers = ServersWithRoom(0);
+  int64_t per_server = 0;
+  for (size_t count = 0; count != servers.size() && !servers.empty();) {
+    count = servers.size();
+    per_server = PerServerBytes(job->claims, spec, static_cast<int>(count));
+    std::vector<Member*> roomy = ServersWithRoom(per_server);
+    std::vector<Member*> kept;
+    for (Member* m : servers) {
+      if (std::find(roomy.begin(), roomy.end(), m) != roomy.end()) kept.push_back(m);
+    }
+    servers.swap(kept);
   }
-  if (servers.empty()) return absl::UnavailableError("no parameter server is live");
+  if (servers.empty()) {
+    job->server_claim = per_server;  // still reserved while it waits
+    return absl::UnavailableError(
+        absl::StrCat("waiting for a parameter server with room: the job claims ", FormatBytes(per_server),
+                     " on each, none is live with that much of its memory budget free"));
+  }
+  std::vector<uint64_t> server_keys;
+  for (Member* server : servers) server_keys.push_back(StableHash(server->id));
+  job->server_claim = per_server;
   const int replicas = std::max(1, spec.replicas());
   if (static_cast<int>(servers.size()) < replicas) {
     return absl::UnavailableError(absl::StrCat(replicas, " replicas wanted but only ", servers.size(), " servers live"));
@@ -221,11 +368,10 @@ void JobManager::ReplenishReplicas() {
     return it != members_.end() && it->second->draining;
   };
   for (auto& [job_id, job] : jobs_) {
-    if (job->phase != Job::Phase::kTraining || !job->replenishing.empty()) continue;
+    if (job->phase != Job::Phase::kTraining || job->handover.has_value()) continue;
     const int replicas = std::max(1, job->status.spec().replicas());
     v1::ShardMap& map = job->shard_map;
-    std::set<int32_t> holding;  // shards with at least one chunk
-    for (const auto& chunk : map.chunks()) holding.insert(chunk.shard());
+    const std::set<int32_t> holding = HoldingShards(*job);
     for (v1::ShardLocation& shard : *map.mutable_shards()) {
       if (holding.count(shard.shard()) == 0 || shard.server_id().empty()) continue;
       int staying = draining(shard.server_id()) ? 0 : 1;
@@ -240,6 +386,8 @@ void JobManager::ReplenishReplicas() {
       for (auto& [id, member] : members_) {
         if (member->role != v1::SERVER || id == shard.server_id() || member->draining) continue;
         if (std::count(shard.backup_ids().begin(), shard.backup_ids().end(), id) > 0) continue;
+        auto declined = job->handover_declined.find(id);
+        if (declined != job->handover_declined.end() && clock_() < declined->second) continue;
         uint64_t score = RendezvousScore(ShardKey(shard.shard()), StableHash(id));
         if (best == nullptr || score > best_score) {
           best = member.get();
@@ -251,20 +399,13 @@ void JobManager::ReplenishReplicas() {
       shard.add_backup_addresses(best->address);
       map.set_version(map.version() + 1);
       job->server_addresses[best->id] = best->address;
-      job->replenishing = best->id;
       SyncShardStatus(job.get());
       AddEvent(job.get(), absl::StrCat(best->id, " joins shard ", shard.shard(), " as a backup (shard map version ",
                                        map.version(), "); copying it from ", shard.server_id()));
-      // First every current replica takes the new map (the primary then
-      // forwards to the newcomer, which refuses until it has the state, so
-      // the primary's state cannot move), then the newcomer copies and joins.
-      v1::SetupJobRequest setup = SetupRequestFor(*job, best->id);
-      setup.set_copy_from(shard.address());
-      ModelLayout layout = LayoutFor(job->status.spec(), job->data_info.features(), job->data_info.classes());
-      for (const v1::ChunkLocation& chunk : map.chunks()) {
-        if (chunk.shard() == shard.shard()) AddChunkSetup(chunk, layout, &setup);
-      }
-      QueueCopyOnto(job.get(), best->id, best->address, std::move(setup));
+      v1::HandoverRecord handover;
+      handover.set_server_id(best->id);
+      handover.set_shard(shard.shard());
+      StartHandover(job.get(), std::move(handover));
       break;  // one newcomer per job at a time
     }
   }
@@ -279,7 +420,7 @@ void JobManager::DrainServers() {
   for (auto& [id, member] : members_) {
     if (!member->draining) continue;
     for (auto& [job_id, job] : jobs_) {
-      if (job->phase != Job::Phase::kTraining || !job->replenishing.empty()) continue;
+      if (job->phase != Job::Phase::kTraining || job->handover.has_value()) continue;
       if (job->server_addresses.count(id) == 0) continue;
       // It can go once every shard it leads has a staying backup to take over
       // (ReplenishReplicas makes one where there is none).
@@ -300,7 +441,7 @@ void JobManager::DrainServers() {
 
 void JobManager::GrowShards() {
   for (auto& [job_id, job] : jobs_) {
-    if (job->phase != Job::Phase::kTraining || !job->replenishing.empty() || job->status.spec().num_shards() > 0) {
+    if (job->phase != Job::Phase::kTraining || job->handover.has_value() || job->status.spec().num_shards() > 0) {
       continue;
     }
     v1::ShardMap& map = job->shard_map;
@@ -312,6 +453,8 @@ void JobManager::GrowShards() {
       ++live;
       bool leads = false;
       for (const auto& shard : map.shards()) leads |= shard.server_id() == id;
+      auto declined = job->handover_declined.find(id);
+      if (declined != job->handover_declined.end() && clock_() < declined->second) continue;
       if (!leads && newcomer == nullptr) newcomer = member.get();
     }
     if (newcomer == nullptr || live <= map.shards_size()) continue;
@@ -319,15 +462,15 @@ void JobManager::GrowShards() {
     std::vector<ChunkSpan> spans;
     for (const auto& chunk : map.chunks()) spans.push_back({chunk.tensor(), chunk.offset(), chunk.length()});
     std::vector<int32_t> placement = AssignChunksToShards(spans, new_shard + 1);
-    v1::SetupJobRequest moved;  // the moved chunks, each with the address of its old primary
-    ModelLayout layout = LayoutFor(job->status.spec(), job->data_info.features(), job->data_info.classes());
+    v1::HandoverRecord handover;
+    handover.set_server_id(newcomer->id);
+    handover.set_new_shard(true);
+    handover.set_shard(new_shard);
     for (int i = 0; i < map.chunks_size(); ++i) {
       if (placement[i] != new_shard) continue;  // rendezvous hashing moves chunks only to the new shard
       v1::ChunkLocation* chunk = map.mutable_chunks(i);
-      const std::string old_primary = map.shards(chunk->shard()).address();
+      (*handover.mutable_moved_from())[chunk->chunk_id()] = chunk->shard();
       chunk->set_shard(new_shard);
-      AddChunkSetup(*chunk, layout, &moved);
-      moved.mutable_chunks()->rbegin()->set_copy_from(old_primary);
     }
     v1::ShardLocation* shard = map.add_shards();
     shard->set_shard(new_shard);
@@ -335,41 +478,30 @@ void JobManager::GrowShards() {
     shard->set_address(newcomer->address);
     map.set_version(map.version() + 1);
     job->server_addresses[newcomer->id] = newcomer->address;
-    job->replenishing = newcomer->id;
     SyncShardStatus(job.get());
-    AddEvent(job.get(), absl::StrCat(newcomer->id, " joins as shard ", new_shard, " and takes ", moved.chunks_size(), " of ",
-                                     map.chunks_size(), " chunks (shard map version ", map.version(), ")"));
+    AddEvent(job.get(), absl::StrCat(newcomer->id, " joins as shard ", new_shard, " and takes ",
+                                     handover.moved_from_size(), " of ", map.chunks_size(),
+                                     " chunks (shard map version ", map.version(), ")"));
     // The old replicas first take the new map (and refuse the moved chunks
     // from then on), then the newcomer copies them.
-    v1::SetupJobRequest setup = SetupRequestFor(*job, newcomer->id);
-    *setup.mutable_chunks() = std::move(*moved.mutable_chunks());
-    QueueCopyOnto(job.get(), newcomer->id, newcomer->address, std::move(setup));
+    StartHandover(job.get(), std::move(handover));
   }
-}
-
-void JobManager::FinishReplenish(const std::string& job_id, const std::string& server_id, const absl::Status& status) {
-  absl::MutexLock lock(&mu_);
-  Job* job = FindJob(job_id);
-  if (job == nullptr || job->replenishing != server_id) return;
-  job->replenishing.clear();
-  if (job->phase != Job::Phase::kTraining) return;
-  if (status.ok()) {
-    AddEvent(job, absl::StrCat(server_id, " holds its copy and replicates"));
-    return;
-  }
-  FailOver(job, server_id, absl::StrCat("re-replication onto ", server_id, " failed: ", status.message()));
 }
 
 void JobManager::FailOver(Job* job, const std::string& server_id, const std::string& why) {
-  // (No DropJob to it: a stopped server would hold the scheduler's tick for
-  // the call's deadline. It is told to drop its stale copy when it registers
+  // (No DropJob to it: it is told to drop its stale copy when it registers
   // again; see DropStaleCopies.)
+  if (job->handover.has_value() && job->handover->server_id() == server_id) {
+    // It never held what it was copying: the map goes back to how it was.
+    AbandonHandover(job, absl::StrCat(why, " before it held its copy"));
+  }
   if (job->server_addresses.erase(server_id) == 0) return;
   if (job->phase == Job::Phase::kLoading || job->phase == Job::Phase::kPending) return;  // no shards yet
   v1::ShardMap& map = job->shard_map;
   std::vector<std::string> changes;
-  std::set<int32_t> holding;  // shards with at least one chunk
-  for (const auto& chunk : map.chunks()) holding.insert(chunk.shard());
+  const std::set<int32_t> holding = HoldingShards(*job);
+  // A backup still copying its state is never promoted.
+  const std::string copying = job->handover.has_value() ? job->handover->server_id() : "";
   for (v1::ShardLocation& shard : *map.mutable_shards()) {
     if (shard.server_id() == server_id && holding.count(shard.shard()) == 0) {
       shard.clear_server_id();  // an empty shard: nothing to lose, nothing to lead
@@ -379,17 +511,21 @@ void JobManager::FailOver(Job* job, const std::string& server_id, const std::str
       continue;
     }
     if (shard.server_id() == server_id) {
-      if (shard.backup_ids_size() == 0) {
+      int successor = -1;
+      for (int b = 0; b < shard.backup_ids_size() && successor < 0; ++b) {
+        if (shard.backup_ids(b) != copying) successor = b;
+      }
+      if (successor < 0) {
         std::string lost = absl::StrCat(why, "; it held the only replica of shard ", shard.shard());
         if (!RestoreFromCheckpoint(job, lost)) {
           EndJob(job, v1::FAILED, absl::StrCat(lost, " (set replicas >= 2, or checkpoints, to survive this)"));
         }
         return;
       }
-      shard.set_server_id(shard.backup_ids(0));
-      shard.set_address(shard.backup_addresses(0));
-      shard.mutable_backup_ids()->DeleteSubrange(0, 1);
-      shard.mutable_backup_addresses()->DeleteSubrange(0, 1);
+      shard.set_server_id(shard.backup_ids(successor));
+      shard.set_address(shard.backup_addresses(successor));
+      shard.mutable_backup_ids()->DeleteSubrange(successor, 1);
+      shard.mutable_backup_addresses()->DeleteSubrange(successor, 1);
       changes.push_back(absl::StrCat("shard ", shard.shard(), " primary -> ", shard.server_id()));
       continue;
     }
@@ -418,6 +554,13 @@ void JobManager::RunSetup(const std::string& job_id, std::map<std::string, v1::S
   absl::Status failure;
   for (auto& [address, request] : requests) {
     absl::Status status = servers_->SetupJob(address, request);
+    if (absl::IsAlreadyExists(status)) {
+      // The server still holds a trained copy from before (a restore whose
+      // DropJob did not reach it): this setup supersedes it.
+      IgnoreError(servers_->DropJob(address, job_id, "set up afresh by the scheduler", /*keep_parameters=*/false,
+                                    request.shard_map().version() - 1));
+      status = servers_->SetupJob(address, request);
+    }
     if (!status.ok()) {
       failure = absl::Status(status.code(), absl::StrCat("setting up shards on server ", address,
                                                          ": ", status.message()));

@@ -2,6 +2,7 @@
 // writes the dirty jobs' records (and the id counters) to the store outside
 // the manager's lock, in one synced batch, never letting an older record of a
 // job overwrite a newer one.
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -16,6 +17,8 @@ constexpr char kMetaKey[] = "meta";
 constexpr char kManifestPrefix[] = "ckpt/";  // as in job_manager_checkpoint.cc
 
 }  // namespace
+
+std::string JobRecordKey(const std::string& job_id) { return absl::StrCat(kJobPrefix, job_id); }
 
 v1::JobRecord JobManager::RecordOf(const Job& job) {
   v1::JobRecord record;
@@ -46,16 +49,21 @@ v1::JobRecord JobManager::RecordOf(const Job& job) {
     record.set_restoring(true);
     *record.mutable_restore() = *job.restore;
   }
+  if (job.handover.has_value()) *record.mutable_handover() = *job.handover;
+  record.set_server_claim_bytes(job.server_claim);
   return record;
 }
 
 void JobManager::Flush() {
   if (store_ == nullptr) return;
   std::vector<std::pair<std::string, v1::JobRecord>> records;
+  std::vector<std::string> deletes;
   v1::SchedulerMeta meta;
   {
     absl::MutexLock lock(&mu_);
-    if (dirty_.empty()) return;
+    if (dirty_.empty() && forgotten_.empty()) return;
+    deletes.assign(forgotten_.begin(), forgotten_.end());
+    forgotten_.clear();
     for (const std::string& id : dirty_) {
       Job* job = FindJob(id);
       if (job == nullptr) continue;
@@ -72,10 +80,13 @@ void JobManager::Flush() {
     int64_t& written = written_[id];
     if (record.record_version() < written) continue;  // a newer record of it is already out
     written = record.record_version();
-    puts.emplace_back(absl::StrCat(kJobPrefix, id), record.SerializeAsString());
+    puts.emplace_back(JobRecordKey(id), record.SerializeAsString());
   }
   puts.emplace_back(kMetaKey, meta.SerializeAsString());
-  absl::Status status = store_->Write(puts, {});
+  for (const std::string& key : deletes) {
+    if (absl::StartsWith(key, kJobPrefix)) written_.erase(key.substr(sizeof(kJobPrefix) - 1));
+  }
+  absl::Status status = store_->Write(puts, deletes);
   if (!status.ok()) FLOG(ERROR) << "cannot save the scheduler state: " << status;
 }
 
@@ -125,6 +136,11 @@ absl::Status JobManager::Recover() {
     job->next_checkpoint_id = std::max<int64_t>(1, record.next_checkpoint_id());
     job->last_checkpoint_step = record.last_checkpoint_step();
     if (record.restoring()) job->restore = record.restore();
+    // A copy in flight when the scheduler stopped is done again (from the
+    // replicas live then) once members have registered again.
+    if (record.has_handover()) job->handover = record.handover();
+    job->claims = ClaimsOf(job->status.spec());
+    job->server_claim = record.server_claim_bytes();
     // A checkpoint being written when the scheduler stopped was never
     // committed: it is not used.
     for (v1::CheckpointInfo& info : *job->status.mutable_checkpoints()) {
@@ -153,7 +169,11 @@ absl::Status JobManager::Recover() {
   }
   // Pending jobs in submit order (ids are zero-padded counters).
   std::sort(pending_.begin(), pending_.end());
-  recovery_deadline_ = clock_() + options_.lease;
+  // Members get two leases to register again (counted again from Start,
+  // when the scheduler serves): one for the heartbeat that finds the
+  // scheduler gone and reconnects (common/rpc.cc bounds that backoff to a
+  // second), one for the registration itself.
+  recovery_deadline_ = clock_() + RecoveryWindow();
   FLOG(INFO) << "recovered " << jobs_.size() << " jobs (" << active << " running) from the state store";
   return absl::OkStatus();
 }

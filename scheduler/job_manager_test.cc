@@ -44,7 +44,7 @@ class FakeServers : public ServerControl {
     return setup_result_;
   }
   absl::Status DropJob(const std::string& address, const std::string& job_id,
-                       const std::string& reason, bool keep_parameters) override {
+                       const std::string& reason, bool keep_parameters, int64_t) override {
     absl::MutexLock lock(&mu_);
     drops_.push_back({address, job_id, reason, keep_parameters});
     return absl::OkStatus();
@@ -148,10 +148,11 @@ class JobManagerTest : public ::testing::Test {
   void Advance(absl::Duration d) { now_ += d; }
   std::unique_ptr<KvStore> store_ = NewMemoryStore();
 
-  std::string RegisterMember(v1::Role role, const std::string& address = "") {
+  std::string RegisterMember(v1::Role role, const std::string& address = "", int64_t memory_budget = 0) {
     v1::RegisterRequest request;
     request.set_role(role);
     request.set_address(address);
+    request.set_memory_budget_bytes(memory_budget);
     absl::StatusOr<v1::RegisterResponse> response = manager_->Register(request);
     EXPECT_TRUE(response.ok()) << response.status();
     return response.ok() ? response->member_id() : "";
@@ -254,8 +255,19 @@ TEST_F(JobManagerTest, SubmittedJobIsPendingWaitingForWorkers) {
   manager_->Tick();
   status = GetOk(job_id);
   EXPECT_EQ(status.state(), v1::PENDING);
-  EXPECT_TRUE(Contains(status.reason(), "1 of 2 workers"));
-  EXPECT_TRUE(Contains(status.reason(), "0 servers"));
+  EXPECT_TRUE(Contains(status.reason(), "needs 2 workers"));
+  EXPECT_TRUE(Contains(status.reason(), "(1 registered)"));
+  EXPECT_TRUE(Contains(status.reason(), "(0 registered)"));
+  // Both workers and a server, one worker busy elsewhere: waiting.
+  RegisterMember(v1::WORKER);
+  RegisterMember(v1::SERVER, kServerAddress);
+  v1::JobSpec other = MlpSpec(1);
+  other.set_name("other");
+  const std::string first = SubmitOk(other);  // queued behind job_id, which now starts
+  manager_->Tick();
+  EXPECT_EQ(GetOk(job_id).state(), v1::RUNNING);
+  EXPECT_EQ(GetOk(first).state(), v1::PENDING);
+  EXPECT_TRUE(Contains(GetOk(first).reason(), "0 of 1 workers idle")) << GetOk(first).reason();
 }
 
 TEST_F(JobManagerTest, AssignsLoadToWorkersWithDistinctRanks) {
@@ -706,6 +718,130 @@ TEST_F(JobManagerTest, ReplicasNeedEnoughServers) {
   EXPECT_TRUE(Contains(status.reason(), "2 replicas"));
 }
 
+// Admission: a job that cannot fit the processes' memory budgets at all is
+// refused at submit, naming the numbers; nothing is queued.
+TEST_F(JobManagerTest, JobsBeyondEveryMemoryBudgetAreRefusedAtSubmit) {
+  RegisterMember(v1::SERVER, kServerAddress, int64_t{4} << 30);
+  RegisterMember(v1::WORKER, "", int64_t{4} << 30);
+  v1::JobSpec huge_model = MlpSpec(1);
+  huge_model.mutable_model()->set_hidden_sizes(0, 65536);
+  huge_model.mutable_model()->add_hidden_sizes(65536);
+  absl::StatusOr<v1::JobStatus> refused = manager_->Submit(huge_model);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_TRUE(Contains(refused.status().message(), "parameters")) << refused.status();
+  EXPECT_TRUE(Contains(refused.status().message(), "4.0 GiB")) << refused.status();
+  EXPECT_TRUE(Contains(refused.status().message(), "--memory-budget")) << refused.status();
+
+  v1::JobSpec huge_data = MlpSpec(1);
+  huge_data.mutable_data()->set_dataset(v1::DataSpec::SYNTHETIC);
+  huge_data.mutable_data()->clear_path();
+  huge_data.mutable_data()->set_synthetic_examples(100000000);
+  huge_data.mutable_data()->set_synthetic_features(65536);
+  huge_data.mutable_data()->set_synthetic_classes(10);
+  refused = manager_->Submit(huge_data);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_TRUE(Contains(refused.status().message(), "each worker")) << refused.status();
+  EXPECT_TRUE(manager_->List().empty()) << "a refused job was queued";
+  // One that fits is taken.
+  SubmitOk(MlpSpec(1));
+}
+
+// A job that fits the cluster but not now (another job holds the server's
+// memory) waits, saying so, and starts once that job's parameters go.
+TEST_F(JobManagerTest, AJobWaitsForServerMemoryOtherJobsHold) {
+  // MlpSpec's model: 784*256 + 256 + 256*10 + 10 = 203530 parameters; with
+  // SGD, BSP and 1 partition, 12 bytes each: 2.4 MB on the server.
+  RegisterMember(v1::SERVER, kServerAddress, 3000000);
+  workers_.push_back(RegisterMember(v1::WORKER));
+  workers_.push_back(RegisterMember(v1::WORKER));
+  const std::string first = SubmitOk(MlpSpec(1));
+  const std::string second = SubmitOk(MlpSpec(1));
+  manager_->Tick();
+  ASSERT_EQ(GetOk(first).state(), v1::RUNNING);
+  for (const std::string& w : workers_) {
+    if (HeartbeatOk(w).job_id() == first) ASSERT_TRUE(ReportKind(w, first, v1::WorkReport::READY).ok());
+  }
+  manager_->Tick();
+  ASSERT_EQ(GetOk(first).reason(), "training");
+  v1::JobStatus waiting = GetOk(second);
+  EXPECT_EQ(waiting.state(), v1::PENDING);
+  EXPECT_TRUE(Contains(waiting.reason(), "0 of 1 servers with 2.3 MiB of memory free")) << waiting.reason();
+  ASSERT_TRUE(manager_->Cancel(first).ok());
+  // A cancelled job's parameters are dropped: its claim is gone.
+  manager_->Tick();
+  EXPECT_EQ(GetOk(second).state(), v1::RUNNING) << GetOk(second).reason();
+}
+
+// A job that cannot run on the cluster as it is (more workers than
+// registered) does not hold up the jobs queued behind it.
+TEST_F(JobManagerTest, AJobThatCannotRunHereDoesNotBlockTheQueue) {
+  RegisterCluster();
+  v1::JobSpec big = MlpSpec(1024);
+  const std::string blocked = SubmitOk(big);
+  const std::string small = SubmitOk(MlpSpec(2));
+  manager_->Tick();
+  v1::JobStatus status = GetOk(blocked);
+  EXPECT_EQ(status.state(), v1::PENDING);
+  EXPECT_TRUE(Contains(status.reason(), "cannot start on the cluster as it is")) << status.reason();
+  EXPECT_TRUE(Contains(status.reason(), "needs 1024 workers")) << status.reason();
+  EXPECT_EQ(GetOk(small).state(), v1::RUNNING);
+}
+
+// A job waiting for busy workers keeps the queue behind it (first come,
+// first served) for max_queue_wait; then a job behind it that fits starts.
+TEST_F(JobManagerTest, AJobWaitingForBusyWorkersHoldsTheQueueForABoundedTime) {
+  RegisterCluster();
+  workers_.push_back(RegisterMember(v1::WORKER));  // three workers
+  const std::string running = SubmitOk(MlpSpec(2));
+  manager_->Tick();
+  ASSERT_EQ(GetOk(running).state(), v1::RUNNING);
+  const std::string head = SubmitOk(MlpSpec(2));  // only one worker is idle
+  const std::string behind = SubmitOk(MlpSpec(1));
+  manager_->Tick();
+  EXPECT_EQ(GetOk(head).state(), v1::PENDING);
+  EXPECT_EQ(GetOk(behind).state(), v1::PENDING) << "a later job overtook the head before its wait ran out";
+  Advance(options_.max_queue_wait + absl::Seconds(1));
+  for (const std::string& w : workers_) HeartbeatOk(w);
+  HeartbeatOk(server_);
+  manager_->Tick();
+  EXPECT_EQ(GetOk(head).state(), v1::PENDING);
+  EXPECT_TRUE(Contains(GetOk(head).reason(), "jobs queued behind it may start first")) << GetOk(head).reason();
+  EXPECT_EQ(GetOk(behind).state(), v1::RUNNING);
+}
+
+// Retention: servers keep the newest retain_finished_jobs jobs' parameters;
+// older ones are released (DropJob without keeping them) and the job says
+// when; past max_finished_records a job is forgotten altogether.
+TEST_F(JobManagerTest, FinishedJobsParametersAreReleasedAndOldRecordsForgotten) {
+  options_.retain_finished_jobs = 1;
+  options_.max_finished_records = 2;
+  manager_ = std::make_unique<JobManager>(options_, &servers_, [this] { return now_; }, store_.get());
+  RegisterCluster();
+  std::vector<std::string> jobs;
+  for (int i = 0; i < 3; ++i) {
+    const std::string job_id = SubmitOk(MlpSpec());
+    manager_->Tick();
+    MakeTraining(job_id);
+    for (const std::string& w : workers_) ASSERT_TRUE(ReportKind(w, job_id, v1::WorkReport::DONE).ok());
+    ASSERT_EQ(GetOk(job_id).state(), v1::SUCCEEDED);
+    Advance(absl::Seconds(1));  // distinct end times
+    HeartbeatOk(server_);
+    for (const std::string& w : workers_) HeartbeatOk(w);
+    jobs.push_back(job_id);
+  }
+  manager_->Tick();
+  EXPECT_EQ(GetOk(jobs[2]).parameters_released_unix_ms(), 0) << "the newest job's parameters were released";
+  EXPECT_GT(GetOk(jobs[1]).parameters_released_unix_ms(), 0);
+  EXPECT_EQ(manager_->Get(jobs[0]).status().code(), absl::StatusCode::kNotFound) << "the oldest was kept";
+  bool released = false;
+  for (const auto& drop : servers_.drops()) released |= drop.job_id == jobs[1] && !drop.keep_parameters;
+  EXPECT_TRUE(released) << "no DropJob released job 2's parameters";
+  // The forgotten job is gone from the store too.
+  Restart();
+  EXPECT_EQ(manager_->Get(jobs[0]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_GT(GetOk(jobs[1]).parameters_released_unix_ms(), 0);
+}
+
 TEST_F(JobManagerTest, ServerLossPromotesBackupsAndBumpsTheMapVersion) {
   RegisterCluster();
   const std::string second = RegisterMember(v1::SERVER, "127.0.0.1:7002");
@@ -766,6 +902,12 @@ TEST_F(JobManagerTest, RestartedSchedulerRecoversRunningJobs) {
   EXPECT_EQ(a.job_id(), job_id);
   EXPECT_EQ(a.phase(), v1::Assignment::TRAIN);
   EXPECT_EQ(std::vector<int32_t>(a.partitions().begin(), a.partitions().end()), partitions0);
+  // Within the recovery window (two leases) nobody is given up on.
+  Advance(options_.lease);
+  HeartbeatOk(server_);
+  HeartbeatOk(workers_[0], job_id);
+  manager_->Tick();
+  ASSERT_EQ(GetOk(job_id).workers_size(), 2);
   Advance(options_.lease + absl::Milliseconds(100));
   HeartbeatOk(server_);
   HeartbeatOk(workers_[0], job_id);

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/quote.h"
 #include "common/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
@@ -84,12 +85,26 @@ absl::Status ValidateModel(const v1::ModelSpec& model) {
   }
 }
 
+// A dataset path the workers will open: absolute, printable, bounded. Where
+// it may point is each worker's decision (fulcrum-worker --data-root).
+absl::Status ValidateDataPath(const std::string& path) {
+  constexpr size_t kMaxPath = 4096;
+  if (path.size() > kMaxPath) return Invalid("data.path", absl::StrCat("must be at most ", kMaxPath, " bytes"), absl::StrCat(path.size()));
+  if (!IsPrintable(path)) {
+    return Invalid("data.path", "must not contain NUL or other control characters", Quote(path));
+  }
+  if (path.empty() || path[0] != '/') return Invalid("data.path", "must be an absolute path", Quote(path));
+  return absl::OkStatus();
+}
+
 absl::Status ValidateData(const v1::DataSpec& data) {
   if (data.dataset() == v1::DataSpec::FASHION_MNIST) {
+    RETURN_IF_ERROR(ValidateDataPath(data.path()));
     if (data.synthetic_examples()) return Invalid("data.syntheticExamples", "applies to SYNTHETIC data only", "a value");
     if (data.synthetic_features()) return Invalid("data.syntheticFeatures", "applies to SYNTHETIC data only", "a value");
     if (data.synthetic_classes()) return Invalid("data.syntheticClasses", "applies to SYNTHETIC data only", "a value");
   } else if (data.dataset() == v1::DataSpec::SYNTHETIC) {
+    if (!data.path().empty()) return Invalid("data.path", "applies to FASHION_MNIST data only", Quote(data.path()));
     RETURN_IF_ERROR(CheckRange<int64_t>("data.syntheticExamples", data.synthetic_examples(), 1, 100000000));
     RETURN_IF_ERROR(CheckRange("data.syntheticFeatures", data.synthetic_features(), 1, 65536));
     RETURN_IF_ERROR(CheckRange("data.syntheticClasses", data.synthetic_classes(), 2, 65536));
@@ -186,9 +201,10 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckWellFormed(spec, ""));
-  if (spec.name().size() > 128) {
-    return Invalid("name", "must be at most 128 characters", absl::StrCat(spec.name().size()));
+  if (Utf8Length(spec.name()) > 128) {
+    return Invalid("name", "must be at most 128 characters", absl::StrCat(Utf8Length(spec.name())));
   }
+  if (!IsPrintable(spec.name())) return Invalid("name", "must not contain control characters", Quote(spec.name()));
   RETURN_IF_ERROR(ValidateModel(spec.model()));
   RETURN_IF_ERROR(ValidateData(spec.data()));
   RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));

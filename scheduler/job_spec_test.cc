@@ -77,6 +77,12 @@ TEST(JobSpecTest, OtherValidVariantsPass) {
       },
       [](v1::JobSpec* s) { s->set_mode(v1::ASP); },
       [](v1::JobSpec* s) { s->set_name(std::string(128, 'n')); },
+      // 128 characters of two bytes each: the limit counts characters.
+      [](v1::JobSpec* s) {
+        std::string name;
+        for (int i = 0; i < 128; ++i) name += "\xc3\xa9";
+        s->set_name(name);
+      },
       [](v1::JobSpec* s) {
         s->set_num_workers(1024);
         s->set_max_workers(1024);
@@ -422,6 +428,27 @@ std::vector<RejectCase> RejectCases() {
       {"NameTooLong",
        [](S* s) { s->set_name(std::string(129, 'x')); },
        {"name", "128 characters"}},
+      {"NameWithAnEscapeSequence",
+       [](S* s) { s->set_name("job\x1b[2J"); },
+       {"name", "control characters", "\\x1b"}},
+      {"DataPathWithNul",
+       [](S* s) { s->mutable_data()->set_path(std::string("/etc/shadow\0", 12)); },
+       {"data.path", "NUL", "\\x00"}},
+      {"DataPathWithNewline",
+       [](S* s) { s->mutable_data()->set_path("/data/fm\nINFO forged log line"); },
+       {"data.path", "control characters"}},
+      {"DataPathRelative",
+       [](S* s) { s->mutable_data()->set_path("../../etc"); },
+       {"data.path", "absolute"}},
+      {"DataPathTooLong",
+       [](S* s) { s->mutable_data()->set_path("/" + std::string(4096, 'a')); },
+       {"data.path", "4096 bytes"}},
+      {"DataPathOnSyntheticData",
+       [](S* s) {
+         MakeSynthetic(s);
+         s->mutable_data()->set_path("/data/fm");
+       },
+       {"data.path", "FASHION_MNIST"}},
       {"UnknownField",
        [](S* s) { s->GetReflection()->MutableUnknownFields(s)->AddVarint(999, 1); },
        {"unknown field", "999"}},

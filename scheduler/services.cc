@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/rpc.h"
-#include "common/rpc_security.h"
+#include "common/status_macros.h"
 
 namespace fulcrum {
 
@@ -14,7 +14,6 @@ JobServiceImpl::JobServiceImpl(JobManager* manager) : manager_(manager) {}
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
-  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return ToGrpcStatus(denied);
   auto status = manager_->Submit(request->spec(), request->resume_from());
   if (!status.ok()) return ToGrpcStatus(status.status());
   response->set_job_id(status->job_id());
@@ -24,7 +23,6 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context, const v1::S
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                     v1::JobStatus* response) {
-  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return ToGrpcStatus(denied);
   auto status = manager_->Get(request->job_id());
   if (status.ok()) *response = std::move(*status);
   return ToGrpcStatus(status.status());
@@ -32,14 +30,12 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJ
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest*,
                                       v1::ListJobsResponse* response) {
-  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return ToGrpcStatus(denied);
   for (v1::JobStatus& job : manager_->List()) *response->add_jobs() = std::move(job);
   return ToGrpcStatus(absl::OkStatus());
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                                        v1::JobStatus* response) {
-  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return ToGrpcStatus(denied);
   auto status = manager_->Cancel(request->job_id());
   if (status.ok()) *response = std::move(*status);
   return ToGrpcStatus(status.status());
@@ -47,7 +43,6 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::C
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobStatus>* writer) {
-  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return ToGrpcStatus(denied);
   int64_t version = -1;
   while (!context->IsCancelled()) {
     int64_t seen = version;
@@ -63,7 +58,6 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::Wa
 
 grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* context, const v1::CheckpointJobRequest* request,
                                            v1::CheckpointInfo* response) {
-  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return ToGrpcStatus(denied);
   // Waits for the checkpoint, within the client's deadline (10 minutes at most).
   absl::Duration timeout = absl::Minutes(10);
   if (context->deadline() != std::chrono::system_clock::time_point::max()) {
@@ -76,7 +70,6 @@ grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* context, const v
 
 grpc::Status JobServiceImpl::GetCheckpoint(grpc::ServerContext* context, const v1::GetCheckpointRequest* request,
                                            v1::CheckpointManifest* response) {
-  if (absl::Status denied = Authorize(context, Caller::kJobClient); !denied.ok()) return ToGrpcStatus(denied);
   auto manifest = manager_->GetCheckpoint(request->job_id(), request->checkpoint_id());
   if (manifest.ok()) *response = std::move(*manifest);
   return ToGrpcStatus(manifest.status());
@@ -86,7 +79,6 @@ ClusterServiceImpl::ClusterServiceImpl(JobManager* manager) : manager_(manager) 
 
 grpc::Status ClusterServiceImpl::Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                                           v1::RegisterResponse* response) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return ToGrpcStatus(denied);
   auto result = manager_->Register(*request);
   if (result.ok()) *response = std::move(*result);
   return ToGrpcStatus(result.status());
@@ -94,7 +86,6 @@ grpc::Status ClusterServiceImpl::Register(grpc::ServerContext* context, const v1
 
 grpc::Status ClusterServiceImpl::Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                                            v1::HeartbeatResponse* response) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return ToGrpcStatus(denied);
   auto result = manager_->Heartbeat(*request);
   if (result.ok()) *response = std::move(*result);
   return ToGrpcStatus(result.status());
@@ -102,19 +93,16 @@ grpc::Status ClusterServiceImpl::Heartbeat(grpc::ServerContext* context, const v
 
 grpc::Status ClusterServiceImpl::ReportWork(grpc::ServerContext* context, const v1::WorkReport* request,
                                             v1::WorkReportResponse*) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return ToGrpcStatus(denied);
   return ToGrpcStatus(manager_->Report(*request));
 }
 
 grpc::Status ClusterServiceImpl::ListMembers(grpc::ServerContext* context, const v1::ListMembersRequest*,
                                              v1::ListMembersResponse* response) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return ToGrpcStatus(denied);
   for (v1::MemberInfo& member : manager_->Members()) *response->add_members() = std::move(member);
   return ToGrpcStatus(absl::OkStatus());
 }
 
 grpc::Status ClusterServiceImpl::Leave(grpc::ServerContext* context, const v1::LeaveRequest* request, v1::LeaveResponse*) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return ToGrpcStatus(denied);
   return ToGrpcStatus(manager_->Leave(request->member_id()));
 }
 
@@ -125,26 +113,39 @@ v1::ParameterService::Stub* GrpcServerControl::Stub(const std::string& address) 
   return stub.get();
 }
 
-absl::Status GrpcServerControl::SetupJob(const std::string& address, const v1::SetupJobRequest& request) {
+template <typename Request, typename Response>
+absl::Status GrpcServerControl::Call(const std::string& address,
+                                     grpc::Status (v1::ParameterService::Stub::*method)(grpc::ClientContext*,
+                                                                                       const Request&, Response*),
+                                     const Request& request, Response* response, double seconds) {
   grpc::ClientContext context;
-  SetDeadline(&context, 30.0);
+  SetDeadline(&context, seconds);
+  v1::ParameterService::Stub* stub = Stub(address);
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) return absl::CancelledError("the scheduler is stopping");
+    in_flight_.insert(&context);
+  }
+  absl::Status status = FromGrpcStatus((stub->*method)(&context, request, response));
+  absl::MutexLock lock(&mu_);
+  in_flight_.erase(&context);
+  return status;
+}
+
+absl::Status GrpcServerControl::SetupJob(const std::string& address, const v1::SetupJobRequest& request) {
   v1::SetupJobResponse response;
-  return FromGrpcStatus(Stub(address)->SetupJob(&context, request, &response));
+  return Call(address, &v1::ParameterService::Stub::SetupJob, request, &response, 30.0);
 }
 
 absl::Status GrpcServerControl::Reconfigure(const std::string& address, const std::string& job_id,
                                             const v1::ShardMap& map) {
-  grpc::ClientContext context;
-  SetDeadline(&context, 5.0);
   v1::ReconfigureRequest request;
   request.set_job_id(job_id);
   *request.mutable_shard_map() = map;
   absl::Status status;
   for (int attempt = 0; attempt < 3; ++attempt) {  // a server that misses the new map stalls the job's pushes
-    grpc::ClientContext attempt_context;
-    SetDeadline(&attempt_context, 5.0);
     v1::ReconfigureResponse response;
-    status = FromGrpcStatus(Stub(address)->Reconfigure(&attempt_context, request, &response));
+    status = Call(address, &v1::ParameterService::Stub::Reconfigure, request, &response, 5.0);
     if (status.ok() || !absl::IsUnavailable(status)) break;
   }
   if (!status.ok()) FLOG(WARNING) << "reconfiguring job " << job_id << " on " << address << ": " << status;
@@ -152,35 +153,24 @@ absl::Status GrpcServerControl::Reconfigure(const std::string& address, const st
 }
 
 absl::Status GrpcServerControl::DropJob(const std::string& address, const std::string& job_id,
-                                        const std::string& reason, bool keep_parameters) {
-  grpc::ClientContext context;
-  SetDeadline(&context, 5.0);
+                                        const std::string& reason, bool keep_parameters, int64_t map_version) {
   v1::DropJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
   request.set_keep_parameters(keep_parameters);
+  request.set_map_version(map_version);
   v1::DropJobResponse response;
-  absl::Status status = FromGrpcStatus(Stub(address)->DropJob(&context, request, &response));
+  absl::Status status = Call(address, &v1::ParameterService::Stub::DropJob, request, &response, 5.0);
   if (!status.ok()) FLOG(WARNING) << "dropping job " << job_id << " on " << address << ": " << status;
   return status;
 }
 
 absl::StatusOr<v1::CheckpointResponse> GrpcServerControl::Checkpoint(const std::string& address,
                                                                      const v1::CheckpointRequest& request) {
-  grpc::ClientContext context;
-  SetDeadline(&context, request.timeout_ms() / 1000.0 + 30.0);  // the cut's wait, then the write
-  {
-    absl::MutexLock lock(&mu_);
-    if (cancelled_) return absl::CancelledError("the scheduler is stopping");
-    in_flight_.insert(&context);
-  }
   v1::CheckpointResponse response;
-  absl::Status status = FromGrpcStatus(Stub(address)->Checkpoint(&context, request, &response));
-  {
-    absl::MutexLock lock(&mu_);
-    in_flight_.erase(&context);
-  }
-  if (!status.ok()) return status;
+  // The cut's wait, then the write.
+  RETURN_IF_ERROR(Call(address, &v1::ParameterService::Stub::Checkpoint, request, &response,
+                       request.timeout_ms() / 1000.0 + 30.0));
   return response;
 }
 
@@ -192,13 +182,11 @@ void GrpcServerControl::CancelAll() {
 
 absl::Status GrpcServerControl::DeleteCheckpoint(const std::string& address, const std::string& job_id,
                                                  int64_t checkpoint_id) {
-  grpc::ClientContext context;
-  SetDeadline(&context, 10.0);
   v1::DeleteCheckpointRequest request;
   request.set_job_id(job_id);
   request.set_checkpoint_id(checkpoint_id);
   v1::DeleteCheckpointResponse response;
-  absl::Status status = FromGrpcStatus(Stub(address)->DeleteCheckpoint(&context, request, &response));
+  absl::Status status = Call(address, &v1::ParameterService::Stub::DeleteCheckpoint, request, &response, 10.0);
   if (!status.ok()) FLOG(WARNING) << "deleting checkpoint " << checkpoint_id << " of job " << job_id << " on " << address << ": " << status;
   return status;
 }

@@ -53,7 +53,7 @@ class GrpcServerControl final : public ServerControl {
  public:
   absl::Status SetupJob(const std::string& address, const v1::SetupJobRequest& request) override;
   absl::Status DropJob(const std::string& address, const std::string& job_id,
-                       const std::string& reason, bool keep_parameters) override;
+                       const std::string& reason, bool keep_parameters, int64_t map_version) override;
   absl::Status Reconfigure(const std::string& address, const std::string& job_id, const v1::ShardMap& map) override;
   absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,
                                                     const v1::CheckpointRequest& request) override;
@@ -63,9 +63,14 @@ class GrpcServerControl final : public ServerControl {
 
  private:
   v1::ParameterService::Stub* Stub(const std::string& address);
+  // One call with a deadline of `seconds`; CancelAll cancels it.
+  template <typename Request, typename Response>
+  absl::Status Call(const std::string& address,
+                    grpc::Status (v1::ParameterService::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                    const Request& request, Response* response, double seconds);
   absl::Mutex mu_;  // guards stubs_
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
-  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);  // long calls CancelAll cancels
+  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);  // calls CancelAll cancels
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 

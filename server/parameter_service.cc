@@ -1,14 +1,17 @@
 #include "server/parameter_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <set>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/quote.h"
 #include "common/rpc.h"
-#include "common/rpc_security.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 
@@ -67,7 +70,7 @@ LrScheduleConfig ToScheduleConfig(const v1::LrScheduleSpec& spec, int64_t total_
   return config;
 }
 
-absl::Time PullDeadline(const grpc::ServerContext& context) {
+absl::Time PullDeadline(const grpc::CallbackServerContext& context) {
   absl::Time cap = absl::Now() + kMaxPullWait;
   auto deadline = context.deadline();
   if (deadline == std::chrono::system_clock::time_point::max()) return cap;
@@ -154,6 +157,7 @@ absl::StatusOr<ChunkSnapshot> FromChunkState(const v1::ChunkState& state) {
 JobShardConfig ParameterServiceImpl::ConfigFor(const v1::SetupJobRequest& request) {
   JobShardConfig config = ToJobShardConfig(request);
   config.observe_apply = [histogram = optimizer_seconds_](double seconds) { histogram->Observe(seconds); };
+  config.on_change = [held = held_pulls_.get()] { held->Poke(); };
   return config;
 }
 
@@ -165,6 +169,9 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                                            std::function<bool()> lease_valid, CheckpointStore* checkpoints)
     : store_(store), metrics_(metrics), lease_valid_(std::move(lease_valid)), checkpoints_(checkpoints) {
   if (checkpoints_ != nullptr) writer_ = std::make_unique<CheckpointWriter>(checkpoints_);
+  HeldPulls::Options held;
+  held.threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u));
+  held_pulls_ = std::make_unique<HeldPulls>(held);
   auto& registry = metrics_->registry();
   updates_applied_ = &prometheus::BuildCounter()
                           .Name("fulcrum_server_gradients_accepted_total")
@@ -217,44 +224,65 @@ grpc::Status ParameterServiceImpl::Finish(const char* method, const absl::Status
   return ToGrpcStatus(status);
 }
 
-grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext* context, const v1::SetupJobRequest* request,
+absl::Status ParameterServiceImpl::SetupFresh(const v1::SetupJobRequest& request) {
+  // A job that already trained here is never replaced by a setup: that would
+  // silently reset its parameters under its workers. The scheduler drops a
+  // copy it wants replaced first.
+  if (auto existing = store_->Find(request.job_id()); existing.ok()) {
+    const int64_t version = (*existing)->VersionRange().second;
+    if (version > 0) {
+      return absl::AlreadyExistsError(absl::StrCat("job ", request.job_id(), " is already set up on this server and "
+                                                   "has trained (", version, " updates): drop it first (DropJob)"));
+    }
+  }
+  JobShardConfig config = ConfigFor(request);
+  RETURN_IF_ERROR(store_->CheckFits(request.job_id(), JobShard::ConfigBytes(config), /*replacing=*/true));
+  // Fresh state, or a checkpoint's: built aside, installed when whole.
+  ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(std::move(config)));
+  if (request.has_restore()) RETURN_IF_ERROR(RestoreChunks(shard.get(), request.restore()));
+  RETURN_IF_ERROR(shard->Configure(request.shard_map().version(), RolesFor(request.shard_map(), request.server_id())));
+  store_->Install(std::move(shard));
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServiceImpl::SetupCopies(const v1::SetupJobRequest& request,
+                                               const std::map<int32_t, std::string>& sources) {
+  // Chunks copied from their primaries (a new backup, or chunks moving to a
+  // new shard): fetched first, then added to what this server holds of the
+  // job (other shards stay), or to a fresh job state put in place.
+  JobShardConfig config = ConfigFor(request);
+  RETURN_IF_ERROR(store_->CheckFits(request.job_id(), JobShard::ConfigBytes(config), /*replacing=*/false));
+  auto existing = store_->Find(request.job_id());
+  if (existing.ok()) {
+    std::vector<int32_t> ids;
+    for (const ChunkConfig& chunk : config.chunks) ids.push_back(chunk.chunk_id);
+    (*existing)->BeginCopy(ids);
+  }
+  ASSIGN_OR_RETURN(std::vector<ChunkSnapshot> snapshots, FetchChunks(request.copy_from(), config, sources));
+  const auto roles = RolesFor(request.shard_map(), request.server_id());
+  if (existing.ok()) {
+    RETURN_IF_ERROR((*existing)->AdoptChunks(config.chunks, snapshots));
+    return (*existing)->Configure(request.shard_map().version(), roles, ChunkShards(request.shard_map()));
+  }
+  std::vector<ChunkConfig> chunks = config.chunks;
+  ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(std::move(config)));
+  RETURN_IF_ERROR(shard->AdoptChunks(chunks, snapshots));
+  RETURN_IF_ERROR(shard->Configure(request.shard_map().version(), roles));
+  store_->Install(std::move(shard));
+  return absl::OkStatus();
+}
+
+grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::SetupJobRequest* request,
                                             v1::SetupJobResponse*) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("SetupJob", denied, 0, 0);
-  absl::Status status;
   std::map<int32_t, std::string> sources;
   for (const v1::ChunkSetup& chunk : request->chunks()) {
     if (!chunk.copy_from().empty()) sources[chunk.chunk_id()] = chunk.copy_from();
   }
-  if (request->copy_from().empty() && sources.empty()) {
-    // Fresh state, or a checkpoint's: built aside, installed when whole.
-    auto shard = JobShard::Create(ConfigFor(*request));
-    status = shard.status();
-    if (status.ok() && request->has_restore()) status = RestoreChunks(shard->get(), request->restore());
-    if (status.ok()) {
-      status = (*shard)->Configure(request->shard_map().version(), RolesFor(request->shard_map(), request->server_id()));
-    }
-    if (status.ok()) store_->Install(std::move(*shard));
-  } else {
-    // Chunks copied from their primaries (a new backup, or chunks moving to
-    // a new shard): fetched first, then added to what this server holds of
-    // the job (other shards stay), or to a fresh job state put in place.
-    JobShardConfig config = ConfigFor(*request);
-    auto snapshots = FetchChunks(request->copy_from(), config, sources);
-    status = snapshots.status();
-    auto existing = store_->Find(request->job_id());
-    const auto roles = RolesFor(request->shard_map(), request->server_id());
-    if (status.ok() && existing.ok()) {
-      status = (*existing)->AdoptChunks(config.chunks, *snapshots);
-      if (status.ok()) {
-        status = (*existing)->Configure(request->shard_map().version(), roles, ChunkShards(request->shard_map()));
-      }
-    } else if (status.ok()) {
-      auto shard = JobShard::Create(config);
-      status = shard.status();
-      if (status.ok()) status = (*shard)->AdoptChunks(config.chunks, *snapshots);
-      if (status.ok()) status = (*shard)->Configure(request->shard_map().version(), roles);
-      if (status.ok()) store_->Install(std::move(*shard));
-    }
+  absl::Status status;
+  try {  // an allocation that fails fails the setup, not the process
+    status = request->copy_from().empty() && sources.empty() ? SetupFresh(*request) : SetupCopies(*request, sources);
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError(absl::StrCat("job ", request->job_id(), ": out of memory setting it up"));
   }
   if (status.ok()) {
     FLOG(INFO) << "job " << request->job_id() << ": holding " << request->chunks_size()
@@ -266,10 +294,13 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext* context, const 
 
 grpc::Status ParameterServiceImpl::DropJob(grpc::ServerContext* context, const v1::DropJobRequest* request,
                                            v1::DropJobResponse*) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("DropJob", denied, 0, 0);
-  store_->DropJob(request->job_id(), request->reason(), request->keep_parameters());
-  FLOG(INFO) << "job " << request->job_id() << ": " << (request->keep_parameters() ? "finished" : "dropped")
-             << " (" << request->reason() << ")";
+  if (!store_->DropJob(request->job_id(), request->reason(), request->keep_parameters(), request->map_version())) {
+    FLOG(INFO) << "job " << request->job_id() << ": kept (a DropJob of shard map version " << request->map_version()
+               << " came after a newer setup)";
+  } else {
+    FLOG(INFO) << "job " << request->job_id() << ": " << (request->keep_parameters() ? "finished" : "dropped")
+               << " (" << Quote(request->reason()) << ")";
+  }
   jobs_->Set(static_cast<double>(store_->num_jobs()));
   return Finish("DropJob", absl::OkStatus(), request->ByteSizeLong(), 0);
 }
@@ -290,7 +321,12 @@ absl::Status ParameterServiceImpl::CheckRoute(const JobShard& shard, int64_t map
     return absl::UnavailableError(absl::StrCat("job ", request.job_id(), ": this server has not received shard map version ",
                                                map_version, " yet (at ", held, "): retry"));
   }
+  std::set<int32_t> seen;
   for (const v1::ChunkData& chunk : request.chunks()) {
+    if (!seen.insert(chunk.chunk_id()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("job ", request.job_id(), ": push lists chunk ",
+                                                     chunk.chunk_id(), " more than once"));
+    }
     ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOf(chunk.chunk_id()));
     if (role.primary != as_primary) {
       return absl::AbortedError(absl::StrCat("chunk ", chunk.chunk_id(), " of job ", request.job_id(),
@@ -350,6 +386,12 @@ absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const
   std::map<std::string, Call> calls;
   absl::Mutex mu;
   size_t remaining = forwards.size();
+  {
+    // Reconfigure cancels forwards in flight: a backup that stopped must not
+    // hold this push (and the role change waiting for it) to the deadline.
+    absl::MutexLock lock(&forwards_mu_);
+    for (auto& [address, forward] : forwards) forwards_in_flight_.emplace(&calls[address].context, request.job_id());
+  }
   for (auto& [address, forward] : forwards) {
     Call& call = calls[address];
     SetDeadline(&call.context, 10.0);
@@ -362,6 +404,10 @@ absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const
   {
     absl::MutexLock lock(&mu);
     mu.Await(absl::Condition(+[](size_t* r) { return *r == 0; }, &remaining));
+  }
+  {
+    absl::MutexLock lock(&forwards_mu_);
+    for (auto& [address, call] : calls) forwards_in_flight_.erase(&call.context);
   }
   replication_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   for (auto& [address, call] : calls) {
@@ -378,7 +424,6 @@ absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const
 
 grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* context, const v1::PushRequest* request,
                                         v1::PushResponse* response) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("Push", denied, 0, 0);
   absl::ReaderMutexLock writes(&writes_mu_);
   const int64_t received = request->ByteSizeLong();
   auto shard = store_->Find(request->job_id());
@@ -404,7 +449,6 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* context, const v1::
 
 grpc::Status ParameterServiceImpl::Replicate(grpc::ServerContext* context, const v1::PushRequest* request,
                                              v1::PushResponse* response) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("Replicate", denied, 0, 0);
   absl::ReaderMutexLock writes(&writes_mu_);
   const int64_t received = request->ByteSizeLong();
   auto shard = store_->Find(request->job_id());
@@ -416,7 +460,16 @@ grpc::Status ParameterServiceImpl::Replicate(grpc::ServerContext* context, const
 
 grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext* context, const v1::ReconfigureRequest* request,
                                                v1::ReconfigureResponse*) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("Reconfigure", denied, 0, 0);
+  if (auto held = store_->Find(request->job_id());
+      held.ok() && request->shard_map().version() > (*held)->map_version()) {
+    // The roles change: forwards to backups still in flight (one that
+    // stopped would hold them, and this call behind them, to their deadline)
+    // are cancelled; their pushes fail and are retried on the new map.
+    absl::MutexLock lock(&forwards_mu_);
+    for (const auto& [forward, job_id] : forwards_in_flight_) {
+      if (job_id == request->job_id()) forward->TryCancel();
+    }
+  }
   absl::MutexLock writes(&writes_mu_);
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("Reconfigure", shard.status(), request->ByteSizeLong(), 0);
@@ -431,7 +484,6 @@ grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext* context, con
 
 grpc::Status ParameterServiceImpl::CopyChunk(grpc::ServerContext* context, const v1::CopyChunkRequest* request,
                                              v1::ChunkState* response) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("CopyChunk", denied, 0, 0);
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("CopyChunk", shard.status(), request->ByteSizeLong(), 0);
   absl::StatusOr<ChunkSnapshot> snapshot = (*shard)->Snapshot(request->chunk_id());
@@ -463,40 +515,156 @@ absl::StatusOr<std::vector<ChunkSnapshot>> ParameterServiceImpl::FetchChunks(
   return snapshots;
 }
 
-grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context, const v1::PullRequest* request,
-                                        v1::PullResponse* response) {
-  if (absl::Status denied = Authorize(context, Caller::kClusterMember); !denied.ok()) return Finish("Pull", denied, 0, 0);
+absl::Status ParameterServiceImpl::CheckPull(const JobShard& shard, const v1::PullRequest& request) const {
+  if (request.map_version() < shard.map_version()) {
+    return absl::AbortedError(absl::StrCat("job ", request.job_id(), ": pull made with shard map version ",
+                                           request.map_version(), ", this server is at ", shard.map_version(),
+                                           ": refresh the map"));
+  }
+  const int bytes_per_value = WireBytes(request.format());
+  if (bytes_per_value == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", request.job_id(), ": pull asks for unknown wire format ",
+                                                   static_cast<int>(request.format()),
+                                                   " (known: WIRE_FP32, WIRE_BF16, WIRE_FP16)"));
+  }
+  // Every chunk once, and a response that fits a message: the work and
+  // memory one request can cause are those of one bounded answer.
+  std::set<int32_t> seen;
+  int64_t bytes = 0;
+  for (int32_t chunk_id : request.chunk_ids()) {
+    if (!seen.insert(chunk_id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job ", request.job_id(), ": pull lists chunk ", chunk_id, " more than once"));
+    }
+    bytes += shard.ChunkLength(chunk_id) * bytes_per_value;
+  }
+  if (bytes > kMaxPullBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", request.job_id(), ": pull of ", request.chunk_ids_size(),
+                                                   " chunks asks for ", bytes, " bytes in one response; at most ",
+                                                   kMaxPullBytes, " (split it into several pulls)"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// One Pull call: answered at once when its chunks are there, else held
+// (HeldPulls) until they are, its deadline passes or its caller cancels.
+class PendingPull final : public HeldPull {
+ public:
+  PendingPull(std::shared_ptr<JobShard> shard, const v1::PullRequest& request, v1::PullResponse* response,
+              absl::Time deadline, std::function<void(const absl::Status&)> finish)
+      : shard_(std::move(shard)),
+        chunk_ids_(request.chunk_ids().begin(), request.chunk_ids().end()),
+        min_version_(request.min_version()),
+        min_clock_(request.min_clock()),
+        format_(request.format()),
+        response_(response),
+        deadline_(deadline),
+        finish_(std::move(finish)) {}
+
+  bool Ready() override {
+    for (int32_t chunk_id : chunk_ids_) {
+      if (!shard_->Ready(chunk_id, min_version_, min_clock_)) return false;
+    }
+    return true;
+  }
+
+  void Complete() override {
+    for (int32_t chunk_id : chunk_ids_) {
+      v1::ChunkData* chunk = response_->add_chunks();
+      chunk->set_chunk_id(chunk_id);
+      chunk->set_format(format_);
+      int64_t version = 0, clock = 0;
+      absl::Status read = shard_->Read(chunk_id, format_, chunk->mutable_data(), &version, &clock);
+      if (!read.ok()) {
+        response_->Clear();
+        return Fail(read);
+      }
+      chunk->set_version(version);
+      chunk->set_clock(clock);
+    }
+    End(absl::OkStatus());
+  }
+
+  void Fail(const absl::Status& status) override {
+    if (absl::IsDeadlineExceeded(status)) {
+      return End(absl::DeadlineExceededError(absl::StrCat("pull of ", chunk_ids_.size(), " chunks of job ",
+                                                          shard_->config().job_id, " waited for step ",
+                                                          std::max(min_version_, min_clock_), ": ", status.message())));
+    }
+    End(status);
+  }
+
+  absl::Time deadline() const override { return deadline_; }
+  bool cancelled() const override { return cancelled_.load(); }
+  void Cancel() { cancelled_ = true; }
+
+ private:
+  void End(const absl::Status& status) {
+    if (!ended_.exchange(true)) finish_(status);
+  }
+
+  const std::shared_ptr<JobShard> shard_;
+  const std::vector<int32_t> chunk_ids_;
+  const int64_t min_version_;
+  const int64_t min_clock_;
+  const v1::WireFormat format_;
+  v1::PullResponse* const response_;  // gRPC's, valid until the call is done
+  const absl::Time deadline_;
+  const std::function<void(const absl::Status&)> finish_;
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> ended_{false};
+};
+
+class PullReactor final : public grpc::ServerUnaryReactor {
+ public:
+  void set_pull(std::shared_ptr<PendingPull> pull, HeldPulls* held) {
+    absl::MutexLock lock(&mu_);
+    pull_ = std::move(pull);
+    held_ = held;
+    if (cancelled_) pull_->Cancel();  // the caller gave up before it was held
+  }
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    if (pull_ != nullptr) {
+      pull_->Cancel();
+      held_->Poke();
+    }
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Mutex mu_;
+  std::shared_ptr<PendingPull> pull_ ABSL_GUARDED_BY(mu_);
+  HeldPulls* held_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* ParameterServiceImpl::Pull(grpc::CallbackServerContext* context,
+                                                     const v1::PullRequest* request, v1::PullResponse* response) {
+  auto* reactor = new PullReactor();
+  const int64_t received = request->ByteSizeLong();
+  auto finish = [this, reactor, received, response](const absl::Status& status) {
+    reactor->Finish(Finish("Pull", status, received, status.ok() ? response->ByteSizeLong() : 0));
+  };
   auto shard = store_->Find(request->job_id());
-  if (!shard.ok()) return Finish("Pull", shard.status(), request->ByteSizeLong(), 0);
-  absl::Time deadline = PullDeadline(*context);
-  if (request->map_version() < (*shard)->map_version()) {
-    return Finish("Pull", absl::AbortedError(absl::StrCat("job ", request->job_id(), ": pull made with shard map version ",
-                                                          request->map_version(), ", this server is at ",
-                                                          (*shard)->map_version(), ": refresh the map")),
-                  request->ByteSizeLong(), 0);
+  absl::Status checked = shard.ok() ? CheckPull(**shard, *request) : shard.status();
+  if (!checked.ok()) {
+    finish(checked);
+    return reactor;
   }
-  if (WireBytes(request->format()) == 0) {
-    return Finish("Pull", absl::InvalidArgumentError(absl::StrCat("job ", request->job_id(), ": pull asks for unknown wire format ",
-                                                                  static_cast<int>(request->format()),
-                                                                  " (known: WIRE_FP32, WIRE_BF16, WIRE_FP16)")),
-                  request->ByteSizeLong(), 0);
+  auto pull = std::make_shared<PendingPull>(*shard, *request, response, PullDeadline(*context), finish);
+  if (pull->Ready()) {  // the common case: no waiting, answered on this thread
+    pull->Complete();
+    return reactor;
   }
-  for (int32_t chunk_id : request->chunk_ids()) {
-    v1::ChunkData* chunk = response->add_chunks();
-    chunk->set_chunk_id(chunk_id);
-    chunk->set_format(request->format());
-    int64_t version = 0;
-    int64_t clock = 0;
-    // A worker cancels a pull it no longer needs (a peer server failed, a
-    // prefetch dropped): stop holding a thread for it.
-    absl::Status status = (*shard)->Pull(chunk_id, request->min_version(), request->min_clock(), deadline,
-                                         chunk->mutable_data(), &version, &clock, request->format(),
-                                         [context] { return context->IsCancelled(); });
-    chunk->set_clock(clock);
-    if (!status.ok()) return Finish("Pull", status, request->ByteSizeLong(), 0);
-    chunk->set_version(version);
-  }
-  return Finish("Pull", absl::OkStatus(), request->ByteSizeLong(), response->ByteSizeLong());
+  reactor->set_pull(pull, held_pulls_.get());
+  if (absl::Status held = held_pulls_->Hold(pull); !held.ok()) pull->Fail(held);
+  return reactor;
 }
 
 }  // namespace fulcrum

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 
@@ -12,9 +13,13 @@
 #include "common/metrics.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "server/checkpoint_store.h"
+#include "server/held_pulls.h"
 #include "server/parameter_store.h"
 
 namespace fulcrum {
+
+// The largest pull answer a server builds (below the 8 MiB message limit).
+constexpr int64_t kMaxPullBytes = 7 << 20;
 
 // Translates the job spec's optimizer and schedule into the store's configs.
 JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request);
@@ -24,7 +29,9 @@ JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request);
 std::map<int32_t, int32_t> ChunkShards(const v1::ShardMap& map);
 std::map<int32_t, JobShard::ShardRole> RolesFor(const v1::ShardMap& map, const std::string& server_id);
 
-class ParameterServiceImpl final : public v1::ParameterService::Service {
+// Pull is served with gRPC's callback API: a pull that must wait for a step
+// is held (server/held_pulls.h) without occupying a thread.
+class ParameterServiceImpl final : public v1::ParameterService::WithCallbackMethod_Pull<v1::ParameterService::Service> {
  public:
   // `store` and `metrics` must outlive the service. `lease_valid` says
   // whether this server still holds its membership lease; without it the
@@ -41,8 +48,8 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
                        v1::DropJobResponse* response) override;
   grpc::Status Push(grpc::ServerContext* context, const v1::PushRequest* request,
                     v1::PushResponse* response) override;
-  grpc::Status Pull(grpc::ServerContext* context, const v1::PullRequest* request,
-                    v1::PullResponse* response) override;
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const v1::PullRequest* request,
+                                 v1::PullResponse* response) override;
   grpc::Status Replicate(grpc::ServerContext* context, const v1::PushRequest* request,
                          v1::PushResponse* response) override;
   grpc::Status Reconfigure(grpc::ServerContext* context, const v1::ReconfigureRequest* request,
@@ -72,6 +79,10 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
                                                           const JobShardConfig& config,
                                                           const std::map<int32_t, std::string>& sources);
 
+  // SetupJob of a job's fresh (or checkpointed) state; of chunks copied from
+  // other replicas (`sources`: chunk id -> where to copy it from).
+  absl::Status SetupFresh(const v1::SetupJobRequest& request);
+  absl::Status SetupCopies(const v1::SetupJobRequest& request, const std::map<int32_t, std::string>& sources);
   // ToJobShardConfig plus this server's metrics hooks.
   JobShardConfig ConfigFor(const v1::SetupJobRequest& request);
   // A job starting from a checkpoint: each chunk's state, read from this
@@ -82,14 +93,19 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
 
   grpc::Status Finish(const char* method, const absl::Status& status, int64_t received,
                       int64_t sent);
+  // The checks a pull passes before it is served or held.
+  absl::Status CheckPull(const JobShard& shard, const v1::PullRequest& request) const;
 
   ParameterStore* store_;
   MetricsEndpoint* metrics_;
+  std::unique_ptr<HeldPulls> held_pulls_;
   std::function<bool()> lease_valid_;
   // Pushes and replications hold it shared from their checks to their apply;
   // Reconfigure holds it exclusively, so no push straddles a role change
   // (a new backup then copies a state no push can change unseen).
   absl::Mutex writes_mu_;
+  absl::Mutex forwards_mu_;  // guards forwards_in_flight_
+  std::map<grpc::ClientContext*, std::string> forwards_in_flight_ ABSL_GUARDED_BY(forwards_mu_);  // -> job id
   absl::Mutex stubs_mu_;  // guards stubs_
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(stubs_mu_);
   prometheus::Counter* updates_applied_;

@@ -8,6 +8,7 @@
 #include <prometheus/registry.h>
 
 #include <atomic>
+#include <filesystem>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -60,10 +61,12 @@ class TestServer {
  public:
   // `with_checkpoints`: whether the service gets a CheckpointStore (what
   // fulcrum-server does with --data-dir).
-  static absl::StatusOr<std::unique_ptr<TestServer>> Start(const std::string& id, bool with_checkpoints) {
+  // `memory_budget`: the bytes its jobs may take (0: no limit).
+  static absl::StatusOr<std::unique_ptr<TestServer>> Start(const std::string& id, bool with_checkpoints,
+                                                           int64_t memory_budget = 0) {
     auto metrics = SharedMetrics();
     if (!metrics.ok()) return metrics.status();
-    std::unique_ptr<TestServer> server(new TestServer(id));
+    std::unique_ptr<TestServer> server(new TestServer(id, memory_budget));
     if (with_checkpoints) {
       server->kv_ = NewMemoryStore();
       server->checkpoints_ = std::make_unique<CheckpointStore>(server->kv_.get());
@@ -89,7 +92,7 @@ class TestServer {
   void set_lease_valid(bool valid) { lease_valid_ = valid; }
 
  private:
-  explicit TestServer(std::string id) : id_(std::move(id)) {}
+  TestServer(std::string id, int64_t memory_budget) : id_(std::move(id)), store_(memory_budget) {}
 
   const std::string id_;
   std::atomic<bool> lease_valid_{true};
@@ -309,8 +312,8 @@ class ParameterServiceTest : public ::testing::Test {
     ASSERT_NE(server_, nullptr);
   }
 
-  std::unique_ptr<TestServer> StartServer(const std::string& id, bool with_checkpoints) {
-    auto server = TestServer::Start(id, with_checkpoints);
+  std::unique_ptr<TestServer> StartServer(const std::string& id, bool with_checkpoints, int64_t memory_budget = 0) {
+    auto server = TestServer::Start(id, with_checkpoints, memory_budget);
     EXPECT_TRUE(server.ok()) << server.status();
     if (!server.ok()) return nullptr;
     return *std::move(server);
@@ -447,6 +450,83 @@ TEST_F(ParameterServiceTest, ACancelledHeldPullIsLetGo) {
   EXPECT_TRUE(Eventually([&] { return CounterValue("grpc_server_handled_total", canceled) > canceled_before; },
                          absl::Seconds(20)))
       << "the server still holds the pull (its deadline is 60 s)";
+}
+
+int ThreadCount() {
+  int threads = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    (void)entry;
+    ++threads;
+  }
+  return threads;
+}
+
+// Pulls that can never complete (a step nobody pushes) are held without a
+// thread each: 300 of them leave the thread count of the process (client
+// and server) about where it was, and all go when their callers cancel.
+TEST_F(ParameterServiceTest, HeldPullsDoNotCostAThreadEach) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::BSP)));
+  const std::map<std::string, std::string> pull = {{"grpc_method", "Pull"}};
+  const std::map<std::string, std::string> canceled = {{"grpc_method", "Pull"}, {"grpc_code", "Canceled"}};
+  const double started_before = CounterValue("grpc_server_started_total", pull);
+  const double canceled_before = CounterValue("grpc_server_handled_total", canceled);
+  const int threads_before = ThreadCount();
+  constexpr int kPulls = 300;
+  v1::PullRequest request;
+  request.set_job_id("job");
+  request.add_chunk_ids(0);
+  request.set_map_version(1);
+  request.set_min_version(1000000);
+  struct Call {
+    grpc::ClientContext context;
+    v1::PullResponse response;
+    absl::Notification done;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < kPulls; ++i) {
+    calls.push_back(std::make_unique<Call>());
+    Call* call = calls.back().get();
+    SetDeadline(&call->context, 120.0);
+    server_->stub()->async()->Pull(&call->context, &request, &call->response,
+                                   [call](grpc::Status) { call->done.Notify(); });
+  }
+  ASSERT_TRUE(Eventually([&] { return CounterValue("grpc_server_started_total", pull) >= started_before + kPulls; },
+                         absl::Seconds(30)))
+      << "not every pull reached the server";
+  const int threads_holding = ThreadCount();
+  EXPECT_LT(threads_holding - threads_before, 30) << "holding " << kPulls << " pulls took "
+                                                   << threads_holding - threads_before << " threads";
+  for (auto& call : calls) call->context.TryCancel();
+  for (auto& call : calls) ASSERT_TRUE(call->done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(Eventually(
+      [&] { return CounterValue("grpc_server_handled_total", canceled) >= canceled_before + kPulls; },
+      absl::Seconds(20)))
+      << "the server still holds cancelled pulls";
+}
+
+// A request naming one chunk many times is refused whole (the "pull bomb":
+// 20,000 copies of one chunk in one pull), as is an answer too big for a
+// message; the server keeps serving.
+TEST_F(ParameterServiceTest, RepeatedChunksAndOversizedPullsAreRefused) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  v1::PullRequest bomb;
+  bomb.set_job_id("job");
+  bomb.set_map_version(1);
+  for (int i = 0; i < 20000; ++i) bomb.add_chunk_ids(0);
+  v1::PullResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kRpcSeconds);
+  EXPECT_TRUE(HasError(server_->stub()->Pull(&context, bomb, &response), grpc::StatusCode::INVALID_ARGUMENT,
+                       "more than once"));
+  EXPECT_EQ(response.chunks_size(), 0);
+  // A push naming a chunk twice: refused, nothing applied (not "one applied,
+  // one duplicate").
+  v1::PushResponse pushed;
+  EXPECT_TRUE(HasError(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, kGradient}, {0, kGradient}}), &pushed),
+                       grpc::StatusCode::INVALID_ARGUMENT, "more than once"));
+  ExpectChunk(server_.get(), "job", 0, 1, kZeros, 0);
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", 2, 0, 1, {{0, kGradient}}))));
+  ExpectChunk(server_.get(), "job", 0, 1, kOneStep, 1);
 }
 
 TEST_F(ParameterServiceTest, PushWithoutLeaseIsUnavailableUntilLeaseReturns) {
@@ -658,6 +738,35 @@ TEST_F(ParameterServiceTest, SetupJobRestoresCheckpointFromTheServerThatWroteIt)
   ASSERT_TRUE(IsOk(SetupJob(other->stub(), setup)));
   ExpectChunk(other.get(), "new", 0, 1, kOneStep, 1);
   ExpectChunk(other.get(), "new", 1, 1, kZeros, 0);
+}
+
+// A SetupJob naming a job that already trained here (a hostile or confused
+// caller) must not reset its parameters under its workers.
+TEST_F(ParameterServiceTest, SetupJobOfATrainedJobIsAlreadyExistsAndChangesNothing) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job-1", v1::BSP)));
+  // Setting a job up again before it trained (a setup the scheduler redoes) is fine.
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job-1", v1::BSP)));
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job-1", 1, 0, 1, {{0, kGradient}}))));
+  EXPECT_TRUE(HasError(SetUpAlone(server_.get(), "job-1", v1::BSP), grpc::StatusCode::ALREADY_EXISTS, "job-1"));
+  v1::SetupJobRequest later = MakeSetup("job-1", v1::BSP, AloneMap(server_.get(), 7), server_->id());
+  EXPECT_TRUE(HasError(SetupJob(server_->stub(), later), grpc::StatusCode::ALREADY_EXISTS, "DropJob"));
+  ExpectChunk(server_.get(), "job-1", 0, 1, kOneStep, 1);
+}
+
+// Each chunk of MakeSetup's jobs (SGD without momentum, BSP, 1 partition)
+// takes 4 floats x (value + partition buffer + sum) = 48 bytes: 96 a job.
+TEST_F(ParameterServiceTest, SetupBeyondTheMemoryBudgetIsResourceExhaustedNamingTheNumbers) {
+  std::unique_ptr<TestServer> small = StartServer("ps-small", /*with_checkpoints=*/false, /*memory_budget=*/150);
+  ASSERT_NE(small, nullptr);
+  ASSERT_TRUE(IsOk(SetUpAlone(small.get(), "job-1", v1::BSP)));
+  grpc::Status refused = SetUpAlone(small.get(), "job-2", v1::BSP);
+  EXPECT_TRUE(HasError(refused, grpc::StatusCode::RESOURCE_EXHAUSTED, "96 B"));
+  EXPECT_TRUE(HasError(refused, grpc::StatusCode::RESOURCE_EXHAUSTED, "memory budget of 150 B"));
+  // The first job is untouched and the server keeps serving.
+  ASSERT_TRUE(IsOk(Push(small->stub(), MakePush("job-1", 1, 0, 1, {{0, kGradient}}))));
+  ExpectChunk(small.get(), "job-1", 0, 1, kOneStep, 1);
+  // An ASP job needs no step buffers (2 chunks x 4 floats = 32 B): it fits beside.
+  EXPECT_TRUE(IsOk(SetUpAlone(small.get(), "job-3", v1::ASP)));
 }
 
 TEST_F(ParameterServiceTest, SetupJobWithEmptyChunkIsInvalidArgument) {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/memory_budget.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 
@@ -140,7 +141,7 @@ void Chunk::ApplyLocked(const float* grad, int64_t lr_step) {
   ApplyOptimizer(job_.optimizer, lr, version_, config_.length, grad, values_.data(), slots.data());
   if (job_.observe_apply) job_.observe_apply(absl::ToDoubleSeconds(absl::Now() - start));
   if (!captures_.empty()) CaptureLocked();
-  updated_.SignalAll();
+  ChangedLocked();
 }
 
 int64_t Chunk::MinClockLocked() const {
@@ -154,10 +155,7 @@ absl::Status Chunk::Pull(int64_t min_version, int64_t min_clock, absl::Time dead
   // How often a waiting pull asks whether its caller gave up.
   constexpr absl::Duration kCancelCheck = absl::Milliseconds(50);
   absl::MutexLock lock(&mu_);
-  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return (version_ >= min_version && MinClockLocked() >= min_clock) || !dropped_reason_.empty() ||
-           !frozen_reason_.empty();
-  };
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ReadyLocked(min_version, min_clock); };
   while (!ready()) {
     if (cancelled && cancelled()) {
       return absl::CancelledError(absl::StrCat("pull of chunk ", config_.chunk_id, " of job ", job_.job_id,
@@ -181,6 +179,30 @@ absl::Status Chunk::Pull(int64_t min_version, int64_t min_clock, absl::Time dead
   return absl::OkStatus();
 }
 
+bool Chunk::ReadyLocked(int64_t min_version, int64_t min_clock) const {
+  return (version_ >= min_version && MinClockLocked() >= min_clock) || !dropped_reason_.empty() ||
+         !frozen_reason_.empty();
+}
+
+bool Chunk::Ready(int64_t min_version, int64_t min_clock) const {
+  absl::MutexLock lock(&mu_);
+  return ReadyLocked(min_version, min_clock);
+}
+
+absl::Status Chunk::Read(v1::WireFormat format, std::string* data, int64_t* version, int64_t* clock) const {
+  absl::MutexLock lock(&mu_);
+  if (!dropped_reason_.empty()) return DroppedError();
+  EncodeValues(format, values_.data(), config_.length, data);
+  *version = version_;
+  *clock = MinClockLocked();
+  return absl::OkStatus();
+}
+
+void Chunk::ChangedLocked() {
+  updated_.SignalAll();
+  if (job_.on_change) job_.on_change();
+}
+
 ChunkSnapshot Chunk::Snapshot() const {
   absl::MutexLock lock(&mu_);
   return SnapshotLocked();
@@ -192,7 +214,11 @@ ChunkSnapshot Chunk::SnapshotLocked() const {
   snapshot.optimizer_state = state_;
   snapshot.version = version_;
   snapshot.pending = pending_;
+  // In writer order: a hash map iterates in an order that differs from
+  // process to process, and replicas of a chunk must encode (and checksum)
+  // the same state the same way.
   snapshot.watermarks.assign(watermarks_.begin(), watermarks_.end());
+  std::sort(snapshot.watermarks.begin(), snapshot.watermarks.end());
   snapshot.partition_steps = partition_steps_;
   snapshot.examples_seen = examples_seen_;
   snapshot.examples_digest = examples_digest_;
@@ -219,7 +245,7 @@ absl::Status Chunk::Restore(const ChunkSnapshot& snapshot) {
   partition_steps_ = snapshot.partition_steps;
   examples_seen_ = snapshot.examples_seen;
   examples_digest_ = snapshot.examples_digest;
-  updated_.SignalAll();
+  ChangedLocked();
   return absl::OkStatus();
 }
 
@@ -289,28 +315,57 @@ void Chunk::Disarm(int64_t checkpoint_id) {
 void Chunk::Freeze(const std::string& reason) {
   absl::MutexLock lock(&mu_);
   frozen_reason_ = reason.empty() ? "finished" : reason;
-  updated_.SignalAll();
+  ChangedLocked();
 }
 
 void Chunk::Drop(const std::string& reason) {
   absl::MutexLock lock(&mu_);
   dropped_reason_ = reason.empty() ? "dropped" : reason;
-  updated_.SignalAll();
+  ChangedLocked();
 }
 
 JobShard::JobShard(JobShardConfig config) : config_(std::move(config)) {}
+
+int64_t JobShard::ChunkBytes(int64_t length, const JobShardConfig& job) {
+  int64_t copies = 1 + OptimizerStateSlots(job.optimizer);
+  if (job.synchronous) copies += job.num_partitions + 1;
+  return length * copies * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t JobShard::ConfigBytes(const JobShardConfig& config) {
+  int64_t bytes = 0;
+  for (const ChunkConfig& chunk : config.chunks) bytes += ChunkBytes(chunk.length, config);
+  return bytes;
+}
+
+int64_t JobShard::bytes() const {
+  absl::MutexLock lock(&chunks_mu_);
+  int64_t bytes = 0;
+  for (const auto& [id, chunk] : chunks_) bytes += ChunkBytes(chunk->length(), config_);
+  return bytes;
+}
 
 absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(JobShardConfig config) {
   if (config.num_partitions < 1 || config.num_partitions > kMaxPartitions) {
     return absl::InvalidArgumentError(absl::StrCat("job ", config.job_id, ": num_partitions must be in [1, ",
                                                    kMaxPartitions, "] (got ", config.num_partitions, ")"));
   }
-  std::unique_ptr<JobShard> shard(new JobShard(std::move(config)));
-  for (const ChunkConfig& chunk : shard->config_.chunks) {
+  for (const ChunkConfig& chunk : config.chunks) {
     if (chunk.length <= 0 || chunk.length > kMaxChunkElements) {
       return absl::InvalidArgumentError(absl::StrCat("job ", config.job_id, ": chunk ", chunk.chunk_id, " has length ",
                                                      chunk.length, " (must be in [1, ", kMaxChunkElements, "])"));
     }
+  }
+  try {  // an allocation that fails fails the setup, not the process
+    return CreateChunks(std::move(config));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory allocating the job's chunks on this server");
+  }
+}
+
+absl::StatusOr<std::unique_ptr<JobShard>> JobShard::CreateChunks(JobShardConfig config) {
+  std::unique_ptr<JobShard> shard(new JobShard(std::move(config)));
+  for (const ChunkConfig& chunk : shard->config_.chunks) {
     {
       absl::MutexLock lock(&shard->roles_mu_);
       shard->shard_of_[chunk.chunk_id] = chunk.shard;
@@ -321,7 +376,8 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(JobShardConfig config
           return shard->chunks_.emplace(chunk.chunk_id, std::make_unique<Chunk>(chunk, shard->config_));
         }();
     if (!inserted) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.chunk_id, " listed twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("job ", shard->config_.job_id, ": chunk ", chunk.chunk_id, " listed twice"));
     }
   }
   return shard;
@@ -329,6 +385,10 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(JobShardConfig config
 
 absl::StatusOr<Chunk*> JobShard::Find(int32_t chunk_id) const {
   absl::MutexLock lock(&chunks_mu_);
+  if (copying_.count(chunk_id) > 0) {
+    return absl::UnavailableError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
+                                               " is being copied to this server: retry"));
+  }
   auto it = chunks_.find(chunk_id);
   if (it == chunks_.end()) {
     return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
@@ -349,6 +409,22 @@ absl::Status JobShard::Pull(int32_t chunk_id, int64_t min_version, int64_t min_c
   return chunk->Pull(min_version, min_clock, deadline, data, version, clock, format, cancelled);
 }
 
+int64_t JobShard::ChunkLength(int32_t chunk_id) const {
+  absl::StatusOr<Chunk*> chunk = Find(chunk_id);
+  return chunk.ok() ? (*chunk)->length() : 0;
+}
+
+bool JobShard::Ready(int32_t chunk_id, int64_t min_version, int64_t min_clock) const {
+  absl::StatusOr<Chunk*> chunk = Find(chunk_id);
+  return !chunk.ok() || (*chunk)->Ready(min_version, min_clock);
+}
+
+absl::Status JobShard::Read(int32_t chunk_id, v1::WireFormat format, std::string* data, int64_t* version,
+                            int64_t* clock) const {
+  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  return chunk->Read(format, data, version, clock);
+}
+
 absl::StatusOr<ChunkSnapshot> JobShard::Snapshot(int32_t chunk_id) const {
   ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
   return chunk->Snapshot();
@@ -357,6 +433,11 @@ absl::StatusOr<ChunkSnapshot> JobShard::Snapshot(int32_t chunk_id) const {
 absl::Status JobShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot) {
   ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
   return chunk->Restore(snapshot);
+}
+
+void JobShard::BeginCopy(const std::vector<int32_t>& chunk_ids) {
+  absl::MutexLock lock(&chunks_mu_);
+  copying_.insert(chunk_ids.begin(), chunk_ids.end());
 }
 
 absl::Status JobShard::AdoptChunks(const std::vector<ChunkConfig>& chunks,
@@ -375,6 +456,8 @@ absl::Status JobShard::AdoptChunks(const std::vector<ChunkConfig>& chunks,
       shard_of_[chunks[i].chunk_id] = chunks[i].shard;
     }
     RETURN_IF_ERROR(chunk->Restore(snapshots[i]));
+    absl::MutexLock lock(&chunks_mu_);
+    copying_.erase(chunks[i].chunk_id);
   }
   return absl::OkStatus();
 }
@@ -486,10 +569,33 @@ void JobShard::Freeze(const std::string& reason) {
   for (auto& [id, chunk] : chunks_) chunk->Freeze(reason);
 }
 
+absl::Status ParameterStore::CheckFits(const std::string& job_id, int64_t more_bytes, bool replacing) const {
+  if (memory_budget_ <= 0) return absl::OkStatus();
+  int64_t held = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, shard] : jobs_) {
+      if (!(replacing && id == job_id)) held += shard->bytes();
+    }
+  }
+  if (held + more_bytes <= memory_budget_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "job ", job_id, " needs ", FormatBytes(more_bytes), " on this server, which holds ", FormatBytes(held),
+      " of other jobs within a memory budget of ", FormatBytes(memory_budget_), " (fulcrum-server --memory-budget)"));
+}
+
+int64_t ParameterStore::bytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t bytes = 0;
+  for (const auto& [id, shard] : jobs_) bytes += shard->bytes();
+  return bytes;
+}
+
 absl::Status ParameterStore::SetupJob(JobShardConfig config) {
   // Initializing the chunks can take a while; do it outside the lock. A
   // setup of a job already here (the scheduler redoing an interrupted setup)
   // replaces it: nothing has trained on it yet.
+  RETURN_IF_ERROR(CheckFits(config.job_id, JobShard::ConfigBytes(config), /*replacing=*/true));
   ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(std::move(config)));
   Install(std::move(shard));
   return absl::OkStatus();
@@ -507,13 +613,14 @@ void ParameterStore::Install(std::unique_ptr<JobShard> shard) {
   if (old != nullptr) old->Drop("replaced by a fresh copy of the job's state");
 }
 
-void ParameterStore::DropJob(const std::string& job_id, const std::string& reason,
-                             bool keep_parameters) {
+bool ParameterStore::DropJob(const std::string& job_id, const std::string& reason,
+                             bool keep_parameters, int64_t map_version) {
   std::shared_ptr<JobShard> shard;
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) return;
+    if (it == jobs_.end()) return true;
+    if (map_version > 0 && it->second->map_version() > map_version) return false;
     shard = it->second;
     if (!keep_parameters) jobs_.erase(it);
   }
@@ -522,6 +629,7 @@ void ParameterStore::DropJob(const std::string& job_id, const std::string& reaso
   } else {
     shard->Drop(reason);
   }
+  return true;
 }
 
 absl::StatusOr<std::shared_ptr<JobShard>> ParameterStore::Find(const std::string& job_id) const {

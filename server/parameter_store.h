@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,9 @@
 namespace fulcrum {
 
 // Bounds on what a SetupJob may ask for (the scheduler cuts chunks of at most
-// 4 MiB and has at most 1024 data partitions).
-constexpr int64_t kMaxChunkElements = int64_t{1} << 22;
+// 4 MiB, --chunk-bytes, so that one chunk always fits a message, and has at
+// most 1024 data partitions).
+constexpr int64_t kMaxChunkElements = int64_t{1} << 20;
 constexpr int32_t kMaxPartitions = 1024;
 
 struct ChunkConfig {
@@ -52,6 +54,9 @@ struct JobShardConfig {
   std::vector<ChunkConfig> chunks;
   // Called with the seconds each optimizer apply took (metrics); may be empty.
   std::function<void(double)> observe_apply;
+  // Called (under the chunk's lock: it must not block) whenever a chunk's
+  // values change or the job is dropped or frozen: held pulls re-check.
+  std::function<void()> on_change;
 };
 
 struct PushArgs {
@@ -106,6 +111,12 @@ class Chunk {
                     int64_t* version, int64_t* clock = nullptr, v1::WireFormat format = v1::WIRE_FP32,
                     const std::function<bool()>& cancelled = nullptr);
 
+  // Non-blocking halves of Pull: whether a pull with these bounds would
+  // return now (also true once dropped or frozen), and the read itself
+  // (ABORTED if the job was dropped here).
+  bool Ready(int64_t min_version, int64_t min_clock) const;
+  absl::Status Read(v1::WireFormat format, std::string* data, int64_t* version, int64_t* clock) const;
+
   ChunkSnapshot Snapshot() const;
   // Replaces this replica's state. INVALID_ARGUMENT if the shapes differ.
   absl::Status Restore(const ChunkSnapshot& snapshot);
@@ -139,6 +150,8 @@ class Chunk {
   int64_t MinClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DroppedError() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ChunkSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ReadyLocked(int64_t min_version, int64_t min_clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CaptureLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   struct Capture {
@@ -174,13 +187,26 @@ class Chunk {
 // All chunks of one job held by this server.
 class JobShard {
  public:
+  // RESOURCE_EXHAUSTED when allocating the chunks fails.
   static absl::StatusOr<std::unique_ptr<JobShard>> Create(JobShardConfig config);
+
+  // The memory one chunk of `job` takes at most: values, optimizer state and
+  // (BSP) a gradient buffer per data partition and a sum buffer.
+  static int64_t ChunkBytes(int64_t length, const JobShardConfig& job);
+  // ... and all chunks of `config`.
+  static int64_t ConfigBytes(const JobShardConfig& config);
+  // What the chunks held now take (by ChunkBytes).
+  int64_t bytes() const;
 
   absl::StatusOr<PushOutcome> Push(const PushArgs& args);
   absl::Status Validate(const PushArgs& args);
   absl::StatusOr<ChunkSnapshot> Snapshot(int32_t chunk_id) const;
   absl::Status Restore(int32_t chunk_id, const ChunkSnapshot& snapshot);
   std::vector<int32_t> chunk_ids() const;
+  // Marks chunks whose state is about to be copied in: until AdoptChunks
+  // takes them they are unavailable (a primary's forwards and any read are
+  // refused), so no write lands in a state the copy then overwrites.
+  void BeginCopy(const std::vector<int32_t>& chunk_ids);
   // Takes chunks copied from another replica (re-replication, a chunk moving
   // to a new shard): each one is created if absent, and given the snapshot's
   // state. `chunks` and `snapshots` correspond.
@@ -188,6 +214,13 @@ class JobShard {
   absl::Status Pull(int32_t chunk_id, int64_t min_version, int64_t min_clock, absl::Time deadline,
                     std::string* data, int64_t* version, int64_t* clock = nullptr,
                     v1::WireFormat format = v1::WIRE_FP32, const std::function<bool()>& cancelled = nullptr);
+  // The length of `chunk_id` (0 for a chunk not held).
+  int64_t ChunkLength(int32_t chunk_id) const;
+  // Chunk::Ready / Chunk::Read of `chunk_id` (Ready is true, and Read
+  // NOT_FOUND, for a chunk this server does not hold).
+  bool Ready(int32_t chunk_id, int64_t min_version, int64_t min_clock) const;
+  absl::Status Read(int32_t chunk_id, v1::WireFormat format, std::string* data, int64_t* version,
+                    int64_t* clock) const;
   // Snapshots every chunk for a checkpoint at `at_version` (see
   // Chunk::ArmCapture): all are armed before any is waited for, so each is
   // cut at the same step. On error nothing stays armed.
@@ -224,12 +257,14 @@ class JobShard {
 
  private:
   explicit JobShard(JobShardConfig config);
+  static absl::StatusOr<std::unique_ptr<JobShard>> CreateChunks(JobShardConfig config);
   absl::StatusOr<Chunk*> Find(int32_t chunk_id) const;
 
   const JobShardConfig config_;
   absl::Mutex replication_order_;
   mutable absl::Mutex chunks_mu_ ABSL_ACQUIRED_BEFORE(roles_mu_);  // guards chunks_ (chunks are never removed)
   std::map<int32_t, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(chunks_mu_);
+  std::set<int32_t> copying_ ABSL_GUARDED_BY(chunks_mu_);  // see BeginCopy
   mutable absl::Mutex roles_mu_;                      // guards the roles below
   std::map<int32_t, int32_t> shard_of_ ABSL_GUARDED_BY(roles_mu_);  // chunk id -> shard
   int64_t map_version_ ABSL_GUARDED_BY(roles_mu_) = 0;
@@ -242,6 +277,17 @@ class JobShard {
 // The jobs on this server. Thread-safe.
 class ParameterStore {
  public:
+  // `memory_budget`: the bytes all jobs' chunks may take together (0: no limit).
+  explicit ParameterStore(int64_t memory_budget = 0) : memory_budget_(memory_budget) {}
+
+  // OK when `more_bytes` fit next to what the other jobs hold (job `job_id`'s
+  // own state is counted unless `replacing` it); RESOURCE_EXHAUSTED naming
+  // the numbers otherwise.
+  absl::Status CheckFits(const std::string& job_id, int64_t more_bytes, bool replacing) const;
+  int64_t memory_budget() const { return memory_budget_; }
+  // The bytes all jobs' chunks take now.
+  int64_t bytes() const;
+
   // Sets the job up with fresh (initialized) chunks, replacing any state of
   // it this server had (a setup the scheduler redoes after a restart).
   absl::Status SetupJob(JobShardConfig config);
@@ -250,13 +296,17 @@ class ParameterStore {
   void Install(std::unique_ptr<JobShard> shard);
   // Drops the job's state; waiting pulls return ABORTED with `reason`.
   // With keep_parameters the state stays readable but takes no more pushes.
-  void DropJob(const std::string& job_id, const std::string& reason, bool keep_parameters = false);
+  // `map_version` > 0: only a copy configured at that shard-map version or
+  // an older one is dropped (false: a newer copy stays).
+  bool DropJob(const std::string& job_id, const std::string& reason, bool keep_parameters = false,
+               int64_t map_version = 0);
   // NOT_FOUND (naming the job) when this server holds nothing of it.
   absl::StatusOr<std::shared_ptr<JobShard>> Find(const std::string& job_id) const;
   size_t num_jobs() const;
   std::vector<std::string> JobIds() const;
 
  private:
+  const int64_t memory_budget_;
   mutable absl::Mutex mu_;  // guards jobs_
   std::map<std::string, std::shared_ptr<JobShard>> jobs_ ABSL_GUARDED_BY(mu_);
 };

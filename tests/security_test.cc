@@ -202,5 +202,45 @@ TEST_F(SecurityTest, HealthIsServedInPlaintextOnItsOwnPort) {
   EXPECT_TRUE(serving) << "no plaintext SERVING answer on port " << port;
 }
 
+// An empty or blank credential (an empty Kubernetes Secret) must stop every
+// daemon at start-up: serving with it would turn the check off.
+TEST_F(SecurityTest, EmptyCredentialFilesStopEveryDaemonAtStartUp) {
+  const std::string dir = MakeTempDir();
+  std::ofstream(dir + "/empty");
+  std::ofstream(dir + "/blank") << "  \n\t\n";
+  struct Case {
+    std::string binary;
+    std::string flag;
+  };
+  std::vector<Case> cases;
+  for (const char* file : {"/empty", "/blank"}) {
+    cases.push_back({"fulcrum-scheduler", "--token_file=" + dir + file});
+    for (const char* binary : {"fulcrum-scheduler", "fulcrum-server", "fulcrum-worker"}) {
+      cases.push_back({binary, "--cluster_token_file=" + dir + file});
+    }
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.binary + " " + c.flag);
+    Child child;
+    child.log = dir + "/" + c.binary + ".log";
+    std::remove(child.log.c_str());
+    std::vector<std::string> argv = {DefaultBinDir() + "/" + c.binary, c.flag};
+    if (c.binary != "fulcrum-scheduler") argv.push_back("--scheduler=" + cluster_->scheduler_address());
+    for (std::string& f : SecurityFlags(/*with_cluster_token=*/false)) argv.push_back(f);
+    auto pid = SpawnProcess(argv, child.log);
+    ASSERT_TRUE(pid.ok()) << pid.status();
+    int status = 0;
+    // It must exit on its own: waitpid returns once it does (a daemon that
+    // starts serving never would, and the ctest timeout reports it).
+    ASSERT_EQ(waitpid(*pid, &status, 0), *pid);
+    child.pid = -1;
+    ASSERT_TRUE(WIFEXITED(status)) << "killed by a signal";
+    EXPECT_NE(WEXITSTATUS(status), 0) << "it started with an empty credential";
+    std::ifstream log(child.log);
+    std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("holds no token"), std::string::npos) << text;
+  }
+}
+
 }  // namespace
 }  // namespace fulcrum

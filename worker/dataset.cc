@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/param_init.h"
 #include "common/status_macros.h"
 
@@ -116,10 +117,15 @@ absl::StatusOr<IdxFile> OpenIdx(const std::string& path, uint32_t magic,
                    ReadExactly(file.get(), path, 4, "IDX magic number"));
   const uint32_t got_magic = BigEndian32(head.data());
   if (got_magic != magic) {
+    // The bytes read are never echoed: the path may name a file that is not
+    // a dataset at all, and errors travel to whoever submitted the job.
+    const bool other_idx = got_magic == kImageMagic || got_magic == kLabelMagic;
     return absl::InvalidArgumentError(absl::StrCat(
-        "dataset file ", path, ": bad magic ", Hex(got_magic), ", expected ",
-        Hex(magic), " (", kind, "); check that the file is the ", kind,
-        " file of the pair"));
+        "dataset file ", path, ": bad magic, expected ", Hex(magic), " (",
+        kind, "): ",
+        other_idx ? "it is the other IDX file of the pair (images and labels swapped?)"
+                  : "it is not an IDX file",
+        "; check that the file is the ", kind, " file of the pair"));
   }
   ASSIGN_OR_RETURN(
       const std::vector<uint8_t> dims_bytes,
@@ -215,9 +221,14 @@ std::vector<double> SyntheticMeans(uint64_t seed, int num_features,
 
 }  // namespace
 
+int64_t DatasetBytes(int64_t examples, int64_t features) {
+  return examples * (features * static_cast<int64_t>(sizeof(float)) +
+                     static_cast<int64_t>(sizeof(int32_t)));
+}
+
 absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
                                 const std::string& labels_path,
-                                int num_classes) {
+                                int num_classes, int64_t max_bytes) {
   if (num_classes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "LoadIdx: num_classes = ", num_classes, " must be positive"));
@@ -232,6 +243,16 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
   Dataset dataset;
   dataset.num_examples = images.dims[0];
   dataset.num_features = static_cast<int>(images.dims[1] * images.dims[2]);
+  // The pixels are read as bytes, then widened: both are held for a moment.
+  const int64_t needed = DatasetBytes(dataset.num_examples, dataset.num_features) +
+                         dataset.num_examples * int64_t{dataset.num_features};
+  if (max_bytes > 0 && needed > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "dataset file ", images_path, ": ", dataset.num_examples, " images of ",
+        dataset.num_features, " pixels need ", needed,
+        " bytes to load; this worker's memory budget leaves ", max_bytes,
+        " (fulcrum-worker --memory-budget)"));
+  }
   dataset.num_classes = num_classes;
   ASSIGN_OR_RETURN(
       const std::vector<uint8_t> pixels,
@@ -250,13 +271,46 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
   return dataset;
 }
 
-absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train) {
+absl::Status CheckUnderRoots(const std::string& path,
+                             const std::vector<std::string>& roots) {
+  if (roots.empty()) return absl::OkStatus();
+  // Symlinks resolved (as far as the path exists) and "." / ".." folded, so
+  // that neither a link nor "/data/../etc" leads out of a root.
+  std::error_code error;
+  const std::filesystem::path real =
+      std::filesystem::weakly_canonical(path, error);
+  if (error) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset path ", path, ": cannot resolve it (", error.message(), ")"));
+  }
+  for (const std::string& root : roots) {
+    std::error_code root_error;
+    const std::filesystem::path base =
+        std::filesystem::weakly_canonical(root, root_error);
+    if (root_error) continue;
+    auto [end, _] = std::mismatch(base.begin(), base.end(), real.begin(),
+                                  real.end());
+    if (end == base.end()) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "dataset path ", path, " is outside the folders this worker may read (",
+      absl::StrJoin(roots, ", "),
+      "); the operator sets them with fulcrum-worker --data-root"));
+}
+
+absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train,
+                                         const std::vector<std::string>& roots,
+                                         int64_t max_bytes) {
+  RETURN_IF_ERROR(CheckUnderRoots(dir, roots));
   const std::string prefix = train ? "train" : "t10k";
   ASSIGN_OR_RETURN(const std::string images,
                    ResolveDataFile(dir, prefix + "-images-idx3-ubyte"));
   ASSIGN_OR_RETURN(const std::string labels,
                    ResolveDataFile(dir, prefix + "-labels-idx1-ubyte"));
-  return LoadIdx(images, labels, 10);
+  // The files themselves may be links out of the folder.
+  RETURN_IF_ERROR(CheckUnderRoots(images, roots));
+  RETURN_IF_ERROR(CheckUnderRoots(labels, roots));
+  return LoadIdx(images, labels, 10, max_bytes);
 }
 
 Dataset MakeSynthetic(uint64_t seed, int64_t num_examples, int num_features,

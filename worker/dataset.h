@@ -33,16 +33,37 @@ struct Dataset {
 //   DataLoss          a file is shorter than its header declares (expected vs
 //                     got bytes) or cannot be decompressed
 //   FailedPrecondition  a file exists but cannot be opened or read
+//   ResourceExhausted  the data would take more than `max_bytes` (0: no
+//                      limit), checked from the headers before reading on
 absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
                                 const std::string& labels_path,
-                                int num_classes = 10);
+                                int num_classes = 10, int64_t max_bytes = 0);
+
+// The memory a dataset of `examples` x `features` takes (float features,
+// int32 labels).
+int64_t DatasetBytes(int64_t examples, int64_t features);
+inline int64_t DatasetBytes(const Dataset& dataset) {
+  return DatasetBytes(dataset.num_examples, dataset.num_features);
+}
+
+// The folders a worker may read datasets from (fulcrum-worker --data-root).
+constexpr char kDefaultDataRoots[] = "/usr/share/datasets,/data";
+
+// OK when `path`, with symlinks and ".." resolved, lies under one of
+// `roots` (any path when `roots` is empty); PERMISSION_DENIED naming the
+// roots otherwise.
+absl::Status CheckUnderRoots(const std::string& path,
+                             const std::vector<std::string>& roots);
 
 // Loads Fashion-MNIST from `dir`: train-{images-idx3,labels-idx1}-ubyte.gz
 // when `train`, else t10k-*. Each file falls back to the same name without
 // ".gz" when the .gz is absent; NotFound names both candidates when neither
 // exists. Yields 60000 (train) or 10000 (test) examples of 784 features and
-// 10 classes.
-absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train);
+// 10 classes. `dir` and the files must lie under `roots` (CheckUnderRoots),
+// checked before anything is opened.
+absl::StatusOr<Dataset> LoadFashionMnist(
+    const std::string& dir, bool train,
+    const std::vector<std::string>& roots = {}, int64_t max_bytes = 0);
 
 // Seeded synthetic classification data: num_classes Gaussian blobs in
 // num_features dimensions. The class means depend only on `seed` (so every

@@ -1,5 +1,7 @@
 #include "worker/dataset.h"
 
+#include "absl/strings/str_cat.h"
+
 #include <stdlib.h>
 #include <zlib.h>
 
@@ -144,11 +146,44 @@ TEST_F(DatasetTest, WrongMagicNamesPathGotAndExpected) {
   const std::string images = WriteGz("images.gz", GoodLabels());
   ExpectError(LoadIdx(images, WriteGz("labels.gz", GoodImages())).status(),
               absl::StatusCode::kInvalidArgument,
-              {images, "bad magic 0x801", "expected 0x803"});
+              {images, "bad magic, expected 0x803", "images and labels swapped"});
   const std::string labels = WriteRaw("labels", IdxBytes(0x1234, {3}, kLabels));
   ExpectError(LoadIdx(WriteRaw("images", GoodImages()), labels).status(),
               absl::StatusCode::kInvalidArgument,
-              {labels, "bad magic 0x1234", "expected 0x801"});
+              {labels, "bad magic, expected 0x801", "not an IDX file"});
+  EXPECT_EQ(LoadIdx(WriteRaw("images", GoodImages()), labels).status().message().find("0x1234"), std::string::npos)
+      << "the bytes read are echoed";
+}
+
+// A Fashion-MNIST folder of the small test files, under dir_/root/fm.
+TEST_F(DatasetTest, DataRootsConfineWhatAJobMayRead) {
+  std::filesystem::create_directories(dir_ + "/root/fm");
+  std::filesystem::create_directories(dir_ + "/outside");
+  for (const char* split : {"train", "t10k"}) {
+    WriteGz(absl::StrCat("root/fm/", split, "-images-idx3-ubyte.gz"), GoodImages());
+    WriteGz(absl::StrCat("root/fm/", split, "-labels-idx1-ubyte.gz"), GoodLabels());
+    WriteGz(absl::StrCat("outside/", split, "-images-idx3-ubyte.gz"), GoodImages());
+    WriteGz(absl::StrCat("outside/", split, "-labels-idx1-ubyte.gz"), GoodLabels());
+  }
+  const std::vector<std::string> roots = {dir_ + "/root"};
+  ExpectGoodDataset(LoadFashionMnist(dir_ + "/root/fm", true, roots));
+  // Outside the roots, by name, by "..", through a linked folder and through
+  // a linked file: refused before anything is opened, naming the roots.
+  std::filesystem::create_directory_symlink(dir_ + "/outside", dir_ + "/root/link");
+  std::filesystem::create_directories(dir_ + "/root/files");
+  for (const char* split : {"train", "t10k"}) {
+    std::filesystem::create_symlink(dir_ + absl::StrCat("/outside/", split, "-images-idx3-ubyte.gz"),
+                                    dir_ + absl::StrCat("/root/files/", split, "-images-idx3-ubyte.gz"));
+    std::filesystem::copy_file(dir_ + absl::StrCat("/root/fm/", split, "-labels-idx1-ubyte.gz"),
+                               dir_ + absl::StrCat("/root/files/", split, "-labels-idx1-ubyte.gz"));
+  }
+  for (const std::string& path : {dir_ + "/outside", dir_ + "/root/../outside", dir_ + "/root/link",
+                                  dir_ + "/root/files", std::string("/etc")}) {
+    ExpectError(LoadFashionMnist(path, true, roots).status(), absl::StatusCode::kPermissionDenied,
+                {path, "outside", dir_ + "/root", "--data-root"});
+  }
+  // No roots: anything goes.
+  ExpectGoodDataset(LoadFashionMnist(dir_ + "/outside", true, {}));
 }
 
 TEST_F(DatasetTest, CountMismatchIsReported) {

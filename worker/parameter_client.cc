@@ -89,6 +89,37 @@ v1::ParameterService::Stub* ParameterClient::Stub(const std::string& address) {
   return stubs_.at(address).get();
 }
 
+void ParameterClient::Supersede() {
+  absl::MutexLock lock(&calls_mu_);
+  superseded_now_ = true;
+  for (grpc::ClientContext* context : calls_in_flight_) context->TryCancel();
+}
+
+bool ParameterClient::superseded() const {
+  absl::MutexLock lock(&calls_mu_);
+  return superseded_now_;
+}
+
+bool ParameterClient::Track(grpc::ClientContext* context) {
+  absl::MutexLock lock(&calls_mu_);
+  if (superseded_now_) return false;
+  calls_in_flight_.insert(context);
+  return true;
+}
+
+void ParameterClient::Untrack(grpc::ClientContext* context) {
+  absl::MutexLock lock(&calls_mu_);
+  calls_in_flight_.erase(context);
+}
+
+absl::Status ParameterClient::Outcome(const grpc::Status& status, absl::string_view what) const {
+  if (status.error_code() == grpc::StatusCode::CANCELLED && superseded()) {
+    return absl::AbortedError(absl::StrCat(what, ": cancelled, the shard map changed (version ", map_.version(),
+                                           " is superseded)"));
+  }
+  return absl::Status(FromGrpcStatus(status).code(), absl::StrCat(what, ": ", status.error_message()));
+}
+
 template <typename Request, typename Response>
 absl::Status ParameterClient::RunAll(const std::vector<Request>& requests, const std::vector<std::string>& addresses,
                                      std::vector<Response>* responses, bool pull, absl::Duration timeout,
@@ -109,6 +140,12 @@ absl::Status ParameterClient::RunAll(const std::vector<Request>& requests, const
     absl::Mutex mu;
     size_t remaining = todo.size();
     std::optional<size_t> first_failure;  // by completion time
+    for (grpc::ClientContext& context : contexts) {
+      if (!Track(&context)) {
+        for (grpc::ClientContext& tracked : contexts) Untrack(&tracked);
+        return Outcome(grpc::Status(grpc::StatusCode::CANCELLED, ""), pull ? "pull" : "push");
+      }
+    }
     for (size_t k = 0; k < todo.size(); ++k) {
       size_t i = todo[k];
       SetDeadline(&contexts[k], absl::ToDoubleSeconds(timeout));
@@ -135,14 +172,13 @@ absl::Status ParameterClient::RunAll(const std::vector<Request>& requests, const
         [&] {
           for (grpc::ClientContext& context : contexts) context.TryCancel();
         });
+    for (grpc::ClientContext& context : contexts) Untrack(&context);
     std::vector<size_t> retry;
     for (size_t k = 0; k < todo.size(); ++k) {
       if (results[k].ok()) continue;
       const bool cancelled_here = pull && k != *first_failure && results[k].error_code() == grpc::StatusCode::CANCELLED;
-      if (!cancelled_here) {
-        last = absl::Status(FromGrpcStatus(results[k]).code(),
-                            absl::StrCat(pull ? "pull from " : "push to ", addresses[todo[k]], ": ",
-                                         results[k].error_message()));
+      if (!cancelled_here || superseded()) {
+        last = Outcome(results[k], absl::StrCat(pull ? "pull from " : "push to ", addresses[todo[k]]));
         if (results[k].error_code() != grpc::StatusCode::UNAVAILABLE) return last;
       }
       retry.push_back(todo[k]);
@@ -269,8 +305,11 @@ ParameterClient::PushStream::PushStream(ParameterClient* client, v1::PushRequest
     : client_(client), header_(std::move(header)), timeout_(timeout), sent_(client->map_.tensors_size(), false) {}
 
 ParameterClient::PushStream::~PushStream() {
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
+  }
+  for (const auto& call : calls_) client_->Untrack(&call->context);
 }
 
 void ParameterClient::PushStream::Send(const std::vector<int>& tensors, const std::vector<std::vector<float>>& grads) {
@@ -321,6 +360,10 @@ void ParameterClient::PushStream::SendTensors(const std::vector<int>& tensors,
     SetDeadline(&call->context, absl::ToDoubleSeconds(timeout_));
     Call* raw = call.get();
     calls_.push_back(std::move(call));
+    if (!client_->Track(&raw->context)) {
+      raw->status = grpc::Status(grpc::StatusCode::CANCELLED, "the shard map changed");
+      continue;
+    }
     {
       absl::MutexLock lock(&mu_);
       ++in_flight_;
@@ -353,8 +396,7 @@ absl::Status ParameterClient::PushStream::Finish() {
   absl::Status last;
   for (const auto& call : calls_) {
     if (call->status.ok()) continue;
-    last = absl::Status(FromGrpcStatus(call->status).code(),
-                        absl::StrCat("push to ", call->address, ": ", call->status.error_message()));
+    last = client_->Outcome(call->status, absl::StrCat("push to ", call->address));
     if (call->status.error_code() != grpc::StatusCode::UNAVAILABLE) return last;
     retry.push_back(std::move(call->request));
     addresses.push_back(call->address);
@@ -459,8 +501,11 @@ ParameterClient::PullStream::PullStream(ParameterClient* client, int64_t min_ver
 
 ParameterClient::PullStream::~PullStream() {
   for (const auto& call : calls_) call->context.TryCancel();
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
+  }
+  for (const auto& call : calls_) client_->Untrack(&call->context);
 }
 
 void ParameterClient::PullStream::Fetch(const std::vector<int>& tensors) {
@@ -487,6 +532,12 @@ void ParameterClient::PullStream::Fetch(const std::vector<int>& tensors) {
     SetDeadline(&call->context, absl::ToDoubleSeconds(timeout_));
     Call* raw = call.get();
     calls_.push_back(std::move(call));
+    if (!client_->Track(&raw->context)) {
+      absl::MutexLock lock(&mu_);
+      raw->status = grpc::Status(grpc::StatusCode::CANCELLED, "the shard map changed");
+      if (first_failure_ == nullptr) first_failure_ = raw;
+      continue;
+    }
     {
       absl::MutexLock lock(&mu_);
       ++in_flight_;
@@ -526,10 +577,7 @@ absl::Status ParameterClient::PullStream::Finish(Versions* versions) {
     failed = first_failure_;
   }
   RETURN_IF_ERROR(incomplete);
-  if (failed != nullptr) {
-    return absl::Status(FromGrpcStatus(failed->status).code(),
-                        absl::StrCat("pull from ", failed->batch.address, ": ", failed->status.error_message()));
-  }
+  if (failed != nullptr) return client_->Outcome(failed->status, absl::StrCat("pull from ", failed->batch.address));
   Versions seen{INT64_MAX, 0, INT64_MAX};
   for (const auto& call : calls_) RETURN_IF_ERROR(decode_(call->batch, call->response, &seen));
   if (versions != nullptr) *versions = calls_.empty() ? Versions() : seen;

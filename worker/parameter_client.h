@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -180,6 +181,14 @@ class ParameterClient {
   std::unique_ptr<PullStream> StartPull(int64_t min_version, absl::Duration timeout,
                                         std::vector<std::vector<uint16_t>>* params);
 
+  // The shard map this client routes by is superseded (a failover moved a
+  // shard): cancels every request in flight (one held by a stopped server
+  // would otherwise run to its deadline) and makes later ones fail at once.
+  // Those requests end ABORTED, which tells the caller to refresh its map.
+  // Thread-safe; may be called from any thread while the client is used.
+  void Supersede();
+  bool superseded() const;
+
   // Payload bytes of one whole push or pull in the wire format.
   int64_t total_bytes() const { return total_bytes_; }
   int64_t map_version() const { return map_.version(); }
@@ -214,8 +223,19 @@ class ParameterClient {
                       std::vector<Response>* responses, bool pull, absl::Duration timeout, int first_attempt = 0,
                       absl::Status last = absl::OkStatus());
   v1::ParameterService::Stub* Stub(const std::string& address);
+  // Calls register their contexts before they start (false: superseded, do
+  // not start) and their owners release them once the calls are over,
+  // never while holding a lock a call's callback takes.
+  bool Track(grpc::ClientContext* context);
+  void Untrack(grpc::ClientContext* context);
+  // ABORTED for a call that ended CANCELLED because the map was superseded;
+  // else `status` as it is.
+  absl::Status Outcome(const grpc::Status& status, absl::string_view what) const;
 
   const v1::ShardMap map_;
+  mutable absl::Mutex calls_mu_;
+  std::set<grpc::ClientContext*> calls_in_flight_ ABSL_GUARDED_BY(calls_mu_);
+  bool superseded_now_ ABSL_GUARDED_BY(calls_mu_) = false;
   const std::function<bool()> superseded_;
   const v1::WireFormat format_;
   const std::string job_id_;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/memory_budget.h"
 #include "common/param_init.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
@@ -31,32 +32,56 @@ constexpr int kMaxFailures = 60;
 constexpr absl::Duration kReportEvery = absl::Milliseconds(500);
 constexpr int kEvalBatch = 1000;
 
-// Loaded datasets are kept for later jobs on the same files.
+// Loaded datasets are kept for a later job on the same data (the next job
+// of a sweep); only the current job's, so the cache never grows past one
+// job's data.
 std::mutex g_cache_mu;  // guards g_cache
 std::map<std::string, std::shared_ptr<const Dataset>> g_cache;
 
-absl::StatusOr<std::shared_ptr<const Dataset>> LoadCached(const v1::DataSpec& data, uint64_t seed,
-                                                          bool train) {
-  std::string key;
-  if (data.dataset() == v1::DataSpec::FASHION_MNIST) {
-    key = absl::StrCat("fashion:", data.path(), ":", train);
-  } else {
-    key = absl::StrCat("synthetic:", seed, ":", data.synthetic_examples(), ":",
-                       data.synthetic_features(), ":", data.synthetic_classes(), ":", train);
+std::string CacheKey(const v1::DataSpec& data, uint64_t seed, bool train) {
+  if (data.dataset() == v1::DataSpec::FASHION_MNIST) return absl::StrCat("fashion:", data.path(), ":", train);
+  return absl::StrCat("synthetic:", seed, ":", data.synthetic_examples(), ":", data.synthetic_features(), ":",
+                      data.synthetic_classes(), ":", train);
+}
+
+// Drops the cached datasets other than `keep` (their memory goes once no
+// running job holds them).
+void TrimCache(const std::set<std::string>& keep) {
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  for (auto it = g_cache.begin(); it != g_cache.end();) {
+    it = keep.count(it->first) > 0 ? std::next(it) : g_cache.erase(it);
   }
+}
+
+// Loads (or finds cached) one split, within `budget` bytes (0: no limit).
+absl::StatusOr<std::shared_ptr<const Dataset>> LoadCached(const v1::DataSpec& data, uint64_t seed, bool train,
+                                                          const std::vector<std::string>& roots, int64_t budget) {
+  const std::string key = CacheKey(data, seed, train);
   {
     std::lock_guard<std::mutex> lock(g_cache_mu);
     auto it = g_cache.find(key);
     if (it != g_cache.end()) return it->second;
   }
   std::shared_ptr<const Dataset> loaded;
-  if (data.dataset() == v1::DataSpec::FASHION_MNIST) {
-    ASSIGN_OR_RETURN(Dataset d, LoadFashionMnist(data.path(), train));
-    loaded = std::make_shared<const Dataset>(std::move(d));
-  } else {
-    int64_t n = train ? data.synthetic_examples() : std::max<int64_t>(1, data.synthetic_examples() / 5);
-    loaded = std::make_shared<const Dataset>(MakeSynthetic(
-        seed, n, data.synthetic_features(), data.synthetic_classes(), train ? 0 : 1));
+  try {  // an allocation that fails fails the job, not the process
+    if (data.dataset() == v1::DataSpec::FASHION_MNIST) {
+      ASSIGN_OR_RETURN(Dataset d, LoadFashionMnist(data.path(), train, roots, budget));
+      loaded = std::make_shared<const Dataset>(std::move(d));
+    } else {
+      const int64_t n = train ? data.synthetic_examples() : std::max<int64_t>(1, data.synthetic_examples() / 5);
+      const int64_t bytes = DatasetBytes(n, data.synthetic_features());
+      if (budget > 0 && bytes > budget) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the synthetic ", train ? "training" : "test", " set (", n, " examples x ", data.synthetic_features(),
+            " features) needs ", FormatBytes(bytes), "; this worker has ", FormatBytes(budget),
+            " left of its memory budget (fulcrum-worker --memory-budget)"));
+      }
+      loaded = std::make_shared<const Dataset>(
+          MakeSynthetic(seed, n, data.synthetic_features(), data.synthetic_classes(), train ? 0 : 1));
+    }
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory loading the ", train ? "training" : "test",
+                                                     " set: this worker cannot hold it"));
   }
   std::lock_guard<std::mutex> lock(g_cache_mu);
   g_cache[key] = loaded;
@@ -157,16 +182,24 @@ uint64_t ExampleDigest(int64_t epoch, int64_t example) {
   return SplitMix64(SplitMix64(static_cast<uint64_t>(epoch) ^ 0x5851f42d4c957f2dull) + static_cast<uint64_t>(example));
 }
 
-Trainer::Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks, TransferOptions transfer)
-    : worker_id_(std::move(worker_id)), backend_(backend), hooks_(std::move(hooks)), transfer_(transfer) {}
+Trainer::Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks, TransferOptions transfer,
+                 WorkerLimits limits)
+    : worker_id_(std::move(worker_id)),
+      backend_(backend),
+      hooks_(std::move(hooks)),
+      transfer_(transfer),
+      limits_(std::move(limits)) {}
 
 absl::Status Trainer::Load(const v1::Assignment& assignment) {
   job_id_ = assignment.job_id();
   const v1::JobSpec& spec = assignment.spec();
-  ASSIGN_OR_RETURN(train_, LoadCached(spec.data(), spec.seed(), /*train=*/true));
+  TrimCache({CacheKey(spec.data(), spec.seed(), true), CacheKey(spec.data(), spec.seed(), false)});
+  const int64_t budget = limits_.memory_budget_bytes;
+  ASSIGN_OR_RETURN(train_, LoadCached(spec.data(), spec.seed(), /*train=*/true, limits_.data_roots, budget));
   // Every worker loads the test set: whoever owns the evaluation partition
   // (which moves when workers come and go) evaluates at epoch ends.
-  ASSIGN_OR_RETURN(test_, LoadCached(spec.data(), spec.seed(), /*train=*/false));
+  const int64_t left = budget > 0 ? std::max<int64_t>(1, budget - DatasetBytes(*train_)) : 0;
+  ASSIGN_OR_RETURN(test_, LoadCached(spec.data(), spec.seed(), /*train=*/false, limits_.data_roots, left));
   FLOG(INFO) << "job " << job_id_ << ": loaded " << train_->num_examples << " training examples ("
              << train_->num_features << " features, " << train_->num_classes << " classes)";
   return absl::OkStatus();
@@ -245,6 +278,11 @@ class TrainingRun {
     return absl::OkStatus();
   }
 
+  ~TrainingRun() {
+    prefetch_.reset();  // it uses client_
+    if (trainer_.hooks_.watch_client) trainer_.hooks_.watch_client(nullptr, "");
+  }
+
   absl::Status RunBsp();
   absl::Status RunAsp();
 
@@ -255,7 +293,10 @@ class TrainingRun {
       if (trainer_.hooks_.expect_change) trainer_.hooks_.expect_change();
       return trainer_.hooks_.latest_assignment().shard_map().version() > version;
     };
-    return std::make_unique<ParameterClient>(map, trainer_.job_id_, writer_id_, superseded, wire_);
+    auto client = std::make_unique<ParameterClient>(map, trainer_.job_id_, writer_id_, superseded, wire_);
+    // From now on a heartbeat bringing a newer map cancels its requests.
+    if (trainer_.hooks_.watch_client) trainer_.hooks_.watch_client(client.get(), trainer_.job_id_);
+    return client;
   }
   // Pulls parameters that have at least `min_version` updates (SSP: every
   // partition at least `min_clock` steps) into the landing buffers: the

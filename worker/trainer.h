@@ -26,6 +26,8 @@
 
 namespace fulcrum {
 
+class ParameterClient;
+
 // Per-epoch permutation of [0, n) (Fisher-Yates over a counter-based stream,
 // identical on every platform).
 std::vector<int64_t> EpochPermutation(uint64_t seed, int64_t epoch, int64_t n);
@@ -54,6 +56,11 @@ struct TrainerHooks {
   // A parameter server failed a request: a new shard map may be on its way,
   // so fetch assignments more often for a while (optional).
   std::function<void()> expect_change;
+  // The parameter client the job's training uses now (nullptr when it is
+  // done with it), so that the caller can Supersede() it the moment a newer
+  // shard map (or the end of the job) arrives: requests held by a stopped
+  // server are then cancelled rather than waited out (optional).
+  std::function<void(ParameterClient*, const std::string& job_id)> watch_client;
 };
 
 class TrainingRun;
@@ -72,11 +79,23 @@ struct TransferOptions {
   bool prefetch_pull = true;
 };
 
+// What the operator lets one job claim on this worker (fulcrum-worker flags).
+struct WorkerLimits {
+  // Datasets must lie under one of these folders (see CheckUnderRoots); empty: anywhere.
+  std::vector<std::string> data_roots;
+  // A job's datasets may take at most this many bytes; 0: no limit.
+  int64_t memory_budget_bytes = 0;
+};
+
 class Trainer {
  public:
-  Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks, TransferOptions transfer = {});
+  Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks, TransferOptions transfer = {},
+          WorkerLimits limits = {});
 
-  // Loads the datasets named by the assignment's spec. Errors name the path.
+  // Loads the datasets named by the assignment's spec. Errors name the path;
+  // PERMISSION_DENIED for a path outside the data roots, RESOURCE_EXHAUSTED
+  // (naming the bytes) for data beyond the memory budget or an allocation
+  // that fails.
   absl::Status Load(const v1::Assignment& assignment);
   // The READY report for the loaded data.
   v1::WorkReport ReadyReport() const;
@@ -95,6 +114,7 @@ class Trainer {
   kernels::Backend* backend_;
   TrainerHooks hooks_;
   const TransferOptions transfer_;
+  const WorkerLimits limits_;
   std::string job_id_;
   std::shared_ptr<const Dataset> train_;
   std::shared_ptr<const Dataset> test_;

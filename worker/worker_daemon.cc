@@ -4,18 +4,33 @@
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 
+#include <functional>
+#include <new>
+
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "worker/parameter_client.h"
 #include "worker/trainer.h"
 
 namespace fulcrum {
 
-WorkerDaemon::WorkerDaemon(kernels::Backend* backend, Metrics metrics, TransferOptions transfer)
-    : backend_(backend), metrics_(metrics), transfer_(transfer) {}
+WorkerDaemon::WorkerDaemon(kernels::Backend* backend, Metrics metrics, TransferOptions transfer, WorkerLimits limits)
+    : backend_(backend), metrics_(metrics), transfer_(transfer), limits_(std::move(limits)) {}
 
 void WorkerDaemon::OnHeartbeat(const v1::HeartbeatResponse& response) {
-  absl::MutexLock lock(&mu_);
-  latest_ = response.assignment();
-  changed_.SignalAll();
+  {
+    absl::MutexLock lock(&mu_);
+    latest_ = response.assignment();
+    changed_.SignalAll();
+  }
+  // A newer shard map (a failover) or the job's end: the requests of the
+  // client routing by the old map are cancelled at once.
+  const v1::Assignment& assignment = response.assignment();
+  absl::MutexLock lock(&watch_mu_);
+  if (watched_ == nullptr) return;
+  const bool moved = assignment.job_id() == watched_job_ && assignment.phase() == v1::Assignment::TRAIN &&
+                     assignment.shard_map().version() > watched_->map_version();
+  if (moved || assignment.job_id() != watched_job_) watched_->Supersede();
 }
 
 v1::Assignment WorkerDaemon::Latest() const {
@@ -108,6 +123,11 @@ void WorkerDaemon::RunJob(MembershipClient* membership, v1::Assignment assignmen
     return WaitForChange(job_id, epoch, timeout);
   };
   hooks.expect_change = [membership] { membership->Hurry(); };
+  hooks.watch_client = [this](ParameterClient* client, const std::string& job) {
+    absl::MutexLock lock(&watch_mu_);
+    watched_ = client;
+    watched_job_ = job;
+  };
   hooks.observe_step = [this](double seconds, int64_t examples) {
     if (metrics_.step_seconds) metrics_.step_seconds->Observe(seconds);
     if (metrics_.steps_total) metrics_.steps_total->Increment();
@@ -127,7 +147,7 @@ void WorkerDaemon::RunJob(MembershipClient* membership, v1::Assignment assignmen
     prometheus::Counter* counter = used ? metrics_.prefetches_used : metrics_.prefetches_missed;
     if (counter) counter->Increment();
   };
-  Trainer trainer(membership->member_id(), backend_, hooks, transfer_);
+  Trainer trainer(membership->member_id(), backend_, hooks, transfer_, limits_);
   FLOG(INFO) << "job " << job_id << ": rank " << assignment.rank() << " of " << assignment.world_size();
   auto fail = [&](const absl::Status& status) {
     if (Withdrawn(job_id)) return;  // the job ended elsewhere; nothing to report
@@ -137,13 +157,26 @@ void WorkerDaemon::RunJob(MembershipClient* membership, v1::Assignment assignmen
     r.set_reason(std::string(status.message()));
     report(r);
   };
-  if (absl::Status status = trainer.Load(assignment); !status.ok()) return fail(status);
+  // An allocation that fails (a job bigger than this machine) fails the job,
+  // not the process.
+  auto guarded = [&](const char* what, const std::function<absl::Status()>& step) {
+    try {
+      return step();
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat("out of memory while ", what, " on ", membership->member_id()));
+    }
+  };
+  if (absl::Status status = guarded("loading data", [&] { return trainer.Load(assignment); }); !status.ok()) {
+    return fail(status);
+  }
   report(trainer.ReadyReport());
   if (!WaitForTrain(job_id, &assignment)) {
     FLOG(INFO) << "job " << job_id << " withdrawn before training";
     return;
   }
-  if (absl::Status status = trainer.Train(assignment); !status.ok()) return fail(status);
+  if (absl::Status status = guarded("training", [&] { return trainer.Train(assignment); }); !status.ok()) {
+    return fail(status);
+  }
   FLOG(INFO) << "job " << job_id << " ended";
 }
 

@@ -36,8 +36,8 @@ class WorkerDaemon {
     prometheus::Counter* prefetches_used = nullptr;      // BSP prefetched pulls used
     prometheus::Counter* prefetches_missed = nullptr;    // ... and pulled again (late, failed)
   };
-  // `transfer`: see TransferOptions.
-  WorkerDaemon(kernels::Backend* backend, Metrics metrics, TransferOptions transfer = {});
+  // `transfer`: see TransferOptions; `limits`: see WorkerLimits.
+  WorkerDaemon(kernels::Backend* backend, Metrics metrics, TransferOptions transfer = {}, WorkerLimits limits = {});
 
   void OnHeartbeat(const v1::HeartbeatResponse& response);
   // The job being worked on ("" when idle), for heartbeats.
@@ -59,6 +59,7 @@ class WorkerDaemon {
   kernels::Backend* backend_;
   const Metrics metrics_;
   const TransferOptions transfer_;
+  const WorkerLimits limits_;
   mutable absl::Mutex mu_;  // guards the members below
   absl::CondVar changed_;   // signalled on every heartbeat and on Stop
   v1::Assignment latest_ ABSL_GUARDED_BY(mu_);
@@ -67,6 +68,10 @@ class WorkerDaemon {
   int32_t current_rank_ ABSL_GUARDED_BY(mu_) = -1;  // rank in current_job_ (a re-join gets a new one)
   int32_t last_rank_ ABSL_GUARDED_BY(mu_) = -1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The parameter client of the job being trained (TrainerHooks::watch_client).
+  absl::Mutex watch_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  ParameterClient* watched_ ABSL_GUARDED_BY(watch_mu_) = nullptr;
+  std::string watched_job_ ABSL_GUARDED_BY(watch_mu_);
 };
 
 }  // namespace fulcrum

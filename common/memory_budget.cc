@@ -1,0 +1,90 @@
+#include "common/memory_budget.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "common/quote.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr int64_t kMaxBytes = int64_t{1} << 62;
+
+// The first number in the file (a cgroup limit), or 0 when absent or "max".
+int64_t ReadLimit(const char* path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text)) return 0;
+  uint64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value == 0 || value >= static_cast<uint64_t>(kMaxBytes)) return 0;
+  return static_cast<int64_t>(value);
+}
+
+int64_t MemTotal() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemTotal:") return kib * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int64_t DefaultMemoryBudget(double fraction) {
+  int64_t budget = MemTotal();
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    int64_t limit = ReadLimit(path);
+    if (limit > 0 && (budget == 0 || limit < budget)) budget = limit;
+  }
+  if (budget <= 0) budget = int64_t{4} << 30;  // nothing readable: assume a small machine
+  return static_cast<int64_t>(static_cast<double>(budget) * fraction);
+}
+
+absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
+  absl::string_view rest = absl::StripAsciiWhitespace(text);
+  const std::string original(rest);
+  double scale = 1;
+  absl::ConsumeSuffix(&rest, "B") || absl::ConsumeSuffix(&rest, "b");
+  const struct {
+    const char* suffix;
+    double scale;
+  } units[] = {{"Ki", 1024.0},         {"Mi", 1024.0 * 1024},        {"Gi", 1024.0 * 1024 * 1024},
+               {"Ti", 1024.0 * 1024 * 1024 * 1024}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}};
+  for (const auto& unit : units) {
+    if (absl::ConsumeSuffix(&rest, unit.suffix)) {
+      scale = unit.scale;
+      break;
+    }
+  }
+  double value = 0;
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(rest), &value) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(absl::StrCat("not a size: ", Quote(original),
+                                                   " (write bytes, or e.g. 512MiB, 8GiB, 2G)"));
+  }
+  const double bytes = value * scale;
+  if (bytes < 1 || bytes > static_cast<double>(kMaxBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("size ", Quote(original), " is out of range [1 byte, 4 EiB]"));
+  }
+  return static_cast<int64_t>(bytes);
+}
+
+std::string FormatBytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (std::abs(value) >= 1024 && unit < 6) {
+    value /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", value, units[unit]);
+}
+
+}  // namespace fulcrum

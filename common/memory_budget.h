@@ -1,0 +1,33 @@
+// A process's memory budget: how many bytes the jobs it serves may claim.
+// Every daemon has one (--memory-budget, default from the machine or its
+// cgroup limit); servers and workers report theirs when they register, the
+// scheduler admits only jobs that fit, and each process refuses a request
+// that would take it over its budget (RESOURCE_EXHAUSTED naming the numbers)
+// instead of being killed by the kernel.
+#ifndef FULCRUM_COMMON_MEMORY_BUDGET_H_
+#define FULCRUM_COMMON_MEMORY_BUDGET_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace fulcrum {
+
+// The memory this process may use: the smallest of the machine's memory
+// (/proc/meminfo MemTotal) and the cgroup limit (v2 memory.max or v1
+// memory.limit_in_bytes), times `fraction`.
+int64_t DefaultMemoryBudget(double fraction = 0.8);
+
+// "8GiB", "512MiB", "1.5G", "1000000" (bytes). Suffixes K/M/G/T are powers
+// of 1000, Ki/Mi/Gi/Ti (with an optional B) powers of 1024. INVALID_ARGUMENT
+// for anything else, for 0 or negative values and above 2^62.
+absl::StatusOr<int64_t> ParseBytes(absl::string_view text);
+
+// "1.5 GiB", for messages.
+std::string FormatBytes(int64_t bytes);
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_COMMON_MEMORY_BUDGET_H_

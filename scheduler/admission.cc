@@ -1,0 +1,111 @@
+#include "scheduler/admission.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/memory_budget.h"
+#include "kernels/model_from_spec.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr int64_t kFloat = sizeof(float);
+
+int64_t ExamplesBytes(int64_t examples, int64_t features) { return examples * (features * kFloat + 4); }
+
+int OptimizerSlots(const v1::OptimizerSpec& optimizer) {
+  switch (optimizer.kind()) {
+    case v1::OptimizerSpec::ADAM:
+    case v1::OptimizerSpec::ADAMW: return 2;
+    case v1::OptimizerSpec::ADAGRAD: return 1;
+    default: return optimizer.momentum() > 0 ? 1 : 0;
+  }
+}
+
+bool Synchronous(const v1::JobSpec& spec) { return spec.mode() == v1::BSP || spec.mode() == v1::MODE_UNSPECIFIED; }
+
+int64_t CeilDiv(int64_t a, int64_t b) { return b <= 0 ? a : (a + b - 1) / b; }
+
+}  // namespace
+
+DataShape DataShapeOf(const v1::DataSpec& data) {
+  DataShape shape;
+  if (data.dataset() == v1::DataSpec::SYNTHETIC) {
+    shape.train_examples = data.synthetic_examples();
+    shape.test_examples = std::max<int64_t>(1, data.synthetic_examples() / 5);
+    shape.features = data.synthetic_features();
+    shape.classes = data.synthetic_classes();
+  } else {  // Fashion-MNIST (the Debian package's files)
+    shape.train_examples = 60000;
+    shape.test_examples = 10000;
+    shape.features = 784;
+    shape.classes = 10;
+  }
+  return shape;
+}
+
+JobClaims ClaimsOf(const v1::JobSpec& spec) {
+  const DataShape data = DataShapeOf(spec.data());
+  const ModelLayout layout = LayoutFor(spec, data.features, data.classes);
+  JobClaims claims;
+  int64_t widths = data.features + data.classes;
+  for (int hidden : layout.config.hidden) widths += hidden;
+  for (const auto& tensor : layout.tensors) claims.parameters += tensor.size;
+  claims.worker_data_bytes = ExamplesBytes(data.train_examples, data.features) +
+                             ExamplesBytes(data.test_examples, data.features);
+  const bool half_wire = spec.wire_format() == v1::WIRE_BF16 || spec.wire_format() == v1::WIRE_FP16;
+  const int64_t batch = spec.data().batch_size();
+  claims.worker_bytes = claims.worker_data_bytes +
+                        claims.parameters * kFloat * 3 +              // parameters, pull landing, gradients
+                        (half_wire ? claims.parameters * 2 * 2 : 0) +  // 16-bit parameters and gradients
+                        batch * widths * kFloat * 3;                   // activations, their gradients, the batch
+  claims.server_bytes_per_parameter =
+      kFloat * (1 + OptimizerSlots(spec.optimizer()) + (Synchronous(spec) ? spec.max_workers() + 1 : 0));
+  return claims;
+}
+
+int64_t PerServerBytes(const JobClaims& claims, const v1::JobSpec& spec, int servers) {
+  if (servers <= 0) return 0;
+  const int64_t shards = spec.num_shards() > 0 ? spec.num_shards() : servers;
+  const int64_t replicas = std::max(1, spec.replicas());
+  // The busiest server holds ceil(shards * replicas / servers) shards (of at
+  // most ceil(parameters / shards) each).
+  const int64_t held = CeilDiv(shards * std::min<int64_t>(replicas, servers), servers);
+  return held * CeilDiv(claims.parameters, shards) * claims.server_bytes_per_parameter;
+}
+
+absl::Status CheckFitsBudgets(const JobClaims& claims, const v1::JobSpec& spec,
+                              const std::vector<int64_t>& worker_budgets,
+                              const std::vector<int64_t>& server_budgets) {
+  if (!worker_budgets.empty()) {
+    const int64_t largest = *std::max_element(worker_budgets.begin(), worker_budgets.end());
+    if (largest > 0 && claims.worker_bytes > largest) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "each worker of this job needs ", FormatBytes(claims.worker_bytes), " (datasets ",
+          FormatBytes(claims.worker_data_bytes), ", ", claims.parameters, " parameters and a batch of ",
+          spec.data().batch_size(), "); the largest worker's memory budget is ", FormatBytes(largest),
+          " (fulcrum-worker --memory-budget): use a smaller model, batch or dataset"));
+    }
+  }
+  if (!server_budgets.empty()) {
+    const int servers = static_cast<int>(server_budgets.size());
+    const int64_t per_server = PerServerBytes(claims, spec, servers);
+    const int64_t largest = *std::max_element(server_budgets.begin(), server_budgets.end());
+    int64_t total = 0;
+    for (int64_t b : server_budgets) total += b;
+    const int64_t needed = claims.parameters * claims.server_bytes_per_parameter * std::max(1, spec.replicas());
+    const bool unknown = std::count(server_budgets.begin(), server_budgets.end(), 0) > 0;
+    if (!unknown && (per_server > largest || needed > total)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this job's ", claims.parameters, " parameters need ", FormatBytes(needed), " on the servers (",
+          claims.server_bytes_per_parameter, " bytes each: value, optimizer state",
+          Synchronous(spec) ? " and a BSP buffer per data partition" : "", ", times ", std::max(1, spec.replicas()),
+          " replicas), ", FormatBytes(per_server), " on the busiest of ", servers, " servers; their memory budgets are ",
+          FormatBytes(largest), " at most and ", FormatBytes(total),
+          " together (fulcrum-server --memory-budget): use a smaller model, fewer maxWorkers or more servers"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fulcrum

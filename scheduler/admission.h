@@ -1,0 +1,58 @@
+// Admission: what a job claims of the memory budgets of the processes that
+// run it, computed from its spec alone (no gRPC, no state: pure functions the
+// JobManager calls at submit and when it places a job).
+//
+// Every server and worker registers its budget (--memory-budget). A job that
+// cannot fit the cluster's processes at all is refused at submit with
+// RESOURCE_EXHAUSTED naming the numbers; one that fits but not now (other
+// jobs hold the memory) waits in the queue with a reason that says so.
+#ifndef FULCRUM_SCHEDULER_ADMISSION_H_
+#define FULCRUM_SCHEDULER_ADMISSION_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "fulcrum/v1/job.pb.h"
+
+namespace fulcrum {
+
+struct JobClaims {
+  int64_t parameters = 0;    // float32 values of the model
+  // Each worker: the training and test sets, its parameter, gradient and
+  // landing buffers, activations of one batch.
+  int64_t worker_bytes = 0;
+  int64_t worker_data_bytes = 0;  // the datasets alone
+  // Each replica of each parameter on a server: value, optimizer state and
+  // (BSP) a gradient buffer per data partition and a sum buffer.
+  int64_t server_bytes_per_parameter = 0;
+};
+
+// The dataset shape a spec implies: Fashion-MNIST's files, or the synthetic
+// generator's sizes (test set a fifth of the training set).
+struct DataShape {
+  int64_t train_examples = 0;
+  int64_t test_examples = 0;
+  int features = 0;
+  int classes = 0;
+};
+DataShape DataShapeOf(const v1::DataSpec& data);
+
+// `spec` after ApplyJobSpecDefaults and validation.
+JobClaims ClaimsOf(const v1::JobSpec& spec);
+
+// The most any one server holds of the job when `servers` servers carry its
+// shards (numShards, or one per server) with spec.replicas() each.
+int64_t PerServerBytes(const JobClaims& claims, const v1::JobSpec& spec, int servers);
+
+// OK when the job could run on processes with these budgets (empty: none
+// registered, nothing to check); RESOURCE_EXHAUSTED naming what it needs and
+// what the cluster has otherwise. A budget of 0 is unknown (not checked).
+absl::Status CheckFitsBudgets(const JobClaims& claims, const v1::JobSpec& spec,
+                              const std::vector<int64_t>& worker_budgets,
+                              const std::vector<int64_t>& server_budgets);
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SCHEDULER_ADMISSION_H_

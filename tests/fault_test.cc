@@ -1,0 +1,166 @@
+// The faults Kubernetes produces every day, on a live local cluster: a pod
+// killed and replaced at once, a paused process, a scheduler that is gone for
+// a while, replicated checkpoints. Each run is compared with an undisturbed
+// one: bit-identical parameters and every example used once per epoch.
+#include <signal.h>
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "tests/cluster_fixture.h"
+
+namespace fulcrum {
+namespace {
+
+// A BSP job of a few seconds (256 steps an epoch) over 8 chunks of 4 KiB.
+v1::JobSpec LongSpec(int epochs) {
+  v1::JobSpec spec = SyntheticSpec(v1::BSP, 2, 8, 0);
+  spec.mutable_model()->set_hidden_sizes(0, 256);
+  spec.mutable_data()->set_epochs(epochs);
+  return spec;
+}
+
+bool AnyEventHas(const v1::JobStatus& job, const std::string& text) {
+  for (const auto& event : job.events()) {
+    if (absl::StrContains(event.message(), text)) return true;
+  }
+  return false;
+}
+
+std::string Events(const v1::JobStatus& job) {
+  std::string all;
+  for (const auto& event : job.events()) absl::StrAppend(&all, "\n  ", event.message());
+  return all;
+}
+
+// Three servers, two replicas per shard, one shard per server.
+class ReplacedServerTest : public ClusterTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(3, 2, /*replicas=*/2); }
+};
+
+// Issue 13, case 1: a StatefulSet restarts a killed pod at once. The primary
+// of shard 0 is killed and a new server joins right away: the new server
+// becomes a shard and copies its chunks from their primaries, one of which
+// is the dead one. The copy must be retried from the live replica (the
+// promoted backup), never fail the job.
+TEST_F(ReplacedServerTest, KilledPrimaryReplacedAtOnceLosesNothing) {
+  const v1::JobSpec spec = LongSpec(6);
+  v1::JobStatus reference;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference));
+  const std::vector<float> expected = FinalParameters(reference);
+
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitForStep(*id, 30);
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  const std::string victim = running.shards(0).server_id();
+  ASSERT_TRUE(cluster_->Signal(victim, SIGKILL).ok());
+  auto added = cluster_->AddServer();
+  ASSERT_TRUE(added.ok()) << added.status();
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason() << Events(done);
+  EXPECT_TRUE(AnyEventHas(done, victim)) << "no event names the killed server" << Events(done);
+  for (const auto& shard : done.shards()) EXPECT_NE(shard.server_id(), victim);
+  ExpectSameParameters(expected, done);
+  ExpectEveryExampleUsedOncePerEpoch(done, 4096);
+}
+
+// Issue 13, case 2: with two replicas both write every chunk of a
+// checkpoint, and the manifest lists both as holders (a restore may read
+// from either).
+TEST_F(ReplacedServerTest, CheckpointManifestsListEveryReplica) {
+  v1::JobSpec spec = LongSpec(3);
+  spec.set_num_shards(2);
+  spec.mutable_checkpoint()->set_every_steps(40);
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  grpc::ClientContext context;
+  SetDeadline(&context, 10);
+  v1::GetCheckpointRequest request;
+  request.set_job_id(*id);
+  v1::CheckpointManifest manifest;
+  ASSERT_TRUE(stub_->GetCheckpoint(&context, request, &manifest).ok()) << "no complete checkpoint";
+  ASSERT_GT(manifest.chunks_size(), 0);
+  for (const auto& chunk : manifest.chunks()) {
+    EXPECT_EQ(chunk.server_ids_size(), 2) << "chunk " << chunk.chunk_id() << " lists " << chunk.server_ids_size()
+                                          << " holders";
+  }
+}
+
+// Two servers, every shard on both.
+class StoppedPrimaryTest : public ClusterTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(2, 2, /*replicas=*/2); }
+};
+
+// Issue 13, case 9: a primary paused (SIGSTOP, as a node under memory
+// pressure or a debugger would) for far longer than its lease is failed over
+// like a dead one: the job makes progress while it is still stopped, and
+// ends with the parameters of an undisturbed run.
+TEST_F(StoppedPrimaryTest, StoppedPrimaryIsFailedOverWhileStillStopped) {
+  v1::JobSpec spec = LongSpec(6);
+  spec.set_num_shards(1);
+  v1::JobStatus reference;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference));
+  const std::vector<float> expected = FinalParameters(reference);
+
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitForStep(*id, 30);
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  const std::string victim = running.shards(0).server_id();
+  ASSERT_TRUE(cluster_->Signal(victim, SIGSTOP).ok());
+  const int64_t stopped_at = running.progress().step();
+  absl::SleepFor(absl::Seconds(8));  // the pause itself, as in the report (the lease is 1.5 s)
+  grpc::ClientContext context;
+  v1::GetJobRequest get;
+  get.set_job_id(*id);
+  v1::JobStatus moved;
+  ASSERT_TRUE(stub_->GetJob(&context, get, &moved).ok());
+  ASSERT_TRUE(cluster_->Signal(victim, SIGCONT).ok());
+  // It was failed over and training went on while it was still stopped (a
+  // request it held must not stall the job until that request's deadline).
+  EXPECT_NE(moved.shards(0).server_id(), victim) << "the stopped primary still leads";
+  EXPECT_GT(moved.progress().step(), stopped_at + 40)
+      << "no progress during the 8 s the primary was stopped" << Events(moved);
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  ExpectSameParameters(expected, done);
+  ExpectEveryExampleUsedOncePerEpoch(done, 4096);
+}
+
+// Issue 13, case 10: the scheduler is gone for several seconds (long enough
+// for clients' reconnect backoff to grow) and comes back on its state: every
+// live server registers again in time, so none is failed over.
+TEST_F(StoppedPrimaryTest, SchedulerDownForSecondsFailsOverNoLiveServer) {
+  v1::JobSpec spec = LongSpec(6);
+  spec.set_num_shards(1);
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitForStep(*id, 30);
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  ASSERT_TRUE(cluster_->Signal("scheduler", SIGKILL).ok());
+  absl::SleepFor(absl::Seconds(6));  // the outage itself
+  absl::StatusOr<v1::LocalProcess> restarted;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    restarted = cluster_->RestartScheduler();
+    if (restarted.ok() || restarted.status().code() != absl::StatusCode::kFailedPrecondition) break;
+    absl::SleepFor(absl::Milliseconds(20));  // until the killed process is reaped
+  }
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  stub_ = v1::JobService::NewStub(MakeChannel(cluster_->scheduler_address()));
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  EXPECT_EQ(done.failovers(), 0) << Events(done);
+  EXPECT_FALSE(AnyEventHas(done, "did not come back")) << Events(done);
+}
+
+}  // namespace
+}  // namespace fulcrum

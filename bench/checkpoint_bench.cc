@@ -489,12 +489,13 @@ void PrintOverheadRow(const absl::StatusOr<OverheadResults>& overhead) {
   const double cost = none > 0 ? (1 - ckpt / none) * 100 : 0;
   double bytes = Median(o.checkpoint_bytes);
   std::printf(
-      "| step-time overhead, checkpoint every %d s | %.2f%% (goal <= 2%%: %s) | none %.3f steps/s, "
+      "| step-time overhead, checkpoint every %lld s | %.2f%% (goal <= 2%%: %s) | none %.3f steps/s, "
       "checkpointed %.3f "
-      "steps/s (mean of %zu each, alternated, %d steps a job, %.0f-%.0f s); %d checkpoints COMPLETE of %.1f "
+      "steps/s (mean of %zu each, alternated, %lld steps a job, %.0f-%.0f s); %d checkpoints COMPLETE of %.1f "
       "MB, "
       "%.2f s median / %.2f s max; %d FAILED%s |\n",
-      o.every_seconds, cost, cost <= 2 ? "met" : "NOT met", none, ckpt, o.none.size(), o.steps,
+      static_cast<long long>(o.every_seconds), cost, cost <= 2 ? "met" : "NOT met", none, ckpt, o.none.size(),
+      static_cast<long long>(o.steps),
       *std::min_element(o.job_seconds.begin(), o.job_seconds.end()), Max(o.job_seconds), o.complete,
       bytes / 1e6, Median(o.durations), Max(o.durations), o.failed,
       o.failure_reason.empty() ? "" : absl::StrCat(" (", o.failure_reason, ")").c_str());

@@ -22,6 +22,7 @@
 #include "client/local_cluster.h"
 #include "client/spec_file.h"
 #include "common/process.h"
+#include "common/quote.h"
 #include "common/rpc.h"
 #include "common/rpc_security.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
@@ -186,7 +187,7 @@ std::string ToJson(const google::protobuf::Message& message) {
 }
 
 int Fail(const absl::Status& status) {
-  std::cerr << "fulcrum: " << status.message() << " [" << absl::StatusCodeToString(status.code())
+  std::cerr << "fulcrum: " << Printable(status.message()) << " [" << absl::StatusCodeToString(status.code())
             << "]\n";
   return 1;
 }
@@ -211,8 +212,8 @@ std::string ProgressLine(const v1::JobStatus& job) {
 
 void PrintJob(const v1::JobStatus& job) {
   const v1::JobSpec& spec = job.spec();
-  std::cout << "Job:        " << job.job_id() << (spec.name().empty() ? "" : " (" + spec.name() + ")") << "\n"
-            << "State:      " << v1::JobState_Name(job.state()) << " - " << job.reason() << "\n"
+  std::cout << "Job:        " << job.job_id() << (spec.name().empty() ? "" : " (" + Printable(spec.name()) + ")") << "\n"
+            << "State:      " << v1::JobState_Name(job.state()) << " - " << Printable(job.reason()) << "\n"
             << "Progress:   " << ProgressLine(job).substr(job.job_id().size() + 1) << "\n"
             << "Model:      " << ModelText(spec) << ", " << job.num_parameters() << " parameters\n"
             << "Training:   " << v1::Mode_Name(spec.mode()) << ", " << spec.num_workers() << " workers x batch "
@@ -220,6 +221,14 @@ void PrintJob(const v1::JobStatus& job) {
             << " lr " << spec.optimizer().lr() << ", "
             << v1::LrScheduleSpec::Kind_Name(spec.lr_schedule().kind()) << " schedule, precision "
             << v1::Precision_Name(spec.precision()) << ", wire " << v1::WireFormat_Name(spec.wire_format()) << "\n";
+  if (job.parameters_released_unix_ms() > 0) {
+    std::cout << "Parameters: released by the servers at "
+              << absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(job.parameters_released_unix_ms()),
+                                  absl::UTCTimeZone())
+              << " (retention); its checkpoints remain\n";
+  } else if (job.state() == v1::SUCCEEDED) {
+    std::cout << "Parameters: kept on the servers (fulcrum export " << job.job_id() << " -o FILE)\n";
+  }
   std::cout << "Membership: epoch " << job.membership_epoch() << ", " << job.workers_size() << " workers (min "
             << spec.min_workers() << ", max " << spec.max_workers() << "), " << spec.max_workers()
             << " data partitions\n";
@@ -252,14 +261,14 @@ void PrintJob(const v1::JobStatus& job) {
                                  v1::CheckpointInfo::State_Name(c.state()), c.step(),
                                  absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(c.time_unix_ms()),
                                                   absl::LocalTimeZone()),
-                                 c.bytes(), c.duration_seconds(), c.trigger(), c.reason());
+                                 c.bytes(), c.duration_seconds(), c.trigger(), Printable(c.reason()));
   }
   if (job.events_size() > 0) std::cout << "Events:\n";
   for (const auto& e : job.events()) {
     std::cout << absl::StrFormat("  %s  epoch %-4d %s\n",
                                  absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(e.time_unix_ms()),
                                                   absl::LocalTimeZone()),
-                                 e.membership_epoch(), e.message());
+                                 e.membership_epoch(), Printable(e.message()));
   }
   std::cout << "History:\n"
             << absl::StrFormat("  %5s %8s %10s %9s %10s %12s %9s\n", "EPOCH", "STEP", "LOSS", "TEST_ACC",
@@ -343,10 +352,10 @@ class Client {
 
 int FinalVerdict(const v1::JobStatus& job) {
   if (job.state() == v1::SUCCEEDED) {
-    std::cerr << "job " << job.job_id() << " SUCCEEDED: " << job.reason() << "\n";
+    std::cerr << "job " << job.job_id() << " SUCCEEDED: " << Printable(job.reason()) << "\n";
     return 0;
   }
-  std::cerr << "job " << job.job_id() << " " << v1::JobState_Name(job.state()) << ": " << job.reason() << "\n";
+  std::cerr << "job " << job.job_id() << " " << v1::JobState_Name(job.state()) << ": " << Printable(job.reason()) << "\n";
   return 1;
 }
 
@@ -399,7 +408,7 @@ int JobCall(Client& client, const Args& args, const std::string& verb, bool json
   } else if (verb == "get") {
     PrintJob(job);
   } else {
-    std::cout << job.job_id() << " " << v1::JobState_Name(job.state()) << ": " << job.reason() << "\n";
+    std::cout << job.job_id() << " " << v1::JobState_Name(job.state()) << ": " << Printable(job.reason()) << "\n";
   }
   return 0;
 }
@@ -420,7 +429,7 @@ int Checkpoint(Client& client, const Args& args, bool json) {
     std::cout << absl::StrFormat("checkpoint %d of %s: %s at step %d, %d bytes, %.2f s%s\n", info.id(),
                                  args.positional[1], v1::CheckpointInfo::State_Name(info.state()), info.step(),
                                  info.bytes(), info.duration_seconds(),
-                                 info.reason().empty() ? "" : absl::StrCat(" (", info.reason(), ")"));
+                                 info.reason().empty() ? "" : absl::StrCat(" (", Printable(info.reason()), ")"));
   }
   return info.state() == v1::CheckpointInfo::COMPLETE ? 0 : 1;
 }
@@ -463,10 +472,11 @@ int List(Client& client, bool json) {
   std::cout << absl::StrFormat("%-10s %-24s %-10s %-15s %-9s %s\n", "JOB", "NAME", "STATE", "STEP", "TEST_ACC", "REASON");
   for (const auto& job : response.jobs()) {
     const auto& p = job.progress();
-    std::cout << absl::StrFormat("%-10s %-24s %-10s %-15s %-9s %s\n", job.job_id(), job.spec().name().substr(0, 24),
-                                 v1::JobState_Name(job.state()), absl::StrCat(p.step(), "/", p.total_steps()),
+    std::cout << absl::StrFormat("%-10s %-24s %-10s %-15s %-9s %s\n", Printable(job.job_id()),
+                                 Printable(job.spec().name()).substr(0, 24), v1::JobState_Name(job.state()),
+                                 absl::StrCat(p.step(), "/", p.total_steps()),
                                  p.test_accuracy() >= 0 ? absl::StrFormat("%.4f", p.test_accuracy()) : "-",
-                                 job.reason());
+                                 Printable(job.reason()));
   }
   return 0;
 }

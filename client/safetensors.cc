@@ -527,8 +527,9 @@ absl::Status CheckEntry(const HeaderEntry& entry) {
 
 // Sorts `entries` by offset and checks they tile the data section exactly.
 absl::Status CheckLayout(size_t data_size, std::vector<HeaderEntry>* entries) {
+  // (Callers checked that every entry has its offsets.)
   std::stable_sort(entries->begin(), entries->end(), [](const HeaderEntry& a, const HeaderEntry& b) {
-    return *a.data_offsets < *b.data_offsets;
+    return a.data_offsets.value_or(std::vector<int64_t>()) < b.data_offsets.value_or(std::vector<int64_t>());
   });
   int64_t covered = 0;
   const HeaderEntry* previous = nullptr;

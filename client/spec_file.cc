@@ -10,7 +10,10 @@
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "common/quote.h"
 #include "common/status_macros.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace fulcrum {
@@ -53,42 +56,86 @@ void AppendScalar(const YAML::Node& node, std::string* out) {
   }
 }
 
-absl::Status AppendNode(const YAML::Node& node, std::string* out) {
+// Bounds on a spec: its text, its nesting, and what it expands to (YAML
+// aliases can make a kilobyte stand for a gigabyte).
+constexpr size_t kMaxSpecBytes = 1 << 20;
+constexpr int kMaxDepth = 32;
+
+// A field name is echoed in an error only if it looks like one (the file
+// may be anything, e.g. a secret given by mistake).
+std::string FieldName(const std::string& name) {
+  bool plain = !name.empty() && name.size() <= 64;
+  for (char c : name) plain = plain && (absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_');
+  return plain ? absl::StrCat("\"", name, "\"") : "a key that is not a field name";
+}
+
+struct Converter {
+  std::string out;
+  absl::Status Append(const YAML::Node& node, const google::protobuf::Descriptor* message, const std::string& path,
+                      int depth);
+};
+
+absl::Status Converter::Append(const YAML::Node& node, const google::protobuf::Descriptor* message,
+                               const std::string& path, int depth) {
+  if (depth > kMaxDepth) return absl::InvalidArgumentError(absl::StrCat("nested more than ", kMaxDepth, " deep"));
+  if (out.size() > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the spec expands to more than ", kMaxSpecBytes,
+                                                   " bytes (YAML aliases?)"));
+  }
   switch (node.Type()) {
     case YAML::NodeType::Null:
-      *out += "null";
+      out += "null";
       return absl::OkStatus();
     case YAML::NodeType::Scalar:
-      AppendScalar(node, out);
+      AppendScalar(node, &out);
       return absl::OkStatus();
     case YAML::NodeType::Sequence: {
-      out->push_back('[');
+      out.push_back('[');
       bool first = true;
       for (const YAML::Node& item : node) {
-        if (!first) out->push_back(',');
+        if (!first) out.push_back(',');
         first = false;
-        RETURN_IF_ERROR(AppendNode(item, out));
+        RETURN_IF_ERROR(Append(item, message, path, depth + 1));
       }
-      out->push_back(']');
+      out.push_back(']');
       return absl::OkStatus();
     }
     case YAML::NodeType::Map: {
-      out->push_back('{');
+      out.push_back('{');
       bool first = true;
       std::set<std::string> seen;
       for (const auto& entry : node) {
         if (!entry.first.IsScalar()) return absl::InvalidArgumentError("map keys must be plain names");
-        if (!seen.insert(entry.first.Scalar()).second) {
-          return absl::InvalidArgumentError(absl::StrCat("field \"", entry.first.Scalar(), "\" is given twice (line ",
-                                                         entry.first.Mark().line + 1, ")"));
+        const std::string& key = entry.first.Scalar();
+        const int line = entry.first.Mark().line + 1;
+        if (!seen.insert(key).second) {
+          return absl::InvalidArgumentError(absl::StrCat("field ", FieldName(key), " is given twice (line ", line, ")"));
         }
-        if (!first) out->push_back(',');
+        // Known fields only (by JSON or proto name); the JSON parser would
+        // refuse others too, but echoing whatever the file holds.
+        const google::protobuf::FieldDescriptor* field = nullptr;
+        if (message != nullptr) {
+          field = message->FindFieldByCamelcaseName(key);
+          if (field == nullptr) field = message->FindFieldByName(key);
+          if (field == nullptr) {
+            return absl::InvalidArgumentError(absl::StrCat("unknown field ", FieldName(key),
+                                                           path.empty() ? "" : absl::StrCat(" in ", path), " (line ",
+                                                           line, ")"));
+          }
+        }
+        if (!first) out.push_back(',');
         first = false;
-        AppendJsonString(entry.first.Scalar(), out);
-        out->push_back(':');
-        RETURN_IF_ERROR(AppendNode(entry.second, out));
+        AppendJsonString(key, &out);
+        out.push_back(':');
+        const google::protobuf::Descriptor* inner =
+            field != nullptr && field->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE ? field->message_type()
+                                                                                                   : nullptr;
+        const std::string inner_path = field != nullptr ? (path.empty() ? field->json_name()
+                                                                         : absl::StrCat(path, ".", field->json_name()))
+                                                        : path;
+        RETURN_IF_ERROR(Append(entry.second, inner, inner_path, depth + 1));
       }
-      out->push_back('}');
+      out.push_back('}');
       return absl::OkStatus();
     }
     default:
@@ -96,31 +143,61 @@ absl::Status AppendNode(const YAML::Node& node, std::string* out) {
   }
 }
 
-}  // namespace
+// The deepest nesting of flow collections ([...] and {...}) outside quotes:
+// yaml-cpp parses them recursively, so a deep one would overflow the stack.
+int FlowDepth(absl::string_view text) {
+  int depth = 0, deepest = 0;
+  char quote = 0;
+  for (char c : text) {
+    if (quote != 0) {
+      if (c == quote) quote = 0;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    } else if (c == '\n' && depth == 0) {
+      quote = 0;
+    }
+  }
+  return deepest;
+}
 
-absl::StatusOr<std::string> YamlToJson(const std::string& yaml) {
+absl::StatusOr<std::string> ToJson(const std::string& yaml, const google::protobuf::Descriptor* message) {
+  if (yaml.size() > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the spec is over ", kMaxSpecBytes, " bytes"));
+  }
+  if (FlowDepth(yaml) > kMaxDepth) {
+    return absl::InvalidArgumentError(absl::StrCat("brackets nested more than ", kMaxDepth, " deep"));
+  }
   YAML::Node root;
   try {  // yaml-cpp reports syntax errors by throwing; keep that at this edge.
     root = YAML::Load(yaml);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("YAML syntax error at line ", e.mark.line + 1,
-                                                   ", column ", e.mark.column + 1, ": ", e.msg));
+                                                   ", column ", e.mark.column + 1, ": ", Printable(e.msg, 200)));
   }
   if (!root.IsMap()) return absl::InvalidArgumentError("the spec must be a mapping of field names to values");
-  std::string json;
-  RETURN_IF_ERROR(AppendNode(root, &json));
-  return json;
+  Converter converter;
+  RETURN_IF_ERROR(converter.Append(root, message, "", 0));
+  return std::move(converter.out);
 }
 
+}  // namespace
+
+absl::StatusOr<std::string> YamlToJson(const std::string& yaml) { return ToJson(yaml, nullptr); }
+
 absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text, const std::string& source) {
-  auto json = YamlToJson(text);
+  auto json = ToJson(text, v1::JobSpec::descriptor());
   if (!json.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", json.status().message()));
   v1::JobSpec spec;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
   auto status = google::protobuf::util::JsonStringToMessage(*json, &spec, options);
   if (!status.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", std::string(status.message())));
+    // The field names are known by now; the parser's message may quote a value.
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", Printable(std::string(status.message()), 300)));
   }
   return spec;
 }
@@ -128,12 +205,18 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text, const std::str
 absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path) {
   std::stringstream text;
   if (path == "-") {
-    text << std::cin.rdbuf();
+    std::string input(kMaxSpecBytes + 1, '\0');
+    std::cin.read(input.data(), static_cast<std::streamsize>(input.size()));
+    input.resize(static_cast<size_t>(std::cin.gcount()));
+    text << input;
   } else {
     struct stat info;
     std::ifstream in(path);
     if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode) || !in) {
       return absl::NotFoundError(absl::StrCat("cannot read job spec file ", path, " (no such regular file)"));
+    }
+    if (static_cast<uint64_t>(info.st_size) > kMaxSpecBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": the spec is over ", kMaxSpecBytes, " bytes"));
     }
     text << in.rdbuf();
   }

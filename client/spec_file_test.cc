@@ -1,5 +1,7 @@
 #include "client/spec_file.h"
 
+#include "absl/strings/str_cat.h"
+
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -234,6 +236,47 @@ TEST(SpecFileTest, YamlSyntaxErrorIsInvalidArgumentWithLine) {
       ParseJobSpec("name: x\ndata:\n  batchSize: 1\n epochs: 2\n", "indent.yaml");
   ASSERT_EQ(indent.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(indent.status().message(), "line 4")) << indent.status();
+}
+
+// A kilobyte of YAML aliases that would expand to gigabytes: refused
+// within the bound, quickly, without taking the memory.
+TEST(SpecFileTest, AliasBombIsRefusedWithinTheBound) {
+  std::string yaml = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  std::string previous = "a";
+  for (char c = 'b'; c <= 'k'; ++c) {
+    yaml += absl::StrCat(std::string(1, c), ": &", std::string(1, c), " [");
+    for (int i = 0; i < 10; ++i) yaml += absl::StrCat(i ? ", " : "", "*", previous);
+    yaml += "]\n";
+    previous = std::string(1, c);
+  }
+  yaml += "name: *k\n";
+  ASSERT_LT(yaml.size(), 2048u);
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(yaml, "bomb.yaml");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SpecFileTest, DeepNestingAndHugeSpecsAreRefused) {
+  const std::string deep = "name: " + std::string(100000, '[') + std::string(100000, ']') + "\n";
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(deep, "deep.yaml");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(spec.status().message(), "nested")) << spec.status();
+  const std::string huge = "name: \"" + std::string(2 << 20, 'x') + "\"\n";
+  spec = ParseJobSpec(huge, "huge.yaml");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(spec.status().message(), "bytes")) << spec.status();
+}
+
+// A file that is not a spec (a password file given by mistake) is refused
+// without echoing what it holds.
+TEST(SpecFileTest, ContentOfANonSpecFileIsNotEchoed) {
+  for (const char* text : {"root:$6$saltsalt$hashhashhash:19000:0:99999:7:::\nbin:*:19000:0:99999:7:::\n",
+                           "sup3rs3cret-password: hunter2\n", "data:\n  s3cr3t$k3y: 1\n"}) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(text, "shadow");
+    ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    for (const char* secret : {"hashhash", "hunter2", "s3cr3t", "sup3rs3cret", "saltsalt"}) {
+      EXPECT_FALSE(Contains(spec.status().message(), secret)) << spec.status();
+    }
+  }
 }
 
 TEST(SpecFileTest, NonMappingDocumentIsInvalidArgument) {

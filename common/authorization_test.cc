@@ -65,13 +65,17 @@ TEST(AuthorizationTableTest, EveryMethodOfEveryServiceHasAnEntry) {
   // And no entry names a fulcrum method that does not exist.
   std::set<std::string> known(methods.begin(), methods.end());
   for (const auto& [method, callers] : AuthorizationTable()) {
-    if (absl::StartsWith(method, "/fulcrum.")) EXPECT_EQ(known.count(method), 1u) << method << " is not in proto/";
+    if (absl::StartsWith(method, "/fulcrum.")) {
+      EXPECT_EQ(known.count(method), 1u) << method << " is not in proto/";
+    }
   }
 }
 
 TEST(AuthorizationTableTest, NoFulcrumMethodIsOpenToAnyone) {
   for (const auto& [method, callers] : AuthorizationTable()) {
-    if (absl::StartsWith(method, "/fulcrum.")) EXPECT_EQ(callers & kAnyone, 0u) << method;
+    if (absl::StartsWith(method, "/fulcrum.")) {
+      EXPECT_EQ(callers & kAnyone, 0u) << method;
+    }
   }
 }
 

@@ -20,6 +20,12 @@ absl::Status SetMinLogLevelFromString(const std::string& name);
 // A short tag printed on every line, e.g. the process role and id.
 void SetLogTag(const std::string& tag);
 
+// Turns `stream << ...` into void so that FLOG can be a conditional
+// expression (`&` binds looser than `<<`).
+struct LogVoidify {
+  void operator&(std::ostream&) {}
+};
+
 class LogMessage {
  public:
   LogMessage(LogLevel level, const char* file, int line);
@@ -40,9 +46,10 @@ class LogMessage {
 #define FULCRUM_LOG_LEVEL_WARNING ::fulcrum::LogLevel::kWarning
 #define FULCRUM_LOG_LEVEL_ERROR ::fulcrum::LogLevel::kError
 
-#define FLOG(level)                                                   \
-  if (FULCRUM_LOG_LEVEL_##level < ::fulcrum::MinLogLevel()) {         \
-  } else                                                              \
-    ::fulcrum::LogMessage(FULCRUM_LOG_LEVEL_##level, __FILE__, __LINE__).stream()
+// A statement that is safe after an unbraced `if` (no dangling else).
+#define FLOG(level)                                                                  \
+  !(FULCRUM_LOG_LEVEL_##level >= ::fulcrum::MinLogLevel())                           \
+      ? (void)0                                                                      \
+      : ::fulcrum::LogVoidify() & ::fulcrum::LogMessage(FULCRUM_LOG_LEVEL_##level, __FILE__, __LINE__).stream()
 
 #endif  // FULCRUM_COMMON_LOGGING_H_

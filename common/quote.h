@@ -18,6 +18,23 @@ inline std::string Quote(absl::string_view text, size_t max_bytes = 128) {
   return absl::StrCat("\"", absl::CHexEscape(text.substr(0, max_bytes)), "\"... (", text.size(), " bytes)");
 }
 
+// `text` with ASCII control characters (and DEL) escaped, cut at
+// `max_bytes` (marked): for untrusted text shown to people (a worker's
+// failure reason, a server's error message).
+inline std::string Printable(absl::string_view text, size_t max_bytes = 4096) {
+  std::string out;
+  const bool cut = text.size() > max_bytes;
+  for (unsigned char c : text.substr(0, max_bytes)) {
+    if (c < 0x20 || c == 0x7f) {
+      absl::StrAppend(&out, absl::CHexEscape(absl::string_view(reinterpret_cast<const char*>(&c), 1)));
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  if (cut) absl::StrAppend(&out, "... (", text.size(), " bytes)");
+  return out;
+}
+
 // Whether every byte is printable (no ASCII control characters or DEL);
 // UTF-8 sequences pass.
 inline bool IsPrintable(absl::string_view text) {

@@ -17,10 +17,30 @@ namespace kernels {
 namespace {
 
 struct Plugin {
-  decltype(&FulcrumCudaDeviceCount) device_count = nullptr;
-  decltype(&FulcrumCreateCudaBackend) create = nullptr;
+  const FulcrumCudaPluginTable* table = nullptr;
   std::string error;
 };
+
+// Why the table at `path` cannot be used ("" when it can).
+std::string CheckTable(const std::string& path, const FulcrumCudaPluginTable* table) {
+  if (table == nullptr) return absl::StrCat(path, ": its plugin table is null");
+  if (table->abi_version != FULCRUM_CUDA_PLUGIN_ABI_VERSION || table->table_size != sizeof(FulcrumCudaPluginTable)) {
+    return absl::StrCat(path, ": plugin ABI version ", table->abi_version, " (table of ", table->table_size,
+                        " bytes), this worker needs version ", FULCRUM_CUDA_PLUGIN_ABI_VERSION, " (",
+                        sizeof(FulcrumCudaPluginTable), " bytes): install the plugin built with this worker");
+  }
+  if (table->backend_interface == nullptr ||
+      std::string(table->backend_interface) != FULCRUM_BACKEND_INTERFACE) {
+    return absl::StrCat(path, ": built against another Backend interface (kernels/backend.h ",
+                        table->backend_interface == nullptr ? "unknown" : table->backend_interface,
+                        ", this worker's ", FULCRUM_BACKEND_INTERFACE,
+                        "): a stale plugin; install the one built with this worker");
+  }
+  if (table->device_count == nullptr || table->create_backend == nullptr) {
+    return absl::StrCat(path, ": its plugin table lacks entry points");
+  }
+  return "";
+}
 
 std::string ExecutableDir() {
   char exe[4096];
@@ -42,16 +62,19 @@ const Plugin& LoadPlugin() {
         tried.push_back(dlerror());
         continue;
       }
-      auto abi = reinterpret_cast<decltype(&FulcrumCudaPluginAbiVersion)>(dlsym(handle, "FulcrumCudaPluginAbiVersion"));
-      if (abi == nullptr || abi() != FULCRUM_CUDA_PLUGIN_ABI_VERSION) {
+      auto entry = reinterpret_cast<decltype(&FulcrumCudaPlugin)>(dlsym(handle, "FulcrumCudaPlugin"));
+      if (entry == nullptr) {
         tried.push_back(absl::StrCat(path, ": not a Fulcrum CUDA plugin of ABI version ",
-                                     FULCRUM_CUDA_PLUGIN_ABI_VERSION));
+                                     FULCRUM_CUDA_PLUGIN_ABI_VERSION, " (no FulcrumCudaPlugin table)"));
         continue;
       }
-      plugin.device_count = reinterpret_cast<decltype(plugin.device_count)>(dlsym(handle, "FulcrumCudaDeviceCount"));
-      plugin.create = reinterpret_cast<decltype(plugin.create)>(dlsym(handle, "FulcrumCreateCudaBackend"));
-      if (plugin.device_count != nullptr && plugin.create != nullptr) return;
-      tried.push_back(absl::StrCat(path, ": missing entry points"));
+      const FulcrumCudaPluginTable* table = entry();
+      std::string refused = CheckTable(path, table);
+      if (refused.empty()) {
+        plugin.table = table;
+        return;
+      }
+      tried.push_back(refused);
     }
     plugin.error = absl::StrCat("no CUDA backend plugin (", absl::StrJoin(tried, "; "), ")");
   });
@@ -68,9 +91,9 @@ std::vector<std::string> CudaPluginCandidates() {
 
 absl::StatusOr<int> CudaDeviceCount() {
   const Plugin& plugin = LoadPlugin();
-  if (plugin.device_count == nullptr) return absl::UnavailableError(plugin.error);
+  if (plugin.table == nullptr) return absl::UnavailableError(plugin.error);
   char error[512] = {0};
-  int count = plugin.device_count(error, sizeof(error));
+  int count = plugin.table->device_count(error, sizeof(error));
   if (count < 0) return absl::UnavailableError(absl::StrCat("no usable CUDA driver: ", error));
   return count;
 }
@@ -82,7 +105,7 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend(int device) {
     return absl::UnavailableError(absl::StrCat("no CUDA device ", device, " (", *count, " present)"));
   }
   char error[512] = {0};
-  Backend* backend = LoadPlugin().create(device, error, sizeof(error));
+  Backend* backend = LoadPlugin().table->create_backend(device, error, sizeof(error));
   if (backend == nullptr) return absl::UnavailableError(absl::StrCat("cuda:", device, ": ", error));
   return std::unique_ptr<Backend>(backend);
 }

@@ -251,7 +251,9 @@ TEST_P(BackendTest, AsyncCopiesOfManyLayersArriveWhole) {
     const absl::StatusOr<int64_t> ticket =
         backend()->CopyToHostAsync(hosts.back().data(), tensors.back().get(), n * sizeof(float));
     ASSERT_TRUE(ticket.ok()) << ticket.status();
-    if (!tickets.empty()) EXPECT_GE(*ticket, tickets.back()) << "tickets are ordered";
+    if (!tickets.empty()) {
+      EXPECT_GE(*ticket, tickets.back()) << "tickets are ordered";
+    }
     tickets.push_back(*ticket);
   }
   for (int t = 0; t < 12; ++t) {

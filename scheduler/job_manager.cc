@@ -281,7 +281,7 @@ absl::Status JobManager::DoReport(const v1::WorkReport& report) {
       OnDone(job, report);
       break;
     case v1::WorkReport::FAILED:
-      EndJob(job, v1::FAILED, absl::StrCat(report.member_id(), ": ", report.reason()));
+      EndJob(job, v1::FAILED, absl::StrCat(report.member_id(), ": ", Printable(report.reason(), 2048)));
       break;
     default:
       return absl::InvalidArgumentError("work report: kind must be set");

@@ -10,7 +10,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/ascii.h"
 #include "common/logging.h"
+#include "common/quote.h"
 #include "common/memory_budget.h"
 #include "common/status_macros.h"
 #include "scheduler/job_manager_internal.h"
@@ -26,6 +28,39 @@ std::string PartitionList(const std::vector<int32_t>& partitions) {
   return absl::StrCat("{", absl::StrJoin(partitions, ","), "}");
 }
 
+// Member ids name pods and processes in events, logs and metrics labels:
+// letters, digits, '.', '_' and '-', as Kubernetes names are.
+bool ValidMemberId(const std::string& id) {
+  if (id.empty() || id.size() > 128 || !absl::ascii_isalnum(static_cast<unsigned char>(id[0]))) return false;
+  for (char c : id) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') return false;
+  }
+  return true;
+}
+
+absl::Status CheckRegistration(const v1::RegisterRequest& request) {
+  if (!request.requested_id().empty() && !ValidMemberId(request.requested_id())) {
+    return absl::InvalidArgumentError(absl::StrCat("register: requested id ", Quote(request.requested_id()),
+                                                   " must be 1-128 letters, digits, '.', '_' or '-', starting with "
+                                                   "a letter or digit"));
+  }
+  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"address", &request.address()},
+                                     {"metrics address", &request.metrics_address()},
+                                     {"device", &request.device()}}) {
+    if (value->size() > 256 || !IsPrintable(*value)) {
+      return absl::InvalidArgumentError(absl::StrCat("register: the ", field, " must be at most 256 printable "
+                                                     "characters (got ", Quote(*value, 64), ")"));
+    }
+  }
+  if (request.jobs_size() > 100000) return absl::InvalidArgumentError("register: too many held jobs listed");
+  for (const std::string& job : request.jobs()) {
+    if (job.size() > 256 || !IsPrintable(job)) {
+      return absl::InvalidArgumentError(absl::StrCat("register: held job id ", Quote(job, 64), " is not a job id"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequest& request) {
@@ -35,6 +70,7 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
   if (request.role() == v1::SERVER && request.address().empty()) {
     return absl::InvalidArgumentError("register: a server must give its address");
   }
+  RETURN_IF_ERROR(CheckRegistration(request));
   absl::MutexLock lock(&mu_);
   std::string id = request.requested_id();
   if (id.empty()) {

@@ -44,20 +44,20 @@ class FakeServers : public ServerControl {
     return setup_result_;
   }
   absl::Status DropJob(const std::string& address, const std::string& job_id,
-                       const std::string& reason, bool keep_parameters, int64_t) override {
+                       const std::string& reason, bool keep_parameters, int64_t /*map_version*/) override {
     absl::MutexLock lock(&mu_);
     drops_.push_back({address, job_id, reason, keep_parameters});
     return absl::OkStatus();
   }
 
-  absl::Status Reconfigure(const std::string& address, const std::string& job_id,
+  absl::Status Reconfigure(const std::string& /*address*/, const std::string& /*job_id*/,
                            const v1::ShardMap& map) override {
     absl::MutexLock lock(&mu_);
     reconfigures_.push_back(map);
     return absl::OkStatus();
   }
-  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,
-                                                    const v1::CheckpointRequest& request) override {
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& /*address*/,
+                                                    const v1::CheckpointRequest& /*request*/) override {
     return absl::UnimplementedError("no checkpoints in this fake");
   }
   absl::Status DeleteCheckpoint(const std::string& address, const std::string& job_id,
@@ -511,7 +511,8 @@ TEST_F(JobManagerTest, JoiningWorkerTakesPartitionsOnceReady) {
   MakeTraining(job_id);
   std::set<int32_t> owned;
   for (const std::string& w : workers_) {
-    for (int32_t p : HeartbeatOk(w, job_id).partitions()) EXPECT_TRUE(owned.insert(p).second);
+    const v1::Assignment assignment = HeartbeatOk(w, job_id);
+    for (int32_t p : assignment.partitions()) EXPECT_TRUE(owned.insert(p).second);
   }
   EXPECT_EQ(owned, (std::set<int32_t>{0, 1, 2}));
   // A third worker joins the running job: it loads first, then takes a partition.
@@ -759,7 +760,9 @@ TEST_F(JobManagerTest, AJobWaitsForServerMemoryOtherJobsHold) {
   manager_->Tick();
   ASSERT_EQ(GetOk(first).state(), v1::RUNNING);
   for (const std::string& w : workers_) {
-    if (HeartbeatOk(w).job_id() == first) ASSERT_TRUE(ReportKind(w, first, v1::WorkReport::READY).ok());
+    if (HeartbeatOk(w).job_id() == first) {
+      ASSERT_TRUE(ReportKind(w, first, v1::WorkReport::READY).ok());
+    }
   }
   manager_->Tick();
   ASSERT_EQ(GetOk(first).reason(), "training");

@@ -12,7 +12,7 @@ namespace fulcrum {
 
 JobServiceImpl::JobServiceImpl(JobManager* manager) : manager_(manager) {}
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* /*context*/, const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
   auto status = manager_->Submit(request->spec(), request->resume_from());
   if (!status.ok()) return ToGrpcStatus(status.status());
@@ -21,20 +21,20 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context, const v1::S
   return ToGrpcStatus(absl::OkStatus());
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* /*context*/, const v1::GetJobRequest* request,
                                     v1::JobStatus* response) {
   auto status = manager_->Get(request->job_id());
   if (status.ok()) *response = std::move(*status);
   return ToGrpcStatus(status.status());
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest*,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* /*context*/, const v1::ListJobsRequest*,
                                       v1::ListJobsResponse* response) {
   for (v1::JobStatus& job : manager_->List()) *response->add_jobs() = std::move(job);
   return ToGrpcStatus(absl::OkStatus());
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* /*context*/, const v1::CancelJobRequest* request,
                                        v1::JobStatus* response) {
   auto status = manager_->Cancel(request->job_id());
   if (status.ok()) *response = std::move(*status);
@@ -68,7 +68,7 @@ grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* context, const v
   return ToGrpcStatus(info.status());
 }
 
-grpc::Status JobServiceImpl::GetCheckpoint(grpc::ServerContext* context, const v1::GetCheckpointRequest* request,
+grpc::Status JobServiceImpl::GetCheckpoint(grpc::ServerContext* /*context*/, const v1::GetCheckpointRequest* request,
                                            v1::CheckpointManifest* response) {
   auto manifest = manager_->GetCheckpoint(request->job_id(), request->checkpoint_id());
   if (manifest.ok()) *response = std::move(*manifest);
@@ -77,32 +77,32 @@ grpc::Status JobServiceImpl::GetCheckpoint(grpc::ServerContext* context, const v
 
 ClusterServiceImpl::ClusterServiceImpl(JobManager* manager) : manager_(manager) {}
 
-grpc::Status ClusterServiceImpl::Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
+grpc::Status ClusterServiceImpl::Register(grpc::ServerContext* /*context*/, const v1::RegisterRequest* request,
                                           v1::RegisterResponse* response) {
   auto result = manager_->Register(*request);
   if (result.ok()) *response = std::move(*result);
   return ToGrpcStatus(result.status());
 }
 
-grpc::Status ClusterServiceImpl::Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+grpc::Status ClusterServiceImpl::Heartbeat(grpc::ServerContext* /*context*/, const v1::HeartbeatRequest* request,
                                            v1::HeartbeatResponse* response) {
   auto result = manager_->Heartbeat(*request);
   if (result.ok()) *response = std::move(*result);
   return ToGrpcStatus(result.status());
 }
 
-grpc::Status ClusterServiceImpl::ReportWork(grpc::ServerContext* context, const v1::WorkReport* request,
+grpc::Status ClusterServiceImpl::ReportWork(grpc::ServerContext* /*context*/, const v1::WorkReport* request,
                                             v1::WorkReportResponse*) {
   return ToGrpcStatus(manager_->Report(*request));
 }
 
-grpc::Status ClusterServiceImpl::ListMembers(grpc::ServerContext* context, const v1::ListMembersRequest*,
+grpc::Status ClusterServiceImpl::ListMembers(grpc::ServerContext* /*context*/, const v1::ListMembersRequest*,
                                              v1::ListMembersResponse* response) {
   for (v1::MemberInfo& member : manager_->Members()) *response->add_members() = std::move(member);
   return ToGrpcStatus(absl::OkStatus());
 }
 
-grpc::Status ClusterServiceImpl::Leave(grpc::ServerContext* context, const v1::LeaveRequest* request, v1::LeaveResponse*) {
+grpc::Status ClusterServiceImpl::Leave(grpc::ServerContext* /*context*/, const v1::LeaveRequest* request, v1::LeaveResponse*) {
   return ToGrpcStatus(manager_->Leave(request->member_id()));
 }
 

@@ -292,7 +292,7 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::Setu
   return Finish("SetupJob", status, request->ByteSizeLong(), 0);
 }
 
-grpc::Status ParameterServiceImpl::DropJob(grpc::ServerContext* context, const v1::DropJobRequest* request,
+grpc::Status ParameterServiceImpl::DropJob(grpc::ServerContext* /*context*/, const v1::DropJobRequest* request,
                                            v1::DropJobResponse*) {
   if (!store_->DropJob(request->job_id(), request->reason(), request->keep_parameters(), request->map_version())) {
     FLOG(INFO) << "job " << request->job_id() << ": kept (a DropJob of shard map version " << request->map_version()
@@ -422,7 +422,7 @@ absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const
   return absl::OkStatus();
 }
 
-grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* context, const v1::PushRequest* request,
+grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* /*context*/, const v1::PushRequest* request,
                                         v1::PushResponse* response) {
   absl::ReaderMutexLock writes(&writes_mu_);
   const int64_t received = request->ByteSizeLong();
@@ -447,7 +447,7 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* context, const v1::
   return Finish("Push", status, received, response->ByteSizeLong());
 }
 
-grpc::Status ParameterServiceImpl::Replicate(grpc::ServerContext* context, const v1::PushRequest* request,
+grpc::Status ParameterServiceImpl::Replicate(grpc::ServerContext* /*context*/, const v1::PushRequest* request,
                                              v1::PushResponse* response) {
   absl::ReaderMutexLock writes(&writes_mu_);
   const int64_t received = request->ByteSizeLong();
@@ -458,7 +458,7 @@ grpc::Status ParameterServiceImpl::Replicate(grpc::ServerContext* context, const
   return Finish("Replicate", status, received, response->ByteSizeLong());
 }
 
-grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext* context, const v1::ReconfigureRequest* request,
+grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext* /*context*/, const v1::ReconfigureRequest* request,
                                                v1::ReconfigureResponse*) {
   if (auto held = store_->Find(request->job_id());
       held.ok() && request->shard_map().version() > (*held)->map_version()) {
@@ -482,7 +482,7 @@ grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext* context, con
   return Finish("Reconfigure", status, request->ByteSizeLong(), 0);
 }
 
-grpc::Status ParameterServiceImpl::CopyChunk(grpc::ServerContext* context, const v1::CopyChunkRequest* request,
+grpc::Status ParameterServiceImpl::CopyChunk(grpc::ServerContext* /*context*/, const v1::CopyChunkRequest* request,
                                              v1::ChunkState* response) {
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("CopyChunk", shard.status(), request->ByteSizeLong(), 0);

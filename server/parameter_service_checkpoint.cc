@@ -28,7 +28,7 @@ absl::Status NoStore() {
 
 }  // namespace
 
-grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
+grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* /*context*/, const v1::CheckpointRequest* request,
                                               v1::CheckpointResponse* response) {
   const int64_t received = request->ByteSizeLong();
   auto shard = store_->Find(request->job_id());
@@ -86,7 +86,7 @@ grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* context, cons
   return Finish("Checkpoint", absl::OkStatus(), received, response->ByteSizeLong());
 }
 
-grpc::Status ParameterServiceImpl::ReadCheckpoint(grpc::ServerContext* context, const v1::ReadCheckpointRequest* request,
+grpc::Status ParameterServiceImpl::ReadCheckpoint(grpc::ServerContext* /*context*/, const v1::ReadCheckpointRequest* request,
                                                   v1::ChunkState* response) {
   const int64_t received = request->ByteSizeLong();
   if (checkpoints_ == nullptr) return Finish("ReadCheckpoint", NoStore(), received, 0);
@@ -97,7 +97,7 @@ grpc::Status ParameterServiceImpl::ReadCheckpoint(grpc::ServerContext* context, 
   return Finish("ReadCheckpoint", absl::OkStatus(), received, response->ByteSizeLong());
 }
 
-grpc::Status ParameterServiceImpl::DeleteCheckpoint(grpc::ServerContext* context, const v1::DeleteCheckpointRequest* request,
+grpc::Status ParameterServiceImpl::DeleteCheckpoint(grpc::ServerContext* /*context*/, const v1::DeleteCheckpointRequest* request,
                                                     v1::DeleteCheckpointResponse*) {
   const int64_t received = request->ByteSizeLong();
   if (checkpoints_ == nullptr) return Finish("DeleteCheckpoint", absl::OkStatus(), received, 0);

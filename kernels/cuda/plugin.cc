@@ -20,13 +20,7 @@ void CopyMessage(const std::string& message, char* error, size_t error_size) {
   std::snprintf(error, error_size, "%s", message.c_str());
 }
 
-}  // namespace
-
-extern "C" {
-
-int FulcrumCudaPluginAbiVersion() { return FULCRUM_CUDA_PLUGIN_ABI_VERSION; }
-
-int FulcrumCudaDeviceCount(char* error, size_t error_size) {
+int DeviceCount(char* error, size_t error_size) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
@@ -39,7 +33,7 @@ int FulcrumCudaDeviceCount(char* error, size_t error_size) {
   return count;
 }
 
-fulcrum::kernels::Backend* FulcrumCreateCudaBackend(int device, char* error, size_t error_size) {
+fulcrum::kernels::Backend* CreateBackend(int device, char* error, size_t error_size) {
   try {
     auto backend = fulcrum::kernels::cuda::CudaBackend::Create(device);
     if (!backend.ok()) {
@@ -53,4 +47,10 @@ fulcrum::kernels::Backend* FulcrumCreateCudaBackend(int device, char* error, siz
   }
 }
 
-}  // extern "C"
+}  // namespace
+
+extern "C" const FulcrumCudaPluginTable* FulcrumCudaPlugin() {
+  static const FulcrumCudaPluginTable table = {FULCRUM_CUDA_PLUGIN_ABI_VERSION, sizeof(FulcrumCudaPluginTable),
+                                               FULCRUM_BACKEND_INTERFACE, &DeviceCount, &CreateBackend};
+  return &table;
+}

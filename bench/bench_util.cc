@@ -24,6 +24,7 @@
 #include "common/process.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace bench {
@@ -37,22 +38,22 @@ const absl::Time kBenchStart = absl::Now();
 class Cleanup {
  public:
   void SetTempDir(const std::string& dir, bool keep) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     temp_dir_ = dir;
     keep_ = keep;
   }
   void AddCluster(const std::string& dir) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     clusters_.insert(dir);
   }
   void RemoveCluster(const std::string& dir) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     clusters_.erase(dir);
   }
   // SIGKILL to every process of every registered cluster; then the temp
   // folder goes unless it is to be kept.
   void KillAll() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (const std::string& dir : clusters_) {
       auto opened = LocalCluster::Open(dir);  // not owned: its destructor kills nothing
       if (!opened.ok()) continue;
@@ -64,7 +65,7 @@ class Cleanup {
   }
 
  private:
-  absl::Mutex mu_;  // guards everything below
+  Mutex mu_;  // guards everything below
   std::string temp_dir_ ABSL_GUARDED_BY(mu_);
   bool keep_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> clusters_ ABSL_GUARDED_BY(mu_);

@@ -221,16 +221,22 @@ std::vector<std::string> LocalCluster::ServerFlags(const std::string& id) const 
 }
 
 absl::StatusOr<v1::LocalProcess> LocalCluster::RestartServer(const std::string& id) {
+  absl::StatusOr<v1::LocalProcess> restarted = RestartMember(id);
+  if (restarted.ok() && restarted->role() != "server") return absl::NotFoundError(absl::StrCat("no server ", id));
+  return restarted;
+}
+
+absl::StatusOr<v1::LocalProcess> LocalCluster::RestartMember(const std::string& id) {
   for (int i = 0; i < file_.processes_size(); ++i) {
-    const v1::LocalProcess& old = file_.processes(i);
-    if (old.id() != id || old.role() != "server") continue;
+    const v1::LocalProcess old = file_.processes(i);
+    if (old.id() != id || (old.role() != "server" && old.role() != "worker")) continue;
     if (Alive(static_cast<pid_t>(old.pid()))) {
-      return absl::FailedPreconditionError(absl::StrCat("server ", id, " (pid ", old.pid(), ") is still running"));
+      return absl::FailedPreconditionError(absl::StrCat(old.role(), " ", id, " (pid ", old.pid(), ") is still running"));
     }
     file_.mutable_processes()->DeleteSubrange(i, 1);
-    return Spawn("server", id, ServerFlags(id));
+    return Spawn(old.role(), id, old.role() == "server" ? ServerFlags(id) : options_.worker_flags);
   }
-  return absl::NotFoundError(absl::StrCat("no server ", id, " in ", file_.dir()));
+  return absl::NotFoundError(absl::StrCat("no server or worker ", id, " in ", file_.dir()));
 }
 
 absl::StatusOr<v1::LocalProcess> LocalCluster::AddWorker(std::vector<std::string> extra_flags) {

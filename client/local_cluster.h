@@ -74,6 +74,9 @@ class LocalCluster {
   // Starts a dead server again under its id, on its state folder (as a pod
   // restarted with its volume). FAILED_PRECONDITION while it still runs.
   absl::StatusOr<v1::LocalProcess> RestartServer(const std::string& id);
+  // Starts a dead server or worker again under its id (a server on its state
+  // folder). FAILED_PRECONDITION while it still runs.
+  absl::StatusOr<v1::LocalProcess> RestartMember(const std::string& id);
   // Sends `signal` to the process with member id `id`.
   absl::Status Signal(const std::string& id, int signal);
   // Leaves the processes running when this object goes away (--detach).

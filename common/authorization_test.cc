@@ -18,6 +18,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/rpc.h"
 #include "common/rpc_security.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -114,7 +115,7 @@ class GateTest : public testing::Test {
     grpc::ByteBuffer request(&slice, 1);
     grpc::ByteBuffer response;
     grpc::Status status;
-    absl::Notification done;
+    Notification done;
     stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
       status = std::move(s);
       done.Notify();

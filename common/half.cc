@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -43,9 +44,16 @@ __attribute__((target("avx,f16c"))) int64_t Fp16sToFloatsF16c(const uint16_t* in
   return i;
 }
 
+// CPUID leaf 1: ECX bit 29 F16C, bit 28 AVX, bit 27 OSXSAVE; and the OS
+// saves the AVX state (XCR0 bits 1 and 2).
 bool DetectF16c() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+  const bool f16c = (ecx >> 29) & 1, avx = (ecx >> 28) & 1, osxsave = (ecx >> 27) & 1;
+  if (!f16c || !avx || !osxsave) return false;
+  unsigned xcr0_low = 0, xcr0_high = 0;
+  __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+  return (xcr0_low & 0x6) == 0x6;
 }
 #endif
 

@@ -9,6 +9,7 @@
 
 #include "common/logging.h"
 #include "common/rpc.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -35,19 +36,19 @@ void MembershipClient::Start() { thread_ = std::thread([this] { Loop(); }); }
 
 void MembershipClient::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
 }
 
 bool MembershipClient::LeaseValid() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return absl::Now() - last_renewal_ < absl::Milliseconds(lease_ms_);
 }
 
 std::string MembershipClient::member_id() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return member_id_;
 }
 
@@ -60,7 +61,7 @@ bool MembershipClient::RegisterOnce() {
   // restarted): a worker then goes back to its job.
   std::string previous;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     previous = last_id_;
   }
   request.set_requested_id(!options_.requested_id.empty() ? options_.requested_id : previous);
@@ -84,7 +85,7 @@ bool MembershipClient::RegisterOnce() {
   FLOG(INFO) << "registered with scheduler " << options_.scheduler << " as "
              << response.member_id() << " (lease " << response.lease_ms() << " ms)";
   SetLogTag(response.member_id());
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   member_id_ = response.member_id();
   last_id_ = member_id_;
   lease_ms_ = response.lease_ms();
@@ -106,18 +107,18 @@ bool MembershipClient::HeartbeatOnce() {
   grpc::Status status = stub_->Heartbeat(&context, request, &response);
   if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
     FLOG(WARNING) << "scheduler does not know " << request.member_id() << ": registering again";
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     member_id_.clear();
     return false;
   }
   if (!status.ok()) {
     FLOG(WARNING) << "heartbeat to " << options_.scheduler << " failed: " << status.error_message();
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     unreachable_ = true;
     return false;
   }
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     last_renewal_ = sent;
     drained_ = response.drained();
     unreachable_ = false;
@@ -130,7 +131,7 @@ void MembershipClient::Loop() {
   while (true) {
     bool registered = !member_id().empty() || RegisterOnce();
     if (registered) HeartbeatOnce();
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     int64_t wait_ms = registered ? interval_ms_ : 500;
     if (absl::Now() < hurry_until_) wait_ms = std::min(wait_ms, kHurriedIntervalMs);
     mu_.AwaitWithTimeout(absl::Condition(this, &MembershipClient::Woken), absl::Milliseconds(wait_ms));
@@ -140,7 +141,7 @@ void MembershipClient::Loop() {
 }
 
 void MembershipClient::Hurry(absl::Duration period) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   if (now >= hurry_until_) hurry_now_ = true;  // not hurried yet: heartbeat at once
   hurry_until_ = std::max(hurry_until_, now + period);
@@ -151,7 +152,7 @@ bool MembershipClient::LeaveAndDrain(absl::Duration timeout) {
   request.set_member_id(member_id());
   if (request.member_id().empty()) return false;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     drained_ = false;
   }
   v1::LeaveResponse response;
@@ -159,7 +160,7 @@ bool MembershipClient::LeaveAndDrain(absl::Duration timeout) {
   SetDeadline(&context, 2.0);
   if (!stub_->Leave(&context, request, &response).ok()) return false;
   FLOG(INFO) << "leaving: waiting for the scheduler to move this server's shards away";
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   unreachable_ = false;
   mu_.AwaitWithTimeout(absl::Condition(this, &MembershipClient::DrainSettled), timeout);
   return drained_;

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -70,7 +71,7 @@ class MembershipClient {
   const Options options_;
   const uint64_t incarnation_;  // random, per process start
   std::unique_ptr<v1::ClusterService::Stub> stub_;
-  mutable absl::Mutex mu_;  // guards the members below
+  mutable Mutex mu_;  // guards the members below
   std::string member_id_ ABSL_GUARDED_BY(mu_);
   std::string last_id_ ABSL_GUARDED_BY(mu_);  // kept across re-registrations
   int64_t interval_ms_ ABSL_GUARDED_BY(mu_) = 500;

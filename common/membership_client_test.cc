@@ -14,6 +14,7 @@
 #include "common/rpc.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -27,19 +28,19 @@ class SlowScheduler : public v1::ClusterService::Service {
     return grpc::Status::OK;
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     ++heartbeats_;
     return grpc::Status::OK;
   }
   // True once `n` heartbeats arrived, waiting up to `timeout`.
   bool WaitForHeartbeats(int n, absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto reached = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return heartbeats_ >= n; };
     return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
   }
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -24,13 +25,13 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   void Post(std::function<void()> task) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     tasks_.push_back(std::move(task));
   }
 
   void Stop() {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       stopping_ = true;
     }
     for (std::thread& thread : threads_) {
@@ -44,7 +45,7 @@ class ThreadPool {
     while (true) {
       std::function<void()> task;
       {
-        absl::MutexLock lock(&mu_);
+        MutexLock lock(&mu_);
         mu_.Await(absl::Condition(&ready));
         if (tasks_.empty()) return;  // stopping, and nothing left
         task = std::move(tasks_.front());
@@ -54,7 +55,7 @@ class ThreadPool {
     }
   }
 
-  absl::Mutex mu_;
+  Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;

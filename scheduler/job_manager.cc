@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "scheduler/job_manager_internal.h"
 #include "scheduler/job_spec.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -48,7 +49,7 @@ JobManager::~JobManager() { Stop(); }
 
 void JobManager::Start() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (recovery_deadline_.has_value()) recovery_deadline_ = clock_() + RecoveryWindow();
   }
   thread_ = std::thread([this] { Loop(); });
@@ -57,7 +58,7 @@ void JobManager::Start() {
 
 void JobManager::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
@@ -68,8 +69,12 @@ void JobManager::Stop() {
 
 void JobManager::Loop() {
   while (true) {
+    {
+      MutexLock lock(&mu_);
+      CheckPause();
+    }
     Tick();
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.tick)) return;
   }
 }
@@ -118,7 +123,7 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
   if (spec.replicas() == 0) spec.set_replicas(options_.default_replicas);
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   const JobClaims claims = ClaimsOf(spec);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   {
     // What can never fit the processes' memory budgets is refused now.
     std::vector<int64_t> worker_budgets, server_budgets;
@@ -172,14 +177,14 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
 }
 
 absl::StatusOr<v1::JobStatus> JobManager::Get(const std::string& job_id) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(job_id)));
   return job->status;
 }
 
 std::vector<v1::JobStatus> JobManager::List() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<v1::JobStatus> jobs;
   for (const auto& [id, job] : jobs_) {
     jobs.push_back(job->status);
@@ -189,7 +194,7 @@ std::vector<v1::JobStatus> JobManager::List() const {
 }
 
 absl::StatusOr<v1::JobStatus> JobManager::DoCancel(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(job_id)));
   if (IsTerminal(job->status.state())) {
@@ -203,7 +208,7 @@ absl::StatusOr<v1::JobStatus> JobManager::DoCancel(const std::string& job_id) {
 absl::StatusOr<v1::JobStatus> JobManager::WaitForChange(const std::string& job_id, int64_t* version,
                                                         absl::Duration timeout) const {
   absl::Time deadline = absl::Now() + timeout;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(job_id)));
   while (job->version <= *version && !stopping_) {
@@ -244,7 +249,7 @@ void JobManager::EndJob(Job* job, v1::JobState state, const std::string& reason)
 // ---------------------------------------------------------------------------
 
 absl::Status JobManager::DoReport(const v1::WorkReport& report) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Job* job = FindJob(report.job_id());
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(report.job_id())));
   if (job->phase == Job::Phase::kEnded) {
@@ -378,6 +383,22 @@ void JobManager::OnEval(Job* job, const v1::WorkReport& report) {
              << ": test accuracy " << report.test_accuracy() << ", test loss " << report.test_loss();
 }
 
+void JobManager::CheckPause() {
+  // (The background loop runs it every tick; tests that drive Tick() with a
+  // fake clock jump time on purpose.)
+  const absl::Time now = clock_();
+  // The scheduler itself did not run for longer than a lease (SIGSTOP, a
+  // node starved of CPU): it heard no heartbeat in that time, so it cannot
+  // tell a dead member from a live one. Every member gets its lease renewed
+  // once, as after a restart, instead of all being declared dead at once.
+  if (last_tick_.has_value() && now - *last_tick_ > options_.lease) {
+    FLOG(WARNING) << "the scheduler did not run for " << absl::FormatDuration(now - *last_tick_)
+                  << "; renewing every member's lease once";
+    for (auto& [id, member] : members_) member->last_heartbeat = std::max(member->last_heartbeat, now);
+  }
+  last_tick_ = now;
+}
+
 // ---------------------------------------------------------------------------
 // Retention
 // ---------------------------------------------------------------------------
@@ -448,7 +469,7 @@ void JobManager::ApplyRetention() {
 void JobManager::Tick() {
   std::vector<Action> actions;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     CheckRecovery();
     ExpireLeases();
     SchedulePending();

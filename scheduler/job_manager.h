@@ -33,6 +33,7 @@
 #include "common/thread_pool.h"
 #include "fulcrum/v1/parameter.pb.h"
 #include "fulcrum/v1/scheduler_state.pb.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -206,6 +207,9 @@ class JobManager {
   void EndJob(Job* job, v1::JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A tick long after the previous one (the scheduler was paused): leases
+  // are renewed once rather than expired all at once.
+  void CheckPause() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SchedulePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartSetups() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   enum class StartOutcome { kStarted, kWaiting, kNotOnThisCluster };
@@ -273,8 +277,8 @@ class JobManager {
   ServerControl* const servers_;
   const Clock clock_;
 
-  mutable absl::Mutex mu_;  // guards everything below
-  mutable absl::CondVar changed_;  // signalled whenever a job's status changes
+  mutable Mutex mu_;  // guards everything below
+  mutable CondVar changed_;  // signalled whenever a job's status changes
   std::map<std::string, std::unique_ptr<Member>> members_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> pending_ ABSL_GUARDED_BY(mu_);  // PENDING jobs in submit order
@@ -291,7 +295,8 @@ class JobManager {
   std::set<std::string> dirty_ ABSL_GUARDED_BY(mu_);  // jobs to write to the store
   std::set<std::string> forgotten_ ABSL_GUARDED_BY(mu_);  // job records to delete from the store
   std::optional<absl::Time> recovery_deadline_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(mu_);  // serializes writes to the store
+  std::optional<absl::Time> last_tick_ ABSL_GUARDED_BY(mu_);
+  Mutex persist_mu_ ABSL_ACQUIRED_AFTER(mu_);  // serializes writes to the store
   std::map<std::string, int64_t> written_ ABSL_GUARDED_BY(persist_mu_);  // record version written per job
 };
 

@@ -29,6 +29,7 @@
 #include "common/quote.h"
 #include "common/status_macros.h"
 #include "scheduler/job_manager_internal.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -131,7 +132,7 @@ void JobManager::CheckpointLoop() {
   while (true) {
     CheckpointTask task;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !checkpoint_queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
@@ -146,7 +147,7 @@ void JobManager::RunQueuedCheckpoints() {
   while (true) {
     CheckpointTask task;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (checkpoint_queue_.empty()) return;
       task = checkpoint_queue_.front();
       checkpoint_queue_.pop_front();
@@ -157,7 +158,7 @@ void JobManager::RunQueuedCheckpoints() {
 
 absl::StatusOr<v1::CheckpointInfo> JobManager::CheckpointNow(const std::string& job_id, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(job_id)));
   auto training = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -196,7 +197,7 @@ void JobManager::TakeCheckpoint(const CheckpointTask& task) {
   bool training = false;
   bool joining = false;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     Job* job = FindJob(task.job_id);
     if (job == nullptr) return;
     training = job->phase == Job::Phase::kTraining;
@@ -323,7 +324,7 @@ void JobManager::FinishCheckpoint(const CheckpointTask& task, absl::Status statu
                                   absl::Time started, const std::map<std::string, std::string>& servers) {
   std::vector<std::pair<int64_t, std::map<std::string, std::string>>> expired;  // checkpoints to delete
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     Job* job = FindJob(task.job_id);
     if (job == nullptr) return;
     job->checkpointing = false;
@@ -380,7 +381,7 @@ void JobManager::FinishCheckpoint(const CheckpointTask& task, absl::Status statu
 
 absl::StatusOr<v1::CheckpointManifest> JobManager::GetCheckpoint(const std::string& job_id,
                                                                  int64_t checkpoint_id) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(job_id)));
   if (checkpoint_id == 0) {

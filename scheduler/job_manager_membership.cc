@@ -16,6 +16,7 @@
 #include "common/memory_budget.h"
 #include "common/status_macros.h"
 #include "scheduler/job_manager_internal.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -71,7 +72,7 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
     return absl::InvalidArgumentError("register: a server must give its address");
   }
   RETURN_IF_ERROR(CheckRegistration(request));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::string id = request.requested_id();
   if (id.empty()) {
     const char* prefix = request.role() == v1::SERVER ? "server-" : "worker-";
@@ -176,7 +177,7 @@ void JobManager::DropStaleCopies(const std::string& server_id, const v1::Registe
 }
 
 absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatRequest& request) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = members_.find(request.member_id());
   if (it == members_.end()) {
     return absl::NotFoundError(absl::StrCat("member \"", request.member_id(),
@@ -191,7 +192,7 @@ absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatR
 }
 
 absl::Status JobManager::Leave(const std::string& member_id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = members_.find(member_id);
   if (it == members_.end()) return absl::NotFoundError(absl::StrCat("member \"", member_id, "\" is not registered"));
   if (it->second->role != v1::SERVER) return absl::InvalidArgumentError("only servers leave through Leave");
@@ -242,7 +243,7 @@ v1::Assignment JobManager::AssignmentFor(const Member& member) const {
 }
 
 std::vector<v1::MemberInfo> JobManager::Members() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<v1::MemberInfo> members;
   for (const auto& [id, member] : members_) {
     v1::MemberInfo info;
@@ -352,7 +353,7 @@ JobManager::StartOutcome JobManager::TryAssign(Job* job) {
   }
   const int64_t per_server = PerServerBytes(job->claims, job->status.spec(), std::max(1, servers));
   const int servers_with_room = static_cast<int>(ServersWithRoom(per_server).size());
-  auto wait = [&](StartOutcome start, const std::string& reason) {
+  auto wait = [&](StartOutcome start, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (job->status.reason() != reason) {
       job->status.set_reason(reason);
       Touch(job);

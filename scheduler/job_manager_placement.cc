@@ -10,16 +10,11 @@
 #include "common/shard_map.h"
 #include "kernels/model_from_spec.h"
 #include "scheduler/job_manager_internal.h"
+#include "scheduler/placement.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
-
-// Stable across processes and platforms (unlike std::hash / absl::Hash).
-uint64_t StableHash(const std::string& text) {
-  uint64_t hash = 1469598103934665603ull;
-  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
-  return hash;
-}
 
 // A chunk's location and initialization, as a server sets it up.
 void AddChunkSetup(const v1::ChunkLocation& chunk, const ModelLayout& layout, v1::SetupJobRequest* request) {
@@ -48,13 +43,7 @@ v1::SetupJobRequest JobManager::SetupRequestFor(const Job& job, const std::strin
 }
 
 std::set<int32_t> JobManager::HoldingShards(const Job& job) const {
-  std::set<int32_t> holding;
-  for (const v1::ChunkLocation& chunk : job.shard_map.chunks()) holding.insert(chunk.shard());
-  if (job.handover.has_value() && job.handover->new_shard()) {
-    holding.erase(job.handover->shard());  // the newcomer holds nothing until its copy is done
-    for (const auto& [chunk, from] : job.handover->moved_from()) holding.insert(from);
-  }
-  return holding;
+  return fulcrum::HoldingShards(job.shard_map, job.handover);
 }
 
 void JobManager::StartHandover(Job* job, v1::HandoverRecord handover) {
@@ -102,7 +91,7 @@ void JobManager::QueueHandoverCopy(Job* job) {
 }
 
 void JobManager::FinishHandover(const std::string& job_id, const std::string& server_id, const absl::Status& status) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr || !job->handover.has_value() || job->handover->server_id() != server_id) return;
   job->handover_in_flight = false;
@@ -149,29 +138,8 @@ void JobManager::AbandonHandover(Job* job, const std::string& why) {
   job->handover_in_flight = false;
   const std::string& newcomer = handover.server_id();
   v1::ShardMap& map = job->shard_map;
-  if (handover.new_shard()) {
-    // The moved chunks go back to the shards they came from, whose replicas
-    // kept their state (they only refused writes to them).
-    for (v1::ChunkLocation& chunk : *map.mutable_chunks()) {
-      auto from = handover.moved_from().find(chunk.chunk_id());
-      if (chunk.shard() == handover.shard() && from != handover.moved_from().end()) chunk.set_shard(from->second);
-    }
-    if (handover.shard() == map.shards_size() - 1) map.mutable_shards()->RemoveLast();
-  } else if (handover.shard() < map.shards_size()) {
-    v1::ShardLocation* shard = map.mutable_shards(handover.shard());
-    for (int b = 0; b < shard->backup_ids_size(); ++b) {
-      if (shard->backup_ids(b) != newcomer) continue;
-      shard->mutable_backup_ids()->DeleteSubrange(b, 1);
-      shard->mutable_backup_addresses()->DeleteSubrange(b, 1);
-      break;
-    }
-  }
-  map.set_version(map.version() + 1);
-  bool still_serves = false;  // in another role of this job
-  for (const v1::ShardLocation& shard : map.shards()) {
-    still_serves |= shard.server_id() == newcomer;
-    for (const std::string& b : shard.backup_ids()) still_serves |= b == newcomer;
-  }
+  UndoHandover(&map, handover);
+  const bool still_serves = InMap(map, newcomer);  // in another role of this job
   auto newcomer_address = job->server_addresses.find(newcomer);
   if (!still_serves && newcomer_address != job->server_addresses.end()) {
     actions_.push_back([this, address = newcomer_address->second, job_id = job->status.job_id(),
@@ -261,22 +229,9 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
   if (spec.data().max_steps() > 0) job->total_steps = std::min(job->total_steps, spec.data().max_steps());
   job->status.mutable_progress()->set_total_steps(job->total_steps);
 
-  ModelLayout layout = LayoutFor(spec, data.features(), data.classes());
-  std::vector<int64_t> sizes;
-  v1::ShardMap& map = job->shard_map;
-  const int64_t previous_version = map.version();  // > 0 when set up again (a restore)
-  map.Clear();
-  map.set_version(previous_version + 1);
-  map.set_chunk_elems(options_.chunk_elems);
+  const ModelLayout layout = LayoutFor(spec, data.features(), data.classes());
   int64_t parameters = 0;
-  for (const auto& tensor : layout.tensors) {
-    v1::TensorLayout* t = map.add_tensors();
-    t->set_name(tensor.name);
-    for (int64_t d : tensor.shape) t->add_shape(d);
-    t->set_size(tensor.size);
-    sizes.push_back(tensor.size);
-    parameters += tensor.size;
-  }
+  for (const auto& tensor : layout.tensors) parameters += tensor.size;
   job->status.set_num_parameters(parameters);
 
   // The servers with room for their share (which grows as fewer take it),
@@ -294,51 +249,23 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
     }
     servers.swap(kept);
   }
+  job->server_claim = per_server;  // reserved (on every server while it waits)
   if (servers.empty()) {
-    job->server_claim = per_server;  // still reserved while it waits
     return absl::UnavailableError(
         absl::StrCat("waiting for a parameter server with room: the job claims ", FormatBytes(per_server),
                      " on each, none is live with that much of its memory budget free"));
   }
-  std::vector<uint64_t> server_keys;
-  for (Member* server : servers) server_keys.push_back(StableHash(server->id));
-  job->server_claim = per_server;
   const int replicas = std::max(1, spec.replicas());
   if (static_cast<int>(servers.size()) < replicas) {
     return absl::UnavailableError(absl::StrCat(replicas, " replicas wanted but only ", servers.size(), " servers live"));
   }
-  int32_t num_shards = spec.num_shards() > 0 ? spec.num_shards() : static_cast<int32_t>(servers.size());
-  std::vector<size_t> placement = BalancedShardPlacement(num_shards, server_keys);
-  for (int32_t s = 0; s < num_shards; ++s) {
-    Member* server = servers[placement[s]];
-    v1::ShardLocation* shard = map.add_shards();
-    shard->set_shard(s);
-    shard->set_server_id(server->id);
-    shard->set_address(server->address);
-    job->server_addresses[server->id] = server->address;
-    // Backups: the servers rendezvous hashing ranks next for this shard.
-    std::vector<size_t> order(servers.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return RendezvousScore(ShardKey(s), server_keys[a]) > RendezvousScore(ShardKey(s), server_keys[b]);
-    });
-    for (size_t i : order) {
-      if (shard->backup_ids_size() + 1 >= replicas) break;
-      if (i == placement[s]) continue;
-      shard->add_backup_ids(servers[i]->id);
-      shard->add_backup_addresses(servers[i]->address);
-      job->server_addresses[servers[i]->id] = servers[i]->address;
-    }
-  }
-  std::vector<ChunkSpan> chunks = CutIntoChunks(sizes, options_.chunk_elems);
-  std::vector<int32_t> shard_of = AssignChunksToShards(chunks, num_shards);
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    v1::ChunkLocation* chunk = map.add_chunks();
-    chunk->set_chunk_id(static_cast<int32_t>(i));
-    chunk->set_tensor(chunks[i].tensor_index);
-    chunk->set_offset(chunks[i].offset);
-    chunk->set_length(chunks[i].length);
-    chunk->set_shard(shard_of[i]);
+  std::vector<ServerRef> refs;
+  for (Member* server : servers) refs.push_back({server->id, server->address});
+  job->shard_map = PlanShardMap(layout.tensors, refs, spec.num_shards(), replicas, options_.chunk_elems,
+                                job->shard_map.version() + 1);  // > 1 when set up again (a restore)
+  for (const v1::ShardLocation& shard : job->shard_map.shards()) {
+    job->server_addresses[shard.server_id()] = shard.address();
+    for (int b = 0; b < shard.backup_ids_size(); ++b) job->server_addresses[shard.backup_ids(b)] = shard.backup_addresses(b);
   }
   SyncShardStatus(job);
   return absl::OkStatus();
@@ -363,7 +290,7 @@ void JobManager::SyncShardStatus(Job* job) {
 }
 
 void JobManager::ReplenishReplicas() {
-  auto draining = [this](const std::string& id) {
+  auto draining = [this](const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = members_.find(id);
     return it != members_.end() && it->second->draining;
   };
@@ -381,30 +308,21 @@ void JobManager::ReplenishReplicas() {
       if (!needs) continue;
       // The live server that rendezvous hashing ranks highest for this shard
       // among those not in its group.
-      Member* best = nullptr;
-      uint64_t best_score = 0;
+      std::vector<ServerRef> candidates;
       for (auto& [id, member] : members_) {
-        if (member->role != v1::SERVER || id == shard.server_id() || member->draining) continue;
-        if (std::count(shard.backup_ids().begin(), shard.backup_ids().end(), id) > 0) continue;
+        if (member->role != v1::SERVER || member->draining) continue;
         auto declined = job->handover_declined.find(id);
         if (declined != job->handover_declined.end() && clock_() < declined->second) continue;
-        uint64_t score = RendezvousScore(ShardKey(shard.shard()), StableHash(id));
-        if (best == nullptr || score > best_score) {
-          best = member.get();
-          best_score = score;
-        }
+        candidates.push_back({id, member->address});
       }
-      if (best == nullptr) continue;
-      shard.add_backup_ids(best->id);
-      shard.add_backup_addresses(best->address);
-      map.set_version(map.version() + 1);
+      std::optional<ServerRef> best = ChooseBackup(map, shard.shard(), candidates);
+      if (!best.has_value()) continue;
+      const std::string primary = shard.server_id();
+      v1::HandoverRecord handover = AddBackup(&map, shard.shard(), *best);
       job->server_addresses[best->id] = best->address;
       SyncShardStatus(job.get());
-      AddEvent(job.get(), absl::StrCat(best->id, " joins shard ", shard.shard(), " as a backup (shard map version ",
-                                       map.version(), "); copying it from ", shard.server_id()));
-      v1::HandoverRecord handover;
-      handover.set_server_id(best->id);
-      handover.set_shard(shard.shard());
+      AddEvent(job.get(), absl::StrCat(best->id, " joins shard ", handover.shard(), " as a backup (shard map version ",
+                                       map.version(), "); copying it from ", primary));
       StartHandover(job.get(), std::move(handover));
       break;  // one newcomer per job at a time
     }
@@ -458,28 +376,10 @@ void JobManager::GrowShards() {
       if (!leads && newcomer == nullptr) newcomer = member.get();
     }
     if (newcomer == nullptr || live <= map.shards_size()) continue;
-    const int32_t new_shard = map.shards_size();
-    std::vector<ChunkSpan> spans;
-    for (const auto& chunk : map.chunks()) spans.push_back({chunk.tensor(), chunk.offset(), chunk.length()});
-    std::vector<int32_t> placement = AssignChunksToShards(spans, new_shard + 1);
-    v1::HandoverRecord handover;
-    handover.set_server_id(newcomer->id);
-    handover.set_new_shard(true);
-    handover.set_shard(new_shard);
-    for (int i = 0; i < map.chunks_size(); ++i) {
-      if (placement[i] != new_shard) continue;  // rendezvous hashing moves chunks only to the new shard
-      v1::ChunkLocation* chunk = map.mutable_chunks(i);
-      (*handover.mutable_moved_from())[chunk->chunk_id()] = chunk->shard();
-      chunk->set_shard(new_shard);
-    }
-    v1::ShardLocation* shard = map.add_shards();
-    shard->set_shard(new_shard);
-    shard->set_server_id(newcomer->id);
-    shard->set_address(newcomer->address);
-    map.set_version(map.version() + 1);
+    v1::HandoverRecord handover = AddShard(&map, {newcomer->id, newcomer->address});
     job->server_addresses[newcomer->id] = newcomer->address;
     SyncShardStatus(job.get());
-    AddEvent(job.get(), absl::StrCat(newcomer->id, " joins as shard ", new_shard, " and takes ",
+    AddEvent(job.get(), absl::StrCat(newcomer->id, " joins as shard ", handover.shard(), " and takes ",
                                      handover.moved_from_size(), " of ", map.chunks_size(),
                                      " chunks (shard map version ", map.version(), ")"));
     // The old replicas first take the new map (and refuse the moved chunks
@@ -498,46 +398,17 @@ void JobManager::FailOver(Job* job, const std::string& server_id, const std::str
   if (job->server_addresses.erase(server_id) == 0) return;
   if (job->phase == Job::Phase::kLoading || job->phase == Job::Phase::kPending) return;  // no shards yet
   v1::ShardMap& map = job->shard_map;
-  std::vector<std::string> changes;
-  const std::set<int32_t> holding = HoldingShards(*job);
   // A backup still copying its state is never promoted.
   const std::string copying = job->handover.has_value() ? job->handover->server_id() : "";
-  for (v1::ShardLocation& shard : *map.mutable_shards()) {
-    if (shard.server_id() == server_id && holding.count(shard.shard()) == 0) {
-      shard.clear_server_id();  // an empty shard: nothing to lose, nothing to lead
-      shard.clear_address();
-      shard.clear_backup_ids();
-      shard.clear_backup_addresses();
-      continue;
+  std::optional<int32_t> lost;
+  const std::vector<std::string> changes = RemoveServer(&map, server_id, HoldingShards(*job), copying, &lost);
+  if (lost.has_value()) {
+    std::string why_lost = absl::StrCat(why, "; it held the only replica of shard ", *lost);
+    if (!RestoreFromCheckpoint(job, why_lost)) {
+      EndJob(job, v1::FAILED, absl::StrCat(why_lost, " (set replicas >= 2, or checkpoints, to survive this)"));
     }
-    if (shard.server_id() == server_id) {
-      int successor = -1;
-      for (int b = 0; b < shard.backup_ids_size() && successor < 0; ++b) {
-        if (shard.backup_ids(b) != copying) successor = b;
-      }
-      if (successor < 0) {
-        std::string lost = absl::StrCat(why, "; it held the only replica of shard ", shard.shard());
-        if (!RestoreFromCheckpoint(job, lost)) {
-          EndJob(job, v1::FAILED, absl::StrCat(lost, " (set replicas >= 2, or checkpoints, to survive this)"));
-        }
-        return;
-      }
-      shard.set_server_id(shard.backup_ids(successor));
-      shard.set_address(shard.backup_addresses(successor));
-      shard.mutable_backup_ids()->DeleteSubrange(successor, 1);
-      shard.mutable_backup_addresses()->DeleteSubrange(successor, 1);
-      changes.push_back(absl::StrCat("shard ", shard.shard(), " primary -> ", shard.server_id()));
-      continue;
-    }
-    for (int b = 0; b < shard.backup_ids_size(); ++b) {
-      if (shard.backup_ids(b) != server_id) continue;
-      shard.mutable_backup_ids()->DeleteSubrange(b, 1);
-      shard.mutable_backup_addresses()->DeleteSubrange(b, 1);
-      changes.push_back(absl::StrCat("shard ", shard.shard(), " lost a backup"));
-      break;
-    }
+    return;
   }
-  map.set_version(map.version() + 1);
   job->status.set_failovers(job->status.failovers() + 1);
   SyncShardStatus(job);
   AddEvent(job, absl::StrCat(why, "; shard map version ", map.version(), ": ", absl::StrJoin(changes, ", ")));
@@ -567,7 +438,7 @@ void JobManager::RunSetup(const std::string& job_id, std::map<std::string, v1::S
       break;
     }
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr || job->phase != Job::Phase::kSettingUp) return;  // ended meanwhile
   if (!failure.ok()) {

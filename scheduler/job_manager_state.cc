@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "fulcrum/v1/scheduler_state.pb.h"
 #include "scheduler/job_manager_internal.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -60,7 +61,7 @@ void JobManager::Flush() {
   std::vector<std::string> deletes;
   v1::SchedulerMeta meta;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (dirty_.empty() && forgotten_.empty()) return;
     deletes.assign(forgotten_.begin(), forgotten_.end());
     forgotten_.clear();
@@ -74,7 +75,7 @@ void JobManager::Flush() {
     meta.set_next_server(next_member_[v1::SERVER]);
     meta.set_next_worker(next_member_[v1::WORKER]);
   }
-  absl::MutexLock lock(&persist_mu_);
+  MutexLock lock(&persist_mu_);
   std::vector<std::pair<std::string, std::string>> puts;
   for (auto& [id, record] : records) {
     int64_t& written = written_[id];
@@ -95,7 +96,7 @@ absl::Status JobManager::Recover() {
   ASSIGN_OR_RETURN(auto meta_entries, store_->Scan(kMetaKey));
   ASSIGN_OR_RETURN(auto job_entries, store_->Scan(kJobPrefix));
   ASSIGN_OR_RETURN(auto manifest_entries, store_->Scan(kManifestPrefix));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (const auto& [key, value] : meta_entries) {
     if (key != kMetaKey) continue;
     v1::SchedulerMeta meta;
@@ -153,7 +154,10 @@ absl::Status JobManager::Recover() {
     if (job->phase == Job::Phase::kSettingUp) job->phase = Job::Phase::kLoading;
     if (job->phase == Job::Phase::kPending) pending_.push_back(job->status.job_id());
     if (job->phase != Job::Phase::kEnded && job->phase != Job::Phase::kPending) ++active;
-    written_[job->status.job_id()] = job->version;
+    {
+      MutexLock persist(&persist_mu_);
+      written_[job->status.job_id()] = job->version;
+    }
     jobs_[job->status.job_id()] = std::move(job);
   }
   for (const auto& [key, value] : manifest_entries) {

@@ -19,6 +19,7 @@
 #include "common/test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/model_from_spec.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -39,20 +40,20 @@ class FakeServers : public ServerControl {
 
   absl::Status SetupJob(const std::string& address,
                         const v1::SetupJobRequest& request) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     setups_.push_back({address, request});
     return setup_result_;
   }
   absl::Status DropJob(const std::string& address, const std::string& job_id,
                        const std::string& reason, bool keep_parameters, int64_t /*map_version*/) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     drops_.push_back({address, job_id, reason, keep_parameters});
     return absl::OkStatus();
   }
 
   absl::Status Reconfigure(const std::string& /*address*/, const std::string& /*job_id*/,
                            const v1::ShardMap& map) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     reconfigures_.push_back(map);
     return absl::OkStatus();
   }
@@ -62,34 +63,34 @@ class FakeServers : public ServerControl {
   }
   absl::Status DeleteCheckpoint(const std::string& address, const std::string& job_id,
                                 int64_t checkpoint_id) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     deleted_checkpoints_.push_back({address, absl::StrCat(job_id, "/", checkpoint_id)});
     return absl::OkStatus();
   }
   std::vector<std::pair<std::string, std::string>> deleted_checkpoints() const {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return deleted_checkpoints_;
   }
   std::vector<v1::ShardMap> reconfigures() const {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return reconfigures_;
   }
 
   void FailSetups(absl::Status status) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     setup_result_ = std::move(status);
   }
   std::vector<Setup> setups() const {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return setups_;
   }
   std::vector<Drop> drops() const {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return drops_;
   }
 
  private:
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   absl::Status setup_result_ ABSL_GUARDED_BY(mu_);
   std::vector<Setup> setups_ ABSL_GUARDED_BY(mu_);
   std::vector<Drop> drops_ ABSL_GUARDED_BY(mu_);

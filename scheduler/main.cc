@@ -11,6 +11,7 @@
 #include "scheduler/job_manager.h"
 #include "scheduler/scheduler_metrics.h"
 #include "scheduler/services.h"
+#include "common/sync.h"
 
 ABSL_FLAG(int, lease_ms, 1800,
           "Membership lease: a member silent this long is declared dead (a failover then takes about this long)");
@@ -96,7 +97,7 @@ int Run(int argc, char** argv) {
   manager.Start();
   // Cluster and job gauges, refreshed once a second.
   SchedulerMetrics scheduler_metrics(&daemon.registry());
-  absl::Notification stop_gauges;
+  Notification stop_gauges;
   std::thread gauges([&] {
     do {
       scheduler_metrics.Update(manager.List(), manager.Members(), absl::Now());

@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -107,7 +108,7 @@ grpc::Status ClusterServiceImpl::Leave(grpc::ServerContext* /*context*/, const v
 }
 
 v1::ParameterService::Stub* GrpcServerControl::Stub(const std::string& address) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto& stub = stubs_[address];
   if (stub == nullptr) stub = v1::ParameterService::NewStub(MakeChannel(address));
   return stub.get();
@@ -122,12 +123,12 @@ absl::Status GrpcServerControl::Call(const std::string& address,
   SetDeadline(&context, seconds);
   v1::ParameterService::Stub* stub = Stub(address);
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (cancelled_) return absl::CancelledError("the scheduler is stopping");
     in_flight_.insert(&context);
   }
   absl::Status status = FromGrpcStatus((stub->*method)(&context, request, response));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   in_flight_.erase(&context);
   return status;
 }
@@ -175,7 +176,7 @@ absl::StatusOr<v1::CheckpointResponse> GrpcServerControl::Checkpoint(const std::
 }
 
 void GrpcServerControl::CancelAll() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   cancelled_ = true;
   for (grpc::ClientContext* context : in_flight_) context->TryCancel();
 }

@@ -14,6 +14,7 @@
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "scheduler/job_manager.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -68,7 +69,7 @@ class GrpcServerControl final : public ServerControl {
   absl::Status Call(const std::string& address,
                     grpc::Status (v1::ParameterService::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
                     const Request& request, Response* response, double seconds);
-  absl::Mutex mu_;  // guards stubs_
+  Mutex mu_;  // guards stubs_
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);  // calls CancelAll cancels
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;

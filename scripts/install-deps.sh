@@ -12,6 +12,7 @@ PACKAGES=(
   python3-numpy  # tests: cross-check exported safetensors files
   prometheus yamllint  # tests: promtool check metrics / test rules, a real Prometheus, YAML lint
   openssl  # scripts/dev-certs.sh (local up --tls)
+  clang clang-tidy libclang-rt-dev  # scripts/checks.sh: -Wthread-safety, ASan/UBSan/TSan, libFuzzer, clang-tidy
   python3-kubernetes  # tests: Kubernetes API schemas (tests/deploy/validate_k8s.py)
   # tests: kubectl with kustomize (tests/deploy/check_k8s.sh), unless another
   # package (e.g. google-cloud-sdk's kubectl) already provides /usr/bin/kubectl

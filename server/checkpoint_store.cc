@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -445,7 +446,7 @@ absl::StatusOr<std::vector<CheckpointStore::ChunkRecordInfo>> CheckpointStore::W
   }
   puts.emplace_back(IndexKey(job_id, checkpoint_id), EncodeIndex(infos));
 
-  absl::MutexLock lock(&mutate_mu_);
+  MutexLock lock(&mutate_mu_);
   ASSIGN_OR_RETURN(std::vector<std::string> stored, StoredChunkKeys(job_id, checkpoint_id));
   // A batch applies its puts before its deletes: delete only chunks not rewritten.
   std::set<std::string> rewritten;
@@ -525,7 +526,7 @@ absl::StatusOr<std::vector<std::string>> CheckpointStore::StoredChunkKeys(const 
 
 absl::Status CheckpointStore::Delete(const std::string& job_id, int64_t checkpoint_id) {
   RETURN_IF_ERROR(CheckIds(job_id, checkpoint_id));
-  absl::MutexLock lock(&mutate_mu_);
+  MutexLock lock(&mutate_mu_);
   ASSIGN_OR_RETURN(std::vector<std::string> keys, StoredChunkKeys(job_id, checkpoint_id));
   keys.push_back(IndexKey(job_id, checkpoint_id));
   return Annotate(kv_->Write({}, keys), absl::StrCat("deleting ", Describe(job_id, checkpoint_id)));
@@ -533,7 +534,7 @@ absl::Status CheckpointStore::Delete(const std::string& job_id, int64_t checkpoi
 
 absl::Status CheckpointStore::DeleteJob(const std::string& job_id) {
   RETURN_IF_ERROR(CheckJobId(job_id));
-  absl::MutexLock lock(&mutate_mu_);
+  MutexLock lock(&mutate_mu_);
   ASSIGN_OR_RETURN(std::vector<int64_t> checkpoint_ids, List(job_id));
   std::vector<std::string> keys;
   for (int64_t checkpoint_id : checkpoint_ids) {
@@ -575,7 +576,7 @@ absl::StatusOr<std::vector<int32_t>> CheckpointStore::Chunks(const std::string& 
 // ---------------------------------------------------------------- writer
 
 CheckpointWriter::CheckpointWriter(CheckpointStore* store) : store_(store) {
-  absl::MutexLock lock(&join_mu_);
+  MutexLock lock(&join_mu_);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -584,7 +585,7 @@ CheckpointWriter::~CheckpointWriter() { Stop(); }
 void CheckpointWriter::Enqueue(std::string job_id, int64_t checkpoint_id,
                                std::vector<std::pair<int32_t, ChunkSnapshot>> chunks, Done done) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!stopping_) {
       queue_.push_back(Task{std::move(job_id), checkpoint_id, std::move(chunks), std::move(done)});
       return;
@@ -598,10 +599,10 @@ void CheckpointWriter::Enqueue(std::string job_id, int64_t checkpoint_id,
 
 void CheckpointWriter::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  absl::MutexLock lock(&join_mu_);
+  MutexLock lock(&join_mu_);
   if (thread_.joinable()) thread_.join();
 }
 
@@ -611,7 +612,7 @@ void CheckpointWriter::Loop() {
   while (true) {
     Task task;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       mu_.Await(absl::Condition(this, &CheckpointWriter::HasWorkOrStopping));
       if (queue_.empty()) return;  // stopping, and everything queued is written
       task = std::move(queue_.front());

@@ -41,6 +41,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/kv_store.h"
 #include "server/parameter_store.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -106,7 +107,7 @@ class CheckpointStore {
   KvStore* const kv_;
   // Serializes the mutations, each of which reads the stored chunk keys of a
   // checkpoint before it writes; guards the consistency of the key space.
-  absl::Mutex mutate_mu_;
+  Mutex mutate_mu_;
 };
 
 // Background checkpoint writes on one owned thread, in Enqueue order.
@@ -146,10 +147,10 @@ class CheckpointWriter {
   bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CheckpointStore* const store_;
-  absl::Mutex mu_;  // guards queue_ and stopping_
+  Mutex mu_;  // guards queue_ and stopping_
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Mutex join_mu_;  // guards thread_ (joined once); never held with mu_
+  Mutex join_mu_;  // guards thread_ (joined once); never held with mu_
   std::thread thread_ ABSL_GUARDED_BY(join_mu_);
 };
 

@@ -19,6 +19,7 @@
 #include "common/kv_store.h"
 #include "common/test_util.h"
 #include "gtest/gtest.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -78,7 +79,7 @@ class FaultyKvStore final : public KvStore {
                      const std::vector<std::string>& deletes) override {
     if (hold_ != nullptr) hold_->WaitForNotification();
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (fail_writes_) return absl::UnavailableError("RocksDB write: IO error: No space left on device");
     }
     return base_->Write(puts, deletes);
@@ -89,16 +90,16 @@ class FaultyKvStore final : public KvStore {
   }
 
   void set_fail_writes(bool fail) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     fail_writes_ = fail;
   }
   // Writes wait until `hold` is notified. Set before the store is shared.
-  void set_hold(absl::Notification* hold) { hold_ = hold; }
+  void set_hold(Notification* hold) { hold_ = hold; }
 
  private:
   KvStore* const base_;
-  absl::Notification* hold_ = nullptr;
-  absl::Mutex mu_;  // guards fail_writes_
+  Notification* hold_ = nullptr;
+  Mutex mu_;  // guards fail_writes_
   bool fail_writes_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -432,28 +433,28 @@ class DoneLog {
  public:
   CheckpointWriter::Done For(int64_t checkpoint_id) {
     return [this, checkpoint_id](absl::StatusOr<std::vector<CheckpointStore::ChunkRecordInfo>> result) {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       ids_.push_back(checkpoint_id);
       statuses_.push_back(result.status());
       on_caller_thread_ = on_caller_thread_ || std::this_thread::get_id() == caller_;
     };
   }
   std::vector<int64_t> ids() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return ids_;
   }
   std::vector<absl::Status> statuses() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return statuses_;
   }
   bool on_caller_thread() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return on_caller_thread_;
   }
 
  private:
   const std::thread::id caller_ = std::this_thread::get_id();
-  absl::Mutex mu_;  // guards the members below
+  Mutex mu_;  // guards the members below
   std::vector<int64_t> ids_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
   bool on_caller_thread_ ABSL_GUARDED_BY(mu_) = false;
@@ -462,7 +463,7 @@ class DoneLog {
 TEST(CheckpointWriterTest, RunsQueuedWritesInOrderOnItsThread) {
   std::unique_ptr<KvStore> kv = NewMemoryStore();
   FaultyKvStore held(kv.get());
-  absl::Notification release;
+  Notification release;
   held.set_hold(&release);
   CheckpointStore store(&held);
   DoneLog log;

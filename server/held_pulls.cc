@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -16,7 +17,7 @@ HeldPulls::~HeldPulls() {
   std::list<std::shared_ptr<HeldPull>> held;
   std::deque<std::shared_ptr<HeldPull>> ready;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
     held.swap(held_);
     ready.swap(ready_);
@@ -29,7 +30,7 @@ HeldPulls::~HeldPulls() {
 }
 
 absl::Status HeldPulls::Hold(std::shared_ptr<HeldPull> pull) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the server is stopping");
   if (static_cast<int>(held_.size()) >= options_.max_held) {
     return absl::ResourceExhaustedError(absl::StrCat("this server already holds ", held_.size(),
@@ -41,12 +42,12 @@ absl::Status HeldPulls::Hold(std::shared_ptr<HeldPull> pull) {
 }
 
 void HeldPulls::Poke() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   poked_ = true;
 }
 
 size_t HeldPulls::held() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return held_.size();
 }
 
@@ -55,7 +56,7 @@ void HeldPulls::CheckLoop() {
   while (true) {
     std::vector<std::shared_ptr<HeldPull>> pulls;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       absl::Time wake = absl::Now() + options_.recheck;
       for (const auto& pull : held_) wake = std::min(wake, pull->deadline());
       mu_.AwaitWithDeadline(absl::Condition(&woken), wake);
@@ -78,7 +79,7 @@ void HeldPulls::CheckLoop() {
     }
     if (done.empty() && failed_deadline.empty() && failed_cancel.empty()) continue;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto leaving = [&](const std::shared_ptr<HeldPull>& pull) {
         for (auto* group : {&done, &failed_deadline, &failed_cancel}) {
           if (std::find(group->begin(), group->end(), pull) != group->end()) return true;
@@ -101,7 +102,7 @@ void HeldPulls::PoolLoop() {
   while (true) {
     std::shared_ptr<HeldPull> pull;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       mu_.Await(absl::Condition(&work));
       if (stopping_) return;
       pull = std::move(ready_.front());

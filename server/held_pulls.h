@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -66,7 +67,7 @@ class HeldPulls {
   void PoolLoop();
 
   const Options options_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::list<std::shared_ptr<HeldPull>> held_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<HeldPull>> ready_ ABSL_GUARDED_BY(mu_);  // for the pool
   bool poked_ ABSL_GUARDED_BY(mu_) = false;

@@ -6,6 +6,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -29,7 +30,7 @@ class FakePull final : public HeldPull {
   std::atomic<bool> ready{false};
   std::atomic<bool> cancel{false};
   std::atomic<absl::StatusCode> code{absl::StatusCode::kUnknown};
-  absl::Notification ended;
+  Notification ended;
 
  private:
   const absl::Time deadline_;

@@ -14,6 +14,7 @@
 #include "common/rpc.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -357,7 +358,7 @@ absl::Status ParameterServiceImpl::ApplyPush(JobShard* shard, const v1::PushRequ
 }
 
 v1::ParameterService::Stub* ParameterServiceImpl::BackupStub(const std::string& address) {
-  absl::MutexLock lock(&stubs_mu_);
+  MutexLock lock(&stubs_mu_);
   auto& stub = stubs_[address];
   if (stub == nullptr) stub = v1::ParameterService::NewStub(MakeChannel(address));
   return stub.get();
@@ -384,29 +385,29 @@ absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const
     grpc::Status status;
   };
   std::map<std::string, Call> calls;
-  absl::Mutex mu;
+  Mutex mu;
   size_t remaining = forwards.size();
   {
     // Reconfigure cancels forwards in flight: a backup that stopped must not
     // hold this push (and the role change waiting for it) to the deadline.
-    absl::MutexLock lock(&forwards_mu_);
+    MutexLock lock(&forwards_mu_);
     for (auto& [address, forward] : forwards) forwards_in_flight_.emplace(&calls[address].context, request.job_id());
   }
   for (auto& [address, forward] : forwards) {
     Call& call = calls[address];
     SetDeadline(&call.context, 10.0);
     BackupStub(address)->async()->Replicate(&call.context, &forward, &call.response, [&](grpc::Status status) {
-      absl::MutexLock lock(&mu);
+      MutexLock lock(&mu);
       call.status = std::move(status);
       --remaining;
     });
   }
   {
-    absl::MutexLock lock(&mu);
+    MutexLock lock(&mu);
     mu.Await(absl::Condition(+[](size_t* r) { return *r == 0; }, &remaining));
   }
   {
-    absl::MutexLock lock(&forwards_mu_);
+    MutexLock lock(&forwards_mu_);
     for (auto& [address, call] : calls) forwards_in_flight_.erase(&call.context);
   }
   replication_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
@@ -424,7 +425,7 @@ absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const
 
 grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* /*context*/, const v1::PushRequest* request,
                                         v1::PushResponse* response) {
-  absl::ReaderMutexLock writes(&writes_mu_);
+  ReaderMutexLock writes(&writes_mu_);
   const int64_t received = request->ByteSizeLong();
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("Push", shard.status(), received, 0);
@@ -441,7 +442,7 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* /*context*/, const 
   // acknowledged update survives the primary's death. Retries are safe: every
   // replica deduplicates.
   // ASP/SSP: one push at a time from forward to apply (see replication_order).
-  absl::MutexLockMaybe order((*shard)->config().synchronous ? nullptr : &(*shard)->replication_order());
+  MutexLockMaybe order((*shard)->config().synchronous ? nullptr : &(*shard)->replication_order());
   if (status.ok()) status = ForwardToBackups(**shard, *request);
   if (status.ok()) status = ApplyPush(shard->get(), *request, response);
   return Finish("Push", status, received, response->ByteSizeLong());
@@ -449,7 +450,7 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* /*context*/, const 
 
 grpc::Status ParameterServiceImpl::Replicate(grpc::ServerContext* /*context*/, const v1::PushRequest* request,
                                              v1::PushResponse* response) {
-  absl::ReaderMutexLock writes(&writes_mu_);
+  ReaderMutexLock writes(&writes_mu_);
   const int64_t received = request->ByteSizeLong();
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("Replicate", shard.status(), received, 0);
@@ -465,12 +466,12 @@ grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext* /*context*/,
     // The roles change: forwards to backups still in flight (one that
     // stopped would hold them, and this call behind them, to their deadline)
     // are cancelled; their pushes fail and are retried on the new map.
-    absl::MutexLock lock(&forwards_mu_);
+    MutexLock lock(&forwards_mu_);
     for (const auto& [forward, job_id] : forwards_in_flight_) {
       if (job_id == request->job_id()) forward->TryCancel();
     }
   }
-  absl::MutexLock writes(&writes_mu_);
+  MutexLock writes(&writes_mu_);
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("Reconfigure", shard.status(), request->ByteSizeLong(), 0);
   absl::Status status =
@@ -620,13 +621,13 @@ class PendingPull final : public HeldPull {
 class PullReactor final : public grpc::ServerUnaryReactor {
  public:
   void set_pull(std::shared_ptr<PendingPull> pull, HeldPulls* held) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     pull_ = std::move(pull);
     held_ = held;
     if (cancelled_) pull_->Cancel();  // the caller gave up before it was held
   }
   void OnCancel() override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     cancelled_ = true;
     if (pull_ != nullptr) {
       pull_->Cancel();
@@ -636,13 +637,27 @@ class PullReactor final : public grpc::ServerUnaryReactor {
   void OnDone() override { delete this; }
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   std::shared_ptr<PendingPull> pull_ ABSL_GUARDED_BY(mu_);
   HeldPulls* held_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
+
+absl::StatusOr<std::shared_ptr<HeldPull>> ParameterServiceImpl::StartPull(const v1::PullRequest& request,
+                                                                           v1::PullResponse* response,
+                                                                           absl::Time deadline,
+                                                                           std::function<void(const absl::Status&)> finish) {
+  ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
+  RETURN_IF_ERROR(CheckPull(*shard, request));
+  auto pull = std::make_shared<PendingPull>(std::move(shard), request, response, deadline, std::move(finish));
+  if (pull->Ready()) {  // the common case: no waiting, answered on this thread
+    pull->Complete();
+    return nullptr;
+  }
+  return pull;
+}
 
 grpc::ServerUnaryReactor* ParameterServiceImpl::Pull(grpc::CallbackServerContext* context,
                                                      const v1::PullRequest* request, v1::PullResponse* response) {
@@ -651,19 +666,13 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Pull(grpc::CallbackServerContext
   auto finish = [this, reactor, received, response](const absl::Status& status) {
     reactor->Finish(Finish("Pull", status, received, status.ok() ? response->ByteSizeLong() : 0));
   };
-  auto shard = store_->Find(request->job_id());
-  absl::Status checked = shard.ok() ? CheckPull(**shard, *request) : shard.status();
-  if (!checked.ok()) {
-    finish(checked);
-    return reactor;
+  absl::StatusOr<std::shared_ptr<HeldPull>> pull = StartPull(*request, response, PullDeadline(*context), finish);
+  if (!pull.ok()) {
+    finish(pull.status());
+  } else if (*pull != nullptr) {
+    reactor->set_pull(std::static_pointer_cast<PendingPull>(*pull), held_pulls_.get());
+    if (absl::Status held = held_pulls_->Hold(*pull); !held.ok()) (*pull)->Fail(held);
   }
-  auto pull = std::make_shared<PendingPull>(*shard, *request, response, PullDeadline(*context), finish);
-  if (pull->Ready()) {  // the common case: no waiting, answered on this thread
-    pull->Complete();
-    return reactor;
-  }
-  reactor->set_pull(pull, held_pulls_.get());
-  if (absl::Status held = held_pulls_->Hold(pull); !held.ok()) pull->Fail(held);
   return reactor;
 }
 

@@ -15,6 +15,7 @@
 #include "server/checkpoint_store.h"
 #include "server/held_pulls.h"
 #include "server/parameter_store.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -50,6 +51,13 @@ class ParameterServiceImpl final : public v1::ParameterService::WithCallbackMeth
                     v1::PushResponse* response) override;
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const v1::PullRequest* request,
                                  v1::PullResponse* response) override;
+  // A Pull without gRPC: checks it, answers it at once (calling `finish` and
+  // returning nullptr) when its chunks are there, else returns the pull to
+  // hold (see HeldPulls); an error (not passed to `finish`) when refused.
+  // `response` must outlive `finish`.
+  absl::StatusOr<std::shared_ptr<HeldPull>> StartPull(const v1::PullRequest& request, v1::PullResponse* response,
+                                                       absl::Time deadline,
+                                                       std::function<void(const absl::Status&)> finish);
   grpc::Status Replicate(grpc::ServerContext* context, const v1::PushRequest* request,
                          v1::PushResponse* response) override;
   grpc::Status Reconfigure(grpc::ServerContext* context, const v1::ReconfigureRequest* request,
@@ -103,10 +111,10 @@ class ParameterServiceImpl final : public v1::ParameterService::WithCallbackMeth
   // Pushes and replications hold it shared from their checks to their apply;
   // Reconfigure holds it exclusively, so no push straddles a role change
   // (a new backup then copies a state no push can change unseen).
-  absl::Mutex writes_mu_;
-  absl::Mutex forwards_mu_;  // guards forwards_in_flight_
+  Mutex writes_mu_;
+  Mutex forwards_mu_;  // guards forwards_in_flight_
   std::map<grpc::ClientContext*, std::string> forwards_in_flight_ ABSL_GUARDED_BY(forwards_mu_);  // -> job id
-  absl::Mutex stubs_mu_;  // guards stubs_
+  Mutex stubs_mu_;  // guards stubs_
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(stubs_mu_);
   prometheus::Counter* updates_applied_;
   prometheus::Counter* duplicates_;

@@ -14,6 +14,7 @@
 #include "common/rpc.h"
 #include "common/status_macros.h"
 #include "server/parameter_service.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -52,7 +53,7 @@ grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* /*context*/, 
   }
   // The request path only waits here; the write itself runs on the writer
   // thread, so pushes and pulls of every job go on meanwhile.
-  absl::Notification written;
+  Notification written;
   absl::StatusOr<std::vector<CheckpointStore::ChunkRecordInfo>> result;
   writer_->Enqueue(request->job_id(), request->checkpoint_id(), *std::move(snapshots),
                    [&](absl::StatusOr<std::vector<CheckpointStore::ChunkRecordInfo>> r) {

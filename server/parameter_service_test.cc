@@ -33,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "server/checkpoint_store.h"
 #include "server/parameter_store.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -435,7 +436,7 @@ TEST_F(ParameterServiceTest, ACancelledHeldPullIsLetGo) {
   v1::PullResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, 60.0);
-  absl::Notification finished;
+  Notification finished;
   grpc::Status status;
   server_->stub()->async()->Pull(&context, &request, &response, [&](grpc::Status s) {
     status = std::move(s);
@@ -480,7 +481,7 @@ TEST_F(ParameterServiceTest, HeldPullsDoNotCostAThreadEach) {
   struct Call {
     grpc::ClientContext context;
     v1::PullResponse response;
-    absl::Notification done;
+    Notification done;
   };
   std::vector<std::unique_ptr<Call>> calls;
   for (int i = 0; i < kPulls; ++i) {

@@ -9,11 +9,12 @@
 #include "common/memory_budget.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 
 Chunk::Chunk(const ChunkConfig& config, const JobShardConfig& job) : config_(config), job_(job) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   values_.resize(config.length);
   FillInit(config.init, config.init_scale, job.seed, static_cast<uint32_t>(config.tensor),
            config.offset, config.length, values_.data());
@@ -36,7 +37,7 @@ absl::Status Chunk::DroppedError() const {
 }
 
 int64_t Chunk::version() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return version_;
 }
 
@@ -85,7 +86,7 @@ absl::Status DecodeGradient(const PushArgs& args, const ChunkConfig& config, con
 absl::Status Chunk::Validate(const PushArgs& args) const {
   std::vector<float> grad;
   RETURN_IF_ERROR(DecodeGradient(args, config_, job_.job_id, &grad));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return CheckPush(args);
 }
 
@@ -93,7 +94,7 @@ absl::StatusOr<PushOutcome> Chunk::Push(const PushArgs& args) {
   // Decode and validate outside the lock: it is the expensive part.
   std::vector<float> grad;
   RETURN_IF_ERROR(DecodeGradient(args, config_, job_.job_id, &grad));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckPush(args));
   auto mark = watermarks_.find(args.worker_id);
   if (mark != watermarks_.end() && args.seq <= mark->second) return PushOutcome::kDuplicate;
@@ -154,7 +155,7 @@ absl::Status Chunk::Pull(int64_t min_version, int64_t min_clock, absl::Time dead
                          const std::function<bool()>& cancelled) {
   // How often a waiting pull asks whether its caller gave up.
   constexpr absl::Duration kCancelCheck = absl::Milliseconds(50);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ReadyLocked(min_version, min_clock); };
   while (!ready()) {
     if (cancelled && cancelled()) {
@@ -185,12 +186,12 @@ bool Chunk::ReadyLocked(int64_t min_version, int64_t min_clock) const {
 }
 
 bool Chunk::Ready(int64_t min_version, int64_t min_clock) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return ReadyLocked(min_version, min_clock);
 }
 
 absl::Status Chunk::Read(v1::WireFormat format, std::string* data, int64_t* version, int64_t* clock) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (!dropped_reason_.empty()) return DroppedError();
   EncodeValues(format, values_.data(), config_.length, data);
   *version = version_;
@@ -204,7 +205,7 @@ void Chunk::ChangedLocked() {
 }
 
 ChunkSnapshot Chunk::Snapshot() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return SnapshotLocked();
 }
 
@@ -226,7 +227,7 @@ ChunkSnapshot Chunk::SnapshotLocked() const {
 }
 
 absl::Status Chunk::Restore(const ChunkSnapshot& snapshot) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   bool fits = snapshot.values.size() == values_.size() && snapshot.optimizer_state.size() == state_.size() &&
               snapshot.pending.size() == pending_.size() && snapshot.partition_steps.size() == partition_steps_.size();
   for (size_t i = 0; fits && i < state_.size(); ++i) fits = snapshot.optimizer_state[i].size() == state_[i].size();
@@ -252,7 +253,7 @@ absl::Status Chunk::Restore(const ChunkSnapshot& snapshot) {
 absl::Status Chunk::RestoreCheckpoint(ChunkSnapshot snapshot, bool repartition, int64_t version,
                                       int64_t partition_step) {
   if (repartition) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     snapshot.pending.assign(pending_.size(), {});
     snapshot.partition_steps.assign(partition_steps_.size(), partition_step);
     snapshot.version = version;
@@ -271,7 +272,7 @@ void Chunk::CaptureLocked() {
 }
 
 absl::Status Chunk::ArmCapture(int64_t checkpoint_id, int64_t at_version) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (at_version > 0 && version_ > at_version) {
     return absl::AbortedError(absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id, " is at version ",
                                            version_, ", past the checkpoint's ", at_version));
@@ -284,7 +285,7 @@ absl::Status Chunk::ArmCapture(int64_t checkpoint_id, int64_t at_version) {
 }
 
 absl::StatusOr<ChunkSnapshot> Chunk::TakeCapture(int64_t checkpoint_id, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = captures_.find(checkpoint_id);
   if (it == captures_.end()) {
     return absl::NotFoundError(absl::StrCat("no checkpoint ", checkpoint_id, " armed on chunk ", config_.chunk_id));
@@ -308,18 +309,18 @@ absl::StatusOr<ChunkSnapshot> Chunk::TakeCapture(int64_t checkpoint_id, absl::Ti
 }
 
 void Chunk::Disarm(int64_t checkpoint_id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   captures_.erase(checkpoint_id);
 }
 
 void Chunk::Freeze(const std::string& reason) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   frozen_reason_ = reason.empty() ? "finished" : reason;
   ChangedLocked();
 }
 
 void Chunk::Drop(const std::string& reason) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   dropped_reason_ = reason.empty() ? "dropped" : reason;
   ChangedLocked();
 }
@@ -339,7 +340,7 @@ int64_t JobShard::ConfigBytes(const JobShardConfig& config) {
 }
 
 int64_t JobShard::bytes() const {
-  absl::MutexLock lock(&chunks_mu_);
+  MutexLock lock(&chunks_mu_);
   int64_t bytes = 0;
   for (const auto& [id, chunk] : chunks_) bytes += ChunkBytes(chunk->length(), config_);
   return bytes;
@@ -367,12 +368,12 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::CreateChunks(JobShardConfig 
   std::unique_ptr<JobShard> shard(new JobShard(std::move(config)));
   for (const ChunkConfig& chunk : shard->config_.chunks) {
     {
-      absl::MutexLock lock(&shard->roles_mu_);
+      MutexLock lock(&shard->roles_mu_);
       shard->shard_of_[chunk.chunk_id] = chunk.shard;
     }
     auto [it, inserted] =
         [&] {
-          absl::MutexLock lock(&shard->chunks_mu_);
+          MutexLock lock(&shard->chunks_mu_);
           return shard->chunks_.emplace(chunk.chunk_id, std::make_unique<Chunk>(chunk, shard->config_));
         }();
     if (!inserted) {
@@ -384,7 +385,7 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::CreateChunks(JobShardConfig 
 }
 
 absl::StatusOr<Chunk*> JobShard::Find(int32_t chunk_id) const {
-  absl::MutexLock lock(&chunks_mu_);
+  MutexLock lock(&chunks_mu_);
   if (copying_.count(chunk_id) > 0) {
     return absl::UnavailableError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
                                                " is being copied to this server: retry"));
@@ -436,7 +437,7 @@ absl::Status JobShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot) 
 }
 
 void JobShard::BeginCopy(const std::vector<int32_t>& chunk_ids) {
-  absl::MutexLock lock(&chunks_mu_);
+  MutexLock lock(&chunks_mu_);
   copying_.insert(chunk_ids.begin(), chunk_ids.end());
 }
 
@@ -446,17 +447,17 @@ absl::Status JobShard::AdoptChunks(const std::vector<ChunkConfig>& chunks,
   for (size_t i = 0; i < chunks.size(); ++i) {
     Chunk* chunk = nullptr;
     {
-      absl::MutexLock lock(&chunks_mu_);
+      MutexLock lock(&chunks_mu_);
       auto& slot = chunks_[chunks[i].chunk_id];
       if (slot == nullptr) slot = std::make_unique<Chunk>(chunks[i], config_);
       chunk = slot.get();
     }
     {
-      absl::MutexLock lock(&roles_mu_);
+      MutexLock lock(&roles_mu_);
       shard_of_[chunks[i].chunk_id] = chunks[i].shard;
     }
     RETURN_IF_ERROR(chunk->Restore(snapshots[i]));
-    absl::MutexLock lock(&chunks_mu_);
+    MutexLock lock(&chunks_mu_);
     copying_.erase(chunks[i].chunk_id);
   }
   return absl::OkStatus();
@@ -467,7 +468,7 @@ absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> JobShard::Capture
                                                                                     absl::Time deadline) {
   std::vector<std::pair<int32_t, Chunk*>> chunks;
   {
-    absl::MutexLock lock(&chunks_mu_);
+    MutexLock lock(&chunks_mu_);
     for (const auto& [id, chunk] : chunks_) chunks.emplace_back(id, chunk.get());
   }
   auto disarm = [&] {
@@ -492,7 +493,7 @@ absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> JobShard::Capture
 }
 
 std::pair<int64_t, int64_t> JobShard::VersionRange() const {
-  absl::MutexLock lock(&chunks_mu_);
+  MutexLock lock(&chunks_mu_);
   if (chunks_.empty()) return {0, 0};
   int64_t low = INT64_MAX, high = 0;
   for (const auto& [id, chunk] : chunks_) {
@@ -511,7 +512,7 @@ absl::Status JobShard::RestoreCheckpoint(int32_t chunk_id, ChunkSnapshot snapsho
 
 std::vector<int32_t> JobShard::chunk_ids() const {
   std::vector<int32_t> ids;
-  absl::MutexLock lock(&chunks_mu_);
+  MutexLock lock(&chunks_mu_);
   for (const auto& [id, chunk] : chunks_) ids.push_back(id);
   return ids;
 }
@@ -523,7 +524,7 @@ absl::Status JobShard::Validate(const PushArgs& args) {
 
 absl::Status JobShard::Configure(int64_t version, std::map<int32_t, ShardRole> roles,
                                  std::map<int32_t, int32_t> chunk_shards) {
-  absl::MutexLock lock(&roles_mu_);
+  MutexLock lock(&roles_mu_);
   if (version < map_version_) {
     return absl::FailedPreconditionError(absl::StrCat("job ", config_.job_id, ": shard map version ", version,
                                                       " is older than the one held (", map_version_, ")"));
@@ -539,12 +540,12 @@ absl::Status JobShard::Configure(int64_t version, std::map<int32_t, ShardRole> r
 }
 
 int64_t JobShard::map_version() const {
-  absl::MutexLock lock(&roles_mu_);
+  MutexLock lock(&roles_mu_);
   return map_version_;
 }
 
 absl::StatusOr<JobShard::ShardRole> JobShard::RoleOf(int32_t chunk_id) const {
-  absl::MutexLock lock(&roles_mu_);
+  MutexLock lock(&roles_mu_);
   auto shard = shard_of_.find(chunk_id);
   if (shard == shard_of_.end()) {
     return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
@@ -560,12 +561,12 @@ absl::StatusOr<JobShard::ShardRole> JobShard::RoleOf(int32_t chunk_id) const {
 }
 
 void JobShard::Drop(const std::string& reason) {
-  absl::MutexLock lock(&chunks_mu_);
+  MutexLock lock(&chunks_mu_);
   for (auto& [id, chunk] : chunks_) chunk->Drop(reason);
 }
 
 void JobShard::Freeze(const std::string& reason) {
-  absl::MutexLock lock(&chunks_mu_);
+  MutexLock lock(&chunks_mu_);
   for (auto& [id, chunk] : chunks_) chunk->Freeze(reason);
 }
 
@@ -573,7 +574,7 @@ absl::Status ParameterStore::CheckFits(const std::string& job_id, int64_t more_b
   if (memory_budget_ <= 0) return absl::OkStatus();
   int64_t held = 0;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (const auto& [id, shard] : jobs_) {
       if (!(replacing && id == job_id)) held += shard->bytes();
     }
@@ -585,7 +586,7 @@ absl::Status ParameterStore::CheckFits(const std::string& job_id, int64_t more_b
 }
 
 int64_t ParameterStore::bytes() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   int64_t bytes = 0;
   for (const auto& [id, shard] : jobs_) bytes += shard->bytes();
   return bytes;
@@ -605,7 +606,7 @@ void ParameterStore::Install(std::unique_ptr<JobShard> shard) {
   std::string job_id = shard->config().job_id;
   std::shared_ptr<JobShard> old;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto& slot = jobs_[job_id];
     old = std::move(slot);
     slot = std::move(shard);
@@ -617,7 +618,7 @@ bool ParameterStore::DropJob(const std::string& job_id, const std::string& reaso
                              bool keep_parameters, int64_t map_version) {
   std::shared_ptr<JobShard> shard;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return true;
     if (map_version > 0 && it->second->map_version() > map_version) return false;
@@ -633,7 +634,7 @@ bool ParameterStore::DropJob(const std::string& job_id, const std::string& reaso
 }
 
 absl::StatusOr<std::shared_ptr<JobShard>> ParameterStore::Find(const std::string& job_id) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " is not set up on this server"));
@@ -642,14 +643,14 @@ absl::StatusOr<std::shared_ptr<JobShard>> ParameterStore::Find(const std::string
 }
 
 std::vector<std::string> ParameterStore::JobIds() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<std::string> ids;
   for (const auto& [id, shard] : jobs_) ids.push_back(id);
   return ids;
 }
 
 size_t ParameterStore::num_jobs() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return jobs_.size();
 }
 

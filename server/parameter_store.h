@@ -23,6 +23,7 @@
 #include "fulcrum/v1/job.pb.h"
 #include "server/lr_schedule.h"
 #include "server/optimizer.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -162,8 +163,8 @@ class Chunk {
 
   const ChunkConfig config_;
   const JobShardConfig& job_;
-  mutable absl::Mutex mu_;  // guards everything below
-  absl::CondVar updated_;
+  mutable Mutex mu_;  // guards everything below
+  CondVar updated_;
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<float>> state_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
@@ -238,7 +239,7 @@ class JobShard {
   // ASP/SSP primaries hold it from forwarding a push to their backups until
   // they have applied it, so every replica applies pushes in one order and
   // replicas stay bit-identical (BSP sums in partition order anyway).
-  absl::Mutex& replication_order() { return replication_order_; }
+  Mutex& replication_order() { return replication_order_; }
 
   // Replication roles, per shard of the job, under a shard-map version.
   struct ShardRole {
@@ -261,11 +262,11 @@ class JobShard {
   absl::StatusOr<Chunk*> Find(int32_t chunk_id) const;
 
   const JobShardConfig config_;
-  absl::Mutex replication_order_;
-  mutable absl::Mutex chunks_mu_ ABSL_ACQUIRED_BEFORE(roles_mu_);  // guards chunks_ (chunks are never removed)
+  Mutex replication_order_;
+  mutable Mutex chunks_mu_ ABSL_ACQUIRED_BEFORE(roles_mu_);  // guards chunks_ (chunks are never removed)
   std::map<int32_t, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(chunks_mu_);
   std::set<int32_t> copying_ ABSL_GUARDED_BY(chunks_mu_);  // see BeginCopy
-  mutable absl::Mutex roles_mu_;                      // guards the roles below
+  mutable Mutex roles_mu_;                      // guards the roles below
   std::map<int32_t, int32_t> shard_of_ ABSL_GUARDED_BY(roles_mu_);  // chunk id -> shard
   int64_t map_version_ ABSL_GUARDED_BY(roles_mu_) = 0;
   std::map<int32_t, ShardRole> roles_ ABSL_GUARDED_BY(roles_mu_);
@@ -307,7 +308,7 @@ class ParameterStore {
 
  private:
   const int64_t memory_budget_;
-  mutable absl::Mutex mu_;  // guards jobs_
+  mutable Mutex mu_;  // guards jobs_
   std::map<std::string, std::shared_ptr<JobShard>> jobs_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -107,7 +107,7 @@ PushArgs Args(const std::string& worker, int32_t rank, int64_t seq,
 
 class ParameterStoreTest : public ::testing::Test {
  protected:
-  std::shared_ptr<JobShard> Setup(JobShardConfig config) {
+  std::shared_ptr<JobShard> SetUpJob(JobShardConfig config) {
     const std::string job_id = config.job_id;
     EXPECT_TRUE(store_.SetupJob(std::move(config)).ok());
     absl::StatusOr<std::shared_ptr<JobShard>> shard = store_.Find(job_id);
@@ -127,7 +127,7 @@ class ParameterStoreTest : public ::testing::Test {
 };
 
 TEST_F(ParameterStoreTest, InitialValuesMatchFillInitForTheChunkRange) {
-  std::shared_ptr<JobShard> shard = Setup(TestJob(/*synchronous=*/true, 2));
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(/*synchronous=*/true, 2));
   ASSERT_NE(shard, nullptr);
   int64_t version = -1;
   const std::vector<float> values = PullNow(shard.get(), &version);
@@ -147,14 +147,14 @@ TEST_F(ParameterStoreTest, InitialValuesMatchFillInitForTheChunkRange) {
 TEST_F(ParameterStoreTest, ZerosInitIsZero) {
   JobShardConfig config = TestJob(true, 1);
   config.chunks[0].init = InitKind::kZeros;
-  std::shared_ptr<JobShard> shard = Setup(std::move(config));
+  std::shared_ptr<JobShard> shard = SetUpJob(std::move(config));
   ASSERT_NE(shard, nullptr);
   int64_t version = -1;
   EXPECT_EQ(PullNow(shard.get(), &version), std::vector<float>(kLength, 0.0f));
 }
 
 TEST_F(ParameterStoreTest, AspPushAppliesImmediately) {
-  std::shared_ptr<JobShard> shard = Setup(TestJob(/*synchronous=*/false, 2));
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(/*synchronous=*/false, 2));
   ASSERT_NE(shard, nullptr);
   const std::vector<float> g = Grad(1.0f);
   const std::string bytes = Encode(g);
@@ -181,7 +181,7 @@ TEST_F(ParameterStoreTest, AspPushAppliesImmediately) {
 }
 
 TEST_F(ParameterStoreTest, BspWaitsForEveryRankThenAppliesTheMean) {
-  std::shared_ptr<JobShard> shard = Setup(TestJob(/*synchronous=*/true, 2));
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(/*synchronous=*/true, 2));
   ASSERT_NE(shard, nullptr);
   const std::vector<float> g0 = Grad(1.0f);
   const std::vector<float> g1 = Grad(3.0f);
@@ -220,7 +220,7 @@ TEST_F(ParameterStoreTest, BspWaitsForEveryRankThenAppliesTheMean) {
 // A worker that gives up a held pull (it cancels the RPC) frees the server
 // thread waiting for the step, long before the pull's deadline.
 TEST_F(ParameterStoreTest, AWaitingPullEndsOnceItsCallerGivesUp) {
-  std::shared_ptr<JobShard> shard = Setup(TestJob(/*synchronous=*/true, 2));
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(/*synchronous=*/true, 2));
   ASSERT_NE(shard, nullptr);
   int asked = 0;
   auto cancelled = [&asked] { return ++asked > 2; };  // gives up at the third look
@@ -254,7 +254,7 @@ TEST_F(ParameterStoreTest, BspSumsInRankOrderRegardlessOfArrivalOrder) {
   int job = 0;
   do {
     const std::string job_id = "job-order-" + std::to_string(job++);
-    std::shared_ptr<JobShard> shard = Setup(TestJob(true, 3, job_id));
+    std::shared_ptr<JobShard> shard = SetUpJob(TestJob(true, 3, job_id));
     ASSERT_NE(shard, nullptr);
     std::vector<std::string> bytes;
     for (const auto& g : grads) bytes.push_back(Encode(g));
@@ -284,7 +284,7 @@ TEST_F(ParameterStoreTest, BspSumsInRankOrderRegardlessOfArrivalOrder) {
 }
 
 TEST_F(ParameterStoreTest, AspDuplicateIsAcknowledgedNotReapplied) {
-  std::shared_ptr<JobShard> shard = Setup(TestJob(false, 1));
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(false, 1));
   ASSERT_NE(shard, nullptr);
   const std::string bytes = Encode(Grad(1.0f));
   ASSERT_EQ(*shard->Push(Args("w0", 0, 5, 0, bytes)), PushOutcome::kApplied);
@@ -308,7 +308,7 @@ TEST_F(ParameterStoreTest, AspDuplicateIsAcknowledgedNotReapplied) {
 }
 
 TEST_F(ParameterStoreTest, BspDuplicateIsAcknowledgedNotReapplied) {
-  std::shared_ptr<JobShard> shard = Setup(TestJob(true, 2));
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(true, 2));
   ASSERT_NE(shard, nullptr);
   const std::vector<float> g0 = Grad(1.0f);
   const std::vector<float> g1 = Grad(3.0f);
@@ -346,7 +346,7 @@ TEST_F(ParameterStoreTest, BspDuplicateIsAcknowledgedNotReapplied) {
 }
 
 TEST_F(ParameterStoreTest, WrongPayloadSizeIsInvalidArgument) {
-  std::shared_ptr<JobShard> shard = Setup(TestJob(false, 1));
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(false, 1));
   ASSERT_NE(shard, nullptr);
   const std::string short_bytes = Encode(std::vector<float>(kLength - 1, 1.0f));
   absl::StatusOr<PushOutcome> outcome =
@@ -359,7 +359,7 @@ TEST_F(ParameterStoreTest, WrongPayloadSizeIsInvalidArgument) {
 }
 
 TEST_F(ParameterStoreTest, NonFiniteGradientIsInvalidArgument) {
-  std::shared_ptr<JobShard> shard = Setup(TestJob(false, 1));
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(false, 1));
   ASSERT_NE(shard, nullptr);
   for (float bad : {std::numeric_limits<float>::quiet_NaN(),
                     std::numeric_limits<float>::infinity(),
@@ -383,7 +383,7 @@ TEST_F(ParameterStoreTest, NonFiniteGradientIsInvalidArgument) {
 TEST_F(ParameterStoreTest, PartitionOutOfRangeIsInvalidArgument) {
   for (bool synchronous : {true, false}) {
     std::shared_ptr<JobShard> shard =
-        Setup(TestJob(synchronous, 2, synchronous ? "bsp" : "asp"));
+        SetUpJob(TestJob(synchronous, 2, synchronous ? "bsp" : "asp"));
     ASSERT_NE(shard, nullptr);
     const std::string bytes = Encode(Grad(1.0f));
     for (int32_t rank : {-1, 2, 100}) {
@@ -397,7 +397,7 @@ TEST_F(ParameterStoreTest, PartitionOutOfRangeIsInvalidArgument) {
 }
 
 TEST_F(ParameterStoreTest, BspPushAheadOfVersionIsFailedPrecondition) {
-  std::shared_ptr<JobShard> shard = Setup(TestJob(true, 2));
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(true, 2));
   ASSERT_NE(shard, nullptr);
   absl::StatusOr<PushOutcome> outcome =
       shard->Push(Args("w0", 0, 1, /*step=*/1, Encode(Grad(1.0f))));
@@ -408,7 +408,7 @@ TEST_F(ParameterStoreTest, BspPushAheadOfVersionIsFailedPrecondition) {
 }
 
 TEST_F(ParameterStoreTest, UnknownChunkIsNotFound) {
-  std::shared_ptr<JobShard> shard = Setup(TestJob(true, 1));
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(true, 1));
   ASSERT_NE(shard, nullptr);
   absl::StatusOr<PushOutcome> outcome =
       shard->Push(Args("w0", 0, 1, 0, Encode(Grad(1.0f)), /*chunk_id=*/99));
@@ -428,7 +428,7 @@ TEST_F(ParameterStoreTest, UnknownJobIsNotFound) {
 }
 
 TEST_F(ParameterStoreTest, SetupAgainReplacesTheJobWithFreshState) {
-  auto first = Setup(TestJob(/*synchronous=*/false, 2));
+  auto first = SetUpJob(TestJob(/*synchronous=*/false, 2));
   ASSERT_NE(first, nullptr);
   ASSERT_TRUE(first->Push(Args("w", 0, 1, 0, Encode(Grad(1.0f)))).ok());
   // A redone setup (after a scheduler restart) starts from the initial values.
@@ -460,7 +460,7 @@ TEST_F(ParameterStoreTest, SetupRejectsBadConfigs) {
 }
 
 TEST_F(ParameterStoreTest, DropJobWakesAWaitingPull) {
-  std::shared_ptr<JobShard> shard = Setup(TestJob(true, 2));
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(true, 2));
   ASSERT_NE(shard, nullptr);
   absl::Status pulled;
   std::thread puller([&] {
@@ -490,7 +490,7 @@ TEST_F(ParameterStoreTest, DropUnknownJobIsANoop) {
 }
 
 TEST_F(ParameterStoreTest, DropWithKeepParametersServesPullsRefusesPushes) {
-  std::shared_ptr<JobShard> shard = Setup(TestJob(false, 1));
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(false, 1));
   ASSERT_NE(shard, nullptr);
   const std::vector<float> g = Grad(1.0f);
   ASSERT_EQ(*shard->Push(Args("w0", 0, 1, 0, Encode(g))), PushOutcome::kApplied);
@@ -678,7 +678,7 @@ TEST(ToJobShardConfigTest, ResultIsUsableByTheStore) {
 }
 
 TEST_F(ParameterStoreTest, AspPartitionStepIsAppliedOnceWhicheverWorkerSendsIt) {
-  auto shard = Setup(TestJob(/*synchronous=*/false, 2));
+  auto shard = SetUpJob(TestJob(/*synchronous=*/false, 2));
   const std::string bytes = Encode(Grad(1.0f));
   // Worker a computes partition 1's step 0; after a failover worker b
   // recomputes it: the second is a duplicate, step 1 is new.
@@ -690,7 +690,7 @@ TEST_F(ParameterStoreTest, AspPartitionStepIsAppliedOnceWhicheverWorkerSendsIt) 
 }
 
 TEST_F(ParameterStoreTest, SspPullWaitsForTheSlowestPartition) {
-  auto shard = Setup(TestJob(/*synchronous=*/false, 2));
+  auto shard = SetUpJob(TestJob(/*synchronous=*/false, 2));
   const std::string bytes = Encode(Grad(1.0f));
   std::string data;
   int64_t version = 0, clock = -1;

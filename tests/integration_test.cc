@@ -33,6 +33,7 @@
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "worker/parameter_client.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -256,7 +257,7 @@ grpc::Status RawCall(const std::string& address, const std::string& method, cons
   grpc::ByteBuffer request(&slice, 1);
   grpc::ByteBuffer response;
   grpc::Status result;
-  absl::Notification done;
+  Notification done;
   stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response, [&](grpc::Status status) {
     result = std::move(status);
     done.Notify();

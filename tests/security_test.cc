@@ -23,6 +23,7 @@
 #include "common/rpc_security.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "tests/cluster_fixture.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -183,7 +184,7 @@ TEST_F(SecurityTest, HealthIsServedInPlaintextOnItsOwnPort) {
     grpc::Slice empty("");
     grpc::ByteBuffer request(&empty, 1), response;
     grpc::Status result;
-    absl::Notification done;
+    Notification done;
     stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
                    [&](grpc::Status s) {
                      result = std::move(s);

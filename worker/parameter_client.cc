@@ -14,6 +14,7 @@
 #include "common/rpc.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -25,7 +26,7 @@ constexpr int kMaxAttempts = 5;
 // run, calls `cancel()` without `mu` (a cancelled call's callback takes it)
 // and then waits only for the cancelled calls to wind up.
 template <typename Finished, typename Failed, typename Cancel>
-void AwaitCalls(absl::Mutex* mu, Finished finished, Failed failed, Cancel cancel) {
+void AwaitCalls(Mutex* mu, Finished finished, Failed failed, Cancel cancel) {
   auto settled = [&] { return finished() || failed(); };
   mu->Lock();
   mu->Await(absl::Condition(&settled));
@@ -90,25 +91,25 @@ v1::ParameterService::Stub* ParameterClient::Stub(const std::string& address) {
 }
 
 void ParameterClient::Supersede() {
-  absl::MutexLock lock(&calls_mu_);
+  MutexLock lock(&calls_mu_);
   superseded_now_ = true;
   for (grpc::ClientContext* context : calls_in_flight_) context->TryCancel();
 }
 
 bool ParameterClient::superseded() const {
-  absl::MutexLock lock(&calls_mu_);
+  MutexLock lock(&calls_mu_);
   return superseded_now_;
 }
 
 bool ParameterClient::Track(grpc::ClientContext* context) {
-  absl::MutexLock lock(&calls_mu_);
+  MutexLock lock(&calls_mu_);
   if (superseded_now_) return false;
   calls_in_flight_.insert(context);
   return true;
 }
 
 void ParameterClient::Untrack(grpc::ClientContext* context) {
-  absl::MutexLock lock(&calls_mu_);
+  MutexLock lock(&calls_mu_);
   calls_in_flight_.erase(context);
 }
 
@@ -137,7 +138,7 @@ absl::Status ParameterClient::RunAll(const std::vector<Request>& requests, const
     }
     std::vector<grpc::ClientContext> contexts(todo.size());
     std::vector<grpc::Status> results(todo.size());
-    absl::Mutex mu;
+    Mutex mu;
     size_t remaining = todo.size();
     std::optional<size_t> first_failure;  // by completion time
     for (grpc::ClientContext& context : contexts) {
@@ -150,7 +151,7 @@ absl::Status ParameterClient::RunAll(const std::vector<Request>& requests, const
       size_t i = todo[k];
       SetDeadline(&contexts[k], absl::ToDoubleSeconds(timeout));
       auto done = [&, k](grpc::Status status) {
-        absl::MutexLock lock(&mu);
+        MutexLock lock(&mu);
         results[k] = std::move(status);
         if (!results[k].ok() && !first_failure.has_value()) first_failure = k;
         --remaining;
@@ -306,7 +307,7 @@ ParameterClient::PushStream::PushStream(ParameterClient* client, v1::PushRequest
 
 ParameterClient::PushStream::~PushStream() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
   }
   for (const auto& call : calls_) client_->Untrack(&call->context);
@@ -365,7 +366,7 @@ void ParameterClient::PushStream::SendTensors(const std::vector<int>& tensors,
       continue;
     }
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       ++in_flight_;
     }
     client_->Stub(raw->address)->async()->Push(&raw->context, &raw->request, &raw->response,
@@ -374,14 +375,14 @@ void ParameterClient::PushStream::SendTensors(const std::vector<int>& tensors,
 }
 
 void ParameterClient::PushStream::Done(Call* call, grpc::Status status) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   call->status = std::move(status);
   --in_flight_;
 }
 
 absl::Status ParameterClient::PushStream::Finish() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
   }
   RETURN_IF_ERROR(error_);
@@ -502,7 +503,7 @@ ParameterClient::PullStream::PullStream(ParameterClient* client, int64_t min_ver
 ParameterClient::PullStream::~PullStream() {
   for (const auto& call : calls_) call->context.TryCancel();
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
   }
   for (const auto& call : calls_) client_->Untrack(&call->context);
@@ -533,13 +534,13 @@ void ParameterClient::PullStream::Fetch(const std::vector<int>& tensors) {
     Call* raw = call.get();
     calls_.push_back(std::move(call));
     if (!client_->Track(&raw->context)) {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       raw->status = grpc::Status(grpc::StatusCode::CANCELLED, "the shard map changed");
       if (first_failure_ == nullptr) first_failure_ = raw;
       continue;
     }
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       ++in_flight_;
     }
     client_->Stub(raw->batch.address)
@@ -550,7 +551,7 @@ void ParameterClient::PullStream::Fetch(const std::vector<int>& tensors) {
 }
 
 void ParameterClient::PullStream::Done(Call* call, grpc::Status status) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   call->status = std::move(status);
   if (!call->status.ok() && first_failure_ == nullptr) first_failure_ = call;
   --in_flight_;
@@ -566,14 +567,16 @@ absl::Status ParameterClient::PullStream::Finish(Versions* versions) {
   }
   // As in RunAll: once one part failed (or the stream is incomplete), the
   // held parts are cancelled.
+  // (AwaitCalls calls the first two with mu_ held.)
   AwaitCalls(
-      &mu_, [this] { return in_flight_ == 0; }, [&] { return !incomplete.ok() || first_failure_ != nullptr; },
+      &mu_, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return in_flight_ == 0; },
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !incomplete.ok() || first_failure_ != nullptr; },
       [this] {
         for (const auto& call : calls_) call->context.TryCancel();
       });
   Call* failed = nullptr;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     failed = first_failure_;
   }
   RETURN_IF_ERROR(incomplete);

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "fulcrum/v1/shard_map.pb.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -123,7 +124,7 @@ class ParameterClient {
     std::vector<bool> sent_;        // by tensor
     absl::Status error_;            // the first Send error
     std::vector<std::unique_ptr<Call>> calls_;
-    absl::Mutex mu_;
+    Mutex mu_;
     int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   };
   std::unique_ptr<PushStream> StartPush(int64_t seq, int32_t partition, int64_t step, absl::Duration timeout,
@@ -170,7 +171,7 @@ class ParameterClient {
     std::vector<bool> fetched_;  // by tensor
     absl::Status error_;         // a tensor fetched twice or out of range
     std::vector<std::unique_ptr<Call>> calls_;
-    absl::Mutex mu_;
+    Mutex mu_;
     int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
     Call* first_failure_ ABSL_GUARDED_BY(mu_) = nullptr;  // the first call to fail
   };
@@ -233,7 +234,7 @@ class ParameterClient {
   absl::Status Outcome(const grpc::Status& status, absl::string_view what) const;
 
   const v1::ShardMap map_;
-  mutable absl::Mutex calls_mu_;
+  mutable Mutex calls_mu_;
   std::set<grpc::ClientContext*> calls_in_flight_ ABSL_GUARDED_BY(calls_mu_);
   bool superseded_now_ ABSL_GUARDED_BY(calls_mu_) = false;
   const std::function<bool()> superseded_;

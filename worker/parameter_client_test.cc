@@ -22,6 +22,7 @@
 #include "common/test_util.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -161,7 +162,7 @@ class HoldingParameterService : public v1::ParameterService::CallbackService {
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext*, const v1::PullRequest*, v1::PullResponse*) override {
     int held = 0;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       held = ++held_;
     }
     auto* reactor = new Held(this);
@@ -170,7 +171,7 @@ class HoldingParameterService : public v1::ParameterService::CallbackService {
   }
   // True once `n` pulls were cancelled (waits up to 30 s for that).
   bool WaitForCancelled(int n) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto reached = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return cancelled_ >= n; };
     return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(30));
   }
@@ -181,7 +182,7 @@ class HoldingParameterService : public v1::ParameterService::CallbackService {
     explicit Held(HoldingParameterService* service) : service_(service) {}
     void OnCancel() override {
       {
-        absl::MutexLock lock(&service_->mu_);
+        MutexLock lock(&service_->mu_);
         ++service_->cancelled_;
       }
       Finish(grpc::Status::CANCELLED);
@@ -192,7 +193,7 @@ class HoldingParameterService : public v1::ParameterService::CallbackService {
     HoldingParameterService* service_;
   };
 
-  absl::Mutex mu_;
+  Mutex mu_;
   int held_ ABSL_GUARDED_BY(mu_) = 0;
   int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -205,7 +206,7 @@ class FailingParameterService : public v1::ParameterService::CallbackService {
   explicit FailingParameterService(HoldingParameterService* peer) {
     peer->on_held = [this](int held) {
       {
-        absl::MutexLock lock(&mu_);
+        MutexLock lock(&mu_);
         peer_held_ = held;
       }
       Answer();
@@ -215,7 +216,7 @@ class FailingParameterService : public v1::ParameterService::CallbackService {
                                  v1::PullResponse*) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       waiting_.push_back(reactor);
     }
     Answer();
@@ -226,7 +227,7 @@ class FailingParameterService : public v1::ParameterService::CallbackService {
   void Answer() {
     std::vector<grpc::ServerUnaryReactor*> ready;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       while (!waiting_.empty() && answered_ < peer_held_) {
         ready.push_back(waiting_.front());
         waiting_.pop_front();
@@ -238,7 +239,7 @@ class FailingParameterService : public v1::ParameterService::CallbackService {
     }
   }
 
-  absl::Mutex mu_;
+  Mutex mu_;
   std::deque<grpc::ServerUnaryReactor*> waiting_ ABSL_GUARDED_BY(mu_);
   int answered_ ABSL_GUARDED_BY(mu_) = 0;
   int peer_held_ ABSL_GUARDED_BY(mu_) = 0;

@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "worker/parameter_client.h"
 #include "worker/trainer.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -19,14 +20,14 @@ WorkerDaemon::WorkerDaemon(kernels::Backend* backend, Metrics metrics, TransferO
 
 void WorkerDaemon::OnHeartbeat(const v1::HeartbeatResponse& response) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     latest_ = response.assignment();
     changed_.SignalAll();
   }
   // A newer shard map (a failover) or the job's end: the requests of the
   // client routing by the old map are cancelled at once.
   const v1::Assignment& assignment = response.assignment();
-  absl::MutexLock lock(&watch_mu_);
+  MutexLock lock(&watch_mu_);
   if (watched_ == nullptr) return;
   const bool moved = assignment.job_id() == watched_job_ && assignment.phase() == v1::Assignment::TRAIN &&
                      assignment.shard_map().version() > watched_->map_version();
@@ -34,12 +35,12 @@ void WorkerDaemon::OnHeartbeat(const v1::HeartbeatResponse& response) {
 }
 
 v1::Assignment WorkerDaemon::Latest() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return latest_;
 }
 
 v1::Assignment WorkerDaemon::WaitForChange(const std::string& job_id, int64_t epoch, absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || latest_.job_id() != job_id || latest_.membership_epoch() != epoch;
   };
@@ -51,24 +52,24 @@ v1::Assignment WorkerDaemon::WaitForChange(const std::string& job_id, int64_t ep
 }
 
 std::string WorkerDaemon::CurrentJob() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return current_job_;
 }
 
 void WorkerDaemon::Stop() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   stopping_ = true;
   changed_.SignalAll();
 }
 
 bool WorkerDaemon::Withdrawn(const std::string& job_id) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return stopping_ || latest_.job_id() != job_id || latest_.phase() == v1::Assignment::STOP ||
          latest_.rank() != current_rank_;
 }
 
 bool WorkerDaemon::WaitForNewJob(v1::Assignment* assignment) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // A new job, or the same job again under a new rank (this worker was
     // taken out of it, e.g. after a missed lease, and then added back).
@@ -86,7 +87,7 @@ bool WorkerDaemon::WaitForNewJob(v1::Assignment* assignment) {
 }
 
 bool WorkerDaemon::WaitForTrain(const std::string& job_id, v1::Assignment* assignment) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   while (!stopping_ && latest_.job_id() == job_id && latest_.rank() == current_rank_ &&
          latest_.phase() == v1::Assignment::LOAD) {
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(50));
@@ -103,7 +104,7 @@ void WorkerDaemon::Run(MembershipClient* membership) {
   v1::Assignment assignment;
   while (WaitForNewJob(&assignment)) {
     RunJob(membership, assignment);
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     current_job_.clear();
   }
 }
@@ -124,7 +125,7 @@ void WorkerDaemon::RunJob(MembershipClient* membership, v1::Assignment assignmen
   };
   hooks.expect_change = [membership] { membership->Hurry(); };
   hooks.watch_client = [this](ParameterClient* client, const std::string& job) {
-    absl::MutexLock lock(&watch_mu_);
+    MutexLock lock(&watch_mu_);
     watched_ = client;
     watched_job_ = job;
   };

@@ -12,6 +12,7 @@
 #include "common/membership_client.h"
 #include "kernels/backend.h"
 #include "worker/trainer.h"
+#include "common/sync.h"
 
 namespace prometheus {
 class Histogram;
@@ -60,8 +61,8 @@ class WorkerDaemon {
   const Metrics metrics_;
   const TransferOptions transfer_;
   const WorkerLimits limits_;
-  mutable absl::Mutex mu_;  // guards the members below
-  absl::CondVar changed_;   // signalled on every heartbeat and on Stop
+  mutable Mutex mu_;  // guards the members below
+  CondVar changed_;   // signalled on every heartbeat and on Stop
   v1::Assignment latest_ ABSL_GUARDED_BY(mu_);
   std::string current_job_ ABSL_GUARDED_BY(mu_);
   std::string last_job_ ABSL_GUARDED_BY(mu_);
@@ -69,7 +70,7 @@ class WorkerDaemon {
   int32_t last_rank_ ABSL_GUARDED_BY(mu_) = -1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // The parameter client of the job being trained (TrainerHooks::watch_client).
-  absl::Mutex watch_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  Mutex watch_mu_ ABSL_ACQUIRED_AFTER(mu_);
   ParameterClient* watched_ ABSL_GUARDED_BY(watch_mu_) = nullptr;
   std::string watched_job_ ABSL_GUARDED_BY(watch_mu_);
 };

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The checks beyond the Release suite, each in its own build folder with
+# Debian's clang (scripts/test.sh runs them after the Release suite; run one
+# alone with e.g. `scripts/checks.sh asan`):
+#   asan   clang with -Wthread-safety -Werror (every lock annotated), ASan +
+#          UBSan, libFuzzer instrumentation: the unit tests, the quicker
+#          integration tests (a real cluster of ASan processes), then each
+#          fuzz target over its seed corpus for FULCRUM_FUZZ_SECONDS (15)
+#   tsan   clang with ThreadSanitizer: the unit tests
+#   tidy   clang-tidy (bugprone-*, concurrency-*, .clang-tidy) on every source
+# Each prints its ctest output; the last line of each is
+#   "<check>: N passed, M failed, K skipped"
+# and the exit code is non-zero if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+JOBS="${FULCRUM_JOBS:-$(nproc)}"
+CHECKS=("$@")
+[ ${#CHECKS[@]} -eq 0 ] && CHECKS=(asan tsan tidy)
+rc=0
+
+# Runs ctest in $1 with the remaining arguments; prints the summary line.
+run_ctest() {
+  local dir="$1" name="$2"
+  shift 2
+  local log
+  log="$(mktemp)"
+  ( cd "$dir" && ctest --output-on-failure --timeout 600 "$@" ) 2>&1 | tee "$log"
+  local status=${PIPESTATUS[0]}
+  local summary skipped total failed
+  summary="$(grep -E '^[0-9]+% tests passed' "$log" | tail -1)"
+  skipped="$(grep -c '\*\*\*Skipped' "$log" || true)"
+  rm -f "$log"
+  if [ -z "$summary" ]; then
+    echo "$name: ctest did not run"
+    return 1
+  fi
+  total="$(echo "$summary" | sed -E 's/.* out of ([0-9]+).*/\1/')"
+  failed="$(echo "$summary" | sed -E 's/^[0-9]+% tests passed, ([0-9]+) tests? failed.*/\1/')"
+  echo "$name: $((total - failed - skipped)) passed, ${failed} failed, ${skipped} skipped"
+  return "$status"
+}
+
+configure() {
+  local dir="$1"
+  shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFULCRUM_CUDA=OFF \
+      -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "$@" >&2 || return 1
+  fi
+}
+
+for check in "${CHECKS[@]}"; do
+  case "$check" in
+    asan)
+      configure build-asan -DFULCRUM_SANITIZE=address,undefined -DFULCRUM_FUZZ=ON \
+        -DFULCRUM_FUZZ_SECONDS="${FULCRUM_FUZZ_SECONDS:-15}" || { echo "asan: configure failed"; rc=1; continue; }
+      cmake --build build-asan -j "$JOBS" >&2 || { echo "asan: build failed"; rc=1; continue; }
+      ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        run_ctest build-asan asan -L "unit|fuzz|integration" \
+          -E "^(Checkpoint|Observability|ServerFailover|ReReplication|ServerJoin|ServerLeave|Ssp|PushOverlap|WorkerJoin|SchedulerRestart|ReplacedServer|StoppedPrimary|Chaos)" \
+          || rc=1
+      ;;
+    tsan)
+      configure build-tsan -DFULCRUM_SANITIZE=thread -DFULCRUM_BENCH=OFF || { echo "tsan: configure failed"; rc=1; continue; }
+      cmake --build build-tsan -j "$JOBS" --target common_test server_test scheduler_test worker_test client_test \
+        >&2 || { echo "tsan: build failed"; rc=1; continue; }
+      TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(pwd)/tests/tsan.supp" \
+        run_ctest build-tsan tsan -L unit -E "^(AllBackends|Backend|Mlp|PluginLoader)" || rc=1
+      ;;
+    tidy)
+      configure build-asan -DFULCRUM_SANITIZE=address,undefined -DFULCRUM_FUZZ=ON || { echo "tidy: configure failed"; rc=1; continue; }
+      # The generated protobuf headers must exist.
+      cmake --build build-asan -j "$JOBS" --target fulcrum_proto >&2 || { echo "tidy: build failed"; rc=1; continue; }
+      files=$(git ls-files '*.cc' | grep -v '^kernels/cuda/')
+      log="$(mktemp)"
+      if run-clang-tidy -quiet -p build-asan -j "$JOBS" $files >"$log" 2>&1; then
+        echo "tidy: 1 passed, 0 failed, 0 skipped ($(echo $files | wc -w) files clean)"
+      else
+        grep -E "error:|warning:" "$log" | sort -u | head -100
+        echo "tidy: 0 passed, 1 failed, 0 skipped"
+        rc=1
+      fi
+      rm -f "$log"
+      ;;
+    *)
+      echo "unknown check $check (asan, tsan or tidy)"
+      rc=1
+      ;;
+  esac
+done
+exit $rc

@@ -1,0 +1,47 @@
+// libFuzzer: the tensor codec every push and pull goes through. The first
+// byte picks the wire format (known or not) and the expected count; the rest
+// is the payload. Properties: no crash, decoding accepts exactly count *
+// WireBytes bytes of a known format, and re-encoding what was decoded gives
+// the same bytes (fp32), or values that decode to the same floats (16-bit).
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/tensor_codec.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const auto format = static_cast<fulcrum::v1::WireFormat>(data[0] & 7);
+  const std::string payload(reinterpret_cast<const char*>(data + 1), size - 1);
+  const int width = fulcrum::WireBytes(format);
+  // An expected count that matches the payload, or one that is off by one.
+  const int64_t exact = width > 0 ? static_cast<int64_t>(payload.size()) / width : 0;
+  const int64_t expected = (data[0] & 8) != 0 ? exact + 1 : exact;
+  std::vector<float> values(static_cast<size_t>(expected) + 1);
+  absl::Status decoded = fulcrum::DecodeValues(format, payload, expected, values.data(), "fuzz");
+  const bool fits = width > 0 && static_cast<int64_t>(payload.size()) == expected * width;
+  if (decoded.ok() != fits) std::abort();
+  if (!decoded.ok()) {
+    if (decoded.code() != absl::StatusCode::kInvalidArgument) std::abort();
+    return 0;
+  }
+  std::string encoded;
+  fulcrum::EncodeValues(format, values.data(), expected, &encoded);
+  if (width == 4) {
+    if (encoded != payload) std::abort();
+    return 0;
+  }
+  std::vector<float> again(static_cast<size_t>(expected) + 1);
+  if (!fulcrum::DecodeValues(format, encoded, expected, again.data(), "fuzz").ok()) std::abort();
+  for (int64_t i = 0; i < expected; ++i) {
+    const bool both_nan = std::isnan(values[i]) && std::isnan(again[i]);
+    if (!both_nan && std::memcmp(&values[i], &again[i], sizeof(float)) != 0) std::abort();
+  }
+  std::vector<uint16_t> halves(static_cast<size_t>(expected) + 1);
+  if (!fulcrum::DecodeHalves(payload, expected, halves.data(), "fuzz").ok()) std::abort();
+  return 0;
+}

@@ -413,7 +413,7 @@ absl::StatusOr<OverheadResults> MeasureOverhead(const std::string& dir, int runs
   // for connections and allocations that every later job finds ready.
   ASSIGN_OR_RETURN(v1::JobStatus calibration, cluster->RunToEnd(StepSpec(quick ? 15 : 40, 0)));
   const double rate = StepsPerSecond(calibration);
-  results.steps = std::clamp<int64_t>(static_cast<int64_t>(target_seconds * rate + 0.5), 20, 1000000);
+  results.steps = std::clamp<int64_t>(std::llround(target_seconds * rate), 20, 1000000);
   Log(absl::StrFormat("calibration: %.2f steps/s -> %d steps a job for ~%.0f s", rate, results.steps,
                       target_seconds));
   for (int run = 0; run < runs; ++run) {

@@ -48,6 +48,7 @@
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "worker/example_audit.h"
 #include "worker/parameter_client.h"
+#include "common/half.h"
 
 ABSL_FLAG(bool, quick, false,
           "Short jobs and one repeat of each figure (a smoke test; the figures are rough)");
@@ -167,7 +168,7 @@ std::string Difference(const std::vector<float>& a, const std::vector<float>& b)
   if (a.size() != b.size()) return absl::StrCat(a.size(), " vs ", b.size(), " values");
   size_t differ = 0, first = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0 && differ++ == 0) first = i;
+    if (FloatBits(a[i]) != FloatBits(b[i]) && differ++ == 0) first = i;
   }
   if (differ == 0) return "";
   return absl::StrCat(differ, " of ", a.size(), " values differ, first at ", first, " (", a[first], " vs ",

@@ -155,9 +155,12 @@ void BM_RawTcpEcho(benchmark::State& state) {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(addr);
-  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  listen(listener, 1);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(listener, 1) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    state.SkipWithError("cannot listen on loopback");
+    close(listener);
+    return;
+  }
   std::thread echo([listener, bytes] {
     int fd = accept(listener, nullptr, nullptr);
     std::vector<char> buffer(bytes);
@@ -168,7 +171,14 @@ void BM_RawTcpEcho(benchmark::State& state) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    state.SkipWithError("cannot connect over loopback");
+    shutdown(listener, SHUT_RDWR);
+    echo.join();
+    close(listener);
+    close(fd);
+    return;
+  }
   std::vector<char> out(bytes, 1), in(bytes);
   for (auto _ : state) {
     // A writer thread so that neither side blocks on a full socket buffer.

@@ -173,7 +173,7 @@ TEST_F(GateTest, GarbageRequestsAreInvalidArgumentNamingTheMessage) {
 TEST(CredentialFilesTest, EmptyOrBlankOrMissingCredentialFilesAreRefused) {
   std::string dir = absl::StrCat(testing::TempDir(), "/creds.XXXXXX");
   ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  std::ofstream(dir + "/empty");
+  { std::ofstream empty(dir + "/empty"); }  // an empty file
   std::ofstream(dir + "/blank") << " \n\t\n";
   for (const char* name : {"/empty", "/blank"}) {
     RpcSecurityFiles job;

@@ -46,10 +46,13 @@ class LogMessage {
 #define FULCRUM_LOG_LEVEL_WARNING ::fulcrum::LogLevel::kWarning
 #define FULCRUM_LOG_LEVEL_ERROR ::fulcrum::LogLevel::kError
 
-// A statement that is safe after an unbraced `if` (no dangling else).
+// A statement that is safe after an unbraced `if` (no dangling else). (Its
+// replacement cannot be parenthesized: `<<` must follow the stream.)
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define FLOG(level)                                                                  \
   !(FULCRUM_LOG_LEVEL_##level >= ::fulcrum::MinLogLevel())                           \
       ? (void)0                                                                      \
       : ::fulcrum::LogVoidify() & ::fulcrum::LogMessage(FULCRUM_LOG_LEVEL_##level, __FILE__, __LINE__).stream()
+// NOLINTEND(bugprone-macro-parentheses)
 
 #endif  // FULCRUM_COMMON_LOGGING_H_

@@ -21,10 +21,13 @@
 #define ASSIGN_OR_RETURN(lhs, expr) \
   FULCRUM_ASSIGN_OR_RETURN_IMPL_(FULCRUM_CONCAT_(fulcrum_statusor_, __LINE__), lhs, expr)
 
+// (`lhs` is a declaration: it cannot be parenthesized.)
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define FULCRUM_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
   auto statusor = (expr);                                   \
   if (!statusor.ok()) return std::move(statusor).status();  \
   lhs = std::move(statusor).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 namespace fulcrum {
 

@@ -51,21 +51,27 @@ class ABSL_LOCKABLE Mutex {
     __tsan_release(this);
     mu_.ReaderUnlock();
   }
-  // The waits release the lock inside Abseil and take it again.
+  // The waits release the lock inside Abseil and take it again. Abseil
+  // evaluates a waiter's condition with the lock held, on the waiting thread
+  // or on whichever thread unlocks, so each evaluation is an acquire and a
+  // release too.
   void Await(const absl::Condition& condition) {
+    Guarded guarded{this, &condition};
     __tsan_release(this);
-    mu_.Await(condition);
+    mu_.Await(absl::Condition(&Guarded::Eval, &guarded));
     __tsan_acquire(this);
   }
   bool AwaitWithTimeout(const absl::Condition& condition, absl::Duration timeout) {
+    Guarded guarded{this, &condition};
     __tsan_release(this);
-    const bool met = mu_.AwaitWithTimeout(condition, timeout);
+    const bool met = mu_.AwaitWithTimeout(absl::Condition(&Guarded::Eval, &guarded), timeout);
     __tsan_acquire(this);
     return met;
   }
   bool AwaitWithDeadline(const absl::Condition& condition, absl::Time deadline) {
+    Guarded guarded{this, &condition};
     __tsan_release(this);
-    const bool met = mu_.AwaitWithDeadline(condition, deadline);
+    const bool met = mu_.AwaitWithDeadline(absl::Condition(&Guarded::Eval, &guarded), deadline);
     __tsan_acquire(this);
     return met;
   }
@@ -73,6 +79,16 @@ class ABSL_LOCKABLE Mutex {
   absl::Mutex* native() { return &mu_; }
 
  private:
+  struct Guarded {
+    Mutex* mu;
+    const absl::Condition* condition;
+    static bool Eval(Guarded* g) {
+      __tsan_acquire(g->mu);
+      const bool met = g->condition->Eval();
+      __tsan_release(g->mu);
+      return met;
+    }
+  };
   absl::Mutex mu_;
 };
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "common/half.h"
 
 namespace fulcrum {
 namespace {
@@ -223,8 +224,7 @@ TEST(OptimizerTest, DeterministicBitForBit) {
     const Trajectory a = RunThreeSteps(c);
     const Trajectory b = RunThreeSteps(c);
     for (int step = 0; step < 3; ++step) {
-      EXPECT_EQ(std::memcmp(a[step].data(), b[step].data(), kN * sizeof(float)),
-                0);
+      for (int i = 0; i < kN; ++i) EXPECT_EQ(FloatBits(a[step][i]), FloatBits(b[step][i])) << "step " << step;
     }
   }
 }

@@ -14,6 +14,8 @@
 #include "common/rpc.h"
 #include "common/status_macros.h"
 #include "server/parameter_service.h"
+
+#include <algorithm>
 #include "common/sync.h"
 
 namespace fulcrum {
@@ -41,8 +43,10 @@ grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* /*context*/, 
   if (checkpoints_ == nullptr) return Finish("Checkpoint", NoStore(), received, 0);
 
   const absl::Time start = absl::Now();
+  // A request may not hold this thread longer than kDefaultCaptureWait.
   const absl::Duration wait =
-      request->timeout_ms() > 0 ? absl::Milliseconds(request->timeout_ms()) : kDefaultCaptureWait;
+      request->timeout_ms() > 0 ? std::min(absl::Milliseconds(request->timeout_ms()), kDefaultCaptureWait)
+                                : kDefaultCaptureWait;
   auto snapshots = (*shard)->CaptureAll(request->checkpoint_id(), request->at_version(), start + wait);
   if (!snapshots.ok()) return Finish("Checkpoint", snapshots.status(), received, 0);
   for (const auto& [chunk_id, snapshot] : *snapshots) {

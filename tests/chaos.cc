@@ -17,6 +17,7 @@
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "worker/example_audit.h"
 #include "worker/parameter_client.h"
+#include "common/half.h"
 
 namespace fulcrum {
 namespace {
@@ -273,7 +274,7 @@ absl::StatusOr<ChaosResult> RunChaosSchedule(const ChaosOptions& options) {
   if (!result.bit_identical) {
     size_t differ = 0;
     for (size_t i = 0; i < std::min(actual.size(), expected.size()); ++i) {
-      differ += std::memcmp(&actual[i], &expected[i], 4) != 0 ? 1 : 0;
+      differ += FloatBits(actual[i]) != FloatBits(expected[i]) ? 1 : 0;
     }
     result.mismatch = absl::StrCat(differ, " of ", expected.size(), " parameters differ from the reference run");
   }

@@ -30,6 +30,7 @@
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "worker/parameter_client.h"
 #include "worker/example_audit.h"
+#include "common/half.h"
 
 namespace fulcrum {
 
@@ -74,7 +75,7 @@ inline bool Terminal(v1::JobState state) {
 inline std::string DescribeDifference(const std::vector<float>& a, const std::vector<float>& b) {
   size_t differ = 0, first = a.size();
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+    if (FloatBits(a[i]) != FloatBits(b[i])) {
       if (differ++ == 0) first = i;
     }
   }

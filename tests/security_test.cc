@@ -40,11 +40,11 @@ int FreePort() {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                     getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   close(fd);
-  return ntohs(addr.sin_port);
+  return bound ? ntohs(addr.sin_port) : 0;
 }
 
 // A process the test starts itself; killed and reaped when it goes.
@@ -207,7 +207,7 @@ TEST_F(SecurityTest, HealthIsServedInPlaintextOnItsOwnPort) {
 // daemon at start-up: serving with it would turn the check off.
 TEST_F(SecurityTest, EmptyCredentialFilesStopEveryDaemonAtStartUp) {
   const std::string dir = MakeTempDir();
-  std::ofstream(dir + "/empty");
+  { std::ofstream empty(dir + "/empty"); }  // an empty file
   std::ofstream(dir + "/blank") << "  \n\t\n";
   struct Case {
     std::string binary;

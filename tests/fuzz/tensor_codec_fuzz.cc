@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/tensor_codec.h"
+#include "common/half.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
@@ -39,7 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!fulcrum::DecodeValues(format, encoded, expected, again.data(), "fuzz").ok()) std::abort();
   for (int64_t i = 0; i < expected; ++i) {
     const bool both_nan = std::isnan(values[i]) && std::isnan(again[i]);
-    if (!both_nan && std::memcmp(&values[i], &again[i], sizeof(float)) != 0) std::abort();
+    if (!both_nan && fulcrum::FloatBits(values[i]) != fulcrum::FloatBits(again[i])) std::abort();
   }
   std::vector<uint16_t> halves(static_cast<size_t>(expected) + 1);
   if (!fulcrum::DecodeHalves(payload, expected, halves.data(), "fuzz").ok()) std::abort();

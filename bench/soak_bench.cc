@@ -9,7 +9,6 @@
 //
 //   fulcrum-soak-bench [--jobs N] [--sample-every N] [--warmup N]
 //                      [--retain-finished-jobs N] [--max-finished-records N]
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/bench_util.h"
 #include "common/memory_budget.h"
+#include "common/process.h"
 
 ABSL_FLAG(int, jobs, 400, "Small jobs to run one after another");
 ABSL_FLAG(int, sample_every, 20, "Sample every process's RSS after every this many jobs");
@@ -31,19 +31,6 @@ namespace fulcrum {
 namespace bench {
 namespace {
 
-int64_t Rss(int64_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      int64_t kib = 0;
-      in >> kib;
-      return kib * 1024;
-    }
-    in.ignore(1 << 20, '\n');
-  }
-  return 0;
-}
 
 // Least-squares slope of y against x.
 double Slope(const std::vector<double>& x, const std::vector<double>& y) {
@@ -84,7 +71,7 @@ int Run() {
     if (done % absl::GetFlag(FLAGS_sample_every) != 0) continue;
     std::string line = absl::StrCat(done, " jobs:");
     for (const auto& p : (*cluster)->local().file().processes()) {
-      const int64_t rss = Rss(p.pid());
+      const int64_t rss = ResidentBytes(p.pid());
       if (rss == 0) continue;
       jobs_at[p.id()].push_back(done);
       rss_at[p.id()].push_back(static_cast<double>(rss));

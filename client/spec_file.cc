@@ -143,22 +143,57 @@ absl::Status Converter::Append(const YAML::Node& node, const google::protobuf::D
   }
 }
 
-// The deepest nesting of flow collections ([...] and {...}) outside quotes:
-// yaml-cpp parses them recursively, so a deep one would overflow the stack.
+// The deepest nesting of flow collections ([...] and {...}), an early and
+// cheap bound (yaml-cpp parses them recursively; it stops itself only at a
+// depth of 2000). Brackets inside quoted scalars, comments and block plain
+// scalars (`name: a[b`) do not count: a quote or bracket opens something
+// only where a node starts; inside a flow collection every bracket counts.
 int FlowDepth(absl::string_view text) {
   int depth = 0, deepest = 0;
-  char quote = 0;
+  char quote = 0;        // the quote of the quoted scalar we are in, if any
+  bool escaped = false;  // after a backslash in a double-quoted scalar
+  bool comment = false;
+  bool blank = true;     // the previous character was a blank or a line break
+  char prev = '\n';      // the previous character outside quotes that is not a blank
   for (char c : text) {
     if (quote != 0) {
-      if (c == quote) quote = 0;
-    } else if (c == '"' || c == '\'') {
+      if (escaped) {
+        escaped = false;
+      } else if (quote == '"' && c == '\\') {
+        escaped = true;
+      } else if (c == quote) {
+        quote = 0;
+        prev = c;
+        blank = false;
+      }
+      continue;
+    }
+    if (comment) {
+      if (c != '\n') continue;
+      comment = false;
+    }
+    if (c == ' ' || c == '\t') {
+      blank = true;
+      continue;
+    }
+    // Where a node may start: after an indicator, at a line's start, and in
+    // a flow collection after an opening bracket or a comma.
+    const bool node_start = prev == '\n' || prev == ':' || prev == '-' || prev == '?' ||
+                            (depth > 0 && (prev == ',' || prev == '[' || prev == '{'));
+    if (c == '#' && blank) {
+      comment = true;
+      continue;
+    }
+    prev = c;
+    blank = c == '\n';
+    if ((c == '"' || c == '\'') && node_start) {
       quote = c;
-    } else if (c == '[' || c == '{') {
+    } else if ((c == '[' || c == '{') && (depth > 0 || node_start)) {
       deepest = std::max(deepest, ++depth);
     } else if ((c == ']' || c == '}') && depth > 0) {
       --depth;
-    } else if (c == '\n' && depth == 0) {
-      quote = 0;
+    } else if (c == '[' || c == '{') {
+      prev = 'a';  // text of a plain scalar
     }
   }
   return deepest;

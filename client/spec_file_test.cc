@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -264,6 +265,32 @@ TEST(SpecFileTest, DeepNestingAndHugeSpecsAreRefused) {
   spec = ParseJobSpec(huge, "huge.yaml");
   ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(spec.status().message(), "bytes")) << spec.status();
+}
+
+// The nesting bound counts flow collections only: brackets inside quoted
+// strings (with escaped quotes), comments and plain scalars are text. Found
+// by the spec fuzzer: a name holding \" and many '[' parsed from YAML but
+// not from its own JSON.
+TEST(SpecFileTest, BracketsInTextAreNotNesting) {
+  const std::string brackets(100, '[');
+  const std::pair<std::string, bool> cases[] = {  // the text, whether the name holds the brackets
+      {"name: \"a\\\"" + brackets + "\"\n", true},
+      {"{\"name\": \"\\u000b\\\"  " + brackets + " \\\"\"}", true},
+      {"name: '" + brackets + "'\n", true},
+      {"name: x" + brackets + "\n", true},
+      {"# " + brackets + "\nname: x\n", false},
+      {"name: x # " + brackets + "\n", false}};
+  for (const auto& [text, in_name] : cases) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(text, "brackets.yaml");
+    ASSERT_TRUE(spec.ok()) << text << ": " << spec.status();
+    EXPECT_EQ(Contains(spec->name(), brackets), in_name) << text;
+  }
+  // A quote in the middle of a plain scalar opens nothing: the brackets
+  // after it are still counted.
+  const std::string hidden = "name: [a'b, " + std::string(100, '[') + std::string(101, ']') + "\n";
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(hidden, "hidden.yaml");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(spec.status().message(), "nested")) << spec.status();
 }
 
 // A file that is not a spec (a password file given by mistake) is refused

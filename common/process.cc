@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -92,6 +93,20 @@ absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_p
   return WriteFileAtomically(
       path, absl::StrCat("{\"grpc_port\": ", grpc_port, ", \"metrics_port\": ", metrics_port,
                          ", \"pid\": ", getpid(), ", \"id\": \"", id, "\"}\n"));
+}
+
+int64_t ResidentBytes(int64_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      int64_t kib = 0;
+      in >> kib;
+      return kib * 1024;
+    }
+    in.ignore(1 << 20, '\n');
+  }
+  return 0;
 }
 
 }  // namespace fulcrum

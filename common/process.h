@@ -4,6 +4,7 @@
 #ifndef FULCRUM_COMMON_PROCESS_H_
 #define FULCRUM_COMMON_PROCESS_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -35,6 +36,10 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
 // Writes {"grpc_port": G, "metrics_port": M, "pid": P, "id": "..."} to path.
 absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_port,
                            const std::string& id);
+
+// The resident set size of process `pid` in bytes (VmRSS), 0 when it cannot
+// be read (the process is gone).
+int64_t ResidentBytes(int64_t pid);
 
 }  // namespace fulcrum
 

@@ -41,7 +41,16 @@ int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
 }  // namespace
 
 JobManager::JobManager(SchedulerOptions options, ServerControl* servers, Clock clock, KvStore* store)
-    : options_(options), servers_(servers), clock_(clock ? std::move(clock) : Clock(absl::Now)), store_(store) {
+    : options_(options),
+      servers_(servers),
+      clock_(clock ? std::move(clock) : Clock(absl::Now)),
+      members_(options.lease),
+      store_(store),
+      checkpoints_(servers, store,
+                   {[this](const CheckpointTask& task) { return PlanCheckpoint(task); },
+                    [this](const CheckpointTask& task, const absl::Status& status,
+                           const v1::CheckpointManifest& manifest,
+                           absl::Duration took) { return FinishCheckpoint(task, status, manifest, took); }}) {
   if (options_.server_call_threads > 0) server_calls_ = std::make_unique<ThreadPool>(options_.server_call_threads);
 }
 
@@ -53,7 +62,7 @@ void JobManager::Start() {
     if (recovery_deadline_.has_value()) recovery_deadline_ = clock_() + RecoveryWindow();
   }
   thread_ = std::thread([this] { Loop(); });
-  checkpoint_thread_ = std::thread([this] { CheckpointLoop(); });
+  checkpoints_.Start();
 }
 
 void JobManager::Stop() {
@@ -63,7 +72,7 @@ void JobManager::Stop() {
   }
   if (thread_.joinable()) thread_.join();
   servers_->CancelAll();  // a checkpoint may be waiting on a server for its cut
-  if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
+  checkpoints_.Stop();
   if (server_calls_ != nullptr) server_calls_->Stop();
 }
 
@@ -92,6 +101,42 @@ void JobManager::Touch(Job* job) {
   ++job->version;
   dirty_.insert(job->status.job_id());
   changed_.SignalAll();
+}
+
+v1::JobStatus JobManager::Render(const Job& job) const {
+  v1::JobStatus status = job.status;
+  for (const JobWorker& w : job.workers) {
+    v1::WorkerAssignmentInfo* info = status.add_workers();
+    info->set_worker_id(w.id);
+    info->set_rank(w.rank);
+    info->set_ready(w.ready);
+    info->set_step_seconds(w.progress.step_seconds());
+    info->set_samples_per_second(w.progress.samples_per_second());
+    info->set_straggler(w.straggler);
+    for (int32_t p : w.partitions) info->add_partitions(p);
+    info->set_address(members_.AddressOf(w.id));
+  }
+  if (job.status.parameters_released_unix_ms() != 0) return status;  // no shards left to show
+  const v1::ShardMap& map = job.shard_map;
+  for (const v1::ShardLocation& shard : map.shards()) {
+    v1::ShardInfo* info = status.add_shards();
+    info->set_shard(shard.shard());
+    info->set_server_id(shard.server_id());
+    info->set_address(shard.address());
+    for (const std::string& backup : shard.backup_ids()) info->add_backup_ids(backup);
+  }
+  for (const v1::ChunkLocation& chunk : map.chunks()) {
+    if (chunk.shard() < 0 || chunk.shard() >= status.shards_size()) continue;
+    v1::ShardInfo* info = status.mutable_shards(chunk.shard());
+    info->set_chunks(info->chunks() + 1);
+    info->set_elements(info->elements() + chunk.length());
+  }
+  // The map workers train with (and `fulcrum export` reads a finished job's
+  // parameters through): while training, and after a success while the
+  // servers keep the parameters.
+  const bool readable = job.phase == Job::Phase::kEnded && !job.server_addresses.empty() && job.total_steps > 0;
+  if (job.phase == Job::Phase::kTraining || readable) *status.mutable_shard_map() = map;
+  return status;
 }
 
 // ---------------------------------------------------------------------------
@@ -127,7 +172,7 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
   {
     // What can never fit the processes' memory budgets is refused now.
     std::vector<int64_t> worker_budgets, server_budgets;
-    for (const auto& [id, member] : members_) {
+    for (const auto& [id, member] : members_.all()) {
       (member->role == v1::WORKER ? worker_budgets : server_budgets).push_back(member->memory_budget);
     }
     RETURN_IF_ERROR(CheckFitsBudgets(claims, spec, worker_budgets, server_budgets));
@@ -168,7 +213,7 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
     PlanRestore(job.get(), *resume);
     job->status.set_resumed_from(absl::StrCat(resume->job_id(), "/", resume->info().id()));
   }
-  v1::JobStatus status = job->status;
+  v1::JobStatus status = Render(*job);
   jobs_[id] = std::move(job);
   pending_.push_back(id);
   FLOG(INFO) << "job " << id << " submitted (" << status.spec().name() << ")";
@@ -180,14 +225,14 @@ absl::StatusOr<v1::JobStatus> JobManager::Get(const std::string& job_id) const {
   MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(job_id)));
-  return job->status;
+  return Render(*job);
 }
 
 std::vector<v1::JobStatus> JobManager::List() const {
   MutexLock lock(&mu_);
   std::vector<v1::JobStatus> jobs;
   for (const auto& [id, job] : jobs_) {
-    jobs.push_back(job->status);
+    jobs.push_back(Render(*job));
     jobs.back().clear_history();
   }
   return jobs;
@@ -202,7 +247,7 @@ absl::StatusOr<v1::JobStatus> JobManager::DoCancel(const std::string& job_id) {
         absl::StrCat("job ", job_id, " already ended (", v1::JobState_Name(job->status.state()), ")"));
   }
   EndJob(job, v1::CANCELLED, "cancelled by user");
-  return job->status;
+  return Render(*job);
 }
 
 absl::StatusOr<v1::JobStatus> JobManager::WaitForChange(const std::string& job_id, int64_t* version,
@@ -215,7 +260,7 @@ absl::StatusOr<v1::JobStatus> JobManager::WaitForChange(const std::string& job_i
     if (changed_.WaitWithDeadline(&mu_, deadline)) break;
   }
   *version = job->version;
-  return job->status;
+  return Render(*job);
 }
 
 void JobManager::EndJob(Job* job, v1::JobState state, const std::string& reason) {
@@ -227,8 +272,8 @@ void JobManager::EndJob(Job* job, v1::JobState state, const std::string& reason)
   job->status.set_end_time_unix_ms(UnixMillis(clock_()));
   if (was_pending) pending_.erase(std::remove(pending_.begin(), pending_.end(), id), pending_.end());
   for (const JobWorker& worker : job->workers) {
-    auto it = members_.find(worker.id);
-    if (it != members_.end() && it->second->job_id == id) it->second->job_id.clear();
+    Member* member = members_.Find(worker.id);
+    if (member != nullptr && member->job_id == id) member->job_id.clear();
   }
   const bool keep = state == v1::SUCCEEDED;
   for (const auto& [server, address] : job->server_addresses) {
@@ -364,7 +409,6 @@ void JobManager::FlagStragglers(Job* job) {
       }
     }
   }
-  SyncWorkerStatus(job);  // the workers' step times and flags, for GetJob
 }
 
 void JobManager::OnEval(Job* job, const v1::WorkReport& report) {
@@ -394,7 +438,7 @@ void JobManager::CheckPause() {
   if (last_tick_.has_value() && now - *last_tick_ > options_.lease) {
     FLOG(WARNING) << "the scheduler did not run for " << absl::FormatDuration(now - *last_tick_)
                   << "; renewing every member's lease once";
-    for (auto& [id, member] : members_) member->last_heartbeat = std::max(member->last_heartbeat, now);
+    members_.RenewAll(now);
   }
   last_tick_ = now;
 }
@@ -419,8 +463,6 @@ void JobManager::ReleaseParameters(Job* job) {
   if (history->size() > kKeptHistory) history->DeleteSubrange(0, history->size() - kKeptHistory);
   auto* events = job->status.mutable_events();
   if (events->size() > kKeptEvents) events->DeleteSubrange(0, events->size() - kKeptEvents);
-  job->status.clear_shard_map();
-  job->status.clear_shards();
   job->shard_map.clear_chunks();
   Touch(job);
 }

@@ -34,33 +34,11 @@
 #include "fulcrum/v1/parameter.pb.h"
 #include "fulcrum/v1/scheduler_state.pb.h"
 #include "common/sync.h"
+#include "scheduler/checkpoint_coordinator.h"
+#include "scheduler/membership.h"
+#include "scheduler/server_control.h"
 
 namespace fulcrum {
-
-// How the scheduler reaches parameter servers. Implementations must be
-// thread-safe; they are never called with the manager's lock held.
-class ServerControl {
- public:
-  virtual ~ServerControl() = default;
-  virtual absl::Status SetupJob(const std::string& address, const v1::SetupJobRequest& request) = 0;
-  // keep_parameters: the job succeeded; keep its parameters readable.
-  // map_version: the job's shard-map version when the drop was decided; the
-  // server keeps a copy set up at a newer one (0: drop any).
-  virtual absl::Status DropJob(const std::string& address, const std::string& job_id,
-                               const std::string& reason, bool keep_parameters, int64_t map_version) = 0;
-  // Gives a server the shard map after a failover.
-  virtual absl::Status Reconfigure(const std::string& address, const std::string& job_id,
-                                   const v1::ShardMap& map) = 0;
-  // Checkpoints: cut (and write) the server's chunks of a job; returns once
-  // durable. See fulcrum.v1.CheckpointRequest.
-  virtual absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,
-                                                            const v1::CheckpointRequest& request) = 0;
-  // checkpoint_id 0: every checkpoint of the job.
-  virtual absl::Status DeleteCheckpoint(const std::string& address, const std::string& job_id,
-                                        int64_t checkpoint_id) = 0;
-  // Cancels the calls in flight (the scheduler is stopping).
-  virtual void CancelAll() {}
-};
 
 struct SchedulerOptions {
   absl::Duration lease = absl::Milliseconds(1800);
@@ -150,7 +128,6 @@ class JobManager {
   void Tick();
 
  private:
-  struct Member;
   struct Job;
   using Action = std::function<void()>;
 
@@ -170,14 +147,16 @@ class JobManager {
   bool Paused(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdatePause(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddEvent(Job* job, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SyncWorkerStatus(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's status as clients see it: the stored part (spec, state,
+  // progress, history, events, checkpoints) with its workers, shards and
+  // shard map rendered from the job's current state.
+  v1::JobStatus Render(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues DropJob for the jobs a (re)registering server holds but must not.
   void DropStaleCopies(const std::string& server_id, const v1::RegisterRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A server of the job is gone: promote backups of the shards it led, drop
   // it from the others, bump the map version (job_manager_placement.cc).
   void FailOver(Job* job, const std::string& server_id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SyncShardStatus(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds live spare servers to replica groups short of the job's replicas:
   // the new backup copies the shard from its primary, then joins.
   void ReplenishReplicas() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -239,19 +218,15 @@ class JobManager {
   void CheckRecovery() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How long after a restart members of running jobs have to register again.
   absl::Duration RecoveryWindow() const { return options_.lease * 2; }
-  // Checkpoints (job_manager_checkpoint.cc).
-  struct CheckpointTask {
-    std::string job_id;
-    int64_t id = 0;
-  };
+  // Checkpoints (job_manager_checkpoint.cc; taken by checkpoints_).
   // Starts the checkpoints that are due (everySteps / everySeconds).
   void ScheduleCheckpoints() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t QueueCheckpoint(Job* job, const std::string& trigger) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CheckpointLoop();
-  // Cuts, writes and commits one checkpoint (no lock held across the calls).
-  void TakeCheckpoint(const CheckpointTask& task) ABSL_LOCKS_EXCLUDED(mu_);
-  void FinishCheckpoint(const CheckpointTask& task, absl::Status status, v1::CheckpointManifest manifest,
-                        absl::Time started, const std::map<std::string, std::string>& servers)
+  // The coordinator's hooks: what a checkpoint starting now covers; its
+  // outcome (the job's records, manifests kept, retention).
+  absl::StatusOr<CheckpointPlan> PlanCheckpoint(const CheckpointTask& task) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<ExpiredCheckpoint> FinishCheckpoint(const CheckpointTask& task, const absl::Status& status,
+                                                  const v1::CheckpointManifest& manifest, absl::Duration took)
       ABSL_LOCKS_EXCLUDED(mu_);
   v1::CheckpointInfo* FindCheckpointInfo(Job* job, int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restarts a job whose parameters are lost from its latest complete
@@ -279,17 +254,14 @@ class JobManager {
 
   mutable Mutex mu_;  // guards everything below
   mutable CondVar changed_;  // signalled whenever a job's status changes
-  std::map<std::string, std::unique_ptr<Member>> members_ ABSL_GUARDED_BY(mu_);
+  Membership members_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> pending_ ABSL_GUARDED_BY(mu_);  // PENDING jobs in submit order
   std::vector<Action> actions_ ABSL_GUARDED_BY(mu_);     // server calls to run unlocked
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t next_member_[3] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
-  std::thread checkpoint_thread_;
   std::unique_ptr<ThreadPool> server_calls_;  // with options.server_call_threads
-  std::deque<CheckpointTask> checkpoint_queue_ ABSL_GUARDED_BY(mu_);
 
   KvStore* const store_;
   std::set<std::string> dirty_ ABSL_GUARDED_BY(mu_);  // jobs to write to the store
@@ -298,6 +270,9 @@ class JobManager {
   std::optional<absl::Time> last_tick_ ABSL_GUARDED_BY(mu_);
   Mutex persist_mu_ ABSL_ACQUIRED_AFTER(mu_);  // serializes writes to the store
   std::map<std::string, int64_t> written_ ABSL_GUARDED_BY(persist_mu_);  // record version written per job
+  // Its own thread and lock; its lock is taken after mu_ (Enqueue), never
+  // held while it calls back.
+  CheckpointCoordinator checkpoints_;
 };
 
 }  // namespace fulcrum

@@ -1,21 +1,7 @@
-// JobManager: checkpoints and restores.
-//
-// A checkpoint is one consistent cut of a job's parameters, optimizer state,
-// update counts, dedup watermarks and data positions:
-//  - BSP: a step boundary S. The scheduler asks every server for its chunks'
-//    versions, picks S a little ahead of the highest, and asks every replica
-//    to snapshot each chunk at the moment it reaches version S (in memory,
-//    under the chunk's lock, so training never waits); a chunk already past
-//    S aborts the attempt, which is retried further ahead.
-//  - ASP/SSP: each chunk is snapshotted as it is when the request arrives;
-//    the cut is the per-chunk versions and per-partition step counts, and
-//    each data partition resumes at the lowest step any chunk has of it
-//    (chunks that already hold a later step refuse its replay as a
-//    duplicate, so no update is applied twice).
-// Servers write their snapshots to RocksDB in the background and answer once
-// durable. Only when every server has answered does the scheduler commit the
-// manifest (chunks, versions, checksums, holders) to its own store; an
-// attempt without a committed manifest is never used and its data is deleted.
+// JobManager: the job side of checkpoints (when they are due, their records
+// in the job's status, the manifests kept, retention) and restores. Taking
+// one is the CheckpointCoordinator's (scheduler/checkpoint_coordinator.h),
+// on its own thread.
 #include <algorithm>
 #include <set>
 #include <thread>
@@ -34,55 +20,11 @@
 namespace fulcrum {
 namespace {
 
-constexpr char kManifestPrefix[] = "ckpt/";
-constexpr int kMaxCheckpointInfos = 100;   // FAILED entries beyond this are forgotten
-constexpr int kMaxAttempts = 5;            // BSP: retries when the job outran the cut
-constexpr int64_t kCaptureTimeoutMs = 60000;
+constexpr int kMaxCheckpointInfos = 100;  // FAILED entries beyond this are forgotten
 constexpr int kDefaultKeepLast = 3;
 constexpr int64_t kNearEndSteps = 16;  // no periodic checkpoint this close to the end
 
-}  // namespace
-
-std::string CheckpointManifestKey(const std::string& job_id, int64_t id) {
-  return absl::StrFormat("%s%s/%020d", kManifestPrefix, job_id, id);
-}
-
-namespace {
-
-std::string ManifestKey(const std::string& job_id, int64_t id) { return CheckpointManifestKey(job_id, id); }
-
 int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
-
-// Calls Checkpoint on every server at once (each call blocks until its cut
-// is durable; all must be armed before the job passes the cut).
-absl::Status CheckpointAll(ServerControl* servers, const std::map<std::string, std::string>& addresses,
-                           const v1::CheckpointRequest& request,
-                           std::map<std::string, v1::CheckpointResponse>* responses) {
-  std::vector<std::string> ids;
-  for (const auto& [id, address] : addresses) ids.push_back(id);
-  std::vector<absl::StatusOr<v1::CheckpointResponse>> results(ids.size(), absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    threads.emplace_back([&, i] { results[i] = servers->Checkpoint(addresses.at(ids[i]), request); });
-  }
-  for (std::thread& t : threads) t.join();
-  absl::Status first;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (results[i].ok()) {
-      (*responses)[ids[i]] = *std::move(results[i]);
-    } else if (first.ok() || absl::IsAborted(results[i].status())) {
-      // ABORTED wins: it is the retryable one (the job outran the cut).
-      first = absl::Status(results[i].status().code(),
-                           absl::StrCat("server ", ids[i], ": ", results[i].status().message()));
-    }
-  }
-  return first;
-}
-
-void DeleteEverywhere(ServerControl* servers, const std::map<std::string, std::string>& addresses,
-                      const std::string& job_id, int64_t id) {
-  for (const auto& [server, address] : addresses) IgnoreError(servers->DeleteCheckpoint(address, job_id, id));
-}
 
 }  // namespace
 
@@ -108,7 +50,7 @@ int64_t JobManager::QueueCheckpoint(Job* job, const std::string& trigger) {
   info->set_time_unix_ms(UnixMillis(clock_()));
   info->set_state(v1::CheckpointInfo::WRITING);
   info->set_trigger(trigger);
-  checkpoint_queue_.push_back({job->status.job_id(), id});
+  checkpoints_.Enqueue({job->status.job_id(), id});
   Touch(job);
   return id;
 }
@@ -128,33 +70,7 @@ void JobManager::ScheduleCheckpoints() {
   }
 }
 
-void JobManager::CheckpointLoop() {
-  while (true) {
-    CheckpointTask task;
-    {
-      MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !checkpoint_queue_.empty(); };
-      mu_.Await(absl::Condition(&ready));
-      if (stopping_) return;
-      task = checkpoint_queue_.front();
-      checkpoint_queue_.pop_front();
-    }
-    TakeCheckpoint(task);
-  }
-}
-
-void JobManager::RunQueuedCheckpoints() {
-  while (true) {
-    CheckpointTask task;
-    {
-      MutexLock lock(&mu_);
-      if (checkpoint_queue_.empty()) return;
-      task = checkpoint_queue_.front();
-      checkpoint_queue_.pop_front();
-    }
-    TakeCheckpoint(task);
-  }
-}
+void JobManager::RunQueuedCheckpoints() { checkpoints_.RunQueued(); }
 
 absl::StatusOr<v1::CheckpointInfo> JobManager::CheckpointNow(const std::string& job_id, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -188,145 +104,46 @@ absl::StatusOr<v1::CheckpointInfo> JobManager::CheckpointNow(const std::string& 
   }
 }
 
-void JobManager::TakeCheckpoint(const CheckpointTask& task) {
-  const absl::Time started = absl::Now();
-  std::map<std::string, std::string> servers;  // every replica of every shard
-  v1::CheckpointManifest manifest;
-  bool synchronous = false;
-  int64_t total_steps = 0;
-  bool training = false;
-  bool joining = false;
-  {
-    MutexLock lock(&mu_);
-    Job* job = FindJob(task.job_id);
-    if (job == nullptr) return;
-    training = job->phase == Job::Phase::kTraining;
-    joining = job->handover.has_value();
-    // Every replica of every shard that holds chunks (an empty shard's
-    // server has nothing of the job).
-    const std::set<int32_t> holding = HoldingShards(*job);
-    for (const v1::ShardLocation& shard : job->shard_map.shards()) {
-      if (holding.count(shard.shard()) == 0) continue;
-      servers[shard.server_id()] = shard.address();
-      for (int b = 0; b < shard.backup_ids_size(); ++b) servers[shard.backup_ids(b)] = shard.backup_addresses(b);
-    }
-    synchronous = job->status.spec().mode() == v1::BSP || job->status.spec().mode() == v1::MODE_UNSPECIFIED;
-    total_steps = job->total_steps;
-    manifest.set_job_id(task.job_id);
-    *manifest.mutable_shard_map() = job->shard_map;
-    manifest.mutable_server_addresses()->insert(servers.begin(), servers.end());
-    manifest.set_num_partitions(job->num_partitions);
-    manifest.set_global_batch(int64_t{job->status.spec().data().batch_size()} * job->num_partitions);
-    *manifest.mutable_progress() = job->status.progress();
-    *manifest.mutable_spec() = job->status.spec();
-    if (const v1::CheckpointInfo* info = FindCheckpointInfo(job, task.id)) *manifest.mutable_info() = *info;
+absl::StatusOr<CheckpointPlan> JobManager::PlanCheckpoint(const CheckpointTask& task) {
+  MutexLock lock(&mu_);
+  Job* job = FindJob(task.job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", task.job_id, " is gone"));
+  if (job->phase != Job::Phase::kTraining) return absl::FailedPreconditionError("the job stopped training");
+  if (job->handover.has_value()) {
+    return absl::UnavailableError(
+        "a server is joining the job (copying chunks): take the checkpoint once it holds its copy");
   }
-  if (!training) {
-    return FinishCheckpoint(task, absl::FailedPreconditionError("the job stopped training"), {}, started, {});
+  CheckpointPlan plan;
+  // Every replica of every shard that holds chunks (an empty shard's server
+  // has nothing of the job).
+  const std::set<int32_t> holding = HoldingShards(*job);
+  for (const v1::ShardLocation& shard : job->shard_map.shards()) {
+    if (holding.count(shard.shard()) == 0) continue;
+    plan.servers[shard.server_id()] = shard.address();
+    for (int b = 0; b < shard.backup_ids_size(); ++b) plan.servers[shard.backup_ids(b)] = shard.backup_addresses(b);
   }
-  if (joining) {
-    return FinishCheckpoint(task,
-                            absl::UnavailableError("a server is joining the job (copying chunks): take the "
-                                                   "checkpoint once it holds its copy"),
-                            {}, started, {});
-  }
-  v1::CheckpointRequest request;
-  request.set_job_id(task.job_id);
-  request.set_checkpoint_id(task.id);
-  request.set_timeout_ms(kCaptureTimeoutMs);
-  std::map<std::string, v1::CheckpointResponse> responses;
-  absl::Status status;
-  int64_t cut = 0;
-  if (!synchronous) {
-    status = CheckpointAll(servers_, servers, request, &responses);
-  } else {
-    for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
-      v1::CheckpointRequest probe = request;
-      probe.set_at_version(-1);
-      std::map<std::string, v1::CheckpointResponse> versions;
-      status = CheckpointAll(servers_, servers, probe, &versions);
-      if (!status.ok()) break;
-      int64_t highest = 0;
-      for (const auto& [id, response] : versions) highest = std::max(highest, response.max_version());
-      cut = highest + 2 + 8 * attempt;  // further ahead after each miss
-      if (cut >= total_steps) {
-        status = absl::OutOfRangeError(absl::StrCat(
-            "the job is within ", total_steps - highest, " steps of its end (its final parameters are kept anyway)"));
-        break;
-      }
-      request.set_at_version(cut);
-      responses.clear();
-      status = CheckpointAll(servers_, servers, request, &responses);
-      if (!absl::IsAborted(status)) break;
-      FLOG(INFO) << "job " << task.job_id << ": checkpoint " << task.id << " missed step " << cut << "; retrying";
-      DeleteEverywhere(servers_, servers, task.job_id, task.id);
-    }
-  }
-  if (status.ok()) {
-    // The primary's copy of each chunk is the checkpoint's; replicas with the
-    // same checksum are further sources for it.
-    std::map<int32_t, std::string> primary_of;
-    for (const v1::ShardLocation& shard : manifest.shard_map().shards()) {
-      for (const v1::ChunkLocation& chunk : manifest.shard_map().chunks()) {
-        if (chunk.shard() == shard.shard()) primary_of[chunk.chunk_id()] = shard.server_id();
-      }
-    }
-    std::map<std::string, std::map<int32_t, const v1::CheckpointChunk*>> by_server;
-    int64_t bytes = 0;
-    for (const auto& [id, response] : responses) {
-      for (const v1::CheckpointChunk& chunk : response.chunks()) {
-        by_server[id][chunk.chunk_id()] = &chunk;
-        bytes += chunk.bytes();
-      }
-    }
-    std::vector<int64_t> positions(manifest.num_partitions(), synchronous ? cut : INT64_MAX);
-    for (const v1::ChunkLocation& location : manifest.shard_map().chunks()) {
-      const std::string& primary = primary_of[location.chunk_id()];
-      auto found = by_server[primary].find(location.chunk_id());
-      if (found == by_server[primary].end()) {
-        status = absl::InternalError(absl::StrCat("chunk ", location.chunk_id(), " is missing from its primary ",
-                                                  primary, "'s checkpoint"));
-        break;
-      }
-      v1::CheckpointChunk* chunk = manifest.add_chunks();
-      *chunk = *found->second;
-      chunk->clear_server_ids();
-      chunk->add_server_ids(primary);
-      for (const auto& [server, chunks] : by_server) {
-        auto other = chunks.find(location.chunk_id());
-        if (server != primary && other != chunks.end() && other->second->checksum() == chunk->checksum()) {
-          chunk->add_server_ids(server);
-        }
-      }
-      for (int p = 0; !synchronous && p < chunk->partition_steps_size() && p < manifest.num_partitions(); ++p) {
-        positions[p] = std::min(positions[p], chunk->partition_steps(p));
-      }
-    }
-    for (int64_t& p : positions) p = p == INT64_MAX ? 0 : p;
-    manifest.mutable_partition_steps()->Assign(positions.begin(), positions.end());
-    int64_t step = synchronous ? cut : (positions.empty() ? 0 : *std::min_element(positions.begin(), positions.end()));
-    manifest.mutable_info()->set_step(step);
-    manifest.mutable_info()->set_bytes(bytes);
-  }
-  if (status.ok()) {
-    manifest.mutable_info()->set_state(v1::CheckpointInfo::COMPLETE);
-    manifest.mutable_info()->set_duration_seconds(absl::ToDoubleSeconds(absl::Now() - started));
-    // The commit point: the manifest in the scheduler's own store.
-    if (store_ != nullptr) {
-      absl::Status committed = store_->Put(ManifestKey(task.job_id, task.id), manifest.SerializeAsString());
-      if (!committed.ok()) status = absl::Status(committed.code(), absl::StrCat("committing the manifest: ", committed.message()));
-    }
-  }
-  FinishCheckpoint(task, status, std::move(manifest), started, servers);
+  plan.synchronous = job->status.spec().mode() == v1::BSP || job->status.spec().mode() == v1::MODE_UNSPECIFIED;
+  plan.total_steps = job->total_steps;
+  v1::CheckpointManifest& manifest = plan.manifest;
+  manifest.set_job_id(task.job_id);
+  *manifest.mutable_shard_map() = job->shard_map;
+  manifest.mutable_server_addresses()->insert(plan.servers.begin(), plan.servers.end());
+  manifest.set_num_partitions(job->num_partitions);
+  manifest.set_global_batch(int64_t{job->status.spec().data().batch_size()} * job->num_partitions);
+  *manifest.mutable_progress() = job->status.progress();
+  *manifest.mutable_spec() = job->status.spec();
+  if (const v1::CheckpointInfo* info = FindCheckpointInfo(job, task.id)) *manifest.mutable_info() = *info;
+  return plan;
 }
 
-void JobManager::FinishCheckpoint(const CheckpointTask& task, absl::Status status, v1::CheckpointManifest manifest,
-                                  absl::Time started, const std::map<std::string, std::string>& servers) {
-  std::vector<std::pair<int64_t, std::map<std::string, std::string>>> expired;  // checkpoints to delete
+std::vector<ExpiredCheckpoint> JobManager::FinishCheckpoint(const CheckpointTask& task, const absl::Status& status,
+                                                            const v1::CheckpointManifest& manifest,
+                                                            absl::Duration took) {
+  std::vector<ExpiredCheckpoint> expired;
   {
     MutexLock lock(&mu_);
     Job* job = FindJob(task.job_id);
-    if (job == nullptr) return;
+    if (job == nullptr) return expired;
     job->checkpointing = false;
     v1::CheckpointInfo* info = FindCheckpointInfo(job, task.id);
     if (info == nullptr) info = job->status.add_checkpoints();
@@ -338,7 +155,7 @@ void JobManager::FinishCheckpoint(const CheckpointTask& task, absl::Status statu
     } else if (!status.ok()) {
       info->set_state(v1::CheckpointInfo::FAILED);
       info->set_reason(std::string(status.message()));
-      info->set_duration_seconds(absl::ToDoubleSeconds(absl::Now() - started));
+      info->set_duration_seconds(absl::ToDoubleSeconds(took));
       FLOG(WARNING) << "job " << task.job_id << ": checkpoint " << task.id << " failed: " << status.message();
     } else {
       *info = manifest.info();
@@ -355,8 +172,7 @@ void JobManager::FinishCheckpoint(const CheckpointTask& task, absl::Status statu
       }
       for (size_t i = 0; i + keep < complete.size(); ++i) {
         const v1::CheckpointManifest& old = job->manifests[complete[i]];
-        std::map<std::string, std::string> holders(old.server_addresses().begin(), old.server_addresses().end());
-        expired.emplace_back(complete[i], std::move(holders));
+        expired.push_back({complete[i], {old.server_addresses().begin(), old.server_addresses().end()}});
         job->manifests.erase(complete[i]);
       }
     }
@@ -372,11 +188,7 @@ void JobManager::FinishCheckpoint(const CheckpointTask& task, absl::Status statu
     Touch(job);
   }
   Flush();
-  if (!status.ok()) DeleteEverywhere(servers_, servers, task.job_id, task.id);
-  for (const auto& [id, holders] : expired) {
-    if (store_ != nullptr) IgnoreError(store_->Delete(ManifestKey(task.job_id, id)));
-    DeleteEverywhere(servers_, holders, task.job_id, id);
-  }
+  return expired;
 }
 
 absl::StatusOr<v1::CheckpointManifest> JobManager::GetCheckpoint(const std::string& job_id,
@@ -409,8 +221,8 @@ void JobManager::PlanRestore(Job* job, const v1::CheckpointManifest& manifest) {
   // The holders' current addresses where they are live (a server that came
   // back on another port), else the addresses recorded at the cut.
   for (const auto& [id, address] : manifest.server_addresses()) {
-    auto member = members_.find(id);
-    (*restore.mutable_server_addresses())[id] = member != members_.end() ? member->second->address : address;
+    const Member* member = members_.Find(id);
+    (*restore.mutable_server_addresses())[id] = member != nullptr ? member->address : address;
   }
   const int64_t global_batch = int64_t{job->status.spec().data().batch_size()} * job->num_partitions;
   int64_t step = manifest.info().step();
@@ -441,7 +253,7 @@ bool JobManager::RestoreFromCheckpoint(Job* job, const std::string& why) {
   // Everything that ran on the lost state starts over: servers drop what
   // they still hold, workers are taken out (they come back under new ranks).
   for (const auto& [server, address] : job->server_addresses) {
-    if (members_.count(server) == 0) continue;
+    if (!members_.Contains(server)) continue;
     actions_.push_back([this, address = address, id, version = job->shard_map.version()] {
       IgnoreError(servers_->DropJob(address, id, "the job restarts from a checkpoint", false, version));
     });
@@ -449,12 +261,11 @@ bool JobManager::RestoreFromCheckpoint(Job* job, const std::string& why) {
   job->server_addresses.clear();
   job->handover.reset();
   for (const JobWorker& w : job->workers) {
-    auto member = members_.find(w.id);
-    if (member != members_.end() && member->second->job_id == id) member->second->job_id.clear();
+    Member* member = members_.Find(w.id);
+    if (member != nullptr && member->job_id == id) member->job_id.clear();
   }
   job->workers.clear();
   job->done_partitions.clear();
-  SyncWorkerStatus(job);
   PlanRestore(job, *latest);
   job->phase = Job::Phase::kPending;
   job->status.set_restores(job->status.restores() + 1);
@@ -471,9 +282,9 @@ bool JobManager::RestoreSourcesLive(Job* job) {
   for (const v1::CheckpointChunk& chunk : restore.chunks()) {
     bool live = false;
     for (const std::string& server : chunk.server_ids()) {
-      auto member = members_.find(server);
-      if (member == members_.end()) continue;
-      (*restore.mutable_server_addresses())[server] = member->second->address;
+      const Member* member = members_.Find(server);
+      if (member == nullptr) continue;
+      (*restore.mutable_server_addresses())[server] = member->address;
       live = true;
     }
     if (!live) missing.insert(chunk.server_ids().begin(), chunk.server_ids().end());
@@ -518,7 +329,7 @@ bool JobManager::RestoreFailed(Job* job, const absl::Status& failure) {
   if (v1::CheckpointInfo* info = FindCheckpointInfo(job, bad)) *info = it->second.info();
   if (store_ != nullptr) {
     v1::CheckpointManifest marked = it->second;
-    actions_.push_back([this, key = ManifestKey(job->status.job_id(), bad), marked] {
+    actions_.push_back([this, key = CheckpointManifestKey(job->status.job_id(), bad), marked] {
       IgnoreError(store_->Put(key, marked.SerializeAsString()));
     });
   }

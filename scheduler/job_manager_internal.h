@@ -1,6 +1,8 @@
 // JobManager's private state, shared by its .cc files (split by concern:
-// job_manager.cc the job API and reports, job_manager_membership.cc members,
-// leases and partition ownership, job_manager_placement.cc shard maps).
+// job_manager.cc the job API and reports, job_manager_membership.cc what
+// members joining and leaving mean for jobs, job_manager_placement.cc shard
+// maps, job_manager_checkpoint.cc checkpoints and restores,
+// job_manager_state.cc persistence).
 #ifndef FULCRUM_SCHEDULER_JOB_MANAGER_INTERNAL_H_
 #define FULCRUM_SCHEDULER_JOB_MANAGER_INTERNAL_H_
 
@@ -17,23 +19,8 @@
 
 namespace fulcrum {
 
-// Keys of the scheduler's store: a job's record, a checkpoint's manifest.
+// The key of a job's record in the scheduler's store.
 std::string JobRecordKey(const std::string& job_id);
-std::string CheckpointManifestKey(const std::string& job_id, int64_t id);
-
-struct JobManager::Member {
-  std::string id;
-  v1::Role role = v1::ROLE_UNSPECIFIED;
-  std::string address;
-  std::string metrics_address;
-  std::string device;
-  int64_t pid = 0;
-  uint64_t incarnation = 0;  // the process start it registered from
-  absl::Time last_heartbeat;
-  std::string job_id;  // workers: the job assigned, if any
-  bool draining = false;  // servers: asked to leave; their shards move away
-  int64_t memory_budget = 0;  // as registered; 0: not reported
-};
 
 // A worker taking part in a job.
 struct JobWorker {

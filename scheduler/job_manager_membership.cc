@@ -16,6 +16,7 @@
 #include "common/memory_budget.h"
 #include "common/status_macros.h"
 #include "scheduler/job_manager_internal.h"
+#include "scheduler/partitions.h"
 #include "common/sync.h"
 
 namespace fulcrum {
@@ -29,97 +30,30 @@ std::string PartitionList(const std::vector<int32_t>& partitions) {
   return absl::StrCat("{", absl::StrJoin(partitions, ","), "}");
 }
 
-// Member ids name pods and processes in events, logs and metrics labels:
-// letters, digits, '.', '_' and '-', as Kubernetes names are.
-bool ValidMemberId(const std::string& id) {
-  if (id.empty() || id.size() > 128 || !absl::ascii_isalnum(static_cast<unsigned char>(id[0]))) return false;
-  for (char c : id) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') return false;
-  }
-  return true;
-}
-
-absl::Status CheckRegistration(const v1::RegisterRequest& request) {
-  if (!request.requested_id().empty() && !ValidMemberId(request.requested_id())) {
-    return absl::InvalidArgumentError(absl::StrCat("register: requested id ", Quote(request.requested_id()),
-                                                   " must be 1-128 letters, digits, '.', '_' or '-', starting with "
-                                                   "a letter or digit"));
-  }
-  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"address", &request.address()},
-                                     {"metrics address", &request.metrics_address()},
-                                     {"device", &request.device()}}) {
-    if (value->size() > 256 || !IsPrintable(*value)) {
-      return absl::InvalidArgumentError(absl::StrCat("register: the ", field, " must be at most 256 printable "
-                                                     "characters (got ", Quote(*value, 64), ")"));
-    }
-  }
-  if (request.jobs_size() > 100000) return absl::InvalidArgumentError("register: too many held jobs listed");
-  for (const std::string& job : request.jobs()) {
-    if (job.size() > 256 || !IsPrintable(job)) {
-      return absl::InvalidArgumentError(absl::StrCat("register: held job id ", Quote(job, 64), " is not a job id"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequest& request) {
-  if (request.role() != v1::SERVER && request.role() != v1::WORKER) {
-    return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
-  }
-  if (request.role() == v1::SERVER && request.address().empty()) {
-    return absl::InvalidArgumentError("register: a server must give its address");
-  }
   RETURN_IF_ERROR(CheckRegistration(request));
   MutexLock lock(&mu_);
-  std::string id = request.requested_id();
-  if (id.empty()) {
-    const char* prefix = request.role() == v1::SERVER ? "server-" : "worker-";
-    do {
-      id = absl::StrCat(prefix, next_member_[request.role()]++);
-    } while (members_.count(id) > 0);
-  }
-  auto existing = members_.find(id);
-  if (existing != members_.end() && existing->second->incarnation != request.incarnation() &&
-      clock_() - existing->second->last_heartbeat <= options_.lease) {
-    // Another process holds the id and its lease: two processes must never
-    // share one. A restarted process lands here until the old lease runs out.
-    const Member& holder = *existing->second;
-    return absl::AlreadyExistsError(absl::StrFormat(
-        "register: id \"%s\" is held by a live %s (pid %d, address %s, lease renewed %.1fs ago): "
-        "choose another id, or, if that process is gone, retry after its lease (%.1fs) expires",
-        id, holder.role == v1::SERVER ? "server" : "worker", holder.pid,
-        holder.address.empty() ? "none" : holder.address, absl::ToDoubleSeconds(clock_() - holder.last_heartbeat),
-        absl::ToDoubleSeconds(options_.lease)));
-  }
-  if (existing != members_.end()) {
+  ASSIGN_OR_RETURN(const std::string id, members_.ChooseId(request, clock_()));
+  Member* existing = members_.Find(id);
+  if (existing != nullptr) {
     // The same id registering again is a restarted process: whatever it held
     // for running jobs (a worker's partitions, a server's parameters) is gone.
     for (auto& [job_id, job] : jobs_) {
       if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
-      if (existing->second->job_id == job_id) {
-        RemoveWorker(job.get(), id, "restarted");
-      }
+      if (existing->job_id == job_id) RemoveWorker(job.get(), id, "restarted");
     }
   }
-  auto member = std::make_unique<Member>();
-  member->id = id;
-  member->role = request.role();
-  member->address = request.address();
-  member->metrics_address = request.metrics_address();
-  member->device = request.device();
-  member->pid = request.pid();
-  member->incarnation = request.incarnation();
-  member->memory_budget = std::max<int64_t>(0, request.memory_budget_bytes());
-  member->last_heartbeat = clock_();
+  const bool known = existing != nullptr;
+  std::string resumes;  // a worker's job after a scheduler restart
   // After a scheduler restart, members of running jobs register again: a
   // worker goes back to its job; a server must still hold the job's shards.
   for (auto& [job_id, job] : jobs_) {
     if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
-    if (request.role() == v1::WORKER && existing == members_.end()) {
+    if (request.role() == v1::WORKER && !known) {
       for (const JobWorker& w : job->workers) {
-        if (w.id == id) member->job_id = job_id;
+        if (w.id == id) resumes = job_id;
       }
     }
     if (request.role() == v1::SERVER && job->server_addresses.count(id) > 0 &&
@@ -140,7 +74,7 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
       }
     }
   }
-  members_[id] = std::move(member);
+  members_.Add(request, id, clock_())->job_id = resumes;
   FLOG(INFO) << "registered " << id << " (" << v1::Role_Name(request.role()) << ", "
              << (request.address().empty() ? "no address" : request.address()) << ")";
   v1::RegisterResponse response;
@@ -178,26 +112,24 @@ void JobManager::DropStaleCopies(const std::string& server_id, const v1::Registe
 
 absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatRequest& request) {
   MutexLock lock(&mu_);
-  auto it = members_.find(request.member_id());
-  if (it == members_.end()) {
-    return absl::NotFoundError(absl::StrCat("member \"", request.member_id(),
-                                            "\" is not registered (lease expired?): register again"));
+  const Member* member = members_.Renew(request.member_id(), clock_());
+  if (member == nullptr) {
+    return absl::NotFoundError(absl::StrCat("member ", Quote(request.member_id()),
+                                            " is not registered (lease expired?): register again"));
   }
-  Member& member = *it->second;
-  member.last_heartbeat = clock_();
   v1::HeartbeatResponse response;
-  if (member.role == v1::WORKER) *response.mutable_assignment() = AssignmentFor(member);
-  if (member.draining) response.set_drained(Drained(member.id));
+  if (member->role == v1::WORKER) *response.mutable_assignment() = AssignmentFor(*member);
+  if (member->draining) response.set_drained(Drained(member->id));
   return response;
 }
 
 absl::Status JobManager::Leave(const std::string& member_id) {
   MutexLock lock(&mu_);
-  auto it = members_.find(member_id);
-  if (it == members_.end()) return absl::NotFoundError(absl::StrCat("member \"", member_id, "\" is not registered"));
-  if (it->second->role != v1::SERVER) return absl::InvalidArgumentError("only servers leave through Leave");
-  if (!it->second->draining) FLOG(INFO) << "server " << member_id << " leaves: moving its shards away";
-  it->second->draining = true;
+  Member* member = members_.Find(member_id);
+  if (member == nullptr) return absl::NotFoundError(absl::StrCat("member ", Quote(member_id), " is not registered"));
+  if (member->role != v1::SERVER) return absl::InvalidArgumentError("only servers leave through Leave");
+  if (!member->draining) FLOG(INFO) << "server " << member_id << " leaves: moving its shards away";
+  member->draining = true;
   return absl::OkStatus();
 }
 
@@ -245,7 +177,7 @@ v1::Assignment JobManager::AssignmentFor(const Member& member) const {
 std::vector<v1::MemberInfo> JobManager::Members() const {
   MutexLock lock(&mu_);
   std::vector<v1::MemberInfo> members;
-  for (const auto& [id, member] : members_) {
+  for (const auto& [id, member] : members_.all()) {
     v1::MemberInfo info;
     info.set_member_id(id);
     info.set_role(member->role);
@@ -263,28 +195,21 @@ std::vector<v1::MemberInfo> JobManager::Members() const {
 }
 
 void JobManager::ExpireLeases() {
-  absl::Time now = clock_();
-  for (auto it = members_.begin(); it != members_.end();) {
-    Member& member = *it->second;
-    absl::Duration silent = now - member.last_heartbeat;
-    if (silent <= options_.lease) {
-      ++it;
-      continue;
-    }
-    std::string what = absl::StrFormat("%s %s lost its lease: no heartbeat for %.1fs",
-                                       member.role == v1::SERVER ? "server" : "worker", member.id,
-                                       absl::ToDoubleSeconds(silent));
+  for (const Membership::Lost& lost : members_.Expire(clock_())) {
+    const Member& member = lost.member;
+    const std::string what = absl::StrFormat("%s %s lost its lease: no heartbeat for %.1fs",
+                                             member.role == v1::SERVER ? "server" : "worker", member.id,
+                                             absl::ToDoubleSeconds(lost.silent));
     FLOG(WARNING) << what;
     for (auto& [job_id, job] : jobs_) {
       if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
       if (job->server_addresses.count(member.id) > 0) {
         FailOver(job.get(), member.id, what);
       } else if (member.job_id == job_id) {
-        RemoveWorker(job.get(), member.id, absl::StrFormat("lost (no heartbeat for %.1fs)",
-                                                           absl::ToDoubleSeconds(silent)));
+        RemoveWorker(job.get(), member.id,
+                     absl::StrFormat("lost (no heartbeat for %.1fs)", absl::ToDoubleSeconds(lost.silent)));
       }
     }
-    it = members_.erase(it);
   }
 }
 
@@ -330,12 +255,12 @@ int64_t JobManager::ServerClaimed(const std::string& server_id) const {
   return claimed;
 }
 
-std::vector<JobManager::Member*> JobManager::ServersWithRoom(int64_t per_server) const {
+std::vector<Member*> JobManager::ServersWithRoom(int64_t per_server) const {
   std::vector<Member*> servers;
-  for (const auto& [id, member] : members_) {
-    if (member->role != v1::SERVER || member->draining) continue;
-    if (member->memory_budget > 0 && ServerClaimed(id) + per_server > member->memory_budget) continue;
-    servers.push_back(member.get());
+  for (Member* member : members_.WithRole(v1::SERVER)) {
+    if (member->draining) continue;
+    if (member->memory_budget > 0 && ServerClaimed(member->id) + per_server > member->memory_budget) continue;
+    servers.push_back(member);
   }
   return servers;
 }
@@ -345,7 +270,7 @@ JobManager::StartOutcome JobManager::TryAssign(Job* job) {
   const int replicas = std::max(1, job->status.spec().replicas());
   std::vector<Member*> idle;
   int workers_fitting = 0, servers = 0;
-  for (auto& [id, member] : members_) {
+  for (const auto& [id, member] : members_.all()) {
     if (member->role == v1::SERVER && !member->draining) ++servers;
     if (member->role != v1::WORKER || !WorkerFits(*member, *job)) continue;
     ++workers_fitting;
@@ -394,7 +319,7 @@ void JobManager::GrowJobs() {
   // (SchedulePending ran before), so elastic growth never starves a new job.
   for (auto& [job_id, job] : jobs_) {
     if (job->phase != Job::Phase::kLoading && job->phase != Job::Phase::kTraining) continue;
-    for (auto& [id, member] : members_) {
+    for (const auto& [id, member] : members_.all()) {
       if (static_cast<int>(job->workers.size()) >= job->status.spec().max_workers()) break;
       if (member->role != v1::WORKER || !member->job_id.empty() || !WorkerFits(*member, *job)) continue;
       AddWorker(job.get(), member.get());
@@ -409,7 +334,6 @@ void JobManager::AddWorker(Job* job, Member* member) {
   worker.id = member->id;
   worker.rank = job->next_rank++;
   job->workers.push_back(std::move(worker));
-  SyncWorkerStatus(job);
   Touch(job);
 }
 
@@ -419,8 +343,8 @@ void JobManager::RemoveWorker(Job* job, const std::string& worker_id, const std:
   if (it == job->workers.end()) return;
   std::vector<int32_t> orphans = it->partitions;
   job->workers.erase(it);
-  auto member = members_.find(worker_id);
-  if (member != members_.end() && member->second->job_id == job->status.job_id()) member->second->job_id.clear();
+  Member* member = members_.Find(worker_id);
+  if (member != nullptr && member->job_id == job->status.job_id()) member->job_id.clear();
   Rebalance(job);
   std::string message = absl::StrCat(worker_id, " ", why);
   if (!orphans.empty()) absl::StrAppend(&message, "; its partitions ", PartitionList(orphans), " moved");
@@ -454,38 +378,11 @@ void JobManager::UpdatePause(Job* job) {
 }
 
 void JobManager::Rebalance(Job* job) {
-  std::vector<JobWorker*> ready;
+  std::vector<std::vector<int32_t>*> ready;
   for (JobWorker& w : job->workers) {
-    if (w.ready) ready.push_back(&w);
+    if (w.ready) ready.push_back(&w.partitions);
   }
-  std::vector<bool> owned(job->num_partitions, false);
-  for (JobWorker* w : ready) {
-    for (int32_t p : w->partitions) owned[p] = true;
-  }
-  if (ready.empty()) {  // unowned partitions wait for a ready worker
-    UpdatePause(job);
-    return;
-  }
-  auto least = [&] {
-    return *std::min_element(ready.begin(), ready.end(), [](JobWorker* a, JobWorker* b) {
-      return a->partitions.size() < b->partitions.size();
-    });
-  };
-  for (int32_t p = 0; p < job->num_partitions; ++p) {
-    if (!owned[p]) least()->partitions.push_back(p);
-  }
-  // Even out: move the highest partition of the busiest worker to the idlest.
-  while (true) {
-    JobWorker* most = *std::max_element(ready.begin(), ready.end(), [](JobWorker* a, JobWorker* b) {
-      return a->partitions.size() < b->partitions.size();
-    });
-    JobWorker* fewest = least();
-    if (most->partitions.size() <= fewest->partitions.size() + 1) break;
-    fewest->partitions.push_back(most->partitions.back());
-    most->partitions.pop_back();
-  }
-  for (JobWorker* w : ready) std::sort(w->partitions.begin(), w->partitions.end());
-  SyncWorkerStatus(job);
+  SpreadPartitions(job->num_partitions, ready);  // unowned partitions wait while none is ready
   UpdatePause(job);
 }
 
@@ -498,22 +395,6 @@ void JobManager::AddEvent(Job* job, const std::string& message) {
   if (job->status.events_size() > kMaxEvents) job->status.mutable_events()->DeleteSubrange(0, 1);
   FLOG(INFO) << "job " << job->status.job_id() << " epoch " << job->status.membership_epoch() << ": " << message;
   Touch(job);
-}
-
-void JobManager::SyncWorkerStatus(Job* job) {
-  job->status.clear_workers();
-  for (const JobWorker& w : job->workers) {
-    v1::WorkerAssignmentInfo* info = job->status.add_workers();
-    info->set_worker_id(w.id);
-    info->set_rank(w.rank);
-    info->set_ready(w.ready);
-    info->set_step_seconds(w.progress.step_seconds());
-    info->set_samples_per_second(w.progress.samples_per_second());
-    info->set_straggler(w.straggler);
-    for (int32_t p : w.partitions) info->add_partitions(p);
-    auto member = members_.find(w.id);
-    if (member != members_.end()) info->set_address(member->second->address);
-  }
 }
 
 }  // namespace fulcrum

@@ -124,7 +124,7 @@ void JobManager::RetryHandovers() {
   for (auto& [job_id, job] : jobs_) {
     if (job->phase != Job::Phase::kTraining || !job->handover.has_value() || job->handover_in_flight) continue;
     if (clock_() < job->handover_retry_at) continue;
-    if (members_.count(job->handover->server_id()) == 0) {
+    if (!members_.Contains(job->handover->server_id())) {
       AbandonHandover(job.get(), absl::StrCat(job->handover->server_id(), " left the cluster"));
       continue;
     }
@@ -149,7 +149,6 @@ void JobManager::AbandonHandover(Job* job, const std::string& why) {
     job->server_addresses.erase(newcomer_address);
   }
   job->handover_declined[newcomer] = clock_() + absl::Seconds(30);
-  SyncShardStatus(job);
   AddEvent(job, absl::StrCat(why, "; ", newcomer, " does not join (shard map version ", map.version(), ")"));
   for (const auto& [id, address] : job->server_addresses) {
     actions_.push_back([this, address = address, job_id = job->status.job_id(), map = map] {
@@ -267,33 +266,11 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
     job->server_addresses[shard.server_id()] = shard.address();
     for (int b = 0; b < shard.backup_ids_size(); ++b) job->server_addresses[shard.backup_ids(b)] = shard.backup_addresses(b);
   }
-  SyncShardStatus(job);
   return absl::OkStatus();
 }
 
-void JobManager::SyncShardStatus(Job* job) {
-  const v1::ShardMap& map = job->shard_map;
-  job->status.clear_shards();
-  for (const v1::ShardLocation& shard : map.shards()) {
-    v1::ShardInfo* info = job->status.add_shards();
-    info->set_shard(shard.shard());
-    info->set_server_id(shard.server_id());
-    info->set_address(shard.address());
-    for (const std::string& backup : shard.backup_ids()) info->add_backup_ids(backup);
-  }
-  for (const v1::ChunkLocation& chunk : map.chunks()) {
-    v1::ShardInfo* info = job->status.mutable_shards(chunk.shard());
-    info->set_chunks(info->chunks() + 1);
-    info->set_elements(info->elements() + chunk.length());
-  }
-  if (job->phase == Job::Phase::kTraining) *job->status.mutable_shard_map() = map;
-}
-
 void JobManager::ReplenishReplicas() {
-  auto draining = [this](const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = members_.find(id);
-    return it != members_.end() && it->second->draining;
-  };
+  auto draining = [this](const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return members_.Draining(id); };
   for (auto& [job_id, job] : jobs_) {
     if (job->phase != Job::Phase::kTraining || job->handover.has_value()) continue;
     const int replicas = std::max(1, job->status.spec().replicas());
@@ -309,8 +286,9 @@ void JobManager::ReplenishReplicas() {
       // The live server that rendezvous hashing ranks highest for this shard
       // among those not in its group.
       std::vector<ServerRef> candidates;
-      for (auto& [id, member] : members_) {
-        if (member->role != v1::SERVER || member->draining) continue;
+      for (const Member* member : members_.WithRole(v1::SERVER)) {
+        if (member->draining) continue;
+        const std::string& id = member->id;
         auto declined = job->handover_declined.find(id);
         if (declined != job->handover_declined.end() && clock_() < declined->second) continue;
         candidates.push_back({id, member->address});
@@ -320,7 +298,6 @@ void JobManager::ReplenishReplicas() {
       const std::string primary = shard.server_id();
       v1::HandoverRecord handover = AddBackup(&map, shard.shard(), *best);
       job->server_addresses[best->id] = best->address;
-      SyncShardStatus(job.get());
       AddEvent(job.get(), absl::StrCat(best->id, " joins shard ", handover.shard(), " as a backup (shard map version ",
                                        map.version(), "); copying it from ", primary));
       StartHandover(job.get(), std::move(handover));
@@ -334,9 +311,10 @@ void JobManager::DrainServers() {
   // take their shards: they go at once, and their jobs restart from a
   // checkpoint when servers are back (or fail, naming the shard).
   bool any_staying = false;
-  for (const auto& [id, member] : members_) any_staying |= member->role == v1::SERVER && !member->draining;
-  for (auto& [id, member] : members_) {
+  for (const Member* member : members_.WithRole(v1::SERVER)) any_staying |= !member->draining;
+  for (const Member* member : members_.WithRole(v1::SERVER)) {
     if (!member->draining) continue;
+    const std::string id = member->id;
     for (auto& [job_id, job] : jobs_) {
       if (job->phase != Job::Phase::kTraining || job->handover.has_value()) continue;
       if (job->server_addresses.count(id) == 0) continue;
@@ -346,10 +324,7 @@ void JobManager::DrainServers() {
       for (const auto& shard : job->shard_map.shards()) {
         if (shard.server_id() != id) continue;
         bool staying_backup = false;
-        for (const std::string& b : shard.backup_ids()) {
-          auto backup = members_.find(b);
-          staying_backup |= backup != members_.end() && !backup->second->draining;
-        }
+        for (const std::string& b : shard.backup_ids()) staying_backup |= members_.Contains(b) && !members_.Draining(b);
         ready &= staying_backup;
       }
       if (ready || !any_staying) FailOver(job.get(), id, absl::StrCat("server ", id, " leaves the cluster"));
@@ -366,19 +341,19 @@ void JobManager::GrowShards() {
     // A live server that leads no shard of the job yet.
     Member* newcomer = nullptr;
     int live = 0;
-    for (auto& [id, member] : members_) {
-      if (member->role != v1::SERVER || member->draining) continue;
+    for (Member* member : members_.WithRole(v1::SERVER)) {
+      if (member->draining) continue;
+      const std::string& id = member->id;
       ++live;
       bool leads = false;
       for (const auto& shard : map.shards()) leads |= shard.server_id() == id;
       auto declined = job->handover_declined.find(id);
       if (declined != job->handover_declined.end() && clock_() < declined->second) continue;
-      if (!leads && newcomer == nullptr) newcomer = member.get();
+      if (!leads && newcomer == nullptr) newcomer = member;
     }
     if (newcomer == nullptr || live <= map.shards_size()) continue;
     v1::HandoverRecord handover = AddShard(&map, {newcomer->id, newcomer->address});
     job->server_addresses[newcomer->id] = newcomer->address;
-    SyncShardStatus(job.get());
     AddEvent(job.get(), absl::StrCat(newcomer->id, " joins as shard ", handover.shard(), " and takes ",
                                      handover.moved_from_size(), " of ", map.chunks_size(),
                                      " chunks (shard map version ", map.version(), ")"));
@@ -410,7 +385,6 @@ void JobManager::FailOver(Job* job, const std::string& server_id, const std::str
     return;
   }
   job->status.set_failovers(job->status.failovers() + 1);
-  SyncShardStatus(job);
   AddEvent(job, absl::StrCat(why, "; shard map version ", map.version(), ": ", absl::StrJoin(changes, ", ")));
   if (job->phase == Job::Phase::kSettingUp) return;  // RunSetup fails and the job with it
   const std::string job_id = job->status.job_id();
@@ -456,7 +430,6 @@ void JobManager::RunSetup(const std::string& job_id, std::map<std::string, v1::S
   job->status.set_reason("training");
   job->last_checkpoint_time = clock_();  // periodic checkpoints count from here
   job->last_checkpoint_step = job->status.progress().step();
-  SyncShardStatus(job);
   if (job->shard_map.version() > 1 && !restored) {  // a server failed during the setup: give the others the new map
     for (const auto& [id, address] : job->server_addresses) {
       actions_.push_back([this, address = address, job_id, map = job->shard_map] {

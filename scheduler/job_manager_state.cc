@@ -15,7 +15,7 @@ namespace {
 
 constexpr char kJobPrefix[] = "job/";
 constexpr char kMetaKey[] = "meta";
-constexpr char kManifestPrefix[] = "ckpt/";  // as in job_manager_checkpoint.cc
+constexpr char kManifestPrefix[] = "ckpt/";  // as in checkpoint_coordinator.cc
 
 }  // namespace
 
@@ -72,8 +72,8 @@ void JobManager::Flush() {
     }
     dirty_.clear();
     meta.set_next_job(next_job_);
-    meta.set_next_server(next_member_[v1::SERVER]);
-    meta.set_next_worker(next_member_[v1::WORKER]);
+    meta.set_next_server(members_.next_number(v1::SERVER));
+    meta.set_next_worker(members_.next_number(v1::WORKER));
   }
   MutexLock lock(&persist_mu_);
   std::vector<std::pair<std::string, std::string>> puts;
@@ -102,8 +102,8 @@ absl::Status JobManager::Recover() {
     v1::SchedulerMeta meta;
     if (!meta.ParseFromString(value)) return absl::DataLossError("scheduler state: corrupt meta record");
     next_job_ = std::max<int64_t>(next_job_, meta.next_job());
-    next_member_[v1::SERVER] = meta.next_server();
-    next_member_[v1::WORKER] = meta.next_worker();
+    members_.set_next_number(v1::SERVER, meta.next_server());
+    members_.set_next_number(v1::WORKER, meta.next_worker());
   }
   int active = 0;
   for (const auto& [key, value] : job_entries) {
@@ -113,6 +113,10 @@ absl::Status JobManager::Recover() {
     }
     auto job = std::make_unique<Job>();
     job->status = record.status();
+    // Rendered on read (records written before that kept them in the status).
+    job->status.clear_workers();
+    job->status.clear_shards();
+    job->status.clear_shard_map();
     job->version = record.record_version();
     job->phase = static_cast<Job::Phase>(record.phase());
     for (const v1::JobWorkerRecord& r : record.workers()) {
@@ -189,7 +193,7 @@ void JobManager::CheckRecovery() {
     if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
     std::vector<std::string> gone;
     for (const auto& [server, address] : job->server_addresses) {
-      if (members_.count(server) == 0) gone.push_back(server);
+      if (!members_.Contains(server)) gone.push_back(server);
     }
     for (const std::string& server : gone) {
       if (job->phase == Job::Phase::kEnded) break;
@@ -198,7 +202,7 @@ void JobManager::CheckRecovery() {
     if (job->phase == Job::Phase::kEnded) continue;
     std::vector<std::string> missing;
     for (const JobWorker& w : job->workers) {
-      if (members_.count(w.id) == 0) missing.push_back(w.id);
+      if (!members_.Contains(w.id)) missing.push_back(w.id);
     }
     for (const std::string& id : missing) RemoveWorker(job.get(), id, "did not come back after the scheduler restarted");
   }

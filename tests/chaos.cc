@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <random>
 
@@ -12,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/local_cluster.h"
+#include "common/process.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
 #include "fulcrum/v1/job.grpc.pb.h"
@@ -29,19 +29,6 @@ bool Terminal(v1::JobState state) {
   return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
 }
 
-int64_t RssBytes(int64_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      int64_t kib = 0;
-      in >> kib;
-      return kib * 1024;
-    }
-    in.ignore(1 << 20, '\n');
-  }
-  return 0;
-}
 
 class Runner {
  public:
@@ -166,7 +153,7 @@ class Runner {
     for (const auto& p : cluster_->file().processes()) {
       if (kill(static_cast<pid_t>(p.pid()), 0) != 0) continue;
       int64_t& max = rss[p.role()];
-      max = std::max(max, RssBytes(p.pid()));
+      max = std::max(max, ResidentBytes(p.pid()));
     }
     return rss;
   }

@@ -1,0 +1,206 @@
+#include "scheduler/checkpoint_coordinator.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr char kManifestPrefix[] = "ckpt/";
+constexpr int kMaxAttempts = 5;  // BSP: retries when the job outran the cut
+constexpr int64_t kCaptureTimeoutMs = 60000;
+
+}  // namespace
+
+std::string CheckpointManifestKey(const std::string& job_id, int64_t id) {
+  return absl::StrFormat("%s%s/%020d", kManifestPrefix, job_id, id);
+}
+
+absl::Status AssembleManifest(bool synchronous, int64_t cut,
+                              const std::map<std::string, v1::CheckpointResponse>& responses,
+                              v1::CheckpointManifest* manifest) {
+  std::map<int32_t, std::string> primary_of;
+  for (const v1::ShardLocation& shard : manifest->shard_map().shards()) {
+    for (const v1::ChunkLocation& chunk : manifest->shard_map().chunks()) {
+      if (chunk.shard() == shard.shard()) primary_of[chunk.chunk_id()] = shard.server_id();
+    }
+  }
+  std::map<std::string, std::map<int32_t, const v1::CheckpointChunk*>> by_server;
+  int64_t bytes = 0;
+  for (const auto& [id, response] : responses) {
+    for (const v1::CheckpointChunk& chunk : response.chunks()) {
+      by_server[id][chunk.chunk_id()] = &chunk;
+      bytes += chunk.bytes();
+    }
+  }
+  const int32_t partitions = std::max(0, manifest->num_partitions());
+  std::vector<int64_t> positions(partitions, synchronous ? cut : INT64_MAX);
+  for (const v1::ChunkLocation& location : manifest->shard_map().chunks()) {
+    const std::string& primary = primary_of[location.chunk_id()];
+    auto found = by_server[primary].find(location.chunk_id());
+    if (found == by_server[primary].end()) {
+      return absl::InternalError(
+          absl::StrCat("chunk ", location.chunk_id(), " is missing from its primary ", primary, "'s checkpoint"));
+    }
+    v1::CheckpointChunk* chunk = manifest->add_chunks();
+    *chunk = *found->second;
+    chunk->clear_server_ids();
+    chunk->add_server_ids(primary);
+    for (const auto& [server, chunks] : by_server) {
+      auto other = chunks.find(location.chunk_id());
+      if (server != primary && other != chunks.end() && other->second->checksum() == chunk->checksum()) {
+        chunk->add_server_ids(server);
+      }
+    }
+    for (int p = 0; !synchronous && p < chunk->partition_steps_size() && p < partitions; ++p) {
+      positions[p] = std::min(positions[p], chunk->partition_steps(p));
+    }
+  }
+  for (int64_t& p : positions) p = p == INT64_MAX ? 0 : p;
+  manifest->mutable_partition_steps()->Assign(positions.begin(), positions.end());
+  const int64_t step =
+      synchronous ? cut : (positions.empty() ? 0 : *std::min_element(positions.begin(), positions.end()));
+  manifest->mutable_info()->set_step(step);
+  manifest->mutable_info()->set_bytes(bytes);
+  return absl::OkStatus();
+}
+
+CheckpointCoordinator::CheckpointCoordinator(ServerControl* servers, KvStore* store, Hooks hooks)
+    : servers_(servers), store_(store), hooks_(std::move(hooks)) {}
+
+CheckpointCoordinator::~CheckpointCoordinator() { Stop(); }
+
+void CheckpointCoordinator::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void CheckpointCoordinator::Stop() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void CheckpointCoordinator::Enqueue(CheckpointTask task) {
+  MutexLock lock(&mu_);
+  queue_.push_back(std::move(task));
+}
+
+bool CheckpointCoordinator::Next(CheckpointTask* task, bool wait) {
+  MutexLock lock(&mu_);
+  if (wait) {
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+    mu_.Await(absl::Condition(&ready));
+  }
+  if (stopping_ || queue_.empty()) return false;
+  *task = std::move(queue_.front());
+  queue_.pop_front();
+  return true;
+}
+
+void CheckpointCoordinator::Loop() {
+  CheckpointTask task;
+  while (Next(&task, /*wait=*/true)) Take(task);
+}
+
+void CheckpointCoordinator::RunQueued() {
+  CheckpointTask task;
+  while (Next(&task, /*wait=*/false)) Take(task);
+}
+
+absl::Status CheckpointCoordinator::CheckpointAll(const std::map<std::string, std::string>& servers,
+                                                  const v1::CheckpointRequest& request,
+                                                  std::map<std::string, v1::CheckpointResponse>* responses) {
+  std::vector<std::string> ids;
+  for (const auto& [id, address] : servers) ids.push_back(id);
+  std::vector<absl::StatusOr<v1::CheckpointResponse>> results(ids.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  threads.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = servers_->Checkpoint(servers.at(ids[i]), request); });
+  }
+  for (std::thread& t : threads) t.join();
+  absl::Status first;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (results[i].ok()) {
+      (*responses)[ids[i]] = *std::move(results[i]);
+    } else if (first.ok() || absl::IsAborted(results[i].status())) {
+      // ABORTED wins: it is the retryable one (the job outran the cut).
+      first = absl::Status(results[i].status().code(),
+                           absl::StrCat("server ", ids[i], ": ", results[i].status().message()));
+    }
+  }
+  return first;
+}
+
+void CheckpointCoordinator::DeleteEverywhere(const std::map<std::string, std::string>& holders,
+                                             const std::string& job_id, int64_t id) {
+  for (const auto& [server, address] : holders) IgnoreError(servers_->DeleteCheckpoint(address, job_id, id));
+}
+
+void CheckpointCoordinator::Take(const CheckpointTask& task) {
+  const absl::Time started = absl::Now();
+  absl::StatusOr<CheckpointPlan> planned = hooks_.plan(task);
+  if (!planned.ok()) {
+    hooks_.finish(task, planned.status(), v1::CheckpointManifest(), absl::Now() - started);
+    return;
+  }
+  CheckpointPlan& plan = *planned;
+  v1::CheckpointManifest& manifest = plan.manifest;
+  v1::CheckpointRequest request;
+  request.set_job_id(task.job_id);
+  request.set_checkpoint_id(task.id);
+  request.set_timeout_ms(kCaptureTimeoutMs);
+  std::map<std::string, v1::CheckpointResponse> responses;
+  absl::Status status;
+  int64_t cut = 0;
+  if (!plan.synchronous) {
+    status = CheckpointAll(plan.servers, request, &responses);
+  } else {
+    for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+      v1::CheckpointRequest probe = request;
+      probe.set_at_version(-1);
+      std::map<std::string, v1::CheckpointResponse> versions;
+      status = CheckpointAll(plan.servers, probe, &versions);
+      if (!status.ok()) break;
+      int64_t highest = 0;
+      for (const auto& [id, response] : versions) highest = std::max(highest, response.max_version());
+      cut = highest + 2 + 8 * attempt;  // further ahead after each miss
+      if (cut >= plan.total_steps) {
+        status = absl::OutOfRangeError(absl::StrCat("the job is within ", plan.total_steps - highest,
+                                                    " steps of its end (its final parameters are kept anyway)"));
+        break;
+      }
+      request.set_at_version(cut);
+      responses.clear();
+      status = CheckpointAll(plan.servers, request, &responses);
+      if (!absl::IsAborted(status)) break;
+      FLOG(INFO) << "job " << task.job_id << ": checkpoint " << task.id << " missed step " << cut << "; retrying";
+      DeleteEverywhere(plan.servers, task.job_id, task.id);
+    }
+  }
+  if (status.ok()) status = AssembleManifest(plan.synchronous, cut, responses, &manifest);
+  if (status.ok()) {
+    manifest.mutable_info()->set_state(v1::CheckpointInfo::COMPLETE);
+    manifest.mutable_info()->set_duration_seconds(absl::ToDoubleSeconds(absl::Now() - started));
+    // The commit point: the manifest in the scheduler's own store.
+    if (store_ != nullptr) {
+      absl::Status committed = store_->Put(CheckpointManifestKey(task.job_id, task.id), manifest.SerializeAsString());
+      if (!committed.ok()) {
+        status = absl::Status(committed.code(), absl::StrCat("committing the manifest: ", committed.message()));
+      }
+    }
+  }
+  const std::vector<ExpiredCheckpoint> expired = hooks_.finish(task, status, manifest, absl::Now() - started);
+  if (!status.ok()) DeleteEverywhere(plan.servers, task.job_id, task.id);
+  for (const ExpiredCheckpoint& old : expired) {
+    if (store_ != nullptr) IgnoreError(store_->Delete(CheckpointManifestKey(task.job_id, old.id)));
+    DeleteEverywhere(old.holders, task.job_id, old.id);
+  }
+}
+
+}  // namespace fulcrum

@@ -1,44 +1,79 @@
 // fulcrum-bench: dense push + pull throughput over loopback gRPC against the
-// ceiling of the same bytes over one plain loopback TCP connection, measured
-// side by side in one run.
+// ceiling of the same bytes over one plain loopback TCP connection, and the
+// round trip of a small push, measured side by side in one run.
 //
-// For each model size (1, 16, 64 MiB) and server count (1, 2, 4), N
-// parameter servers run in this process on 127.0.0.1 (real gRPC over TCP);
-// one iteration pushes a full gradient (ASP, applied by SGD on the servers)
-// and pulls the full model back, through the worker's ParameterClient. The
-// TCP baseline sends the same bytes to an echo peer and reads them back.
-// Throughput counts bytes moved (push + pull = 2 x model size).
+// Every measurement runs in a process of its own (this binary started again
+// with --case), so that no case inherits another's allocator state, caches
+// or thread pools, and the cases alternate: batch b runs them all, starting
+// at a different one each batch. Per case the table gives min / median / max
+// over the batches and the CPU time (every thread of the process: client,
+// servers, the TCP echo peer) per GB moved.
 //
-//   fulcrum-bench [--benchmark_min_time=2] [any Google Benchmark flag]
+// One Fulcrum iteration pushes a full gradient (ASP, applied by SGD on the
+// servers) and pulls the full model back through the worker's
+// ParameterClient, the N parameter servers running in the case's process on
+// 127.0.0.1 (real gRPC over TCP). The TCP case sends the same bytes to an
+// echo thread over one connection and reads them back. GB/s counts the bytes
+// moved: 2 x model size per iteration.
+//
+//   fulcrum-bench [--sizes=1,16,64] [--servers=1,2] [--batches=5]
+//                 [--seconds=1.5] [--rtt_pushes=3000] [--pin_rtt=0]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <sys/socket.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <benchmark/benchmark.h>
-
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "common/metrics.h"
 #include "common/param_init.h"
+#include "common/process.h"
 #include "common/rpc.h"
 #include "common/shard_map.h"
+#include "common/status_macros.h"
 #include "server/parameter_service.h"
 #include "worker/parameter_client.h"
+
+ABSL_FLAG(std::vector<std::string>, sizes, std::vector<std::string>({"1", "16", "64"}), "Model sizes in MiB");
+ABSL_FLAG(std::vector<std::string>, servers, std::vector<std::string>({"1", "2"}), "Server counts");
+ABSL_FLAG(int, batches, 5, "Times every case runs (alternating)");
+ABSL_FLAG(double, seconds, 1.5, "Timed seconds per case and batch (after one warm-up iteration)");
+ABSL_FLAG(int, rtt_pushes, 3000, "Small pushes timed one by one for the round-trip case (0: no such case)");
+ABSL_FLAG(int, pin_rtt, 0, "CPU the round-trip case's process is pinned to (-1: not pinned)");
+ABSL_FLAG(std::string, run_case, "", "Internal: run one case in this process and print its RESULT line");
 
 namespace fulcrum {
 namespace {
 
 constexpr int64_t kChunkElems = 65536;  // 256 KiB, the scheduler's default
+
+// CPU seconds of every thread of this process so far.
+double CpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
 
 struct ServerProcess {
   std::unique_ptr<MetricsEndpoint> metrics;
@@ -47,7 +82,7 @@ struct ServerProcess {
   RunningServer running;
 };
 
-// N in-process parameter servers holding one job of `elements` floats.
+// N in-process parameter servers holding one ASP job of `elements` floats.
 class Fleet {
  public:
   Fleet(int servers, int64_t elements) {
@@ -61,7 +96,7 @@ class Fleet {
       servers_.push_back(std::move(server));
       ids.push_back(SplitMix64(i + 1));
     }
-    auto chunks = CutIntoChunks({elements}, kChunkElems);
+    auto chunks = CutIntoChunks({elements}, std::min(kChunkElems, elements));
     auto shard_of = AssignChunksToShards(chunks, servers);
     auto placement = BalancedShardPlacement(servers, ids);
     map_.set_chunk_elems(kChunkElems);
@@ -105,31 +140,50 @@ class Fleet {
   v1::ShardMap map_;
 };
 
-void BM_FulcrumPushPull(benchmark::State& state) {
-  const int64_t bytes = state.range(0) << 20;
-  const int servers = static_cast<int>(state.range(1));
+// A throughput case's outcome: bytes moved, wall and CPU seconds.
+struct Moved {
+  int64_t bytes = 0;
+  double seconds = 0;
+  double cpu_seconds = 0;
+};
+
+// Runs `iteration` (moving `bytes_per_iteration`) once to warm up, then for
+// at least `seconds` and 3 iterations.
+template <typename Iteration>
+absl::StatusOr<Moved> TimeIterations(int64_t bytes_per_iteration, Iteration iteration) {
+  if (absl::Status warm = iteration(); !warm.ok()) return warm;
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  Moved moved;
+  const double cpu_start = CpuSeconds();
+  const absl::Time start = absl::Now();
+  int64_t iterations = 0;
+  while (iterations < 3 || absl::ToDoubleSeconds(absl::Now() - start) < seconds) {
+    if (absl::Status status = iteration(); !status.ok()) return status;
+    ++iterations;
+  }
+  moved.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  moved.cpu_seconds = CpuSeconds() - cpu_start;
+  moved.bytes = iterations * bytes_per_iteration;
+  return moved;
+}
+
+absl::StatusOr<Moved> RunFulcrum(int64_t bytes, int servers) {
   Fleet fleet(servers, bytes / 4);
   ParameterClient client(fleet.map(), "bench", "bench-worker");
   auto grads = client.MakeBuffers();
   for (auto& g : grads) std::fill(g.begin(), g.end(), 1e-3f);
   auto params = client.MakeBuffers();
   int64_t seq = 0;
-  for (auto _ : state) {
+  return TimeIterations(2 * bytes, [&]() -> absl::Status {
     ++seq;
-    absl::Status push = client.Push(seq, 0, seq, grads, absl::Seconds(60));
-    absl::Status pull = client.Pull(0, absl::Seconds(60), &params);
-    if (!push.ok() || !pull.ok()) {
-      state.SkipWithError((push.ok() ? pull : push).ToString().c_str());
-      break;
-    }
-  }
-  state.SetBytesProcessed(state.iterations() * 2 * bytes);
+    RETURN_IF_ERROR(client.Push(seq, 0, seq, grads, absl::Seconds(60)));
+    return client.Pull(0, absl::Seconds(60), &params);
+  });
 }
 
-// Reads exactly n bytes.
 bool ReadFull(int fd, char* buffer, int64_t n) {
   while (n > 0) {
-    ssize_t got = read(fd, buffer, static_cast<size_t>(std::min<int64_t>(n, 1 << 20)));
+    const ssize_t got = read(fd, buffer, static_cast<size_t>(std::min<int64_t>(n, 1 << 20)));
     if (got <= 0) return false;
     buffer += got;
     n -= got;
@@ -139,7 +193,7 @@ bool ReadFull(int fd, char* buffer, int64_t n) {
 
 bool WriteFull(int fd, const char* buffer, int64_t n) {
   while (n > 0) {
-    ssize_t put = write(fd, buffer, static_cast<size_t>(std::min<int64_t>(n, 1 << 20)));
+    const ssize_t put = write(fd, buffer, static_cast<size_t>(std::min<int64_t>(n, 1 << 20)));
     if (put <= 0) return false;
     buffer += put;
     n -= put;
@@ -147,100 +201,263 @@ bool WriteFull(int fd, const char* buffer, int64_t n) {
   return true;
 }
 
-// The ceiling: the same bytes to an echo peer over one loopback TCP connection.
-void BM_RawTcpEcho(benchmark::State& state) {
-  const int64_t bytes = state.range(0) << 20;
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
+// The ceiling: the same bytes to an echo peer over one loopback TCP
+// connection and back.
+absl::StatusOr<Moved> RunTcp(int64_t bytes) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(addr);
-  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(listener, 1) != 0 ||
-      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    state.SkipWithError("cannot listen on loopback");
-    close(listener);
-    return;
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(listener, 1) != 0 || getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (listener >= 0) close(listener);
+    return absl::UnavailableError("cannot listen on loopback");
   }
   std::thread echo([listener, bytes] {
-    int fd = accept(listener, nullptr, nullptr);
+    const int fd = accept(listener, nullptr, nullptr);
+    if (fd < 0) return;
     std::vector<char> buffer(bytes);
     while (ReadFull(fd, buffer.data(), bytes) && WriteFull(fd, buffer.data(), bytes)) {
     }
     close(fd);
   });
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
   int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    state.SkipWithError("cannot connect over loopback");
+  if (fd < 0 || setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     shutdown(listener, SHUT_RDWR);
     echo.join();
     close(listener);
-    close(fd);
-    return;
+    if (fd >= 0) close(fd);
+    return absl::UnavailableError("cannot connect over loopback");
   }
   std::vector<char> out(bytes, 1), in(bytes);
-  for (auto _ : state) {
+  auto moved = TimeIterations(2 * bytes, [&]() -> absl::Status {
     // A writer thread so that neither side blocks on a full socket buffer.
-    std::thread writer([&] { WriteFull(fd, out.data(), bytes); });
-    ReadFull(fd, in.data(), bytes);
+    bool wrote = false;
+    std::thread writer([&] { wrote = WriteFull(fd, out.data(), bytes); });
+    const bool read_back = ReadFull(fd, in.data(), bytes);
     writer.join();
-  }
+    return wrote && read_back ? absl::OkStatus() : absl::UnavailableError("loopback echo broke");
+  });
   shutdown(fd, SHUT_RDWR);
   close(fd);
   echo.join();
   close(listener);
-  state.SetBytesProcessed(state.iterations() * 2 * bytes);
+  return moved;
 }
 
-// Collects results to print Fulcrum as a ratio of the TCP ceiling.
-class RatioReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    ConsoleReporter::ReportRuns(runs);
-    for (const Run& run : runs) {
-      if (run.error_occurred || run.run_type != Run::RT_Iteration) continue;
-      auto it = run.counters.find("bytes_per_second");
-      if (it == run.counters.end()) continue;
-      rates_[run.benchmark_name()] = it->second.value / 1e9;
-    }
+// Round trips of a small push (one 1 KiB chunk, ASP, one server), one at a
+// time: microseconds p50 / p99.
+absl::StatusOr<std::pair<double, double>> RunRoundTrips(int pushes) {
+  Fleet fleet(1, 256);
+  ParameterClient client(fleet.map(), "bench", "bench-worker");
+  auto grads = client.MakeBuffers();
+  for (auto& g : grads) std::fill(g.begin(), g.end(), 1e-3f);
+  std::vector<double> micros;
+  for (int i = 0; i < pushes + pushes / 10; ++i) {
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(client.Push(i + 1, 0, i + 1, grads, absl::Seconds(10)));
+    if (i >= pushes / 10) micros.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));  // after warm-up
   }
-  void Finalize() override {
-    ConsoleReporter::Finalize();
-    printf("\nDense push+pull throughput vs. plain loopback TCP (same bytes, same run)\n");
-    printf("%-10s %-8s %14s %14s %8s\n", "model", "servers", "fulcrum GB/s", "tcp GB/s", "ratio");
-    for (const auto& [name, rate] : rates_) {
-      if (name.rfind("BM_FulcrumPushPull/", 0) != 0) continue;
-      // BM_FulcrumPushPull/<MiB>/<servers>/...
-      std::vector<std::string> parts = absl::StrSplit(name, '/');
-      std::string tcp = absl::StrCat("BM_RawTcpEcho/", parts[1], "/");
-      double ceiling = 0;
-      for (const auto& [n, r] : rates_) {
-        if (n.rfind(tcp, 0) == 0) ceiling = r;
-      }
-      printf("%-10s %-8s %14.3f %14.3f %8.2f\n", absl::StrCat(parts[1], " MiB").c_str(), parts[2].c_str(), rate,
-             ceiling, ceiling > 0 ? rate / ceiling : 0.0);
-    }
-  }
+  std::sort(micros.begin(), micros.end());
+  return std::make_pair(micros[micros.size() / 2], micros[micros.size() * 99 / 100]);
+}
 
- private:
-  std::map<std::string, double> rates_;
+// Runs --run_case in this process: "tcp:<MiB>", "fulcrum:<MiB>:<servers>" or
+// "rtt". Prints "RESULT <bytes> <seconds> <cpu seconds>" ("RESULT <p50 us>
+// <p99 us>" for rtt).
+int RunCase(const std::string& spec) {
+  std::vector<std::string> parts = absl::StrSplit(spec, ':');
+  int64_t mib = 0;
+  int servers = 0;
+  if (parts[0] == "rtt") {
+    const int cpu = absl::GetFlag(FLAGS_pin_rtt);
+    if (cpu >= 0) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpu, &set);
+      if (sched_setaffinity(0, sizeof(set), &set) != 0) std::fprintf(stderr, "cannot pin to CPU %d\n", cpu);
+    }
+    auto rtt = RunRoundTrips(absl::GetFlag(FLAGS_rtt_pushes));
+    if (!rtt.ok()) {
+      std::fprintf(stderr, "%s\n", rtt.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("RESULT %.3f %.3f\n", rtt->first, rtt->second);
+    return 0;
+  }
+  if (parts.size() < 2 || !absl::SimpleAtoi(parts[1], &mib) ||
+      (parts[0] == "fulcrum" && (parts.size() != 3 || !absl::SimpleAtoi(parts[2], &servers)))) {
+    std::fprintf(stderr, "bad --run_case %s\n", spec.c_str());
+    return 2;
+  }
+  auto moved = parts[0] == "tcp" ? RunTcp(mib << 20) : RunFulcrum(mib << 20, servers);
+  if (!moved.ok()) {
+    std::fprintf(stderr, "%s\n", moved.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("RESULT %lld %.6f %.6f\n", static_cast<long long>(moved->bytes), moved->seconds, moved->cpu_seconds);
+  return 0;
+}
+
+// Starts this binary with --run_case=`spec` and returns the numbers of its
+// RESULT line.
+absl::StatusOr<std::vector<double>> RunChild(const std::string& self, const std::string& spec) {
+  int out[2];
+  if (pipe(out) != 0) return absl::InternalError("pipe failed");
+  const std::vector<std::string> args = {
+      self, absl::StrCat("--run_case=", spec), absl::StrCat("--seconds=", absl::GetFlag(FLAGS_seconds)),
+      absl::StrCat("--rtt_pushes=", absl::GetFlag(FLAGS_rtt_pushes)),
+      absl::StrCat("--pin_rtt=", absl::GetFlag(FLAGS_pin_rtt))};
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    close(out[1]);
+    std::vector<char*> argv;
+    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    execv(self.c_str(), argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  std::string text;
+  char buffer[4096];
+  for (ssize_t got; (got = read(out[0], buffer, sizeof(buffer))) > 0;) text.append(buffer, static_cast<size_t>(got));
+  close(out[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::ConsumePrefix(&line, "RESULT ")) continue;
+    std::vector<double> numbers;
+    for (absl::string_view word : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      double value = 0;
+      if (!absl::SimpleAtod(word, &value)) return absl::InternalError(absl::StrCat("bad RESULT line: ", line));
+      numbers.push_back(value);
+    }
+    return numbers;
+  }
+  return absl::InternalError(absl::StrCat("case ", spec, " printed no result (exit status ", status, ")"));
+}
+
+struct Samples {
+  std::vector<double> rates;        // GB/s
+  std::vector<double> cpu_per_gb;   // CPU seconds per GB moved
+  std::vector<double> p50, p99;     // rtt, microseconds
 };
 
-BENCHMARK(BM_RawTcpEcho)->Arg(1)->Arg(16)->Arg(64)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_FulcrumPushPull)
-    ->ArgsProduct({{1, 16, 64}, {1, 2, 4}})
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
+double At(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[static_cast<size_t>(q * static_cast<double>(values.size() - 1) + 0.5)];
+}
+
+std::string MinMedMax(const std::vector<double>& v, const char* format) {
+  return absl::StrCat(absl::StrFormat(format, At(v, 0)), " / ", absl::StrFormat(format, At(v, 0.5)), " / ",
+                      absl::StrFormat(format, At(v, 1)));
+}
+
+int Run(const std::string& self) {
+  std::vector<std::string> cases;
+  std::vector<int64_t> sizes;
+  std::vector<int> server_counts;
+  for (const std::string& s : absl::GetFlag(FLAGS_sizes)) {
+    int64_t mib = 0;
+    if (!absl::SimpleAtoi(s, &mib) || mib <= 0 || mib > 1024) {
+      std::fprintf(stderr, "bad --sizes entry %s\n", s.c_str());
+      return 2;
+    }
+    sizes.push_back(mib);
+  }
+  for (const std::string& s : absl::GetFlag(FLAGS_servers)) {
+    int n = 0;
+    if (!absl::SimpleAtoi(s, &n) || n <= 0 || n > 16) {
+      std::fprintf(stderr, "bad --servers entry %s\n", s.c_str());
+      return 2;
+    }
+    server_counts.push_back(n);
+  }
+  for (int64_t mib : sizes) {
+    cases.push_back(absl::StrCat("tcp:", mib));
+    for (int n : server_counts) cases.push_back(absl::StrCat("fulcrum:", mib, ":", n));
+  }
+  if (absl::GetFlag(FLAGS_rtt_pushes) > 0) cases.push_back("rtt");
+  std::map<std::string, Samples> samples;
+  const int batches = absl::GetFlag(FLAGS_batches);
+  for (int b = 0; b < batches; ++b) {
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const std::string& spec = cases[(k + static_cast<size_t>(b)) % cases.size()];  // rotate: alternate
+      auto numbers = RunChild(self, spec);
+      if (!numbers.ok()) {
+        std::fprintf(stderr, "%s\n", numbers.status().ToString().c_str());
+        return 1;
+      }
+      Samples& s = samples[spec];
+      if (spec == "rtt") {
+        s.p50.push_back((*numbers)[0]);
+        s.p99.push_back((*numbers)[1]);
+      } else {
+        const double gb = (*numbers)[0] / 1e9;
+        s.rates.push_back(gb / (*numbers)[1]);
+        s.cpu_per_gb.push_back((*numbers)[2] / gb);
+      }
+      std::fprintf(stderr, "batch %d: %s done\n", b + 1, spec.c_str());
+    }
+  }
+  std::printf("\nDense push + pull vs. plain loopback TCP, the same bytes (%d batches, each case in its own process,"
+              " alternating; GB/s min / median / max)\n\n",
+              batches);
+  std::printf("| model | servers | Fulcrum GB/s | TCP GB/s | Fulcrum / TCP (goal >= 0.80) | CPU s/GB Fulcrum | CPU s/GB TCP "
+              "| CPU ratio (goal <= 1.5) |\n|---|---|---|---|---|---|---|---|\n");
+  int goals_missed = 0;
+  for (int64_t mib : sizes) {
+    const Samples& tcp = samples[absl::StrCat("tcp:", mib)];
+    for (int n : server_counts) {
+      const Samples& f = samples[absl::StrCat("fulcrum:", mib, ":", n)];
+      const double ratio = At(f.rates, 0.5) / std::max(At(tcp.rates, 0.5), 1e-12);
+      const double cpu_ratio = At(f.cpu_per_gb, 0.5) / std::max(At(tcp.cpu_per_gb, 0.5), 1e-12);
+      goals_missed += (ratio < 0.8 ? 1 : 0) + (cpu_ratio > 1.5 ? 1 : 0);
+      std::printf("| %lld MiB | %d | %s | %s | %.2f %s | %.3f | %.3f | %.2f %s |\n", static_cast<long long>(mib), n,
+                  MinMedMax(f.rates, "%.2f").c_str(), MinMedMax(tcp.rates, "%.2f").c_str(), ratio,
+                  ratio >= 0.8 ? "met" : "missed", At(f.cpu_per_gb, 0.5), At(tcp.cpu_per_gb, 0.5), cpu_ratio,
+                  cpu_ratio <= 1.5 ? "met" : "missed");
+    }
+  }
+  if (samples.count("rtt") != 0) {
+    const Samples& rtt = samples["rtt"];
+    const double p50 = At(rtt.p50, 0.5), p99 = At(rtt.p99, 0.5);
+    std::printf("\nSmall push round trip (1 KiB, one server, %d pushes one at a time, %s): p50 %s us, p99 %s us"
+                " (medians over batches: p50 %.1f us, goal <= 60 %s; p99 / p50 %.2f, goal <= 2 %s)\n",
+                absl::GetFlag(FLAGS_rtt_pushes),
+                absl::GetFlag(FLAGS_pin_rtt) >= 0 ? absl::StrCat("pinned to CPU ", absl::GetFlag(FLAGS_pin_rtt)).c_str()
+                                                  : "not pinned",
+                MinMedMax(rtt.p50, "%.1f").c_str(), MinMedMax(rtt.p99, "%.1f").c_str(), p50,
+                p50 <= 60 ? "met" : "missed", p99 / std::max(p50, 1e-9), p99 <= 2 * p50 ? "met" : "missed");
+    goals_missed += (p50 > 60 ? 1 : 0) + (p99 > 2 * p50 ? 1 : 0);
+  }
+  std::printf("\ngoals missed: %d\n", goals_missed);
+  return 0;
+}
 
 }  // namespace
 }  // namespace fulcrum
 
 int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
-  benchmark::Initialize(&argc, argv);
-  fulcrum::RatioReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  benchmark::Shutdown();
-  return 0;
+  fulcrum::ParseFlags(argc, argv,
+                      "fulcrum-bench [--sizes=1,16,64] [--servers=1,2] [--batches=5] [--seconds=1.5] "
+                      "[--rtt_pushes=3000] [--pin_rtt=0]");
+  const std::string spec = absl::GetFlag(FLAGS_run_case);
+  if (!spec.empty()) return fulcrum::RunCase(spec);
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) {
+    std::fprintf(stderr, "cannot find this binary (/proc/self/exe)\n");
+    return 1;
+  }
+  self[n] = '\0';
+  return fulcrum::Run(self);
 }

@@ -174,7 +174,11 @@ class JobManager {
   void QueueHandoverCopy(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishHandover(const std::string& job_id, const std::string& server_id, const absl::Status& status);
   void RetryHandovers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AbandonHandover(Job* job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts the map back as it was before the handover. `newcomer_at_fault`:
+  // the newcomer failed (it is not asked again for a while); else another
+  // replica did and the handover is simply started again later.
+  void AbandonHandover(Job* job, const std::string& why, bool newcomer_at_fault = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Shards whose replicas hold chunks of the job: those of the map's chunks
   // and, during a new shard's handover, those its chunks move from.
   std::set<int32_t> HoldingShards(const Job& job) const;

@@ -132,7 +132,7 @@ void JobManager::RetryHandovers() {
   }
 }
 
-void JobManager::AbandonHandover(Job* job, const std::string& why) {
+void JobManager::AbandonHandover(Job* job, const std::string& why, bool newcomer_at_fault) {
   const v1::HandoverRecord handover = *job->handover;
   job->handover.reset();
   job->handover_in_flight = false;
@@ -148,7 +148,7 @@ void JobManager::AbandonHandover(Job* job, const std::string& why) {
     });
     job->server_addresses.erase(newcomer_address);
   }
-  job->handover_declined[newcomer] = clock_() + absl::Seconds(30);
+  if (newcomer_at_fault) job->handover_declined[newcomer] = clock_() + absl::Seconds(30);
   AddEvent(job, absl::StrCat(why, "; ", newcomer, " does not join (shard map version ", map.version(), ")"));
   for (const auto& [id, address] : job->server_addresses) {
     actions_.push_back([this, address = address, job_id = job->status.job_id(), map = map] {
@@ -338,8 +338,10 @@ void JobManager::GrowShards() {
       continue;
     }
     v1::ShardMap& map = job->shard_map;
-    // A live server that leads no shard of the job yet.
+    // A live server that leads no shard of the job yet: one that holds
+    // nothing of it first (a backup keeps its role and its load).
     Member* newcomer = nullptr;
+    bool newcomer_holds_some = false;
     int live = 0;
     for (Member* member : members_.WithRole(v1::SERVER)) {
       if (member->draining) continue;
@@ -349,7 +351,12 @@ void JobManager::GrowShards() {
       for (const auto& shard : map.shards()) leads |= shard.server_id() == id;
       auto declined = job->handover_declined.find(id);
       if (declined != job->handover_declined.end() && clock_() < declined->second) continue;
-      if (!leads && newcomer == nullptr) newcomer = member;
+      if (leads) continue;
+      const bool holds_some = InMap(map, id);
+      if (newcomer == nullptr || (newcomer_holds_some && !holds_some)) {
+        newcomer = member;
+        newcomer_holds_some = holds_some;
+      }
     }
     if (newcomer == nullptr || live <= map.shards_size()) continue;
     v1::HandoverRecord handover = AddShard(&map, {newcomer->id, newcomer->address});
@@ -369,6 +376,15 @@ void JobManager::FailOver(Job* job, const std::string& server_id, const std::str
   if (job->handover.has_value() && job->handover->server_id() == server_id) {
     // It never held what it was copying: the map goes back to how it was.
     AbandonHandover(job, absl::StrCat(why, " before it held its copy"));
+  } else if (job->handover.has_value() && InMap(job->shard_map, server_id)) {
+    // Another replica is lost while a newcomer copies: the handover's map
+    // goes back first (moved chunks return to the shards they left, whose
+    // replicas kept them), so that every replica holding a shard whole can
+    // take it over; a newcomer that is a whole backup of some shard while it
+    // copies another would otherwise never be promoted for it. The newcomer
+    // is asked again on a later tick.
+    AbandonHandover(job, absl::StrCat(why, " while ", job->handover->server_id(), " copied its share"),
+                    /*newcomer_at_fault=*/false);
   }
   if (job->server_addresses.erase(server_id) == 0) return;
   if (job->phase == Job::Phase::kLoading || job->phase == Job::Phase::kPending) return;  // no shards yet

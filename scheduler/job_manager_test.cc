@@ -927,6 +927,77 @@ TEST_F(JobManagerTest, RestartedSchedulerRecoversRunningJobs) {
 }
 
 }  // namespace
+// Found by fulcrum-chaos-bench (seed 6): a server that was a whole backup of
+// shards and took a new shard of its own was never promoted while it copied,
+// so the loss of the primary it backed up failed the job.
+TEST_F(JobManagerTest, AServerLostDuringAHandoverLeavesShardsToTheirWholeBackups) {
+  RegisterCluster();
+  const std::string b = RegisterMember(v1::SERVER, "127.0.0.1:7002");
+  v1::JobSpec spec = MlpSpec();
+  spec.set_replicas(2);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  MakeTraining(job_id);
+  auto keep_alive = [&](const std::vector<std::string>& servers) {
+    for (const std::string& s : servers) HeartbeatOk(s);
+    for (const std::string& w : workers_) HeartbeatOk(w, job_id);
+  };
+  auto lose_lease_of_others = [&](const std::vector<std::string>& staying) {
+    Advance(options_.lease / 2);
+    keep_alive(staying);
+    Advance(options_.lease / 2 + absl::Milliseconds(100));
+    keep_alive(staying);
+    manager_->Tick();
+  };
+  // The first server goes: the second leads both shards, with no backup.
+  lose_lease_of_others({b});
+  ASSERT_EQ(GetOk(job_id).state(), v1::RUNNING) << GetOk(job_id).reason();
+  // It comes back empty under its id and becomes the backup of both shards:
+  // it leads none.
+  RegisterAs(v1::SERVER, server_, kServerAddress);
+  for (int i = 0; i < 4; ++i) {
+    Advance(absl::Milliseconds(300));
+    keep_alive({server_, b});
+    manager_->Tick();
+  }
+  v1::JobStatus status = GetOk(job_id);
+  ASSERT_EQ(status.shards_size(), 2);
+  for (const auto& shard : status.shards()) {
+    ASSERT_EQ(shard.server_id(), b);
+    ASSERT_EQ(std::vector<std::string>(shard.backup_ids().begin(), shard.backup_ids().end()),
+              std::vector<std::string>{server_});
+  }
+  // A third server joins and a new shard is set up while every copy fails
+  // (its source, the second server, is dying).
+  servers_.FailSetups(absl::UnavailableError("copying chunk 0: connection refused"));
+  const std::string c = RegisterMember(v1::SERVER, "127.0.0.1:7003");
+  keep_alive({server_, b, c});
+  manager_->Tick();
+  ASSERT_EQ(GetOk(job_id).shard_map().shards_size(), 3);
+  // The second server's lease runs out before any copy succeeded: the first
+  // holds both its shards whole and takes them over.
+  lose_lease_of_others({server_, c});
+  status = GetOk(job_id);
+  ASSERT_EQ(status.state(), v1::RUNNING) << status.reason();
+  for (const auto& chunk : status.shard_map().chunks()) {
+    EXPECT_EQ(status.shard_map().shards(chunk.shard()).server_id(), server_) << "chunk " << chunk.chunk_id();
+  }
+  // Once copies work again the new server restores the replicas (it was not
+  // blamed for the abandoned handover).
+  servers_.FailSetups(absl::OkStatus());
+  for (int i = 0; i < 4; ++i) {
+    Advance(absl::Milliseconds(300));
+    keep_alive({server_, c});
+    manager_->Tick();
+  }
+  status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::RUNNING) << status.reason();
+  for (const auto& shard : status.shards()) {
+    EXPECT_EQ(std::vector<std::string>(shard.backup_ids().begin(), shard.backup_ids().end()),
+              std::vector<std::string>{c});
+  }
+}
+
 TEST_F(JobManagerTest, BothReplicasLostAtOnceFailsTheJobNamingTheShard) {
   RegisterCluster();
   const std::string second = RegisterMember(v1::SERVER, "127.0.0.1:7002");

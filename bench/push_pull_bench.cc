@@ -45,6 +45,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/memory_budget.h"
 #include "common/metrics.h"
 #include "common/param_init.h"
 #include "common/process.h"
@@ -269,6 +270,7 @@ absl::StatusOr<std::pair<double, double>> RunRoundTrips(int pushes) {
 // "rtt". Prints "RESULT <bytes> <seconds> <cpu seconds>" ("RESULT <p50 us>
 // <p99 us>" for rtt).
 int RunCase(const std::string& spec) {
+  KeepFreedMemoryForReuse();  // as every daemon does (Daemon::Init)
   std::vector<std::string> parts = absl::StrSplit(spec, ':');
   int64_t mib = 0;
   int servers = 0;

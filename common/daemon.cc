@@ -24,6 +24,7 @@ namespace fulcrum {
 Daemon::Daemon(std::string role, std::string usage) : role_(std::move(role)), usage_(std::move(usage)) {}
 
 absl::Status Daemon::Init(int argc, char** argv, const std::function<std::string()>& job_token_file) {
+  KeepFreedMemoryForReuse();
   BlockTerminationSignals();
   ParseFlags(argc, argv, usage_.c_str());
   SetLogTag(role_);

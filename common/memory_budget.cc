@@ -1,5 +1,7 @@
 #include "common/memory_budget.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -85,6 +87,12 @@ std::string FormatBytes(int64_t bytes) {
     ++unit;
   }
   return unit == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", value, units[unit]);
+}
+
+void KeepFreedMemoryForReuse() {
+  // 32 MiB is the largest mmap threshold glibc takes on 64-bit machines.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
 }  // namespace fulcrum

@@ -34,8 +34,13 @@ absl::Status CheckSize(absl::string_view bytes, int64_t expected, int size, cons
 }  // namespace
 
 void EncodeFloats(const float* values, int64_t n, std::string* out) {
+#if defined(ABSL_IS_BIG_ENDIAN)
   out->resize(static_cast<size_t>(n) * 4);
   if (n > 0) CopyLittleEndian(values, n, 4, out->data());
+#else
+  // One copy, into the capacity the string has (no zero fill first).
+  out->assign(reinterpret_cast<const char*>(values), static_cast<size_t>(n) * 4);
+#endif
 }
 
 absl::Status DecodeFloats(absl::string_view bytes, int64_t expected, float* out,

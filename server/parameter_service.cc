@@ -339,12 +339,15 @@ absl::Status ParameterServiceImpl::CheckRoute(const JobShard& shard, int64_t map
 }
 
 absl::Status ParameterServiceImpl::ApplyPush(JobShard* shard, const v1::PushRequest& request,
-                                             v1::PushResponse* response) {
+                                             v1::PushResponse* response,
+                                             const std::vector<std::vector<float>>* decoded) {
   PushArgs args = PushArgsOf(request);
-  for (const v1::ChunkData& chunk : request.chunks()) {
+  for (int i = 0; i < request.chunks_size(); ++i) {
+    const v1::ChunkData& chunk = request.chunks(i);
     args.chunk_id = chunk.chunk_id();
     args.gradient = chunk.data();
     args.format = chunk.format();
+    args.values = decoded != nullptr ? (*decoded)[i].data() : nullptr;
     ASSIGN_OR_RETURN(PushOutcome outcome, shard->Push(args));
     if (outcome == PushOutcome::kDuplicate) {
       response->set_duplicates(response->duplicates() + 1);
@@ -365,16 +368,31 @@ v1::ParameterService::Stub* ParameterServiceImpl::BackupStub(const std::string& 
 }
 
 absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const v1::PushRequest& request) {
-  std::map<std::string, v1::PushRequest> forwards;
+  // What goes to each backup: the request itself when every chunk has the
+  // same backups (the usual case: no copy), else a request per backup with
+  // its chunks.
+  std::vector<std::vector<std::string>> backups_of;
   for (const v1::ChunkData& chunk : request.chunks()) {
     ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOf(chunk.chunk_id()));
-    for (const std::string& backup : role.backup_addresses) {
-      v1::PushRequest& forward = forwards[backup];
+    backups_of.push_back(std::move(role.backup_addresses));
+  }
+  std::map<std::string, v1::PushRequest> split;
+  std::map<std::string, const v1::PushRequest*> forwards;
+  const bool same_backups =
+      std::all_of(backups_of.begin(), backups_of.end(), [&](const auto& b) { return b == backups_of.front(); });
+  for (size_t i = 0; i < backups_of.size(); ++i) {
+    for (const std::string& backup : backups_of[i]) {
+      if (same_backups) {
+        forwards[backup] = &request;
+        continue;
+      }
+      v1::PushRequest& forward = split[backup];
       if (forward.job_id().empty()) {
         forward = request;
         forward.clear_chunks();
+        forwards[backup] = &forward;
       }
-      *forward.add_chunks() = chunk;
+      *forward.add_chunks() = request.chunks(static_cast<int>(i));
     }
   }
   if (forwards.empty()) return absl::OkStatus();
@@ -396,7 +414,7 @@ absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const
   for (auto& [address, forward] : forwards) {
     Call& call = calls[address];
     SetDeadline(&call.context, 10.0);
-    BackupStub(address)->async()->Replicate(&call.context, &forward, &call.response, [&](grpc::Status status) {
+    BackupStub(address)->async()->Replicate(&call.context, forward, &call.response, [&](grpc::Status status) {
       MutexLock lock(&mu);
       call.status = std::move(status);
       --remaining;
@@ -430,13 +448,15 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* /*context*/, const 
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("Push", shard.status(), received, 0);
   absl::Status status = CheckRoute(**shard, request->map_version(), *request, /*as_primary=*/true);
-  // Validate everything first: a bad push must reach no replica.
+  // Validate everything first: a bad push must reach no replica. The
+  // gradients are decoded once, here, and applied from there.
   PushArgs args = PushArgsOf(*request);
+  std::vector<std::vector<float>> decoded(status.ok() ? request->chunks_size() : 0);
   for (int i = 0; status.ok() && i < request->chunks_size(); ++i) {
     args.chunk_id = request->chunks(i).chunk_id();
     args.gradient = request->chunks(i).data();
     args.format = request->chunks(i).format();
-    status = (*shard)->Validate(args);
+    status = (*shard)->Validate(args, &decoded[i]);
   }
   // Backups have it before the primary applies and acknowledges it, so an
   // acknowledged update survives the primary's death. Retries are safe: every
@@ -444,7 +464,7 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* /*context*/, const 
   // ASP/SSP: one push at a time from forward to apply (see replication_order).
   MutexLockMaybe order((*shard)->config().synchronous ? nullptr : &(*shard)->replication_order());
   if (status.ok()) status = ForwardToBackups(**shard, *request);
-  if (status.ok()) status = ApplyPush(shard->get(), *request, response);
+  if (status.ok()) status = ApplyPush(shard->get(), *request, response, &decoded);
   return Finish("Push", status, received, response->ByteSizeLong());
 }
 

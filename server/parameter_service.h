@@ -77,7 +77,9 @@ class ParameterServiceImpl final : public v1::ParameterService::WithCallbackMeth
   absl::Status CheckRoute(const JobShard& shard, int64_t map_version, const v1::PushRequest& request,
                           bool as_primary) const;
   // Applies every chunk of a push; counts applied and duplicate chunks.
-  absl::Status ApplyPush(JobShard* shard, const v1::PushRequest& request, v1::PushResponse* response);
+  // `decoded` (optional): the chunks' gradients as Validate decoded them.
+  absl::Status ApplyPush(JobShard* shard, const v1::PushRequest& request, v1::PushResponse* response,
+                         const std::vector<std::vector<float>>* decoded = nullptr);
   // Sends each backup the chunks of the push it replicates; OK when all have them.
   absl::Status ForwardToBackups(const JobShard& shard, const v1::PushRequest& request);
   v1::ParameterService::Stub* BackupStub(const std::string& address);

@@ -83,17 +83,22 @@ absl::Status DecodeGradient(const PushArgs& args, const ChunkConfig& config, con
 
 }  // namespace
 
-absl::Status Chunk::Validate(const PushArgs& args) const {
+absl::Status Chunk::Validate(const PushArgs& args, std::vector<float>* decoded) const {
   std::vector<float> grad;
-  RETURN_IF_ERROR(DecodeGradient(args, config_, job_.job_id, &grad));
+  RETURN_IF_ERROR(DecodeGradient(args, config_, job_.job_id, decoded != nullptr ? decoded : &grad));
   MutexLock lock(&mu_);
   return CheckPush(args);
 }
 
 absl::StatusOr<PushOutcome> Chunk::Push(const PushArgs& args) {
-  // Decode and validate outside the lock: it is the expensive part.
-  std::vector<float> grad;
-  RETURN_IF_ERROR(DecodeGradient(args, config_, job_.job_id, &grad));
+  // Decode and validate outside the lock (it is the expensive part), unless
+  // Validate did.
+  std::vector<float> decoded;
+  const float* grad = args.values;
+  if (grad == nullptr) {
+    RETURN_IF_ERROR(DecodeGradient(args, config_, job_.job_id, &decoded));
+    grad = decoded.data();
+  }
   MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckPush(args));
   auto mark = watermarks_.find(args.worker_id);
@@ -109,10 +114,11 @@ absl::StatusOr<PushOutcome> Chunk::Push(const PushArgs& args) {
   examples_digest_ += args.examples_digest;
   if (!job_.synchronous) {
     partition_steps_[args.partition] = args.step + 1;
-    ApplyLocked(grad.data(), args.step);
+    ApplyLocked(grad, args.step);
     return PushOutcome::kApplied;
   }
-  pending_[args.partition] = std::move(grad);
+  // Into the buffer the partition had (its capacity stays between steps).
+  pending_[args.partition].assign(grad, grad + config_.length);
   ++pending_count_;
   MaybeCompleteStepLocked();
   return PushOutcome::kBuffered;
@@ -517,9 +523,9 @@ std::vector<int32_t> JobShard::chunk_ids() const {
   return ids;
 }
 
-absl::Status JobShard::Validate(const PushArgs& args) {
+absl::Status JobShard::Validate(const PushArgs& args, std::vector<float>* decoded) {
   ASSIGN_OR_RETURN(Chunk * chunk, Find(args.chunk_id));
-  return chunk->Validate(args);
+  return chunk->Validate(args, decoded);
 }
 
 absl::Status JobShard::Configure(int64_t version, std::map<int32_t, ShardRole> roles,

@@ -68,6 +68,9 @@ struct PushArgs {
   int32_t chunk_id = 0;
   absl::string_view gradient;  // little-endian values in `format`
   v1::WireFormat format = v1::WIRE_FP32;
+  // The gradient as Validate decoded it (so checked finite and of the right
+  // size), when the caller kept it: Push then decodes nothing.
+  const float* values = nullptr;
   // The training examples behind the gradient: how many, and the sum of
   // their ExampleDigest values (audits that each example counts once).
   int64_t examples = 0;
@@ -95,8 +98,9 @@ class Chunk {
  public:
   Chunk(const ChunkConfig& config, const JobShardConfig& job);
 
-  // Checks a gradient without applying it (size, finite values).
-  absl::Status Validate(const PushArgs& args) const;
+  // Checks a gradient without applying it (size, finite values), leaving
+  // the decoded values in *decoded when given (for PushArgs::values).
+  absl::Status Validate(const PushArgs& args, std::vector<float>* decoded = nullptr) const;
   // Applies (ASP) or buffers (BSP) a gradient. Errors: INVALID_ARGUMENT for a
   // wrong size, non-finite values or a bad partition; FAILED_PRECONDITION for a BSP
   // push ahead of the chunk's version; ABORTED once the job is dropped here.
@@ -200,7 +204,7 @@ class JobShard {
   int64_t bytes() const;
 
   absl::StatusOr<PushOutcome> Push(const PushArgs& args);
-  absl::Status Validate(const PushArgs& args);
+  absl::Status Validate(const PushArgs& args, std::vector<float>* decoded = nullptr);
   absl::StatusOr<ChunkSnapshot> Snapshot(int32_t chunk_id) const;
   absl::Status Restore(int32_t chunk_id, const ChunkSnapshot& snapshot);
   std::vector<int32_t> chunk_ids() const;

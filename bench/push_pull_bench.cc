@@ -168,17 +168,18 @@ absl::StatusOr<Moved> TimeIterations(int64_t bytes_per_iteration, Iteration iter
   return moved;
 }
 
-absl::StatusOr<Moved> RunFulcrum(int64_t bytes, int servers) {
+// `what`: "fulcrum" (push then pull), "push" or "pull" (one of them only).
+absl::StatusOr<Moved> RunFulcrum(const std::string& what, int64_t bytes, int servers) {
   Fleet fleet(servers, bytes / 4);
   ParameterClient client(fleet.map(), "bench", "bench-worker");
   auto grads = client.MakeBuffers();
   for (auto& g : grads) std::fill(g.begin(), g.end(), 1e-3f);
   auto params = client.MakeBuffers();
   int64_t seq = 0;
-  return TimeIterations(2 * bytes, [&]() -> absl::Status {
+  return TimeIterations(what == "fulcrum" ? 2 * bytes : bytes, [&]() -> absl::Status {
     ++seq;
-    RETURN_IF_ERROR(client.Push(seq, 0, seq, grads, absl::Seconds(60)));
-    return client.Pull(0, absl::Seconds(60), &params);
+    if (what != "pull") RETURN_IF_ERROR(client.Push(seq, 0, seq, grads, absl::Seconds(60)));
+    return what == "push" ? absl::OkStatus() : client.Pull(0, absl::Seconds(60), &params);
   });
 }
 
@@ -266,8 +267,8 @@ absl::StatusOr<std::pair<double, double>> RunRoundTrips(int pushes) {
   return std::make_pair(micros[micros.size() / 2], micros[micros.size() * 99 / 100]);
 }
 
-// Runs --run_case in this process: "tcp:<MiB>", "fulcrum:<MiB>:<servers>" or
-// "rtt". Prints "RESULT <bytes> <seconds> <cpu seconds>" ("RESULT <p50 us>
+// Runs --run_case in this process: "tcp:<MiB>", "fulcrum:<MiB>:<servers>"
+// (also "push:..." and "pull:...", one direction only) or "rtt". Prints "RESULT <bytes> <seconds> <cpu seconds>" ("RESULT <p50 us>
 // <p99 us>" for rtt).
 int RunCase(const std::string& spec) {
   KeepFreedMemoryForReuse();  // as every daemon does (Daemon::Init)
@@ -291,11 +292,11 @@ int RunCase(const std::string& spec) {
     return 0;
   }
   if (parts.size() < 2 || !absl::SimpleAtoi(parts[1], &mib) ||
-      (parts[0] == "fulcrum" && (parts.size() != 3 || !absl::SimpleAtoi(parts[2], &servers)))) {
+      (parts[0] != "tcp" && (parts.size() != 3 || !absl::SimpleAtoi(parts[2], &servers)))) {
     std::fprintf(stderr, "bad --run_case %s\n", spec.c_str());
     return 2;
   }
-  auto moved = parts[0] == "tcp" ? RunTcp(mib << 20) : RunFulcrum(mib << 20, servers);
+  auto moved = parts[0] == "tcp" ? RunTcp(mib << 20) : RunFulcrum(parts[0], mib << 20, servers);
   if (!moved.ok()) {
     std::fprintf(stderr, "%s\n", moved.status().ToString().c_str());
     return 1;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/payload_wire.h"
 #include "common/quote.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
@@ -640,6 +641,9 @@ class PendingPull final : public HeldPull {
 
 class PullReactor final : public grpc::ServerUnaryReactor {
  public:
+  v1::PullRequest request;
+  v1::PullResponse answer;  // filled by the pull, then moved into gRPC's response
+
   void set_pull(std::shared_ptr<PendingPull> pull, HeldPulls* held) {
     MutexLock lock(&mu_);
     pull_ = std::move(pull);
@@ -680,13 +684,23 @@ absl::StatusOr<std::shared_ptr<HeldPull>> ParameterServiceImpl::StartPull(const 
 }
 
 grpc::ServerUnaryReactor* ParameterServiceImpl::Pull(grpc::CallbackServerContext* context,
-                                                     const v1::PullRequest* request, v1::PullResponse* response) {
+                                                     const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
   auto* reactor = new PullReactor();
-  const int64_t received = request->ByteSizeLong();
+  const int64_t received = static_cast<int64_t>(request->Length());
   auto finish = [this, reactor, received, response](const absl::Status& status) {
-    reactor->Finish(Finish("Pull", status, received, status.ok() ? response->ByteSizeLong() : 0));
+    int64_t sent = 0;
+    if (status.ok()) {
+      *response = SerializeMovingPayloads(&reactor->answer);
+      sent = static_cast<int64_t>(response->Length());
+    }
+    reactor->Finish(Finish("Pull", status, received, sent));
   };
-  absl::StatusOr<std::shared_ptr<HeldPull>> pull = StartPull(*request, response, PullDeadline(*context), finish);
+  if (absl::Status parsed = ParseMessage(*request, &reactor->request); !parsed.ok()) {
+    finish(parsed);
+    return reactor;
+  }
+  absl::StatusOr<std::shared_ptr<HeldPull>> pull =
+      StartPull(reactor->request, &reactor->answer, PullDeadline(*context), finish);
   if (!pull.ok()) {
     finish(pull.status());
   } else if (*pull != nullptr) {

@@ -31,8 +31,11 @@ std::map<int32_t, int32_t> ChunkShards(const v1::ShardMap& map);
 std::map<int32_t, JobShard::ShardRole> RolesFor(const v1::ShardMap& map, const std::string& server_id);
 
 // Pull is served with gRPC's callback API: a pull that must wait for a step
-// is held (server/held_pulls.h) without occupying a thread.
-class ParameterServiceImpl final : public v1::ParameterService::WithCallbackMethod_Pull<v1::ParameterService::Service> {
+// is held (server/held_pulls.h) without occupying a thread. Its messages are
+// handled as bytes (common/payload_wire.h): the values read from the chunks
+// go to gRPC as they are, never copied into a serialized message.
+class ParameterServiceImpl final
+    : public v1::ParameterService::WithRawCallbackMethod_Pull<v1::ParameterService::Service> {
  public:
   // `store` and `metrics` must outlive the service. `lease_valid` says
   // whether this server still holds its membership lease; without it the
@@ -49,8 +52,9 @@ class ParameterServiceImpl final : public v1::ParameterService::WithCallbackMeth
                        v1::DropJobResponse* response) override;
   grpc::Status Push(grpc::ServerContext* context, const v1::PushRequest* request,
                     v1::PushResponse* response) override;
-  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const v1::PullRequest* request,
-                                 v1::PullResponse* response) override;
+  // Request: a PullRequest; response: a PullResponse.
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   // A Pull without gRPC: checks it, answers it at once (calling `finish` and
   // returning nullptr) when its chunks are there, else returns the pull to
   // hold (see HeldPulls); an error (not passed to `finish`) when refused.

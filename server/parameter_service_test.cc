@@ -4,6 +4,7 @@
 // real v1::ParameterService stub.
 #include "server/parameter_service.h"
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <prometheus/registry.h>
 
@@ -527,6 +528,32 @@ TEST_F(ParameterServiceTest, RepeatedChunksAndOversizedPullsAreRefused) {
                        grpc::StatusCode::INVALID_ARGUMENT, "more than once"));
   ExpectChunk(server_.get(), "job", 0, 1, kZeros, 0);
   ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", 2, 0, 1, {{0, kGradient}}))));
+  ExpectChunk(server_.get(), "job", 0, 1, kOneStep, 1);
+}
+
+// Pull's messages are handled as bytes on the server (common/payload_wire.h):
+// bytes that are not a PullRequest get INVALID_ARGUMENT naming the message,
+// and the answer, read by an ordinary protobuf client, holds the values.
+TEST_F(ParameterServiceTest, PullIsServedAsBytesAndGarbageIsInvalidArgument) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  grpc::GenericStub generic(MakeChannel(server_->address()));
+  const std::string method = absl::StrCat("/", v1::ParameterService::service_full_name(), "/Pull");
+  for (const std::string& garbage : {std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11),
+                                     std::string("\x0a\x40job", 5)}) {
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::ClientContext context;
+    SetDeadline(&context, kRpcSeconds);
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&context, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    EXPECT_TRUE(HasError(status, grpc::StatusCode::INVALID_ARGUMENT, "fulcrum.v1.PullRequest")) << garbage.size();
+  }
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, kGradient}}))));
   ExpectChunk(server_.get(), "job", 0, 1, kOneStep, 1);
 }
 

@@ -9,8 +9,10 @@
 #include <optional>
 #include <type_traits>
 
+#include "absl/base/config.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/payload_wire.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
@@ -82,12 +84,19 @@ ParameterClient::ParameterClient(const v1::ShardMap& map, std::string job_id, st
   }
   batches_ = GroupByServer(map_, all, element_bytes);
   for (const Batch& batch : batches_) {
-    if (stubs_.count(batch.address) == 0) stubs_[batch.address] = v1::ParameterService::NewStub(MakeChannel(batch.address));
+    if (stubs_.count(batch.address) == 0) stubs_[batch.address] = std::make_unique<grpc::GenericStub>(MakeChannel(batch.address));
   }
 }
 
-v1::ParameterService::Stub* ParameterClient::Stub(const std::string& address) {
-  return stubs_.at(address).get();
+void ParameterClient::StartCall(const std::string& address, bool pull, grpc::ClientContext* context,
+                                const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
+                                std::function<void(grpc::Status)> done) {
+  static const std::string* const kPush =
+      new std::string(absl::StrCat("/", v1::ParameterService::service_full_name(), "/Push"));
+  static const std::string* const kPull =
+      new std::string(absl::StrCat("/", v1::ParameterService::service_full_name(), "/Pull"));
+  stubs_.at(address)->UnaryCall(context, pull ? *kPull : *kPush, grpc::StubOptions(), request, response,
+                                std::move(done));
 }
 
 void ParameterClient::Supersede() {
@@ -121,11 +130,11 @@ absl::Status ParameterClient::Outcome(const grpc::Status& status, absl::string_v
   return absl::Status(FromGrpcStatus(status).code(), absl::StrCat(what, ": ", status.error_message()));
 }
 
-template <typename Request, typename Response>
-absl::Status ParameterClient::RunAll(const std::vector<Request>& requests, const std::vector<std::string>& addresses,
-                                     std::vector<Response>* responses, bool pull, absl::Duration timeout,
+absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& requests,
+                                     const std::vector<std::string>& addresses,
+                                     std::vector<grpc::ByteBuffer>* responses, bool pull, absl::Duration timeout,
                                      int first_attempt, absl::Status last) {
-  responses->assign(requests.size(), Response());
+  responses->assign(requests.size(), grpc::ByteBuffer());
   std::vector<size_t> todo(requests.size());
   for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
   for (int attempt = first_attempt; attempt < kMaxAttempts && !todo.empty(); ++attempt) {
@@ -156,12 +165,7 @@ absl::Status ParameterClient::RunAll(const std::vector<Request>& requests, const
         if (!results[k].ok() && !first_failure.has_value()) first_failure = k;
         --remaining;
       };
-      auto* async = Stub(addresses[i])->async();
-      if constexpr (std::is_same_v<Request, v1::PullRequest>) {
-        async->Pull(&contexts[k], &requests[i], &(*responses)[i], done);
-      } else {
-        async->Push(&contexts[k], &requests[i], &(*responses)[i], done);
-      }
+      StartCall(addresses[i], pull, &contexts[k], &requests[i], &(*responses)[i], done);
     }
     // A pull that waits for a version is held by its server until the step
     // is complete; once another part of the same pull has failed, the pull
@@ -280,8 +284,8 @@ absl::Status ParameterClient::Push(int64_t seq, int32_t partition, int64_t step,
 // --- PushStream ----------------------------------------------------------------
 
 struct ParameterClient::PushStream::Call {
-  v1::PushRequest request;
-  v1::PushResponse response;
+  grpc::ByteBuffer request;  // a PushRequest whose payloads are slices of their own
+  grpc::ByteBuffer response;
   grpc::ClientContext context;
   grpc::Status status;
   std::string address;
@@ -349,15 +353,16 @@ void ParameterClient::PushStream::SendTensors(const std::vector<int>& tensors,
   }
   for (const Batch& batch : GroupByServer(map, chunks, WireBytes(format))) {
     auto call = std::make_unique<Call>();
-    call->request = header_;
     call->address = batch.address;
+    v1::PushRequest request = header_;
     for (int index : batch.chunks) {
       const v1::ChunkLocation& chunk = map.chunks(index);
-      v1::ChunkData* data = call->request.add_chunks();
+      v1::ChunkData* data = request.add_chunks();
       data->set_chunk_id(chunk.chunk_id());
       data->set_format(format);
       EncodeChunk(format, grads[chunk.tensor()].data() + chunk.offset(), chunk.length(), data->mutable_data());
     }
+    call->request = SerializeMovingPayloads(&request);  // the encoded bytes go to gRPC as they are
     SetDeadline(&call->context, absl::ToDoubleSeconds(timeout_));
     Call* raw = call.get();
     calls_.push_back(std::move(call));
@@ -369,8 +374,8 @@ void ParameterClient::PushStream::SendTensors(const std::vector<int>& tensors,
       MutexLock lock(&mu_);
       ++in_flight_;
     }
-    client_->Stub(raw->address)->async()->Push(&raw->context, &raw->request, &raw->response,
-                                               [this, raw](grpc::Status status) { Done(raw, std::move(status)); });
+    client_->StartCall(raw->address, /*pull=*/false, &raw->context, &raw->request, &raw->response,
+                       [this, raw](grpc::Status status) { Done(raw, std::move(status)); });
   }
 }
 
@@ -392,7 +397,7 @@ absl::Status ParameterClient::PushStream::Finish() {
                                                         client_->map_.tensors(t).name(), " was never sent"));
     }
   }
-  std::vector<v1::PushRequest> retry;
+  std::vector<grpc::ByteBuffer> retry;
   std::vector<std::string> addresses;
   absl::Status last;
   for (const auto& call : calls_) {
@@ -403,7 +408,7 @@ absl::Status ParameterClient::PushStream::Finish() {
     addresses.push_back(call->address);
   }
   if (retry.empty()) return absl::OkStatus();
-  std::vector<v1::PushResponse> responses;
+  std::vector<grpc::ByteBuffer> responses;
   return client_->RunAll(retry, addresses, &responses, /*pull=*/false, timeout_, /*first_attempt=*/1, last);
 }
 
@@ -419,23 +424,48 @@ v1::PullRequest ParameterClient::MakePullRequest(const Batch& batch, int64_t min
 }
 
 template <typename T>
-absl::Status ParameterClient::DecodePull(const Batch& batch, const v1::PullResponse& response,
+absl::Status ParameterClient::DecodePull(const Batch& batch, const grpc::ByteBuffer& buffer,
                                          std::vector<std::vector<T>>* params, Versions* seen) const {
-  if (response.chunks_size() != static_cast<int>(batch.chunks.size())) {
-    return absl::InternalError(absl::StrCat("pull from ", batch.address, " returned ", response.chunks_size(),
+  PayloadReader response;
+  v1::PullResponse header;
+  if (absl::Status parsed = response.Parse(buffer, v1::PullResponse::kChunksFieldNumber, &header); !parsed.ok()) {
+    return absl::InternalError(absl::StrCat("pull from ", batch.address, ": ", parsed.message()));
+  }
+  if (response.chunks() != static_cast<int>(batch.chunks.size())) {
+    return absl::InternalError(absl::StrCat("pull from ", batch.address, " returned ", response.chunks(),
                                             " chunks, asked for ", batch.chunks.size()));
   }
+  std::string staged;  // payloads that need converting
   for (size_t c = 0; c < batch.chunks.size(); ++c) {
     const v1::ChunkLocation& chunk = map_.chunks(batch.chunks[c]);
-    const v1::ChunkData& data = response.chunks(c);
+    const v1::ChunkData& data = response.chunk(static_cast<int>(c));
     const v1::WireFormat got = data.format() == v1::WIRE_FORMAT_UNSPECIFIED ? v1::WIRE_FP32 : data.format();
     if (got != format_) {  // a server that ignores PullRequest.format
       return absl::InternalError(absl::StrCat("pull from ", batch.address, " returned chunk ", chunk.chunk_id(),
                                               " in ", WireFormatName(got), ", asked for ", WireFormatName(format_)));
     }
+    if (data.chunk_id() != chunk.chunk_id()) {
+      return absl::InternalError(absl::StrCat("pull from ", batch.address, " returned chunk ", data.chunk_id(),
+                                              " where chunk ", chunk.chunk_id(), " was asked for"));
+    }
     T* out = (*params)[chunk.tensor()].data() + chunk.offset();
-    RETURN_IF_ERROR(DecodeChunk(format_, data.data(), chunk.length(), out,
-                                absl::StrCat("pulled chunk ", chunk.chunk_id())));
+    const int64_t size = response.payload_size(static_cast<int>(c));
+    // The host's own layout (little-endian float32 from fp32, 16-bit values
+    // into 16-bit buffers): straight from gRPC's buffers into place.
+    constexpr bool kLittleEndian =
+#if defined(ABSL_IS_BIG_ENDIAN)
+        false;
+#else
+        true;
+#endif
+    const bool as_is = kLittleEndian && (std::is_same_v<T, uint16_t> || !IsHalfWire(format_));
+    if (as_is && size == chunk.length() * static_cast<int64_t>(sizeof(T))) {
+      response.CopyPayload(static_cast<int>(c), reinterpret_cast<char*>(out));
+    } else {
+      staged.resize(static_cast<size_t>(size));
+      response.CopyPayload(static_cast<int>(c), staged.data());
+      RETURN_IF_ERROR(DecodeChunk(format_, staged, chunk.length(), out, absl::StrCat("pulled chunk ", chunk.chunk_id())));
+    }
     seen->min = std::min(seen->min, data.version());
     seen->max = std::max(seen->max, data.version());
     seen->clock = std::min(seen->clock, data.clock());
@@ -447,13 +477,13 @@ template <typename T>
 absl::Status ParameterClient::PullInto(int64_t min_version, absl::Duration timeout,
                                        std::vector<std::vector<T>>* params, Versions* versions, int64_t min_clock) {
   RETURN_IF_ERROR(CheckBufferType<T>(format_, "pull"));
-  std::vector<v1::PullRequest> requests;
+  std::vector<grpc::ByteBuffer> requests;
   std::vector<std::string> addresses;
   for (const Batch& batch : batches_) {
-    requests.push_back(MakePullRequest(batch, min_version, min_clock));
+    requests.push_back(SerializeMessage(MakePullRequest(batch, min_version, min_clock)));
     addresses.push_back(batch.address);
   }
-  std::vector<v1::PullResponse> responses;
+  std::vector<grpc::ByteBuffer> responses;
   RETURN_IF_ERROR(RunAll(requests, addresses, &responses, /*pull=*/true, timeout));
   Versions seen{INT64_MAX, 0, INT64_MAX};
   for (size_t i = 0; i < batches_.size(); ++i) RETURN_IF_ERROR(DecodePull(batches_[i], responses[i], params, &seen));
@@ -465,8 +495,8 @@ absl::Status ParameterClient::PullInto(int64_t min_version, absl::Duration timeo
 
 struct ParameterClient::PullStream::Call {
   Batch batch;
-  v1::PullRequest request;
-  v1::PullResponse response;
+  grpc::ByteBuffer request;   // a PullRequest
+  grpc::ByteBuffer response;  // a PullResponse, read by DecodePull
   grpc::ClientContext context;
   grpc::Status status;
 };
@@ -476,7 +506,7 @@ std::unique_ptr<ParameterClient::PullStream> ParameterClient::StartPullInto(int6
                                                                            std::vector<std::vector<T>>* params) {
   if (!CheckBufferType<T>(format_, "pull").ok()) return nullptr;
   return std::unique_ptr<PullStream>(
-      new PullStream(this, min_version, timeout, [this, params](const Batch& batch, const v1::PullResponse& response,
+      new PullStream(this, min_version, timeout, [this, params](const Batch& batch, const grpc::ByteBuffer& response,
                                                                 Versions* seen) {
         return DecodePull(batch, response, params, seen);
       }));
@@ -528,7 +558,7 @@ void ParameterClient::PullStream::Fetch(const std::vector<int>& tensors) {
   }
   for (Batch& batch : GroupByServer(map, chunks, WireBytes(client_->format_))) {
     auto call = std::make_unique<Call>();
-    call->request = client_->MakePullRequest(batch, min_version_, /*min_clock=*/0);
+    call->request = SerializeMessage(client_->MakePullRequest(batch, min_version_, /*min_clock=*/0));
     call->batch = std::move(batch);
     SetDeadline(&call->context, absl::ToDoubleSeconds(timeout_));
     Call* raw = call.get();
@@ -543,10 +573,8 @@ void ParameterClient::PullStream::Fetch(const std::vector<int>& tensors) {
       MutexLock lock(&mu_);
       ++in_flight_;
     }
-    client_->Stub(raw->batch.address)
-        ->async()
-        ->Pull(&raw->context, &raw->request, &raw->response,
-               [this, raw](grpc::Status status) { Done(raw, std::move(status)); });
+    client_->StartCall(raw->batch.address, /*pull=*/true, &raw->context, &raw->request, &raw->response,
+                       [this, raw](grpc::Status status) { Done(raw, std::move(status)); });
   }
 }
 

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -160,7 +162,7 @@ class ParameterClient {
    private:
     friend class ParameterClient;
     struct Call;
-    using Decoder = std::function<absl::Status(const Batch&, const v1::PullResponse&, Versions*)>;
+    using Decoder = std::function<absl::Status(const Batch&, const grpc::ByteBuffer&, Versions*)>;
     PullStream(ParameterClient* client, int64_t min_version, absl::Duration timeout, Decoder decode);
     void Done(Call* call, grpc::Status status);
 
@@ -207,8 +209,10 @@ class ParameterClient {
   v1::PullRequest MakePullRequest(const Batch& batch, int64_t min_version, int64_t min_clock) const;
   // Decodes a pull response for `batch` into `params`; widens *seen to
   // cover its chunks' versions and clocks.
+  // The response's chunk payloads are copied from gRPC's buffers straight
+  // into `params` (see common/payload_wire.h).
   template <typename T>
-  absl::Status DecodePull(const Batch& batch, const v1::PullResponse& response, std::vector<std::vector<T>>* params,
+  absl::Status DecodePull(const Batch& batch, const grpc::ByteBuffer& response, std::vector<std::vector<T>>* params,
                           Versions* seen) const;
   template <typename T>
   std::unique_ptr<PullStream> StartPullInto(int64_t min_version, absl::Duration timeout,
@@ -216,14 +220,18 @@ class ParameterClient {
   template <typename T>
   absl::Status PullInto(int64_t min_version, absl::Duration timeout, std::vector<std::vector<T>>* params,
                         Versions* versions, int64_t min_clock);
-  // Runs `requests` (request i to addresses[i]) in parallel, retrying those
-  // that meet UNAVAILABLE with backoff; attempts start at `first_attempt`
-  // (1: the requests already failed once, with `last`).
-  template <typename Request, typename Response>
-  absl::Status RunAll(const std::vector<Request>& requests, const std::vector<std::string>& addresses,
-                      std::vector<Response>* responses, bool pull, absl::Duration timeout, int first_attempt = 0,
-                      absl::Status last = absl::OkStatus());
-  v1::ParameterService::Stub* Stub(const std::string& address);
+  // Runs `requests` (serialized PushRequests, or PullRequests if `pull`;
+  // request i to addresses[i]) in parallel, retrying those that meet
+  // UNAVAILABLE with backoff; attempts start at `first_attempt` (1: the
+  // requests already failed once, with `last`).
+  absl::Status RunAll(const std::vector<grpc::ByteBuffer>& requests, const std::vector<std::string>& addresses,
+                      std::vector<grpc::ByteBuffer>* responses, bool pull, absl::Duration timeout,
+                      int first_attempt = 0, absl::Status last = absl::OkStatus());
+  // Starts a Push (or Pull) of serialized messages: the data RPCs go through
+  // a generic stub so that tensor bytes are never copied into or out of
+  // protobuf messages.
+  void StartCall(const std::string& address, bool pull, grpc::ClientContext* context, const grpc::ByteBuffer* request,
+                 grpc::ByteBuffer* response, std::function<void(grpc::Status)> done);
   // Calls register their contexts before they start (false: superseded, do
   // not start) and their owners release them once the calls are over,
   // never while holding a lock a call's callback takes.
@@ -243,7 +251,7 @@ class ParameterClient {
   const std::string worker_id_;
   std::vector<Batch> batches_;               // every chunk: by server, split at kMaxBatchBytes
   std::vector<std::vector<int>> tensor_chunks_;  // indices into map_.chunks() by tensor
-  std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_;
+  std::map<std::string, std::unique_ptr<grpc::GenericStub>> stubs_;
   int64_t total_bytes_ = 0;
 };
 

@@ -1,0 +1,269 @@
+#include "common/payload_wire.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace fulcrum {
+namespace {
+
+using google::protobuf::internal::WireFormatLite;
+
+// Payloads smaller than this are copied in with the fields around them: a
+// slice of their own would cost more than the copy.
+constexpr size_t kInlinePayload = 1024;
+
+// Reads a list of slices as one stream, without copying.
+class SliceStream final : public google::protobuf::io::ZeroCopyInputStream {
+ public:
+  explicit SliceStream(const std::vector<grpc::Slice>& slices) : slices_(slices) {}
+
+  bool Next(const void** data, int* size) override {
+    while (index_ < slices_.size()) {
+      const grpc::Slice& slice = slices_[index_];
+      if (offset_ < slice.size()) {
+        *data = slice.begin() + offset_;
+        *size = static_cast<int>(slice.size() - offset_);
+        count_ += *size;
+        offset_ = slice.size();
+        return true;
+      }
+      ++index_;
+      offset_ = 0;
+    }
+    return false;
+  }
+  // (Within the slice the last Next returned, as the interface requires.)
+  void BackUp(int count) override {
+    offset_ -= static_cast<size_t>(count);
+    count_ -= count;
+  }
+  bool Skip(int count) override {
+    while (count > 0) {
+      if (index_ >= slices_.size()) return false;
+      const size_t left = slices_[index_].size() - offset_;
+      if (left == 0) {
+        ++index_;
+        offset_ = 0;
+        continue;
+      }
+      const size_t take = std::min(left, static_cast<size_t>(count));
+      offset_ += take;
+      count_ += static_cast<int64_t>(take);
+      count -= static_cast<int>(take);
+    }
+    return true;
+  }
+  int64_t ByteCount() const override { return count_; }
+
+ private:
+  const std::vector<grpc::Slice>& slices_;
+  size_t index_ = 0;
+  size_t offset_ = 0;
+  int64_t count_ = 0;
+};
+
+void AppendVarint(uint64_t value, std::string* out) {
+  while (value >= 0x80) {
+    out->push_back(static_cast<char>(value | 0x80));
+    value >>= 7;
+  }
+  out->push_back(static_cast<char>(value));
+}
+
+size_t VarintSize(uint64_t value) {
+  size_t size = 1;
+  while (value >= 0x80) {
+    value >>= 7;
+    ++size;
+  }
+  return size;
+}
+
+void DeleteString(void* text) { delete static_cast<std::string*>(text); }
+
+template <typename Message>
+grpc::ByteBuffer SerializeMoving(Message* message, int chunks_field) {
+  google::protobuf::RepeatedPtrField<v1::ChunkData> chunks;
+  chunks.Swap(message->mutable_chunks());
+  PayloadWriter writer(*message, chunks_field);
+  for (v1::ChunkData& chunk : chunks) {
+    auto* data = new std::string();
+    data->swap(*chunk.mutable_data());
+    std::vector<grpc::Slice> payload;
+    if (data->empty()) {
+      delete data;
+    } else {
+      payload.emplace_back(data->data(), data->size(), &DeleteString, data);
+    }
+    writer.AddChunk(chunk, std::move(payload));
+  }
+  chunks.Swap(message->mutable_chunks());
+  return writer.Finish();
+}
+
+absl::Status NotA(const google::protobuf::MessageLite& message) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("the message is not a valid ", message.GetTypeName(), " (it does not parse)"));
+}
+
+}  // namespace
+
+grpc::ByteBuffer SerializeMovingPayloads(v1::PushRequest* message) {
+  return SerializeMoving(message, v1::PushRequest::kChunksFieldNumber);
+}
+
+grpc::ByteBuffer SerializeMovingPayloads(v1::PullResponse* message) {
+  return SerializeMoving(message, v1::PullResponse::kChunksFieldNumber);
+}
+
+grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message) {
+  grpc::Slice slice(message.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+absl::Status ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::MessageLite* message) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer.Dump(&slices).ok()) return NotA(*message);
+  SliceStream stream(slices);
+  if (!message->ParseFromZeroCopyStream(&stream)) return NotA(*message);
+  return absl::OkStatus();
+}
+
+absl::Status PayloadReader::Parse(const grpc::ByteBuffer& buffer, int chunks_field,
+                                  google::protobuf::MessageLite* header) {
+  slices_.clear();
+  starts_.clear();
+  chunks_.clear();
+  if (!buffer.Dump(&slices_).ok()) return NotA(*header);
+  int64_t start = 0;
+  for (const grpc::Slice& slice : slices_) {
+    starts_.push_back(start);
+    start += static_cast<int64_t>(slice.size());
+  }
+  SliceStream stream(slices_);
+  std::string header_bytes;
+  {
+    google::protobuf::io::CodedInputStream in(&stream);
+    google::protobuf::io::StringOutputStream header_stream(&header_bytes);
+    google::protobuf::io::CodedOutputStream header_out(&header_stream);
+    while (const uint32_t tag = in.ReadTag()) {
+      if (WireFormatLite::GetTagFieldNumber(tag) != chunks_field ||
+          WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+        if (!WireFormatLite::SkipField(&in, tag, &header_out)) return NotA(*header);
+        continue;
+      }
+      uint32_t length = 0;
+      if (!in.ReadVarint32(&length)) return NotA(*header);
+      const auto limit = in.PushLimit(static_cast<int>(length));
+      Chunk chunk;
+      std::string fields;
+      {
+        google::protobuf::io::StringOutputStream fields_stream(&fields);
+        google::protobuf::io::CodedOutputStream fields_out(&fields_stream);
+        while (const uint32_t field = in.ReadTag()) {
+          if (WireFormatLite::GetTagFieldNumber(field) == v1::ChunkData::kDataFieldNumber &&
+              WireFormatLite::GetTagWireType(field) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+            uint32_t size = 0;
+            if (!in.ReadVarint32(&size)) return NotA(*header);
+            chunk.offset = in.CurrentPosition();
+            chunk.size = size;
+            if (!in.Skip(static_cast<int>(size))) return NotA(*header);
+          } else if (!WireFormatLite::SkipField(&in, field, &fields_out)) {
+            return NotA(*header);
+          }
+        }
+        if (!in.ConsumedEntireMessage()) return NotA(*header);
+      }
+      in.PopLimit(limit);
+      if (!chunk.fields.ParseFromString(fields)) return NotA(*header);
+      chunks_.push_back(std::move(chunk));
+    }
+    if (!in.ConsumedEntireMessage()) return NotA(*header);
+  }
+  if (!header->ParseFromString(header_bytes)) return NotA(*header);
+  return absl::OkStatus();
+}
+
+void PayloadReader::CopyPayload(int i, char* out) const {
+  int64_t offset = chunks_[i].offset;
+  int64_t left = chunks_[i].size;
+  size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin()) - 1;
+  while (left > 0) {
+    const grpc::Slice& slice = slices_[s];
+    const int64_t at = offset - starts_[s];
+    const int64_t take = std::min<int64_t>(left, static_cast<int64_t>(slice.size()) - at);
+    std::memcpy(out, slice.begin() + at, static_cast<size_t>(take));
+    out += take;
+    offset += take;
+    left -= take;
+    ++s;
+  }
+}
+
+void PayloadReader::AppendPayloadSlices(int i, std::vector<grpc::Slice>* out) const {
+  int64_t offset = chunks_[i].offset;
+  int64_t left = chunks_[i].size;
+  size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin()) - 1;
+  while (left > 0) {
+    const grpc::Slice& slice = slices_[s];
+    const int64_t at = offset - starts_[s];
+    const int64_t take = std::min<int64_t>(left, static_cast<int64_t>(slice.size()) - at);
+    out->push_back(slice.sub(static_cast<size_t>(at), static_cast<size_t>(at + take)));
+    offset += take;
+    left -= take;
+    ++s;
+  }
+}
+
+PayloadWriter::PayloadWriter(const google::protobuf::MessageLite& header, int chunks_field)
+    : chunks_field_(chunks_field) {
+  header.AppendToString(&pending_);
+}
+
+void PayloadWriter::AddChunk(const v1::ChunkData& fields, std::vector<grpc::Slice> payload) {
+  std::string meta;
+  if (fields.data().empty()) {
+    fields.AppendToString(&meta);
+  } else {
+    v1::ChunkData without = fields;
+    without.clear_data();
+    without.AppendToString(&meta);
+  }
+  size_t payload_size = 0;
+  for (const grpc::Slice& slice : payload) payload_size += slice.size();
+  const size_t inner = meta.size() + 1 + VarintSize(payload_size) + payload_size;
+  AppendVarint(WireFormatLite::MakeTag(chunks_field_, WireFormatLite::WIRETYPE_LENGTH_DELIMITED), &pending_);
+  AppendVarint(inner, &pending_);
+  pending_ += meta;
+  AppendVarint(WireFormatLite::MakeTag(v1::ChunkData::kDataFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED),
+               &pending_);
+  AppendVarint(payload_size, &pending_);
+  if (payload_size < kInlinePayload) {
+    for (const grpc::Slice& slice : payload) pending_.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    return;
+  }
+  if (!pending_.empty()) {
+    slices_.emplace_back(pending_);
+    pending_.clear();
+  }
+  for (grpc::Slice& slice : payload) slices_.push_back(std::move(slice));
+}
+
+grpc::ByteBuffer PayloadWriter::Finish() {
+  if (!pending_.empty() || slices_.empty()) {
+    slices_.emplace_back(pending_);
+    pending_.clear();
+  }
+  return grpc::ByteBuffer(slices_.data(), slices_.size());
+}
+
+}  // namespace fulcrum

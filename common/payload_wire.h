@@ -1,0 +1,81 @@
+// Tensor bytes of the data RPCs (Push, Replicate, Pull) outside protobuf's
+// copies. A PushRequest or PullResponse goes out as a grpc::ByteBuffer in
+// which every chunk's payload (ChunkData.data) is a slice of its own, handed
+// to gRPC without a copy; it is read back by parsing every other field with
+// protobuf and copying each payload from the received slices straight to
+// where it belongs. The bytes on the wire are exactly protobuf's encoding of
+// the message, so any gRPC client or server reads and writes them as
+// ordinary messages.
+#ifndef FULCRUM_COMMON_PAYLOAD_WIRE_H_
+#define FULCRUM_COMMON_PAYLOAD_WIRE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "fulcrum/v1/parameter.pb.h"
+
+namespace fulcrum {
+
+// Serializes `message`, moving each chunk's data into a slice of its own (no
+// copy of the bytes); the message keeps its other fields.
+grpc::ByteBuffer SerializeMovingPayloads(v1::PushRequest* message);
+grpc::ByteBuffer SerializeMovingPayloads(v1::PullResponse* message);
+
+// A small message (a request without payloads) to and from a ByteBuffer.
+grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message);
+// INVALID_ARGUMENT naming the message type when the bytes do not parse.
+absl::Status ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::MessageLite* message);
+
+// A received message whose field `chunks_field` is a repeated ChunkData
+// (PushRequest: 6, PullResponse: 1), parsed without copying the payloads.
+class PayloadReader {
+ public:
+  // Parses every field but the chunks' data into `header` (its chunks are
+  // left empty) and chunk(i). INVALID_ARGUMENT naming the message type for
+  // bytes that are not such a message.
+  absl::Status Parse(const grpc::ByteBuffer& buffer, int chunks_field, google::protobuf::MessageLite* header);
+
+  int chunks() const { return static_cast<int>(chunks_.size()); }
+  // Chunk i's fields but its data.
+  const v1::ChunkData& chunk(int i) const { return chunks_[i].fields; }
+  int64_t payload_size(int i) const { return chunks_[i].size; }
+  // Copies chunk i's payload (payload_size(i) bytes) to `out`.
+  void CopyPayload(int i, char* out) const;
+  // Chunk i's payload as slices that share the received memory.
+  void AppendPayloadSlices(int i, std::vector<grpc::Slice>* out) const;
+
+ private:
+  struct Chunk {
+    v1::ChunkData fields;
+    int64_t offset = 0;  // of the payload in the message
+    int64_t size = 0;
+  };
+  std::vector<grpc::Slice> slices_;
+  std::vector<int64_t> starts_;  // offset of each slice in the message
+  std::vector<Chunk> chunks_;
+};
+
+// Builds a message with payload slices from parts: the fields of `header`
+// (its own chunks must be empty), then, for each chunk, its fields and its
+// payload given as slices (which may share memory with a PayloadReader's
+// buffer: a forward without a copy).
+class PayloadWriter {
+ public:
+  PayloadWriter(const google::protobuf::MessageLite& header, int chunks_field);
+  void AddChunk(const v1::ChunkData& fields, std::vector<grpc::Slice> payload);
+  grpc::ByteBuffer Finish();
+
+ private:
+  const int chunks_field_;
+  std::vector<grpc::Slice> slices_;
+  std::string pending_;  // small bytes not yet in a slice
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_COMMON_PAYLOAD_WIRE_H_

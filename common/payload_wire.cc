@@ -181,7 +181,9 @@ absl::Status PayloadReader::Parse(const grpc::ByteBuffer& buffer, int chunks_fie
             return NotA(*header);
           }
         }
-        if (!in.ConsumedEntireMessage()) return NotA(*header);
+        // (Input that ends before the chunk's length is a truncated message,
+        // though ReadTag ends there as at the limit.)
+        if (!in.ConsumedEntireMessage() || in.BytesUntilLimit() != 0) return NotA(*header);
       }
       in.PopLimit(limit);
       if (!chunk.fields.ParseFromString(fields)) return NotA(*header);

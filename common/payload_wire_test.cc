@@ -114,7 +114,9 @@ TEST(PayloadWireTest, GarbageIsInvalidArgumentNamingTheMessage) {
   const std::string whole = SamplePush().SerializeAsString();
   for (const std::string& bad : {std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11),
                                  whole.substr(0, whole.size() / 2), std::string("\x32\x05\x12\x10", 4),
-                                 std::string("\x00", 1)}) {
+                                 std::string("\x00", 1),
+                                 // A chunk whose length runs past the end (found by payload_wire_fuzz).
+                                 std::string("\x32\x05\x08\x03", 4)}) {
     grpc::Slice slice(bad);
     PayloadReader reader;
     v1::PushRequest header;

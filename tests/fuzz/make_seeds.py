@@ -137,3 +137,11 @@ write('cluster_service_fuzz', 'expiry',
       command(0, register_server) + command(0, register_worker(0)) + command(5, msg((1, spec))) +
       command(8, b'\xff') + command(9, b'') + command(3, msg((1, 'server-0'))) + command(6, msg((1, 'job-0001'))))
 print('seeds written under', os.path.join(HERE, 'corpus'))
+
+# --- payload_wire_fuzz: byte 0 = message (bit 0: 0 PushRequest, 1 PullResponse)
+# and slice size (bits 1-7); the rest is the message.
+chunk_a = msg((1, 3), (2, floats([0.5, -1.0, 2.0, 0.25])), (5, 1))
+chunk_b = msg((2, b'\x01\x02'), (1, 9), (3, 7), (4, 2))
+write('payload_wire_fuzz', 'push', bytes([0]) + msg((1, 'job'), (2, 'worker-1'), (4, 5), (5, 2), (6, chunk_a),
+                                                    (7, 3), (6, chunk_b), (9, 12345)))
+write('payload_wire_fuzz', 'pull', bytes([1 | 6]) + msg((1, chunk_b), (1, chunk_a)))

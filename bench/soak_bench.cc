@@ -26,6 +26,7 @@ ABSL_FLAG(int, warmup, 100, "Jobs before the slope is measured (allocator and ca
 ABSL_FLAG(int, retain_finished_jobs, 10, "The scheduler's --retain-finished-jobs");
 ABSL_FLAG(int, max_finished_records, 50, "The scheduler's --max-finished-records");
 ABSL_FLAG(bool, keep_logs, false, "Keep the cluster's folder (process logs)");
+ABSL_FLAG(bool, keep_freed_memory, true, "Every process's --keep-freed-memory (false: glibc's defaults)");
 
 namespace fulcrum {
 namespace bench {
@@ -50,6 +51,10 @@ int Run() {
   options.workers = 2;
   options.scheduler_flags = {absl::StrCat("--retain-finished-jobs=", absl::GetFlag(FLAGS_retain_finished_jobs)),
                              absl::StrCat("--max-finished-records=", absl::GetFlag(FLAGS_max_finished_records))};
+  const std::string keep = absl::StrCat("--keep-freed-memory=", absl::GetFlag(FLAGS_keep_freed_memory));
+  options.scheduler_flags.push_back(keep);
+  options.server_flags = {keep};
+  options.worker_flags = {keep};
   auto cluster = BenchCluster::Start(options, absl::Minutes(5));
   if (!cluster.ok()) {
     Log(absl::StrCat("cannot start the cluster: ", cluster.status().message()));

@@ -15,6 +15,9 @@ ABSL_FLAG(int, port, 0, "gRPC port (0 = pick a free one)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0 = pick a free one)");
 ABSL_FLAG(std::string, port_file, "", "Write the bound ports as JSON to this file");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(bool, keep_freed_memory, true,
+          "Keep memory freed by finished requests for the next ones instead of returning it to the kernel at once "
+          "(see KeepFreedMemoryForReuse in common/memory_budget.h): faster transfers, RSS at the peak of use");
 ABSL_FLAG(std::string, memory_budget, "",
           "Memory the jobs this process serves may claim, e.g. 8GiB (default: 80% of the machine's memory or of "
           "the cgroup limit, whichever is smaller)");
@@ -24,9 +27,9 @@ namespace fulcrum {
 Daemon::Daemon(std::string role, std::string usage) : role_(std::move(role)), usage_(std::move(usage)) {}
 
 absl::Status Daemon::Init(int argc, char** argv, const std::function<std::string()>& job_token_file) {
-  KeepFreedMemoryForReuse();
   BlockTerminationSignals();
   ParseFlags(argc, argv, usage_.c_str());
+  if (absl::GetFlag(FLAGS_keep_freed_memory)) KeepFreedMemoryForReuse();
   SetLogTag(role_);
   RETURN_IF_ERROR(SetMinLogLevelFromString(absl::GetFlag(FLAGS_log_level)));
   const std::string budget = absl::GetFlag(FLAGS_memory_budget);

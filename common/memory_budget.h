@@ -35,6 +35,12 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text);
 // daemon calls it first thing (Daemon::Init).
 void KeepFreedMemoryForReuse();
 
+// Gives memory freed in the middle of the heap back to the kernel
+// (malloc_trim). Called when a job ends (a server drops it, a worker leaves
+// it), so that what KeepFreedMemoryForReuse keeps for a job's transfers does
+// not outlive the job.
+void ReleaseFreedMemory();
+
 // "1.5 GiB", for messages.
 std::string FormatBytes(int64_t bytes);
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/memory_budget.h"
 #include "common/payload_wire.h"
 #include "common/quote.h"
 #include "common/rpc.h"
@@ -304,6 +305,7 @@ grpc::Status ParameterServiceImpl::DropJob(grpc::ServerContext* /*context*/, con
                << " (" << Quote(request->reason()) << ")";
   }
   jobs_->Set(static_cast<double>(store_->num_jobs()));
+  ReleaseFreedMemory();
   return Finish("DropJob", absl::OkStatus(), request->ByteSizeLong(), 0);
 }
 

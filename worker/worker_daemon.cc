@@ -8,6 +8,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "common/memory_budget.h"
 #include "common/logging.h"
 #include "worker/parameter_client.h"
 #include "worker/trainer.h"
@@ -104,6 +105,7 @@ void WorkerDaemon::Run(MembershipClient* membership) {
   v1::Assignment assignment;
   while (WaitForNewJob(&assignment)) {
     RunJob(membership, assignment);
+    ReleaseFreedMemory();  // the job's buffers are gone
     MutexLock lock(&mu_);
     current_job_.clear();
   }

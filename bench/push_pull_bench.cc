@@ -358,9 +358,8 @@ double At(std::vector<double> values, double q) {
   return values[static_cast<size_t>(q * static_cast<double>(values.size() - 1) + 0.5)];
 }
 
-std::string MinMedMax(const std::vector<double>& v, const char* format) {
-  return absl::StrCat(absl::StrFormat(format, At(v, 0)), " / ", absl::StrFormat(format, At(v, 0.5)), " / ",
-                      absl::StrFormat(format, At(v, 1)));
+std::string MinMedMax(const std::vector<double>& v, int decimals) {
+  return absl::StrFormat("%.*f / %.*f / %.*f", decimals, At(v, 0), decimals, At(v, 0.5), decimals, At(v, 1));
 }
 
 int Run(const std::string& self) {
@@ -424,7 +423,7 @@ int Run(const std::string& self) {
       const double cpu_ratio = At(f.cpu_per_gb, 0.5) / std::max(At(tcp.cpu_per_gb, 0.5), 1e-12);
       goals_missed += (ratio < 0.8 ? 1 : 0) + (cpu_ratio > 1.5 ? 1 : 0);
       std::printf("| %lld MiB | %d | %s | %s | %.2f %s | %.3f | %.3f | %.2f %s |\n", static_cast<long long>(mib), n,
-                  MinMedMax(f.rates, "%.2f").c_str(), MinMedMax(tcp.rates, "%.2f").c_str(), ratio,
+                  MinMedMax(f.rates, 2).c_str(), MinMedMax(tcp.rates, 2).c_str(), ratio,
                   ratio >= 0.8 ? "met" : "missed", At(f.cpu_per_gb, 0.5), At(tcp.cpu_per_gb, 0.5), cpu_ratio,
                   cpu_ratio <= 1.5 ? "met" : "missed");
     }
@@ -437,7 +436,7 @@ int Run(const std::string& self) {
                 absl::GetFlag(FLAGS_rtt_pushes),
                 absl::GetFlag(FLAGS_pin_rtt) >= 0 ? absl::StrCat("pinned to CPU ", absl::GetFlag(FLAGS_pin_rtt)).c_str()
                                                   : "not pinned",
-                MinMedMax(rtt.p50, "%.1f").c_str(), MinMedMax(rtt.p99, "%.1f").c_str(), p50,
+                MinMedMax(rtt.p50, 1).c_str(), MinMedMax(rtt.p99, 1).c_str(), p50,
                 p50 <= 60 ? "met" : "missed", p99 / std::max(p50, 1e-9), p99 <= 2 * p50 ? "met" : "missed");
     goals_missed += (p50 > 60 ? 1 : 0) + (p99 > 2 * p50 ? 1 : 0);
   }

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -355,7 +356,7 @@ struct Samples {
 double At(std::vector<double> values, double q) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
-  return values[static_cast<size_t>(q * static_cast<double>(values.size() - 1) + 0.5)];
+  return values[static_cast<size_t>(std::lround(q * static_cast<double>(values.size() - 1)))];
 }
 
 std::string MinMedMax(const std::vector<double>& v, int decimals) {

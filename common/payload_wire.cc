@@ -110,6 +110,22 @@ grpc::ByteBuffer SerializeMoving(Message* message, int chunks_field) {
   return writer.Finish();
 }
 
+// Tags and lengths as protobuf's own parser takes them: at most 5 bytes
+// (CodedInputStream also reads longer encodings, dropping the high bits),
+// lengths below 2^31. ReadTag is false at the end of the message (or of a
+// limit) and for a tag too long (*bad).
+bool ReadTag(google::protobuf::io::CodedInputStream* in, uint32_t* tag, bool* bad) {
+  const int before = in->CurrentPosition();
+  *tag = in->ReadTag();
+  *bad = *tag != 0 && in->CurrentPosition() - before > 5;
+  return *tag != 0 && !*bad;
+}
+
+bool ReadLength(google::protobuf::io::CodedInputStream* in, uint32_t* length) {
+  const int before = in->CurrentPosition();
+  return in->ReadVarint32(length) && in->CurrentPosition() - before <= 5 && *length <= 0x7fffffffu;
+}
+
 absl::Status NotA(const google::protobuf::MessageLite& message) {
   return absl::InvalidArgumentError(
       absl::StrCat("the message is not a valid ", message.GetTypeName(), " (it does not parse)"));
@@ -155,25 +171,28 @@ absl::Status PayloadReader::Parse(const grpc::ByteBuffer& buffer, int chunks_fie
     google::protobuf::io::CodedInputStream in(&stream);
     google::protobuf::io::StringOutputStream header_stream(&header_bytes);
     google::protobuf::io::CodedOutputStream header_out(&header_stream);
-    while (const uint32_t tag = in.ReadTag()) {
+    uint32_t tag = 0;
+    bool bad = false;
+    while (ReadTag(&in, &tag, &bad)) {
       if (WireFormatLite::GetTagFieldNumber(tag) != chunks_field ||
           WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
         if (!WireFormatLite::SkipField(&in, tag, &header_out)) return NotA(*header);
         continue;
       }
       uint32_t length = 0;
-      if (!in.ReadVarint32(&length)) return NotA(*header);
+      if (!ReadLength(&in, &length)) return NotA(*header);
       const auto limit = in.PushLimit(static_cast<int>(length));
       Chunk chunk;
       std::string fields;
       {
         google::protobuf::io::StringOutputStream fields_stream(&fields);
         google::protobuf::io::CodedOutputStream fields_out(&fields_stream);
-        while (const uint32_t field = in.ReadTag()) {
+        uint32_t field = 0;
+        while (ReadTag(&in, &field, &bad)) {
           if (WireFormatLite::GetTagFieldNumber(field) == v1::ChunkData::kDataFieldNumber &&
               WireFormatLite::GetTagWireType(field) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
             uint32_t size = 0;
-            if (!in.ReadVarint32(&size)) return NotA(*header);
+            if (!ReadLength(&in, &size)) return NotA(*header);
             chunk.offset = in.CurrentPosition();
             chunk.size = size;
             if (!in.Skip(static_cast<int>(size))) return NotA(*header);
@@ -183,13 +202,13 @@ absl::Status PayloadReader::Parse(const grpc::ByteBuffer& buffer, int chunks_fie
         }
         // (Input that ends before the chunk's length is a truncated message,
         // though ReadTag ends there as at the limit.)
-        if (!in.ConsumedEntireMessage() || in.BytesUntilLimit() != 0) return NotA(*header);
+        if (bad || !in.ConsumedEntireMessage() || in.BytesUntilLimit() != 0) return NotA(*header);
       }
       in.PopLimit(limit);
       if (!chunk.fields.ParseFromString(fields)) return NotA(*header);
       chunks_.push_back(std::move(chunk));
     }
-    if (!in.ConsumedEntireMessage()) return NotA(*header);
+    if (bad || !in.ConsumedEntireMessage()) return NotA(*header);
   }
   if (!header->ParseFromString(header_bytes)) return NotA(*header);
   return absl::OkStatus();

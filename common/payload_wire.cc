@@ -214,7 +214,8 @@ absl::Status PayloadReader::Parse(const grpc::ByteBuffer& buffer, int chunks_fie
   return absl::OkStatus();
 }
 
-void PayloadReader::CopyPayload(int i, char* out) const {
+template <typename Piece>
+void PayloadReader::ForEachPiece(int i, Piece piece) const {
   int64_t offset = chunks_[i].offset;
   int64_t left = chunks_[i].size;
   size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin()) - 1;
@@ -222,27 +223,24 @@ void PayloadReader::CopyPayload(int i, char* out) const {
     const grpc::Slice& slice = slices_[s];
     const int64_t at = offset - starts_[s];
     const int64_t take = std::min<int64_t>(left, static_cast<int64_t>(slice.size()) - at);
-    std::memcpy(out, slice.begin() + at, static_cast<size_t>(take));
-    out += take;
+    piece(slice, static_cast<size_t>(at), static_cast<size_t>(take));
     offset += take;
     left -= take;
     ++s;
   }
 }
 
+void PayloadReader::CopyPayload(int i, char* out) const {
+  ForEachPiece(i, [&out](const grpc::Slice& slice, size_t at, size_t take) {
+    std::memcpy(out, slice.begin() + at, take);
+    out += take;
+  });
+}
+
 void PayloadReader::AppendPayloadSlices(int i, std::vector<grpc::Slice>* out) const {
-  int64_t offset = chunks_[i].offset;
-  int64_t left = chunks_[i].size;
-  size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin()) - 1;
-  while (left > 0) {
-    const grpc::Slice& slice = slices_[s];
-    const int64_t at = offset - starts_[s];
-    const int64_t take = std::min<int64_t>(left, static_cast<int64_t>(slice.size()) - at);
-    out->push_back(slice.sub(static_cast<size_t>(at), static_cast<size_t>(at + take)));
-    offset += take;
-    left -= take;
-    ++s;
-  }
+  ForEachPiece(i, [out](const grpc::Slice& slice, size_t at, size_t take) {
+    out->push_back(slice.sub(at, at + take));
+  });
 }
 
 PayloadWriter::PayloadWriter(const google::protobuf::MessageLite& header, int chunks_field)

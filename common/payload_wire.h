@@ -50,6 +50,11 @@ class PayloadReader {
   void AppendPayloadSlices(int i, std::vector<grpc::Slice>* out) const;
 
  private:
+  // Calls piece(slice, offset in it, bytes) for each part of chunk i's
+  // payload, in order.
+  template <typename Piece>
+  void ForEachPiece(int i, Piece piece) const;
+
   struct Chunk {
     v1::ChunkData fields;
     int64_t offset = 0;  // of the payload in the message

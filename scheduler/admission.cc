@@ -59,8 +59,10 @@ JobClaims ClaimsOf(const v1::JobSpec& spec) {
                         claims.parameters * kFloat * 3 +              // parameters, pull landing, gradients
                         (half_wire ? claims.parameters * 2 * 2 : 0) +  // 16-bit parameters and gradients
                         batch * widths * kFloat * 3;                   // activations, their gradients, the batch
+  // Values, optimizer state and (BSP) a gradient per partition, their sum and
+  // the previous step's values (JobShard::ChunkBytes).
   claims.server_bytes_per_parameter =
-      kFloat * (1 + OptimizerSlots(spec.optimizer()) + (Synchronous(spec) ? spec.max_workers() + 1 : 0));
+      kFloat * (1 + OptimizerSlots(spec.optimizer()) + (Synchronous(spec) ? spec.max_workers() + 2 : 0));
   return claims;
 }
 
@@ -99,7 +101,7 @@ absl::Status CheckFitsBudgets(const JobClaims& claims, const v1::JobSpec& spec,
       return absl::ResourceExhaustedError(absl::StrCat(
           "this job's ", claims.parameters, " parameters need ", FormatBytes(needed), " on the servers (",
           claims.server_bytes_per_parameter, " bytes each: value, optimizer state",
-          Synchronous(spec) ? " and a BSP buffer per data partition" : "", ", times ", std::max(1, spec.replicas()),
+          Synchronous(spec) ? " and BSP buffers (one per data partition, a sum, the last step's values)" : "", ", times ", std::max(1, spec.replicas()),
           " replicas), ", FormatBytes(per_server), " on the busiest of ", servers, " servers; their memory budgets are ",
           FormatBytes(largest), " at most and ", FormatBytes(total),
           " together (fulcrum-server --memory-budget): use a smaller model, fewer maxWorkers or more servers"));

@@ -752,8 +752,8 @@ TEST_F(JobManagerTest, JobsBeyondEveryMemoryBudgetAreRefusedAtSubmit) {
 // memory) waits, saying so, and starts once that job's parameters go.
 TEST_F(JobManagerTest, AJobWaitsForServerMemoryOtherJobsHold) {
   // MlpSpec's model: 784*256 + 256 + 256*10 + 10 = 203530 parameters; with
-  // SGD, BSP and 1 partition, 12 bytes each: 2.4 MB on the server.
-  RegisterMember(v1::SERVER, kServerAddress, 3000000);
+  // SGD, BSP and 1 partition, 16 bytes each: 3.3 MB on the server.
+  RegisterMember(v1::SERVER, kServerAddress, 4000000);
   workers_.push_back(RegisterMember(v1::WORKER));
   workers_.push_back(RegisterMember(v1::WORKER));
   const std::string first = SubmitOk(MlpSpec(1));
@@ -769,7 +769,7 @@ TEST_F(JobManagerTest, AJobWaitsForServerMemoryOtherJobsHold) {
   ASSERT_EQ(GetOk(first).reason(), "training");
   v1::JobStatus waiting = GetOk(second);
   EXPECT_EQ(waiting.state(), v1::PENDING);
-  EXPECT_TRUE(Contains(waiting.reason(), "0 of 1 servers with 2.3 MiB of memory free")) << waiting.reason();
+  EXPECT_TRUE(Contains(waiting.reason(), "0 of 1 servers with 3.1 MiB of memory free")) << waiting.reason();
   ASSERT_TRUE(manager_->Cancel(first).ok());
   // A cancelled job's parameters are dropped: its claim is gone.
   manager_->Tick();

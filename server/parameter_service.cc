@@ -132,6 +132,7 @@ void ToChunkState(const ChunkSnapshot& snapshot, int32_t chunk_id, v1::ChunkStat
   for (const auto& slot : snapshot.optimizer_state) EncodeFloats(slot.data(), slot.size(), state->add_optimizer_state());
   state->set_version(snapshot.version);
   for (const auto& gradient : snapshot.pending) EncodeFloats(gradient.data(), gradient.size(), state->add_pending());
+  EncodeFloats(snapshot.previous_values.data(), snapshot.previous_values.size(), state->mutable_previous_values());
   for (const auto& [worker, seq] : snapshot.watermarks) (*state->mutable_watermarks())[worker] = seq;
   for (int64_t s : snapshot.partition_steps) state->add_partition_steps(s);
   state->set_examples_seen(snapshot.examples_seen);
@@ -150,6 +151,7 @@ absl::StatusOr<ChunkSnapshot> FromChunkState(const v1::ChunkState& state) {
   }
   snapshot.version = state.version();
   for (const std::string& gradient : state.pending()) RETURN_IF_ERROR(decode(gradient, &snapshot.pending.emplace_back()));
+  RETURN_IF_ERROR(decode(state.previous_values(), &snapshot.previous_values));
   snapshot.watermarks.assign(state.watermarks().begin(), state.watermarks().end());
   snapshot.partition_steps.assign(state.partition_steps().begin(), state.partition_steps().end());
   snapshot.examples_seen = state.examples_seen();
@@ -582,6 +584,7 @@ class PendingPull final : public HeldPull {
         chunk_ids_(request.chunk_ids().begin(), request.chunk_ids().end()),
         min_version_(request.min_version()),
         min_clock_(request.min_clock()),
+        exact_version_(request.exact_version() ? request.min_version() : -1),
         format_(request.format()),
         response_(response),
         deadline_(deadline),
@@ -600,7 +603,7 @@ class PendingPull final : public HeldPull {
       chunk->set_chunk_id(chunk_id);
       chunk->set_format(format_);
       int64_t version = 0, clock = 0;
-      absl::Status read = shard_->Read(chunk_id, format_, chunk->mutable_data(), &version, &clock);
+      absl::Status read = shard_->Read(chunk_id, format_, chunk->mutable_data(), &version, &clock, exact_version_);
       if (!read.ok()) {
         response_->Clear();
         return Fail(read);
@@ -633,6 +636,7 @@ class PendingPull final : public HeldPull {
   const std::vector<int32_t> chunk_ids_;
   const int64_t min_version_;
   const int64_t min_clock_;
+  const int64_t exact_version_;  // -1: the latest values
   const v1::WireFormat format_;
   v1::PullResponse* const response_;  // gRPC's, valid until the call is done
   const absl::Time deadline_;

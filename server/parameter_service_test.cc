@@ -782,14 +782,15 @@ TEST_F(ParameterServiceTest, SetupJobOfATrainedJobIsAlreadyExistsAndChangesNothi
 }
 
 // Each chunk of MakeSetup's jobs (SGD without momentum, BSP, 1 partition)
-// takes 4 floats x (value + partition buffer + sum) = 48 bytes: 96 a job.
+// takes 4 floats x (value + partition buffer + sum + previous values) = 64
+// bytes: 128 a job.
 TEST_F(ParameterServiceTest, SetupBeyondTheMemoryBudgetIsResourceExhaustedNamingTheNumbers) {
-  std::unique_ptr<TestServer> small = StartServer("ps-small", /*with_checkpoints=*/false, /*memory_budget=*/150);
+  std::unique_ptr<TestServer> small = StartServer("ps-small", /*with_checkpoints=*/false, /*memory_budget=*/170);
   ASSERT_NE(small, nullptr);
   ASSERT_TRUE(IsOk(SetUpAlone(small.get(), "job-1", v1::BSP)));
   grpc::Status refused = SetUpAlone(small.get(), "job-2", v1::BSP);
-  EXPECT_TRUE(HasError(refused, grpc::StatusCode::RESOURCE_EXHAUSTED, "96 B"));
-  EXPECT_TRUE(HasError(refused, grpc::StatusCode::RESOURCE_EXHAUSTED, "memory budget of 150 B"));
+  EXPECT_TRUE(HasError(refused, grpc::StatusCode::RESOURCE_EXHAUSTED, "128 B"));
+  EXPECT_TRUE(HasError(refused, grpc::StatusCode::RESOURCE_EXHAUSTED, "memory budget of 170 B"));
   // The first job is untouched and the server keeps serving.
   ASSERT_TRUE(IsOk(Push(small->stub(), MakePush("job-1", 1, 0, 1, {{0, kGradient}}))));
   ExpectChunk(small.get(), "job-1", 0, 1, kOneStep, 1);

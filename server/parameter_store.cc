@@ -136,6 +136,7 @@ void Chunk::MaybeCompleteStepLocked() {
   const float scale = 1.0f / static_cast<float>(job_.num_partitions);
   for (float& g : scratch_) g *= scale;
   pending_count_ = 0;
+  previous_.assign(values_.begin(), values_.end());
   ApplyLocked(scratch_.data(), version_);
 }
 
@@ -196,11 +197,22 @@ bool Chunk::Ready(int64_t min_version, int64_t min_clock) const {
   return ReadyLocked(min_version, min_clock);
 }
 
-absl::Status Chunk::Read(v1::WireFormat format, std::string* data, int64_t* version, int64_t* clock) const {
+absl::Status Chunk::Read(v1::WireFormat format, std::string* data, int64_t* version, int64_t* clock,
+                         int64_t exact_version) const {
   MutexLock lock(&mu_);
   if (!dropped_reason_.empty()) return DroppedError();
-  EncodeValues(format, values_.data(), config_.length, data);
-  *version = version_;
+  const std::vector<float>* values = &values_;
+  if (exact_version >= 0 && exact_version != version_) {
+    if (!job_.synchronous || exact_version != version_ - 1 || previous_.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id, " is at version ", version_,
+                       ": it cannot give the values of version ", exact_version,
+                       job_.synchronous ? " (it keeps only the last step's)" : " (an ASP/SSP job keeps no old values)"));
+    }
+    values = &previous_;
+  }
+  EncodeValues(format, values->data(), config_.length, data);
+  *version = exact_version >= 0 ? exact_version : version_;
   *clock = MinClockLocked();
   return absl::OkStatus();
 }
@@ -221,6 +233,7 @@ ChunkSnapshot Chunk::SnapshotLocked() const {
   snapshot.optimizer_state = state_;
   snapshot.version = version_;
   snapshot.pending = pending_;
+  snapshot.previous_values = previous_;
   // In writer order: a hash map iterates in an order that differs from
   // process to process, and replicas of a chunk must encode (and checksum)
   // the same state the same way.
@@ -237,6 +250,7 @@ absl::Status Chunk::Restore(const ChunkSnapshot& snapshot) {
   bool fits = snapshot.values.size() == values_.size() && snapshot.optimizer_state.size() == state_.size() &&
               snapshot.pending.size() == pending_.size() && snapshot.partition_steps.size() == partition_steps_.size();
   for (size_t i = 0; fits && i < state_.size(); ++i) fits = snapshot.optimizer_state[i].size() == state_[i].size();
+  fits = fits && (snapshot.previous_values.empty() || snapshot.previous_values.size() == values_.size());
   if (!fits) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id,
                                                    ": the copied state does not match its shape"));
@@ -245,6 +259,7 @@ absl::Status Chunk::Restore(const ChunkSnapshot& snapshot) {
   state_ = snapshot.optimizer_state;
   version_ = snapshot.version;
   pending_ = snapshot.pending;
+  previous_ = snapshot.previous_values;
   pending_count_ = 0;
   for (const auto& p : pending_) pending_count_ += p.empty() ? 0 : 1;
   watermarks_.clear();
@@ -335,7 +350,7 @@ JobShard::JobShard(JobShardConfig config) : config_(std::move(config)) {}
 
 int64_t JobShard::ChunkBytes(int64_t length, const JobShardConfig& job) {
   int64_t copies = 1 + OptimizerStateSlots(job.optimizer);
-  if (job.synchronous) copies += job.num_partitions + 1;
+  if (job.synchronous) copies += job.num_partitions + 2;
   return length * copies * static_cast<int64_t>(sizeof(float));
 }
 
@@ -427,9 +442,9 @@ bool JobShard::Ready(int32_t chunk_id, int64_t min_version, int64_t min_clock) c
 }
 
 absl::Status JobShard::Read(int32_t chunk_id, v1::WireFormat format, std::string* data, int64_t* version,
-                            int64_t* clock) const {
+                            int64_t* clock, int64_t exact_version) const {
   ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
-  return chunk->Read(format, data, version, clock);
+  return chunk->Read(format, data, version, clock, exact_version);
 }
 
 absl::StatusOr<ChunkSnapshot> JobShard::Snapshot(int32_t chunk_id) const {

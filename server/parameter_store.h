@@ -86,6 +86,9 @@ struct ChunkSnapshot {
   std::vector<std::vector<float>> optimizer_state;
   int64_t version = 0;
   std::vector<std::vector<float>> pending;  // BSP: this step's gradients by partition
+  // BSP: the values at version - 1 (empty before the first step, and in
+  // checkpoints, which never need them).
+  std::vector<float> previous_values;
   std::vector<std::pair<std::string, int64_t>> watermarks;
   std::vector<int64_t> partition_steps;
   // Examples behind the accepted gradients, and the sum of their digests.
@@ -118,9 +121,13 @@ class Chunk {
 
   // Non-blocking halves of Pull: whether a pull with these bounds would
   // return now (also true once dropped or frozen), and the read itself
-  // (ABORTED if the job was dropped here).
+  // (ABORTED if the job was dropped here). With `exact_version` >= 0 (BSP)
+  // Read returns the values at exactly that version: the current ones, or
+  // the ones before the last step for a chunk one step past it;
+  // FAILED_PRECONDITION for a chunk behind it or further on.
   bool Ready(int64_t min_version, int64_t min_clock) const;
-  absl::Status Read(v1::WireFormat format, std::string* data, int64_t* version, int64_t* clock) const;
+  absl::Status Read(v1::WireFormat format, std::string* data, int64_t* version, int64_t* clock,
+                    int64_t exact_version = -1) const;
 
   ChunkSnapshot Snapshot() const;
   // Replaces this replica's state. INVALID_ARGUMENT if the shapes differ.
@@ -170,6 +177,10 @@ class Chunk {
   mutable Mutex mu_;  // guards everything below
   CondVar updated_;
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
+  // BSP: values_ before the last step (empty before the first one). A worker
+  // that must compute step version_ - 1 for chunks still waiting for it
+  // (another worker died with its push half sent) reads them here.
+  std::vector<float> previous_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<float>> state_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   // BSP: the gradients of the current step by partition (empty = not yet arrived).
@@ -196,7 +207,8 @@ class JobShard {
   static absl::StatusOr<std::unique_ptr<JobShard>> Create(JobShardConfig config);
 
   // The memory one chunk of `job` takes at most: values, optimizer state and
-  // (BSP) a gradient buffer per data partition and a sum buffer.
+  // (BSP) a gradient buffer per data partition, a sum buffer and the
+  // previous step's values.
   static int64_t ChunkBytes(int64_t length, const JobShardConfig& job);
   // ... and all chunks of `config`.
   static int64_t ConfigBytes(const JobShardConfig& config);
@@ -225,7 +237,7 @@ class JobShard {
   // NOT_FOUND, for a chunk this server does not hold).
   bool Ready(int32_t chunk_id, int64_t min_version, int64_t min_clock) const;
   absl::Status Read(int32_t chunk_id, v1::WireFormat format, std::string* data, int64_t* version,
-                    int64_t* clock) const;
+                    int64_t* clock, int64_t exact_version = -1) const;
   // Snapshots every chunk for a checkpoint at `at_version` (see
   // Chunk::ArmCapture): all are armed before any is waited for, so each is
   // cut at the same step. On error nothing stays armed.

@@ -180,6 +180,63 @@ TEST_F(ParameterStoreTest, AspPushAppliesImmediately) {
   }
 }
 
+// A worker that must compute a step some chunks have completed already
+// (another one died with its push half sent) reads the values the step
+// started from: a BSP chunk keeps them for one step, in its copies too.
+TEST_F(ParameterStoreTest, BspChunkGivesTheValuesOfTheStepBeforeOnly) {
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(/*synchronous=*/true, 1));
+  ASSERT_NE(shard, nullptr);
+  std::string data;
+  int64_t version = -1, clock = -1;
+  // Before any step there is only version 0.
+  ASSERT_TRUE(shard->Read(kChunkId, v1::WIRE_FP32, &data, &version, &clock, /*exact_version=*/0).ok());
+  EXPECT_EQ(Decode(data), InitValues());
+  ASSERT_TRUE(shard->Push(Args("w0", 0, 1, 0, Encode(Grad(1.0f)))).ok());
+  const std::vector<float> after_one = PullNow(shard.get(), &version);
+  ASSERT_EQ(version, 1);
+  ASSERT_TRUE(shard->Read(kChunkId, v1::WIRE_FP32, &data, &version, &clock, /*exact_version=*/0).ok());
+  EXPECT_EQ(version, 0);
+  EXPECT_EQ(Decode(data), InitValues());
+  ASSERT_TRUE(shard->Read(kChunkId, v1::WIRE_FP32, &data, &version, &clock, /*exact_version=*/1).ok());
+  EXPECT_EQ(version, 1);
+  EXPECT_EQ(Decode(data), after_one);
+  // A push of the step before is a duplicate there, and leaves both alone.
+  absl::StatusOr<PushOutcome> late = shard->Push(Args("w1", 0, 1, 0, Encode(Grad(5.0f))));
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(*late, PushOutcome::kDuplicate);
+  ASSERT_TRUE(shard->Push(Args("w0", 0, 2, 1, Encode(Grad(2.0f)))).ok());
+  // Two steps on, version 0 is gone; a version not reached yet is refused.
+  EXPECT_EQ(shard->Read(kChunkId, v1::WIRE_FP32, &data, &version, &clock, 0).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->Read(kChunkId, v1::WIRE_FP32, &data, &version, &clock, 3).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(shard->Read(kChunkId, v1::WIRE_FP32, &data, &version, &clock, 1).ok());
+  EXPECT_EQ(Decode(data), after_one);
+  // A replica copied from this one (re-replication) can answer the same.
+  absl::StatusOr<ChunkSnapshot> snapshot = shard->Snapshot(kChunkId);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  v1::ChunkState state;
+  ToChunkState(*snapshot, kChunkId, &state);
+  absl::StatusOr<ChunkSnapshot> copied = FromChunkState(state);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  JobShardConfig other = TestJob(true, 1, "job-copy");
+  std::shared_ptr<JobShard> copy = SetUpJob(std::move(other));
+  ASSERT_NE(copy, nullptr);
+  ASSERT_TRUE(copy->Restore(kChunkId, *copied).ok());
+  ASSERT_TRUE(copy->Read(kChunkId, v1::WIRE_FP32, &data, &version, &clock, 1).ok());
+  EXPECT_EQ(Decode(data), after_one);
+}
+
+TEST_F(ParameterStoreTest, AspChunkKeepsNoOldValues) {
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(/*synchronous=*/false, 1));
+  ASSERT_NE(shard, nullptr);
+  ASSERT_TRUE(shard->Push(Args("w0", 0, 1, 0, Encode(Grad(1.0f)))).ok());
+  std::string data;
+  int64_t version = -1, clock = -1;
+  EXPECT_EQ(shard->Read(kChunkId, v1::WIRE_FP32, &data, &version, &clock, 0).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(ParameterStoreTest, BspWaitsForEveryRankThenAppliesTheMean) {
   std::shared_ptr<JobShard> shard = SetUpJob(TestJob(/*synchronous=*/true, 2));
   ASSERT_NE(shard, nullptr);

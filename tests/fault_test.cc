@@ -94,6 +94,41 @@ TEST_F(ReplacedServerTest, CheckpointManifestsListEveryReplica) {
   }
 }
 
+// Two servers; workers are added by the test.
+class HalfPushTest : public ClusterTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(2, 0); }
+};
+
+// A worker killed halfway through its push of a BSP step (here by its own
+// --exit-mid-push fault, after the last layer's gradients are in and before
+// the first layer's are sent): the chunks of the last layer complete the
+// step, those of the first still wait for it. The partition goes to a worker
+// that joins afterwards and never had that step's parameters; it must
+// compute the step from the values the servers kept, not wait forever for a
+// step nobody can finish (the chaos bench found it stalled for good).
+TEST_F(HalfPushTest, AStepHalfPushedByAKilledWorkerIsFinishedByANewcomer) {
+  v1::JobSpec spec = LongSpec(3);
+  spec.set_num_workers(1);  // one partition: the newcomer takes it whole
+  spec.set_max_workers(1);
+  auto doomed = cluster_->AddWorker({"--exit-mid-push=200"});
+  ASSERT_TRUE(doomed.ok()) << doomed.status();
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitFor(
+      *id, [](const v1::JobStatus& s) { return s.state() == v1::RUNNING || Terminal(s.state()); }, absl::Seconds(30));
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.reason();
+  auto newcomer = cluster_->AddWorker();  // idle until the first one is gone (maxWorkers 1)
+  ASSERT_TRUE(newcomer.ok()) << newcomer.status();
+  v1::JobStatus done = WaitForEnd(*id, absl::Seconds(90));
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason() << Events(done);
+  EXPECT_TRUE(AnyEventHas(done, doomed->id())) << "no event names the killed worker" << Events(done);
+  ExpectEveryExampleUsedOncePerEpoch(done, 4096);
+  v1::JobStatus reference;  // the same job undisturbed, on the newcomer alone
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference));
+  ExpectSameParameters(FinalParameters(reference), done);
+}
+
 // Two servers, every shard on both.
 class StoppedPrimaryTest : public ClusterTest {
  protected:

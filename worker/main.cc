@@ -27,6 +27,10 @@ ABSL_FLAG(std::string, data_root, fulcrum::kDefaultDataRoots,
           "Comma-separated folders jobs may read datasets from (data.path must lie under one, symlinks resolved); "
           "\"/\" allows any path");
 
+ABSL_FLAG(int64_t, exit_mid_push, 0,
+          "Testing only: kill this process (SIGKILL) in its N-th partition step, after the first layer's gradients "
+          "are acknowledged and before the others are sent (a worker dying with its push half sent); 0 = never");
+
 // Weak: absent when the CPU backend runs on a reference BLAS.
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 
@@ -106,6 +110,7 @@ int Run(int argc, char** argv) {
   limits.memory_budget_bytes = daemon.memory_budget();
   FLOG(INFO) << "datasets may be read from "
              << (limits.data_roots.empty() ? std::string("anywhere (--data-root=/)") : absl::GetFlag(FLAGS_data_root));
+  SetExitMidPush(absl::GetFlag(FLAGS_exit_mid_push));
   TransferOptions transfer;
   transfer.overlap_push = absl::GetFlag(FLAGS_overlap_push);
   transfer.prefetch_pull = absl::GetFlag(FLAGS_prefetch_pull);

@@ -249,13 +249,14 @@ absl::Status CheckFp16Range(const v1::ShardMap& map, const std::vector<int>& ten
 }  // namespace
 
 absl::Status ParameterClient::Pull(int64_t min_version, absl::Duration timeout, std::vector<std::vector<float>>* params,
-                                   Versions* versions, int64_t min_clock) {
-  return PullInto(min_version, timeout, params, versions, min_clock);
+                                   Versions* versions, int64_t min_clock, bool exact) {
+  return PullInto(min_version, timeout, params, versions, min_clock, exact);
 }
 
 absl::Status ParameterClient::Pull(int64_t min_version, absl::Duration timeout,
-                                   std::vector<std::vector<uint16_t>>* params, Versions* versions, int64_t min_clock) {
-  return PullInto(min_version, timeout, params, versions, min_clock);
+                                   std::vector<std::vector<uint16_t>>* params, Versions* versions, int64_t min_clock,
+                                   bool exact) {
+  return PullInto(min_version, timeout, params, versions, min_clock, exact);
 }
 
 template <typename T>
@@ -412,13 +413,15 @@ absl::Status ParameterClient::PushStream::Finish() {
   return client_->RunAll(retry, addresses, &responses, /*pull=*/false, timeout_, /*first_attempt=*/1, last);
 }
 
-v1::PullRequest ParameterClient::MakePullRequest(const Batch& batch, int64_t min_version, int64_t min_clock) const {
+v1::PullRequest ParameterClient::MakePullRequest(const Batch& batch, int64_t min_version, int64_t min_clock,
+                                                 bool exact) const {
   v1::PullRequest request;
   request.set_job_id(job_id_);
   request.set_min_version(min_version);
   request.set_map_version(map_.version());
   request.set_min_clock(min_clock);
   request.set_format(format_);
+  request.set_exact_version(exact);
   for (int chunk : batch.chunks) request.add_chunk_ids(map_.chunks(chunk).chunk_id());
   return request;
 }
@@ -475,12 +478,13 @@ absl::Status ParameterClient::DecodePull(const Batch& batch, const grpc::ByteBuf
 
 template <typename T>
 absl::Status ParameterClient::PullInto(int64_t min_version, absl::Duration timeout,
-                                       std::vector<std::vector<T>>* params, Versions* versions, int64_t min_clock) {
+                                       std::vector<std::vector<T>>* params, Versions* versions, int64_t min_clock,
+                                       bool exact) {
   RETURN_IF_ERROR(CheckBufferType<T>(format_, "pull"));
   std::vector<grpc::ByteBuffer> requests;
   std::vector<std::string> addresses;
   for (const Batch& batch : batches_) {
-    requests.push_back(SerializeMessage(MakePullRequest(batch, min_version, min_clock)));
+    requests.push_back(SerializeMessage(MakePullRequest(batch, min_version, min_clock, exact)));
     addresses.push_back(batch.address);
   }
   std::vector<grpc::ByteBuffer> responses;
@@ -558,7 +562,7 @@ void ParameterClient::PullStream::Fetch(const std::vector<int>& tensors) {
   }
   for (Batch& batch : GroupByServer(map, chunks, WireBytes(client_->format_))) {
     auto call = std::make_unique<Call>();
-    call->request = SerializeMessage(client_->MakePullRequest(batch, min_version_, /*min_clock=*/0));
+    call->request = SerializeMessage(client_->MakePullRequest(batch, min_version_, /*min_clock=*/0, /*exact=*/false));
     call->batch = std::move(batch);
     SetDeadline(&call->context, absl::ToDoubleSeconds(timeout_));
     Call* raw = call.get();

@@ -68,10 +68,12 @@ class ParameterClient {
   // float32 buffers take any wire format (16-bit values are widened);
   // 16-bit buffers get the raw values of a 16-bit format (for a device to
   // unpack; FAILED_PRECONDITION with a float32 format).
+  // `exact` (BSP): the values at exactly `min_version`, also from chunks one
+  // step past it (PullRequest.exact_version).
   absl::Status Pull(int64_t min_version, absl::Duration timeout, std::vector<std::vector<float>>* params,
-                    Versions* versions = nullptr, int64_t min_clock = 0);
+                    Versions* versions = nullptr, int64_t min_clock = 0, bool exact = false);
   absl::Status Pull(int64_t min_version, absl::Duration timeout, std::vector<std::vector<uint16_t>>* params,
-                    Versions* versions = nullptr, int64_t min_clock = 0);
+                    Versions* versions = nullptr, int64_t min_clock = 0, bool exact = false);
 
   // Sends `grads` (same layout as MakeBuffers), computed on data partition
   // `partition` at `step`, as this worker's push number `seq`.
@@ -206,7 +208,7 @@ class ParameterClient {
   template <typename T>
   absl::Status PushAll(int64_t seq, int32_t partition, int64_t step, const std::vector<std::vector<T>>& grads,
                        absl::Duration timeout, int64_t examples, uint64_t examples_digest);
-  v1::PullRequest MakePullRequest(const Batch& batch, int64_t min_version, int64_t min_clock) const;
+  v1::PullRequest MakePullRequest(const Batch& batch, int64_t min_version, int64_t min_clock, bool exact) const;
   // Decodes a pull response for `batch` into `params`; widens *seen to
   // cover its chunks' versions and clocks.
   // The response's chunk payloads are copied from gRPC's buffers straight
@@ -219,7 +221,7 @@ class ParameterClient {
                                             std::vector<std::vector<T>>* params);
   template <typename T>
   absl::Status PullInto(int64_t min_version, absl::Duration timeout, std::vector<std::vector<T>>* params,
-                        Versions* versions, int64_t min_clock);
+                        Versions* versions, int64_t min_clock, bool exact);
   // Runs `requests` (serialized PushRequests, or PullRequests if `pull`;
   // request i to addresses[i]) in parallel, retrying those that meet
   // UNAVAILABLE with backoff; attempts start at `first_attempt` (1: the

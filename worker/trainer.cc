@@ -1,6 +1,9 @@
 #include "worker/trainer.h"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <set>
 #include <mutex>
@@ -19,6 +22,9 @@
 
 namespace fulcrum {
 namespace {
+
+// Partition steps left before SetExitMidPush's fault (0: none armed).
+std::atomic<int64_t> exit_mid_push_countdown{0};
 
 // A push or a non-waiting pull that takes longer has met a stuck server
 // (stopped, partitioned): the worker looks for a new shard map and retries.
@@ -167,6 +173,8 @@ std::string WriterId(const std::string& worker_id) {
 
 }  // namespace
 
+void SetExitMidPush(int64_t n) { exit_mid_push_countdown = std::max<int64_t>(0, n); }
+
 std::vector<int64_t> EpochPermutation(uint64_t seed, int64_t epoch, int64_t n) {
   std::vector<int64_t> perm(n);
   for (int64_t i = 0; i < n; ++i) perm[i] = i;
@@ -303,10 +311,12 @@ class TrainingRun {
   // 16-bit host tensors with a 16-bit wire format; else pulled_ when
   // `staged` (the parameters in use stay untouched until the pull is known
   // whole), else the parameters' own host tensors.
+  // `exact`: the values at exactly `min_version` (BSP; see ParameterClient::Pull).
   absl::Status PullParams(int64_t min_version, absl::Duration timeout, bool staged,
-                          ParameterClient::Versions* versions = nullptr, int64_t min_clock = 0) {
-    if (IsHalfWire(wire_)) return client_->Pull(min_version, timeout, params16_.host(), versions, min_clock);
-    return client_->Pull(min_version, timeout, staged ? &pulled_ : params_.host(), versions, min_clock);
+                          ParameterClient::Versions* versions = nullptr, int64_t min_clock = 0,
+                          bool exact = false) {
+    if (IsHalfWire(wire_)) return client_->Pull(min_version, timeout, params16_.host(), versions, min_clock, exact);
+    return client_->Pull(min_version, timeout, staged ? &pulled_ : params_.host(), versions, min_clock, exact);
   }
   // Makes what PullParams landed the parameters in backend memory (16-bit:
   // uploads the 16-bit values and widens them on the backend).
@@ -428,6 +438,7 @@ class TrainingRun {
   std::vector<int64_t> perm_;
   int64_t perm_epoch_ = -1;
   int64_t seq_ = 0;
+  bool die_mid_push_ = false;  // this partition step is SetExitMidPush's
   kernels::BatchStats window_;
   int64_t window_steps_ = 0;
   absl::Time window_start_ = absl::Now();
@@ -458,6 +469,7 @@ absl::Status TrainingRun::Recover(const absl::Status& error) {
 
 absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
   absl::Time start = absl::Now();
+  die_mid_push_ = exit_mid_push_countdown.load() > 0 && exit_mid_push_countdown.fetch_sub(1) == 1;
   const int64_t epoch = step / steps_per_epoch_;
   if (epoch != perm_epoch_) {
     perm_ = EpochPermutation(spec_.data().shuffle_seed(), epoch, trainer_.train_->num_examples);
@@ -541,6 +553,11 @@ void TrainingRun::SendLayer(int layer, ParameterClient::PushStream* push) {
   } else {
     push->Send(tensors, *grads_.host());
   }
+  if (die_mid_push_) {  // SetExitMidPush's fault
+    const absl::Status sent = push->Finish();  // partial: the other layers were never sent
+    FLOG(ERROR) << "--exit-mid-push: killing this process halfway through a push (" << sent.message() << ")";
+    raise(SIGKILL);
+  }
   if (prefetch_ != nullptr) prefetch_->Fetch(tensors);
 }
 
@@ -605,6 +622,11 @@ absl::Status TrainingRun::RunBsp() {
   int64_t evaluated = 0;      // last step evaluated
   std::set<int32_t> pushed;   // partitions pushed for have_version
   bool owe_push = false;      // a push for have_version failed and was not sent again yet
+  // A version some chunks were seen waiting at while others had passed it,
+  // which this worker has no parameters of (-1: none); and whether the next
+  // pull asks for the values at exactly `next`.
+  int64_t split_at = -1;
+  bool exact = false;
   v1::Assignment assignment = trainer_.hooks_.latest_assignment();
   while (true) {
     if (Stopped()) return absl::CancelledError("assignment withdrawn");
@@ -624,7 +646,14 @@ absl::Status TrainingRun::RunBsp() {
       prefetch_.reset();
       if (trainer_.hooks_.observe_prefetch) trainer_.hooks_.observe_prefetch(prefetched);
     }
-    if (!prefetched) pulled = PullParams(next, kWaitSlice, /*staged=*/true, &versions);
+    if (!prefetched) pulled = PullParams(next, kWaitSlice, /*staged=*/true, &versions, /*min_clock=*/0, exact);
+    if (exact && absl::IsFailedPrecondition(pulled)) {  // the step completed meanwhile
+      FLOG(DEBUG) << "job " << trainer_.job_id_ << ": values of version " << next << " gone: " << pulled;
+      exact = false;
+      next = next + 1;
+      continue;
+    }
+    exact = false;
     if (trainer_.hooks_.observe_pull) trainer_.hooks_.observe_pull(absl::ToDoubleSeconds(absl::Now() - pull_start));
     if (absl::IsDeadlineExceeded(pulled)) {
       // The step waits for a partition nobody sent: compute the ones this
@@ -632,6 +661,20 @@ absl::Status TrainingRun::RunBsp() {
       assignment = trainer_.hooks_.latest_assignment();
       if (assignment.shard_map().version() > client_->map_version()) {  // a failover: follow it
         RETURN_IF_ERROR(Recover(pulled));
+        continue;
+      }
+      if (split_at > have_version) {
+        // The chunks stayed split for a whole slice: a worker died with its
+        // push of step split_at half sent, and the partitions it owed may be
+        // this worker's now, but it never had that step's parameters. The
+        // servers keep each chunk's values of the step before: compute the
+        // step from those (chunks already past it take the pushes as
+        // duplicates).
+        FLOG(INFO) << "job " << trainer_.job_id_ << ": chunks split between versions " << split_at << " and "
+                   << split_at + 1 << "; computing step " << split_at << " from its parameters";
+        next = split_at;
+        exact = true;
+        split_at = -1;
         continue;
       }
       if (have_version < 0) continue;
@@ -657,9 +700,11 @@ absl::Status TrainingRun::RunBsp() {
           RETURN_IF_ERROR(Recover(pushes));
         }
       }
+      if (versions.min > have_version) split_at = versions.min;
       next = versions.max;
       continue;
     }
+    split_at = -1;
     const int64_t version = versions.min;
     RETURN_IF_ERROR(InstallParams(/*staged=*/true));
     have_version = version;

@@ -65,6 +65,13 @@ struct TrainerHooks {
 
 class TrainingRun;
 
+// Fault injection for tests (fulcrum-worker --exit-mid-push): in the n-th
+// partition step this process computes, once the first layer's gradients
+// are acknowledged and before any other layer is sent, the process kills
+// itself (SIGKILL), as a worker killed halfway through its push dies.
+// 0 (the default) = never.
+void SetExitMidPush(int64_t n);
+
 // How a worker overlaps communication with compute. Neither changes a result:
 // BSP parameters come out bit for bit the same either way.
 struct TransferOptions {

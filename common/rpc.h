@@ -24,6 +24,11 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // into chunks well below it; anything bigger is rejected by gRPC with
 // RESOURCE_EXHAUSTED before it reaches our code.
 constexpr int kMaxMessageBytes = 8 << 20;
+// Largest whole state of one chunk (values, optimizer slots, BSP buffers and
+// previous values) a server takes: CopyChunk and ReadCheckpoint send it as
+// one message, with room left for the watermarks and framing. The scheduler
+// cuts a job's chunks small enough (ChunkElemsFor).
+constexpr int64_t kMaxChunkStateBytes = 7 << 20;
 
 // A fulcrum.v1 service to serve, with its full proto name (the
 // authorization gate looks its methods up in the table by it).

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/memory_budget.h"
+#include "common/rpc.h"
 #include "kernels/model_from_spec.h"
 
 namespace fulcrum {
@@ -64,6 +65,10 @@ JobClaims ClaimsOf(const v1::JobSpec& spec) {
   claims.server_bytes_per_parameter =
       kFloat * (1 + OptimizerSlots(spec.optimizer()) + (Synchronous(spec) ? spec.max_workers() + 2 : 0));
   return claims;
+}
+
+int64_t ChunkElemsFor(const JobClaims& claims, int64_t chunk_elems) {
+  return std::max<int64_t>(1, std::min(chunk_elems, kMaxChunkStateBytes / std::max<int64_t>(1, claims.server_bytes_per_parameter)));
 }
 
 int64_t PerServerBytes(const JobClaims& claims, const v1::JobSpec& spec, int servers) {

@@ -42,6 +42,13 @@ DataShape DataShapeOf(const v1::DataSpec& data);
 // `spec` after ApplyJobSpecDefaults and validation.
 JobClaims ClaimsOf(const v1::JobSpec& spec);
 
+// The elements per chunk for a job: `chunk_elems` (--chunk-bytes / 4), or
+// fewer when a chunk's whole state (values, optimizer slots and, in BSP, a
+// buffer per data partition) would not fit kMaxChunkStateBytes: a job with
+// many partitions gets smaller chunks, so re-replication and checkpoint
+// reads, which send a chunk's state as one message, always work.
+int64_t ChunkElemsFor(const JobClaims& claims, int64_t chunk_elems);
+
 // The most any one server holds of the job when `servers` servers carry its
 // shards (numShards, or one per server) with spec.replicas() each.
 int64_t PerServerBytes(const JobClaims& claims, const v1::JobSpec& spec, int servers);

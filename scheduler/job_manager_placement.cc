@@ -260,7 +260,8 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
   }
   std::vector<ServerRef> refs;
   for (Member* server : servers) refs.push_back({server->id, server->address});
-  job->shard_map = PlanShardMap(layout.tensors, refs, spec.num_shards(), replicas, options_.chunk_elems,
+  job->shard_map = PlanShardMap(layout.tensors, refs, spec.num_shards(), replicas,
+                                ChunkElemsFor(job->claims, options_.chunk_elems),
                                 job->shard_map.version() + 1);  // > 1 when set up again (a restore)
   for (const v1::ShardLocation& shard : job->shard_map.shards()) {
     job->server_addresses[shard.server_id()] = shard.address();

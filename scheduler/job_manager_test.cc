@@ -1,4 +1,6 @@
 #include "scheduler/job_manager.h"
+#include "scheduler/admission.h"
+#include "common/rpc.h"
 
 #include <cstdint>
 #include <map>
@@ -746,6 +748,31 @@ TEST_F(JobManagerTest, JobsBeyondEveryMemoryBudgetAreRefusedAtSubmit) {
   EXPECT_TRUE(manager_->List().empty()) << "a refused job was queued";
   // One that fits is taken.
   SubmitOk(MlpSpec(1));
+}
+
+// A chunk's whole state (values, Adam's two slots, a BSP buffer per data
+// partition, the sum and the previous values) travels as one message when a
+// replica is copied: a job with many partitions gets chunks small enough.
+TEST_F(JobManagerTest, AJobWithManyPartitionsGetsChunksWhoseStateFitsOneMessage) {
+  RegisterMember(v1::SERVER, kServerAddress);
+  workers_.push_back(RegisterMember(v1::WORKER));
+  v1::JobSpec spec = MlpSpec(1);
+  spec.set_max_workers(64);
+  spec.mutable_data()->set_batch_size(8);  // the fake training set has 1000 examples
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  ASSERT_TRUE(ReportKind(workers_[0], job_id, v1::WorkReport::READY).ok());
+  manager_->Tick();
+  const std::vector<FakeServers::Setup> setups = servers_.setups();
+  ASSERT_EQ(setups.size(), 1u);
+  const int64_t state_bytes_per_value = 4 * (1 + 2 + 64 + 2);
+  int64_t longest = 0;
+  for (const auto& chunk : setups[0].request.chunks()) longest = std::max(longest, chunk.length());
+  EXPECT_LE(longest * state_bytes_per_value, kMaxChunkStateBytes);
+  EXPECT_GT(longest * state_bytes_per_value, kMaxChunkStateBytes / 2) << "cut smaller than needed";
+  // A job with few partitions keeps the configured size.
+  EXPECT_EQ(ChunkElemsFor(ClaimsOf(MlpSpec(1)), options_.chunk_elems), options_.chunk_elems);
 }
 
 // A job that fits the cluster but not now (another job holds the server's

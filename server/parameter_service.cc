@@ -159,6 +159,26 @@ absl::StatusOr<ChunkSnapshot> FromChunkState(const v1::ChunkState& state) {
   return snapshot;
 }
 
+namespace {
+
+// A chunk's whole state travels as one message (CopyChunk, ReadCheckpoint):
+// a setup whose chunks could not be copied or restored is refused up front.
+absl::Status CheckChunkStatesFit(const v1::SetupJobRequest& request) {
+  const JobShardConfig config = ToJobShardConfig(request);
+  for (const ChunkConfig& chunk : config.chunks) {
+    const int64_t bytes = JobShard::ChunkBytes(chunk.length, config);
+    if (bytes > kMaxChunkStateBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job ", request.job_id(), ": chunk ", chunk.chunk_id, " of ", chunk.length, " values would hold ", bytes,
+          " bytes of state (values, optimizer state, BSP buffers for ", config.num_partitions,
+          " partitions), more than the ", kMaxChunkStateBytes, " one copy message carries: cut smaller chunks"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 JobShardConfig ParameterServiceImpl::ConfigFor(const v1::SetupJobRequest& request) {
   JobShardConfig config = ToJobShardConfig(request);
   config.observe_apply = [histogram = optimizer_seconds_](double seconds) { histogram->Observe(seconds); };
@@ -283,9 +303,11 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::Setu
   for (const v1::ChunkSetup& chunk : request->chunks()) {
     if (!chunk.copy_from().empty()) sources[chunk.chunk_id()] = chunk.copy_from();
   }
-  absl::Status status;
+  absl::Status status = CheckChunkStatesFit(*request);
   try {  // an allocation that fails fails the setup, not the process
-    status = request->copy_from().empty() && sources.empty() ? SetupFresh(*request) : SetupCopies(*request, sources);
+    if (status.ok()) {
+      status = request->copy_from().empty() && sources.empty() ? SetupFresh(*request) : SetupCopies(*request, sources);
+    }
   } catch (const std::bad_alloc&) {
     status = absl::ResourceExhaustedError(absl::StrCat("job ", request->job_id(), ": out of memory setting it up"));
   }

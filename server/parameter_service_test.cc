@@ -807,6 +807,19 @@ TEST_F(ParameterServiceTest, SetupJobWithEmptyChunkIsInvalidArgument) {
                        "job job is not set up on this server"));
 }
 
+// A chunk whose whole state could not be copied to a new replica in one
+// message (here: 2^20 values with a BSP buffer for each of 4 partitions, 28
+// MiB) is refused at setup, naming the chunk, not when a copy fails later.
+TEST_F(ParameterServiceTest, SetupJobWithAChunkStateBeyondOneMessageIsInvalidArgument) {
+  v1::SetupJobRequest setup = MakeSetup("job", v1::BSP, AloneMap(server_.get(), 1), server_->id());
+  setup.set_num_partitions(4);
+  setup.mutable_chunks(1)->set_length(kMaxChunkElements);
+  EXPECT_TRUE(HasError(SetupJob(server_->stub(), setup), grpc::StatusCode::INVALID_ARGUMENT,
+                       "chunk 1 of 1048576 values would hold 29360128 bytes"));
+  EXPECT_TRUE(HasError(Pull(server_->stub(), "job", 0, 1).status, grpc::StatusCode::NOT_FOUND,
+                       "job job is not set up on this server"));
+}
+
 // Push number `seq` (partition 0's step seq - 1) of `gradient` for chunk 0,
 // encoded in `format` (16-bit values rounded to nearest even).
 v1::PushRequest MakeWirePush(int64_t seq, v1::WireFormat format, const std::vector<float>& gradient) {

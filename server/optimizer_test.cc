@@ -1,6 +1,8 @@
 #include "server/optimizer.h"
 
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <cstring>
 #include <vector>
 
@@ -263,6 +265,93 @@ TEST(ValidateOptimizerConfigTest, RejectsBadFields) {
   c = OptimizerConfig();
   c.initial_accumulator = -1.0f;
   EXPECT_FALSE(ValidateOptimizerConfig(c).ok());
+}
+
+}  // namespace
+}  // namespace fulcrum
+
+namespace fulcrum {
+namespace {
+
+// The straightforward per-element updates (PyTorch's rules, one rounding per
+// operation), against which the vectorized loops must agree bit for bit on
+// a length that leaves a tail after every vector width.
+void ReferenceStep(const OptimizerConfig& c, float lr, int64_t step, float g, float* w, float* s0, float* s1) {
+  const float wd = c.weight_decay;
+  switch (c.kind) {
+    case OptimizerKind::kSgd: {
+      const float gg = wd != 0 ? g + wd * *w : g;
+      if (c.momentum <= 0) {
+        *w -= lr * gg;
+        return;
+      }
+      *s0 = c.momentum * *s0 + gg;
+      *w -= lr * (c.nesterov ? gg + c.momentum * *s0 : *s0);
+      return;
+    }
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW: {
+      float gg = g;
+      if (c.kind == OptimizerKind::kAdamW) {
+        if (wd != 0) *w *= 1.0f - lr * wd;
+      } else if (wd != 0) {
+        gg = g + wd * *w;
+      }
+      const double bias1 = 1.0 - std::pow(static_cast<double>(c.beta1), step);
+      const double bias2 = 1.0 - std::pow(static_cast<double>(c.beta2), step);
+      const float step_size = static_cast<float>(lr / bias1);
+      const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
+      *s0 = c.beta1 * *s0 + (1.0f - c.beta1) * gg;
+      *s1 = c.beta2 * *s1 + (1.0f - c.beta2) * (gg * gg);
+      *w -= step_size * (*s0 / (std::sqrt(*s1) / bias2_sqrt + c.epsilon));
+      return;
+    }
+    case OptimizerKind::kAdagrad: {
+      const float gg = wd != 0 ? g + wd * *w : g;
+      *s0 += gg * gg;
+      *w -= lr * (gg / (std::sqrt(*s0) + c.epsilon));
+      return;
+    }
+  }
+}
+
+TEST(OptimizerTest, VectorizedLoopsAgreeBitForBitWithTheScalarRules) {
+  std::vector<OptimizerConfig> configs(8);
+  configs[1].weight_decay = 0.01f;
+  configs[2].momentum = 0.9f;
+  configs[3].momentum = 0.9f;
+  configs[3].nesterov = true;
+  configs[3].weight_decay = 0.01f;
+  configs[4].kind = OptimizerKind::kAdam;
+  configs[5].kind = OptimizerKind::kAdam;
+  configs[5].weight_decay = 0.01f;
+  configs[6].kind = OptimizerKind::kAdamW;
+  configs[6].weight_decay = 0.01f;
+  configs[7].kind = OptimizerKind::kAdagrad;
+  constexpr int64_t n = 1003;
+  std::mt19937 random(5);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (size_t k = 0; k < configs.size(); ++k) {
+    const OptimizerConfig& config = configs[k];
+    std::vector<float> param(n), ref_param(n);
+    for (int64_t i = 0; i < n; ++i) ref_param[i] = param[i] = uniform(random);
+    std::vector<std::vector<float>> state(2, std::vector<float>(n, 0.0f)), ref_state = state;
+    std::vector<float*> slots = {state[0].data(), state[1].data()};
+    InitOptimizerState(config, n, slots.data());
+    InitOptimizerState(config, n, std::vector<float*>{ref_state[0].data(), ref_state[1].data()}.data());
+    for (int64_t step = 1; step <= 3; ++step) {
+      std::vector<float> grad(n);
+      for (float& g : grad) g = uniform(random);
+      ApplyOptimizer(config, kLr, step, n, grad.data(), param.data(), slots.data());
+      for (int64_t i = 0; i < n; ++i) {
+        ReferenceStep(config, kLr, step, grad[i], &ref_param[i], &ref_state[0][i], &ref_state[1][i]);
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(FloatBits(param[i]), FloatBits(ref_param[i])) << "config " << k << ", element " << i << ": "
+                                                              << param[i] << " vs " << ref_param[i];
+    }
+  }
 }
 
 }  // namespace

@@ -114,6 +114,7 @@ absl::Status ValidateData(const v1::DataSpec& data) {
   RETURN_IF_ERROR(CheckRange("data.batchSize", data.batch_size(), 1, 65536));
   RETURN_IF_ERROR(CheckRange("data.epochs", data.epochs(), 1, 10000));
   RETURN_IF_ERROR(CheckRange<int64_t>("data.maxSteps", data.max_steps(), 0, int64_t{1} << 40));
+  RETURN_IF_ERROR(CheckRange<int64_t>("data.evalEverySteps", data.eval_every_steps(), 0, int64_t{1} << 40));
   return absl::OkStatus();
 }
 

@@ -86,6 +86,21 @@ TEST_F(ClusterTest, AspJobLearns) {
   EXPECT_GT(done.progress().test_accuracy(), 0.9);
 }
 
+// data.evalEverySteps: the test set is also evaluated between epoch ends,
+// at every multiple of it (BSP: global steps), each one a history point.
+TEST_F(ClusterTest, EvalEveryStepsEvaluatesBetweenEpochs) {
+  v1::JobSpec spec = SyntheticSpec(v1::BSP, 2, 16, 0);  // 4096 / 32 = 128 steps an epoch
+  spec.mutable_data()->set_epochs(2);
+  spec.mutable_data()->set_eval_every_steps(50);
+  v1::JobStatus done;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &done));
+  std::vector<int64_t> evaluated;
+  for (const auto& point : done.history()) {
+    if (point.test_accuracy() >= 0) evaluated.push_back(point.step());
+  }
+  EXPECT_EQ(evaluated, (std::vector<int64_t>{50, 100, 128, 150, 200, 250, 256}));
+}
+
 // A 16-bit wire format halves what pushes carry and trains as well: the
 // same job in fp32, bf16 and fp16 (servers count the payload bytes).
 TEST_F(ClusterTest, SixteenBitWireFormatsTrainAlikeOnHalfTheBytes) {

@@ -394,7 +394,8 @@ class TrainingRun {
   absl::Status Recover(const absl::Status& error);
   int32_t EpochOf(int64_t step) const { return static_cast<int32_t>(step / steps_per_epoch_); }
   bool EvaluatesAt(int64_t step) const {
-    return step > 0 && (step % steps_per_epoch_ == 0 || step == total_steps_);
+    const int64_t every = spec_.data().eval_every_steps();
+    return step > 0 && (step % steps_per_epoch_ == 0 || step == total_steps_ || (every > 0 && step % every == 0));
   }
 
   Trainer& trainer_;

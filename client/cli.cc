@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -279,6 +280,21 @@ void PrintJob(const v1::JobStatus& job) {
                                  h.test_accuracy() >= 0 ? absl::StrFormat("%.4f", h.test_accuracy()) : "-",
                                  h.test_accuracy() >= 0 ? absl::StrFormat("%.4f", h.test_loss()) : "-",
                                  h.samples_per_second(), h.elapsed_seconds());
+  }
+  const v1::LossCurve& curve = job.loss_curve();
+  if (curve.loss_size() > 0) {
+    // Ten evenly spaced points of the per-step curve; -o json gives all.
+    std::cout << absl::StrFormat("Loss curve: %d steps, %d a point (every point: -o json, lossCurve)\n",
+                                 curve.steps(), curve.steps_per_point());
+    const int n = curve.loss_size();
+    std::string line = " ";
+    for (int k = 0; k < std::min(n, 10); ++k) {
+      const int i = n <= 10 ? k : static_cast<int>(static_cast<int64_t>(k) * (n - 1) / 9);
+      absl::StrAppendFormat(&line, " step %d: %.4f;", static_cast<int64_t>(i) * curve.steps_per_point(),
+                            curve.loss(i));
+    }
+    line.pop_back();
+    std::cout << line << "\n";
   }
 }
 

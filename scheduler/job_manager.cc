@@ -234,6 +234,7 @@ std::vector<v1::JobStatus> JobManager::List() const {
   for (const auto& [id, job] : jobs_) {
     jobs.push_back(Render(*job));
     jobs.back().clear_history();
+    jobs.back().clear_loss_curve();
   }
   return jobs;
 }
@@ -274,6 +275,10 @@ void JobManager::EndJob(Job* job, v1::JobState state, const std::string& reason)
   for (const JobWorker& worker : job->workers) {
     Member* member = members_.Find(worker.id);
     if (member != nullptr && member->job_id == id) member->job_id.clear();
+  }
+  if (job->loss_curve != nullptr) {
+    job->loss_curve->Flush(job->status.mutable_loss_curve());
+    job->loss_curve.reset();
   }
   const bool keep = state == v1::SUCCEEDED;
   for (const auto& [server, address] : job->server_addresses) {
@@ -355,6 +360,10 @@ void JobManager::OnProgress(Job* job, const v1::WorkReport& report) {
     if (p >= 0 && p < job->num_partitions) {
       job->partition_steps[p] = std::max(job->partition_steps[p], report.partition_steps(i));
     }
+  }
+  if (report.step_losses_size() > 0) {
+    if (job->loss_curve == nullptr) job->loss_curve = std::make_unique<LossCurveBuilder>(job->num_partitions);
+    for (const v1::StepLoss& loss : report.step_losses()) job->loss_curve->Add(loss, job->status.mutable_loss_curve());
   }
   v1::JobProgress* progress = job->status.mutable_progress();
   int64_t step = 0;
@@ -463,6 +472,7 @@ void JobManager::ReleaseParameters(Job* job) {
   if (history->size() > kKeptHistory) history->DeleteSubrange(0, history->size() - kKeptHistory);
   auto* events = job->status.mutable_events();
   if (events->size() > kKeptEvents) events->DeleteSubrange(0, events->size() - kKeptEvents);
+  LossCurveBuilder::Coarsen(512, job->status.mutable_loss_curve());
   job->shard_map.clear_chunks();
   Touch(job);
 }

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "common/data_partition.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -129,7 +130,9 @@ absl::StatusOr<CheckpointPlan> JobManager::PlanCheckpoint(const CheckpointTask& 
   *manifest.mutable_shard_map() = job->shard_map;
   manifest.mutable_server_addresses()->insert(plan.servers.begin(), plan.servers.end());
   manifest.set_num_partitions(job->num_partitions);
-  manifest.set_global_batch(int64_t{job->status.spec().data().batch_size()} * job->num_partitions);
+  manifest.set_global_batch(
+      DataPartitioning(job->data_info.train_examples(), job->status.spec().data().batch_size(), job->num_partitions)
+          .global_batch());
   *manifest.mutable_progress() = job->status.progress();
   *manifest.mutable_spec() = job->status.spec();
   if (const v1::CheckpointInfo* info = FindCheckpointInfo(job, task.id)) *manifest.mutable_info() = *info;
@@ -224,12 +227,13 @@ void JobManager::PlanRestore(Job* job, const v1::CheckpointManifest& manifest) {
     const Member* member = members_.Find(id);
     (*restore.mutable_server_addresses())[id] = member != nullptr ? member->address : address;
   }
-  const int64_t global_batch = int64_t{job->status.spec().data().batch_size()} * job->num_partitions;
+  const DataPartitioning partitioning(job->data_info.train_examples(), job->status.spec().data().batch_size(),
+                                      job->num_partitions);
   int64_t step = manifest.info().step();
   std::vector<int64_t> positions(manifest.partition_steps().begin(), manifest.partition_steps().end());
-  if (manifest.num_partitions() != job->num_partitions || manifest.global_batch() != global_batch) {
+  if (manifest.num_partitions() != job->num_partitions || manifest.global_batch() != partitioning.global_batch()) {
     // Another number of workers: the same examples done, in the new job's steps.
-    step = global_batch > 0 ? step * manifest.global_batch() / global_batch : step;
+    step = partitioning.StepFrom(step, manifest.global_batch());
     restore.set_repartition(true);
     restore.set_version(step);
     positions.assign(job->num_partitions, step);

@@ -7,6 +7,7 @@
 #define FULCRUM_SCHEDULER_JOB_MANAGER_INTERNAL_H_
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -16,6 +17,7 @@
 #include "fulcrum/v1/scheduler_state.pb.h"
 #include "scheduler/admission.h"
 #include "scheduler/job_manager.h"
+#include "scheduler/loss_curve.h"
 
 namespace fulcrum {
 
@@ -56,6 +58,8 @@ struct JobManager::Job {
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
   absl::Time last_history_point;
+  // Builds status.loss_curve from the workers' step losses (while training).
+  std::unique_ptr<LossCurveBuilder> loss_curve;
   // A server copying chunks to join (a new backup or a new shard), if any;
   // see HandoverRecord. One at a time per job.
   std::optional<v1::HandoverRecord> handover;

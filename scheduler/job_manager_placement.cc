@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/data_partition.h"
 #include "common/status_macros.h"
 #include "common/logging.h"
 #include "common/memory_budget.h"
@@ -217,15 +218,14 @@ void JobManager::StartSetups() {
 absl::Status JobManager::BuildShardPlan(Job* job) {
   const v1::JobSpec& spec = job->status.spec();
   const v1::WorkReport& data = job->data_info;
-  int64_t global_batch = int64_t{spec.data().batch_size()} * job->num_partitions;
-  job->steps_per_epoch = data.train_examples() / global_batch;
+  const DataPartitioning partitioning(data.train_examples(), spec.data().batch_size(), job->num_partitions);
+  job->steps_per_epoch = partitioning.steps_per_epoch();
   if (job->steps_per_epoch == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the training set has ", data.train_examples(), " examples, fewer than one global batch (",
-        "data.batchSize * maxWorkers = ", global_batch, ")"));
+        "data.batchSize * maxWorkers = ", partitioning.global_batch(), ")"));
   }
-  job->total_steps = job->steps_per_epoch * spec.data().epochs();
-  if (spec.data().max_steps() > 0) job->total_steps = std::min(job->total_steps, spec.data().max_steps());
+  job->total_steps = partitioning.TotalSteps(spec.data().epochs(), spec.data().max_steps());
   job->status.mutable_progress()->set_total_steps(job->total_steps);
 
   const ModelLayout layout = LayoutFor(spec, data.features(), data.classes());

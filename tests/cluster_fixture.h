@@ -192,9 +192,9 @@ class ClusterTest : public testing::Test {
   // changes the sum.
   static void ExpectEveryExampleUsedOncePerEpoch(const v1::JobStatus& done, int64_t num_examples) {
     const v1::JobSpec& spec = done.spec();
-    const int64_t global_batch = int64_t{spec.data().batch_size()} * spec.max_workers();
-    const int64_t steps_per_epoch = num_examples / global_batch;
-    ASSERT_EQ(done.progress().total_steps(), steps_per_epoch * spec.data().epochs()) << "a full-epochs job expected";
+    const DataPartitioning partitioning = DataPartitioning::For(spec, num_examples);
+    ASSERT_EQ(done.progress().total_steps(), partitioning.steps_per_epoch() * spec.data().epochs())
+        << "a full-epochs job expected";
     const ExampleAudit expected = ExpectedExampleAudit(spec, num_examples);
     absl::StatusOr<std::vector<ChunkAudit>> audits = ReadChunkAudits(done);
     ASSERT_TRUE(audits.ok()) << audits.status();

@@ -99,6 +99,17 @@ TEST_F(ClusterTest, EvalEveryStepsEvaluatesBetweenEpochs) {
     if (point.test_accuracy() >= 0) evaluated.push_back(point.step());
   }
   EXPECT_EQ(evaluated, (std::vector<int64_t>{50, 100, 128, 150, 200, 250, 256}));
+  // And the loss of every step: one point a step, learning as it goes.
+  const v1::LossCurve& curve = done.loss_curve();
+  ASSERT_EQ(curve.steps(), 256);
+  ASSERT_EQ(curve.steps_per_point(), 1);
+  ASSERT_EQ(curve.loss_size(), 256);
+  double first = 0, last = 0;
+  for (int i = 0; i < 16; ++i) {
+    first += curve.loss(i);
+    last += curve.loss(255 - i);
+  }
+  EXPECT_LT(last, first / 2) << "the loss of the last 16 steps is not below half that of the first 16";
 }
 
 // A 16-bit wire format halves what pushes carry and trains as well: the

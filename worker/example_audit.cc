@@ -3,23 +3,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
-#include "worker/trainer.h"
 
 namespace fulcrum {
 
 ExampleAudit ExpectedExampleAudit(const v1::JobSpec& spec, int64_t num_examples) {
-  const int partitions = spec.max_workers() > 0 ? spec.max_workers() : spec.num_workers();
-  const int64_t global_batch = int64_t{spec.data().batch_size()} * partitions;
-  const int64_t steps_per_epoch = num_examples / global_batch;
-  ExampleAudit audit;
-  for (int64_t epoch = 0; epoch < spec.data().epochs(); ++epoch) {
-    std::vector<int64_t> perm = EpochPermutation(spec.data().shuffle_seed(), epoch, num_examples);
-    for (int64_t i = 0; i < steps_per_epoch * global_batch; ++i) {
-      audit.digest += ExampleDigest(epoch, perm[i]);
-      ++audit.examples;
-    }
-  }
-  return audit;
+  return DataPartitioning::For(spec, num_examples).ExpectedAudit(spec.data().shuffle_seed(), spec.data().epochs());
 }
 
 absl::StatusOr<std::vector<ChunkAudit>> ReadChunkAudits(const v1::JobStatus& job) {

@@ -12,14 +12,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/data_partition.h"
 #include "fulcrum/v1/job.pb.h"
 
 namespace fulcrum {
-
-struct ExampleAudit {
-  int64_t examples = 0;
-  uint64_t digest = 0;
-};
 
 // The audit of every example of every epoch of `spec` (full epochs of
 // `num_examples`, global batch = batch size x data partitions) used exactly once.

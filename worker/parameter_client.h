@@ -78,7 +78,7 @@ class ParameterClient {
   // Sends `grads` (same layout as MakeBuffers), computed on data partition
   // `partition` at `step`, as this worker's push number `seq`.
   // `examples` and `examples_digest` describe the batch behind the gradient
-  // (see ExampleDigest in worker/trainer.h); servers sum them as an audit.
+  // (see ExampleDigest in common/data_partition.h); servers sum them as an audit.
   // float32 gradients are rounded to a 16-bit format here (fp16: a value
   // beyond its range is INVALID_ARGUMENT naming the tensor, nothing is
   // sent); 16-bit ones (packed on a device) are sent as they are, with a

@@ -32,6 +32,8 @@ constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 // A BSP pull waits this long before the worker checks whether it was given a
 // partition that the step still lacks.
 constexpr absl::Duration kWaitSlice = absl::Seconds(1);
+// Partition steps' losses one progress report carries at most (the newest).
+constexpr size_t kMaxStepLosses = 8192;
 // Data-path failures in a row (each followed by a wait of up to a second for
 // a new shard map) before a worker gives up on its job.
 constexpr int kMaxFailures = 60;
@@ -175,21 +177,6 @@ std::string WriterId(const std::string& worker_id) {
 
 void SetExitMidPush(int64_t n) { exit_mid_push_countdown = std::max<int64_t>(0, n); }
 
-std::vector<int64_t> EpochPermutation(uint64_t seed, int64_t epoch, int64_t n) {
-  std::vector<int64_t> perm(n);
-  for (int64_t i = 0; i < n; ++i) perm[i] = i;
-  uint64_t stream = SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(epoch) + 0x9e3779b97f4a7c15ull));
-  for (int64_t i = n - 1; i > 0; --i) {
-    uint64_t j = SplitMix64(stream + static_cast<uint64_t>(i)) % static_cast<uint64_t>(i + 1);
-    std::swap(perm[i], perm[j]);
-  }
-  return perm;
-}
-
-uint64_t ExampleDigest(int64_t epoch, int64_t example) {
-  return SplitMix64(SplitMix64(static_cast<uint64_t>(epoch) ^ 0x5851f42d4c957f2dull) + static_cast<uint64_t>(example));
-}
-
 Trainer::Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks, TransferOptions transfer,
                  WorkerLimits limits)
     : worker_id_(std::move(worker_id)),
@@ -256,7 +243,7 @@ class TrainingRun {
         spec_(assignment.spec()),
         batch_(spec_.data().batch_size()),
         num_partitions_(assignment.num_partitions()),
-        global_batch_(int64_t{batch_} * num_partitions_),
+        partitioning_(trainer->train_->num_examples, batch_, num_partitions_),
         steps_per_epoch_(assignment.steps_per_epoch()),
         total_steps_(assignment.total_steps()),
         layout_(LayoutFor(spec_, trainer->train_->num_features, trainer->train_->num_classes)),
@@ -273,6 +260,12 @@ class TrainingRun {
                                                       : std::vector<std::vector<uint16_t>>()) {}
 
   absl::Status Init() {
+    if (partitioning_.steps_per_epoch() != steps_per_epoch_ || steps_per_epoch_ <= 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the training set loaded here (", trainer_.train_->num_examples, " examples) makes ",
+          partitioning_.steps_per_epoch(), " steps an epoch, the scheduler counts ", steps_per_epoch_,
+          ": the workers read different data"));
+    }
     kernels::Backend* backend = trainer_.backend_;
     RETURN_IF_ERROR(backend->SetPrecision(ToPrecision(spec_.precision())));
     RETURN_IF_ERROR(params_.Init());
@@ -402,7 +395,7 @@ class TrainingRun {
   const v1::JobSpec spec_;
   const int batch_;
   const int32_t num_partitions_;
-  const int64_t global_batch_;
+  const DataPartitioning partitioning_;  // which rows a partition step takes
   const int64_t steps_per_epoch_;
   const int64_t total_steps_;
   ModelLayout layout_;
@@ -441,6 +434,8 @@ class TrainingRun {
   int64_t seq_ = 0;
   bool die_mid_push_ = false;  // this partition step is SetExitMidPush's
   kernels::BatchStats window_;
+  // Partition steps' losses not reported yet (WorkReport.step_losses).
+  std::vector<v1::StepLoss> step_losses_;
   int64_t window_steps_ = 0;
   absl::Time window_start_ = absl::Now();
 };
@@ -471,15 +466,13 @@ absl::Status TrainingRun::Recover(const absl::Status& error) {
 absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
   absl::Time start = absl::Now();
   die_mid_push_ = exit_mid_push_countdown.load() > 0 && exit_mid_push_countdown.fetch_sub(1) == 1;
-  const int64_t epoch = step / steps_per_epoch_;
+  const int64_t epoch = partitioning_.EpochOf(step);
   if (epoch != perm_epoch_) {
     perm_ = EpochPermutation(spec_.data().shuffle_seed(), epoch, trainer_.train_->num_examples);
     perm_epoch_ = epoch;
   }
-  const int64_t first = (step % steps_per_epoch_) * global_batch_ + int64_t{partition} * batch_;
-  trainer_.GatherBatch(perm_, first, batch_);
-  uint64_t digest = 0;
-  for (int64_t i = first; i < first + batch_; ++i) digest += ExampleDigest(epoch, perm_[i]);
+  trainer_.GatherBatch(perm_, partitioning_.FirstRow(step, partition), batch_);
+  const uint64_t digest = partitioning_.StepAudit(perm_, step, partition).digest;
   kernels::Backend* backend = trainer_.backend_;
   if (!backend->HostMemory()) {
     RETURN_IF_ERROR(backend->CopyFromHost(x_buffer_.get(), trainer_.batch_x_.data(),
@@ -499,8 +492,17 @@ absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
   });
   std::function<absl::Status(int)> layer_done;
   if (trainer_.transfer_.overlap_push) layer_done = [&](int layer) { return LayerDone(layer, push.get(), &downloads); };
+  const kernels::BatchStats before = window_;
   RETURN_IF_ERROR(model_.ForwardBackward(params_.device_const(), x_device_, y_device_, batch_, grads_.device(),
                                          &window_, layer_done));
+  if (window_.count > before.count) {  // this partition step's loss, for the job's loss curve
+    if (step_losses_.size() >= kMaxStepLosses) step_losses_.erase(step_losses_.begin());
+    v1::StepLoss& loss = step_losses_.emplace_back();
+    loss.set_step(step);
+    loss.set_partition(partition);
+    loss.set_loss(static_cast<float>((window_.loss_sum - before.loss_sum) /
+                                     static_cast<double>(window_.count - before.count)));
+  }
   if (!trainer_.transfer_.overlap_push) {
     for (int layer = NumLayers() - 1; layer >= 0; --layer) RETURN_IF_ERROR(LayerDone(layer, push.get(), &downloads));
   }
@@ -589,6 +591,8 @@ void TrainingRun::MaybeReportProgress(int64_t step, bool force, const std::map<i
     last_samples_per_second_ = window_steps_ * batch_ / std::max(1e-9, absl::ToDoubleSeconds(elapsed));
   }
   report.set_loss(last_loss_);
+  for (v1::StepLoss& loss : step_losses_) *report.add_step_losses() = std::move(loss);
+  step_losses_.clear();
   report.set_samples_per_second(last_samples_per_second_);
   report.set_max_staleness_seen(max_staleness_seen_);
   if (window_steps_ > 0) last_step_seconds_ = window_step_seconds_ / window_steps_;

@@ -1,14 +1,7 @@
 // Runs one worker's share of one job: loads its data, then steps through
 // pull -> forward/backward -> push, reporting progress, and (rank 0)
-// evaluates the test set after every epoch.
-//
-// Data partitions: each epoch has a seeded permutation of the training set;
-// step s of the epoch uses the permutation's slice [s*G, (s+1)*G) with
-// G = batchSize * P (P = maxWorkers partitions), and partition p takes the
-// p-th batchSize rows of it. Workers compute the partitions the scheduler
-// gives them, so every example is used once per epoch and a BSP step's
-// average does not depend on how many workers are live or which one computes
-// which partition.
+// evaluates the test set after every epoch. Which rows a partition step
+// takes: common/data_partition.h.
 #ifndef FULCRUM_WORKER_TRAINER_H_
 #define FULCRUM_WORKER_TRAINER_H_
 
@@ -19,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/data_partition.h"
 #include "fulcrum/v1/cluster.pb.h"
 #include "kernels/backend.h"
 #include "kernels/mlp.h"
@@ -27,16 +21,6 @@
 namespace fulcrum {
 
 class ParameterClient;
-
-// Per-epoch permutation of [0, n) (Fisher-Yates over a counter-based stream,
-// identical on every platform).
-std::vector<int64_t> EpochPermutation(uint64_t seed, int64_t epoch, int64_t n);
-
-// A pseudo-random 64-bit tag of (epoch, example index). Pushes carry the sum
-// of the tags of their batch; a server's running sum then equals the sum over
-// every example of every epoch exactly when each was used once (with
-// overwhelming probability), which the fault-tolerance tests check.
-uint64_t ExampleDigest(int64_t epoch, int64_t example);
 
 struct TrainerHooks {
   std::function<void(v1::WorkReport)> report;  // sends a report to the scheduler

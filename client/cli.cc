@@ -275,8 +275,8 @@ void PrintJob(const v1::JobStatus& job) {
             << absl::StrFormat("  %5s %8s %10s %9s %10s %12s %9s\n", "EPOCH", "STEP", "LOSS", "TEST_ACC",
                                "TEST_LOSS", "SAMPLES/S", "ELAPSED");
   for (const auto& h : job.history()) {
-    std::cout << absl::StrFormat("  %5d %8d %10.4f %9s %10s %12.0f %8.1fs\n", h.epoch(), h.step(),
-                                 h.train_loss(),
+    std::cout << absl::StrFormat("  %5d %8d %10s %9s %10s %12.0f %8.1fs\n", h.epoch(), h.step(),
+                                 h.train_loss() >= 0 ? absl::StrFormat("%.4f", h.train_loss()) : "-",
                                  h.test_accuracy() >= 0 ? absl::StrFormat("%.4f", h.test_accuracy()) : "-",
                                  h.test_accuracy() >= 0 ? absl::StrFormat("%.4f", h.test_loss()) : "-",
                                  h.samples_per_second(), h.elapsed_seconds());

@@ -426,7 +426,9 @@ void JobManager::OnEval(Job* job, const v1::WorkReport& report) {
   v1::MetricPoint point;
   point.set_step(report.step());
   point.set_epoch(report.epoch());
-  point.set_train_loss(progress->train_loss());
+  // Before the first PROGRESS (an early evaluation, data.evalEverySteps)
+  // there is no training loss yet: -1, not 0.
+  point.set_train_loss(progress->step() > 0 ? progress->train_loss() : -1);
   point.set_samples_per_second(progress->samples_per_second());
   point.set_test_accuracy(report.test_accuracy());
   point.set_test_loss(report.test_loss());

@@ -405,6 +405,44 @@ TEST_F(JobManagerTest, MaxStepsCapsTotalSteps) {
   EXPECT_EQ(servers_.setups()[0].request.total_steps(), 5);
 }
 
+// An evaluation before the first progress report (data.evalEverySteps)
+// records no training loss (-1), not a loss of 0; the step losses of the
+// progress reports that follow build the loss curve.
+TEST_F(JobManagerTest, EarlyEvaluationHasNoTrainingLossAndStepLossesMakeTheCurve) {
+  const std::string job_id = StartJob();
+  MakeTraining(job_id);
+  v1::WorkReport eval;
+  eval.set_member_id(workers_[0]);
+  eval.set_job_id(job_id);
+  eval.set_kind(v1::WorkReport::EVAL);
+  eval.set_step(5);
+  eval.set_epoch(1);
+  eval.set_test_accuracy(0.5);
+  ASSERT_TRUE(manager_->Report(eval).ok());
+  v1::JobStatus status = GetOk(job_id);
+  ASSERT_GT(status.history_size(), 0);
+  EXPECT_EQ(status.history(status.history_size() - 1).train_loss(), -1);
+  for (int w = 0; w < 2; ++w) {
+    v1::WorkReport progress;
+    progress.set_member_id(workers_[w]);
+    progress.set_job_id(job_id);
+    progress.set_kind(v1::WorkReport::PROGRESS);
+    progress.set_step(2);
+    progress.set_loss(1.0);
+    for (int64_t step = 0; step < 2; ++step) {
+      v1::StepLoss* loss = progress.add_step_losses();
+      loss->set_step(step);
+      loss->set_partition(w);
+      loss->set_loss(static_cast<float>(w + 1));
+    }
+    ASSERT_TRUE(manager_->Report(progress).ok());
+  }
+  status = GetOk(job_id);
+  EXPECT_EQ(status.loss_curve().steps(), 2);
+  EXPECT_EQ(std::vector<float>(status.loss_curve().loss().begin(), status.loss_curve().loss().end()),
+            (std::vector<float>{1.5f, 1.5f}));
+}
+
 TEST_F(JobManagerTest, AllDoneSucceedsAndKeepsParameters) {
   const std::string job_id = StartJob();
   MakeTraining(job_id);

@@ -20,34 +20,27 @@ void LossCurveBuilder::Add(const v1::StepLoss& loss, v1::LossCurve* curve) {
   if (inserted) ++pending_count_;
   // Bounded: past kMaxPending losses the oldest step goes in as it is (an
   // ASP partition far behind the others).
-  while (pending_count_ > kMaxPending && !pending_.empty()) {
-    auto oldest = pending_.begin();
-    double sum = 0;
-    for (const auto& [partition, value] : oldest->second) sum += value;
-    pending_count_ -= static_cast<int>(oldest->second.size());
-    Append(oldest->first, sum / static_cast<double>(oldest->second.size()), curve);
-    pending_.erase(oldest);
-  }
+  while (pending_count_ > kMaxPending && !pending_.empty()) AppendOldest(curve);
   AddReady(curve);
 }
 
 void LossCurveBuilder::AddReady(v1::LossCurve* curve) {
   const int64_t everyone = *std::min_element(furthest_.begin(), furthest_.end());
-  while (!pending_.empty() && pending_.begin()->first <= everyone) {
-    auto step = pending_.begin();
-    double sum = 0;
-    for (const auto& [partition, value] : step->second) sum += value;
-    pending_count_ -= static_cast<int>(step->second.size());
-    Append(step->first, sum / static_cast<double>(step->second.size()), curve);
-    pending_.erase(step);
-  }
+  while (!pending_.empty() && pending_.begin()->first <= everyone) AppendOldest(curve);
+}
+
+void LossCurveBuilder::AppendOldest(v1::LossCurve* curve) {
+  auto step = pending_.begin();
+  double sum = 0;
+  for (const auto& [partition, value] : step->second) sum += value;
+  pending_count_ -= static_cast<int>(step->second.size());
+  Append(step->first, sum / static_cast<double>(step->second.size()), curve);
+  pending_.erase(step);
 }
 
 void LossCurveBuilder::Flush(v1::LossCurve* curve) {
   if (curve->steps_per_point() < 1) curve->set_steps_per_point(1);
-  std::fill(furthest_.begin(), furthest_.end(), INT64_MAX);
-  AddReady(curve);
-  std::fill(furthest_.begin(), furthest_.end(), -1);
+  while (!pending_.empty()) AppendOldest(curve);
 }
 
 void LossCurveBuilder::Append(int64_t step, double loss, v1::LossCurve* curve) {

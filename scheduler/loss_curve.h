@@ -37,6 +37,8 @@ class LossCurveBuilder {
 
  private:
   void AddReady(v1::LossCurve* curve);
+  // Adds the oldest waiting step with the partitions it has.
+  void AppendOldest(v1::LossCurve* curve);
   static void Append(int64_t step, double loss, v1::LossCurve* curve);
   static void AppendOne(double loss, v1::LossCurve* curve);
   static void Halve(v1::LossCurve* curve);

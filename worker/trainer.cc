@@ -385,7 +385,6 @@ class TrainingRun {
   // briefly for a newer map and switches to it. OK means "retry"; the error
   // itself once it is not of that kind or keeps happening for a minute.
   absl::Status Recover(const absl::Status& error);
-  int32_t EpochOf(int64_t step) const { return static_cast<int32_t>(step / steps_per_epoch_); }
   bool EvaluatesAt(int64_t step) const {
     const int64_t every = spec_.data().eval_every_steps();
     return step > 0 && (step % steps_per_epoch_ == 0 || step == total_steps_ || (every > 0 && step % every == 0));
@@ -583,7 +582,8 @@ void TrainingRun::MaybeReportProgress(int64_t step, bool force, const std::map<i
   v1::WorkReport report;
   report.set_kind(v1::WorkReport::PROGRESS);
   report.set_step(step);
-  report.set_epoch(std::min<int32_t>(spec_.data().epochs(), EpochOf(std::max<int64_t>(0, step - 1)) + 1));
+  const int64_t epoch = partitioning_.EpochOf(std::max<int64_t>(0, step - 1));
+  report.set_epoch(static_cast<int32_t>(std::min<int64_t>(spec_.data().epochs(), epoch + 1)));
   // An empty window (nothing computed since the last report) repeats the
   // last figures rather than reporting a loss of 0.
   if (window_.count > 0) {

@@ -9,6 +9,9 @@
 #include <google/protobuf/message.h>
 #include <grpcpp/impl/rpc_service_method.h>
 #include <grpcpp/impl/service_type.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/method_handler.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -72,8 +75,16 @@ std::string Refusal(const absl::Status& status) {
 // calling the service's code).
 class GatedHandler final : public grpc::internal::MethodHandler {
  public:
-  GatedHandler(const char* method, std::string request_type, grpc::internal::MethodHandler* inner, bool callback)
-      : method_(method), request_type_(std::move(request_type)), inner_(inner), callback_(callback) {}
+  // How the wrapped handler gets its request, which decides how a refusal
+  // reaches the caller.
+  enum class Kind {
+    kSync,      // parsed before it runs; it answers a failed request status
+    kCallback,  // likewise, but owns the request
+    kStream,    // a sync stream (incl. "streamed unary"): reads its own
+                // requests and ignores the request status
+  };
+  GatedHandler(const char* method, std::string request_type, grpc::internal::MethodHandler* inner, Kind kind)
+      : method_(method), request_type_(std::move(request_type)), inner_(inner), kind_(kind) {}
 
   void RunHandler(const HandlerParameter& param) override {
     absl::Status verdict = AuthorizeCall(method_, param.server_context->client_metadata());
@@ -85,7 +96,18 @@ class GatedHandler final : public grpc::internal::MethodHandler {
       inner_->RunHandler(param);
       return;
     }
-    if (callback_) {
+    if (kind_ == Kind::kStream) {
+      // The service's handler would run regardless: answer with a stand-in
+      // that reads nothing and returns the refusal.
+      grpc::internal::TemplatedBidiStreamingHandler<grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>,
+                                                    false>
+          refuse([&verdict](grpc::ServerContext*, grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>*) {
+            return ToGrpcStatus(verdict);
+          });
+      refuse.RunHandler(param);
+      return;
+    }
+    if (kind_ == Kind::kCallback) {
       // Callback handlers own the request (freed with the call) and answer a
       // failed request status UNIMPLEMENTED; the interceptor fixes the code.
       param.server_context->AddTrailingMetadata(kRefusalKey, Refusal(verdict));
@@ -106,7 +128,7 @@ class GatedHandler final : public grpc::internal::MethodHandler {
   const char* const method_;
   const std::string request_type_;
   grpc::internal::MethodHandler* const inner_;  // owned by the wrapped service
-  const bool callback_;
+  const Kind kind_;
 };
 
 // Reads the handlers of another grpc::Service (GetHandler is protected).
@@ -142,10 +164,24 @@ class GatedService final : public grpc::Service {
         return absl::FailedPreconditionError(absl::StrCat("RPC ", name, " is asynchronous; the gate serves "
                                                           "synchronous and callback methods only"));
       }
-      // Generated callback handlers are grpc::internal::Callback*Handler.
-      const bool callback = std::strstr(typeid(*handler).name(), "Callback") != nullptr;
+      // Generated callback handlers are grpc::internal::Callback*Handler; a
+      // unary or server-streaming method that the service marked "streamed"
+      // (grpc::Service::MarkMethodStreamed) is served as a bidi stream.
+      const char* handler_type = typeid(*handler).name();
+      const bool callback = std::strstr(handler_type, "Callback") != nullptr;
+      const bool streamed = !callback && (std::strstr(handler_type, "StreamedUnaryHandler") != nullptr ||
+                                          std::strstr(handler_type, "SplitServerStreamingHandler") != nullptr);
+      const grpc::internal::RpcMethod::RpcType type =
+          streamed ? grpc::internal::RpcMethod::BIDI_STREAMING : TypeOf(method);
+      GatedHandler::Kind kind = GatedHandler::Kind::kSync;
+      if (callback) {
+        kind = GatedHandler::Kind::kCallback;
+      } else if (type == grpc::internal::RpcMethod::BIDI_STREAMING ||
+                 type == grpc::internal::RpcMethod::CLIENT_STREAMING) {
+        kind = GatedHandler::Kind::kStream;
+      }
       auto* served = new grpc::internal::RpcServiceMethod(
-          name, TypeOf(method), new GatedHandler(name, method.input_type()->full_name(), handler, callback));
+          name, type, new GatedHandler(name, method.input_type()->full_name(), handler, kind));
       if (callback) served->SetServerApiType(grpc::internal::RpcServiceMethod::ApiType::CALL_BACK);
       AddMethod(served);
     }

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -11,6 +12,8 @@
 
 #include <google/protobuf/descriptor.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/method_handler.h>
+#include <grpcpp/support/sync_stream.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
@@ -19,6 +22,7 @@
 #include "common/rpc.h"
 #include "common/rpc_security.h"
 #include "common/sync.h"
+#include "fulcrum/v1/parameter.grpc.pb.h"
 
 namespace fulcrum {
 namespace {
@@ -168,6 +172,70 @@ TEST_F(GateTest, GarbageRequestsAreInvalidArgumentNamingTheMessage) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
     EXPECT_TRUE(absl::StrContains(status.error_message(), "fulcrum.v1.")) << status.error_message();
   }
+}
+
+// A service whose Push takes raw bytes as a "streamed unary" method (as the
+// parameter server's does): such a handler reads its own request and would
+// run whatever the request status said, so the gate must answer a refused
+// call without it.
+class StreamedPushService final : public v1::ParameterService::Service {
+ public:
+  StreamedPushService() {
+    MarkMethodStreamed(v1::PushRequest::descriptor()->file()->FindServiceByName("ParameterService")
+                           ->FindMethodByName("Push")
+                           ->index(),
+                       new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+                           [this](grpc::ServerContext*, grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+                             ran_.fetch_add(1);
+                             grpc::ByteBuffer request;
+                             if (!stream->Read(&request)) return grpc::Status(grpc::StatusCode::CANCELLED, "no request");
+                             grpc::Slice answer(std::string("ok"));
+                             stream->Write(grpc::ByteBuffer(&answer, 1));
+                             return grpc::Status::OK;
+                           }));
+  }
+  int ran() const { return ran_.load(); }
+
+ private:
+  std::atomic<int> ran_{0};
+};
+
+TEST_F(GateTest, AStreamedUnaryMethodRunsOnlyForAllowedCallers) {
+  StreamedPushService service;
+  RunningServer server = *StartGrpcServer("127.0.0.1", 0, {&service});
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server.port), grpc::InsecureChannelCredentials());
+  auto call = [&](const std::vector<std::pair<std::string, std::string>>& metadata, std::string* answer) {
+    grpc::GenericStub stub(channel);
+    grpc::ClientContext context;
+    SetDeadline(&context, 10);
+    for (const auto& [key, value] : metadata) context.AddMetadata(key, value);
+    grpc::Slice slice(std::string("request"));
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    grpc::Status status;
+    Notification done;
+    stub.UnaryCall(&context, "/fulcrum.v1.ParameterService/Push", grpc::StubOptions(), &request, &response,
+                   [&](grpc::Status s) {
+                     status = std::move(s);
+                     done.Notify();
+                   });
+    done.WaitForNotification();
+    std::vector<grpc::Slice> slices;
+    if (status.ok() && response.Dump(&slices).ok()) {
+      for (const grpc::Slice& s : slices) answer->append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    return status;
+  };
+  std::string answer;
+  EXPECT_EQ(call({}, &answer).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call({kWrongMember}, &answer).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(call({kJob}, &answer).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(service.ran(), 0) << "the handler ran for a refused caller";
+  grpc::Status allowed = call({kMember}, &answer);
+  EXPECT_TRUE(allowed.ok()) << allowed.error_message();
+  EXPECT_EQ(answer, "ok");
+  EXPECT_EQ(service.ran(), 1);
+  server.server->Shutdown();
 }
 
 TEST(CredentialFilesTest, EmptyOrBlankOrMissingCredentialFilesAreRefused) {

@@ -10,7 +10,9 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/wire_format_lite.h>
 
+#include "absl/base/config.h"
 #include "absl/strings/str_cat.h"
+#include "common/tensor_codec.h"
 
 namespace fulcrum {
 namespace {
@@ -235,6 +237,32 @@ void PayloadReader::CopyPayload(int i, char* out) const {
     std::memcpy(out, slice.begin() + at, take);
     out += take;
   });
+}
+
+absl::string_view PayloadReader::ContiguousPayload(int i, std::string* scratch) const {
+  const Chunk& chunk = chunks_[i];
+  if (chunk.size == 0) return absl::string_view();
+  const size_t s =
+      static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), chunk.offset) - starts_.begin()) - 1;
+  const int64_t at = chunk.offset - starts_[s];
+  if (at + chunk.size <= static_cast<int64_t>(slices_[s].size())) {
+    return absl::string_view(reinterpret_cast<const char*>(slices_[s].begin()) + at, static_cast<size_t>(chunk.size));
+  }
+  scratch->resize(static_cast<size_t>(chunk.size));
+  CopyPayload(i, scratch->data());
+  return *scratch;
+}
+
+absl::Status PayloadReader::DecodePayload(int i, v1::WireFormat format, int64_t expected, float* out,
+                                          absl::string_view what, std::string* scratch) const {
+#ifdef ABSL_IS_LITTLE_ENDIAN
+  // Little-endian float32 is the wire's own layout: one copy, no staging.
+  if (WireBytes(format) == 4 && expected >= 0 && chunks_[i].size == expected * 4) {
+    CopyPayload(i, reinterpret_cast<char*>(out));
+    return absl::OkStatus();
+  }
+#endif
+  return DecodeValues(format, ContiguousPayload(i, scratch), expected, out, what);
 }
 
 void PayloadReader::AppendPayloadSlices(int i, std::vector<grpc::Slice>* out) const {

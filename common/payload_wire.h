@@ -10,6 +10,7 @@
 #define FULCRUM_COMMON_PAYLOAD_WIRE_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <grpcpp/support/byte_buffer.h>
@@ -46,6 +47,14 @@ class PayloadReader {
   int64_t payload_size(int i) const { return chunks_[i].size; }
   // Copies chunk i's payload (payload_size(i) bytes) to `out`.
   void CopyPayload(int i, char* out) const;
+  // Chunk i's payload as one run of bytes: a view of the received memory
+  // when the payload lies in one slice, else a copy in *scratch.
+  absl::string_view ContiguousPayload(int i, std::string* scratch) const;
+  // Decodes chunk i's payload as DecodeValues does (`expected` values in
+  // `format`, errors naming `what`), float32 straight from the received
+  // slices into `out`; `scratch` as for ContiguousPayload.
+  absl::Status DecodePayload(int i, v1::WireFormat format, int64_t expected, float* out, absl::string_view what,
+                             std::string* scratch) const;
   // Chunk i's payload as slices that share the received memory.
   void AppendPayloadSlices(int i, std::vector<grpc::Slice>* out) const;
 

@@ -1,5 +1,7 @@
 #include "server/optimizer.h"
 
+#include <cstring>
+
 #include <cmath>
 #include <cstdint>
 
@@ -66,6 +68,19 @@ FULCRUM_VECTOR_CLONES void SgdMomentum(float lr, float wd, float momentum, bool 
   }
 }
 
+// Whether any of n floats is an infinity or NaN: the largest magnitude bits
+// (a max reduction, which vectorizes) reach the all-ones exponent.
+FULCRUM_VECTOR_CLONES bool AnyNonFinite(int64_t n, const float* __restrict values) {
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[i], sizeof(bits));
+    bits &= 0x7fffffffu;
+    largest = bits > largest ? bits : largest;
+  }
+  return largest >= 0x7f800000u;
+}
+
 void ApplySgd(const OptimizerConfig& c, float lr, int64_t n, const float* grad,
               float* param, float* const* state) {
   if (c.momentum <= 0) return SgdPlain(lr, c.weight_decay, n, grad, param);
@@ -128,6 +143,14 @@ void ApplyAdagrad(const OptimizerConfig& c, float lr, int64_t n,
 }
 
 }  // namespace
+
+int64_t FirstNonFinite(const float* values, int64_t n) {
+  if (n <= 0 || !AnyNonFinite(n, values)) return -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(values[i])) return i;
+  }
+  return -1;
+}
 
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
   if (absl::Status s = CheckFiniteNonNegative("momentum", config.momentum);

@@ -33,6 +33,9 @@ PushArgs PushArgsOf(const v1::PushRequest& request) {
   return args;
 }
 
+// Decoded gradients kept for reuse between pushes: about ten full requests.
+constexpr int64_t kPooledGradientBytes = 64 << 20;
+
 // Longest a pull waits for a BSP step when the client set no tighter deadline.
 constexpr absl::Duration kMaxPullWait = absl::Seconds(120);
 
@@ -192,7 +195,23 @@ ParameterServiceImpl::~ParameterServiceImpl() {
 
 ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoint* metrics,
                                            std::function<bool()> lease_valid, CheckpointStore* checkpoints)
-    : store_(store), metrics_(metrics), lease_valid_(std::move(lease_valid)), checkpoints_(checkpoints) {
+    : store_(store),
+      metrics_(metrics),
+      lease_valid_(std::move(lease_valid)),
+      gradients_(kPooledGradientBytes),
+      checkpoints_(checkpoints) {
+  // Push and Replicate as raw bytes on the sync threads: gRPC's "streamed
+  // unary" handler (one request, one answer; an ordinary unary call on the
+  // wire) is the sync API's only way to a method's ByteBuffer.
+  using RawHandler = grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>;
+  const google::protobuf::ServiceDescriptor* service =
+      v1::PushRequest::descriptor()->file()->FindServiceByName("ParameterService");
+  for (bool from_worker : {true, false}) {
+    MarkMethodStreamed(service->FindMethodByName(from_worker ? "Push" : "Replicate")->index(),
+                       new RawHandler([this, from_worker](grpc::ServerContext*, RawStream* stream) {
+                         return ServePush(stream, from_worker);
+                       }));
+  }
   if (checkpoints_ != nullptr) writer_ = std::make_unique<CheckpointWriter>(checkpoints_);
   HeldPulls::Options held;
   held.threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u));
@@ -333,31 +352,33 @@ grpc::Status ParameterServiceImpl::DropJob(grpc::ServerContext* /*context*/, con
   return Finish("DropJob", absl::OkStatus(), request->ByteSizeLong(), 0);
 }
 
-absl::Status ParameterServiceImpl::CheckRoute(const JobShard& shard, int64_t map_version,
-                                              const v1::PushRequest& request, bool as_primary) const {
+absl::Status ParameterServiceImpl::CheckRoute(const JobShard& shard, const v1::PushRequest& header,
+                                              const PayloadReader& chunks, bool as_primary) const {
   if (lease_valid_ && !lease_valid_()) {
     refused_->Increment();
     return absl::UnavailableError("this server lost its lease with the scheduler: it takes no writes until it has one");
   }
   const int64_t held = shard.map_version();
-  if (map_version < held) {
+  if (header.map_version() < held) {
     refused_->Increment();
-    return absl::AbortedError(absl::StrCat("job ", request.job_id(), ": request made with shard map version ",
-                                           map_version, ", this server is at ", held, ": refresh the map and retry"));
+    return absl::AbortedError(absl::StrCat("job ", header.job_id(), ": request made with shard map version ",
+                                           header.map_version(), ", this server is at ", held,
+                                           ": refresh the map and retry"));
   }
-  if (map_version > held) {
-    return absl::UnavailableError(absl::StrCat("job ", request.job_id(), ": this server has not received shard map version ",
-                                               map_version, " yet (at ", held, "): retry"));
+  if (header.map_version() > held) {
+    return absl::UnavailableError(absl::StrCat("job ", header.job_id(), ": this server has not received shard map version ",
+                                               header.map_version(), " yet (at ", held, "): retry"));
   }
   std::set<int32_t> seen;
-  for (const v1::ChunkData& chunk : request.chunks()) {
-    if (!seen.insert(chunk.chunk_id()).second) {
-      return absl::InvalidArgumentError(absl::StrCat("job ", request.job_id(), ": push lists chunk ",
-                                                     chunk.chunk_id(), " more than once"));
+  for (int i = 0; i < chunks.chunks(); ++i) {
+    const int32_t chunk = chunks.chunk(i).chunk_id();
+    if (!seen.insert(chunk).second) {
+      return absl::InvalidArgumentError(absl::StrCat("job ", header.job_id(), ": push lists chunk ", chunk,
+                                                     " more than once"));
     }
-    ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOf(chunk.chunk_id()));
+    ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOf(chunk));
     if (role.primary != as_primary) {
-      return absl::AbortedError(absl::StrCat("chunk ", chunk.chunk_id(), " of job ", request.job_id(),
+      return absl::AbortedError(absl::StrCat("chunk ", chunk, " of job ", header.job_id(),
                                              as_primary ? ": this server is not its primary" : ": this server is not its backup",
                                              " in shard map version ", held));
     }
@@ -365,68 +386,39 @@ absl::Status ParameterServiceImpl::CheckRoute(const JobShard& shard, int64_t map
   return absl::OkStatus();
 }
 
-absl::Status ParameterServiceImpl::ApplyPush(JobShard* shard, const v1::PushRequest& request,
-                                             v1::PushResponse* response,
-                                             const std::vector<std::vector<float>>* decoded) {
-  PushArgs args = PushArgsOf(request);
-  for (int i = 0; i < request.chunks_size(); ++i) {
-    const v1::ChunkData& chunk = request.chunks(i);
-    args.chunk_id = chunk.chunk_id();
-    args.gradient = chunk.data();
-    args.format = chunk.format();
-    args.values = decoded != nullptr ? (*decoded)[i].data() : nullptr;
-    ASSIGN_OR_RETURN(PushOutcome outcome, shard->Push(args));
-    if (outcome == PushOutcome::kDuplicate) {
-      response->set_duplicates(response->duplicates() + 1);
-      duplicates_->Increment();
-    } else {
-      response->set_applied(response->applied() + 1);
-      updates_applied_->Increment();
-    }
+ParameterServiceImpl::Peer& ParameterServiceImpl::PeerAt(const std::string& address) {
+  MutexLock lock(&peers_mu_);
+  Peer& peer = peers_[address];
+  if (peer.stub == nullptr) {
+    std::shared_ptr<grpc::Channel> channel = MakeChannel(address);
+    peer.stub = v1::ParameterService::NewStub(channel);
+    peer.raw = std::make_unique<grpc::GenericStub>(channel);
   }
-  return absl::OkStatus();
+  return peer;
 }
 
-v1::ParameterService::Stub* ParameterServiceImpl::BackupStub(const std::string& address) {
-  MutexLock lock(&stubs_mu_);
-  auto& stub = stubs_[address];
-  if (stub == nullptr) stub = v1::ParameterService::NewStub(MakeChannel(address));
-  return stub.get();
-}
-
-absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const v1::PushRequest& request) {
-  // What goes to each backup: the request itself when every chunk has the
-  // same backups (the usual case: no copy), else a request per backup with
-  // its chunks.
-  std::vector<std::vector<std::string>> backups_of;
-  for (const v1::ChunkData& chunk : request.chunks()) {
-    ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOf(chunk.chunk_id()));
-    backups_of.push_back(std::move(role.backup_addresses));
-  }
-  std::map<std::string, v1::PushRequest> split;
-  std::map<std::string, const v1::PushRequest*> forwards;
-  const bool same_backups =
-      std::all_of(backups_of.begin(), backups_of.end(), [&](const auto& b) { return b == backups_of.front(); });
-  for (size_t i = 0; i < backups_of.size(); ++i) {
-    for (const std::string& backup : backups_of[i]) {
-      if (same_backups) {
-        forwards[backup] = &request;
-        continue;
-      }
-      v1::PushRequest& forward = split[backup];
-      if (forward.job_id().empty()) {
-        forward = request;
-        forward.clear_chunks();
-        forwards[backup] = &forward;
-      }
-      *forward.add_chunks() = request.chunks(static_cast<int>(i));
+absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const v1::PushRequest& header,
+                                                    const PayloadReader& chunks) {
+  // Per backup, the chunks it replicates: their payloads as slices of the
+  // received message (a chunk with two backups goes to both, still uncopied).
+  std::map<std::string, PayloadWriter> forwards;
+  for (int i = 0; i < chunks.chunks(); ++i) {
+    ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOf(chunks.chunk(i).chunk_id()));
+    for (const std::string& backup : role.backup_addresses) {
+      auto forward = forwards.try_emplace(backup, header, v1::PushRequest::kChunksFieldNumber).first;
+      std::vector<grpc::Slice> payload;
+      chunks.AppendPayloadSlices(i, &payload);
+      forward->second.AddChunk(chunks.chunk(i), std::move(payload));
     }
   }
   if (forwards.empty()) return absl::OkStatus();
+  static const std::string* const kReplicate =
+      new std::string(absl::StrCat("/", v1::ParameterService::service_full_name(), "/Replicate"));
   const absl::Time start = absl::Now();
   struct Call {
     grpc::ClientContext context;
-    v1::PushResponse response;
+    grpc::ByteBuffer request;
+    grpc::ByteBuffer response;
     grpc::Status status;
   };
   std::map<std::string, Call> calls;
@@ -436,16 +428,18 @@ absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const
     // Reconfigure cancels forwards in flight: a backup that stopped must not
     // hold this push (and the role change waiting for it) to the deadline.
     MutexLock lock(&forwards_mu_);
-    for (auto& [address, forward] : forwards) forwards_in_flight_.emplace(&calls[address].context, request.job_id());
+    for (auto& [address, forward] : forwards) forwards_in_flight_.emplace(&calls[address].context, header.job_id());
   }
   for (auto& [address, forward] : forwards) {
     Call& call = calls[address];
     SetDeadline(&call.context, 10.0);
-    BackupStub(address)->async()->Replicate(&call.context, forward, &call.response, [&](grpc::Status status) {
-      MutexLock lock(&mu);
-      call.status = std::move(status);
-      --remaining;
-    });
+    call.request = forward.Finish();
+    PeerAt(address).raw->UnaryCall(&call.context, *kReplicate, grpc::StubOptions(), &call.request, &call.response,
+                                   [&](grpc::Status status) {
+                                     MutexLock lock(&mu);
+                                     call.status = std::move(status);
+                                     --remaining;
+                                   });
   }
   {
     MutexLock lock(&mu);
@@ -468,42 +462,76 @@ absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const
   return absl::OkStatus();
 }
 
-grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* /*context*/, const v1::PushRequest* request,
-                                        v1::PushResponse* response) {
+absl::Status ParameterServiceImpl::HandlePush(const grpc::ByteBuffer& request, bool from_worker,
+                                              v1::PushResponse* response) {
   ReaderMutexLock writes(&writes_mu_);
-  const int64_t received = request->ByteSizeLong();
-  auto shard = store_->Find(request->job_id());
-  if (!shard.ok()) return Finish("Push", shard.status(), received, 0);
-  absl::Status status = CheckRoute(**shard, request->map_version(), *request, /*as_primary=*/true);
-  // Validate everything first: a bad push must reach no replica. The
-  // gradients are decoded once, here, and applied from there.
-  PushArgs args = PushArgsOf(*request);
-  std::vector<std::vector<float>> decoded(status.ok() ? request->chunks_size() : 0);
-  for (int i = 0; status.ok() && i < request->chunks_size(); ++i) {
-    args.chunk_id = request->chunks(i).chunk_id();
-    args.gradient = request->chunks(i).data();
-    args.format = request->chunks(i).format();
-    status = (*shard)->Validate(args, &decoded[i]);
+  v1::PushRequest header;  // every field but the chunks
+  PayloadReader chunks;
+  RETURN_IF_ERROR(chunks.Parse(request, v1::PushRequest::kChunksFieldNumber, &header));
+  ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(header.job_id()));
+  RETURN_IF_ERROR(CheckRoute(*shard, header, chunks, /*as_primary=*/from_worker));
+  // Validate everything first: a bad push must reach no replica. Each
+  // gradient is decoded once, from the received bytes into a pooled buffer,
+  // and applied from there.
+  PushArgs args = PushArgsOf(header);
+  std::vector<FloatBufferPool::Buffer> decoded(static_cast<size_t>(chunks.chunks()));
+  std::string scratch;
+  for (int i = 0; i < chunks.chunks(); ++i) {
+    args.chunk_id = chunks.chunk(i).chunk_id();
+    args.format = chunks.chunk(i).format();
+    const int64_t length = shard->ChunkLength(args.chunk_id);
+    if (length == 0) {  // not held (yet): Validate says why
+      args.values = nullptr;
+      args.gradient = chunks.ContiguousPayload(i, &scratch);
+      RETURN_IF_ERROR(shard->Validate(args));
+      continue;
+    }
+    decoded[i] = gradients_.Acquire(length);
+    RETURN_IF_ERROR(chunks.DecodePayload(i, args.format, length, decoded[i].data(),
+                                         absl::StrCat("push to chunk ", args.chunk_id, " of job ", header.job_id()),
+                                         &scratch));
+    args.values = decoded[i].data();
+    RETURN_IF_ERROR(shard->Validate(args));
   }
   // Backups have it before the primary applies and acknowledges it, so an
   // acknowledged update survives the primary's death. Retries are safe: every
   // replica deduplicates.
   // ASP/SSP: one push at a time from forward to apply (see replication_order).
-  MutexLockMaybe order((*shard)->config().synchronous ? nullptr : &(*shard)->replication_order());
-  if (status.ok()) status = ForwardToBackups(**shard, *request);
-  if (status.ok()) status = ApplyPush(shard->get(), *request, response, &decoded);
-  return Finish("Push", status, received, response->ByteSizeLong());
+  MutexLockMaybe order(shard->config().synchronous ? nullptr : &shard->replication_order());
+  if (from_worker) RETURN_IF_ERROR(ForwardToBackups(*shard, header, chunks));
+  for (int i = 0; i < chunks.chunks(); ++i) {
+    args.chunk_id = chunks.chunk(i).chunk_id();
+    args.format = chunks.chunk(i).format();
+    args.values = decoded[i].data();
+    if (args.values == nullptr) args.gradient = chunks.ContiguousPayload(i, &scratch);
+    ASSIGN_OR_RETURN(PushOutcome outcome, shard->Push(args));
+    if (outcome == PushOutcome::kDuplicate) {
+      response->set_duplicates(response->duplicates() + 1);
+      duplicates_->Increment();
+    } else {
+      response->set_applied(response->applied() + 1);
+      updates_applied_->Increment();
+    }
+  }
+  return absl::OkStatus();
 }
 
-grpc::Status ParameterServiceImpl::Replicate(grpc::ServerContext* /*context*/, const v1::PushRequest* request,
-                                             v1::PushResponse* response) {
-  ReaderMutexLock writes(&writes_mu_);
-  const int64_t received = request->ByteSizeLong();
-  auto shard = store_->Find(request->job_id());
-  if (!shard.ok()) return Finish("Replicate", shard.status(), received, 0);
-  absl::Status status = CheckRoute(**shard, request->map_version(), *request, /*as_primary=*/false);
-  if (status.ok()) status = ApplyPush(shard->get(), *request, response);
-  return Finish("Replicate", status, received, response->ByteSizeLong());
+grpc::Status ParameterServiceImpl::ServePush(RawStream* stream,
+                                             bool from_worker) {
+  const char* method = from_worker ? "Push" : "Replicate";
+  grpc::ByteBuffer request;
+  if (!stream->Read(&request)) return Finish(method, absl::CancelledError("the call ended before its request"), 0, 0);
+  const auto received = static_cast<int64_t>(request.Length());
+  v1::PushResponse response;
+  absl::Status status = HandlePush(request, from_worker, &response);
+  int64_t sent = 0;
+  if (status.ok()) {
+    grpc::ByteBuffer answer = SerializeMessage(response);
+    sent = static_cast<int64_t>(answer.Length());
+    // Sent with the status, in one batch (as a unary answer is).
+    stream->WriteLast(answer, grpc::WriteOptions());
+  }
+  return Finish(method, status, received, sent);
 }
 
 grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext* /*context*/, const v1::ReconfigureRequest* request,

@@ -9,9 +9,13 @@
 #include <memory>
 #include <string>
 
+#include <grpcpp/generic/generic_stub.h>
+
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
+#include "common/payload_wire.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
+#include "server/buffer_pool.h"
 #include "server/checkpoint_store.h"
 #include "server/held_pulls.h"
 #include "server/parameter_store.h"
@@ -30,10 +34,16 @@ JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request);
 std::map<int32_t, int32_t> ChunkShards(const v1::ShardMap& map);
 std::map<int32_t, JobShard::ShardRole> RolesFor(const v1::ShardMap& map, const std::string& server_id);
 
-// Pull is served with gRPC's callback API: a pull that must wait for a step
-// is held (server/held_pulls.h) without occupying a thread. Its messages are
-// handled as bytes (common/payload_wire.h): the values read from the chunks
-// go to gRPC as they are, never copied into a serialized message.
+// The data RPCs handle their messages as bytes (common/payload_wire.h), so
+// tensor payloads are never copied into or out of protobuf messages:
+// - Pull is served with gRPC's callback API: a pull that must wait for a
+//   step is held (server/held_pulls.h) without occupying a thread; the
+//   values read from the chunks go to gRPC as they are.
+// - Push and Replicate run on gRPC's sync threads (a primary waits there for
+//   its backups) as "streamed unary" methods of raw bytes (the same calls on
+//   the wire): each gradient is decoded once, from the received slices into
+//   a pooled buffer, validated and applied from there, and a primary forwards
+//   the received payload slices themselves to its backups.
 class ParameterServiceImpl final
     : public v1::ParameterService::WithRawCallbackMethod_Pull<v1::ParameterService::Service> {
  public:
@@ -50,8 +60,9 @@ class ParameterServiceImpl final
                         v1::SetupJobResponse* response) override;
   grpc::Status DropJob(grpc::ServerContext* context, const v1::DropJobRequest* request,
                        v1::DropJobResponse* response) override;
-  grpc::Status Push(grpc::ServerContext* context, const v1::PushRequest* request,
-                    v1::PushResponse* response) override;
+  // A Push (`from_worker`) or Replicate without gRPC: `request` holds a
+  // serialized PushRequest.
+  absl::Status HandlePush(const grpc::ByteBuffer& request, bool from_worker, v1::PushResponse* response);
   // Request: a PullRequest; response: a PullResponse.
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* response) override;
@@ -62,8 +73,6 @@ class ParameterServiceImpl final
   absl::StatusOr<std::shared_ptr<HeldPull>> StartPull(const v1::PullRequest& request, v1::PullResponse* response,
                                                        absl::Time deadline,
                                                        std::function<void(const absl::Status&)> finish);
-  grpc::Status Replicate(grpc::ServerContext* context, const v1::PushRequest* request,
-                         v1::PushResponse* response) override;
   grpc::Status Reconfigure(grpc::ServerContext* context, const v1::ReconfigureRequest* request,
                            v1::ReconfigureResponse* response) override;
   grpc::Status CopyChunk(grpc::ServerContext* context, const v1::CopyChunkRequest* request,
@@ -77,16 +86,21 @@ class ParameterServiceImpl final
                                 v1::DeleteCheckpointResponse* response) override;
 
  private:
+  // Push and Replicate on gRPC's threads.
+  using RawStream = grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>;
+  grpc::Status ServePush(RawStream* stream, bool from_worker);
   // Checks the request's map version and this server's role for every chunk.
-  absl::Status CheckRoute(const JobShard& shard, int64_t map_version, const v1::PushRequest& request,
+  absl::Status CheckRoute(const JobShard& shard, const v1::PushRequest& header, const PayloadReader& chunks,
                           bool as_primary) const;
-  // Applies every chunk of a push; counts applied and duplicate chunks.
-  // `decoded` (optional): the chunks' gradients as Validate decoded them.
-  absl::Status ApplyPush(JobShard* shard, const v1::PushRequest& request, v1::PushResponse* response,
-                         const std::vector<std::vector<float>>* decoded = nullptr);
-  // Sends each backup the chunks of the push it replicates; OK when all have them.
-  absl::Status ForwardToBackups(const JobShard& shard, const v1::PushRequest& request);
-  v1::ParameterService::Stub* BackupStub(const std::string& address);
+  // Sends each backup the chunks of the push it replicates, as the received
+  // bytes; OK when all have them.
+  absl::Status ForwardToBackups(const JobShard& shard, const v1::PushRequest& header, const PayloadReader& chunks);
+  struct Peer {
+    std::unique_ptr<v1::ParameterService::Stub> stub;
+    std::unique_ptr<grpc::GenericStub> raw;  // for forwards of received bytes
+  };
+  Peer& PeerAt(const std::string& address);
+  v1::ParameterService::Stub* BackupStub(const std::string& address) { return PeerAt(address).stub.get(); }
   // The state of the chunks of `config` from their primaries: the server at
   // `default_source`, or the one `sources` names for a chunk.
   absl::StatusOr<std::vector<ChunkSnapshot>> FetchChunks(const std::string& default_source,
@@ -120,8 +134,9 @@ class ParameterServiceImpl final
   Mutex writes_mu_;
   Mutex forwards_mu_;  // guards forwards_in_flight_
   std::map<grpc::ClientContext*, std::string> forwards_in_flight_ ABSL_GUARDED_BY(forwards_mu_);  // -> job id
-  Mutex stubs_mu_;  // guards stubs_
-  std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(stubs_mu_);
+  Mutex peers_mu_;  // guards peers_
+  std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(peers_mu_);  // entries are never removed
+  FloatBufferPool gradients_;  // decoded pushes
   prometheus::Counter* updates_applied_;
   prometheus::Counter* duplicates_;
   prometheus::Counter* refused_;

@@ -63,36 +63,43 @@ absl::Status Chunk::CheckPush(const PushArgs& args) const {
 
 namespace {
 
+// InvalidArgument naming the first non-finite value of a decoded gradient.
+absl::Status CheckFinite(const PushArgs& args, const float* grad, const ChunkConfig& config,
+                         const std::string& job_id) {
+  const int64_t i = FirstNonFinite(grad, config.length);
+  if (i < 0) return absl::OkStatus();
+  const bool fp16_overflow = args.format == v1::WIRE_FP16 && std::isinf(grad[i]);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "push from worker ", args.worker_id, " to chunk ", config.chunk_id, " of job ", job_id,
+      " has a non-finite gradient (", grad[i], ") at element ", i,
+      fp16_overflow ? ": beyond fp16's range (wireFormat WIRE_FP16); use WIRE_BF16 or lower optimizer.lr"
+                    : ": the model diverged; lower optimizer.lr"));
+}
+
 absl::Status DecodeGradient(const PushArgs& args, const ChunkConfig& config, const std::string& job_id,
                             std::vector<float>* grad) {
   grad->resize(config.length);
   RETURN_IF_ERROR(DecodeValues(args.format, args.gradient, config.length, grad->data(),
                                absl::StrCat("push to chunk ", config.chunk_id, " of job ", job_id)));
-  for (int64_t i = 0; i < config.length; ++i) {
-    if (!std::isfinite((*grad)[i])) {
-      const bool fp16_overflow = args.format == v1::WIRE_FP16 && std::isinf((*grad)[i]);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "push from worker ", args.worker_id, " to chunk ", config.chunk_id, " of job ", job_id,
-          " has a non-finite gradient (", (*grad)[i], ") at element ", i,
-          fp16_overflow ? ": beyond fp16's range (wireFormat WIRE_FP16); use WIRE_BF16 or lower optimizer.lr"
-                        : ": the model diverged; lower optimizer.lr"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckFinite(args, grad->data(), config, job_id);
 }
 
 }  // namespace
 
-absl::Status Chunk::Validate(const PushArgs& args, std::vector<float>* decoded) const {
-  std::vector<float> grad;
-  RETURN_IF_ERROR(DecodeGradient(args, config_, job_.job_id, decoded != nullptr ? decoded : &grad));
+absl::Status Chunk::Validate(const PushArgs& args) const {
+  if (args.values != nullptr) {
+    RETURN_IF_ERROR(CheckFinite(args, args.values, config_, job_.job_id));
+  } else {
+    std::vector<float> grad;
+    RETURN_IF_ERROR(DecodeGradient(args, config_, job_.job_id, &grad));
+  }
   MutexLock lock(&mu_);
   return CheckPush(args);
 }
 
 absl::StatusOr<PushOutcome> Chunk::Push(const PushArgs& args) {
   // Decode and validate outside the lock (it is the expensive part), unless
-  // Validate did.
+  // the caller passed values Validate checked.
   std::vector<float> decoded;
   const float* grad = args.values;
   if (grad == nullptr) {
@@ -538,9 +545,9 @@ std::vector<int32_t> JobShard::chunk_ids() const {
   return ids;
 }
 
-absl::Status JobShard::Validate(const PushArgs& args, std::vector<float>* decoded) {
+absl::Status JobShard::Validate(const PushArgs& args) {
   ASSIGN_OR_RETURN(Chunk * chunk, Find(args.chunk_id));
-  return chunk->Validate(args, decoded);
+  return chunk->Validate(args);
 }
 
 absl::Status JobShard::Configure(int64_t version, std::map<int32_t, ShardRole> roles,

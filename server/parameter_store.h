@@ -68,8 +68,9 @@ struct PushArgs {
   int32_t chunk_id = 0;
   absl::string_view gradient;  // little-endian values in `format`
   v1::WireFormat format = v1::WIRE_FP32;
-  // The gradient as Validate decoded it (so checked finite and of the right
-  // size), when the caller kept it: Push then decodes nothing.
+  // The gradient already decoded (the chunk's length of floats; `gradient`
+  // is then unused), when the caller decoded it: Validate checks these
+  // values, and Push, given values Validate accepted, decodes nothing.
   const float* values = nullptr;
   // The training examples behind the gradient: how many, and the sum of
   // their ExampleDigest values (audits that each example counts once).
@@ -101,9 +102,9 @@ class Chunk {
  public:
   Chunk(const ChunkConfig& config, const JobShardConfig& job);
 
-  // Checks a gradient without applying it (size, finite values), leaving
-  // the decoded values in *decoded when given (for PushArgs::values).
-  absl::Status Validate(const PushArgs& args, std::vector<float>* decoded = nullptr) const;
+  // Checks a gradient without applying it (size, finite values; that the
+  // chunk takes it now).
+  absl::Status Validate(const PushArgs& args) const;
   // Applies (ASP) or buffers (BSP) a gradient. Errors: INVALID_ARGUMENT for a
   // wrong size, non-finite values or a bad partition; FAILED_PRECONDITION for a BSP
   // push ahead of the chunk's version; ABORTED once the job is dropped here.
@@ -216,7 +217,7 @@ class JobShard {
   int64_t bytes() const;
 
   absl::StatusOr<PushOutcome> Push(const PushArgs& args);
-  absl::Status Validate(const PushArgs& args, std::vector<float>* decoded = nullptr);
+  absl::Status Validate(const PushArgs& args);
   absl::StatusOr<ChunkSnapshot> Snapshot(int32_t chunk_id) const;
   absl::Status Restore(int32_t chunk_id, const ChunkSnapshot& snapshot);
   std::vector<int32_t> chunk_ids() const;

@@ -85,11 +85,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 2:
       case 3: {
-        v1::PushRequest request;
-        if (!Parse(bytes, &request)) break;
+        // The bytes as received, in two slices (a payload may straddle them).
+        const size_t half = bytes.size() / 2;
+        grpc::Slice slices[2] = {grpc::Slice(bytes.data(), half),
+                                 grpc::Slice(bytes.data() + half, bytes.size() - half)};
+        grpc::ByteBuffer request(slices, 2);
         v1::PushResponse response;
-        (void)(command % 10 == 2 ? service.Push(&context, &request, &response)
-                                 : service.Replicate(&context, &request, &response));
+        (void)service.HandlePush(request, /*from_worker=*/command % 10 == 2, &response);
         break;
       }
       case 4: {

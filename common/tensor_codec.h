@@ -29,6 +29,19 @@ const char* WireFormatName(v1::WireFormat format);
 // True for the 16-bit formats.
 inline bool IsHalfWire(v1::WireFormat format) { return WireBytes(format) == 2; }
 
+// The push encodings of compressed gradients (see WireFormat): not element
+// formats (WireBytes 0), never pulled.
+inline bool IsCompressedWire(v1::WireFormat format) {
+  return format == v1::WIRE_INT8 || format == v1::WIRE_TOPK;
+}
+// Writes n floats as WIRE_INT8: scale = max |value| / 127, each value
+// divided by it and rounded to nearest even. A non-finite value makes the
+// scale NaN, so the receiver refuses the gradient as it would the value.
+void EncodeInt8(const float* values, int64_t n, std::string* out);
+// Writes the k values of largest magnitude (ties: the lower index; a NaN or
+// infinity counts as largest) as WIRE_TOPK pairs; k is clamped to [0, n].
+void EncodeTopK(const float* values, int64_t n, int64_t k, std::string* out);
+
 // Writes n floats in `format` to *out (resized to exactly n * WireBytes):
 // 16-bit formats round to nearest even (fp16: beyond +-65504 becomes inf).
 // `format` must be known (WireBytes > 0).
@@ -38,7 +51,9 @@ void EncodeHalves(const uint16_t* values, int64_t n, std::string* out);
 
 // Decodes exactly `expected` values encoded in `format` into float32.
 // InvalidArgument naming `what` for an unknown format or a byte count other
-// than expected * WireBytes(format).
+// than expected * WireBytes(format); for WIRE_INT8 other than 4 + expected;
+// for WIRE_TOPK not a multiple of 8, more pairs than values, an index out of
+// range or not above the one before.
 absl::Status DecodeValues(v1::WireFormat format, absl::string_view bytes, int64_t expected, float* out,
                           absl::string_view what);
 // Copies exactly `expected` 16-bit little-endian values (no conversion);

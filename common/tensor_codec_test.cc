@@ -173,5 +173,78 @@ TEST(TensorCodecTest, SixteenBitSizeMismatchAndUnknownFormatAreInvalidArgument) 
   EXPECT_EQ(DecodeHalves(fp32, 3, halves, "pulled chunk").code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(TensorCodecTest, Int8KeepsEachValueWithinHalfAScaleStepAndTheLargestExactly) {
+  std::vector<float> values(1000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(static_cast<float>(i)) * 0.37f;
+  values[123] = -2.5f;  // the largest magnitude
+  std::string bytes;
+  EncodeInt8(values.data(), 1000, &bytes);
+  ASSERT_EQ(bytes.size(), 1004u);  // a scale and one byte a value
+  std::vector<float> back(1000);
+  ASSERT_TRUE(DecodeValues(v1::WIRE_INT8, bytes, 1000, back.data(), "test").ok());
+  const float scale = 2.5f / 127.0f;
+  EXPECT_EQ(back[123], -2.5f);
+  for (size_t i = 0; i < values.size(); ++i) EXPECT_LE(std::fabs(back[i] - values[i]), scale / 2 * 1.001f) << i;
+  // All zeros: a zero scale and zeros back.
+  std::vector<float> zeros(5, 0.0f);
+  EncodeInt8(zeros.data(), 5, &bytes);
+  ASSERT_TRUE(DecodeValues(v1::WIRE_INT8, bytes, 5, back.data(), "test").ok());
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(back[i], 0.0f);
+}
+
+TEST(TensorCodecTest, Int8OfANonFiniteGradientDecodesNonFiniteSoTheServerRefusesIt) {
+  const float values[3] = {1.0f, std::numeric_limits<float>::infinity(), 0.5f};
+  std::string bytes;
+  EncodeInt8(values, 3, &bytes);
+  float back[3];
+  ASSERT_TRUE(DecodeValues(v1::WIRE_INT8, bytes, 3, back, "test").ok());
+  EXPECT_TRUE(std::isnan(back[0]) && std::isnan(back[2]));
+  EXPECT_EQ(DecodeValues(v1::WIRE_INT8, bytes, 4, back, "push to chunk 1").code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TensorCodecTest, TopKSendsTheLargestMagnitudesLowerIndexFirstOnTies) {
+  const float values[8] = {0.1f, -5.0f, 3.0f, -3.0f, 0.0f, 3.0f, 4.0f, -0.2f};
+  std::string bytes;
+  EncodeTopK(values, 8, 4, &bytes);
+  ASSERT_EQ(bytes.size(), 32u);  // 4 pairs of (index, value)
+  float back[8];
+  ASSERT_TRUE(DecodeValues(v1::WIRE_TOPK, bytes, 8, back, "test").ok());
+  // -5, 4, then two of the three 3s: indices 2 and 3.
+  const float expected[8] = {0, -5.0f, 3.0f, -3.0f, 0, 0, 4.0f, 0};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(back[i], expected[i]) << i;
+  // A NaN counts as largest, so the server sees it and refuses the push.
+  const float with_nan[3] = {1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f};
+  EncodeTopK(with_nan, 3, 1, &bytes);
+  ASSERT_TRUE(DecodeValues(v1::WIRE_TOPK, bytes, 3, back, "test").ok());
+  EXPECT_TRUE(std::isnan(back[1]));
+  EXPECT_EQ(back[2], 0.0f);
+  // k beyond n sends everything; k 0 nothing.
+  EncodeTopK(values, 8, 100, &bytes);
+  EXPECT_EQ(bytes.size(), 64u);
+  EncodeTopK(values, 8, 0, &bytes);
+  EXPECT_TRUE(bytes.empty());
+}
+
+TEST(TensorCodecTest, TopKPayloadsOutOfShapeAreInvalidArgument) {
+  auto pair = [](uint32_t index, float value) {
+    std::string bytes(8, '\0');
+    std::memcpy(bytes.data(), &index, 4);  // (the test runs on little-endian hosts)
+    std::memcpy(bytes.data() + 4, &value, 4);
+    return bytes;
+  };
+  float out[4];
+  EXPECT_TRUE(DecodeValues(v1::WIRE_TOPK, pair(0, 1.0f) + pair(3, 2.0f), 4, out, "t").ok());
+  EXPECT_EQ(out[3], 2.0f);
+  for (const std::string& bad : {pair(4, 1.0f),                                   // index out of range
+                                 pair(2, 1.0f) + pair(2, 1.0f),                   // repeated
+                                 pair(2, 1.0f) + pair(1, 1.0f),                   // decreasing
+                                 pair(0, 1.0f).substr(0, 7),                      // not whole pairs
+                                 pair(0, 1) + pair(1, 1) + pair(2, 1) + pair(3, 1) + pair(3, 1)}) {  // > n pairs
+    absl::Status status = DecodeValues(v1::WIRE_TOPK, bad, 4, out, "push to chunk 9");
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status.message();
+    EXPECT_TRUE(Contains(status.message(), "push to chunk 9")) << status.message();
+  }
+}
+
 }  // namespace
 }  // namespace fulcrum

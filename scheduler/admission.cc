@@ -59,7 +59,11 @@ JobClaims ClaimsOf(const v1::JobSpec& spec) {
   claims.worker_bytes = claims.worker_data_bytes +
                         claims.parameters * kFloat * 3 +              // parameters, pull landing, gradients
                         (half_wire ? claims.parameters * 2 * 2 : 0) +  // 16-bit parameters and gradients
-                        batch * widths * kFloat * 3;                   // activations, their gradients, the batch
+                        batch * widths * kFloat * 3 +                  // activations, their gradients, the batch
+                        // compression's residuals: one copy of the gradients per partition it keeps
+                        (spec.compression().kind() != v1::CompressionSpec::NONE
+                             ? claims.parameters * kFloat * std::min(spec.max_workers(), 4)
+                             : 0);
   // Values, optimizer state and (BSP) a gradient per partition, their sum and
   // the previous step's values (JobShard::ChunkBytes).
   claims.server_bytes_per_parameter =

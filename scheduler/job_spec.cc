@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
+#include "common/tensor_codec.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
 #include "google/protobuf/unknown_field_set.h"
@@ -184,6 +185,9 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(v1::BSP);
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP32);
   if (spec->wire_format() == v1::WIRE_FORMAT_UNSPECIFIED) spec->set_wire_format(v1::WIRE_FP32);
+  if (spec->compression().kind() == v1::CompressionSpec::TOPK && spec->compression().topk_ratio() == 0) {
+    spec->mutable_compression()->set_topk_ratio(0.01);
+  }
   if (spec->model().kind() == v1::ModelSpec::MLP &&
       spec->model().activation() == v1::ACTIVATION_UNSPECIFIED) {
     spec->mutable_model()->set_activation(v1::RELU);
@@ -198,6 +202,27 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
       spec->lr_schedule().gamma() == 0) {
     spec->mutable_lr_schedule()->set_gamma(0.1f);
   }
+}
+
+absl::Status ValidateCompression(const v1::JobSpec& spec) {
+  if (IsCompressedWire(spec.wire_format())) {
+    return Invalid("wireFormat", "is WIRE_FP32, WIRE_BF16 or WIRE_FP16 (compressed pushes are set by compression.kind)",
+                   v1::WireFormat_Name(spec.wire_format()));
+  }
+  const v1::CompressionSpec& compression = spec.compression();
+  if (compression.kind() == v1::CompressionSpec::TOPK) {
+    if (!(compression.topk_ratio() > 0 && compression.topk_ratio() <= 1)) {  // also NaN
+      return Invalid("compression.topkRatio", "must be in (0, 1]", absl::StrCat(compression.topk_ratio()));
+    }
+  } else if (compression.topk_ratio() != 0) {
+    return Invalid("compression.topkRatio", "applies to compression.kind TOPK only", absl::StrCat(compression.topk_ratio()));
+  }
+  if (compression.kind() != v1::CompressionSpec::NONE && spec.wire_format() != v1::WIRE_FP32 &&
+      spec.wire_format() != v1::WIRE_FORMAT_UNSPECIFIED) {
+    return Invalid("wireFormat", "must be WIRE_FP32 with compression (pushes are compressed from float32, pulls travel in float32)",
+                   v1::WireFormat_Name(spec.wire_format()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
@@ -223,6 +248,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckRange<int64_t>("checkpoint.everySteps", spec.checkpoint().every_steps(), 0, int64_t{1} << 40));
   RETURN_IF_ERROR(CheckRange<int64_t>("checkpoint.everySeconds", spec.checkpoint().every_seconds(), 0, int64_t{86400} * 365));
   RETURN_IF_ERROR(CheckRange("checkpoint.keepLast", spec.checkpoint().keep_last(), 0, 1000));
+  RETURN_IF_ERROR(ValidateCompression(spec));
   return absl::OkStatus();
 }
 

@@ -1,5 +1,7 @@
 #include "scheduler/job_spec.h"
 
+#include <cmath>
+
 #include <functional>
 #include <limits>
 #include <string>
@@ -146,6 +148,44 @@ TEST(JobSpecTest, UnknownWireFormatIsRejectedNamingTheField) {
   absl::Status status = ValidateJobSpec(spec);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(status.message(), "wireFormat")) << status.message();
+}
+
+TEST(JobSpecTest, CompressionIsCheckedAndTopKGetsItsDefaultRatio) {
+  v1::JobSpec spec = BaseSpec();
+  spec.mutable_compression()->set_kind(v1::CompressionSpec::TOPK);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(spec.compression().topk_ratio(), 0.01);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  spec.mutable_compression()->set_kind(v1::CompressionSpec::INT8);
+  spec.mutable_compression()->set_topk_ratio(0);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  auto refused = [](const v1::JobSpec& bad, const std::string& field) {
+    absl::Status status = ValidateJobSpec(bad);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_TRUE(Contains(status.message(), field)) << status.message();
+  };
+  for (double ratio : {-0.1, 0.0, 1.5, std::nan("")}) {
+    v1::JobSpec bad = BaseSpec();
+    bad.mutable_compression()->set_kind(v1::CompressionSpec::TOPK);
+    bad.mutable_compression()->set_topk_ratio(ratio);
+    refused(bad, "compression.topkRatio");
+  }
+  v1::JobSpec ratio_without_topk = BaseSpec();
+  ratio_without_topk.mutable_compression()->set_kind(v1::CompressionSpec::INT8);
+  ratio_without_topk.mutable_compression()->set_topk_ratio(0.1);
+  refused(ratio_without_topk, "compression.topkRatio");
+  v1::JobSpec with_half_pulls = BaseSpec();
+  with_half_pulls.mutable_compression()->set_kind(v1::CompressionSpec::INT8);
+  with_half_pulls.set_wire_format(v1::WIRE_BF16);
+  refused(with_half_pulls, "wireFormat");
+  for (v1::WireFormat push_only : {v1::WIRE_INT8, v1::WIRE_TOPK}) {
+    v1::JobSpec bad = BaseSpec();
+    bad.set_wire_format(push_only);
+    refused(bad, "wireFormat");
+  }
+  v1::JobSpec unknown_kind = BaseSpec();
+  unknown_kind.mutable_compression()->set_kind(static_cast<v1::CompressionSpec::Kind>(7));
+  refused(unknown_kind, "compression");
 }
 
 TEST(JobSpecTest, DefaultsKeepSetFields) {

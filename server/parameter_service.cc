@@ -599,9 +599,12 @@ absl::Status ParameterServiceImpl::CheckPull(const JobShard& shard, const v1::Pu
   }
   const int bytes_per_value = WireBytes(request.format());
   if (bytes_per_value == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("job ", request.job_id(), ": pull asks for unknown wire format ",
-                                                   static_cast<int>(request.format()),
-                                                   " (known: WIRE_FP32, WIRE_BF16, WIRE_FP16)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job ", request.job_id(), ": pull asks for ",
+        IsCompressedWire(request.format())
+            ? absl::StrCat("wire format ", WireFormatName(request.format()), ", a push encoding of compressed gradients")
+            : absl::StrCat("unknown wire format ", static_cast<int>(request.format())),
+        "; pulls take WIRE_FP32, WIRE_BF16, WIRE_FP16"));
   }
   // Every chunk once, and a response that fits a message: the work and
   // memory one request can cause are those of one bounded answer.

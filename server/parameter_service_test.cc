@@ -889,9 +889,19 @@ TEST_F(ParameterServiceTest, BadSixteenBitPushesAndPullsAreRefusedClearly) {
   v1::PushRequest unknown = MakePush("job", 3, 0, 1, {{0, kGradient}});
   unknown.mutable_chunks(0)->set_format(static_cast<v1::WireFormat>(7));
   EXPECT_TRUE(HasError(Push(server_->stub(), unknown), grpc::StatusCode::INVALID_ARGUMENT, "unknown wire format 7"));
+  v1::PushRequest bad_topk = MakePush("job", 3, 0, 1, {{0, kGradient}});
+  bad_topk.mutable_chunks(0)->set_format(v1::WIRE_TOPK);  // 16 bytes: pairs (0x3f800000, ...), index too big
+  EXPECT_TRUE(HasError(Push(server_->stub(), bad_topk), grpc::StatusCode::INVALID_ARGUMENT,
+                       "indices must increase and stay below 4"));
+  v1::PushRequest short_int8 = MakePush("job", 3, 0, 1, {{0, kGradient}});
+  short_int8.mutable_chunks(0)->set_format(v1::WIRE_INT8);
+  EXPECT_TRUE(HasError(Push(server_->stub(), short_int8), grpc::StatusCode::INVALID_ARGUMENT,
+                       "int8 payload has 16 bytes, expected 8"));
   v1::PullResponse response;
   EXPECT_TRUE(HasError(PullIn(server_->stub(), static_cast<v1::WireFormat>(9), &response),
                        grpc::StatusCode::INVALID_ARGUMENT, "pull asks for unknown wire format 9"));
+  EXPECT_TRUE(HasError(PullIn(server_->stub(), v1::WIRE_TOPK, &response), grpc::StatusCode::INVALID_ARGUMENT,
+                       "pull asks for wire format topk, a push encoding of compressed gradients"));
   // Nothing was applied, and the server keeps serving.
   ExpectChunk(server_.get(), "job", 0, 1, kZeros, 0);
   ASSERT_TRUE(IsOk(Push(server_->stub(), MakeWirePush(4, v1::WIRE_FP16, kGradient))));

@@ -175,6 +175,59 @@ TEST_F(ClusterTest, SixteenBitWireFormatsTrainAlikeOnHalfTheBytes) {
   }
 }
 
+// Compressed pushes (JobSpec.compression) carry a fraction of the bytes and
+// still learn: the same job pushing fp32, int8 and top-k 10% (servers count
+// the payload bytes; pulls stay fp32).
+TEST_F(ClusterTest, CompressedPushesCarryFewerBytesAndStillLearn) {
+  const std::string pushed = "fulcrum_rpc_received_bytes_total{method=\"Push\"}";
+  const std::string pulled = "fulcrum_rpc_sent_bytes_total{method=\"Pull\"}";
+  auto servers_total = [&](const std::string& metric) {
+    double total = 0;
+    for (const auto& process : cluster_->file().processes()) {
+      if (process.role() != "server") continue;
+      total += std::max(0.0, MetricValue(HttpGet(process.metrics_address(), "/metrics"), metric));
+    }
+    return total;
+  };
+  struct Variant {
+    const char* name;
+    v1::CompressionSpec::Kind kind;
+    double ratio;
+    double max_push_ratio;  // push bytes against fp32's
+  };
+  double fp32_accuracy = 0, fp32_push = 0, fp32_pull = 0;
+  int64_t fp32_steps = 0;
+  for (const Variant& variant : {Variant{"fp32", v1::CompressionSpec::NONE, 0, 1.01},
+                                 Variant{"int8", v1::CompressionSpec::INT8, 0, 0.35},
+                                 Variant{"top-k 10%", v1::CompressionSpec::TOPK, 0.1, 0.3}}) {
+    v1::JobSpec spec = SyntheticSpec(v1::BSP, 2, 32, 0);
+    spec.mutable_model()->set_hidden_sizes(0, 256);  // 6.4 K parameters: payload, not headers, dominates
+    spec.mutable_compression()->set_kind(variant.kind);
+    spec.mutable_compression()->set_topk_ratio(variant.ratio);
+    const double push_before = servers_total(pushed), pull_before = servers_total(pulled);
+    v1::JobStatus done;
+    RunToSuccess(spec, &done);
+    ASSERT_EQ(done.spec().compression().kind(), variant.kind);
+    const double accuracy = done.progress().test_accuracy();
+    const double push = servers_total(pushed) - push_before, pull = servers_total(pulled) - pull_before;
+    if (variant.kind == v1::CompressionSpec::NONE) {
+      fp32_accuracy = accuracy;
+      fp32_push = push;
+      fp32_pull = pull;
+      fp32_steps = done.progress().step();
+      EXPECT_GT(accuracy, 0.9);
+      continue;
+    }
+    std::fprintf(stderr, "%s: test accuracy %.4f (fp32 %.4f), push bytes %.0f (%.3f of fp32), pull bytes %.3f of fp32\n",
+                 variant.name, accuracy, fp32_accuracy, push, push / fp32_push, pull / fp32_pull);
+    EXPECT_EQ(done.progress().step(), fp32_steps) << variant.name;
+    EXPECT_NEAR(accuracy, fp32_accuracy, 0.03) << variant.name;
+    EXPECT_LT(push, variant.max_push_ratio * fp32_push) << variant.name;
+    EXPECT_GT(push, 0.05 * fp32_push) << variant.name;
+    EXPECT_NEAR(pull / fp32_pull, 1.0, 0.1) << variant.name << ": pulls stay float32";
+  }
+}
+
 TEST_F(ClusterTest, CancelStopsARunningJobAndFreesItsWorkers) {
   v1::JobSpec long_spec = SyntheticSpec(v1::BSP, 2, 1, 0);
   long_spec.mutable_data()->set_epochs(1000);

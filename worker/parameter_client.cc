@@ -360,8 +360,18 @@ void ParameterClient::PushStream::SendTensors(const std::vector<int>& tensors,
       const v1::ChunkLocation& chunk = map.chunks(index);
       v1::ChunkData* data = request.add_chunks();
       data->set_chunk_id(chunk.chunk_id());
+      const T* values = grads[chunk.tensor()].data() + chunk.offset();
+      if constexpr (std::is_same_v<T, float>) {
+        if (GradientCompressor* compressor = client_->compressor_; compressor != nullptr) {
+          data->set_format(compressor->format());
+          error_ = compressor->Encode(header_.partition(), chunk.tensor(), chunk.offset(), values, chunk.length(),
+                                      data->mutable_data());
+          if (!error_.ok()) return;
+          continue;
+        }
+      }
       data->set_format(format);
-      EncodeChunk(format, grads[chunk.tensor()].data() + chunk.offset(), chunk.length(), data->mutable_data());
+      EncodeChunk(format, values, chunk.length(), data->mutable_data());
     }
     call->request = SerializeMovingPayloads(&request);  // the encoded bytes go to gRPC as they are
     SetDeadline(&call->context, absl::ToDoubleSeconds(timeout_));

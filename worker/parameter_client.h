@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
+#include "worker/gradient_compressor.h"
 #include "fulcrum/v1/shard_map.pb.h"
 #include "common/sync.h"
 
@@ -198,6 +199,10 @@ class ParameterClient {
   int64_t total_bytes() const { return total_bytes_; }
   int64_t map_version() const { return map_.version(); }
   v1::WireFormat format() const { return format_; }
+  // Float32 gradients are pushed compressed by `compressor` (JobSpec
+  // .compression; nullptr: as `format`). Not owned; it outlives the client
+  // (its residuals outlive clients replaced with the shard map).
+  void set_compressor(GradientCompressor* compressor) { compressor_ = compressor; }
 
  private:
   // Chunks (indices into map.chunks()) grouped by the server leading them,
@@ -249,6 +254,7 @@ class ParameterClient {
   bool superseded_now_ ABSL_GUARDED_BY(calls_mu_) = false;
   const std::function<bool()> superseded_;
   const v1::WireFormat format_;
+  GradientCompressor* compressor_ = nullptr;
   const std::string job_id_;
   const std::string worker_id_;
   std::vector<Batch> batches_;               // every chunk: by server, split at kMaxBatchBytes

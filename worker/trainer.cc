@@ -104,6 +104,13 @@ kernels::Precision ToPrecision(v1::Precision precision) {
   }
 }
 
+// The values of each tensor of a shard map.
+std::vector<int64_t> TensorSizes(const v1::ShardMap& map) {
+  std::vector<int64_t> sizes;
+  for (const auto& tensor : map.tensors()) sizes.push_back(tensor.size());
+  return sizes;
+}
+
 // The backend's 16-bit type for a 16-bit wire format.
 kernels::HalfType HalfTypeOf(v1::WireFormat format) {
   return format == v1::WIRE_FP16 ? kernels::HalfType::kFp16 : kernels::HalfType::kBf16;
@@ -250,6 +257,7 @@ class TrainingRun {
         model_(layout_.config, trainer->backend_),
         writer_id_(WriterId(trainer->worker_id_)),
         wire_(spec_.wire_format()),
+        compressor_(GradientCompressor::For(spec_.compression(), TensorSizes(assignment.shard_map()))),
         client_(MakeClient(assignment.shard_map())),
         params_(trainer->backend_, client_->MakeBuffers()),
         pulled_(client_->MakeBuffers()),
@@ -295,6 +303,7 @@ class TrainingRun {
       return trainer_.hooks_.latest_assignment().shard_map().version() > version;
     };
     auto client = std::make_unique<ParameterClient>(map, trainer_.job_id_, writer_id_, superseded, wire_);
+    client->set_compressor(compressor_.get());
     // From now on a heartbeat bringing a newer map cancels its requests.
     if (trainer_.hooks_.watch_client) trainer_.hooks_.watch_client(client.get(), trainer_.job_id_);
     return client;
@@ -405,6 +414,9 @@ class TrainingRun {
   // one run's numbers with another's.
   const std::string writer_id_;
   const v1::WireFormat wire_;                 // how pushes and pulls travel
+  // JobSpec.compression's pushes (nullptr: none), with the residuals of the
+  // partitions run here; outlives the clients.
+  const std::unique_ptr<GradientCompressor> compressor_;
   std::unique_ptr<ParameterClient> client_;  // replaced when the shard map changes
   int failures_ = 0;                          // data-path failures in a row
   int64_t max_staleness_seen_ = 0;            // SSP: largest lead over the slowest partition

@@ -221,7 +221,13 @@ void PrintJob(const v1::JobStatus& job) {
             << spec.data().batch_size() << ", " << v1::OptimizerSpec::Kind_Name(spec.optimizer().kind())
             << " lr " << spec.optimizer().lr() << ", "
             << v1::LrScheduleSpec::Kind_Name(spec.lr_schedule().kind()) << " schedule, precision "
-            << v1::Precision_Name(spec.precision()) << ", wire " << v1::WireFormat_Name(spec.wire_format()) << "\n";
+            << v1::Precision_Name(spec.precision()) << ", wire " << v1::WireFormat_Name(spec.wire_format());
+  if (spec.compression().kind() == v1::CompressionSpec::TOPK) {
+    std::cout << ", pushes top-k " << spec.compression().topk_ratio();
+  } else if (spec.compression().kind() == v1::CompressionSpec::INT8) {
+    std::cout << ", pushes int8";
+  }
+  std::cout << "\n";
   if (job.parameters_released_unix_ms() > 0) {
     std::cout << "Parameters: released by the servers at "
               << absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(job.parameters_released_unix_ms()),

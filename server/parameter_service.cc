@@ -129,39 +129,6 @@ std::map<int32_t, JobShard::ShardRole> RolesFor(const v1::ShardMap& map, const s
   return roles;
 }
 
-void ToChunkState(const ChunkSnapshot& snapshot, int32_t chunk_id, v1::ChunkState* state) {
-  state->set_chunk_id(chunk_id);
-  EncodeFloats(snapshot.values.data(), snapshot.values.size(), state->mutable_values());
-  for (const auto& slot : snapshot.optimizer_state) EncodeFloats(slot.data(), slot.size(), state->add_optimizer_state());
-  state->set_version(snapshot.version);
-  for (const auto& gradient : snapshot.pending) EncodeFloats(gradient.data(), gradient.size(), state->add_pending());
-  EncodeFloats(snapshot.previous_values.data(), snapshot.previous_values.size(), state->mutable_previous_values());
-  for (const auto& [worker, seq] : snapshot.watermarks) (*state->mutable_watermarks())[worker] = seq;
-  for (int64_t s : snapshot.partition_steps) state->add_partition_steps(s);
-  state->set_examples_seen(snapshot.examples_seen);
-  state->set_examples_digest(snapshot.examples_digest);
-}
-
-absl::StatusOr<ChunkSnapshot> FromChunkState(const v1::ChunkState& state) {
-  auto decode = [](const std::string& bytes, std::vector<float>* out) {
-    out->resize(bytes.size() / 4);
-    return DecodeFloats(bytes, static_cast<int64_t>(out->size()), out->data(), "chunk state");
-  };
-  ChunkSnapshot snapshot;
-  RETURN_IF_ERROR(decode(state.values(), &snapshot.values));
-  for (const std::string& slot : state.optimizer_state()) {
-    RETURN_IF_ERROR(decode(slot, &snapshot.optimizer_state.emplace_back()));
-  }
-  snapshot.version = state.version();
-  for (const std::string& gradient : state.pending()) RETURN_IF_ERROR(decode(gradient, &snapshot.pending.emplace_back()));
-  RETURN_IF_ERROR(decode(state.previous_values(), &snapshot.previous_values));
-  snapshot.watermarks.assign(state.watermarks().begin(), state.watermarks().end());
-  snapshot.partition_steps.assign(state.partition_steps().begin(), state.partition_steps().end());
-  snapshot.examples_seen = state.examples_seen();
-  snapshot.examples_digest = state.examples_digest();
-  return snapshot;
-}
-
 namespace {
 
 // A chunk's whole state travels as one message (CopyChunk, ReadCheckpoint):
@@ -197,7 +164,6 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                                            std::function<bool()> lease_valid, CheckpointStore* checkpoints)
     : store_(store),
       metrics_(metrics),
-      lease_valid_(std::move(lease_valid)),
       gradients_(kPooledGradientBytes),
       checkpoints_(checkpoints) {
   // Push and Replicate as raw bytes on the sync threads: gRPC's "streamed
@@ -227,7 +193,9 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                      .Help("Chunk pushes acknowledged as duplicates of an earlier (worker, seq)")
                      .Register(registry)
                      .Add({});
-  refused_ = &prometheus::BuildCounter()
+  Replicator::Options replication;
+  replication.lease_valid = std::move(lease_valid);
+  replication.refused = &prometheus::BuildCounter()
                   .Name("fulcrum_server_writes_refused_total")
                   .Help("Pushes and replications refused by fencing (no lease, or an older shard map)")
                   .Register(registry)
@@ -242,7 +210,7 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                             .Help("Time of one optimizer update of one chunk")
                             .Register(registry)
                             .Add({}, DurationBuckets());
-  replication_seconds_ = &prometheus::BuildHistogram()
+  replication.replication_seconds = &prometheus::BuildHistogram()
                               .Name("fulcrum_server_replication_seconds")
                               .Help("Time a primary waits for its backups to take a push (replication lag)")
                               .Register(registry)
@@ -257,6 +225,7 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                              .Help("Time from a checkpoint's snapshot to its data being durable on this server")
                              .Register(registry)
                              .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60});
+  replicator_ = std::make_unique<Replicator>(&peers_, std::move(replication));
 }
 
 grpc::Status ParameterServiceImpl::Finish(const char* method, const absl::Status& status,
@@ -292,28 +261,10 @@ absl::Status ParameterServiceImpl::SetupFresh(const v1::SetupJobRequest& request
 absl::Status ParameterServiceImpl::SetupCopies(const v1::SetupJobRequest& request,
                                                const std::map<int32_t, std::string>& sources) {
   // Chunks copied from their primaries (a new backup, or chunks moving to a
-  // new shard): fetched first, then added to what this server holds of the
-  // job (other shards stay), or to a fresh job state put in place.
-  JobShardConfig config = ConfigFor(request);
-  RETURN_IF_ERROR(store_->CheckFits(request.job_id(), JobShard::ConfigBytes(config), /*replacing=*/false));
-  auto existing = store_->Find(request.job_id());
-  if (existing.ok()) {
-    std::vector<int32_t> ids;
-    for (const ChunkConfig& chunk : config.chunks) ids.push_back(chunk.chunk_id);
-    (*existing)->BeginCopy(ids);
-  }
-  ASSIGN_OR_RETURN(std::vector<ChunkSnapshot> snapshots, FetchChunks(request.copy_from(), config, sources));
-  const auto roles = RolesFor(request.shard_map(), request.server_id());
-  if (existing.ok()) {
-    RETURN_IF_ERROR((*existing)->AdoptChunks(config.chunks, snapshots));
-    return (*existing)->Configure(request.shard_map().version(), roles, ChunkShards(request.shard_map()));
-  }
-  std::vector<ChunkConfig> chunks = config.chunks;
-  ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(std::move(config)));
-  RETURN_IF_ERROR(shard->AdoptChunks(chunks, snapshots));
-  RETURN_IF_ERROR(shard->Configure(request.shard_map().version(), roles));
-  store_->Install(std::move(shard));
-  return absl::OkStatus();
+  // new shard).
+  return replicator_->AdoptCopies(store_, ConfigFor(request), request.shard_map().version(),
+                                 RolesFor(request.shard_map(), request.server_id()), ChunkShards(request.shard_map()),
+                                 request.copy_from(), sources);
 }
 
 grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::SetupJobRequest* request,
@@ -352,42 +303,32 @@ grpc::Status ParameterServiceImpl::DropJob(grpc::ServerContext* /*context*/, con
   return Finish("DropJob", absl::OkStatus(), request->ByteSizeLong(), 0);
 }
 
-absl::Status ParameterServiceImpl::CheckRoute(const JobShard& shard, const v1::PushRequest& header,
-                                              const PayloadReader& chunks, bool as_primary) const {
-  if (lease_valid_ && !lease_valid_()) {
-    refused_->Increment();
-    return absl::UnavailableError("this server lost its lease with the scheduler: it takes no writes until it has one");
-  }
-  const int64_t held = shard.map_version();
-  if (header.map_version() < held) {
-    refused_->Increment();
-    return absl::AbortedError(absl::StrCat("job ", header.job_id(), ": request made with shard map version ",
-                                           header.map_version(), ", this server is at ", held,
-                                           ": refresh the map and retry"));
-  }
-  if (header.map_version() > held) {
-    return absl::UnavailableError(absl::StrCat("job ", header.job_id(), ": this server has not received shard map version ",
-                                               header.map_version(), " yet (at ", held, "): retry"));
-  }
-  std::set<int32_t> seen;
-  for (int i = 0; i < chunks.chunks(); ++i) {
-    const int32_t chunk = chunks.chunk(i).chunk_id();
-    if (!seen.insert(chunk).second) {
-      return absl::InvalidArgumentError(absl::StrCat("job ", header.job_id(), ": push lists chunk ", chunk,
-                                                     " more than once"));
-    }
-    ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOf(chunk));
-    if (role.primary != as_primary) {
-      return absl::AbortedError(absl::StrCat("chunk ", chunk, " of job ", header.job_id(),
-                                             as_primary ? ": this server is not its primary" : ": this server is not its backup",
-                                             " in shard map version ", held));
-    }
-  }
-  return absl::OkStatus();
-}
+// --- GrpcReplicaPeers ------------------------------------------------------------
 
-ParameterServiceImpl::Peer& ParameterServiceImpl::PeerAt(const std::string& address) {
-  MutexLock lock(&peers_mu_);
+namespace {
+
+class GrpcForward final : public ReplicaPeers::Forward {
+ public:
+  ~GrpcForward() override { done_.WaitForNotification(); }  // gRPC holds our members until it has answered
+  void Cancel() override { context_.TryCancel(); }
+  absl::Status Wait() override {
+    done_.WaitForNotification();
+    return FromGrpcStatus(status_);
+  }
+
+ private:
+  friend class fulcrum::GrpcReplicaPeers;
+  grpc::ClientContext context_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
+  grpc::Status status_;
+  Notification done_;
+};
+
+}  // namespace
+
+GrpcReplicaPeers::Peer& GrpcReplicaPeers::At(const std::string& address) {
+  MutexLock lock(&mu_);
   Peer& peer = peers_[address];
   if (peer.stub == nullptr) {
     std::shared_ptr<grpc::Channel> channel = MakeChannel(address);
@@ -397,69 +338,29 @@ ParameterServiceImpl::Peer& ParameterServiceImpl::PeerAt(const std::string& addr
   return peer;
 }
 
-absl::Status ParameterServiceImpl::ForwardToBackups(const JobShard& shard, const v1::PushRequest& header,
-                                                    const PayloadReader& chunks) {
-  // Per backup, the chunks it replicates: their payloads as slices of the
-  // received message (a chunk with two backups goes to both, still uncopied).
-  std::map<std::string, PayloadWriter> forwards;
-  for (int i = 0; i < chunks.chunks(); ++i) {
-    ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOf(chunks.chunk(i).chunk_id()));
-    for (const std::string& backup : role.backup_addresses) {
-      auto forward = forwards.try_emplace(backup, header, v1::PushRequest::kChunksFieldNumber).first;
-      std::vector<grpc::Slice> payload;
-      chunks.AppendPayloadSlices(i, &payload);
-      forward->second.AddChunk(chunks.chunk(i), std::move(payload));
-    }
-  }
-  if (forwards.empty()) return absl::OkStatus();
+std::unique_ptr<ReplicaPeers::Forward> GrpcReplicaPeers::Replicate(const std::string& address,
+                                                                    grpc::ByteBuffer request, absl::Duration timeout) {
   static const std::string* const kReplicate =
       new std::string(absl::StrCat("/", v1::ParameterService::service_full_name(), "/Replicate"));
-  const absl::Time start = absl::Now();
-  struct Call {
-    grpc::ClientContext context;
-    grpc::ByteBuffer request;
-    grpc::ByteBuffer response;
-    grpc::Status status;
-  };
-  std::map<std::string, Call> calls;
-  Mutex mu;
-  size_t remaining = forwards.size();
-  {
-    // Reconfigure cancels forwards in flight: a backup that stopped must not
-    // hold this push (and the role change waiting for it) to the deadline.
-    MutexLock lock(&forwards_mu_);
-    for (auto& [address, forward] : forwards) forwards_in_flight_.emplace(&calls[address].context, header.job_id());
-  }
-  for (auto& [address, forward] : forwards) {
-    Call& call = calls[address];
-    SetDeadline(&call.context, 10.0);
-    call.request = forward.Finish();
-    PeerAt(address).raw->UnaryCall(&call.context, *kReplicate, grpc::StubOptions(), &call.request, &call.response,
-                                   [&](grpc::Status status) {
-                                     MutexLock lock(&mu);
-                                     call.status = std::move(status);
-                                     --remaining;
-                                   });
-  }
-  {
-    MutexLock lock(&mu);
-    mu.Await(absl::Condition(+[](size_t* r) { return *r == 0; }, &remaining));
-  }
-  {
-    MutexLock lock(&forwards_mu_);
-    for (auto& [address, call] : calls) forwards_in_flight_.erase(&call.context);
-  }
-  replication_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-  for (auto& [address, call] : calls) {
-    if (call.status.ok()) continue;
-    absl::Status status = FromGrpcStatus(call.status);
-    // A backup that moved to a newer map fences this primary: ABORTED makes
-    // the worker refresh its map. Anything else is retried.
-    auto code = status.code() == absl::StatusCode::kAborted ? absl::StatusCode::kAborted
-                                                            : absl::StatusCode::kUnavailable;
-    return absl::Status(code, absl::StrCat("replicating to backup ", address, ": ", status.message()));
-  }
-  return absl::OkStatus();
+  auto forward = std::make_unique<GrpcForward>();
+  SetDeadline(&forward->context_, absl::ToDoubleSeconds(timeout));
+  forward->request_ = std::move(request);
+  GrpcForward* raw = forward.get();
+  At(address).raw->UnaryCall(&raw->context_, *kReplicate, grpc::StubOptions(), &raw->request_, &raw->response_,
+                             [raw](grpc::Status status) {
+                               raw->status_ = std::move(status);
+                               raw->done_.Notify();
+                             });
+  return forward;
+}
+
+absl::StatusOr<v1::ChunkState> GrpcReplicaPeers::CopyChunk(const std::string& address,
+                                                           const v1::CopyChunkRequest& request, absl::Duration timeout) {
+  v1::ChunkState state;
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::ToDoubleSeconds(timeout));
+  RETURN_IF_ERROR(FromGrpcStatus(Stub(address)->CopyChunk(&context, request, &state)));
+  return state;
 }
 
 absl::Status ParameterServiceImpl::HandlePush(const grpc::ByteBuffer& request, bool from_worker,
@@ -469,7 +370,7 @@ absl::Status ParameterServiceImpl::HandlePush(const grpc::ByteBuffer& request, b
   PayloadReader chunks;
   RETURN_IF_ERROR(chunks.Parse(request, v1::PushRequest::kChunksFieldNumber, &header));
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(header.job_id()));
-  RETURN_IF_ERROR(CheckRoute(*shard, header, chunks, /*as_primary=*/from_worker));
+  RETURN_IF_ERROR(replicator_->CheckWrite(*shard, header, chunks, /*as_primary=*/from_worker));
   // Validate everything first: a bad push must reach no replica. Each
   // gradient is decoded once, from the received bytes into a pooled buffer,
   // and applied from there.
@@ -498,7 +399,7 @@ absl::Status ParameterServiceImpl::HandlePush(const grpc::ByteBuffer& request, b
   // replica deduplicates.
   // ASP/SSP: one push at a time from forward to apply (see replication_order).
   MutexLockMaybe order(shard->config().synchronous ? nullptr : &shard->replication_order());
-  if (from_worker) RETURN_IF_ERROR(ForwardToBackups(*shard, header, chunks));
+  if (from_worker) RETURN_IF_ERROR(replicator_->Forward(*shard, header, chunks));
   for (int i = 0; i < chunks.chunks(); ++i) {
     args.chunk_id = chunks.chunk(i).chunk_id();
     args.format = chunks.chunk(i).format();
@@ -541,10 +442,7 @@ grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext* /*context*/,
     // The roles change: forwards to backups still in flight (one that
     // stopped would hold them, and this call behind them, to their deadline)
     // are cancelled; their pushes fail and are retried on the new map.
-    MutexLock lock(&forwards_mu_);
-    for (const auto& [forward, job_id] : forwards_in_flight_) {
-      if (job_id == request->job_id()) forward->TryCancel();
-    }
+    replicator_->CancelForwards(request->job_id());
   }
   MutexLock writes(&writes_mu_);
   auto shard = store_->Find(request->job_id());
@@ -566,29 +464,6 @@ grpc::Status ParameterServiceImpl::CopyChunk(grpc::ServerContext* /*context*/, c
   if (!snapshot.ok()) return Finish("CopyChunk", snapshot.status(), request->ByteSizeLong(), 0);
   ToChunkState(*snapshot, request->chunk_id(), response);
   return Finish("CopyChunk", absl::OkStatus(), request->ByteSizeLong(), response->ByteSizeLong());
-}
-
-absl::StatusOr<std::vector<ChunkSnapshot>> ParameterServiceImpl::FetchChunks(
-    const std::string& default_source, const JobShardConfig& config, const std::map<int32_t, std::string>& sources) {
-  std::vector<ChunkSnapshot> snapshots;
-  for (const ChunkConfig& chunk : config.chunks) {
-    auto source = sources.find(chunk.chunk_id);
-    const std::string& address = source != sources.end() ? source->second : default_source;
-    v1::CopyChunkRequest request;
-    request.set_job_id(config.job_id);
-    request.set_chunk_id(chunk.chunk_id);
-    v1::ChunkState state;
-    grpc::ClientContext context;
-    SetDeadline(&context, 30.0);
-    absl::Status status = FromGrpcStatus(BackupStub(address)->CopyChunk(&context, request, &state));
-    if (!status.ok()) {
-      return absl::UnavailableError(absl::StrCat("copying chunk ", chunk.chunk_id, " of job ", config.job_id, " from ",
-                                                 address, ": ", status.message()));
-    }
-    ASSIGN_OR_RETURN(ChunkSnapshot snapshot, FromChunkState(state));
-    snapshots.push_back(std::move(snapshot));
-  }
-  return snapshots;
 }
 
 absl::Status ParameterServiceImpl::CheckPull(const JobShard& shard, const v1::PullRequest& request) const {

@@ -19,6 +19,7 @@
 #include "server/checkpoint_store.h"
 #include "server/held_pulls.h"
 #include "server/parameter_store.h"
+#include "server/replication.h"
 #include "common/sync.h"
 
 namespace fulcrum {
@@ -33,6 +34,27 @@ JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request);
 // chunk id -> shard in a shard map.
 std::map<int32_t, int32_t> ChunkShards(const v1::ShardMap& map);
 std::map<int32_t, JobShard::ShardRole> RolesFor(const v1::ShardMap& map, const std::string& server_id);
+
+// ReplicaPeers over gRPC: a channel per peer address, kept for the
+// process's life (a cluster has a handful of servers).
+class GrpcReplicaPeers final : public ReplicaPeers {
+ public:
+  std::unique_ptr<Forward> Replicate(const std::string& address, grpc::ByteBuffer request,
+                                     absl::Duration timeout) override;
+  absl::StatusOr<v1::ChunkState> CopyChunk(const std::string& address, const v1::CopyChunkRequest& request,
+                                           absl::Duration timeout) override;
+  v1::ParameterService::Stub* Stub(const std::string& address) { return At(address).stub.get(); }
+
+ private:
+  struct Peer {
+    std::unique_ptr<v1::ParameterService::Stub> stub;
+    std::unique_ptr<grpc::GenericStub> raw;  // for forwards of received bytes
+  };
+  Peer& At(const std::string& address);
+
+  Mutex mu_;  // guards peers_
+  std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);  // entries are never removed
+};
 
 // The data RPCs handle their messages as bytes (common/payload_wire.h), so
 // tensor payloads are never copied into or out of protobuf messages:
@@ -89,24 +111,6 @@ class ParameterServiceImpl final
   // Push and Replicate on gRPC's threads.
   using RawStream = grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>;
   grpc::Status ServePush(RawStream* stream, bool from_worker);
-  // Checks the request's map version and this server's role for every chunk.
-  absl::Status CheckRoute(const JobShard& shard, const v1::PushRequest& header, const PayloadReader& chunks,
-                          bool as_primary) const;
-  // Sends each backup the chunks of the push it replicates, as the received
-  // bytes; OK when all have them.
-  absl::Status ForwardToBackups(const JobShard& shard, const v1::PushRequest& header, const PayloadReader& chunks);
-  struct Peer {
-    std::unique_ptr<v1::ParameterService::Stub> stub;
-    std::unique_ptr<grpc::GenericStub> raw;  // for forwards of received bytes
-  };
-  Peer& PeerAt(const std::string& address);
-  v1::ParameterService::Stub* BackupStub(const std::string& address) { return PeerAt(address).stub.get(); }
-  // The state of the chunks of `config` from their primaries: the server at
-  // `default_source`, or the one `sources` names for a chunk.
-  absl::StatusOr<std::vector<ChunkSnapshot>> FetchChunks(const std::string& default_source,
-                                                          const JobShardConfig& config,
-                                                          const std::map<int32_t, std::string>& sources);
-
   // SetupJob of a job's fresh (or checkpointed) state; of chunks copied from
   // other replicas (`sources`: chunk id -> where to copy it from).
   absl::Status SetupFresh(const v1::SetupJobRequest& request);
@@ -127,31 +131,23 @@ class ParameterServiceImpl final
   ParameterStore* store_;
   MetricsEndpoint* metrics_;
   std::unique_ptr<HeldPulls> held_pulls_;
-  std::function<bool()> lease_valid_;
   // Pushes and replications hold it shared from their checks to their apply;
   // Reconfigure holds it exclusively, so no push straddles a role change
   // (a new backup then copies a state no push can change unseen).
   Mutex writes_mu_;
-  Mutex forwards_mu_;  // guards forwards_in_flight_
-  std::map<grpc::ClientContext*, std::string> forwards_in_flight_ ABSL_GUARDED_BY(forwards_mu_);  // -> job id
-  Mutex peers_mu_;  // guards peers_
-  std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(peers_mu_);  // entries are never removed
+  GrpcReplicaPeers peers_;
+  std::unique_ptr<Replicator> replicator_;  // fencing, forwards to backups, copies from replicas
   FloatBufferPool gradients_;  // decoded pushes
   prometheus::Counter* updates_applied_;
   prometheus::Counter* duplicates_;
-  prometheus::Counter* refused_;
   prometheus::Gauge* jobs_;
   CheckpointStore* checkpoints_;
   std::unique_ptr<CheckpointWriter> writer_;  // with checkpoints_
-  prometheus::Histogram* replication_seconds_;
   prometheus::Histogram* optimizer_seconds_;
   prometheus::Counter* checkpoint_bytes_;
   prometheus::Histogram* checkpoint_seconds_;
 };
 
-// ChunkSnapshot <-> ChunkState (raw little-endian float32 payloads).
-void ToChunkState(const ChunkSnapshot& snapshot, int32_t chunk_id, v1::ChunkState* state);
-absl::StatusOr<ChunkSnapshot> FromChunkState(const v1::ChunkState& state);
 
 }  // namespace fulcrum
 

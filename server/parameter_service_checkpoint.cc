@@ -141,7 +141,7 @@ absl::StatusOr<ChunkSnapshot> ParameterServiceImpl::ReadCheckpointChunk(const v1
     v1::ChunkState state;
     grpc::ClientContext context;
     SetDeadline(&context, kReadDeadlineSeconds);
-    absl::Status status = FromGrpcStatus(BackupStub(address->second)->ReadCheckpoint(&context, request, &state));
+    absl::Status status = FromGrpcStatus(peers_.Stub(address->second)->ReadCheckpoint(&context, request, &state));
     if (status.ok()) return FromChunkState(state);
     note(absl::StrCat(server_id, " (", address->second, ")"), status);
   }

@@ -1,0 +1,191 @@
+#include "server/replication.h"
+
+#include <set>
+#include <utility>
+#include <vector>
+
+#include <prometheus/counter.h>
+#include <prometheus/histogram.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "common/tensor_codec.h"
+
+namespace fulcrum {
+
+void ToChunkState(const ChunkSnapshot& snapshot, int32_t chunk_id, v1::ChunkState* state) {
+  state->set_chunk_id(chunk_id);
+  EncodeFloats(snapshot.values.data(), snapshot.values.size(), state->mutable_values());
+  for (const auto& slot : snapshot.optimizer_state) EncodeFloats(slot.data(), slot.size(), state->add_optimizer_state());
+  state->set_version(snapshot.version);
+  for (const auto& gradient : snapshot.pending) EncodeFloats(gradient.data(), gradient.size(), state->add_pending());
+  EncodeFloats(snapshot.previous_values.data(), snapshot.previous_values.size(), state->mutable_previous_values());
+  for (const auto& [worker, seq] : snapshot.watermarks) (*state->mutable_watermarks())[worker] = seq;
+  for (int64_t s : snapshot.partition_steps) state->add_partition_steps(s);
+  state->set_examples_seen(snapshot.examples_seen);
+  state->set_examples_digest(snapshot.examples_digest);
+}
+
+absl::StatusOr<ChunkSnapshot> FromChunkState(const v1::ChunkState& state) {
+  auto decode = [](const std::string& bytes, std::vector<float>* out) {
+    out->resize(bytes.size() / 4);
+    return DecodeFloats(bytes, static_cast<int64_t>(out->size()), out->data(), "chunk state");
+  };
+  ChunkSnapshot snapshot;
+  RETURN_IF_ERROR(decode(state.values(), &snapshot.values));
+  for (const std::string& slot : state.optimizer_state()) {
+    RETURN_IF_ERROR(decode(slot, &snapshot.optimizer_state.emplace_back()));
+  }
+  snapshot.version = state.version();
+  for (const std::string& gradient : state.pending()) RETURN_IF_ERROR(decode(gradient, &snapshot.pending.emplace_back()));
+  RETURN_IF_ERROR(decode(state.previous_values(), &snapshot.previous_values));
+  snapshot.watermarks.assign(state.watermarks().begin(), state.watermarks().end());
+  snapshot.partition_steps.assign(state.partition_steps().begin(), state.partition_steps().end());
+  snapshot.examples_seen = state.examples_seen();
+  snapshot.examples_digest = state.examples_digest();
+  return snapshot;
+}
+
+Replicator::Replicator(ReplicaPeers* peers, Options options) : peers_(peers), options_(std::move(options)) {}
+
+void Replicator::Refused() const {
+  if (options_.refused != nullptr) options_.refused->Increment();
+}
+
+absl::Status Replicator::CheckWrite(const JobShard& shard, const v1::PushRequest& header, const PayloadReader& chunks,
+                                    bool as_primary) const {
+  if (options_.lease_valid && !options_.lease_valid()) {
+    Refused();
+    return absl::UnavailableError("this server lost its lease with the scheduler: it takes no writes until it has one");
+  }
+  const int64_t held = shard.map_version();
+  if (header.map_version() < held) {
+    Refused();
+    return absl::AbortedError(absl::StrCat("job ", header.job_id(), ": request made with shard map version ",
+                                           header.map_version(), ", this server is at ", held,
+                                           ": refresh the map and retry"));
+  }
+  if (header.map_version() > held) {
+    return absl::UnavailableError(absl::StrCat("job ", header.job_id(), ": this server has not received shard map version ",
+                                               header.map_version(), " yet (at ", held, "): retry"));
+  }
+  std::set<int32_t> seen;
+  for (int i = 0; i < chunks.chunks(); ++i) {
+    const int32_t chunk = chunks.chunk(i).chunk_id();
+    if (!seen.insert(chunk).second) {
+      return absl::InvalidArgumentError(absl::StrCat("job ", header.job_id(), ": push lists chunk ", chunk,
+                                                     " more than once"));
+    }
+    ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOf(chunk));
+    if (role.primary != as_primary) {
+      return absl::AbortedError(absl::StrCat("chunk ", chunk, " of job ", header.job_id(),
+                                             as_primary ? ": this server is not its primary" : ": this server is not its backup",
+                                             " in shard map version ", held));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Replicator::Forward(const JobShard& shard, const v1::PushRequest& header, const PayloadReader& chunks) {
+  // Per backup, the chunks it replicates: their payloads as slices of the
+  // received message (a chunk with two backups goes to both, still uncopied).
+  std::map<std::string, PayloadWriter> messages;
+  for (int i = 0; i < chunks.chunks(); ++i) {
+    ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOf(chunks.chunk(i).chunk_id()));
+    for (const std::string& backup : role.backup_addresses) {
+      auto message = messages.try_emplace(backup, header, v1::PushRequest::kChunksFieldNumber).first;
+      std::vector<grpc::Slice> payload;
+      chunks.AppendPayloadSlices(i, &payload);
+      message->second.AddChunk(chunks.chunk(i), std::move(payload));
+    }
+  }
+  if (messages.empty()) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  std::map<std::string, std::unique_ptr<ReplicaPeers::Forward>> forwards;
+  {
+    // Registered as they start, under the lock CancelForwards takes, so a
+    // role change either sees a forward or comes before it starts.
+    MutexLock lock(&mu_);
+    for (auto& [address, message] : messages) {
+      auto& forward = forwards[address];
+      forward = peers_->Replicate(address, message.Finish(), options_.forward_timeout);
+      in_flight_.emplace(header.job_id(), forward.get());
+    }
+  }
+  std::map<std::string, absl::Status> outcomes;
+  for (auto& [address, forward] : forwards) outcomes[address] = forward->Wait();
+  {
+    MutexLock lock(&mu_);
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      const bool ours = std::any_of(forwards.begin(), forwards.end(),
+                                    [&](const auto& forward) { return forward.second.get() == it->second; });
+      it = ours ? in_flight_.erase(it) : std::next(it);
+    }
+  }
+  if (options_.replication_seconds != nullptr) {
+    options_.replication_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  for (const auto& [address, status] : outcomes) {
+    if (status.ok()) continue;
+    // A backup that moved to a newer map fences this primary: ABORTED makes
+    // the worker refresh its map. Anything else is retried.
+    const auto code = status.code() == absl::StatusCode::kAborted ? absl::StatusCode::kAborted
+                                                                  : absl::StatusCode::kUnavailable;
+    return absl::Status(code, absl::StrCat("replicating to backup ", address, ": ", status.message()));
+  }
+  return absl::OkStatus();
+}
+
+void Replicator::CancelForwards(const std::string& job_id) {
+  MutexLock lock(&mu_);
+  auto [begin, end] = in_flight_.equal_range(job_id);
+  for (auto it = begin; it != end; ++it) it->second->Cancel();
+}
+
+absl::StatusOr<std::vector<ChunkSnapshot>> Replicator::FetchChunks(const JobShardConfig& config,
+                                                                  const std::string& default_source,
+                                                                  const std::map<int32_t, std::string>& sources) {
+  std::vector<ChunkSnapshot> snapshots;
+  for (const ChunkConfig& chunk : config.chunks) {
+    auto source = sources.find(chunk.chunk_id);
+    const std::string& address = source != sources.end() ? source->second : default_source;
+    v1::CopyChunkRequest request;
+    request.set_job_id(config.job_id);
+    request.set_chunk_id(chunk.chunk_id);
+    absl::StatusOr<v1::ChunkState> state = peers_->CopyChunk(address, request, options_.copy_timeout);
+    if (!state.ok()) {
+      return absl::UnavailableError(absl::StrCat("copying chunk ", chunk.chunk_id, " of job ", config.job_id, " from ",
+                                                 address, ": ", state.status().message()));
+    }
+    ASSIGN_OR_RETURN(ChunkSnapshot snapshot, FromChunkState(*state));
+    snapshots.push_back(std::move(snapshot));  // its shape is checked as it is adopted
+  }
+  return snapshots;
+}
+
+absl::Status Replicator::AdoptCopies(ParameterStore* store, JobShardConfig config, int64_t map_version,
+                                     std::map<int32_t, JobShard::ShardRole> roles,
+                                     std::map<int32_t, int32_t> chunk_shards, const std::string& default_source,
+                                     const std::map<int32_t, std::string>& sources) {
+  RETURN_IF_ERROR(store->CheckFits(config.job_id, JobShard::ConfigBytes(config), /*replacing=*/false));
+  auto existing = store->Find(config.job_id);
+  if (existing.ok()) {
+    std::vector<int32_t> ids;
+    for (const ChunkConfig& chunk : config.chunks) ids.push_back(chunk.chunk_id);
+    (*existing)->BeginCopy(ids);
+  }
+  ASSIGN_OR_RETURN(std::vector<ChunkSnapshot> snapshots, FetchChunks(config, default_source, sources));
+  if (existing.ok()) {
+    RETURN_IF_ERROR((*existing)->AdoptChunks(config.chunks, snapshots));
+    return (*existing)->Configure(map_version, std::move(roles), std::move(chunk_shards));
+  }
+  std::vector<ChunkConfig> chunks = config.chunks;
+  ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(std::move(config)));
+  RETURN_IF_ERROR(shard->AdoptChunks(chunks, snapshots));
+  RETURN_IF_ERROR(shard->Configure(map_version, std::move(roles)));
+  store->Install(std::move(shard));
+  return absl::OkStatus();
+}
+
+}  // namespace fulcrum

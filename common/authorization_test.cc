@@ -108,10 +108,16 @@ class GateTest : public testing::Test {
     ASSERT_TRUE(ConfigureRpcSecurity(RpcSecurityFiles()).ok());
   }
 
-  // Calls `method` with `payload` and the given metadata; returns the status.
+  // Calls `method` with `payload` and the given metadata; returns the status
+  // (and the answer's bytes in *answer when given).
   static grpc::Status Call(const std::string& method, const std::vector<std::pair<std::string, std::string>>& metadata,
                            const std::string& payload = "") {
-    grpc::GenericStub stub(channel_);
+    return CallOn(channel_, method, metadata, payload, nullptr);
+  }
+  static grpc::Status CallOn(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                             const std::vector<std::pair<std::string, std::string>>& metadata,
+                             const std::string& payload, std::string* answer) {
+    grpc::GenericStub stub(channel);
     grpc::ClientContext context;
     SetDeadline(&context, 10);
     for (const auto& [key, value] : metadata) context.AddMetadata(key, value);
@@ -125,6 +131,10 @@ class GateTest : public testing::Test {
       done.Notify();
     });
     done.WaitForNotification();
+    std::vector<grpc::Slice> slices;
+    if (answer != nullptr && status.ok() && response.Dump(&slices).ok()) {
+      for (const grpc::Slice& slice : slices) answer->append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
     return status;
   }
 
@@ -205,26 +215,7 @@ TEST_F(GateTest, AStreamedUnaryMethodRunsOnlyForAllowedCallers) {
   RunningServer server = *StartGrpcServer("127.0.0.1", 0, {&service});
   auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server.port), grpc::InsecureChannelCredentials());
   auto call = [&](const std::vector<std::pair<std::string, std::string>>& metadata, std::string* answer) {
-    grpc::GenericStub stub(channel);
-    grpc::ClientContext context;
-    SetDeadline(&context, 10);
-    for (const auto& [key, value] : metadata) context.AddMetadata(key, value);
-    grpc::Slice slice(std::string("request"));
-    grpc::ByteBuffer request(&slice, 1);
-    grpc::ByteBuffer response;
-    grpc::Status status;
-    Notification done;
-    stub.UnaryCall(&context, "/fulcrum.v1.ParameterService/Push", grpc::StubOptions(), &request, &response,
-                   [&](grpc::Status s) {
-                     status = std::move(s);
-                     done.Notify();
-                   });
-    done.WaitForNotification();
-    std::vector<grpc::Slice> slices;
-    if (status.ok() && response.Dump(&slices).ok()) {
-      for (const grpc::Slice& s : slices) answer->append(reinterpret_cast<const char*>(s.begin()), s.size());
-    }
-    return status;
+    return CallOn(channel, "/fulcrum.v1.ParameterService/Push", metadata, "request", answer);
   };
   std::string answer;
   EXPECT_EQ(call({}, &answer).error_code(), grpc::StatusCode::UNAUTHENTICATED);

@@ -38,6 +38,8 @@ inline bool IsCompressedWire(v1::WireFormat format) {
 // divided by it and rounded to nearest even. A non-finite value makes the
 // scale NaN, so the receiver refuses the gradient as it would the value.
 void EncodeInt8(const float* values, int64_t n, std::string* out);
+// CompressionSpec.topk_ratio when a TOPK job leaves it unset.
+constexpr double kDefaultTopkRatio = 0.01;
 // Writes the k values of largest magnitude (ties: the lower index; a NaN or
 // infinity counts as largest) as WIRE_TOPK pairs; k is clamped to [0, n].
 void EncodeTopK(const float* values, int64_t n, int64_t k, std::string* out);

@@ -186,7 +186,7 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP32);
   if (spec->wire_format() == v1::WIRE_FORMAT_UNSPECIFIED) spec->set_wire_format(v1::WIRE_FP32);
   if (spec->compression().kind() == v1::CompressionSpec::TOPK && spec->compression().topk_ratio() == 0) {
-    spec->mutable_compression()->set_topk_ratio(0.01);
+    spec->mutable_compression()->set_topk_ratio(kDefaultTopkRatio);
   }
   if (spec->model().kind() == v1::ModelSpec::MLP &&
       spec->model().activation() == v1::ACTIVATION_UNSPECIFIED) {

@@ -1,5 +1,6 @@
 #include "server/replication.h"
 
+#include <algorithm>
 #include <set>
 #include <utility>
 #include <vector>
@@ -117,7 +118,8 @@ absl::Status Replicator::Forward(const JobShard& shard, const v1::PushRequest& h
   for (auto& [address, forward] : forwards) outcomes[address] = forward->Wait();
   {
     MutexLock lock(&mu_);
-    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    auto [begin, end] = in_flight_.equal_range(header.job_id());
+    for (auto it = begin; it != end;) {
       const bool ours = std::any_of(forwards.begin(), forwards.end(),
                                     [&](const auto& forward) { return forward.second.get() == it->second; });
       it = ours ? in_flight_.erase(it) : std::next(it);

@@ -38,6 +38,19 @@
 namespace fulcrum {
 namespace {
 
+// Payload bytes the servers took in pushes and sent in pulls.
+const char kPushedBytes[] = "fulcrum_rpc_received_bytes_total{method=\"Push\"}";
+const char kPulledBytes[] = "fulcrum_rpc_sent_bytes_total{method=\"Pull\"}";
+
+// The sum of `metric` over the servers of `cluster` (an absent one counts 0).
+double ServersTotal(const v1::LocalClusterFile& cluster, const std::string& metric) {
+  double total = 0;
+  for (const auto& process : cluster.processes()) {
+    if (process.role() != "server") continue;
+    total += std::max(0.0, MetricValue(HttpGet(process.metrics_address(), "/metrics"), metric));
+  }
+  return total;
+}
 
 TEST_F(ClusterTest, BspTwoWorkersMatchOneWorkerWithDoubleBatch) {
   constexpr int64_t kSteps = 25;
@@ -115,17 +128,6 @@ TEST_F(ClusterTest, EvalEveryStepsEvaluatesBetweenEpochs) {
 // A 16-bit wire format halves what pushes carry and trains as well: the
 // same job in fp32, bf16 and fp16 (servers count the payload bytes).
 TEST_F(ClusterTest, SixteenBitWireFormatsTrainAlikeOnHalfTheBytes) {
-  const std::string pushed = "fulcrum_rpc_received_bytes_total{method=\"Push\"}";
-  const std::string pulled = "fulcrum_rpc_sent_bytes_total{method=\"Pull\"}";
-  auto servers_total = [&](const std::string& metric) {
-    double total = 0;
-    for (const auto& process : cluster_->file().processes()) {
-      if (process.role() != "server") continue;
-      double value = MetricValue(HttpGet(process.metrics_address(), "/metrics"), metric);
-      total += std::max(0.0, value);
-    }
-    return total;
-  };
   struct Run {
     double accuracy;
     double push_bytes;
@@ -138,12 +140,12 @@ TEST_F(ClusterTest, SixteenBitWireFormatsTrainAlikeOnHalfTheBytes) {
     v1::JobSpec spec = SyntheticSpec(v1::BSP, 2, 32, 0);
     spec.mutable_model()->set_hidden_sizes(0, 256);  // 6.4 K parameters: payload, not headers, dominates
     spec.set_wire_format(format);
-    const double push_before = servers_total(pushed), pull_before = servers_total(pulled);
+    const double push_before = ServersTotal(cluster_->file(), kPushedBytes), pull_before = ServersTotal(cluster_->file(), kPulledBytes);
     v1::JobStatus done;
     RunToSuccess(spec, &done);
     ASSERT_EQ(done.spec().wire_format(), format);
-    runs[format] = {done.progress().test_accuracy(), servers_total(pushed) - push_before,
-                    servers_total(pulled) - pull_before, done.progress().step(), FinalParameters(done)};
+    runs[format] = {done.progress().test_accuracy(), ServersTotal(cluster_->file(), kPushedBytes) - push_before,
+                    ServersTotal(cluster_->file(), kPulledBytes) - pull_before, done.progress().step(), FinalParameters(done)};
   }
   const Run& fp32 = runs[v1::WIRE_FP32];
   EXPECT_GT(fp32.accuracy, 0.9);
@@ -179,16 +181,6 @@ TEST_F(ClusterTest, SixteenBitWireFormatsTrainAlikeOnHalfTheBytes) {
 // still learn: the same job pushing fp32, int8 and top-k 10% (servers count
 // the payload bytes; pulls stay fp32).
 TEST_F(ClusterTest, CompressedPushesCarryFewerBytesAndStillLearn) {
-  const std::string pushed = "fulcrum_rpc_received_bytes_total{method=\"Push\"}";
-  const std::string pulled = "fulcrum_rpc_sent_bytes_total{method=\"Pull\"}";
-  auto servers_total = [&](const std::string& metric) {
-    double total = 0;
-    for (const auto& process : cluster_->file().processes()) {
-      if (process.role() != "server") continue;
-      total += std::max(0.0, MetricValue(HttpGet(process.metrics_address(), "/metrics"), metric));
-    }
-    return total;
-  };
   struct Variant {
     const char* name;
     v1::CompressionSpec::Kind kind;
@@ -204,12 +196,12 @@ TEST_F(ClusterTest, CompressedPushesCarryFewerBytesAndStillLearn) {
     spec.mutable_model()->set_hidden_sizes(0, 256);  // 6.4 K parameters: payload, not headers, dominates
     spec.mutable_compression()->set_kind(variant.kind);
     spec.mutable_compression()->set_topk_ratio(variant.ratio);
-    const double push_before = servers_total(pushed), pull_before = servers_total(pulled);
+    const double push_before = ServersTotal(cluster_->file(), kPushedBytes), pull_before = ServersTotal(cluster_->file(), kPulledBytes);
     v1::JobStatus done;
     RunToSuccess(spec, &done);
     ASSERT_EQ(done.spec().compression().kind(), variant.kind);
     const double accuracy = done.progress().test_accuracy();
-    const double push = servers_total(pushed) - push_before, pull = servers_total(pulled) - pull_before;
+    const double push = ServersTotal(cluster_->file(), kPushedBytes) - push_before, pull = ServersTotal(cluster_->file(), kPulledBytes) - pull_before;
     if (variant.kind == v1::CompressionSpec::NONE) {
       fp32_accuracy = accuracy;
       fp32_push = push;

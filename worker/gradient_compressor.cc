@@ -11,7 +11,7 @@ namespace fulcrum {
 std::unique_ptr<GradientCompressor> GradientCompressor::For(const v1::CompressionSpec& spec,
                                                             std::vector<int64_t> tensor_sizes) {
   if (spec.kind() == v1::CompressionSpec::NONE) return nullptr;
-  const double ratio = spec.topk_ratio() > 0 ? spec.topk_ratio() : 0.01;
+  const double ratio = spec.topk_ratio() > 0 ? spec.topk_ratio() : kDefaultTopkRatio;
   return std::make_unique<GradientCompressor>(spec.kind(), ratio, std::move(tensor_sizes));
 }
 

@@ -15,22 +15,6 @@
 #include "common/sync.h"
 
 namespace fulcrum {
-namespace {
-
-// A chunk's location and initialization, as a server sets it up.
-void AddChunkSetup(const v1::ChunkLocation& chunk, const ModelLayout& layout, v1::SetupJobRequest* request) {
-  v1::ChunkSetup* setup = request->add_chunks();
-  setup->set_chunk_id(chunk.chunk_id());
-  setup->set_shard(chunk.shard());
-  setup->set_tensor(chunk.tensor());
-  setup->set_offset(chunk.offset());
-  setup->set_length(chunk.length());
-  const auto& tensor = layout.tensors[chunk.tensor()];
-  setup->set_init(tensor.init == InitKind::kUniform ? v1::ChunkSetup::UNIFORM : v1::ChunkSetup::ZEROS);
-  setup->set_init_scale(tensor.init_scale);
-}
-
-}  // namespace
 
 v1::SetupJobRequest JobManager::SetupRequestFor(const Job& job, const std::string& server_id) const {
   v1::SetupJobRequest request;

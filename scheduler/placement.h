@@ -14,7 +14,9 @@
 
 #include "fulcrum/v1/scheduler_state.pb.h"
 #include "fulcrum/v1/shard_map.pb.h"
+#include "fulcrum/v1/parameter.pb.h"
 #include "kernels/mlp.h"
+#include "kernels/model_from_spec.h"
 
 namespace fulcrum {
 
@@ -33,6 +35,10 @@ uint64_t StableHash(const std::string& text);
 // least max(1, replicas). Version `version`.
 v1::ShardMap PlanShardMap(const std::vector<kernels::TensorInfo>& tensors, const std::vector<ServerRef>& servers,
                           int32_t num_shards, int replicas, int64_t chunk_elems, int64_t version);
+
+// Adds `chunk` (its location and its tensor's initialization in `layout`) to
+// the chunks `request` sets up on a server.
+void AddChunkSetup(const v1::ChunkLocation& chunk, const ModelLayout& layout, v1::SetupJobRequest* request);
 
 // Shards whose replicas hold chunks: those of the map's chunks and, during a
 // new shard's handover, the shards its chunks move from (the newcomer holds

@@ -573,32 +573,14 @@ class PendingPull final : public HeldPull {
   std::atomic<bool> ended_{false};
 };
 
+// gRPC's Pull: HandlePull's answer, or the cancellation of the call.
 class PullReactor final : public grpc::ServerUnaryReactor {
  public:
-  v1::PullRequest request;
-  v1::PullResponse answer;  // filled by the pull, then moved into gRPC's response
+  const std::shared_ptr<ParameterServiceImpl::PullHandle> handle =
+      std::make_shared<ParameterServiceImpl::PullHandle>();
 
-  void set_pull(std::shared_ptr<PendingPull> pull, HeldPulls* held) {
-    MutexLock lock(&mu_);
-    pull_ = std::move(pull);
-    held_ = held;
-    if (cancelled_) pull_->Cancel();  // the caller gave up before it was held
-  }
-  void OnCancel() override {
-    MutexLock lock(&mu_);
-    cancelled_ = true;
-    if (pull_ != nullptr) {
-      pull_->Cancel();
-      held_->Poke();
-    }
-  }
+  void OnCancel() override { handle->Cancel(); }
   void OnDone() override { delete this; }
-
- private:
-  Mutex mu_;
-  std::shared_ptr<PendingPull> pull_ ABSL_GUARDED_BY(mu_);
-  HeldPulls* held_ ABSL_GUARDED_BY(mu_) = nullptr;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -617,30 +599,54 @@ absl::StatusOr<std::shared_ptr<HeldPull>> ParameterServiceImpl::StartPull(const 
   return pull;
 }
 
+void ParameterServiceImpl::PullHandle::Attach(std::shared_ptr<HeldPull> pull, HeldPulls* held) {
+  MutexLock lock(&mu_);
+  pull_ = std::move(pull);
+  held_ = held;
+  if (cancelled_) static_cast<PendingPull*>(pull_.get())->Cancel();  // the caller gave up before it was held
+}
+
+void ParameterServiceImpl::PullHandle::Cancel() {
+  MutexLock lock(&mu_);
+  cancelled_ = true;
+  if (pull_ != nullptr) {
+    static_cast<PendingPull*>(pull_.get())->Cancel();
+    held_->Poke();
+  }
+}
+
+void ParameterServiceImpl::HandlePull(const grpc::ByteBuffer& request, absl::Time deadline,
+                                      const std::shared_ptr<PullHandle>& handle,
+                                      std::function<void(const absl::Status&, grpc::ByteBuffer)> done) {
+  struct Call {
+    v1::PullRequest request;
+    v1::PullResponse answer;  // filled by the pull, then moved into the response's slices
+  };
+  auto call = std::make_shared<Call>();
+  const int64_t received = static_cast<int64_t>(request.Length());
+  auto finish = [this, call, received, done = std::move(done)](const absl::Status& status) {
+    grpc::ByteBuffer response;
+    if (status.ok()) response = SerializeMovingPayloads(&call->answer);
+    (void)Finish("Pull", status, received, static_cast<int64_t>(response.Length()));
+    done(status, std::move(response));
+  };
+  if (absl::Status parsed = ParseMessage(request, &call->request); !parsed.ok()) return finish(parsed);
+  absl::StatusOr<std::shared_ptr<HeldPull>> pull =
+      StartPull(call->request, &call->answer, std::min(deadline, absl::Now() + kMaxPullWait), finish);
+  if (!pull.ok()) return finish(pull.status());
+  if (*pull == nullptr) return;  // answered
+  handle->Attach(*pull, held_pulls_.get());
+  if (absl::Status held = held_pulls_->Hold(*pull); !held.ok()) (*pull)->Fail(held);
+}
+
 grpc::ServerUnaryReactor* ParameterServiceImpl::Pull(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
   auto* reactor = new PullReactor();
-  const int64_t received = static_cast<int64_t>(request->Length());
-  auto finish = [this, reactor, received, response](const absl::Status& status) {
-    int64_t sent = 0;
-    if (status.ok()) {
-      *response = SerializeMovingPayloads(&reactor->answer);
-      sent = static_cast<int64_t>(response->Length());
-    }
-    reactor->Finish(Finish("Pull", status, received, sent));
-  };
-  if (absl::Status parsed = ParseMessage(*request, &reactor->request); !parsed.ok()) {
-    finish(parsed);
-    return reactor;
-  }
-  absl::StatusOr<std::shared_ptr<HeldPull>> pull =
-      StartPull(reactor->request, &reactor->answer, PullDeadline(*context), finish);
-  if (!pull.ok()) {
-    finish(pull.status());
-  } else if (*pull != nullptr) {
-    reactor->set_pull(std::static_pointer_cast<PendingPull>(*pull), held_pulls_.get());
-    if (absl::Status held = held_pulls_->Hold(*pull); !held.ok()) (*pull)->Fail(held);
-  }
+  HandlePull(*request, PullDeadline(*context), reactor->handle,
+             [this, reactor, response](const absl::Status& status, grpc::ByteBuffer answer) {
+               *response = std::move(answer);
+               reactor->Finish(ToGrpcStatus(status));
+             });
   return reactor;
 }
 

@@ -88,6 +88,28 @@ class ParameterServiceImpl final
   // Request: a PullRequest; response: a PullResponse.
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* response) override;
+  // The caller's hold on a pull that may be waiting: Cancel() (from any
+  // thread, before or after the pull is held) ends it CANCELLED soon.
+  class PullHandle {
+   public:
+    void Cancel();
+
+   private:
+    friend class ParameterServiceImpl;
+    // The pull to cancel once it is held.
+    void Attach(std::shared_ptr<HeldPull> pull, HeldPulls* held);
+    Mutex mu_;
+    std::shared_ptr<HeldPull> pull_ ABSL_GUARDED_BY(mu_);
+    HeldPulls* held_ ABSL_GUARDED_BY(mu_) = nullptr;
+    bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  };
+  // A Pull of raw bytes (`request`: a serialized PullRequest), as gRPC's
+  // Pull serves it and as an in-process caller makes it: `done` runs once,
+  // on this thread or on a HeldPulls thread, with the status and, when OK,
+  // the serialized PullResponse. The pull waits at most until `deadline`
+  // (capped at two minutes from now) and until `handle` is cancelled.
+  void HandlePull(const grpc::ByteBuffer& request, absl::Time deadline, const std::shared_ptr<PullHandle>& handle,
+                  std::function<void(const absl::Status&, grpc::ByteBuffer)> done);
   // A Pull without gRPC: checks it, answers it at once (calling `finish` and
   // returning nullptr) when its chunks are there, else returns the pull to
   // hold (see HeldPulls); an error (not passed to `finish`) when refused.

@@ -67,12 +67,15 @@ std::vector<ParameterClient::Batch> ParameterClient::GroupByServer(const v1::Sha
 }
 
 ParameterClient::ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id,
-                                 std::function<bool()> superseded, v1::WireFormat format)
+                                 std::function<bool()> superseded, v1::WireFormat format,
+                                 ParameterTransport* transport)
     : map_(map),
       superseded_(std::move(superseded)),
       format_(format == v1::WIRE_FORMAT_UNSPECIFIED ? v1::WIRE_FP32 : format),
       job_id_(std::move(job_id)),
-      worker_id_(std::move(worker_id)) {
+      worker_id_(std::move(worker_id)),
+      own_transport_(transport == nullptr ? std::make_unique<GrpcParameterTransport>() : nullptr),
+      transport_(transport == nullptr ? own_transport_.get() : transport) {
   const int element_bytes = std::max(1, WireBytes(format_));
   std::vector<int> all(map_.chunks_size());
   tensor_chunks_.resize(map_.tensors_size());
@@ -83,26 +86,12 @@ ParameterClient::ParameterClient(const v1::ShardMap& map, std::string job_id, st
     total_bytes_ += map_.chunks(i).length() * element_bytes;
   }
   batches_ = GroupByServer(map_, all, element_bytes);
-  for (const Batch& batch : batches_) {
-    if (stubs_.count(batch.address) == 0) stubs_[batch.address] = std::make_unique<grpc::GenericStub>(MakeChannel(batch.address));
-  }
-}
-
-void ParameterClient::StartCall(const std::string& address, bool pull, grpc::ClientContext* context,
-                                const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
-                                std::function<void(grpc::Status)> done) {
-  static const std::string* const kPush =
-      new std::string(absl::StrCat("/", v1::ParameterService::service_full_name(), "/Push"));
-  static const std::string* const kPull =
-      new std::string(absl::StrCat("/", v1::ParameterService::service_full_name(), "/Pull"));
-  stubs_.at(address)->UnaryCall(context, pull ? *kPull : *kPush, grpc::StubOptions(), request, response,
-                                std::move(done));
 }
 
 void ParameterClient::Supersede() {
   MutexLock lock(&calls_mu_);
   superseded_now_ = true;
-  for (grpc::ClientContext* context : calls_in_flight_) context->TryCancel();
+  for (ParameterTransport::Call* call : calls_in_flight_) call->Cancel();
 }
 
 bool ParameterClient::superseded() const {
@@ -110,16 +99,16 @@ bool ParameterClient::superseded() const {
   return superseded_now_;
 }
 
-bool ParameterClient::Track(grpc::ClientContext* context) {
+bool ParameterClient::Track(ParameterTransport::Call* call) {
   MutexLock lock(&calls_mu_);
   if (superseded_now_) return false;
-  calls_in_flight_.insert(context);
+  calls_in_flight_.insert(call);
   return true;
 }
 
-void ParameterClient::Untrack(grpc::ClientContext* context) {
+void ParameterClient::Untrack(ParameterTransport::Call* call) {
   MutexLock lock(&calls_mu_);
-  calls_in_flight_.erase(context);
+  calls_in_flight_.erase(call);
 }
 
 absl::Status ParameterClient::Outcome(const grpc::Status& status, absl::string_view what) const {
@@ -145,27 +134,27 @@ absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& reques
         absl::SleepFor(absl::Milliseconds(10));
       }
     }
-    std::vector<grpc::ClientContext> contexts(todo.size());
+    std::vector<std::unique_ptr<ParameterTransport::Call>> calls;
+    for (size_t i : todo) calls.push_back(NewCall(addresses[i], pull));
     std::vector<grpc::Status> results(todo.size());
     Mutex mu;
     size_t remaining = todo.size();
     std::optional<size_t> first_failure;  // by completion time
-    for (grpc::ClientContext& context : contexts) {
-      if (!Track(&context)) {
-        for (grpc::ClientContext& tracked : contexts) Untrack(&tracked);
+    for (const auto& call : calls) {
+      if (!Track(call.get())) {
+        for (const auto& tracked : calls) Untrack(tracked.get());
         return Outcome(grpc::Status(grpc::StatusCode::CANCELLED, ""), pull ? "pull" : "push");
       }
     }
     for (size_t k = 0; k < todo.size(); ++k) {
       size_t i = todo[k];
-      SetDeadline(&contexts[k], absl::ToDoubleSeconds(timeout));
       auto done = [&, k](grpc::Status status) {
         MutexLock lock(&mu);
         results[k] = std::move(status);
         if (!results[k].ok() && !first_failure.has_value()) first_failure = k;
         --remaining;
       };
-      StartCall(addresses[i], pull, &contexts[k], &requests[i], &(*responses)[i], done);
+      calls[k]->Start(&requests[i], &(*responses)[i], timeout, done);
     }
     // A pull that waits for a version is held by its server until the step
     // is complete; once another part of the same pull has failed, the pull
@@ -175,9 +164,9 @@ absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& reques
     AwaitCalls(
         &mu, [&] { return remaining == 0; }, [&] { return pull && first_failure.has_value(); },
         [&] {
-          for (grpc::ClientContext& context : contexts) context.TryCancel();
+          for (const auto& call : calls) call->Cancel();
         });
-    for (grpc::ClientContext& context : contexts) Untrack(&context);
+    for (const auto& call : calls) Untrack(call.get());
     std::vector<size_t> retry;
     for (size_t k = 0; k < todo.size(); ++k) {
       if (results[k].ok()) continue;
@@ -287,7 +276,7 @@ absl::Status ParameterClient::Push(int64_t seq, int32_t partition, int64_t step,
 struct ParameterClient::PushStream::Call {
   grpc::ByteBuffer request;  // a PushRequest whose payloads are slices of their own
   grpc::ByteBuffer response;
-  grpc::ClientContext context;
+  std::unique_ptr<ParameterTransport::Call> rpc;
   grpc::Status status;
   std::string address;
 };
@@ -315,7 +304,7 @@ ParameterClient::PushStream::~PushStream() {
     MutexLock lock(&mu_);
     mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
   }
-  for (const auto& call : calls_) client_->Untrack(&call->context);
+  for (const auto& call : calls_) client_->Untrack(call->rpc.get());
 }
 
 void ParameterClient::PushStream::Send(const std::vector<int>& tensors, const std::vector<std::vector<float>>& grads) {
@@ -374,10 +363,10 @@ void ParameterClient::PushStream::SendTensors(const std::vector<int>& tensors,
       EncodeChunk(format, values, chunk.length(), data->mutable_data());
     }
     call->request = SerializeMovingPayloads(&request);  // the encoded bytes go to gRPC as they are
-    SetDeadline(&call->context, absl::ToDoubleSeconds(timeout_));
+    call->rpc = client_->NewCall(batch.address, /*pull=*/false);
     Call* raw = call.get();
     calls_.push_back(std::move(call));
-    if (!client_->Track(&raw->context)) {
+    if (!client_->Track(raw->rpc.get())) {
       raw->status = grpc::Status(grpc::StatusCode::CANCELLED, "the shard map changed");
       continue;
     }
@@ -385,8 +374,8 @@ void ParameterClient::PushStream::SendTensors(const std::vector<int>& tensors,
       MutexLock lock(&mu_);
       ++in_flight_;
     }
-    client_->StartCall(raw->address, /*pull=*/false, &raw->context, &raw->request, &raw->response,
-                       [this, raw](grpc::Status status) { Done(raw, std::move(status)); });
+    raw->rpc->Start(&raw->request, &raw->response, timeout_,
+                    [this, raw](grpc::Status status) { Done(raw, std::move(status)); });
   }
 }
 
@@ -511,7 +500,7 @@ struct ParameterClient::PullStream::Call {
   Batch batch;
   grpc::ByteBuffer request;   // a PullRequest
   grpc::ByteBuffer response;  // a PullResponse, read by DecodePull
-  grpc::ClientContext context;
+  std::unique_ptr<ParameterTransport::Call> rpc;
   grpc::Status status;
 };
 
@@ -545,12 +534,12 @@ ParameterClient::PullStream::PullStream(ParameterClient* client, int64_t min_ver
       fetched_(client->map_.tensors_size(), false) {}
 
 ParameterClient::PullStream::~PullStream() {
-  for (const auto& call : calls_) call->context.TryCancel();
+  for (const auto& call : calls_) call->rpc->Cancel();
   {
     MutexLock lock(&mu_);
     mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &in_flight_));
   }
-  for (const auto& call : calls_) client_->Untrack(&call->context);
+  for (const auto& call : calls_) client_->Untrack(call->rpc.get());
 }
 
 void ParameterClient::PullStream::Fetch(const std::vector<int>& tensors) {
@@ -573,11 +562,11 @@ void ParameterClient::PullStream::Fetch(const std::vector<int>& tensors) {
   for (Batch& batch : GroupByServer(map, chunks, WireBytes(client_->format_))) {
     auto call = std::make_unique<Call>();
     call->request = SerializeMessage(client_->MakePullRequest(batch, min_version_, /*min_clock=*/0, /*exact=*/false));
+    call->rpc = client_->NewCall(batch.address, /*pull=*/true);
     call->batch = std::move(batch);
-    SetDeadline(&call->context, absl::ToDoubleSeconds(timeout_));
     Call* raw = call.get();
     calls_.push_back(std::move(call));
-    if (!client_->Track(&raw->context)) {
+    if (!client_->Track(raw->rpc.get())) {
       MutexLock lock(&mu_);
       raw->status = grpc::Status(grpc::StatusCode::CANCELLED, "the shard map changed");
       if (first_failure_ == nullptr) first_failure_ = raw;
@@ -587,8 +576,8 @@ void ParameterClient::PullStream::Fetch(const std::vector<int>& tensors) {
       MutexLock lock(&mu_);
       ++in_flight_;
     }
-    client_->StartCall(raw->batch.address, /*pull=*/true, &raw->context, &raw->request, &raw->response,
-                       [this, raw](grpc::Status status) { Done(raw, std::move(status)); });
+    raw->rpc->Start(&raw->request, &raw->response, timeout_,
+                    [this, raw](grpc::Status status) { Done(raw, std::move(status)); });
   }
 }
 
@@ -614,7 +603,7 @@ absl::Status ParameterClient::PullStream::Finish(Versions* versions) {
       &mu_, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return in_flight_ == 0; },
       [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !incomplete.ok() || first_failure_ != nullptr; },
       [this] {
-        for (const auto& call : calls_) call->context.TryCancel();
+        for (const auto& call : calls_) call->rpc->Cancel();
       });
   Call* failed = nullptr;
   {

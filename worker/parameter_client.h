@@ -14,14 +14,13 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/generic/generic_stub.h>
-
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "worker/gradient_compressor.h"
+#include "worker/parameter_transport.h"
 #include "fulcrum/v1/shard_map.pb.h"
 #include "common/sync.h"
 
@@ -42,9 +41,12 @@ class ParameterClient {
   // `superseded` (optional) says whether a newer shard map than `map` is
   // known: retries of UNAVAILABLE stop as soon as it is, so that a worker
   // moves to the new map at once rather than backing off on a dead server.
-  // Pushes and pulls travel in `format` (a job's JobSpec.wire_format).
+  // Pushes and pulls travel in `format` (a job's JobSpec.wire_format), by
+  // `transport` (not owned; it outlives the client), or over gRPC when it is
+  // nullptr.
   ParameterClient(const v1::ShardMap& map, std::string job_id, std::string worker_id,
-                  std::function<bool()> superseded = nullptr, v1::WireFormat format = v1::WIRE_FP32);
+                  std::function<bool()> superseded = nullptr, v1::WireFormat format = v1::WIRE_FP32,
+                  ParameterTransport* transport = nullptr);
 
   // One buffer per tensor of the map, sized to the tensor.
   template <typename T = float>
@@ -234,23 +236,22 @@ class ParameterClient {
   absl::Status RunAll(const std::vector<grpc::ByteBuffer>& requests, const std::vector<std::string>& addresses,
                       std::vector<grpc::ByteBuffer>* responses, bool pull, absl::Duration timeout,
                       int first_attempt = 0, absl::Status last = absl::OkStatus());
-  // Starts a Push (or Pull) of serialized messages: the data RPCs go through
-  // a generic stub so that tensor bytes are never copied into or out of
-  // protobuf messages.
-  void StartCall(const std::string& address, bool pull, grpc::ClientContext* context, const grpc::ByteBuffer* request,
-                 grpc::ByteBuffer* response, std::function<void(grpc::Status)> done);
-  // Calls register their contexts before they start (false: superseded, do
-  // not start) and their owners release them once the calls are over,
-  // never while holding a lock a call's callback takes.
-  bool Track(grpc::ClientContext* context);
-  void Untrack(grpc::ClientContext* context);
+  // A Push (or Pull) call of serialized messages to `address`.
+  std::unique_ptr<ParameterTransport::Call> NewCall(const std::string& address, bool pull) {
+    return transport_->NewCall(address, pull ? ParameterTransport::Method::kPull : ParameterTransport::Method::kPush);
+  }
+  // Calls are registered before they start (false: superseded, do not
+  // start) and their owners release them once the calls are over, never
+  // while holding a lock a call's callback takes.
+  bool Track(ParameterTransport::Call* call);
+  void Untrack(ParameterTransport::Call* call);
   // ABORTED for a call that ended CANCELLED because the map was superseded;
   // else `status` as it is.
   absl::Status Outcome(const grpc::Status& status, absl::string_view what) const;
 
   const v1::ShardMap map_;
   mutable Mutex calls_mu_;
-  std::set<grpc::ClientContext*> calls_in_flight_ ABSL_GUARDED_BY(calls_mu_);
+  std::set<ParameterTransport::Call*> calls_in_flight_ ABSL_GUARDED_BY(calls_mu_);
   bool superseded_now_ ABSL_GUARDED_BY(calls_mu_) = false;
   const std::function<bool()> superseded_;
   const v1::WireFormat format_;
@@ -259,7 +260,8 @@ class ParameterClient {
   const std::string worker_id_;
   std::vector<Batch> batches_;               // every chunk: by server, split at kMaxBatchBytes
   std::vector<std::vector<int>> tensor_chunks_;  // indices into map_.chunks() by tensor
-  std::map<std::string, std::unique_ptr<grpc::GenericStub>> stubs_;
+  std::unique_ptr<ParameterTransport> own_transport_;  // gRPC, when none was given
+  ParameterTransport* const transport_;
   int64_t total_bytes_ = 0;
 };
 

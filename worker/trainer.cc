@@ -185,12 +185,13 @@ std::string WriterId(const std::string& worker_id) {
 void SetExitMidPush(int64_t n) { exit_mid_push_countdown = std::max<int64_t>(0, n); }
 
 Trainer::Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks, TransferOptions transfer,
-                 WorkerLimits limits)
+                 WorkerLimits limits, ParameterTransport* transport)
     : worker_id_(std::move(worker_id)),
       backend_(backend),
       hooks_(std::move(hooks)),
       transfer_(transfer),
-      limits_(std::move(limits)) {}
+      limits_(std::move(limits)),
+      transport_(transport) {}
 
 absl::Status Trainer::Load(const v1::Assignment& assignment) {
   job_id_ = assignment.job_id();
@@ -302,7 +303,8 @@ class TrainingRun {
       if (trainer_.hooks_.expect_change) trainer_.hooks_.expect_change();
       return trainer_.hooks_.latest_assignment().shard_map().version() > version;
     };
-    auto client = std::make_unique<ParameterClient>(map, trainer_.job_id_, writer_id_, superseded, wire_);
+    auto client =
+        std::make_unique<ParameterClient>(map, trainer_.job_id_, writer_id_, superseded, wire_, trainer_.transport_);
     client->set_compressor(compressor_.get());
     // From now on a heartbeat bringing a newer map cancels its requests.
     if (trainer_.hooks_.watch_client) trainer_.hooks_.watch_client(client.get(), trainer_.job_id_);

@@ -21,6 +21,7 @@
 namespace fulcrum {
 
 class ParameterClient;
+class ParameterTransport;
 
 struct TrainerHooks {
   std::function<void(v1::WorkReport)> report;  // sends a report to the scheduler
@@ -80,8 +81,10 @@ struct WorkerLimits {
 
 class Trainer {
  public:
+  // Parameters travel by `transport` (not owned; it outlives the trainer),
+  // or over gRPC when it is nullptr.
   Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks, TransferOptions transfer = {},
-          WorkerLimits limits = {});
+          WorkerLimits limits = {}, ParameterTransport* transport = nullptr);
 
   // Loads the datasets named by the assignment's spec. Errors name the path;
   // PERMISSION_DENIED for a path outside the data roots, RESOURCE_EXHAUSTED
@@ -106,6 +109,7 @@ class Trainer {
   TrainerHooks hooks_;
   const TransferOptions transfer_;
   const WorkerLimits limits_;
+  ParameterTransport* const transport_;
   std::string job_id_;
   std::shared_ptr<const Dataset> train_;
   std::shared_ptr<const Dataset> test_;

@@ -1,0 +1,80 @@
+#include "worker/in_process_transport.h"
+
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/payload_wire.h"
+#include "common/rpc.h"
+
+namespace fulcrum {
+
+class InProcessTransport::InProcessCall final : public ParameterTransport::Call {
+ public:
+  InProcessCall(InProcessTransport* transport, std::string address, Method method)
+      : transport_(transport), address_(std::move(address)), method_(method) {}
+
+  void Start(const grpc::ByteBuffer* request, grpc::ByteBuffer* response, absl::Duration timeout,
+             std::function<void(grpc::Status)> done) override {
+    if (cancelled_.load()) return done(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before it started"));
+    Fault fault;
+    ParameterServiceImpl* service = transport_->Find(address_, &fault);
+    // The fault hook's verdict at `stage` (OK: go on).
+    auto injected = [this, fault](Stage stage) { return fault ? fault(address_, method_, stage) : absl::OkStatus(); };
+    if (absl::Status before = injected(Stage::kBeforeServer); !before.ok()) return done(ToGrpcStatus(before));
+    if (service == nullptr) {
+      return done(grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat("no server at ", address_)));
+    }
+    if (method_ == Method::kPush) {
+      v1::PushResponse answer;
+      absl::Status status = service->HandlePush(*request, /*from_worker=*/true, &answer);
+      if (absl::Status after = injected(Stage::kAfterServer); !after.ok()) return done(ToGrpcStatus(after));
+      if (status.ok()) *response = SerializeMessage(answer);
+      return done(ToGrpcStatus(status));
+    }
+    service->HandlePull(*request, absl::Now() + timeout, handle_,
+                        [response, injected, done = std::move(done)](const absl::Status& status,
+                                                                     grpc::ByteBuffer answer) {
+                          if (absl::Status after = injected(Stage::kAfterServer); !after.ok()) {
+                            return done(ToGrpcStatus(after));
+                          }
+                          *response = std::move(answer);
+                          done(ToGrpcStatus(status));
+                        });
+  }
+
+  void Cancel() override {
+    cancelled_ = true;
+    handle_->Cancel();
+  }
+
+ private:
+  InProcessTransport* const transport_;
+  const std::string address_;
+  const Method method_;
+  const std::shared_ptr<ParameterServiceImpl::PullHandle> handle_ = std::make_shared<ParameterServiceImpl::PullHandle>();
+  std::atomic<bool> cancelled_{false};
+};
+
+void InProcessTransport::Serve(const std::string& address, ParameterServiceImpl* service) {
+  MutexLock lock(&mu_);
+  services_[address] = service;
+}
+
+void InProcessTransport::set_fault(Fault fault) {
+  MutexLock lock(&mu_);
+  fault_ = std::move(fault);
+}
+
+ParameterServiceImpl* InProcessTransport::Find(const std::string& address, Fault* fault) {
+  MutexLock lock(&mu_);
+  *fault = fault_;
+  auto it = services_.find(address);
+  return it == services_.end() ? nullptr : it->second;
+}
+
+std::unique_ptr<ParameterTransport::Call> InProcessTransport::NewCall(const std::string& address, Method method) {
+  return std::make_unique<InProcessCall>(this, address, method);
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,504 @@
+// The worker's training loops (BSP, ASP, SSP) against real parameter
+// services in this process: InProcessTransport hands a Trainer's requests to
+// ParameterServiceImpl as the bytes gRPC would carry, so the loops, their
+// prefetches, retries and map changes run against the real parameter store,
+// deduplication and held pulls, without sockets or other processes. A
+// JobHarness stands in for the scheduler's side of the hooks.
+#include "worker/trainer.h"
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/data_partition.h"
+#include "common/metrics.h"
+#include "common/sync.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/model_from_spec.h"
+#include "scheduler/job_spec.h"
+#include "scheduler/placement.h"
+#include "server/parameter_service.h"
+#include "server/parameter_store.h"
+#include "worker/example_audit.h"
+#include "worker/in_process_transport.h"
+#include "worker/parameter_client.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr char kJob[] = "job-1";
+constexpr int kExamples = 384;
+constexpr int kFeatures = 6;
+constexpr int kClasses = 3;
+constexpr int kBatch = 16;
+constexpr int kEpochs = 2;
+constexpr int64_t kChunkElems = 40;  // several chunks per tensor, spread over the servers
+constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
+
+// The services' metrics families live in one endpoint for the whole binary
+// (each endpoint starts an HTTP server).
+MetricsEndpoint* SharedMetrics() {
+  static MetricsEndpoint* const metrics = [] {
+    auto started = MetricsEndpoint::Start("127.0.0.1", 0);
+    return started.ok() ? started->release() : nullptr;
+  }();
+  return metrics;
+}
+
+v1::JobSpec Spec(v1::Mode mode, int partitions) {
+  v1::JobSpec spec;
+  spec.mutable_model()->set_kind(v1::ModelSpec::MLP);
+  spec.mutable_model()->add_hidden_sizes(8);
+  v1::DataSpec* data = spec.mutable_data();
+  data->set_dataset(v1::DataSpec::SYNTHETIC);
+  data->set_synthetic_examples(kExamples);
+  data->set_synthetic_features(kFeatures);
+  data->set_synthetic_classes(kClasses);
+  data->set_batch_size(kBatch);
+  data->set_epochs(kEpochs);
+  data->set_shuffle_seed(7);
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
+  spec.mutable_optimizer()->set_lr(0.1f);
+  spec.mutable_optimizer()->set_momentum(0.9f);
+  spec.set_mode(mode);
+  spec.set_num_workers(partitions);
+  spec.set_seed(3);
+  ApplyJobSpecDefaults(&spec);
+  return spec;
+}
+
+// Parameter servers in this process holding one job, reached through `transport`.
+class InProcessCluster {
+ public:
+  InProcessCluster(int servers, v1::JobSpec spec, int partitions)
+      : spec_(std::move(spec)), partitions_(partitions), partitioning_(kExamples, kBatch, partitions) {
+    for (int i = 0; i < servers; ++i) {
+      stores_.push_back(std::make_unique<ParameterStore>());
+      services_.push_back(std::make_unique<ParameterServiceImpl>(stores_.back().get(), SharedMetrics()));
+      refs_.push_back({absl::StrCat("server-", i), absl::StrCat("in-process:", i)});
+      servers_by_id_[refs_.back().id] = i;
+      transport_.Serve(refs_.back().address, services_.back().get());
+    }
+    map_ = PlanShardMap(LayoutFor(spec_, kFeatures, kClasses).tensors, refs_, /*num_shards=*/0, /*replicas=*/1,
+                        kChunkElems, /*version=*/1);
+  }
+
+  // SetupJob on every server, as the scheduler sends it.
+  absl::Status Setup() {
+    const ModelLayout layout = LayoutFor(spec_, kFeatures, kClasses);
+    for (size_t i = 0; i < services_.size(); ++i) {
+      v1::SetupJobRequest request;
+      request.set_job_id(kJob);
+      *request.mutable_spec() = spec_;
+      request.set_num_partitions(partitions_);
+      request.set_total_steps(total_steps());
+      *request.mutable_shard_map() = map_;
+      request.set_server_id(refs_[i].id);
+      for (const v1::ChunkLocation& chunk : map_.chunks()) {
+        if (map_.shards(chunk.shard()).server_id() == refs_[i].id) AddChunkSetup(chunk, layout, &request);
+      }
+      v1::SetupJobResponse response;
+      grpc::Status status = services_[i]->SetupJob(nullptr, &request, &response);
+      if (!status.ok()) return absl::InternalError(status.error_message());
+    }
+    return absl::OkStatus();
+  }
+
+  // A new version of the shard map (same placement) on every server, as after a failover elsewhere.
+  absl::Status BumpMapVersion() {
+    map_.set_version(map_.version() + 1);
+    for (const auto& service : services_) {
+      v1::ReconfigureRequest request;
+      request.set_job_id(kJob);
+      *request.mutable_shard_map() = map_;
+      v1::ReconfigureResponse response;
+      grpc::Status status = service->Reconfigure(nullptr, &request, &response);
+      if (!status.ok()) return absl::InternalError(status.error_message());
+    }
+    return absl::OkStatus();
+  }
+
+  v1::Assignment AssignmentFor(const std::vector<int32_t>& partitions, int64_t membership_epoch = 1) const {
+    v1::Assignment assignment;
+    assignment.set_job_id(kJob);
+    assignment.set_phase(v1::Assignment::TRAIN);
+    *assignment.mutable_spec() = spec_;
+    *assignment.mutable_shard_map() = map_;
+    assignment.set_steps_per_epoch(partitioning_.steps_per_epoch());
+    assignment.set_total_steps(total_steps());
+    assignment.set_num_partitions(partitions_);
+    assignment.set_membership_epoch(membership_epoch);
+    for (int32_t p : partitions) assignment.add_partitions(p);
+    return assignment;
+  }
+
+  // The job's parameters once every chunk has `version` updates.
+  absl::StatusOr<std::vector<std::vector<float>>> Params(int64_t version) {
+    ParameterClient client(map_, kJob, "reader", nullptr, v1::WIRE_FP32, &transport_);
+    std::vector<std::vector<float>> params = client.MakeBuffers();
+    ParameterClient::Versions versions;
+    absl::Status pulled = client.Pull(version, kRpcTimeout, &params, &versions);
+    if (!pulled.ok()) return pulled;
+    if (versions.min != versions.max) return absl::InternalError("chunks at different versions");
+    return params;
+  }
+
+  // Every chunk's example audit, as its server holds it.
+  std::vector<ExampleAudit> Audits() {
+    std::vector<ExampleAudit> audits;
+    for (const v1::ChunkLocation& chunk : map_.chunks()) {
+      v1::CopyChunkRequest request;
+      request.set_job_id(kJob);
+      request.set_chunk_id(chunk.chunk_id());
+      v1::ChunkState state;
+      const int server = servers_by_id_.at(map_.shards(chunk.shard()).server_id());
+      EXPECT_TRUE(services_[server]->CopyChunk(nullptr, &request, &state).ok()) << chunk.chunk_id();
+      audits.push_back({state.examples_seen(), state.examples_digest()});
+    }
+    return audits;
+  }
+
+  int64_t total_steps() const { return partitioning_.steps_per_epoch() * kEpochs; }
+  int partitions() const { return partitions_; }
+  const v1::JobSpec& spec() const { return spec_; }
+  InProcessTransport* transport() { return &transport_; }
+
+ private:
+  const v1::JobSpec spec_;
+  const int partitions_;
+  const DataPartitioning partitioning_;
+  std::vector<ServerRef> refs_;
+  std::map<std::string, int> servers_by_id_;  // index into refs_ and services_
+  std::vector<std::unique_ptr<ParameterStore>> stores_;
+  std::vector<std::unique_ptr<ParameterServiceImpl>> services_;
+  InProcessTransport transport_;
+  v1::ShardMap map_;
+};
+
+// The scheduler's side of the trainers' hooks for one job: assignments per
+// worker, the reports they send, and the end of the job once every
+// partition reported DONE.
+class JobHarness {
+ public:
+  explicit JobHarness(InProcessCluster* cluster) : cluster_(cluster) {}
+
+  void Assign(const std::string& worker, v1::Assignment assignment) {
+    MutexLock lock(&mu_);
+    assignments_[worker] = std::move(assignment);
+  }
+
+  TrainerHooks Hooks(const std::string& worker) {
+    TrainerHooks hooks;
+    hooks.report = [this, worker](v1::WorkReport report) {
+      MutexLock lock(&mu_);
+      if (report.kind() == v1::WorkReport::DONE) {
+        for (int32_t p : report.partitions()) done_.insert(p);
+        if (static_cast<int>(done_.size()) == cluster_->partitions()) ended_ = true;  // the job succeeded
+      }
+      reports_[worker].push_back(std::move(report));
+    };
+    hooks.should_stop = [this] {
+      MutexLock lock(&mu_);
+      return ended_ || withdrawn_;
+    };
+    hooks.latest_assignment = [this, worker] {
+      MutexLock lock(&mu_);
+      return assignments_[worker];
+    };
+    hooks.wait_for_change = [this, worker](int64_t epoch, absl::Duration timeout) {
+      MutexLock lock(&mu_);
+      auto changed = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return ended_ || withdrawn_ || assignments_[worker].membership_epoch() > epoch;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
+      return assignments_[worker];
+    };
+    hooks.observe_prefetch = [this](bool used) {
+      MutexLock lock(&mu_);
+      ++(used ? prefetches_used_ : prefetches_missed_);
+    };
+    hooks.watch_client = [this](ParameterClient* client, const std::string&) {
+      MutexLock lock(&mu_);
+      if (client != nullptr) ++clients_;
+    };
+    hooks.observe_staleness = [this](int64_t staleness) {
+      MutexLock lock(&mu_);
+      max_staleness_ = std::max(max_staleness_, staleness);
+    };
+    return hooks;
+  }
+
+  // Runs one Trainer per entry of `workers` (worker id -> partitions) in
+  // threads until each returns; their statuses by worker.
+  std::map<std::string, absl::Status> Run(const std::map<std::string, std::vector<int32_t>>& workers,
+                                          TransferOptions transfer = {}) {
+    std::map<std::string, absl::Status> results;
+    for (const auto& [worker, partitions] : workers) {
+      Assign(worker, cluster_->AssignmentFor(partitions));
+      results[worker] = absl::UnknownError("did not run");
+    }
+    std::vector<std::thread> threads;
+    for (auto& [worker, result] : results) {
+      threads.emplace_back([this, transfer, id = worker, status = &result] {
+        std::unique_ptr<kernels::Backend> backend = kernels::MakeCpuBackend();
+        Trainer trainer(id, backend.get(), Hooks(id), transfer, {}, cluster_->transport());
+        const v1::Assignment assignment = Hooks(id).latest_assignment();
+        *status = trainer.Load(assignment);
+        if (status->ok()) *status = trainer.Train(assignment);
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    return results;
+  }
+
+  void Withdraw() {
+    MutexLock lock(&mu_);
+    withdrawn_ = true;
+  }
+  std::vector<v1::WorkReport> Reports(const std::string& worker) {
+    MutexLock lock(&mu_);
+    return reports_[worker];
+  }
+  std::set<int32_t> done() {
+    MutexLock lock(&mu_);
+    return done_;
+  }
+  int64_t prefetches_used() {
+    MutexLock lock(&mu_);
+    return prefetches_used_;
+  }
+  // Parameter clients the trainers made (one per shard map they used).
+  int64_t clients() {
+    MutexLock lock(&mu_);
+    return clients_;
+  }
+  int64_t max_staleness() {
+    MutexLock lock(&mu_);
+    return max_staleness_;
+  }
+
+ private:
+  InProcessCluster* const cluster_;
+  Mutex mu_;
+  std::map<std::string, v1::Assignment> assignments_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<v1::WorkReport>> reports_ ABSL_GUARDED_BY(mu_);
+  std::set<int32_t> done_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool withdrawn_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t prefetches_used_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t prefetches_missed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t max_staleness_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t clients_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A BSP job of 2 data partitions on 2 servers, trained by `workers` (id ->
+// partitions) with `transfer`; `fault` (optional) is the transport's fault
+// hook meanwhile.
+struct BspResult {
+  std::vector<std::vector<float>> params;
+  std::vector<ExampleAudit> audits;
+  std::map<std::string, absl::Status> statuses;
+  int64_t prefetches_used = 0;
+  std::vector<v1::WorkReport> reports;  // of the first worker
+};
+
+BspResult RunBsp(const std::map<std::string, std::vector<int32_t>>& workers, TransferOptions transfer = {},
+                 InProcessTransport::Fault fault = nullptr) {
+  InProcessCluster cluster(2, Spec(v1::BSP, 2), 2);
+  EXPECT_TRUE(cluster.Setup().ok());
+  cluster.transport()->set_fault(std::move(fault));
+  JobHarness harness(&cluster);
+  BspResult result;
+  result.statuses = harness.Run(workers, transfer);
+  cluster.transport()->set_fault(nullptr);
+  EXPECT_EQ(harness.done(), (std::set<int32_t>{0, 1}));
+  auto params = cluster.Params(cluster.total_steps());
+  EXPECT_TRUE(params.ok()) << params.status();
+  if (params.ok()) result.params = *std::move(params);
+  result.audits = cluster.Audits();
+  result.prefetches_used = harness.prefetches_used();
+  result.reports = harness.Reports(workers.begin()->first);
+  return result;
+}
+
+// Each chunk accepted the gradients of every example of every epoch once.
+void ExpectEveryExampleOnce(const v1::JobSpec& spec, const std::vector<ExampleAudit>& audits) {
+  const ExampleAudit expected = ExpectedExampleAudit(spec, kExamples);
+  ASSERT_FALSE(audits.empty());
+  for (size_t c = 0; c < audits.size(); ++c) {
+    EXPECT_EQ(audits[c].examples, expected.examples) << "chunk " << c;
+    EXPECT_EQ(audits[c].digest, expected.digest) << "chunk " << c;
+  }
+}
+
+TEST(TrainerTest, BspTrainsEveryStepAndEvaluatesAtEpochEnds) {
+  BspResult run = RunBsp({{"w0", {0, 1}}});
+  EXPECT_TRUE(run.statuses["w0"].ok()) << run.statuses["w0"];
+  ExpectEveryExampleOnce(Spec(v1::BSP, 2), run.audits);
+  // The last step's parameters were prefetched while its pushes went out.
+  EXPECT_GT(run.prefetches_used, 0);
+  std::vector<int64_t> evaluated;
+  double last_accuracy = 0;
+  for (const v1::WorkReport& report : run.reports) {
+    if (report.kind() != v1::WorkReport::EVAL) continue;
+    evaluated.push_back(report.step());
+    last_accuracy = report.test_accuracy();
+  }
+  const int64_t steps_per_epoch = DataPartitioning(kExamples, kBatch, 2).steps_per_epoch();
+  EXPECT_EQ(evaluated, (std::vector<int64_t>{steps_per_epoch, 2 * steps_per_epoch}));
+  EXPECT_GT(last_accuracy, 1.5 / kClasses);  // learned something: well above chance
+}
+
+TEST(TrainerTest, BspParametersAreBitIdenticalWhoeverComputesThePartitions) {
+  BspResult one = RunBsp({{"w0", {0, 1}}});
+  BspResult two = RunBsp({{"w0", {0}}, {"w1", {1}}});
+  TransferOptions sequential;
+  sequential.overlap_push = false;
+  sequential.prefetch_pull = false;
+  BspResult unoverlapped = RunBsp({{"w0", {1, 0}}}, sequential);
+  for (const auto& [worker, status] : two.statuses) EXPECT_TRUE(status.ok()) << worker << ": " << status;
+  ASSERT_FALSE(one.params.empty());
+  EXPECT_EQ(one.params, two.params);
+  EXPECT_EQ(one.params, unoverlapped.params);
+  EXPECT_EQ(unoverlapped.prefetches_used, 0);
+}
+
+TEST(TrainerTest, LostPushAnswersAreRetriedAndAppliedOnce) {
+  BspResult clean = RunBsp({{"w0", {0, 1}}});
+  // Every 25th push is applied by its server but its answer is lost, and every
+  // 20th pull fails before it gets there: the trainer resends, the servers
+  // deduplicate, and nothing changes.
+  std::atomic<int> pushes{0}, pulls{0};
+  std::atomic<int> lost{0};
+  BspResult faulty = RunBsp({{"w0", {0, 1}}}, {}, [&](const std::string&, ParameterTransport::Method method,
+                                                      InProcessTransport::Stage stage) {
+    if (method == ParameterTransport::Method::kPush && stage == InProcessTransport::Stage::kAfterServer &&
+        ++pushes % 25 == 0) {
+      ++lost;
+      return absl::UnavailableError("connection reset after the push was applied");
+    }
+    if (method == ParameterTransport::Method::kPull && stage == InProcessTransport::Stage::kBeforeServer &&
+        ++pulls % 20 == 0) {
+      ++lost;
+      return absl::UnavailableError("connection refused");
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(faulty.statuses["w0"].ok()) << faulty.statuses["w0"];
+  EXPECT_GT(lost.load(), 2);
+  ASSERT_FALSE(clean.params.empty());
+  EXPECT_EQ(faulty.params, clean.params);
+  ExpectEveryExampleOnce(Spec(v1::BSP, 2), faulty.audits);
+}
+
+TEST(TrainerTest, BspFollowsANewShardMapAndLosesNothing) {
+  BspResult clean = RunBsp({{"w0", {0, 1}}});
+  InProcessCluster cluster(2, Spec(v1::BSP, 2), 2);
+  ASSERT_TRUE(cluster.Setup().ok());
+  JobHarness harness(&cluster);
+  // Halfway through, the servers move to map version 2: the worker's
+  // requests at version 1 are refused (ABORTED), and it must pick up the
+  // new assignment and go on where it was.
+  std::atomic<int> pushes{0};
+  std::atomic<bool> moved{false};
+  cluster.transport()->set_fault([&](const std::string&, ParameterTransport::Method method,
+                                     InProcessTransport::Stage stage) {
+    if (method == ParameterTransport::Method::kPush && stage == InProcessTransport::Stage::kBeforeServer &&
+        ++pushes == 20) {
+      EXPECT_TRUE(cluster.BumpMapVersion().ok());
+      harness.Assign("w0", cluster.AssignmentFor({0, 1}, /*membership_epoch=*/2));
+      moved = true;
+    }
+    return absl::OkStatus();
+  });
+  auto statuses = harness.Run({{"w0", {0, 1}}});
+  cluster.transport()->set_fault(nullptr);
+  EXPECT_TRUE(moved.load());
+  EXPECT_EQ(harness.clients(), 2);  // it switched to the new map once
+  EXPECT_TRUE(statuses["w0"].ok()) << statuses["w0"];
+  auto params = cluster.Params(cluster.total_steps());
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_EQ(*params, clean.params);
+  ExpectEveryExampleOnce(cluster.spec(), cluster.Audits());
+}
+
+TEST(TrainerTest, AspRunsEveryPartitionStepOnce) {
+  InProcessCluster cluster(2, Spec(v1::ASP, 3), 3);
+  ASSERT_TRUE(cluster.Setup().ok());
+  JobHarness harness(&cluster);
+  auto statuses = harness.Run({{"w0", {0, 1}}, {"w1", {2}}});
+  // ASP trainers return once the job ends after they are through.
+  for (const auto& [worker, status] : statuses) EXPECT_TRUE(absl::IsCancelled(status)) << worker << ": " << status;
+  EXPECT_EQ(harness.done(), (std::set<int32_t>{0, 1, 2}));
+  ExpectEveryExampleOnce(cluster.spec(), cluster.Audits());
+  // Each partition reported its last step.
+  std::map<int32_t, int64_t> last;
+  for (const std::string worker : {"w0", "w1"}) {
+    for (const v1::WorkReport& report : harness.Reports(worker)) {
+      for (int i = 0; i < report.partitions_size() && i < report.partition_steps_size(); ++i) {
+        last[report.partitions(i)] = std::max(last[report.partitions(i)], report.partition_steps(i));
+      }
+    }
+  }
+  EXPECT_EQ(last, (std::map<int32_t, int64_t>{{0, cluster.total_steps()},
+                                              {1, cluster.total_steps()},
+                                              {2, cluster.total_steps()}}));
+}
+
+TEST(TrainerTest, SspKeepsEveryPullWithinTheStalenessBound) {
+  v1::JobSpec spec = Spec(v1::SSP, 2);
+  spec.set_staleness(1);
+  InProcessCluster cluster(2, spec, 2);
+  ASSERT_TRUE(cluster.Setup().ok());
+  JobHarness harness(&cluster);
+  // One partition's pushes are slowed by its own server round trips failing
+  // now and then (a retry backs off), so the other runs ahead and must wait.
+  std::atomic<int> pushes{0};
+  cluster.transport()->set_fault([&](const std::string&, ParameterTransport::Method method,
+                                     InProcessTransport::Stage stage) {
+    if (method == ParameterTransport::Method::kPush && stage == InProcessTransport::Stage::kBeforeServer &&
+        ++pushes % 17 == 0) {
+      return absl::UnavailableError("dropped");
+    }
+    return absl::OkStatus();
+  });
+  auto statuses = harness.Run({{"w0", {0}}, {"w1", {1}}});
+  cluster.transport()->set_fault(nullptr);
+  for (const auto& [worker, status] : statuses) EXPECT_TRUE(absl::IsCancelled(status)) << worker << ": " << status;
+  EXPECT_EQ(harness.done(), (std::set<int32_t>{0, 1}));
+  EXPECT_LE(harness.max_staleness(), 1);
+  for (const std::string worker : {"w0", "w1"}) {
+    for (const v1::WorkReport& report : harness.Reports(worker)) EXPECT_LE(report.max_staleness_seen(), 1);
+  }
+  ExpectEveryExampleOnce(cluster.spec(), cluster.Audits());
+}
+
+TEST(TrainerTest, AWithdrawnAssignmentStopsTraining) {
+  InProcessCluster cluster(1, Spec(v1::BSP, 1), 1);
+  ASSERT_TRUE(cluster.Setup().ok());
+  JobHarness harness(&cluster);
+  std::atomic<int> pushes{0};
+  cluster.transport()->set_fault([&](const std::string&, ParameterTransport::Method method,
+                                     InProcessTransport::Stage stage) {
+    if (method == ParameterTransport::Method::kPush && stage == InProcessTransport::Stage::kAfterServer &&
+        ++pushes == 5) {
+      harness.Withdraw();
+    }
+    return absl::OkStatus();
+  });
+  auto statuses = harness.Run({{"w0", {0}}});
+  cluster.transport()->set_fault(nullptr);
+  EXPECT_TRUE(absl::IsCancelled(statuses["w0"])) << statuses["w0"];
+  EXPECT_TRUE(harness.done().empty());
+}
+
+}  // namespace
+}  // namespace fulcrum

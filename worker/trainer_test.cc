@@ -441,7 +441,7 @@ TEST(TrainerTest, AspRunsEveryPartitionStepOnce) {
   ExpectEveryExampleOnce(cluster.spec(), cluster.Audits());
   // Each partition reported its last step.
   std::map<int32_t, int64_t> last;
-  for (const std::string worker : {"w0", "w1"}) {
+  for (const char* worker : {"w0", "w1"}) {
     for (const v1::WorkReport& report : harness.Reports(worker)) {
       for (int i = 0; i < report.partitions_size() && i < report.partition_steps_size(); ++i) {
         last[report.partitions(i)] = std::max(last[report.partitions(i)], report.partition_steps(i));
@@ -475,7 +475,7 @@ TEST(TrainerTest, SspKeepsEveryPullWithinTheStalenessBound) {
   for (const auto& [worker, status] : statuses) EXPECT_TRUE(absl::IsCancelled(status)) << worker << ": " << status;
   EXPECT_EQ(harness.done(), (std::set<int32_t>{0, 1}));
   EXPECT_LE(harness.max_staleness(), 1);
-  for (const std::string worker : {"w0", "w1"}) {
+  for (const char* worker : {"w0", "w1"}) {
     for (const v1::WorkReport& report : harness.Reports(worker)) EXPECT_LE(report.max_staleness_seen(), 1);
   }
   ExpectEveryExampleOnce(cluster.spec(), cluster.Audits());

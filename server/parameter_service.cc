@@ -133,8 +133,7 @@ namespace {
 
 // A chunk's whole state travels as one message (CopyChunk, ReadCheckpoint):
 // a setup whose chunks could not be copied or restored is refused up front.
-absl::Status CheckChunkStatesFit(const v1::SetupJobRequest& request) {
-  const JobShardConfig config = ToJobShardConfig(request);
+absl::Status CheckChunkStatesFit(const v1::SetupJobRequest& request, const JobShardConfig& config) {
   for (const ChunkConfig& chunk : config.chunks) {
     const int64_t bytes = JobShard::ChunkBytes(chunk.length, config);
     if (bytes > kMaxChunkStateBytes) {
@@ -237,7 +236,7 @@ grpc::Status ParameterServiceImpl::Finish(const char* method, const absl::Status
   return ToGrpcStatus(status);
 }
 
-absl::Status ParameterServiceImpl::SetupFresh(const v1::SetupJobRequest& request) {
+absl::Status ParameterServiceImpl::SetupFresh(const v1::SetupJobRequest& request, JobShardConfig config) {
   // A job that already trained here is never replaced by a setup: that would
   // silently reset its parameters under its workers. The scheduler drops a
   // copy it wants replaced first.
@@ -248,7 +247,6 @@ absl::Status ParameterServiceImpl::SetupFresh(const v1::SetupJobRequest& request
                                                    "has trained (", version, " updates): drop it first (DropJob)"));
     }
   }
-  JobShardConfig config = ConfigFor(request);
   RETURN_IF_ERROR(store_->CheckFits(request.job_id(), JobShard::ConfigBytes(config), /*replacing=*/true));
   // Fresh state, or a checkpoint's: built aside, installed when whole.
   ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(std::move(config)));
@@ -258,11 +256,11 @@ absl::Status ParameterServiceImpl::SetupFresh(const v1::SetupJobRequest& request
   return absl::OkStatus();
 }
 
-absl::Status ParameterServiceImpl::SetupCopies(const v1::SetupJobRequest& request,
+absl::Status ParameterServiceImpl::SetupCopies(const v1::SetupJobRequest& request, JobShardConfig config,
                                                const std::map<int32_t, std::string>& sources) {
   // Chunks copied from their primaries (a new backup, or chunks moving to a
   // new shard).
-  return replicator_->AdoptCopies(store_, ConfigFor(request), request.shard_map().version(),
+  return replicator_->AdoptCopies(store_, std::move(config), request.shard_map().version(),
                                  RolesFor(request.shard_map(), request.server_id()), ChunkShards(request.shard_map()),
                                  request.copy_from(), sources);
 }
@@ -273,10 +271,13 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::Setu
   for (const v1::ChunkSetup& chunk : request->chunks()) {
     if (!chunk.copy_from().empty()) sources[chunk.chunk_id()] = chunk.copy_from();
   }
-  absl::Status status = CheckChunkStatesFit(*request);
+  absl::Status status;
   try {  // an allocation that fails fails the setup, not the process
+    JobShardConfig config = ConfigFor(*request);
+    status = CheckChunkStatesFit(*request, config);
     if (status.ok()) {
-      status = request->copy_from().empty() && sources.empty() ? SetupFresh(*request) : SetupCopies(*request, sources);
+      status = request->copy_from().empty() && sources.empty() ? SetupFresh(*request, std::move(config))
+                                                               : SetupCopies(*request, std::move(config), sources);
     }
   } catch (const std::bad_alloc&) {
     status = absl::ResourceExhaustedError(absl::StrCat("job ", request->job_id(), ": out of memory setting it up"));

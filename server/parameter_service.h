@@ -135,8 +135,10 @@ class ParameterServiceImpl final
   grpc::Status ServePush(RawStream* stream, bool from_worker);
   // SetupJob of a job's fresh (or checkpointed) state; of chunks copied from
   // other replicas (`sources`: chunk id -> where to copy it from).
-  absl::Status SetupFresh(const v1::SetupJobRequest& request);
-  absl::Status SetupCopies(const v1::SetupJobRequest& request, const std::map<int32_t, std::string>& sources);
+  // `config`: the request's (ConfigFor), converted once.
+  absl::Status SetupFresh(const v1::SetupJobRequest& request, JobShardConfig config);
+  absl::Status SetupCopies(const v1::SetupJobRequest& request, JobShardConfig config,
+                           const std::map<int32_t, std::string>& sources);
   // ToJobShardConfig plus this server's metrics hooks.
   JobShardConfig ConfigFor(const v1::SetupJobRequest& request);
   // A job starting from a checkpoint: each chunk's state, read from this

@@ -430,6 +430,54 @@ TEST(TrainerTest, BspFollowsANewShardMapAndLosesNothing) {
   ExpectEveryExampleOnce(cluster.spec(), cluster.Audits());
 }
 
+// A worker dies halfway through its pushes of a step (its last request
+// applied, its answer and everything after lost); another takes over its
+// partitions. Killed at each of 8 consecutive push requests (one step's
+// worth), this covers both takeovers: a partition's push cut short before
+// any chunk could complete the step (the newcomer pushes what is missing),
+// and one cut short after some chunks completed it while others wait, where
+// the newcomer has no parameters of that step and must compute it from the
+// values the servers kept from before it (exact pulls). Either way the
+// result is bit-identical to an undisturbed run and every example counts once.
+TEST(TrainerTest, AStepHalfPushedByAWorkerThatDiedIsFinishedByAnother) {
+  BspResult clean = RunBsp({{"w0", {0, 1}}});
+  ASSERT_FALSE(clean.params.empty());
+  for (int kill_at = 40; kill_at < 48; ++kill_at) {
+    SCOPED_TRACE(absl::StrCat("killed after push request ", kill_at));
+    InProcessCluster cluster(2, Spec(v1::BSP, 2), 2);
+    ASSERT_TRUE(cluster.Setup().ok());
+    JobHarness dying(&cluster);
+    std::atomic<int> pushes{0};
+    std::atomic<bool> dead{false};
+    cluster.transport()->set_fault([&](const std::string&, ParameterTransport::Method method,
+                                       InProcessTransport::Stage stage) {
+      if (dead.load()) return absl::UnavailableError("the worker is dead");
+      if (method == ParameterTransport::Method::kPush && stage == InProcessTransport::Stage::kAfterServer &&
+          ++pushes == kill_at) {
+        dead = true;
+        // The dead trainer must notice that it is out (it would otherwise
+        // retry for seconds): a new map and a withdrawn assignment.
+        EXPECT_TRUE(cluster.BumpMapVersion().ok());
+        dying.Assign("w0", cluster.AssignmentFor({0, 1}, /*membership_epoch=*/2));
+        dying.Withdraw();
+        return absl::UnavailableError("the worker died after the server applied this");
+      }
+      return absl::OkStatus();
+    });
+    auto died = dying.Run({{"w0", {0, 1}}});
+    cluster.transport()->set_fault(nullptr);
+    ASSERT_TRUE(dead.load());
+    EXPECT_TRUE(absl::IsCancelled(died["w0"])) << died["w0"];
+    JobHarness harness(&cluster);
+    auto statuses = harness.Run({{"w1", {0, 1}}});
+    EXPECT_TRUE(statuses["w1"].ok()) << statuses["w1"];
+    auto params = cluster.Params(cluster.total_steps());
+    ASSERT_TRUE(params.ok()) << params.status();
+    EXPECT_EQ(*params, clean.params);
+    ExpectEveryExampleOnce(cluster.spec(), cluster.Audits());
+  }
+}
+
 TEST(TrainerTest, AspRunsEveryPartitionStepOnce) {
   InProcessCluster cluster(2, Spec(v1::ASP, 3), 3);
   ASSERT_TRUE(cluster.Setup().ok());

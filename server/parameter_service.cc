@@ -644,7 +644,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Pull(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
   auto* reactor = new PullReactor();
   HandlePull(*request, PullDeadline(*context), reactor->handle,
-             [this, reactor, response](const absl::Status& status, grpc::ByteBuffer answer) {
+             [reactor, response](const absl::Status& status, grpc::ByteBuffer answer) {
                *response = std::move(answer);
                reactor->Finish(ToGrpcStatus(status));
              });

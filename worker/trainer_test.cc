@@ -223,7 +223,7 @@ class JobHarness {
     };
     hooks.observe_prefetch = [this](bool used) {
       MutexLock lock(&mu_);
-      ++(used ? prefetches_used_ : prefetches_missed_);
+      if (used) ++prefetches_used_;
     };
     hooks.watch_client = [this](ParameterClient* client, const std::string&) {
       MutexLock lock(&mu_);
@@ -294,7 +294,6 @@ class JobHarness {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   bool withdrawn_ ABSL_GUARDED_BY(mu_) = false;
   int64_t prefetches_used_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t prefetches_missed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t max_staleness_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t clients_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -337,6 +336,15 @@ void ExpectEveryExampleOnce(const v1::JobSpec& spec, const std::vector<ExampleAu
     EXPECT_EQ(audits[c].examples, expected.examples) << "chunk " << c;
     EXPECT_EQ(audits[c].digest, expected.digest) << "chunk " << c;
   }
+}
+
+// The cluster's job ended with `expected` parameters and every example of
+// every epoch counted once.
+void ExpectFinishedAs(InProcessCluster* cluster, const std::vector<std::vector<float>>& expected) {
+  auto params = cluster->Params(cluster->total_steps());
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_EQ(*params, expected);
+  ExpectEveryExampleOnce(cluster->spec(), cluster->Audits());
 }
 
 TEST(TrainerTest, BspTrainsEveryStepAndEvaluatesAtEpochEnds) {
@@ -424,10 +432,7 @@ TEST(TrainerTest, BspFollowsANewShardMapAndLosesNothing) {
   EXPECT_TRUE(moved.load());
   EXPECT_EQ(harness.clients(), 2);  // it switched to the new map once
   EXPECT_TRUE(statuses["w0"].ok()) << statuses["w0"];
-  auto params = cluster.Params(cluster.total_steps());
-  ASSERT_TRUE(params.ok()) << params.status();
-  EXPECT_EQ(*params, clean.params);
-  ExpectEveryExampleOnce(cluster.spec(), cluster.Audits());
+  ExpectFinishedAs(&cluster, clean.params);
 }
 
 // A worker dies halfway through its pushes of a step (its last request
@@ -471,10 +476,7 @@ TEST(TrainerTest, AStepHalfPushedByAWorkerThatDiedIsFinishedByAnother) {
     JobHarness harness(&cluster);
     auto statuses = harness.Run({{"w1", {0, 1}}});
     EXPECT_TRUE(statuses["w1"].ok()) << statuses["w1"];
-    auto params = cluster.Params(cluster.total_steps());
-    ASSERT_TRUE(params.ok()) << params.status();
-    EXPECT_EQ(*params, clean.params);
-    ExpectEveryExampleOnce(cluster.spec(), cluster.Audits());
+    ExpectFinishedAs(&cluster, clean.params);
   }
 }
 

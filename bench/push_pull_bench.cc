@@ -19,6 +19,9 @@
 // services without gRPC or sockets): its CPU per GB is what Fulcrum's own
 // code costs (encoding, decoding, validation, the optimizer, reads and
 // copies), and the difference to the gRPC case is what the transport costs.
+// The gRPC-alone case moves the same bytes in the same requests through gRPC
+// with none of Fulcrum's code (RunGrpcFloor): the floor of any data plane
+// built on gRPC here.
 //
 //   fulcrum-bench [--sizes=1,16,64] [--servers=1,2] [--batches=5]
 //                 [--seconds=1.5] [--rtt_pushes=3000] [--pin_rtt=0]
@@ -37,9 +40,15 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -56,7 +65,9 @@
 #include "common/process.h"
 #include "common/rpc.h"
 #include "common/shard_map.h"
+#include "common/slice_loan.h"
 #include "common/status_macros.h"
+#include "common/sync.h"
 #include "server/parameter_service.h"
 #include "worker/in_process_transport.h"
 #include "worker/parameter_client.h"
@@ -191,13 +202,106 @@ absl::StatusOr<Moved> RunFulcrum(const std::string& what, int64_t bytes, int ser
   auto grads = client.MakeBuffers();
   for (auto& g : grads) std::fill(g.begin(), g.end(), 1e-3f);
   auto params = client.MakeBuffers();
+  std::vector<int> tensors(grads.size());
+  std::iota(tensors.begin(), tensors.end(), 0);
+  SliceLoan loan;  // pushes lend the gradients to gRPC, as the trainer's do
   int64_t seq = 0;
   const bool both = what == "fulcrum" || what == "inproc";
   return TimeIterations(both ? 2 * bytes : bytes, [&]() -> absl::Status {
     ++seq;
-    if (what != "pull") RETURN_IF_ERROR(client.Push(seq, 0, seq, grads, absl::Seconds(60)));
+    if (what != "pull") {
+      std::unique_ptr<ParameterClient::PushStream> push =
+          client.StartPush(seq, 0, seq, absl::Seconds(60), /*examples=*/0, /*examples_digest=*/0, &loan);
+      push->Send(tensors, grads);
+      RETURN_IF_ERROR(push->Finish());
+      push.reset();
+      if (!loan.AwaitReturned(absl::Seconds(60))) return absl::DeadlineExceededError("gRPC kept the gradients");
+    }
     return what == "push" ? absl::OkStatus() : client.Pull(0, absl::Seconds(60), &params);
   });
+}
+
+// The floor of any data plane over gRPC on this machine: the same bytes
+// through the same gRPC stack, with none of Fulcrum's code, protobuf or
+// copies. A generic callback service on 127.0.0.1 drops what a push brings
+// and answers a pull with slices over one prepared buffer; the client sends
+// requests of ParameterClient::kMaxBatchBytes all at once over a channel made
+// as the worker's are, pushes (from slices over one buffer) and then pulls.
+class FloorService final : public grpc::CallbackGenericService {
+ public:
+  explicit FloorService(int64_t answer_bytes) : answer_(static_cast<size_t>(answer_bytes), 1) {}
+
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
+    const bool pull = context->method() == "/floor/Pull";
+    grpc::Slice slice(answer_.data(), pull ? answer_.size() : 0, grpc::Slice::STATIC_SLICE);
+    return new Exchange(grpc::ByteBuffer(&slice, 1));
+  }
+
+ private:
+  // One call: reads the request, drops it, writes the answer and finishes.
+  class Exchange final : public grpc::ServerGenericBidiReactor {
+   public:
+    explicit Exchange(grpc::ByteBuffer answer) : answer_(std::move(answer)) { StartRead(&request_); }
+    void OnReadDone(bool ok) override {
+      if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "no request"));
+      request_.Clear();
+      StartWriteAndFinish(&answer_, grpc::WriteOptions(), grpc::Status::OK);
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    grpc::ByteBuffer request_;
+    grpc::ByteBuffer answer_;
+  };
+
+  std::vector<char> answer_;
+};
+
+absl::StatusOr<Moved> RunGrpcFloor(int64_t bytes) {
+  const int64_t piece = std::min<int64_t>(bytes, ParameterClient::kMaxBatchBytes);
+  const int calls = static_cast<int>((bytes + piece - 1) / piece);
+  FloorService service(piece);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.RegisterCallbackGenericService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) return absl::UnavailableError("cannot listen on loopback");
+  grpc::GenericStub stub(MakeChannel(absl::StrCat("127.0.0.1:", port)));
+  std::vector<char> pushed(static_cast<size_t>(piece), 1);
+  // `calls` requests of `method` at once, each carrying `request`; waits for all.
+  auto exchange = [&](const std::string& method, const grpc::ByteBuffer& request) -> absl::Status {
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::vector<grpc::ByteBuffer> responses(calls);
+    Mutex mu;
+    int pending = calls;
+    grpc::Status failed;
+    for (int i = 0; i < calls; ++i) {
+      contexts.push_back(std::make_unique<grpc::ClientContext>());
+      SetDeadline(contexts.back().get(), 60);
+      stub.UnaryCall(contexts.back().get(), method, grpc::StubOptions(), &request, &responses[i],
+                     [&](grpc::Status status) {
+                       MutexLock lock(&mu);
+                       if (!status.ok()) failed = status;
+                       --pending;
+                     });
+    }
+    MutexLock lock(&mu);
+    mu.Await(absl::Condition(+[](int* n) { return *n == 0; }, &pending));
+    return FromGrpcStatus(failed);
+  };
+  grpc::Slice push_slice(pushed.data(), pushed.size(), grpc::Slice::STATIC_SLICE);
+  const grpc::ByteBuffer push_request(&push_slice, 1);
+  grpc::Slice pull_slice(std::string(16, 'p'));
+  const grpc::ByteBuffer pull_request(&pull_slice, 1);
+  auto moved = TimeIterations(2 * calls * piece, [&]() -> absl::Status {
+    RETURN_IF_ERROR(exchange("/floor/Push", push_request));
+    return exchange("/floor/Pull", pull_request);
+  });
+  server->Shutdown();
+  return moved;
 }
 
 bool ReadFull(int fd, char* buffer, int64_t n) {
@@ -284,7 +388,7 @@ absl::StatusOr<std::pair<double, double>> RunRoundTrips(int pushes) {
   return std::make_pair(micros[micros.size() / 2], micros[micros.size() * 99 / 100]);
 }
 
-// Runs --run_case in this process: "tcp:<MiB>", "fulcrum:<MiB>:<servers>",
+// Runs --run_case in this process: "tcp:<MiB>", "grpc:<MiB>", "fulcrum:<MiB>:<servers>",
 // "inproc:<MiB>:<servers>" (also "push:..." and "pull:...", one direction
 // only) or "rtt". Prints "RESULT <bytes> <seconds> <cpu seconds>" ("RESULT <p50 us>
 // <p99 us>" for rtt).
@@ -309,12 +413,15 @@ int RunCase(const std::string& spec) {
     std::printf("RESULT %.3f %.3f\n", rtt->first, rtt->second);
     return 0;
   }
+  const bool sizes_only = parts[0] == "tcp" || parts[0] == "grpc";
   if (parts.size() < 2 || !absl::SimpleAtoi(parts[1], &mib) ||
-      (parts[0] != "tcp" && (parts.size() != 3 || !absl::SimpleAtoi(parts[2], &servers)))) {
+      (!sizes_only && (parts.size() != 3 || !absl::SimpleAtoi(parts[2], &servers)))) {
     std::fprintf(stderr, "bad --run_case %s\n", spec.c_str());
     return 2;
   }
-  auto moved = parts[0] == "tcp" ? RunTcp(mib << 20) : RunFulcrum(parts[0], mib << 20, servers);
+  auto moved = parts[0] == "tcp"    ? RunTcp(mib << 20)
+               : parts[0] == "grpc" ? RunGrpcFloor(mib << 20)
+                                    : RunFulcrum(parts[0], mib << 20, servers);
   if (!moved.ok()) {
     std::fprintf(stderr, "%s\n", moved.status().ToString().c_str());
     return 1;
@@ -402,6 +509,7 @@ int Run(const std::string& self) {
   }
   for (int64_t mib : sizes) {
     cases.push_back(absl::StrCat("tcp:", mib));
+    cases.push_back(absl::StrCat("grpc:", mib));
     for (int n : server_counts) {
       cases.push_back(absl::StrCat("fulcrum:", mib, ":", n));
       cases.push_back(absl::StrCat("inproc:", mib, ":", n));
@@ -434,20 +542,23 @@ int Run(const std::string& self) {
               " alternating; GB/s min / median / max)\n\n",
               batches);
   std::printf("| model | servers | Fulcrum GB/s | TCP GB/s | Fulcrum / TCP (goal >= 0.80) | CPU s/GB Fulcrum | CPU s/GB TCP "
-              "| CPU ratio (goal <= 1.5) | CPU s/GB without gRPC |\n|---|---|---|---|---|---|---|---|---|\n");
+              "| CPU ratio (goal <= 1.5) | CPU s/GB without gRPC | gRPC alone: GB/s, CPU s/GB, CPU ratio |\n"
+              "|---|---|---|---|---|---|---|---|---|---|\n");
   int goals_missed = 0;
   for (int64_t mib : sizes) {
     const Samples& tcp = samples[absl::StrCat("tcp:", mib)];
+    const Samples& floor = samples[absl::StrCat("grpc:", mib)];
     for (int n : server_counts) {
       const Samples& f = samples[absl::StrCat("fulcrum:", mib, ":", n)];
       const Samples& in_process = samples[absl::StrCat("inproc:", mib, ":", n)];
       const double ratio = At(f.rates, 0.5) / std::max(At(tcp.rates, 0.5), 1e-12);
       const double cpu_ratio = At(f.cpu_per_gb, 0.5) / std::max(At(tcp.cpu_per_gb, 0.5), 1e-12);
       goals_missed += (ratio < 0.8 ? 1 : 0) + (cpu_ratio > 1.5 ? 1 : 0);
-      std::printf("| %lld MiB | %d | %s | %s | %.2f %s | %.3f | %.3f | %.2f %s | %.3f |\n", static_cast<long long>(mib),
-                  n, MinMedMax(f.rates, 2).c_str(), MinMedMax(tcp.rates, 2).c_str(), ratio,
-                  ratio >= 0.8 ? "met" : "missed", At(f.cpu_per_gb, 0.5), At(tcp.cpu_per_gb, 0.5), cpu_ratio,
-                  cpu_ratio <= 1.5 ? "met" : "missed", At(in_process.cpu_per_gb, 0.5));
+      std::printf("| %lld MiB | %d | %s | %s | %.2f %s | %.3f | %.3f | %.2f %s | %.3f | %.2f, %.3f, %.2f |\n",
+                  static_cast<long long>(mib), n, MinMedMax(f.rates, 2).c_str(), MinMedMax(tcp.rates, 2).c_str(),
+                  ratio, ratio >= 0.8 ? "met" : "missed", At(f.cpu_per_gb, 0.5), At(tcp.cpu_per_gb, 0.5), cpu_ratio,
+                  cpu_ratio <= 1.5 ? "met" : "missed", At(in_process.cpu_per_gb, 0.5), At(floor.rates, 0.5),
+                  At(floor.cpu_per_gb, 0.5), At(floor.cpu_per_gb, 0.5) / std::max(At(tcp.cpu_per_gb, 0.5), 1e-12));
     }
   }
   if (samples.count("rtt") != 0) {

@@ -1,6 +1,7 @@
 #include "worker/in_process_transport.h"
 
 #include <atomic>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -8,6 +9,14 @@
 #include "common/rpc.h"
 
 namespace fulcrum {
+
+std::string BufferBytes(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (!buffer.Dump(&slices).ok()) return bytes;
+  for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  return bytes;
+}
 
 class InProcessTransport::InProcessCall final : public ParameterTransport::Call {
  public:
@@ -17,6 +26,7 @@ class InProcessTransport::InProcessCall final : public ParameterTransport::Call 
   void Start(const grpc::ByteBuffer* request, grpc::ByteBuffer* response, absl::Duration timeout,
              std::function<void(grpc::Status)> done) override {
     if (cancelled_.load()) return done(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before it started"));
+    transport_->MaybeKeep(method_, *request);
     Fault fault;
     ParameterServiceImpl* service = transport_->Find(address_, &fault);
     // The fault hook's verdict at `stage` (OK: go on).
@@ -64,6 +74,24 @@ void InProcessTransport::Serve(const std::string& address, ParameterServiceImpl*
 void InProcessTransport::set_fault(Fault fault) {
   MutexLock lock(&mu_);
   fault_ = std::move(fault);
+}
+
+void InProcessTransport::set_keep(std::function<bool(Method)> keep) {
+  MutexLock lock(&mu_);
+  keep_ = std::move(keep);
+}
+
+std::vector<InProcessTransport::Kept> InProcessTransport::TakeKept() {
+  MutexLock lock(&mu_);
+  return std::exchange(kept_, {});
+}
+
+void InProcessTransport::MaybeKeep(Method method, const grpc::ByteBuffer& request) {
+  MutexLock lock(&mu_);
+  if (!keep_ || !keep_(method)) return;
+  Kept& kept = kept_.emplace_back();
+  kept.request = request;  // a reference to the same slices, no copy
+  kept.sent = BufferBytes(request);
 }
 
 ParameterServiceImpl* InProcessTransport::Find(const std::string& address, Fault* fault) {

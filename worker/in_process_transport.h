@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -18,6 +19,9 @@
 #include "worker/parameter_transport.h"
 
 namespace fulcrum {
+
+// A copy of the bytes `buffer` holds.
+std::string BufferBytes(const grpc::ByteBuffer& buffer);
 
 class InProcessTransport final : public ParameterTransport {
  public:
@@ -36,6 +40,15 @@ class InProcessTransport final : public ParameterTransport {
   // it); nullptr: no server there any more (UNAVAILABLE).
   void Serve(const std::string& address, ParameterServiceImpl* service);
   void set_fault(Fault fault);
+  // Keeps a reference to the request of each call `keep` picks, as gRPC does
+  // while a write is stuck on a paused peer, until TakeKept hands them over
+  // with a copy of their bytes as the call started.
+  struct Kept {
+    grpc::ByteBuffer request;  // shares the caller's slices
+    std::string sent;
+  };
+  void set_keep(std::function<bool(Method)> keep);
+  std::vector<Kept> TakeKept();
 
   std::unique_ptr<Call> NewCall(const std::string& address, Method method) override;
 
@@ -43,10 +56,13 @@ class InProcessTransport final : public ParameterTransport {
   class InProcessCall;
   // The service at `address` (nullptr: none) and the fault hook.
   ParameterServiceImpl* Find(const std::string& address, Fault* fault);
+  void MaybeKeep(Method method, const grpc::ByteBuffer& request);
 
   Mutex mu_;
   std::map<std::string, ParameterServiceImpl*> services_ ABSL_GUARDED_BY(mu_);
   Fault fault_ ABSL_GUARDED_BY(mu_);
+  std::function<bool(Method)> keep_ ABSL_GUARDED_BY(mu_);
+  std::vector<Kept> kept_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fulcrum

@@ -184,6 +184,15 @@ absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& reques
 
 namespace {
 
+// The wire's values are little-endian: on such a host, float32 and 16-bit
+// buffers hold the wire bytes of WIRE_FP32 and the 16-bit formats.
+constexpr bool kLittleEndian =
+#if defined(ABSL_IS_BIG_ENDIAN)
+    false;
+#else
+    true;
+#endif
+
 // Chunk payloads into and out of host buffers: float32 ones convert to and
 // from the wire format, 16-bit ones (packed or unpacked on a device) are the
 // wire values themselves.
@@ -283,7 +292,8 @@ struct ParameterClient::PushStream::Call {
 
 std::unique_ptr<ParameterClient::PushStream> ParameterClient::StartPush(int64_t seq, int32_t partition, int64_t step,
                                                                         absl::Duration timeout, int64_t examples,
-                                                                        uint64_t examples_digest) {
+                                                                        uint64_t examples_digest,
+                                                                        SliceLoan* loan) {
   v1::PushRequest header;
   header.set_job_id(job_id_);
   header.set_map_version(map_.version());
@@ -293,11 +303,16 @@ std::unique_ptr<ParameterClient::PushStream> ParameterClient::StartPush(int64_t 
   header.set_step(step);
   header.set_examples(examples);
   header.set_examples_digest(examples_digest);
-  return std::unique_ptr<PushStream>(new PushStream(this, std::move(header), timeout));
+  return std::unique_ptr<PushStream>(new PushStream(this, std::move(header), timeout, loan));
 }
 
-ParameterClient::PushStream::PushStream(ParameterClient* client, v1::PushRequest header, absl::Duration timeout)
-    : client_(client), header_(std::move(header)), timeout_(timeout), sent_(client->map_.tensors_size(), false) {}
+ParameterClient::PushStream::PushStream(ParameterClient* client, v1::PushRequest header, absl::Duration timeout,
+                                        SliceLoan* loan)
+    : client_(client),
+      header_(std::move(header)),
+      timeout_(timeout),
+      loan_(loan),
+      sent_(client->map_.tensors_size(), false) {}
 
 ParameterClient::PushStream::~PushStream() {
   {
@@ -341,9 +356,27 @@ void ParameterClient::PushStream::SendTensors(const std::vector<int>& tensors,
   for (int t : tensors) {
     chunks.insert(chunks.end(), client_->tensor_chunks_[t].begin(), client_->tensor_chunks_[t].end());
   }
+  // Payloads that are the buffers' bytes as they are go out as slices over them.
+  const bool lend = loan_ != nullptr && kLittleEndian && client_->compressor_ == nullptr &&
+                    (std::is_same_v<T, uint16_t> || format == v1::WIRE_FP32);
   for (const Batch& batch : GroupByServer(map, chunks, WireBytes(format))) {
     auto call = std::make_unique<Call>();
     call->address = batch.address;
+    if (lend) {
+      PayloadWriter writer(header_, v1::PushRequest::kChunksFieldNumber);
+      for (int index : batch.chunks) {
+        const v1::ChunkLocation& chunk = map.chunks(index);
+        v1::ChunkData fields;
+        fields.set_chunk_id(chunk.chunk_id());
+        fields.set_format(format);
+        const T* values = grads[chunk.tensor()].data() + chunk.offset();
+        writer.AddChunk(fields, {loan_->Lend(values, static_cast<size_t>(chunk.length()) * sizeof(T))});
+      }
+      call->request = writer.Finish();
+      StartCall(call.get());
+      calls_.push_back(std::move(call));
+      continue;
+    }
     v1::PushRequest request = header_;
     for (int index : batch.chunks) {
       const v1::ChunkLocation& chunk = map.chunks(index);
@@ -363,20 +396,23 @@ void ParameterClient::PushStream::SendTensors(const std::vector<int>& tensors,
       EncodeChunk(format, values, chunk.length(), data->mutable_data());
     }
     call->request = SerializeMovingPayloads(&request);  // the encoded bytes go to gRPC as they are
-    call->rpc = client_->NewCall(batch.address, /*pull=*/false);
-    Call* raw = call.get();
+    StartCall(call.get());
     calls_.push_back(std::move(call));
-    if (!client_->Track(raw->rpc.get())) {
-      raw->status = grpc::Status(grpc::StatusCode::CANCELLED, "the shard map changed");
-      continue;
-    }
-    {
-      MutexLock lock(&mu_);
-      ++in_flight_;
-    }
-    raw->rpc->Start(&raw->request, &raw->response, timeout_,
-                    [this, raw](grpc::Status status) { Done(raw, std::move(status)); });
   }
+}
+
+void ParameterClient::PushStream::StartCall(Call* call) {
+  call->rpc = client_->NewCall(call->address, /*pull=*/false);
+  if (!client_->Track(call->rpc.get())) {
+    call->status = grpc::Status(grpc::StatusCode::CANCELLED, "the shard map changed");
+    return;
+  }
+  {
+    MutexLock lock(&mu_);
+    ++in_flight_;
+  }
+  call->rpc->Start(&call->request, &call->response, timeout_,
+                   [this, call](grpc::Status status) { Done(call, std::move(status)); });
 }
 
 void ParameterClient::PushStream::Done(Call* call, grpc::Status status) {
@@ -454,12 +490,6 @@ absl::Status ParameterClient::DecodePull(const Batch& batch, const grpc::ByteBuf
     const int64_t size = response.payload_size(static_cast<int>(c));
     // The host's own layout (little-endian float32 from fp32, 16-bit values
     // into 16-bit buffers): straight from gRPC's buffers into place.
-    constexpr bool kLittleEndian =
-#if defined(ABSL_IS_BIG_ENDIAN)
-        false;
-#else
-        true;
-#endif
     const bool as_is = kLittleEndian && (std::is_same_v<T, uint16_t> || !IsHalfWire(format_));
     if (as_is && size == chunk.length() * static_cast<int64_t>(sizeof(T))) {
       response.CopyPayload(static_cast<int>(c), reinterpret_cast<char*>(out));

@@ -22,6 +22,7 @@
 #include "worker/gradient_compressor.h"
 #include "worker/parameter_transport.h"
 #include "fulcrum/v1/shard_map.pb.h"
+#include "common/slice_loan.h"
 #include "common/sync.h"
 
 namespace fulcrum {
@@ -99,6 +100,14 @@ class ParameterClient {
   // does. Every request carries the push's (worker, seq), partition, step and
   // example audit: servers deduplicate and audit per chunk. The client must
   // outlive the stream; the destructor waits for requests in flight.
+  //
+  // With a `loan`, payloads that go out as the buffers hold them (float32
+  // with WIRE_FP32 and no compression, or 16-bit values with a 16-bit
+  // format, on a little-endian host) are not copied: gRPC is lent slices
+  // over `grads` themselves. The caller must then not write those buffers
+  // until loan->AwaitReturned says gRPC let go of them (at once after a
+  // finished call, or never while a write to a paused peer is stuck), or
+  // else give them to the loan with Abandon and use fresh ones.
   class PushStream {
    public:
     ~PushStream();
@@ -120,14 +129,17 @@ class ParameterClient {
    private:
     friend class ParameterClient;
     struct Call;
-    PushStream(ParameterClient* client, v1::PushRequest header, absl::Duration timeout);
+    PushStream(ParameterClient* client, v1::PushRequest header, absl::Duration timeout, SliceLoan* loan);
     template <typename T>
     void SendTensors(const std::vector<int>& tensors, const std::vector<std::vector<T>>& grads);
+    // Starts `call` (its address and request set) unless the map changed.
+    void StartCall(Call* call);
     void Done(Call* call, grpc::Status status);
 
     ParameterClient* const client_;
     const v1::PushRequest header_;  // every field but the chunks
     const absl::Duration timeout_;
+    SliceLoan* const loan_;         // null: payloads are copied
     std::vector<bool> sent_;        // by tensor
     absl::Status error_;            // the first Send error
     std::vector<std::unique_ptr<Call>> calls_;
@@ -135,7 +147,8 @@ class ParameterClient {
     int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   };
   std::unique_ptr<PushStream> StartPush(int64_t seq, int32_t partition, int64_t step, absl::Duration timeout,
-                                        int64_t examples = 0, uint64_t examples_digest = 0);
+                                        int64_t examples = 0, uint64_t examples_digest = 0,
+                                        SliceLoan* loan = nullptr);
 
   // A pull issued in parts before its values are due (BSP prefetch): each
   // Fetch() starts, without waiting, the requests for the chunks of the

@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/memory_budget.h"
 #include "common/param_init.h"
+#include "common/slice_loan.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "kernels/model_from_spec.h"
@@ -29,6 +30,9 @@ std::atomic<int64_t> exit_mid_push_countdown{0};
 // A push or a non-waiting pull that takes longer has met a stuck server
 // (stopped, partitioned): the worker looks for a new shard map and retries.
 constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
+// gRPC lets go of a finished push's slices as it finishes; longer means a
+// write stuck on a paused peer.
+constexpr absl::Duration kReclaimWait = absl::Milliseconds(200);
 // A BSP pull waits this long before the worker checks whether it was given a
 // partition that the step still lacks.
 constexpr absl::Duration kWaitSlice = absl::Seconds(1);
@@ -153,6 +157,13 @@ class StagedTensors {
   std::vector<std::vector<T>>* host() { return &host_; }
   std::vector<const T*> device_const() const { return {device_.begin(), device_.end()}; }
   const std::vector<T*>& device() const { return device_; }
+  // Leaves the host buffers to `loan` (slices over them are still alive)
+  // and goes on with fresh ones.
+  void Abandon(SliceLoan* loan) {
+    loan->Abandon(&host_);
+    if (!backend_->HostMemory()) return;
+    for (size_t i = 0; i < host_.size(); ++i) device_[i] = host_[i].data();
+  }
 
  private:
   kernels::Backend* backend_;
@@ -290,6 +301,7 @@ class TrainingRun {
 
   ~TrainingRun() {
     prefetch_.reset();  // it uses client_
+    ReclaimPushBuffers(absl::ZeroDuration());  // gRPC may outlive this run's buffers
     if (trainer_.hooks_.watch_client) trainer_.hooks_.watch_client(nullptr, "");
   }
 
@@ -351,6 +363,10 @@ class TrainingRun {
   int NumLayers() const { return static_cast<int>(grads_.device().size()) / 2; }
   // Computes partition p's gradient at `step` from the uploaded parameters and pushes it.
   absl::Status ComputeAndPush(int32_t partition, int64_t step);
+  // Before the gradient buffers are written: waits up to `wait` for gRPC to
+  // let go of earlier pushes' slices over them, else abandons them to the
+  // loan for fresh ones.
+  void ReclaimPushBuffers(absl::Duration wait);
   // Computes and pushes, at `step`, each partition of `assignment` not yet
   // in *pushed; stops at the first failure.
   // With `prefetch_next` (and TransferOptions::prefetch_pull), the last of
@@ -434,6 +450,9 @@ class TrainingRun {
   // step of this one pushes (see TransferOptions::prefetch_pull).
   std::unique_ptr<ParameterClient::PullStream> prefetch_;
   int64_t prefetch_version_ = -1;
+  // Pushes lend gRPC the gradients' host buffers (grads_, or grads16_ with a
+  // 16-bit wire format) as slices instead of copying them.
+  SliceLoan push_loan_;
   StagedTensors<float> grads_;
   // 16-bit wire formats only (else empty): pulled parameters and packed
   // gradients as they travel.
@@ -476,8 +495,20 @@ absl::Status TrainingRun::Recover(const absl::Status& error) {
   return absl::OkStatus();
 }
 
+void TrainingRun::ReclaimPushBuffers(absl::Duration wait) {
+  if (push_loan_.AwaitReturned(wait)) return;
+  FLOG(WARNING) << "job " << trainer_.job_id_ << ": gRPC still holds an earlier push's gradients (a write stuck on a "
+                << "paused server?); going on with fresh buffers";
+  if (IsHalfWire(wire_)) {
+    grads16_.Abandon(&push_loan_);
+  } else {
+    grads_.Abandon(&push_loan_);
+  }
+}
+
 absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
   absl::Time start = absl::Now();
+  ReclaimPushBuffers(kReclaimWait);
   die_mid_push_ = exit_mid_push_countdown.load() > 0 && exit_mid_push_countdown.fetch_sub(1) == 1;
   const int64_t epoch = partitioning_.EpochOf(step);
   if (epoch != perm_epoch_) {
@@ -495,7 +526,7 @@ absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
   }
   const absl::Time compute_start = absl::Now();
   std::unique_ptr<ParameterClient::PushStream> push =
-      client_->StartPush(++seq_, partition, step, kRpcTimeout, batch_, digest);
+      client_->StartPush(++seq_, partition, step, kRpcTimeout, batch_, digest, &push_loan_);
   std::vector<std::pair<int, int64_t>> downloads;  // (layer, ticket of its last copy) in the order queued
   // However this step ends, no copy may still be on its way into the host
   // buffers (an error return leaves them queued; the backend outlives this run).

@@ -78,7 +78,7 @@ v1::JobSpec Spec(v1::Mode mode, int partitions) {
 // Parameter servers in this process holding one job, reached through `transport`.
 class InProcessCluster {
  public:
-  InProcessCluster(int servers, v1::JobSpec spec, int partitions)
+  InProcessCluster(int servers, v1::JobSpec spec, int partitions, int64_t chunk_elems = kChunkElems)
       : spec_(std::move(spec)), partitions_(partitions), partitioning_(kExamples, kBatch, partitions) {
     for (int i = 0; i < servers; ++i) {
       stores_.push_back(std::make_unique<ParameterStore>());
@@ -88,7 +88,7 @@ class InProcessCluster {
       transport_.Serve(refs_.back().address, services_.back().get());
     }
     map_ = PlanShardMap(LayoutFor(spec_, kFeatures, kClasses).tensors, refs_, /*num_shards=*/0, /*replicas=*/1,
-                        kChunkElems, /*version=*/1);
+                        chunk_elems, /*version=*/1);
   }
 
   // SetupJob on every server, as the scheduler sends it.
@@ -405,6 +405,49 @@ TEST(TrainerTest, LostPushAnswersAreRetriedAndAppliedOnce) {
   ASSERT_FALSE(clean.params.empty());
   EXPECT_EQ(faulty.params, clean.params);
   ExpectEveryExampleOnce(Spec(v1::BSP, 2), faulty.audits);
+}
+
+// Pushes lend the transport slices over the worker's gradient buffers. A
+// transport that keeps some requests alive after their calls ended (gRPC
+// with a write stuck on a paused server) must see them unchanged: the
+// worker does not write the next step's gradients where they point but goes
+// on with fresh buffers, and the job ends as it would have.
+TEST(TrainerTest, GradientsLentToAStuckWriteAreNeverOverwritten) {
+  v1::JobSpec spec = Spec(v1::BSP, 2);
+  spec.mutable_model()->set_hidden_sizes(0, 300);  // 1200-byte chunks: payloads big enough to be lent, not inlined
+  constexpr int64_t kBigChunk = 300;
+  std::vector<std::vector<float>> clean;
+  {
+    InProcessCluster cluster(2, spec, 2, kBigChunk);
+    ASSERT_TRUE(cluster.Setup().ok());
+    JobHarness harness(&cluster);
+    auto statuses = harness.Run({{"w0", {0, 1}}});
+    ASSERT_TRUE(statuses["w0"].ok()) << statuses["w0"];
+    auto params = cluster.Params(cluster.total_steps());
+    ASSERT_TRUE(params.ok()) << params.status();
+    clean = *std::move(params);
+  }
+  InProcessCluster cluster(2, spec, 2, kBigChunk);
+  ASSERT_TRUE(cluster.Setup().ok());
+  std::atomic<int> pushes{0};
+  cluster.transport()->set_keep([&](ParameterTransport::Method method) {
+    return method == ParameterTransport::Method::kPush && ++pushes % 17 == 0;
+  });
+  JobHarness harness(&cluster);
+  auto statuses = harness.Run({{"w0", {0, 1}}});
+  ASSERT_TRUE(statuses["w0"].ok()) << statuses["w0"];
+  cluster.transport()->set_keep(nullptr);
+  const std::vector<InProcessTransport::Kept> kept = cluster.transport()->TakeKept();
+  ASSERT_GE(kept.size(), 3u);
+  int lent = 0;  // kept requests with a payload outside their first slice (lent, not copied)
+  for (const InProcessTransport::Kept& request : kept) {
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(request.request.Dump(&slices).ok());
+    lent += slices.size() > 1 ? 1 : 0;
+    EXPECT_TRUE(BufferBytes(request.request) == request.sent) << "a kept request changed after it was sent";
+  }
+  EXPECT_EQ(lent, static_cast<int>(kept.size()));
+  ExpectFinishedAs(&cluster, clean);
 }
 
 TEST(TrainerTest, BspFollowsANewShardMapAndLosesNothing) {

@@ -52,12 +52,14 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/memory_budget.h"
 #include "common/metrics.h"
@@ -257,19 +259,40 @@ class FloorService final : public grpc::CallbackGenericService {
   std::vector<char> answer_;
 };
 
+// A FloorService on 127.0.0.1 and a generic stub to it over a channel made
+// as the worker's are.
+class FloorServer {
+ public:
+  explicit FloorServer(int64_t answer_bytes) : service_(answer_bytes) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    builder.SetMaxSendMessageSize(kMaxMessageBytes);
+    builder.RegisterCallbackGenericService(&service_);
+    server_ = builder.BuildAndStart();
+    if (server_ != nullptr && port_ != 0) {
+      stub_ = std::make_unique<grpc::GenericStub>(MakeChannel(absl::StrCat("127.0.0.1:", port_)));
+    }
+  }
+  ~FloorServer() {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+  // Null when the server did not start.
+  grpc::GenericStub* stub() { return stub_.get(); }
+
+ private:
+  FloorService service_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::GenericStub> stub_;
+};
+
 absl::StatusOr<Moved> RunGrpcFloor(int64_t bytes) {
   const int64_t piece = std::min<int64_t>(bytes, ParameterClient::kMaxBatchBytes);
   const int calls = static_cast<int>((bytes + piece - 1) / piece);
-  FloorService service(piece);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
-  builder.RegisterCallbackGenericService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) return absl::UnavailableError("cannot listen on loopback");
-  grpc::GenericStub stub(MakeChannel(absl::StrCat("127.0.0.1:", port)));
+  FloorServer floor(piece);
+  grpc::GenericStub* stub = floor.stub();
+  if (stub == nullptr) return absl::UnavailableError("cannot listen on loopback");
   std::vector<char> pushed(static_cast<size_t>(piece), 1);
   // `calls` requests of `method` at once, each carrying `request`; waits for all.
   auto exchange = [&](const std::string& method, const grpc::ByteBuffer& request) -> absl::Status {
@@ -281,12 +304,12 @@ absl::StatusOr<Moved> RunGrpcFloor(int64_t bytes) {
     for (int i = 0; i < calls; ++i) {
       contexts.push_back(std::make_unique<grpc::ClientContext>());
       SetDeadline(contexts.back().get(), 60);
-      stub.UnaryCall(contexts.back().get(), method, grpc::StubOptions(), &request, &responses[i],
-                     [&](grpc::Status status) {
-                       MutexLock lock(&mu);
-                       if (!status.ok()) failed = status;
-                       --pending;
-                     });
+      stub->UnaryCall(contexts.back().get(), method, grpc::StubOptions(), &request, &responses[i],
+                      [&](grpc::Status status) {
+                        MutexLock lock(&mu);
+                        if (!status.ok()) failed = status;
+                        --pending;
+                      });
     }
     MutexLock lock(&mu);
     mu.Await(absl::Condition(+[](int* n) { return *n == 0; }, &pending));
@@ -296,12 +319,37 @@ absl::StatusOr<Moved> RunGrpcFloor(int64_t bytes) {
   const grpc::ByteBuffer push_request(&push_slice, 1);
   grpc::Slice pull_slice(std::string(16, 'p'));
   const grpc::ByteBuffer pull_request(&pull_slice, 1);
-  auto moved = TimeIterations(2 * calls * piece, [&]() -> absl::Status {
+  return TimeIterations(2 * calls * piece, [&]() -> absl::Status {
     RETURN_IF_ERROR(exchange("/floor/Push", push_request));
     return exchange("/floor/Pull", pull_request);
   });
-  server->Shutdown();
-  return moved;
+}
+
+// The round trip of a 1 KiB request through gRPC alone (FloorServer), one at
+// a time: the floor under Fulcrum's small-push round trip.
+absl::StatusOr<std::vector<double>> GrpcRoundTrips(int calls) {
+  FloorServer floor(0);
+  grpc::GenericStub* stub = floor.stub();
+  if (stub == nullptr) return absl::UnavailableError("cannot listen on loopback");
+  grpc::Slice slice(std::string(1024, 'g'));
+  const grpc::ByteBuffer request(&slice, 1);
+  std::vector<double> micros;
+  for (int i = 0; i < calls; ++i) {
+    const absl::Time start = absl::Now();
+    grpc::ClientContext context;
+    SetDeadline(&context, 10);
+    grpc::ByteBuffer response;
+    absl::Notification done;
+    grpc::Status status;
+    stub->UnaryCall(&context, "/floor/Push", grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    RETURN_IF_ERROR(FromGrpcStatus(status));
+    micros.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+  }
+  return micros;
 }
 
 bool ReadFull(int fd, char* buffer, int64_t n) {
@@ -372,18 +420,24 @@ absl::StatusOr<Moved> RunTcp(int64_t bytes) {
 }
 
 // Round trips of a small push (one 1 KiB chunk, ASP, one server), one at a
-// time: microseconds p50 / p99.
-absl::StatusOr<std::pair<double, double>> RunRoundTrips(int pushes) {
-  Fleet fleet(1, 256);
-  ParameterClient client(fleet.map(), "bench", "bench-worker");
-  auto grads = client.MakeBuffers();
-  for (auto& g : grads) std::fill(g.begin(), g.end(), 1e-3f);
+// time, or with `grpc_alone` of a 1 KiB request through gRPC alone:
+// microseconds p50 / p99 after a tenth as many to warm up.
+absl::StatusOr<std::pair<double, double>> RunRoundTrips(int pushes, bool grpc_alone) {
   std::vector<double> micros;
-  for (int i = 0; i < pushes + pushes / 10; ++i) {
-    const absl::Time start = absl::Now();
-    RETURN_IF_ERROR(client.Push(i + 1, 0, i + 1, grads, absl::Seconds(10)));
-    if (i >= pushes / 10) micros.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));  // after warm-up
+  if (grpc_alone) {
+    ASSIGN_OR_RETURN(micros, GrpcRoundTrips(pushes + pushes / 10));
+  } else {
+    Fleet fleet(1, 256);
+    ParameterClient client(fleet.map(), "bench", "bench-worker");
+    auto grads = client.MakeBuffers();
+    for (auto& g : grads) std::fill(g.begin(), g.end(), 1e-3f);
+    for (int i = 0; i < pushes + pushes / 10; ++i) {
+      const absl::Time start = absl::Now();
+      RETURN_IF_ERROR(client.Push(i + 1, 0, i + 1, grads, absl::Seconds(10)));
+      micros.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    }
   }
+  micros.erase(micros.begin(), micros.begin() + pushes / 10);  // the warm-up
   std::sort(micros.begin(), micros.end());
   return std::make_pair(micros[micros.size() / 2], micros[micros.size() * 99 / 100]);
 }
@@ -397,7 +451,7 @@ int RunCase(const std::string& spec) {
   std::vector<std::string> parts = absl::StrSplit(spec, ':');
   int64_t mib = 0;
   int servers = 0;
-  if (parts[0] == "rtt") {
+  if (parts[0] == "rtt" || parts[0] == "rtt-grpc") {
     const int cpu = absl::GetFlag(FLAGS_pin_rtt);
     if (cpu >= 0) {
       cpu_set_t set;
@@ -405,7 +459,7 @@ int RunCase(const std::string& spec) {
       CPU_SET(cpu, &set);
       if (sched_setaffinity(0, sizeof(set), &set) != 0) std::fprintf(stderr, "cannot pin to CPU %d\n", cpu);
     }
-    auto rtt = RunRoundTrips(absl::GetFlag(FLAGS_rtt_pushes));
+    auto rtt = RunRoundTrips(absl::GetFlag(FLAGS_rtt_pushes), parts[0] == "rtt-grpc");
     if (!rtt.ok()) {
       std::fprintf(stderr, "%s\n", rtt.status().ToString().c_str());
       return 1;
@@ -515,7 +569,10 @@ int Run(const std::string& self) {
       cases.push_back(absl::StrCat("inproc:", mib, ":", n));
     }
   }
-  if (absl::GetFlag(FLAGS_rtt_pushes) > 0) cases.push_back("rtt");
+  if (absl::GetFlag(FLAGS_rtt_pushes) > 0) {
+    cases.push_back("rtt");
+    cases.push_back("rtt-grpc");
+  }
   std::map<std::string, Samples> samples;
   const int batches = absl::GetFlag(FLAGS_batches);
   for (int b = 0; b < batches; ++b) {
@@ -527,7 +584,7 @@ int Run(const std::string& self) {
         return 1;
       }
       Samples& s = samples[spec];
-      if (spec == "rtt") {
+      if (absl::StartsWith(spec, "rtt")) {
         s.p50.push_back((*numbers)[0]);
         s.p99.push_back((*numbers)[1]);
       } else {
@@ -563,14 +620,17 @@ int Run(const std::string& self) {
   }
   if (samples.count("rtt") != 0) {
     const Samples& rtt = samples["rtt"];
+    const Samples& grpc_rtt = samples["rtt-grpc"];
     const double p50 = At(rtt.p50, 0.5), p99 = At(rtt.p99, 0.5);
     std::printf("\nSmall push round trip (1 KiB, one server, %d pushes one at a time, %s): p50 %s us, p99 %s us"
-                " (medians over batches: p50 %.1f us, goal <= 60 %s; p99 / p50 %.2f, goal <= 2 %s)\n",
+                " (medians over batches: p50 %.1f us, goal <= 60 %s; p99 / p50 %.2f, goal <= 2 %s); gRPC alone, "
+                "the same 1 KiB requests: p50 %s us, p99 %s us\n",
                 absl::GetFlag(FLAGS_rtt_pushes),
                 absl::GetFlag(FLAGS_pin_rtt) >= 0 ? absl::StrCat("pinned to CPU ", absl::GetFlag(FLAGS_pin_rtt)).c_str()
                                                   : "not pinned",
                 MinMedMax(rtt.p50, 1).c_str(), MinMedMax(rtt.p99, 1).c_str(), p50,
-                p50 <= 60 ? "met" : "missed", p99 / std::max(p50, 1e-9), p99 <= 2 * p50 ? "met" : "missed");
+                p50 <= 60 ? "met" : "missed", p99 / std::max(p50, 1e-9), p99 <= 2 * p50 ? "met" : "missed",
+                MinMedMax(grpc_rtt.p50, 1).c_str(), MinMedMax(grpc_rtt.p99, 1).c_str());
     goals_missed += (p50 > 60 ? 1 : 0) + (p99 > 2 * p50 ? 1 : 0);
   }
   std::printf("\ngoals missed: %d\n", goals_missed);

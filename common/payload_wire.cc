@@ -92,12 +92,18 @@ size_t VarintSize(uint64_t value) {
 
 void DeleteString(void* text) { delete static_cast<std::string*>(text); }
 
+// `lent` (optional): chunk i's payload where lent[i] is not empty.
 template <typename Message>
-grpc::ByteBuffer SerializeMoving(Message* message, int chunks_field) {
+grpc::ByteBuffer SerializeMoving(Message* message, int chunks_field, std::vector<grpc::Slice>* lent = nullptr) {
   google::protobuf::RepeatedPtrField<v1::ChunkData> chunks;
   chunks.Swap(message->mutable_chunks());
   PayloadWriter writer(*message, chunks_field);
-  for (v1::ChunkData& chunk : chunks) {
+  for (int i = 0; i < chunks.size(); ++i) {
+    v1::ChunkData& chunk = chunks[i];
+    if (lent != nullptr && static_cast<size_t>(i) < lent->size() && (*lent)[i].size() > 0) {
+      writer.AddChunk(chunk, {std::move((*lent)[i])});
+      continue;
+    }
     auto* data = new std::string();
     data->swap(*chunk.mutable_data());
     std::vector<grpc::Slice> payload;
@@ -141,6 +147,10 @@ grpc::ByteBuffer SerializeMovingPayloads(v1::PushRequest* message) {
 
 grpc::ByteBuffer SerializeMovingPayloads(v1::PullResponse* message) {
   return SerializeMoving(message, v1::PullResponse::kChunksFieldNumber);
+}
+
+grpc::ByteBuffer SerializeMovingPayloads(v1::PullResponse* message, std::vector<grpc::Slice> lent) {
+  return SerializeMoving(message, v1::PullResponse::kChunksFieldNumber, &lent);
 }
 
 grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message) {

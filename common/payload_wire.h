@@ -26,6 +26,9 @@ namespace fulcrum {
 // copy of the bytes); the message keeps its other fields.
 grpc::ByteBuffer SerializeMovingPayloads(v1::PushRequest* message);
 grpc::ByteBuffer SerializeMovingPayloads(v1::PullResponse* message);
+// ... with chunk i's payload `lent[i]` instead where that slice is not empty
+// (memory lent to gRPC, such as a chunk's values; that chunk's data is empty).
+grpc::ByteBuffer SerializeMovingPayloads(v1::PullResponse* message, std::vector<grpc::Slice> lent);
 
 // A small message (a request without payloads) to and from a ByteBuffer.
 grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message);

@@ -503,12 +503,20 @@ absl::Status ParameterServiceImpl::CheckPull(const JobShard& shard, const v1::Pu
 
 namespace {
 
+// A chunk's values lent to gRPC: the lease ends when gRPC drops the slice.
+grpc::Slice LeaseSlice(ValuesLease lease) {
+  if (lease.empty() || lease.size() == 0) return grpc::Slice();
+  auto* held = new ValuesLease(std::move(lease));
+  return grpc::Slice(const_cast<char*>(held->bytes()), held->size(),
+                     [](void* lent) { delete static_cast<ValuesLease*>(lent); }, held);
+}
+
 // One Pull call: answered at once when its chunks are there, else held
 // (HeldPulls) until they are, its deadline passes or its caller cancels.
 class PendingPull final : public HeldPull {
  public:
   PendingPull(std::shared_ptr<JobShard> shard, const v1::PullRequest& request, v1::PullResponse* response,
-              absl::Time deadline, std::function<void(const absl::Status&)> finish)
+              std::vector<grpc::Slice>* lent, absl::Time deadline, std::function<void(const absl::Status&)> finish)
       : shard_(std::move(shard)),
         chunk_ids_(request.chunk_ids().begin(), request.chunk_ids().end()),
         min_version_(request.min_version()),
@@ -516,6 +524,7 @@ class PendingPull final : public HeldPull {
         exact_version_(request.exact_version() ? request.min_version() : -1),
         format_(request.format()),
         response_(response),
+        lent_(lent),
         deadline_(deadline),
         finish_(std::move(finish)) {}
 
@@ -532,13 +541,17 @@ class PendingPull final : public HeldPull {
       chunk->set_chunk_id(chunk_id);
       chunk->set_format(format_);
       int64_t version = 0, clock = 0;
-      absl::Status read = shard_->Read(chunk_id, format_, chunk->mutable_data(), &version, &clock, exact_version_);
+      ValuesLease lease;
+      absl::Status read = shard_->Read(chunk_id, format_, chunk->mutable_data(), &version, &clock, exact_version_,
+                                       lent_ != nullptr ? &lease : nullptr);
       if (!read.ok()) {
         response_->Clear();
+        if (lent_ != nullptr) lent_->clear();
         return Fail(read);
       }
       chunk->set_version(version);
       chunk->set_clock(clock);
+      if (lent_ != nullptr) lent_->push_back(LeaseSlice(std::move(lease)));
     }
     End(absl::OkStatus());
   }
@@ -568,6 +581,7 @@ class PendingPull final : public HeldPull {
   const int64_t exact_version_;  // -1: the latest values
   const v1::WireFormat format_;
   v1::PullResponse* const response_;  // gRPC's, valid until the call is done
+  std::vector<grpc::Slice>* const lent_;  // optional, as long as response_
   const absl::Time deadline_;
   const std::function<void(const absl::Status&)> finish_;
   std::atomic<bool> cancelled_{false};
@@ -589,10 +603,11 @@ class PullReactor final : public grpc::ServerUnaryReactor {
 absl::StatusOr<std::shared_ptr<HeldPull>> ParameterServiceImpl::StartPull(const v1::PullRequest& request,
                                                                            v1::PullResponse* response,
                                                                            absl::Time deadline,
-                                                                           std::function<void(const absl::Status&)> finish) {
+                                                                           std::function<void(const absl::Status&)> finish,
+                                                                           std::vector<grpc::Slice>* lent) {
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
   RETURN_IF_ERROR(CheckPull(*shard, request));
-  auto pull = std::make_shared<PendingPull>(std::move(shard), request, response, deadline, std::move(finish));
+  auto pull = std::make_shared<PendingPull>(std::move(shard), request, response, lent, deadline, std::move(finish));
   if (pull->Ready()) {  // the common case: no waiting, answered on this thread
     pull->Complete();
     return nullptr;
@@ -622,18 +637,19 @@ void ParameterServiceImpl::HandlePull(const grpc::ByteBuffer& request, absl::Tim
   struct Call {
     v1::PullRequest request;
     v1::PullResponse answer;  // filled by the pull, then moved into the response's slices
+    std::vector<grpc::Slice> lent;  // float32 values sent from the chunks' own memory
   };
   auto call = std::make_shared<Call>();
   const int64_t received = static_cast<int64_t>(request.Length());
   auto finish = [this, call, received, done = std::move(done)](const absl::Status& status) {
     grpc::ByteBuffer response;
-    if (status.ok()) response = SerializeMovingPayloads(&call->answer);
+    if (status.ok()) response = SerializeMovingPayloads(&call->answer, std::move(call->lent));
     (void)Finish("Pull", status, received, static_cast<int64_t>(response.Length()));
     done(status, std::move(response));
   };
   if (absl::Status parsed = ParseMessage(request, &call->request); !parsed.ok()) return finish(parsed);
   absl::StatusOr<std::shared_ptr<HeldPull>> pull =
-      StartPull(call->request, &call->answer, std::min(deadline, absl::Now() + kMaxPullWait), finish);
+      StartPull(call->request, &call->answer, std::min(deadline, absl::Now() + kMaxPullWait), finish, &call->lent);
   if (!pull.ok()) return finish(pull.status());
   if (*pull == nullptr) return;  // answered
   handle->Attach(*pull, held_pulls_.get());

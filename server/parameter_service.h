@@ -113,10 +113,13 @@ class ParameterServiceImpl final
   // A Pull without gRPC: checks it, answers it at once (calling `finish` and
   // returning nullptr) when its chunks are there, else returns the pull to
   // hold (see HeldPulls); an error (not passed to `finish`) when refused.
-  // `response` must outlive `finish`.
+  // `response` must outlive `finish`. With `lent`, float32 values are not
+  // copied into the response: lent[i] gets chunk i's values as a slice over
+  // the chunk's own memory (an empty slice where the chunk's data holds them).
   absl::StatusOr<std::shared_ptr<HeldPull>> StartPull(const v1::PullRequest& request, v1::PullResponse* response,
                                                        absl::Time deadline,
-                                                       std::function<void(const absl::Status&)> finish);
+                                                       std::function<void(const absl::Status&)> finish,
+                                                       std::vector<grpc::Slice>* lent = nullptr);
   grpc::Status Reconfigure(grpc::ServerContext* context, const v1::ReconfigureRequest* request,
                            v1::ReconfigureResponse* response) override;
   grpc::Status CopyChunk(grpc::ServerContext* context, const v1::CopyChunkRequest* request,

@@ -13,11 +13,38 @@
 
 namespace fulcrum {
 
+ValuesLease::ValuesLease(std::shared_ptr<ChunkValues> values) : values_(std::move(values)) {
+  values_->leases.fetch_add(1, std::memory_order_relaxed);  // under the chunk's lock, which writers take
+}
+
+ValuesLease& ValuesLease::operator=(ValuesLease&& other) noexcept {
+  if (this != &other) {
+    Return();
+    values_ = std::move(other.values_);
+  }
+  return *this;
+}
+
+void ValuesLease::Return() {
+  if (values_ == nullptr) return;
+  // Release: the reads of whoever sent the values come before a writer
+  // that sees no lease left (its acquire load in WritableValuesLocked).
+  values_->leases.fetch_sub(1, std::memory_order_release);
+  values_.reset();
+}
+
+namespace {
+
+bool Leased(const ChunkValues& values) { return values.leases.load(std::memory_order_acquire) != 0; }
+
+}  // namespace
+
 Chunk::Chunk(const ChunkConfig& config, const JobShardConfig& job) : config_(config), job_(job) {
   MutexLock lock(&mu_);
-  values_.resize(config.length);
+  values_ = std::make_shared<ChunkValues>();
+  values_->data.resize(config.length);
   FillInit(config.init, config.init_scale, job.seed, static_cast<uint32_t>(config.tensor),
-           config.offset, config.length, values_.data());
+           config.offset, config.length, values_->data.data());
   state_.assign(OptimizerStateSlots(job.optimizer), std::vector<float>(config.length, 0.0f));
   std::vector<float*> slots;
   for (auto& slot : state_) slots.push_back(slot.data());
@@ -143,8 +170,23 @@ void Chunk::MaybeCompleteStepLocked() {
   const float scale = 1.0f / static_cast<float>(job_.num_partitions);
   for (float& g : scratch_) g *= scale;
   pending_count_ = 0;
-  previous_.assign(values_.begin(), values_.end());
+  // The values before this step become previous_ as they are (pull answers
+  // may be sending them); the step is applied to a copy, in the buffer the
+  // step before used unless a pull still sends from that one.
+  std::shared_ptr<ChunkValues> next =
+      previous_ != nullptr && !Leased(*previous_) ? std::move(previous_) : std::make_shared<ChunkValues>();
+  next->data.assign(values_->data.begin(), values_->data.end());
+  previous_ = std::exchange(values_, std::move(next));
   ApplyLocked(scratch_.data(), version_);
+}
+
+float* Chunk::WritableValuesLocked() {
+  if (Leased(*values_)) {
+    auto copy = std::make_shared<ChunkValues>();
+    copy->data = values_->data;
+    values_ = std::move(copy);
+  }
+  return values_->data.data();
 }
 
 void Chunk::ApplyLocked(const float* grad, int64_t lr_step) {
@@ -153,7 +195,7 @@ void Chunk::ApplyLocked(const float* grad, int64_t lr_step) {
   for (auto& slot : state_) slots.push_back(slot.data());
   ++version_;
   const absl::Time start = job_.observe_apply ? absl::Now() : absl::InfinitePast();
-  ApplyOptimizer(job_.optimizer, lr, version_, config_.length, grad, values_.data(), slots.data());
+  ApplyOptimizer(job_.optimizer, lr, version_, config_.length, grad, WritableValuesLocked(), slots.data());
   if (job_.observe_apply) job_.observe_apply(absl::ToDoubleSeconds(absl::Now() - start));
   if (!captures_.empty()) CaptureLocked();
   ChangedLocked();
@@ -188,7 +230,7 @@ absl::Status Chunk::Pull(int64_t min_version, int64_t min_clock, absl::Time dead
   if (!dropped_reason_.empty()) {
     return DroppedError();
   }
-  EncodeValues(format, values_.data(), config_.length, data);
+  EncodeValues(format, values_->data.data(), config_.length, data);
   *version = version_;
   if (clock != nullptr) *clock = MinClockLocked();
   return absl::OkStatus();
@@ -205,12 +247,12 @@ bool Chunk::Ready(int64_t min_version, int64_t min_clock) const {
 }
 
 absl::Status Chunk::Read(v1::WireFormat format, std::string* data, int64_t* version, int64_t* clock,
-                         int64_t exact_version) const {
+                         int64_t exact_version, ValuesLease* lease) const {
   MutexLock lock(&mu_);
   if (!dropped_reason_.empty()) return DroppedError();
-  const std::vector<float>* values = &values_;
+  const std::shared_ptr<ChunkValues>* values = &values_;
   if (exact_version >= 0 && exact_version != version_) {
-    if (!job_.synchronous || exact_version != version_ - 1 || previous_.empty()) {
+    if (!job_.synchronous || exact_version != version_ - 1 || previous_ == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id, " is at version ", version_,
                        ": it cannot give the values of version ", exact_version,
@@ -218,7 +260,17 @@ absl::Status Chunk::Read(v1::WireFormat format, std::string* data, int64_t* vers
     }
     values = &previous_;
   }
-  EncodeValues(format, values->data(), config_.length, data);
+#ifdef ABSL_IS_LITTLE_ENDIAN
+  const bool as_they_are = WireBytes(format) == 4;  // float32: the values' own bytes
+#else
+  const bool as_they_are = false;
+#endif
+  if (lease != nullptr && as_they_are) {
+    *lease = ValuesLease(*values);
+    data->clear();
+  } else {
+    EncodeValues(format, (*values)->data.data(), config_.length, data);
+  }
   *version = exact_version >= 0 ? exact_version : version_;
   *clock = MinClockLocked();
   return absl::OkStatus();
@@ -236,11 +288,11 @@ ChunkSnapshot Chunk::Snapshot() const {
 
 ChunkSnapshot Chunk::SnapshotLocked() const {
   ChunkSnapshot snapshot;
-  snapshot.values = values_;
+  snapshot.values = values_->data;
   snapshot.optimizer_state = state_;
   snapshot.version = version_;
   snapshot.pending = pending_;
-  snapshot.previous_values = previous_;
+  if (previous_ != nullptr) snapshot.previous_values = previous_->data;
   // In writer order: a hash map iterates in an order that differs from
   // process to process, and replicas of a chunk must encode (and checksum)
   // the same state the same way.
@@ -254,19 +306,25 @@ ChunkSnapshot Chunk::SnapshotLocked() const {
 
 absl::Status Chunk::Restore(const ChunkSnapshot& snapshot) {
   MutexLock lock(&mu_);
-  bool fits = snapshot.values.size() == values_.size() && snapshot.optimizer_state.size() == state_.size() &&
+  bool fits = snapshot.values.size() == values_->data.size() && snapshot.optimizer_state.size() == state_.size() &&
               snapshot.pending.size() == pending_.size() && snapshot.partition_steps.size() == partition_steps_.size();
   for (size_t i = 0; fits && i < state_.size(); ++i) fits = snapshot.optimizer_state[i].size() == state_[i].size();
-  fits = fits && (snapshot.previous_values.empty() || snapshot.previous_values.size() == values_.size());
+  fits = fits && (snapshot.previous_values.empty() || snapshot.previous_values.size() == values_->data.size());
   if (!fits) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id,
                                                    ": the copied state does not match its shape"));
   }
-  values_ = snapshot.values;
+  // New buffers: pull answers may still be sending the old ones.
+  values_ = std::make_shared<ChunkValues>();
+  values_->data = snapshot.values;
   state_ = snapshot.optimizer_state;
   version_ = snapshot.version;
   pending_ = snapshot.pending;
-  previous_ = snapshot.previous_values;
+  previous_ = nullptr;
+  if (!snapshot.previous_values.empty()) {
+    previous_ = std::make_shared<ChunkValues>();
+    previous_->data = snapshot.previous_values;
+  }
   pending_count_ = 0;
   for (const auto& p : pending_) pending_count_ += p.empty() ? 0 : 1;
   watermarks_.clear();
@@ -449,9 +507,9 @@ bool JobShard::Ready(int32_t chunk_id, int64_t min_version, int64_t min_clock) c
 }
 
 absl::Status JobShard::Read(int32_t chunk_id, v1::WireFormat format, std::string* data, int64_t* version,
-                            int64_t* clock, int64_t exact_version) const {
+                            int64_t* clock, int64_t exact_version, ValuesLease* lease) const {
   ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
-  return chunk->Read(format, data, version, clock, exact_version);
+  return chunk->Read(format, data, version, clock, exact_version, lease);
 }
 
 absl::StatusOr<ChunkSnapshot> JobShard::Snapshot(int32_t chunk_id) const {

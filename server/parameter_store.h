@@ -4,6 +4,7 @@
 #ifndef FULCRUM_SERVER_PARAMETER_STORE_H_
 #define FULCRUM_SERVER_PARAMETER_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -97,6 +98,37 @@ struct ChunkSnapshot {
   uint64_t examples_digest = 0;
 };
 
+// A chunk's values, shared with the pull answers that send them.
+struct ChunkValues {
+  std::vector<float> data;
+  std::atomic<int> leases{0};  // ValuesLeases alive: no one writes `data` meanwhile
+};
+
+// A chunk's values as a read found them, lent without a copy (to a pull
+// answer that sends them from there): while any lease on them lives, the
+// chunk writes its next values into other memory. Movable; may outlive the
+// chunk.
+class ValuesLease {
+ public:
+  ValuesLease() = default;
+  ValuesLease(ValuesLease&& other) noexcept : values_(std::move(other.values_)) {}
+  ValuesLease& operator=(ValuesLease&& other) noexcept;
+  ValuesLease(const ValuesLease&) = delete;
+  ValuesLease& operator=(const ValuesLease&) = delete;
+  ~ValuesLease() { Return(); }
+
+  bool empty() const { return values_ == nullptr; }
+  const char* bytes() const { return reinterpret_cast<const char*>(values_->data.data()); }
+  size_t size() const { return values_->data.size() * sizeof(float); }
+
+ private:
+  friend class Chunk;
+  explicit ValuesLease(std::shared_ptr<ChunkValues> values);
+  void Return();
+
+  std::shared_ptr<ChunkValues> values_;
+};
+
 // One chunk of a dense tensor with its optimizer state. Thread-safe.
 class Chunk {
  public:
@@ -126,9 +158,12 @@ class Chunk {
   // Read returns the values at exactly that version: the current ones, or
   // the ones before the last step for a chunk one step past it;
   // FAILED_PRECONDITION for a chunk behind it or further on.
+  // With a `lease` and float32 asked for on a little-endian host (the
+  // values' own bytes), the values are lent there instead of copied into
+  // `data`.
   bool Ready(int64_t min_version, int64_t min_clock) const;
   absl::Status Read(v1::WireFormat format, std::string* data, int64_t* version, int64_t* clock,
-                    int64_t exact_version = -1) const;
+                    int64_t exact_version = -1, ValuesLease* lease = nullptr) const;
 
   ChunkSnapshot Snapshot() const;
   // Replaces this replica's state. INVALID_ARGUMENT if the shapes differ.
@@ -159,6 +194,9 @@ class Chunk {
  private:
   absl::Status CheckPush(const PushArgs& args) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyLocked(const float* grad, int64_t lr_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The values to update in place: values_ itself, or a copy of them in
+  // their place when a pull answer still sends them.
+  float* WritableValuesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MinClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DroppedError() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -177,11 +215,12 @@ class Chunk {
   const JobShardConfig& job_;
   mutable Mutex mu_;  // guards everything below
   CondVar updated_;
-  std::vector<float> values_ ABSL_GUARDED_BY(mu_);
-  // BSP: values_ before the last step (empty before the first one). A worker
+  // Never null; written only while no lease is on it (WritableValuesLocked).
+  std::shared_ptr<ChunkValues> values_ ABSL_GUARDED_BY(mu_);
+  // BSP: values_ before the last step (null before the first one). A worker
   // that must compute step version_ - 1 for chunks still waiting for it
   // (another worker died with its push half sent) reads them here.
-  std::vector<float> previous_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<ChunkValues> previous_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<float>> state_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   // BSP: the gradients of the current step by partition (empty = not yet arrived).
@@ -238,7 +277,7 @@ class JobShard {
   // NOT_FOUND, for a chunk this server does not hold).
   bool Ready(int32_t chunk_id, int64_t min_version, int64_t min_clock) const;
   absl::Status Read(int32_t chunk_id, v1::WireFormat format, std::string* data, int64_t* version,
-                    int64_t* clock, int64_t exact_version = -1) const;
+                    int64_t* clock, int64_t exact_version = -1, ValuesLease* lease = nullptr) const;
   // Snapshots every chunk for a checkpoint at `at_version` (see
   // Chunk::ArmCapture): all are armed before any is waited for, so each is
   // cut at the same step. On error nothing stays armed.

@@ -227,6 +227,83 @@ TEST_F(ParameterStoreTest, BspChunkGivesTheValuesOfTheStepBeforeOnly) {
   EXPECT_EQ(Decode(data), after_one);
 }
 
+std::vector<float> LeasedValues(const ValuesLease& lease) {
+  std::vector<float> values(lease.size() / sizeof(float));
+  std::memcpy(values.data(), lease.bytes(), lease.size());
+  return values;
+}
+
+// A read that lends the values (a pull answer sending them without a copy)
+// sees them unchanged however long it holds them: pushes and restores go
+// on, into other memory, and later reads see their results.
+TEST_F(ParameterStoreTest, LeasedValuesStayAsTheyWereReadWhileTheChunkMovesOn) {
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(/*synchronous=*/false, 1));
+  ASSERT_NE(shard, nullptr);
+  std::string data;
+  int64_t version = -1, clock = -1;
+  ValuesLease lease;
+  ASSERT_TRUE(shard->Read(kChunkId, v1::WIRE_FP32, &data, &version, &clock, -1, &lease).ok());
+  ASSERT_FALSE(lease.empty());
+  EXPECT_TRUE(data.empty()) << "lent, not copied";
+  EXPECT_EQ(LeasedValues(lease), InitValues());
+  ASSERT_TRUE(shard->Push(Args("w0", 0, 1, 0, Encode(Grad(1.0f)))).ok());
+  ASSERT_TRUE(shard->Push(Args("w0", 0, 2, 1, Encode(Grad(2.0f)))).ok());
+  EXPECT_EQ(LeasedValues(lease), InitValues());
+  const std::vector<float> after_two = PullNow(shard.get(), &version);
+  EXPECT_EQ(version, 2);
+  EXPECT_NE(after_two, InitValues());
+  // A second lease, then a restore of other state: both leases keep theirs.
+  ValuesLease second;
+  ASSERT_TRUE(shard->Read(kChunkId, v1::WIRE_FP32, &data, &version, &clock, -1, &second).ok());
+  absl::StatusOr<ChunkSnapshot> snapshot = shard->Snapshot(kChunkId);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  snapshot->values.assign(kLength, 7.0f);
+  ASSERT_TRUE(shard->Restore(kChunkId, *snapshot).ok());
+  EXPECT_EQ(LeasedValues(lease), InitValues());
+  EXPECT_EQ(LeasedValues(second), after_two);
+  EXPECT_EQ(PullNow(shard.get(), &version), std::vector<float>(kLength, 7.0f));
+  // Returned leases: the chunk updates in place again, with the same results.
+  lease = ValuesLease();
+  second = ValuesLease();
+  ASSERT_TRUE(shard->Push(Args("w0", 0, 3, 2, Encode(Grad(1.0f)))).ok());
+  const std::vector<float> g = Grad(1.0f);
+  const std::vector<float> now = PullNow(shard.get(), &version);
+  for (int64_t i = 0; i < kLength; ++i) EXPECT_EQ(now[i], 7.0f - kLr * g[i]) << "element " << i;
+  // Other formats are encoded copies, lease or not.
+  ASSERT_TRUE(shard->Read(kChunkId, v1::WIRE_BF16, &data, &version, &clock, -1, &lease).ok());
+  EXPECT_TRUE(lease.empty());
+  EXPECT_EQ(data.size(), static_cast<size_t>(kLength) * 2);
+}
+
+// BSP: a lease on the values before the last step (a pull of an exact
+// version) keeps them through the next steps, and the values a lease holds
+// never change under it whichever buffer the chunk reuses.
+TEST_F(ParameterStoreTest, BspLeasesOfBothVersionsOutliveTheSteps) {
+  std::shared_ptr<JobShard> shard = SetUpJob(TestJob(/*synchronous=*/true, 1));
+  ASSERT_NE(shard, nullptr);
+  std::string data;
+  int64_t version = -1, clock = -1;
+  ASSERT_TRUE(shard->Push(Args("w0", 0, 1, 0, Encode(Grad(1.0f)))).ok());
+  const std::vector<float> after_one = PullNow(shard.get(), &version);
+  ValuesLease before, current;
+  ASSERT_TRUE(shard->Read(kChunkId, v1::WIRE_FP32, &data, &version, &clock, 0, &before).ok());
+  ASSERT_TRUE(shard->Read(kChunkId, v1::WIRE_FP32, &data, &version, &clock, 1, &current).ok());
+  EXPECT_EQ(LeasedValues(before), InitValues());
+  EXPECT_EQ(LeasedValues(current), after_one);
+  std::vector<float> expected = after_one;
+  for (int64_t step = 1; step < 5; ++step) {
+    ASSERT_TRUE(shard->Push(Args("w0", 0, step + 1, step, Encode(Grad(static_cast<float>(step))))).ok());
+    const std::vector<float> g = Grad(static_cast<float>(step));
+    for (int64_t i = 0; i < kLength; ++i) expected[i] -= kLr * g[i];
+    if (!before.empty()) {
+      EXPECT_EQ(LeasedValues(before), InitValues()) << "step " << step;
+    }
+    EXPECT_EQ(LeasedValues(current), after_one) << "step " << step;
+    EXPECT_EQ(PullNow(shard.get(), &version), expected) << "step " << step;
+    if (step == 2) before = ValuesLease();  // returned halfway: its buffer may be reused
+  }
+}
+
 TEST_F(ParameterStoreTest, AspChunkKeepsNoOldValues) {
   std::shared_ptr<JobShard> shard = SetUpJob(TestJob(/*synchronous=*/false, 1));
   ASSERT_NE(shard, nullptr);

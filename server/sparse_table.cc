@@ -1,0 +1,353 @@
+#include "server/sparse_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "server/optimizer.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr size_t kBlockBytes = size_t{1} << 20;
+constexpr size_t kMinIndexSlots = 16;
+
+size_t Home(uint64_t key, size_t mask) { return static_cast<size_t>(SplitMix64(key)) & mask; }
+
+// Whether x lies in the cyclic interval (a, b].
+bool Between(size_t a, size_t x, size_t b) { return a <= b ? (a < x && x <= b) : (a < x || x <= b); }
+
+// Index slots for `rows` rows at most 3/4 full.
+size_t SlotsFor(int64_t rows, size_t at_least) {
+  size_t slots = std::max(at_least, kMinIndexSlots);
+  while (static_cast<int64_t>(slots / 4 * 3) < rows) slots *= 2;
+  return slots;
+}
+
+absl::Status Bad(const SparseTableConfig& config, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("table ", config.name, ": ", what));
+}
+
+}  // namespace
+
+int SparseStateSlots(SparseOptimizerKind kind) {
+  switch (kind) {
+    case SparseOptimizerKind::kSgd:
+      return 0;
+    case SparseOptimizerKind::kAdagrad:
+      return 1;
+    case SparseOptimizerKind::kFtrl:
+    case SparseOptimizerKind::kAdam:
+      return 2;
+  }
+  return 0;
+}
+
+absl::Status ValidateSparseTableConfig(const SparseTableConfig& config) {
+  if (config.dim < 1 || config.dim > 65536) return Bad(config, absl::StrCat("dim ", config.dim, " is outside [1, 65536]"));
+  const SparseOptimizerConfig& o = config.optimizer;
+  for (const auto& [name, value] : {std::pair<const char*, float>{"lr", o.lr},
+                                    {"epsilon", o.epsilon},
+                                    {"initialAccumulator", o.initial_accumulator},
+                                    {"l1", o.l1},
+                                    {"l2", o.l2},
+                                    {"beta", o.beta},
+                                    {"initScale", config.init_scale}}) {
+    if (!std::isfinite(value) || value < 0) return Bad(config, absl::StrCat(name, " ", value, " must be finite and >= 0"));
+  }
+  if (!(o.lr > 0)) return Bad(config, "lr must be > 0");
+  for (const auto& [name, value] : {std::pair<const char*, float>{"beta1", o.beta1}, {"beta2", o.beta2}}) {
+    if (!(value >= 0 && value < 1)) return Bad(config, absl::StrCat(name, " ", value, " is outside [0, 1)"));
+  }
+  if (o.kind == SparseOptimizerKind::kFtrl && config.init != InitKind::kZeros) {
+    return Bad(config, "FTRL starts every row at zero (its weights follow from z and n): use a zeros initializer");
+  }
+  if (config.admit_after < 0) return Bad(config, absl::StrCat("admitAfter ", config.admit_after, " is negative"));
+  if (config.expire_after < 0) return Bad(config, absl::StrCat("expireAfter ", config.expire_after, " is negative"));
+  if (config.memory_budget < 0) return Bad(config, "the memory budget is negative");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(SparseTableConfig config) {
+  if (absl::Status valid = ValidateSparseTableConfig(config); !valid.ok()) return valid;
+  return std::unique_ptr<SparseTable>(new SparseTable(std::move(config)));
+}
+
+SparseTable::SparseTable(SparseTableConfig config)
+    : config_(std::move(config)),
+      slots_(SparseStateSlots(config_.optimizer.kind)),
+      stride_(config_.dim * (1 + slots_)),
+      // Headers stay 8-byte aligned: rows are a multiple of 8 bytes.
+      row_bytes_((sizeof(RowHeader) + static_cast<size_t>(stride_) * sizeof(float) + 7) / 8 * 8),
+      init_key_(SplitMix64(SplitMix64(config_.seed) ^ ((uint64_t{config_.table_index} << 32) | 0x5ab1eU))) {
+  rows_per_block_ = std::max<size_t>(1, kBlockBytes / row_bytes_);
+  MutexLock lock(&mu_);
+  index_.assign(kMinIndexSlots, 0);
+}
+
+char* SparseTable::RowAt(uint32_t r) const {
+  return blocks_[r / rows_per_block_].get() + (r % rows_per_block_) * row_bytes_;
+}
+
+size_t SparseTable::Probe(uint64_t key) const {
+  const size_t mask = index_.size() - 1;
+  size_t slot = Home(key, mask);
+  while (index_[slot] != 0 && Header(RowAt(index_[slot] - 1))->key != key) slot = (slot + 1) & mask;
+  return slot;
+}
+
+int64_t SparseTable::Find(uint64_t key) const {
+  const uint32_t entry = index_[Probe(key)];
+  return entry == 0 ? -1 : static_cast<int64_t>(entry) - 1;
+}
+
+void SparseTable::GrowIndex() {
+  std::vector<uint32_t> old = std::move(index_);
+  index_.assign(old.size() * 2, 0);
+  for (uint32_t entry : old) {
+    if (entry != 0) index_[Probe(Header(RowAt(entry - 1))->key)] = entry;
+  }
+}
+
+uint32_t SparseTable::AddRow(uint64_t key, int64_t step) {
+  if (static_cast<size_t>(rows_) + 1 > index_.size() / 4 * 3) GrowIndex();
+  const uint32_t r = rows_++;
+  if (r / rows_per_block_ >= blocks_.size()) blocks_.push_back(std::make_unique<char[]>(rows_per_block_ * row_bytes_));
+  char* row = RowAt(r);
+  Header(row)->key = key;
+  Header(row)->last_step = step;
+  InitRow(key, Floats(row));
+  index_[Probe(key)] = r + 1;
+  return r;
+}
+
+void SparseTable::RemoveRow(uint32_t r) {
+  // Out of the index, shifting back the entries that probed past its slot.
+  const size_t mask = index_.size() - 1;
+  size_t hole = Probe(Header(RowAt(r))->key);
+  index_[hole] = 0;
+  for (size_t j = (hole + 1) & mask; index_[j] != 0; j = (j + 1) & mask) {
+    const size_t home = Home(Header(RowAt(index_[j] - 1))->key, mask);
+    if (!Between(hole, home, j)) {
+      index_[hole] = index_[j];
+      index_[j] = 0;
+      hole = j;
+    }
+  }
+  // The last row moves into its place.
+  const uint32_t last = rows_ - 1;
+  if (r != last) {
+    std::memcpy(RowAt(r), RowAt(last), row_bytes_);
+    index_[Probe(Header(RowAt(r))->key)] = r + 1;
+  }
+  --rows_;
+  if (rows_ == 0 || (rows_ - 1) / rows_per_block_ + 1 < blocks_.size()) blocks_.pop_back();
+}
+
+void SparseTable::InitValues(uint64_t key, float* values) const {
+  if (config_.init == InitKind::kZeros) {
+    std::fill(values, values + config_.dim, 0.0f);
+    return;
+  }
+  // A counter-based stream per (seed, table, key): the same on any server.
+  const uint64_t row_key = SplitMix64(init_key_ ^ SplitMix64(key));
+  for (int32_t j = 0; j < config_.dim; ++j) {
+    values[j] = config_.init_scale * (2.0f * BitsToUnitFloat(SplitMix64(row_key + static_cast<uint64_t>(j))) - 1.0f);
+  }
+}
+
+void SparseTable::InitRow(uint64_t key, float* row) const {
+  InitValues(key, row);
+  const float state = config_.optimizer.kind == SparseOptimizerKind::kAdagrad ? config_.optimizer.initial_accumulator
+                                                                              : 0.0f;
+  std::fill(row + config_.dim, row + stride_, state);
+}
+
+void SparseTable::Apply(float* row, const float* g) {
+  const SparseOptimizerConfig& o = config_.optimizer;
+  const int32_t dim = config_.dim;
+  float* w = row;
+  switch (o.kind) {
+    case SparseOptimizerKind::kSgd:
+      for (int32_t j = 0; j < dim; ++j) w[j] -= o.lr * g[j];
+      return;
+    case SparseOptimizerKind::kAdagrad: {
+      float* s = row + dim;
+      for (int32_t j = 0; j < dim; ++j) {
+        s[j] += g[j] * g[j];
+        w[j] -= o.lr * (g[j] / (std::sqrt(s[j]) + o.epsilon));
+      }
+      return;
+    }
+    case SparseOptimizerKind::kFtrl: {
+      float* z = row + dim;
+      float* n = row + 2 * dim;
+      for (int32_t j = 0; j < dim; ++j) {
+        const float n_new = n[j] + g[j] * g[j];
+        const float sigma = (std::sqrt(n_new) - std::sqrt(n[j])) / o.lr;
+        z[j] += g[j] - sigma * w[j];
+        n[j] = n_new;
+        w[j] = std::fabs(z[j]) <= o.l1
+                   ? 0.0f
+                   : -(z[j] - std::copysign(o.l1, z[j])) / ((o.beta + std::sqrt(n_new)) / o.lr + o.l2);
+      }
+      return;
+    }
+    case SparseOptimizerKind::kAdam: {
+      float* m = row + dim;
+      float* v = row + 2 * dim;
+      // The step size in double, rounded once, as PyTorch's Python side
+      // computes it (and the dense Adam here).
+      const double t = static_cast<double>(pushes_);
+      const double bias1 = 1.0 - std::pow(static_cast<double>(o.beta1), t);
+      const double bias2 = 1.0 - std::pow(static_cast<double>(o.beta2), t);
+      const auto step_size = static_cast<float>(static_cast<double>(o.lr) * std::sqrt(bias2) / bias1);
+      for (int32_t j = 0; j < dim; ++j) {
+        m[j] += (g[j] - m[j]) * (1.0f - o.beta1);
+        v[j] += (g[j] * g[j] - v[j]) * (1.0f - o.beta2);
+        w[j] -= step_size * (m[j] / (std::sqrt(v[j]) + o.epsilon));
+      }
+      return;
+    }
+  }
+}
+
+int64_t SparseTable::BytesFor(int64_t rows, size_t index_slots, size_t candidates) const {
+  const auto blocks = static_cast<int64_t>((static_cast<size_t>(rows) + rows_per_block_ - 1) / rows_per_block_);
+  // A flat_hash_map keeps a control byte beside every slot and stays at most 7/8 full.
+  const int64_t candidate_bytes =
+      static_cast<int64_t>(candidates) * static_cast<int64_t>(sizeof(std::pair<const uint64_t, Sightings>) + 1) * 8 / 7;
+  return blocks * static_cast<int64_t>(rows_per_block_ * row_bytes_) +
+         static_cast<int64_t>(index_slots * sizeof(uint32_t)) + candidate_bytes;
+}
+
+int64_t SparseTable::BytesLocked() const {
+  return static_cast<int64_t>(blocks_.size() * rows_per_block_ * row_bytes_ + index_.size() * sizeof(uint32_t) +
+                              candidates_.capacity() * (sizeof(std::pair<const uint64_t, Sightings>) + 1));
+}
+
+void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out) const {
+  ReaderMutexLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    float* values = out + i * static_cast<size_t>(config_.dim);
+    const int64_t r = Find(keys[i]);
+    if (r < 0) {
+      InitValues(keys[i], values);
+    } else {
+      std::memcpy(values, Floats(RowAt(static_cast<uint32_t>(r))), static_cast<size_t>(config_.dim) * sizeof(float));
+    }
+  }
+}
+
+absl::Status SparseTable::Push(int64_t step, absl::Span<const uint64_t> keys, const float* grads) {
+  const auto dim = static_cast<int64_t>(config_.dim);
+  const int64_t bad = FirstNonFinite(grads, static_cast<int64_t>(keys.size()) * dim);
+  if (bad >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("push to table ", config_.name, " has a non-finite gradient (",
+                                                   grads[bad], ") for key ", keys[static_cast<size_t>(bad / dim)],
+                                                   " at element ", bad % dim));
+  }
+  absl::flat_hash_set<uint64_t> seen;
+  seen.reserve(keys.size());
+  for (uint64_t key : keys) {
+    if (!seen.insert(key).second) {
+      return absl::InvalidArgumentError(absl::StrCat("push to table ", config_.name, " lists key ", key,
+                                                     " more than once (sum a key's gradients into one row)"));
+    }
+  }
+  MutexLock lock(&mu_);
+  // What the push would add: rows for the keys admitted now, filter counts
+  // for the others. Refused whole when that does not fit.
+  const int32_t admit_after = std::max(1, config_.admit_after);
+  int64_t new_rows = 0, new_candidates = 0;
+  for (uint64_t key : keys) {
+    if (Find(key) >= 0) continue;
+    auto it = candidates_.find(key);
+    const int32_t count = it == candidates_.end() ? 0 : it->second.count;
+    if (count + 1 >= admit_after) {
+      ++new_rows;
+    } else if (it == candidates_.end()) {
+      ++new_candidates;
+    }
+  }
+  if (config_.memory_budget > 0 && new_rows + new_candidates > 0) {
+    const int64_t rows = rows_ + new_rows;
+    const int64_t needed =
+        BytesFor(rows, SlotsFor(rows, index_.size()), candidates_.size() + static_cast<size_t>(new_candidates));
+    if (needed > config_.memory_budget) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "table ", config_.name, " is full: ", rows_, " rows and ", candidates_.size(), " filtered keys take ",
+          BytesLocked(), " bytes; this push's ", new_rows, " new rows would need ", needed, ", beyond its budget of ",
+          config_.memory_budget, " bytes"));
+    }
+  }
+  ++pushes_;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    int64_t r = Find(keys[i]);
+    if (r < 0) {
+      auto it = candidates_.find(keys[i]);
+      const int32_t count = (it == candidates_.end() ? 0 : it->second.count) + 1;
+      if (count < admit_after) {  // filtered: counted, its gradient dropped
+        candidates_[keys[i]] = Sightings{count, step};
+        continue;
+      }
+      if (it != candidates_.end()) candidates_.erase(it);
+      r = AddRow(keys[i], step);
+      ++admissions_;
+    }
+    char* row = RowAt(static_cast<uint32_t>(r));
+    Header(row)->last_step = step;
+    Apply(Floats(row), grads + static_cast<int64_t>(i) * dim);
+  }
+  return absl::OkStatus();
+}
+
+int64_t SparseTable::Expire(int64_t now) {
+  if (config_.expire_after <= 0) return 0;
+  const int64_t oldest = now - config_.expire_after;
+  MutexLock lock(&mu_);
+  int64_t dropped = 0;
+  // From the end: the last row, moved into a dropped one's place, is already checked.
+  for (uint32_t r = rows_; r-- > 0;) {
+    if (Header(RowAt(r))->last_step < oldest) {
+      RemoveRow(r);
+      ++dropped;
+    }
+  }
+  absl::erase_if(candidates_, [oldest](const auto& entry) { return entry.second.last_step < oldest; });
+  expiries_ += dropped;
+  return dropped;
+}
+
+void SparseTable::ForEachRow(const std::function<void(uint64_t key, absl::Span<const float> values)>& row) const {
+  ReaderMutexLock lock(&mu_);
+  for (uint32_t r = 0; r < rows_; ++r) {
+    char* at = RowAt(r);
+    row(Header(at)->key, absl::Span<const float>(Floats(at), static_cast<size_t>(config_.dim)));
+  }
+}
+
+int64_t SparseTable::rows() const {
+  ReaderMutexLock lock(&mu_);
+  return rows_;
+}
+
+int64_t SparseTable::bytes() const {
+  ReaderMutexLock lock(&mu_);
+  return BytesLocked();
+}
+
+int64_t SparseTable::admissions() const {
+  ReaderMutexLock lock(&mu_);
+  return admissions_;
+}
+
+int64_t SparseTable::expiries() const {
+  ReaderMutexLock lock(&mu_);
+  return expiries_;
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,164 @@
+// A sparse embedding table as a parameter server holds it: uint64 keys to
+// rows of `dim` floats with per-row optimizer state. Rows are created when a
+// key is first pushed (after `admit_after` sightings with a frequency
+// filter), start from a per-key deterministic initializer (so every server
+// that ever holds a key starts it from the same values), and are dropped when
+// not pushed for `expire_after` steps. Keys without a row read as their
+// initial values. No gRPC here.
+//
+// Storage is an open-addressing index (linear probing, 32-bit row numbers)
+// over rows kept in fixed-size blocks, each row its key, the step it was last
+// pushed, its values and its optimizer state, side by side: about 8 + 8 + 5
+// bytes of overhead a row beside its values and state, and no reallocation
+// of rows as the table grows.
+#ifndef FULCRUM_SERVER_SPARSE_TABLE_H_
+#define FULCRUM_SERVER_SPARSE_TABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/param_init.h"
+#include "common/sync.h"
+
+namespace fulcrum {
+
+enum class SparseOptimizerKind { kSgd, kAdagrad, kFtrl, kAdam };
+
+// The per-row rules (g: the row's summed gradient of one push):
+//   SGD:     w -= lr * g                                   (PyTorch SGD, sparse)
+//   Adagrad: s += g*g; w -= lr * (g / (sqrt(s) + eps))     (PyTorch Adagrad, sparse)
+//   FTRL:    FTRL-proximal (McMahan et al. 2013) per coordinate, alpha = lr:
+//            sigma = (sqrt(n + g*g) - sqrt(n)) / lr; z += g - sigma * w; n += g*g;
+//            w = |z| <= l1 ? 0 : -(z - sign(z) * l1) / ((beta + sqrt(n)) / lr + l2)
+//   Adam:    lazy (PyTorch SparseAdam): only the pushed rows' moments move;
+//            the table counts its pushes as the bias-correction step t:
+//            dm = (g - m) * (1 - b1); m += dm; v += (g*g - v) * (1 - b2);
+//            w -= (lr * sqrt(1 - b2^t) / (1 - b1^t)) * (m / (sqrt(v) + eps)),
+//            the step size computed in double and rounded once
+struct SparseOptimizerConfig {
+  SparseOptimizerKind kind = SparseOptimizerKind::kSgd;
+  float lr = 0.01f;
+  float epsilon = 1e-10f;           // Adagrad, Adam
+  float initial_accumulator = 0;    // Adagrad
+  float beta1 = 0.9f, beta2 = 0.999f;  // Adam
+  float l1 = 0, l2 = 0, beta = 1;   // FTRL
+};
+
+// Float state arrays a row carries beside its values (Adagrad: s; FTRL: z, n;
+// Adam: m, v).
+int SparseStateSlots(SparseOptimizerKind kind);
+
+struct SparseTableConfig {
+  std::string name;
+  int32_t dim = 0;
+  SparseOptimizerConfig optimizer;
+  InitKind init = InitKind::kZeros;  // FTRL: zeros only (its weights follow from z and n)
+  float init_scale = 0;
+  uint64_t seed = 0;
+  // Which table of the job (the initializer's stream).
+  uint32_t table_index = 0;
+  // Frequency filter: a key gets a row at its admit_after-th push (0 or 1:
+  // at its first); the gradients of the pushes before are dropped.
+  int32_t admit_after = 0;
+  // Rows not pushed for this many steps are dropped by Expire (0: never).
+  int64_t expire_after = 0;
+  // What rows, index and filter counts may take together (0: no limit).
+  int64_t memory_budget = 0;
+};
+
+// INVALID_ARGUMENT naming the table and the field for a config the table
+// cannot run: dim outside [1, 65536], a negative or non-finite
+// hyperparameter, betas outside [0, 1), FTRL with a non-zero initializer.
+absl::Status ValidateSparseTableConfig(const SparseTableConfig& config);
+
+class SparseTable {
+ public:
+  static absl::StatusOr<std::unique_ptr<SparseTable>> Create(SparseTableConfig config);
+
+  // Writes the rows of `keys` to out (keys.size() x dim floats, in order):
+  // the stored row, or the key's initial values for a key without one.
+  void Pull(absl::Span<const uint64_t> keys, float* out) const;
+
+  // Applies one push at `step`: grads holds keys.size() x dim floats, one
+  // summed gradient row per key. All or nothing: INVALID_ARGUMENT for a key
+  // listed twice or a non-finite gradient (naming the key and element), and
+  // RESOURCE_EXHAUSTED naming the table when the rows it would create do not
+  // fit the memory budget.
+  absl::Status Push(int64_t step, absl::Span<const uint64_t> keys, const float* grads);
+
+  // Drops the rows last pushed before `now` - expire_after (nothing when
+  // expire_after is 0) and filter counts of keys not seen since; returns the
+  // rows dropped.
+  int64_t Expire(int64_t now);
+
+  // Calls `row(key, values)` for every row, in no particular order.
+  void ForEachRow(const std::function<void(uint64_t key, absl::Span<const float> values)>& row) const;
+
+  const SparseTableConfig& config() const { return config_; }
+  int64_t rows() const;
+  // Bytes held for rows, index and filter counts.
+  int64_t bytes() const;
+  // A row's values and optimizer state, the bytes that must be kept at least.
+  int64_t raw_row_bytes() const { return static_cast<int64_t>(stride_) * 4; }
+  int64_t admissions() const;
+  int64_t expiries() const;
+
+ private:
+  explicit SparseTable(SparseTableConfig config);
+
+  // Row r: its header and floats (values, then the state slots).
+  struct RowHeader {
+    uint64_t key;
+    int64_t last_step;
+  };
+  char* RowAt(uint32_t r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  static float* Floats(char* row) { return reinterpret_cast<float*>(row + sizeof(RowHeader)); }
+  static RowHeader* Header(char* row) { return reinterpret_cast<RowHeader*>(row); }
+  // The index slot holding `key`, or the empty slot where it would go.
+  size_t Probe(uint64_t key) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Row number of `key` (-1: none).
+  int64_t Find(uint64_t key) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  uint32_t AddRow(uint64_t key, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveRow(uint32_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void GrowIndex() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The key's initial values and state into a row's floats.
+  void InitRow(uint64_t key, float* row) const;
+  void InitValues(uint64_t key, float* values) const;
+  void Apply(float* row, const float* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t BytesFor(int64_t rows, size_t index_slots, size_t candidates) const;
+  size_t rows_per_block_ = 1;
+  int64_t BytesLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  const SparseTableConfig config_;
+  const int slots_;      // optimizer state arrays
+  const int stride_;     // floats a row: dim * (1 + slots_)
+  const size_t row_bytes_;
+  const uint64_t init_key_;  // the initializer's stream for this table
+
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<char[]>> blocks_ ABSL_GUARDED_BY(mu_);  // kRowsPerBlock rows each
+  uint32_t rows_ ABSL_GUARDED_BY(mu_) = 0;
+  // Row number + 1 by slot (0: empty); a power of two, at most 3/4 full.
+  std::vector<uint32_t> index_ ABSL_GUARDED_BY(mu_);
+  // Frequency filter: pushes seen of keys without a row, and the step of the last.
+  struct Sightings {
+    int32_t count;
+    int64_t last_step;
+  };
+  absl::flat_hash_map<uint64_t, Sightings> candidates_ ABSL_GUARDED_BY(mu_);
+  int64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;  // Adam's bias-correction step
+  int64_t admissions_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t expiries_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SERVER_SPARSE_TABLE_H_

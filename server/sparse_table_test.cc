@@ -1,0 +1,334 @@
+#include "server/sparse_table.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace fulcrum {
+namespace {
+
+SparseTableConfig Table(SparseOptimizerKind kind, int32_t dim = 4) {
+  SparseTableConfig config;
+  config.name = "emb";
+  config.dim = dim;
+  config.optimizer.kind = kind;
+  config.optimizer.lr = 0.1f;
+  config.init = kind == SparseOptimizerKind::kFtrl ? InitKind::kZeros : InitKind::kUniform;
+  config.init_scale = 0.05f;
+  config.seed = 42;
+  config.table_index = 1;
+  return config;
+}
+
+std::unique_ptr<SparseTable> Make(const SparseTableConfig& config) {
+  auto table = SparseTable::Create(config);
+  EXPECT_TRUE(table.ok()) << table.status();
+  return table.ok() ? *std::move(table) : nullptr;
+}
+
+std::vector<float> PullOne(const SparseTable& table, uint64_t key) {
+  std::vector<float> row(static_cast<size_t>(table.config().dim));
+  table.Pull({key}, row.data());
+  return row;
+}
+
+TEST(SparseTableTest, KeysWithoutARowReadAsTheirInitialValuesTheSameOnEveryServer) {
+  auto a = Make(Table(SparseOptimizerKind::kSgd));
+  auto b = Make(Table(SparseOptimizerKind::kSgd));
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::vector<uint64_t> keys = {0, 1, 7, 123456789012345ULL, std::numeric_limits<uint64_t>::max()};
+  std::vector<float> from_a(keys.size() * 4), from_b(keys.size() * 4);
+  a->Pull(keys, from_a.data());
+  b->Pull(keys, from_b.data());
+  EXPECT_EQ(from_a, from_b);
+  std::set<float> distinct(from_a.begin(), from_a.end());
+  EXPECT_EQ(distinct.size(), from_a.size()) << "every key and element its own value";
+  for (float v : from_a) EXPECT_LE(std::fabs(v), 0.05f);
+  EXPECT_EQ(a->rows(), 0) << "pulls create no rows";
+  // Another table of the job starts its keys elsewhere.
+  SparseTableConfig other = Table(SparseOptimizerKind::kSgd);
+  other.table_index = 2;
+  EXPECT_NE(PullOne(*Make(other), 7), PullOne(*a, 7));
+}
+
+TEST(SparseTableTest, SgdCreatesRowsOnFirstPushAndAppliesEachPush) {
+  auto table = Make(Table(SparseOptimizerKind::kSgd));
+  ASSERT_NE(table, nullptr);
+  const std::vector<float> init5 = PullOne(*table, 5), init9 = PullOne(*table, 9);
+  const std::vector<float> grads = {1, 2, 3, 4, -1, -2, -3, -4};
+  ASSERT_TRUE(table->Push(1, {5, 9}, grads.data()).ok());
+  EXPECT_EQ(table->rows(), 2);
+  EXPECT_EQ(table->admissions(), 2);
+  std::vector<float> expected5 = init5, expected9 = init9;
+  for (int j = 0; j < 4; ++j) {
+    expected5[j] -= 0.1f * grads[j];
+    expected9[j] -= 0.1f * grads[4 + j];
+  }
+  EXPECT_EQ(PullOne(*table, 5), expected5);
+  EXPECT_EQ(PullOne(*table, 9), expected9);
+  ASSERT_TRUE(table->Push(2, {5}, grads.data()).ok());
+  for (int j = 0; j < 4; ++j) expected5[j] -= 0.1f * grads[j];
+  EXPECT_EQ(PullOne(*table, 5), expected5);
+  EXPECT_EQ(PullOne(*table, 9), expected9);
+  EXPECT_EQ(table->rows(), 2);
+}
+
+// The sparse optimizers against the update rules worked by hand, one
+// coordinate over three pushes.
+TEST(SparseTableTest, SparseOptimizersFollowTheirRulesExactly) {
+  const std::vector<float> g = {0.5f, -2.0f, 1.0f};
+  {  // Adagrad: s += g^2; w -= lr * (g / (sqrt(s) + eps)).
+    SparseTableConfig config = Table(SparseOptimizerKind::kAdagrad, 1);
+    config.optimizer.initial_accumulator = 0.1f;
+    config.optimizer.epsilon = 1e-10f;
+    auto table = Make(config);
+    float w = PullOne(*table, 3)[0], s = 0.1f;
+    for (size_t t = 0; t < g.size(); ++t) {
+      ASSERT_TRUE(table->Push(static_cast<int64_t>(t), {3}, &g[t]).ok());
+      s += g[t] * g[t];
+      w -= 0.1f * (g[t] / (std::sqrt(s) + 1e-10f));
+      EXPECT_EQ(PullOne(*table, 3)[0], w) << "push " << t;
+    }
+  }
+  {  // FTRL-proximal, alpha = lr = 0.1, beta = 1, l1 = 0.3, l2 = 0.01, from zero.
+    SparseTableConfig config = Table(SparseOptimizerKind::kFtrl, 1);
+    config.optimizer.l1 = 0.3f;
+    config.optimizer.l2 = 0.01f;
+    config.optimizer.beta = 1.0f;
+    auto table = Make(config);
+    EXPECT_EQ(PullOne(*table, 3)[0], 0.0f);
+    // Push 1: n = 0.25, sigma = 0.5 / 0.1 = 5, z = 0.5 - 5 * 0 = 0.5; |z| > l1:
+    // w = -(0.5 - 0.3) / ((1 + 0.5) / 0.1 + 0.01) = -0.2 / 15.01.
+    ASSERT_TRUE(table->Push(0, {3}, &g[0]).ok());
+    EXPECT_FLOAT_EQ(PullOne(*table, 3)[0], -0.2f / 15.01f);
+    float z = 0.5f, n = 0.25f, w = PullOne(*table, 3)[0];
+    for (size_t t = 1; t < g.size(); ++t) {
+      ASSERT_TRUE(table->Push(static_cast<int64_t>(t), {3}, &g[t]).ok());
+      const float n_new = n + g[t] * g[t];
+      const float sigma = (std::sqrt(n_new) - std::sqrt(n)) / 0.1f;
+      z += g[t] - sigma * w;
+      n = n_new;
+      w = std::fabs(z) <= 0.3f ? 0.0f : -(z - std::copysign(0.3f, z)) / ((1.0f + std::sqrt(n)) / 0.1f + 0.01f);
+      EXPECT_EQ(PullOne(*table, 3)[0], w) << "push " << t;
+    }
+    // A gradient that leaves |z| within l1 gives exactly zero.
+    SparseTableConfig sparse = config;
+    sparse.optimizer.l1 = 10.0f;
+    auto zeroed = Make(sparse);
+    ASSERT_TRUE(zeroed->Push(0, {3}, &g[1]).ok());
+    EXPECT_EQ(PullOne(*zeroed, 3)[0], 0.0f);
+  }
+  {  // Lazy Adam (PyTorch SparseAdam's arithmetic), t = the table's pushes.
+    SparseTableConfig config = Table(SparseOptimizerKind::kAdam, 1);
+    config.optimizer.epsilon = 1e-8f;
+    auto table = Make(config);
+    float w = PullOne(*table, 3)[0], m = 0, v = 0;
+    for (size_t t = 0; t < g.size(); ++t) {
+      ASSERT_TRUE(table->Push(static_cast<int64_t>(t), {3}, &g[t]).ok());
+      const double step = static_cast<double>(t + 1);
+      m += (g[t] - m) * (1.0f - 0.9f);
+      v += (g[t] * g[t] - v) * (1.0f - 0.999f);
+      const double bias1 = 1.0 - std::pow(static_cast<double>(0.9f), step);
+      const double bias2 = 1.0 - std::pow(static_cast<double>(0.999f), step);
+      const auto step_size = static_cast<float>(static_cast<double>(0.1f) * std::sqrt(bias2) / bias1);
+      w -= step_size * (m / (std::sqrt(v) + 1e-8f));
+      EXPECT_EQ(PullOne(*table, 3)[0], w) << "push " << t;
+    }
+    // Lazy: a row not pushed keeps its moments, and its values, while others move.
+    const std::vector<float> before = PullOne(*table, 4);
+    ASSERT_TRUE(table->Push(9, {5}, &g[0]).ok());
+    EXPECT_EQ(PullOne(*table, 4), before);
+  }
+}
+
+TEST(SparseTableTest, TheFrequencyFilterAdmitsAKeyAtItsNthPush) {
+  SparseTableConfig config = Table(SparseOptimizerKind::kSgd, 2);
+  config.admit_after = 3;
+  auto table = Make(config);
+  const std::vector<float> init = PullOne(*table, 11);
+  const std::vector<float> g1 = {1, 1}, g2 = {2, 2}, g3 = {4, 8};
+  ASSERT_TRUE(table->Push(0, {11}, g1.data()).ok());
+  ASSERT_TRUE(table->Push(1, {11}, g2.data()).ok());
+  EXPECT_EQ(table->rows(), 0);
+  EXPECT_EQ(PullOne(*table, 11), init) << "filtered pushes are dropped";
+  ASSERT_TRUE(table->Push(2, {11}, g3.data()).ok());
+  EXPECT_EQ(table->rows(), 1);
+  EXPECT_EQ(table->admissions(), 1);
+  EXPECT_EQ(PullOne(*table, 11), (std::vector<float>{init[0] - 0.1f * 4, init[1] - 0.1f * 8}));
+}
+
+TEST(SparseTableTest, RowsUnpushedForExpireAfterStepsAreDropped) {
+  SparseTableConfig config = Table(SparseOptimizerKind::kAdagrad, 2);
+  config.expire_after = 5;
+  auto table = Make(config);
+  const std::vector<float> g = {1, 1};
+  const std::vector<float> init1 = PullOne(*table, 1);
+  ASSERT_TRUE(table->Push(0, {1}, g.data()).ok());
+  ASSERT_TRUE(table->Push(4, {2}, g.data()).ok());
+  ASSERT_TRUE(table->Push(10, {3}, g.data()).ok());
+  EXPECT_EQ(table->Expire(5), 0) << "row 1 was pushed at step 0, 5 steps ago";
+  EXPECT_EQ(table->Expire(6), 1);
+  EXPECT_EQ(table->rows(), 2);
+  EXPECT_EQ(PullOne(*table, 1), init1) << "an expired key reads as new";
+  EXPECT_EQ(table->Expire(12), 1);
+  std::set<uint64_t> left;
+  table->ForEachRow([&](uint64_t key, absl::Span<const float>) { left.insert(key); });
+  EXPECT_EQ(left, (std::set<uint64_t>{3}));
+  EXPECT_EQ(table->expiries(), 2);
+  SparseTableConfig never = config;
+  never.expire_after = 0;
+  auto kept = Make(never);
+  ASSERT_TRUE(kept->Push(0, {1}, g.data()).ok());
+  EXPECT_EQ(kept->Expire(1000000), 0);
+}
+
+// Random pushes and expiries against a plain map of the same rows: the index
+// finds every row after any sequence of inserts, moves and removals.
+TEST(SparseTableTest, RowsMatchAModelThroughRandomPushesAndExpiries) {
+  SparseTableConfig config = Table(SparseOptimizerKind::kSgd, 3);
+  config.expire_after = 40;
+  config.admit_after = 2;
+  auto table = Make(config);
+  std::map<uint64_t, std::vector<float>> rows;
+  std::map<uint64_t, int64_t> last_push, sightings, last_sighting;
+  std::mt19937_64 random(7);
+  for (int64_t step = 0; step < 400; ++step) {
+    std::set<uint64_t> keys_set;
+    const int n = static_cast<int>(random() % 40);
+    for (int i = 0; i < n; ++i) keys_set.insert(random() % 300);
+    const std::vector<uint64_t> keys(keys_set.begin(), keys_set.end());
+    std::vector<float> grads(keys.size() * 3);
+    for (float& g : grads) g = static_cast<float>(static_cast<int>(random() % 17) - 8) / 8.0f;
+    ASSERT_TRUE(table->Push(step, keys, grads.data()).ok());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const uint64_t key = keys[i];
+      if (rows.count(key) == 0) {
+        if (++sightings[key] < 2) {
+          last_sighting[key] = step;
+          continue;
+        }
+        sightings.erase(key);
+        last_sighting.erase(key);
+        rows[key] = PullOne(*Make(config), key);
+      }
+      for (int j = 0; j < 3; ++j) rows[key][j] -= 0.1f * grads[i * 3 + j];
+      last_push[key] = step;
+    }
+    if (step % 7 == 0) {
+      int64_t expected_drops = 0;
+      for (auto it = rows.begin(); it != rows.end();) {
+        if (last_push[it->first] < step - 40) {
+          it = rows.erase(it);
+          ++expected_drops;
+        } else {
+          ++it;
+        }
+      }
+      for (auto it = last_sighting.begin(); it != last_sighting.end();) {
+        if (it->second < step - 40) {
+          sightings.erase(it->first);
+          it = last_sighting.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      ASSERT_EQ(table->Expire(step), expected_drops) << "step " << step;
+    }
+  }
+  ASSERT_EQ(table->rows(), static_cast<int64_t>(rows.size()));
+  std::map<uint64_t, std::vector<float>> stored;
+  table->ForEachRow([&](uint64_t key, absl::Span<const float> values) {
+    stored[key] = std::vector<float>(values.begin(), values.end());
+  });
+  EXPECT_EQ(stored, rows);
+  for (const auto& [key, values] : rows) EXPECT_EQ(PullOne(*table, key), values) << "key " << key;
+}
+
+TEST(SparseTableTest, BadPushesAreRefusedWholeNamingTheKey) {
+  auto table = Make(Table(SparseOptimizerKind::kSgd, 2));
+  const std::vector<float> good = {1, 1, 1, 1};
+  std::vector<float> nan = good;
+  nan[3] = std::nanf("");
+  absl::Status status = table->Push(0, {4, 8}, nan.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("key 8 at element 1"), std::string::npos) << status;
+  status = table->Push(0, {4, 4}, good.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("key 4 more than once"), std::string::npos) << status;
+  EXPECT_EQ(table->rows(), 0) << "nothing of a refused push applied";
+}
+
+TEST(SparseTableTest, AFullTableRefusesNewRowsNamingItselfAndKeepsWhatItHas) {
+  SparseTableConfig config = Table(SparseOptimizerKind::kAdagrad, 16);
+  config.memory_budget = 4 << 20;
+  auto table = Make(config);
+  std::vector<uint64_t> keys(1000);
+  std::vector<float> grads(keys.size() * 16, 0.5f);
+  uint64_t next = 0;
+  absl::Status status;
+  while (status.ok()) {
+    for (uint64_t& key : keys) key = next++;
+    status = table->Push(1, keys, grads.data());
+  }
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find("table emb is full"), std::string::npos) << status;
+  const int64_t rows = table->rows();
+  EXPECT_GT(rows, 10000);
+  EXPECT_LE(table->bytes(), config.memory_budget);
+  EXPECT_EQ(static_cast<uint64_t>(rows), next - keys.size()) << "the refused push created no row";
+  // Rows that exist still take pushes.
+  const std::vector<float> before = PullOne(*table, 0);
+  ASSERT_TRUE(table->Push(2, {0}, grads.data()).ok());
+  EXPECT_NE(PullOne(*table, 0), before);
+}
+
+// Memory a row: its values and Adagrad state (16 + 16 floats, 128 bytes)
+// plus key, last step and index share stay within 1.3 times those bytes.
+TEST(SparseTableTest, MemoryPerRowIsWithinAThirdOfItsValuesAndState) {
+  auto table = Make(Table(SparseOptimizerKind::kAdagrad, 16));
+  std::vector<uint64_t> keys(4096);
+  std::vector<float> grads(keys.size() * 16, 0.25f);
+  for (int batch = 0; batch < 50; ++batch) {
+    for (size_t i = 0; i < keys.size(); ++i) keys[i] = SplitMix64(batch * keys.size() + i);
+    ASSERT_TRUE(table->Push(batch, keys, grads.data()).ok());
+  }
+  const double per_row = static_cast<double>(table->bytes()) / static_cast<double>(table->rows());
+  EXPECT_EQ(table->raw_row_bytes(), 128);
+  EXPECT_LE(per_row, 1.3 * 128) << per_row << " bytes a row";
+}
+
+TEST(SparseTableTest, ConfigsTheTableCannotRunAreRefusedNamingTheField) {
+  auto refused = [](SparseTableConfig config, const std::string& needle) {
+    absl::Status status = ValidateSparseTableConfig(config);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << needle;
+    EXPECT_NE(status.message().find(needle), std::string::npos) << status;
+    EXPECT_NE(status.message().find("table emb"), std::string::npos) << status;
+  };
+  SparseTableConfig config = Table(SparseOptimizerKind::kAdam);
+  config.dim = 0;
+  refused(config, "dim 0");
+  config = Table(SparseOptimizerKind::kAdam);
+  config.optimizer.lr = std::numeric_limits<float>::infinity();
+  refused(config, "lr");
+  config = Table(SparseOptimizerKind::kAdam);
+  config.optimizer.beta2 = 1.0f;
+  refused(config, "beta2");
+  config = Table(SparseOptimizerKind::kFtrl);
+  config.init = InitKind::kUniform;
+  refused(config, "FTRL");
+  config = Table(SparseOptimizerKind::kSgd);
+  config.admit_after = -1;
+  refused(config, "admitAfter");
+  EXPECT_TRUE(ValidateSparseTableConfig(Table(SparseOptimizerKind::kFtrl)).ok());
+}
+
+}  // namespace
+}  // namespace fulcrum

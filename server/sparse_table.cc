@@ -15,7 +15,16 @@ namespace {
 constexpr size_t kBlockBytes = size_t{1} << 20;
 constexpr size_t kMinIndexSlots = 16;
 
-size_t Home(uint64_t key, size_t mask) { return static_cast<size_t>(SplitMix64(key)) & mask; }
+// An index entry: the row number + 1 in the low 26 bits (0: empty), the top
+// 6 bits of the key's hash above them, so that a probe passes most other
+// keys without reading their rows.
+constexpr int kRowBits = 26;
+constexpr uint32_t kRowMask = (uint32_t{1} << kRowBits) - 1;
+
+size_t Home(uint64_t hash, size_t mask) { return static_cast<size_t>(hash) & mask; }
+uint32_t Tag(uint64_t hash) { return static_cast<uint32_t>(hash >> 58) << kRowBits; }
+uint32_t Entry(uint64_t hash, uint32_t row) { return Tag(hash) | (row + 1); }
+uint32_t RowOf(uint32_t entry) { return (entry & kRowMask) - 1; }
 
 // Whether x lies in the cyclic interval (a, b].
 bool Between(size_t a, size_t x, size_t b) { return a <= b ? (a < x && x <= b) : (a < x || x <= b); }
@@ -83,44 +92,58 @@ SparseTable::SparseTable(SparseTableConfig config)
       // Headers stay 8-byte aligned: rows are a multiple of 8 bytes.
       row_bytes_((sizeof(RowHeader) + static_cast<size_t>(stride_) * sizeof(float) + 7) / 8 * 8),
       init_key_(SplitMix64(SplitMix64(config_.seed) ^ ((uint64_t{config_.table_index} << 32) | 0x5ab1eU))) {
-  rows_per_block_ = std::max<size_t>(1, kBlockBytes / row_bytes_);
+  // A power of two, so that a row's block and place are a shift and a mask.
+  while ((rows_per_block_ << 1) * row_bytes_ <= kBlockBytes) {
+    rows_per_block_ <<= 1;
+    ++block_shift_;
+  }
   MutexLock lock(&mu_);
   index_.assign(kMinIndexSlots, 0);
 }
 
 char* SparseTable::RowAt(uint32_t r) const {
-  return blocks_[r / rows_per_block_].get() + (r % rows_per_block_) * row_bytes_;
+  return blocks_[r >> block_shift_].get() + (r & (rows_per_block_ - 1)) * row_bytes_;
 }
 
 size_t SparseTable::Probe(uint64_t key) const {
+  const uint64_t hash = SplitMix64(key);
+  const uint32_t tag = Tag(hash);
   const size_t mask = index_.size() - 1;
-  size_t slot = Home(key, mask);
-  while (index_[slot] != 0 && Header(RowAt(index_[slot] - 1))->key != key) slot = (slot + 1) & mask;
+  size_t slot = Home(hash, mask);
+  for (uint32_t entry; (entry = index_[slot]) != 0; slot = (slot + 1) & mask) {
+    if ((entry & ~kRowMask) == tag && Header(RowAt(RowOf(entry)))->key == key) break;
+  }
   return slot;
 }
 
 int64_t SparseTable::Find(uint64_t key) const {
   const uint32_t entry = index_[Probe(key)];
-  return entry == 0 ? -1 : static_cast<int64_t>(entry) - 1;
+  return entry == 0 ? -1 : static_cast<int64_t>(RowOf(entry));
 }
 
 void SparseTable::GrowIndex() {
   std::vector<uint32_t> old = std::move(index_);
   index_.assign(old.size() * 2, 0);
+  const size_t mask = index_.size() - 1;
   for (uint32_t entry : old) {
-    if (entry != 0) index_[Probe(Header(RowAt(entry - 1))->key)] = entry;
+    if (entry == 0) continue;
+    size_t slot = Home(SplitMix64(Header(RowAt(RowOf(entry)))->key), mask);
+    while (index_[slot] != 0) slot = (slot + 1) & mask;
+    index_[slot] = entry;
   }
 }
 
 uint32_t SparseTable::AddRow(uint64_t key, int64_t step) {
   if (static_cast<size_t>(rows_) + 1 > index_.size() / 4 * 3) GrowIndex();
   const uint32_t r = rows_++;
-  if (r / rows_per_block_ >= blocks_.size()) blocks_.push_back(std::make_unique<char[]>(rows_per_block_ * row_bytes_));
+  if ((r >> block_shift_) >= blocks_.size()) {
+    blocks_.push_back(std::make_unique<char[]>(rows_per_block_ * row_bytes_));
+  }
   char* row = RowAt(r);
   Header(row)->key = key;
   Header(row)->last_step = step;
   InitRow(key, Floats(row));
-  index_[Probe(key)] = r + 1;
+  index_[Probe(key)] = Entry(SplitMix64(key), r);
   return r;
 }
 
@@ -130,7 +153,7 @@ void SparseTable::RemoveRow(uint32_t r) {
   size_t hole = Probe(Header(RowAt(r))->key);
   index_[hole] = 0;
   for (size_t j = (hole + 1) & mask; index_[j] != 0; j = (j + 1) & mask) {
-    const size_t home = Home(Header(RowAt(index_[j] - 1))->key, mask);
+    const size_t home = Home(SplitMix64(Header(RowAt(RowOf(index_[j])))->key), mask);
     if (!Between(hole, home, j)) {
       index_[hole] = index_[j];
       index_[j] = 0;
@@ -141,10 +164,11 @@ void SparseTable::RemoveRow(uint32_t r) {
   const uint32_t last = rows_ - 1;
   if (r != last) {
     std::memcpy(RowAt(r), RowAt(last), row_bytes_);
-    index_[Probe(Header(RowAt(r))->key)] = r + 1;
+    const uint64_t key = Header(RowAt(r))->key;
+    index_[Probe(key)] = Entry(SplitMix64(key), r);
   }
   --rows_;
-  if (rows_ == 0 || (rows_ - 1) / rows_per_block_ + 1 < blocks_.size()) blocks_.pop_back();
+  if (rows_ == 0 || ((rows_ - 1) >> block_shift_) + 1 < blocks_.size()) blocks_.pop_back();
 }
 
 void SparseTable::InitValues(uint64_t key, float* values) const {
@@ -229,9 +253,24 @@ int64_t SparseTable::BytesLocked() const {
                               candidates_.capacity() * (sizeof(std::pair<const uint64_t, Sightings>) + 1));
 }
 
+void SparseTable::Prefetch(absl::Span<const uint64_t> keys, size_t i) const {
+  // Keys are looked up one after another at random places: ask for the
+  // index slot of the key kAhead on, and for the row of the one half as far
+  // on (its slot, asked for earlier, is in the cache by now), so that the
+  // memory latencies overlap instead of adding up.
+  constexpr size_t kAhead = 16;
+  const size_t mask = index_.size() - 1;
+  if (i + kAhead < keys.size()) __builtin_prefetch(&index_[Home(SplitMix64(keys[i + kAhead]), mask)]);
+  if (i + kAhead / 2 < keys.size()) {
+    const uint32_t entry = index_[Home(SplitMix64(keys[i + kAhead / 2]), mask)];
+    if (entry != 0) __builtin_prefetch(RowAt(RowOf(entry)));
+  }
+}
+
 void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out) const {
   ReaderMutexLock lock(&mu_);
   for (size_t i = 0; i < keys.size(); ++i) {
+    Prefetch(keys, i);
     float* values = out + i * static_cast<size_t>(config_.dim);
     const int64_t r = Find(keys[i]);
     if (r < 0) {
@@ -260,32 +299,42 @@ absl::Status SparseTable::Push(int64_t step, absl::Span<const uint64_t> keys, co
   }
   MutexLock lock(&mu_);
   // What the push would add: rows for the keys admitted now, filter counts
-  // for the others. Refused whole when that does not fit.
+  // for the others. Refused whole when that does not fit (counted only when
+  // it might not).
   const int32_t admit_after = std::max(1, config_.admit_after);
-  int64_t new_rows = 0, new_candidates = 0;
-  for (uint64_t key : keys) {
-    if (Find(key) >= 0) continue;
-    auto it = candidates_.find(key);
-    const int32_t count = it == candidates_.end() ? 0 : it->second.count;
-    if (count + 1 >= admit_after) {
-      ++new_rows;
-    } else if (it == candidates_.end()) {
-      ++new_candidates;
+  if (config_.memory_budget > 0 || rows_ + static_cast<int64_t>(keys.size()) > kMaxRows) {
+    int64_t new_rows = 0, new_candidates = 0;
+    for (uint64_t key : keys) {
+      if (Find(key) >= 0) continue;
+      auto it = candidates_.find(key);
+      const int32_t count = it == candidates_.end() ? 0 : it->second.count;
+      if (count + 1 >= admit_after) {
+        ++new_rows;
+      } else if (it == candidates_.end()) {
+        ++new_candidates;
+      }
     }
-  }
-  if (config_.memory_budget > 0 && new_rows + new_candidates > 0) {
-    const int64_t rows = rows_ + new_rows;
-    const int64_t needed =
-        BytesFor(rows, SlotsFor(rows, index_.size()), candidates_.size() + static_cast<size_t>(new_candidates));
-    if (needed > config_.memory_budget) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "table ", config_.name, " is full: ", rows_, " rows and ", candidates_.size(), " filtered keys take ",
-          BytesLocked(), " bytes; this push's ", new_rows, " new rows would need ", needed, ", beyond its budget of ",
-          config_.memory_budget, " bytes"));
+    if (rows_ + new_rows > kMaxRows) {
+      return absl::ResourceExhaustedError(absl::StrCat("table ", config_.name, " is full: it holds ", rows_,
+                                                       " rows and this push would add ", new_rows,
+                                                       "; a server holds at most ", kMaxRows,
+                                                       " rows of a table (add servers)"));
+    }
+    if (config_.memory_budget > 0 && new_rows + new_candidates > 0) {
+      const int64_t rows = rows_ + new_rows;
+      const int64_t needed =
+          BytesFor(rows, SlotsFor(rows, index_.size()), candidates_.size() + static_cast<size_t>(new_candidates));
+      if (needed > config_.memory_budget) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "table ", config_.name, " is full: ", rows_, " rows and ", candidates_.size(), " filtered keys take ",
+            BytesLocked(), " bytes; this push's ", new_rows, " new rows would need ", needed,
+            ", beyond its budget of ", config_.memory_budget, " bytes"));
+      }
     }
   }
   ++pushes_;
   for (size_t i = 0; i < keys.size(); ++i) {
+    Prefetch(keys, i);
     int64_t r = Find(keys[i]);
     if (r < 0) {
       auto it = candidates_.find(keys[i]);

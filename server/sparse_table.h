@@ -6,8 +6,8 @@
 // not pushed for `expire_after` steps. Keys without a row read as their
 // initial values. No gRPC here.
 //
-// Storage is an open-addressing index (linear probing, 32-bit row numbers)
-// over rows kept in fixed-size blocks, each row its key, the step it was last
+// Storage is an open-addressing index (linear probing; 32-bit entries of a
+// row number and 6 bits of the key's hash) over rows kept in fixed-size blocks, each row its key, the step it was last
 // pushed, its values and its optimizer state, side by side: about 8 + 8 + 5
 // bytes of overhead a row beside its values and state, and no reallocation
 // of rows as the table grows.
@@ -81,6 +81,10 @@ absl::Status ValidateSparseTableConfig(const SparseTableConfig& config);
 
 class SparseTable {
  public:
+  // Rows one table holds on one server at most (row numbers take 26 bits of
+  // an index entry).
+  static constexpr int64_t kMaxRows = (int64_t{1} << 26) - 2;
+
   static absl::StatusOr<std::unique_ptr<SparseTable>> Create(SparseTableConfig config);
 
   // Writes the rows of `keys` to out (keys.size() x dim floats, in order):
@@ -126,6 +130,8 @@ class SparseTable {
   size_t Probe(uint64_t key) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Row number of `key` (-1: none).
   int64_t Find(uint64_t key) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Asks the memory for what the lookups of the keys after keys[i] will read.
+  void Prefetch(absl::Span<const uint64_t> keys, size_t i) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   uint32_t AddRow(uint64_t key, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveRow(uint32_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GrowIndex() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -134,7 +140,8 @@ class SparseTable {
   void InitValues(uint64_t key, float* values) const;
   void Apply(float* row, const float* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t BytesFor(int64_t rows, size_t index_slots, size_t candidates) const;
-  size_t rows_per_block_ = 1;
+  size_t rows_per_block_ = 1;  // a power of two
+  int block_shift_ = 0;
   int64_t BytesLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const SparseTableConfig config_;

@@ -1,0 +1,341 @@
+#include "worker/ctr_data.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/param_init.h"
+#include "common/quote.h"
+
+namespace fulcrum {
+namespace {
+
+// One record parsed, not yet appended (a bad record appends nothing).
+struct Record {
+  float label = 0;
+  std::vector<float> dense;
+  std::vector<std::vector<std::pair<uint64_t, float>>> fields;  // ids and weights by field
+};
+
+// What a line parser says: empty when the record is good.
+using Why = std::string;
+using LineParser = std::function<Why(absl::string_view line, Record* record)>;
+
+bool ParseFloat(absl::string_view text, float* value) {
+  return absl::SimpleAtof(absl::StripAsciiWhitespace(text), value) && std::isfinite(*value);
+}
+
+std::string Shown(absl::string_view text) { return Quote(text.substr(0, 40)); }
+
+// Feeds lines to `parse` and appends good records to `out`, applying the
+// bad-record policy. Lines come through Line(); the driver counts them.
+class RecordSink {
+ public:
+  // `header`: the first line names the columns and is not a record.
+  RecordSink(absl::string_view name, const LineLimits& limits, int32_t num_dense, int32_t num_fields,
+             LineParser parse, SparseDataset* out, ReadStats* stats, bool header = false)
+      : name_(name), limits_(limits), num_dense_(num_dense), num_fields_(num_fields), parse_(std::move(parse)),
+        out_(out), stats_(stats), header_(header) {}
+
+  absl::Status Start() {
+    if (out_->num_examples() == 0 && out_->ids.empty()) {
+      out_->num_dense = num_dense_;
+      out_->num_fields = num_fields_;
+    }
+    if (out_->num_dense != num_dense_ || out_->num_fields != num_fields_) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": records of ", num_dense_, " dense features and ",
+                                                     num_fields_, " fields cannot join a dataset of ",
+                                                     out_->num_dense, " and ", out_->num_fields));
+    }
+    return absl::OkStatus();
+  }
+
+  // A whole line (without its newline), or the start of one that was longer
+  // than the limit (`too_long`).
+  absl::Status Line(absl::string_view line, bool too_long) {
+    ++line_number_;
+    if (header_) {
+      header_ = false;
+      return absl::OkStatus();
+    }
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (too_long) {
+      return Bad(absl::StrCat("a line longer than ", limits_.max_line_bytes, " bytes"));
+    }
+    if (absl::StripAsciiWhitespace(line).empty()) return absl::OkStatus();
+    Record record;
+    record.fields.resize(static_cast<size_t>(num_fields_));
+    if (Why why = parse_(line, &record); !why.empty()) return Bad(why);
+    int64_t ids = 0;
+    for (const auto& field : record.fields) ids += static_cast<int64_t>(field.size());
+    if (ids > limits_.max_ids_per_line) {
+      return Bad(absl::StrCat(ids, " feature ids, more than the ", limits_.max_ids_per_line, " a record may have"));
+    }
+    out_->labels.push_back(record.label);
+    out_->dense.insert(out_->dense.end(), record.dense.begin(), record.dense.end());
+    for (const auto& field : record.fields) {
+      for (const auto& [id, weight] : field) {
+        out_->ids.push_back(id);
+        out_->weights.push_back(weight);
+      }
+      out_->offsets.push_back(static_cast<int64_t>(out_->ids.size()));
+    }
+    ++stats_->records;
+    return absl::OkStatus();
+  }
+
+  int64_t line_number() const { return line_number_; }
+
+ private:
+  absl::Status Bad(absl::string_view why) {
+    std::string where = absl::StrCat(name_, ":", line_number_, ": ", why);
+    if (limits_.on_bad_record == BadRecordPolicy::kFail) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " (onBadRecord: FAIL; SKIP counts and skips such records)"));
+    }
+    ++stats_->bad;
+    if (stats_->first_bad.size() < 10) stats_->first_bad.push_back(std::move(where));
+    return absl::OkStatus();
+  }
+
+  const std::string name_;
+  const LineLimits limits_;
+  const int32_t num_dense_;
+  const int32_t num_fields_;
+  const LineParser parse_;
+  SparseDataset* const out_;
+  ReadStats* const stats_;
+  bool header_;
+  int64_t line_number_ = 0;
+};
+
+// Splits `text` into lines for `sink`; a line longer than the limit is
+// passed as too long. The last line needs no newline.
+absl::Status FeedText(absl::string_view text, int64_t max_line_bytes, RecordSink* sink) {
+  while (!text.empty()) {
+    const size_t end = std::min(text.find('\n'), text.size());
+    absl::string_view line = text.substr(0, end);
+    const bool too_long = static_cast<int64_t>(line.size()) > max_line_bytes;
+    if (absl::Status status = sink->Line(too_long ? line.substr(0, 0) : line, too_long); !status.ok()) return status;
+    text.remove_prefix(std::min(end + 1, text.size()));
+  }
+  return absl::OkStatus();
+}
+
+// Streams the file at `path` into `sink` in blocks: only the current block
+// and a partial line of at most max_line_bytes are ever held.
+absl::Status FeedFile(const std::string& path, int64_t block_bytes, int64_t max_line_bytes, RecordSink* sink) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return errno == ENOENT ? absl::NotFoundError(absl::StrCat("data file ", Quote(path), " does not exist"))
+                           : absl::FailedPreconditionError(absl::StrCat("cannot open data file ", Quote(path), ": ",
+                                                                        std::strerror(errno)));
+  }
+  std::string block(static_cast<size_t>(std::max<int64_t>(block_bytes, 1)), '\0');
+  std::string partial;     // the line the last block ended in
+  bool skipping = false;   // inside a line already known to be too long
+  while (in) {
+    in.read(block.data(), static_cast<std::streamsize>(block.size()));
+    const auto got = static_cast<size_t>(in.gcount());
+    if (in.bad()) return absl::DataLossError(absl::StrCat("reading data file ", Quote(path), " failed"));
+    absl::string_view rest(block.data(), got);
+    while (!rest.empty()) {
+      const size_t newline = rest.find('\n');
+      const absl::string_view piece = rest.substr(0, std::min(newline, rest.size()));
+      if (!skipping) {
+        if (static_cast<int64_t>(partial.size() + piece.size()) > max_line_bytes) {
+          skipping = true;
+          partial.clear();
+        } else {
+          partial.append(piece.data(), piece.size());
+        }
+      }
+      if (newline == absl::string_view::npos) break;  // the line goes on in the next block
+      if (absl::Status status = sink->Line(partial, skipping); !status.ok()) return status;
+      partial.clear();
+      skipping = false;
+      rest.remove_prefix(newline + 1);
+    }
+  }
+  if (!partial.empty() || skipping) return sink->Line(partial, skipping);
+  return absl::OkStatus();
+}
+
+Why ParseLibsvmLine(absl::string_view line, Record* record) {
+  if (const size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
+  std::vector<absl::string_view> tokens = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+  if (tokens.empty()) return "a comment where a record was expected";
+  if (!ParseFloat(tokens[0], &record->label)) return absl::StrCat("label ", Shown(tokens[0]), " is not a finite number");
+  auto& ids = record->fields[0];
+  for (size_t i = 1; i < tokens.size(); ++i) {
+    const size_t colon = tokens[i].find(':');
+    if (colon == absl::string_view::npos) {
+      return absl::StrCat("feature ", Shown(tokens[i]), " is not index:value");
+    }
+    const absl::string_view index = tokens[i].substr(0, colon), value = tokens[i].substr(colon + 1);
+    if (index == "qid") continue;
+    uint64_t id = 0;
+    float weight = 0;
+    if (!absl::SimpleAtoi(index, &id)) return absl::StrCat("feature index ", Shown(index), " is not a uint64");
+    if (!ParseFloat(value, &weight)) {
+      return absl::StrCat("value ", Shown(value), " of feature ", id, " is not a finite number");
+    }
+    ids.emplace_back(id, weight);
+  }
+  return {};
+}
+
+// Splits a CSV line: fields may be double-quoted ("" is a quote inside).
+bool SplitCsv(absl::string_view line, char delimiter, std::vector<std::string>* fields) {
+  fields->clear();
+  std::string field;
+  bool quoted = false, was_quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c != '"') {
+        field += c;
+      } else if (i + 1 < line.size() && line[i + 1] == '"') {
+        field += '"';
+        ++i;
+      } else {
+        quoted = false;
+      }
+    } else if (c == '"' && field.empty() && !was_quoted) {
+      quoted = was_quoted = true;
+    } else if (c == delimiter) {
+      fields->push_back(std::move(field));
+      field.clear();
+      was_quoted = false;
+    } else {
+      field += c;
+    }
+  }
+  if (quoted) return false;
+  fields->push_back(std::move(field));
+  return true;
+}
+
+LineParser CsvParser(const CsvFormat& format) {
+  return [format, fields = std::vector<std::string>()](absl::string_view line, Record* record) mutable -> Why {
+    if (!SplitCsv(line, format.delimiter, &fields)) return "a quoted field does not end on its line";
+    if (fields.size() != format.columns.size()) {
+      return absl::StrCat(fields.size(), " columns where the column spec has ", format.columns.size());
+    }
+    int32_t field_index = 0;
+    for (size_t c = 0; c < fields.size(); ++c) {
+      const absl::string_view value = absl::StripAsciiWhitespace(fields[c]);
+      switch (format.columns[c]) {
+        case CsvFormat::Column::kIgnore:
+          break;
+        case CsvFormat::Column::kLabel:
+          if (!ParseFloat(value, &record->label)) {
+            return absl::StrCat("label ", Shown(value), " in column ", c + 1, " is not a finite number");
+          }
+          break;
+        case CsvFormat::Column::kDense: {
+          float x = 0;
+          if (!value.empty() && !ParseFloat(value, &x)) {
+            return absl::StrCat("dense value ", Shown(value), " in column ", c + 1, " is not a finite number");
+          }
+          record->dense.push_back(x);
+          break;
+        }
+        case CsvFormat::Column::kCategorical:
+          if (!value.empty()) record->fields[static_cast<size_t>(field_index)].emplace_back(CategoricalId(field_index, value), 1.0f);
+          ++field_index;
+          break;
+      }
+    }
+    return {};
+  };
+}
+
+int32_t CountColumns(const CsvFormat& format, CsvFormat::Column kind) {
+  return static_cast<int32_t>(std::count(format.columns.begin(), format.columns.end(), kind));
+}
+
+}  // namespace
+
+uint64_t CategoricalId(int32_t field, absl::string_view value) {
+  uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a, then mixed with the field
+  for (const char c : value) {
+    hash ^= static_cast<uint8_t>(c);
+    hash *= 0x100000001b3ULL;
+  }
+  return SplitMix64(hash ^ SplitMix64(static_cast<uint64_t>(field) + 1));
+}
+
+absl::Status ValidateCsvFormat(const CsvFormat& format) {
+  if (CountColumns(format, CsvFormat::Column::kLabel) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("the CSV column spec has ",
+                                                   CountColumns(format, CsvFormat::Column::kLabel),
+                                                   " label columns; it needs exactly one"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseLibsvm(absl::string_view text, absl::string_view name, const LibsvmFormat& format,
+                         SparseDataset* out, ReadStats* stats) {
+  RecordSink sink(name, format.limits, 0, 1, ParseLibsvmLine, out, stats);
+  if (absl::Status started = sink.Start(); !started.ok()) return started;
+  return FeedText(text, format.limits.max_line_bytes, &sink);
+}
+
+absl::Status ReadLibsvmFile(const std::string& path, const LibsvmFormat& format, SparseDataset* out,
+                            ReadStats* stats, int64_t block_bytes) {
+  RecordSink sink(path, format.limits, 0, 1, ParseLibsvmLine, out, stats);
+  if (absl::Status started = sink.Start(); !started.ok()) return started;
+  return FeedFile(path, block_bytes, format.limits.max_line_bytes, &sink);
+}
+
+absl::Status ParseCsv(absl::string_view text, absl::string_view name, const CsvFormat& format, SparseDataset* out,
+                      ReadStats* stats) {
+  if (absl::Status valid = ValidateCsvFormat(format); !valid.ok()) return valid;
+  RecordSink sink(name, format.limits, CountColumns(format, CsvFormat::Column::kDense),
+                  CountColumns(format, CsvFormat::Column::kCategorical), CsvParser(format), out, stats, format.header);
+  if (absl::Status started = sink.Start(); !started.ok()) return started;
+  return FeedText(text, format.limits.max_line_bytes, &sink);
+}
+
+absl::Status ReadCsvFile(const std::string& path, const CsvFormat& format, SparseDataset* out, ReadStats* stats,
+                         int64_t block_bytes) {
+  if (absl::Status valid = ValidateCsvFormat(format); !valid.ok()) return valid;
+  RecordSink sink(path, format.limits, CountColumns(format, CsvFormat::Column::kDense),
+                  CountColumns(format, CsvFormat::Column::kCategorical), CsvParser(format), out, stats, format.header);
+  if (absl::Status started = sink.Start(); !started.ok()) return started;
+  return FeedFile(path, block_bytes, format.limits.max_line_bytes, &sink);
+}
+
+double Auc(const std::vector<float>& scores, const std::vector<float>& labels) {
+  std::vector<size_t> order(scores.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] < scores[b]; });
+  double positives = 0, negatives = 0, rank_sum = 0;
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i;  // a run of equal scores shares the mean rank
+    while (j < order.size() && scores[order[j]] == scores[order[i]]) ++j;
+    const double mean_rank = (static_cast<double>(i + 1) + static_cast<double>(j)) / 2;
+    for (size_t k = i; k < j; ++k) {
+      if (labels[order[k]] > 0.5f) {
+        positives += 1;
+        rank_sum += mean_rank;
+      } else {
+        negatives += 1;
+      }
+    }
+    i = j;
+  }
+  if (positives == 0 || negatives == 0) return 0.5;
+  return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives);
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,96 @@
+// Users' own CTR-style data: libsvm text and CSV with a column spec, read as
+// a stream of lines (a file is never held whole; a line longer than the
+// limit is a bad record, skipped without being buffered). Every record
+// becomes a label, dense features and, per categorical field, a bag of
+// uint64 feature ids (the keys of the sparse tables) with weights.
+//
+// Bad records (a bad number, a wrong column count, a line too long, a
+// truncated token) are counted and skipped, or fail the read with the file
+// and line, as the job's onBadRecord says.
+#ifndef FULCRUM_WORKER_CTR_DATA_H_
+#define FULCRUM_WORKER_CTR_DATA_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace fulcrum {
+
+struct SparseDataset {
+  int32_t num_dense = 0;
+  int32_t num_fields = 0;        // categorical fields (libsvm: one)
+  std::vector<float> labels;     // one per example, as the file gives it
+  std::vector<float> dense;      // examples x num_dense, row-major
+  std::vector<uint64_t> ids;     // every field's ids of every example, in order
+  std::vector<float> weights;    // one per id (libsvm: its value; CSV: 1)
+  // examples x num_fields + 1: field f of example e holds
+  // ids[offsets[e * num_fields + f], offsets[e * num_fields + f + 1]).
+  std::vector<int64_t> offsets = {0};
+
+  int64_t num_examples() const { return static_cast<int64_t>(labels.size()); }
+};
+
+enum class BadRecordPolicy { kSkip, kFail };
+
+struct ReadStats {
+  int64_t records = 0;  // good ones, appended
+  int64_t bad = 0;      // skipped
+  std::vector<std::string> first_bad;  // "file:line: why" of the first ten
+};
+
+struct LineLimits {
+  int64_t max_line_bytes = int64_t{1} << 20;
+  int32_t max_ids_per_line = 1 << 16;
+  BadRecordPolicy on_bad_record = BadRecordPolicy::kSkip;
+};
+
+// libsvm / svmlight: "label index:value index:value ..." (a "qid:n" token is
+// ignored, "#" starts a comment). Each index is a uint64 feature id of the
+// one field, its value the id's weight.
+struct LibsvmFormat {
+  LineLimits limits;
+};
+
+// CSV: one kind per column. Categorical values are hashed, with their field,
+// into feature ids (the same on every machine); an empty one is a missing
+// value (no id); an empty dense value is 0.
+struct CsvFormat {
+  enum class Column { kIgnore, kLabel, kDense, kCategorical };
+  std::vector<Column> columns;  // exactly one kLabel
+  char delimiter = ',';
+  bool header = false;          // the first line of each file names the columns
+  LineLimits limits;
+};
+
+// INVALID_ARGUMENT for a CSV column spec without exactly one label column.
+absl::Status ValidateCsvFormat(const CsvFormat& format);
+
+// The feature id of categorical `value` in field `field`.
+uint64_t CategoricalId(int32_t field, absl::string_view value);
+
+// Appends the records of the file at `path` to `out` (whose num_dense and
+// num_fields must match the format's, or be those of an empty dataset),
+// reading `block_bytes` at a time. Errors: NOT_FOUND / FAILED_PRECONDITION
+// for a file that cannot be read, INVALID_ARGUMENT "path:line: why" for the
+// first bad record under kFail.
+absl::Status ReadLibsvmFile(const std::string& path, const LibsvmFormat& format, SparseDataset* out,
+                            ReadStats* stats, int64_t block_bytes = int64_t{4} << 20);
+absl::Status ReadCsvFile(const std::string& path, const CsvFormat& format, SparseDataset* out, ReadStats* stats,
+                         int64_t block_bytes = int64_t{4} << 20);
+
+// The same for text already in memory, named `name` in messages.
+absl::Status ParseLibsvm(absl::string_view text, absl::string_view name, const LibsvmFormat& format,
+                         SparseDataset* out, ReadStats* stats);
+absl::Status ParseCsv(absl::string_view text, absl::string_view name, const CsvFormat& format, SparseDataset* out,
+                      ReadStats* stats);
+
+// The area under the ROC curve of `scores` for binary `labels` (> 0.5 is
+// positive), ties counted half; 0.5 when either class is absent.
+double Auc(const std::vector<float>& scores, const std::vector<float>& labels);
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_WORKER_CTR_DATA_H_

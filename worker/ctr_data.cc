@@ -315,6 +315,120 @@ absl::Status ReadCsvFile(const std::string& path, const CsvFormat& format, Spars
   return FeedFile(path, block_bytes, format.limits.max_line_bytes, &sink);
 }
 
+namespace {
+
+double Helper1(double x) {  // log1p(x) / x
+  return std::fabs(x) > 1e-8 ? std::log1p(x) / x : 1 - x * (0.5 - x * (1.0 / 3 - 0.25 * x));
+}
+double Helper2(double x) {  // expm1(x) / x
+  return std::fabs(x) > 1e-8 ? std::expm1(x) / x : 1 + x * 0.5 * (1 + x * (1.0 / 3) * (1 + 0.25 * x));
+}
+
+// A uniform double in (0, 1) from 64 random bits.
+double Unit(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+
+// A standard normal value from 64 random bits (Box-Muller on both halves).
+double Normal(uint64_t bits) {
+  const double u1 = Unit(bits), u2 = Unit(SplitMix64(bits));
+  return std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+// Random bits for (key, a, b): the same everywhere.
+uint64_t Bits(uint64_t key, uint64_t a, uint64_t b = 0) { return SplitMix64(key ^ SplitMix64(a * 0x100000001b3ULL + b)); }
+
+}  // namespace
+
+ZipfSampler::ZipfSampler(int64_t n, double exponent) : n_(std::max<int64_t>(n, 1)), exponent_(exponent) {
+  h_integral_x1_ = HIntegral(1.5) - 1;
+  h_integral_n_ = HIntegral(static_cast<double>(n_) + 0.5);
+  s_ = 2 - HIntegralInverse(HIntegral(2.5) - H(2));
+}
+
+double ZipfSampler::H(double x) const { return std::exp(-exponent_ * std::log(x)); }
+
+double ZipfSampler::HIntegral(double x) const {
+  const double log_x = std::log(x);
+  return Helper2((1 - exponent_) * log_x) * log_x;
+}
+
+double ZipfSampler::HIntegralInverse(double x) const {
+  double t = x * (1 - exponent_);
+  if (t < -1) t = -1;
+  return std::exp(Helper1(t) * x);
+}
+
+absl::Status ValidateSyntheticCtrSpec(const SyntheticCtrSpec& spec) {
+  auto bad = [](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("synthetic CTR data: ", what));
+  };
+  if (spec.examples < 0 || spec.examples > int64_t{1000000000}) return bad("examples must be in [0, 10^9]");
+  if (spec.fields < 1 || spec.fields > 1024) return bad("fields must be in [1, 1024]");
+  if (spec.vocabulary < 1 || spec.vocabulary > int64_t{1000000000}) return bad("vocabulary must be in [1, 10^9]");
+  if (!(spec.zipf_exponent > 0 && spec.zipf_exponent <= 10)) return bad("zipfExponent must be in (0, 10]");
+  if (spec.dense < 0 || spec.dense > 4096) return bad("dense must be in [0, 4096]");
+  if (spec.fm_dim < 0 || spec.fm_dim > 256) return bad("fmDim must be in [0, 256]");
+  for (float x : {spec.weight_scale, spec.fm_scale}) {
+    if (!std::isfinite(x) || x < 0) return bad("weight and FM scales must be finite and >= 0");
+  }
+  if (!std::isfinite(spec.bias)) return bad("bias must be finite");
+  return absl::OkStatus();
+}
+
+SparseDataset MakeSyntheticCtr(const SyntheticCtrSpec& spec, int split, int64_t first, int64_t count,
+                               std::vector<float>* truth) {
+  SparseDataset data;
+  data.num_dense = spec.dense;
+  data.num_fields = spec.fields;
+  if (count <= 0) return data;
+  const ZipfSampler zipf(spec.vocabulary, spec.zipf_exponent);
+  const uint64_t model = SplitMix64(spec.seed);  // the true model's stream
+  const uint64_t examples = SplitMix64(model ^ SplitMix64(static_cast<uint64_t>(split) + 0x5eed));
+  data.labels.reserve(static_cast<size_t>(count));
+  data.ids.reserve(static_cast<size_t>(count * spec.fields));
+  std::vector<int64_t> ranks(static_cast<size_t>(spec.fields));
+  std::vector<double> latent_sum(static_cast<size_t>(spec.fm_dim));
+  for (int64_t e = first; e < first + count; ++e) {
+    uint64_t state = Bits(examples, static_cast<uint64_t>(e));
+    auto uniform = [&state] {
+      state += 0x9e3779b97f4a7c15ULL;
+      return Unit(SplitMix64(state)) - 0.5 / 9007199254740992.0;  // [0, 1)
+    };
+    double logit = spec.bias;
+    for (int32_t f = 0; f < spec.fields; ++f) {
+      ranks[f] = zipf.Sample(uniform);
+      const uint64_t id = Bits(model, static_cast<uint64_t>(f) + 1, static_cast<uint64_t>(ranks[f]));
+      data.ids.push_back(id);
+      data.weights.push_back(1);
+      data.offsets.push_back(static_cast<int64_t>(data.ids.size()));
+      logit += spec.weight_scale * Normal(SplitMix64(id ^ model));
+    }
+    for (int32_t j = 0; j < spec.dense; ++j) {
+      const double x = Normal(SplitMix64(state += 0x9e3779b97f4a7c15ULL));
+      data.dense.push_back(static_cast<float>(x));
+      logit += spec.weight_scale * Normal(Bits(model, 0, static_cast<uint64_t>(j) + 1)) * x;
+    }
+    if (spec.fm_dim > 0) {  // sum over pairs of <v_f, v_g> = (|sum v|^2 - sum |v|^2) / 2
+      std::fill(latent_sum.begin(), latent_sum.end(), 0.0);
+      double squares = 0;
+      for (int32_t f = 0; f < spec.fields; ++f) {
+        const uint64_t id = data.ids[data.ids.size() - static_cast<size_t>(spec.fields - f)];
+        for (int32_t d = 0; d < spec.fm_dim; ++d) {
+          const double v = spec.fm_scale * Normal(Bits(id, model, static_cast<uint64_t>(d) + 1));
+          latent_sum[d] += v;
+          squares += v * v;
+        }
+      }
+      double total = 0;
+      for (double v : latent_sum) total += v * v;
+      logit += (total - squares) / 2;
+    }
+    const double p = 1 / (1 + std::exp(-logit));
+    data.labels.push_back(uniform() < p ? 1.0f : 0.0f);
+    if (truth != nullptr) truth->push_back(static_cast<float>(p));
+  }
+  return data;
+}
+
 double Auc(const std::vector<float>& scores, const std::vector<float>& labels) {
   std::vector<size_t> order(scores.size());
   std::iota(order.begin(), order.end(), 0);

@@ -10,6 +10,7 @@
 #ifndef FULCRUM_WORKER_CTR_DATA_H_
 #define FULCRUM_WORKER_CTR_DATA_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -86,6 +87,65 @@ absl::Status ParseLibsvm(absl::string_view text, absl::string_view name, const L
                          SparseDataset* out, ReadStats* stats);
 absl::Status ParseCsv(absl::string_view text, absl::string_view name, const CsvFormat& format, SparseDataset* out,
                       ReadStats* stats);
+
+// Zipf-distributed ranks in [1, n], P(k) proportional to k^-exponent
+// (exponent > 0), by rejection-inversion (Hörmann and Derflinger 1996): a few
+// operations a sample whatever n (up to 10^8 and more), no tables.
+class ZipfSampler {
+ public:
+  ZipfSampler(int64_t n, double exponent);
+  // A rank from `uniform()`, which returns doubles in [0, 1).
+  template <typename Uniform>
+  int64_t Sample(Uniform&& uniform) const {
+    while (true) {
+      const double u = h_integral_n_ + uniform() * (h_integral_x1_ - h_integral_n_);
+      const double x = HIntegralInverse(u);
+      const auto k = static_cast<int64_t>(std::min<double>(std::max<double>(x + 0.5, 1), static_cast<double>(n_)));
+      if (static_cast<double>(k) - x <= s_ || u >= HIntegral(static_cast<double>(k) + 0.5) - H(static_cast<double>(k))) {
+        return k;
+      }
+    }
+  }
+
+ private:
+  double H(double x) const;
+  double HIntegral(double x) const;
+  double HIntegralInverse(double x) const;
+
+  int64_t n_;
+  double exponent_;
+  double h_integral_x1_, h_integral_n_, s_;
+};
+
+// Seeded synthetic CTR data with a known model behind it: each example has
+// `fields` categorical features, one id each, drawn per field from a Zipf
+// distribution over `vocabulary` ids, and `dense` N(0, 1) features. Its
+// click probability is sigmoid(bias + sum of the ids' true weights (N(0,
+// weight_scale)) + the dense features' true weights + optionally an FM
+// term, the dot products of the ids' true latent vectors of `fm_dim`
+// N(0, fm_scale) values between every pair of fields), and its label a draw
+// from it. Everything is a function of (seed, split, example index): any
+// worker makes any example the same way.
+struct SyntheticCtrSpec {
+  uint64_t seed = 1;
+  int64_t examples = 0;
+  int32_t fields = 8;
+  int64_t vocabulary = 100000;  // ids per field, in [1, 10^9]
+  double zipf_exponent = 1.05;
+  int32_t dense = 0;
+  float weight_scale = 0.5f;
+  float bias = -1.5f;  // about a 20% click rate
+  int32_t fm_dim = 0;
+  float fm_scale = 0.3f;
+};
+
+// INVALID_ARGUMENT naming the field for a spec outside its bounds.
+absl::Status ValidateSyntheticCtrSpec(const SyntheticCtrSpec& spec);
+
+// Examples [first, first + count) of `split` (0: train, 1: test), with
+// their true click probabilities in *truth when given.
+SparseDataset MakeSyntheticCtr(const SyntheticCtrSpec& spec, int split, int64_t first, int64_t count,
+                               std::vector<float>* truth = nullptr);
 
 // The area under the ROC curve of `scores` for binary `labels` (> 0.5 is
 // positive), ties counted half; 0.5 when either class is absent.

@@ -2,9 +2,13 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -177,6 +181,88 @@ TEST(CtrDataTest, FilesThatCannotBeReadOrDoNotMatchAreClearErrors) {
   absl::Status mixed = ParseCsv("1,2\n", "b.csv", format, &data, &stats);
   EXPECT_EQ(mixed.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Has(std::string(mixed.message()), "cannot join")) << mixed;
+}
+
+// Rank frequencies follow k^-s: the top ranks' shares against the exact
+// probabilities, for a small vocabulary and for 10^8 ids.
+TEST(CtrDataTest, ZipfRanksFollowTheirDistribution) {
+  for (const auto& [n, s] : {std::pair<int64_t, double>{1000, 1.1}, {100000000, 1.05}, {50, 0.7}}) {
+    const ZipfSampler zipf(n, s);
+    std::mt19937_64 random(3);
+    std::uniform_real_distribution<double> unit(0, 1);
+    constexpr int kSamples = 400000;
+    std::map<int64_t, int> counts;
+    for (int i = 0; i < kSamples; ++i) {
+      const int64_t k = zipf.Sample([&] { return unit(random); });
+      ASSERT_GE(k, 1);
+      ASSERT_LE(k, n);
+      if (k <= 3) ++counts[k];
+    }
+    double norm = 0;  // the generalized harmonic number H(n, s), summed to the tail's integral
+    const int64_t exact = std::min<int64_t>(n, 2000000);
+    for (int64_t k = 1; k <= exact; ++k) norm += std::pow(static_cast<double>(k), -s);
+    if (exact < n) {
+      norm += (std::pow(static_cast<double>(n) + 0.5, 1 - s) - std::pow(static_cast<double>(exact) + 0.5, 1 - s)) / (1 - s);
+    }
+    for (int64_t k = 1; k <= 3; ++k) {
+      const double expected = std::pow(static_cast<double>(k), -s) / norm;
+      const double got = static_cast<double>(counts[k]) / kSamples;
+      EXPECT_NEAR(got, expected, 5 * std::sqrt(expected / kSamples) + 1e-4) << "n " << n << " rank " << k;
+    }
+  }
+}
+
+TEST(CtrDataTest, SyntheticCtrIsSeededSplittableAndLearnableToAKnownAuc) {
+  SyntheticCtrSpec spec;
+  spec.seed = 9;
+  spec.fields = 6;
+  spec.vocabulary = 100000000;
+  spec.dense = 2;
+  spec.fm_dim = 4;
+  ASSERT_TRUE(ValidateSyntheticCtrSpec(spec).ok());
+  std::vector<float> truth;
+  const SparseDataset all = MakeSyntheticCtr(spec, 0, 0, 20000, &truth);
+  EXPECT_EQ(all.num_examples(), 20000);
+  EXPECT_EQ(all.num_fields, 6);
+  EXPECT_EQ(all.num_dense, 2);
+  EXPECT_EQ(all.ids.size(), 20000u * 6);
+  EXPECT_EQ(all.offsets.size(), 20000u * 6 + 1);
+  EXPECT_EQ(all.dense.size(), 20000u * 2);
+  // Any range is the same examples as in the whole: workers make their own.
+  std::vector<float> part_truth;
+  const SparseDataset part = MakeSyntheticCtr(spec, 0, 1000, 50, &part_truth);
+  EXPECT_EQ(std::vector<uint64_t>(part.ids.begin(), part.ids.end()),
+            std::vector<uint64_t>(all.ids.begin() + 6000, all.ids.begin() + 6300));
+  EXPECT_EQ(std::vector<float>(part.labels.begin(), part.labels.end()),
+            std::vector<float>(all.labels.begin() + 1000, all.labels.begin() + 1050));
+  EXPECT_EQ(part_truth, std::vector<float>(truth.begin() + 1000, truth.begin() + 1050));
+  // Another split: other examples of the same model (the same ids mean the same).
+  const SparseDataset test = MakeSyntheticCtr(spec, 1, 0, 50);
+  EXPECT_NE(test.ids, part.ids);
+  // Labels are draws from the true probabilities: their mean matches, and
+  // the true model ranks them far better than chance, the AUC a learner can reach at best.
+  double mean_p = 0, mean_label = 0;
+  for (size_t i = 0; i < truth.size(); ++i) {
+    mean_p += truth[i];
+    mean_label += all.labels[i];
+  }
+  mean_p /= static_cast<double>(truth.size());
+  mean_label /= static_cast<double>(truth.size());
+  EXPECT_NEAR(mean_label, mean_p, 0.015);
+  EXPECT_GT(mean_p, 0.1);
+  EXPECT_LT(mean_p, 0.5);
+  const double best = Auc(truth, all.labels);
+  EXPECT_GT(best, 0.7);
+  EXPECT_LT(best, 0.95);
+  // Popular ids repeat (Zipf), so a model of per-id weights can learn them.
+  std::map<uint64_t, int> field0;
+  for (int64_t e = 0; e < all.num_examples(); ++e) ++field0[all.ids[static_cast<size_t>(e * 6)]];
+  int most = 0;
+  for (const auto& [id, n] : field0) most = std::max(most, n);
+  EXPECT_GT(most, 1000) << "the top id of a field takes several percent of the examples";
+  SyntheticCtrSpec bad = spec;
+  bad.vocabulary = 0;
+  EXPECT_EQ(ValidateSyntheticCtrSpec(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CtrDataTest, AucCountsPairsInOrderAndTiesHalf) {

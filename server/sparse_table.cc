@@ -281,7 +281,7 @@ void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out) const {
   }
 }
 
-absl::Status SparseTable::Push(int64_t step, absl::Span<const uint64_t> keys, const float* grads) {
+absl::Status SparseTable::CheckPush(absl::Span<const uint64_t> keys, const float* grads) const {
   const auto dim = static_cast<int64_t>(config_.dim);
   const int64_t bad = FirstNonFinite(grads, static_cast<int64_t>(keys.size()) * dim);
   if (bad >= 0) {
@@ -297,41 +297,47 @@ absl::Status SparseTable::Push(int64_t step, absl::Span<const uint64_t> keys, co
                                                      " more than once (sum a key's gradients into one row)"));
     }
   }
-  MutexLock lock(&mu_);
-  // What the push would add: rows for the keys admitted now, filter counts
-  // for the others. Refused whole when that does not fit (counted only when
-  // it might not).
+  return absl::OkStatus();
+}
+
+absl::Status SparseTable::CheckRoomLocked(absl::Span<const uint64_t> keys) const {
+  // Counted only when the push might not fit: rows for the keys admitted
+  // now, filter counts for the others.
+  if (config_.memory_budget <= 0 && rows_ + static_cast<int64_t>(keys.size()) <= kMaxRows) return absl::OkStatus();
   const int32_t admit_after = std::max(1, config_.admit_after);
-  if (config_.memory_budget > 0 || rows_ + static_cast<int64_t>(keys.size()) > kMaxRows) {
-    int64_t new_rows = 0, new_candidates = 0;
-    for (uint64_t key : keys) {
-      if (Find(key) >= 0) continue;
-      auto it = candidates_.find(key);
-      const int32_t count = it == candidates_.end() ? 0 : it->second.count;
-      if (count + 1 >= admit_after) {
-        ++new_rows;
-      } else if (it == candidates_.end()) {
-        ++new_candidates;
-      }
-    }
-    if (rows_ + new_rows > kMaxRows) {
-      return absl::ResourceExhaustedError(absl::StrCat("table ", config_.name, " is full: it holds ", rows_,
-                                                       " rows and this push would add ", new_rows,
-                                                       "; a server holds at most ", kMaxRows,
-                                                       " rows of a table (add servers)"));
-    }
-    if (config_.memory_budget > 0 && new_rows + new_candidates > 0) {
-      const int64_t rows = rows_ + new_rows;
-      const int64_t needed =
-          BytesFor(rows, SlotsFor(rows, index_.size()), candidates_.size() + static_cast<size_t>(new_candidates));
-      if (needed > config_.memory_budget) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "table ", config_.name, " is full: ", rows_, " rows and ", candidates_.size(), " filtered keys take ",
-            BytesLocked(), " bytes; this push's ", new_rows, " new rows would need ", needed,
-            ", beyond its budget of ", config_.memory_budget, " bytes"));
-      }
+  int64_t new_rows = 0, new_candidates = 0;
+  for (uint64_t key : keys) {
+    if (Find(key) >= 0) continue;
+    auto it = candidates_.find(key);
+    const int32_t count = it == candidates_.end() ? 0 : it->second.count;
+    if (count + 1 >= admit_after) {
+      ++new_rows;
+    } else if (it == candidates_.end()) {
+      ++new_candidates;
     }
   }
+  if (rows_ + new_rows > kMaxRows) {
+    return absl::ResourceExhaustedError(absl::StrCat("table ", config_.name, " is full: it holds ", rows_,
+                                                     " rows and this push would add ", new_rows,
+                                                     "; a server holds at most ", kMaxRows,
+                                                     " rows of a table (add servers)"));
+  }
+  if (config_.memory_budget <= 0 || new_rows + new_candidates == 0) return absl::OkStatus();
+  const int64_t rows = rows_ + new_rows;
+  const int64_t needed =
+      BytesFor(rows, SlotsFor(rows, index_.size()), candidates_.size() + static_cast<size_t>(new_candidates));
+  if (needed <= config_.memory_budget) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "table ", config_.name, " is full: ", rows_, " rows and ", candidates_.size(), " filtered keys take ",
+      BytesLocked(), " bytes; this push's ", new_rows, " new rows would need ", needed, ", beyond its budget of ",
+      config_.memory_budget, " bytes"));
+}
+
+absl::Status SparseTable::Push(int64_t step, absl::Span<const uint64_t> keys, const float* grads) {
+  if (absl::Status checked = CheckPush(keys, grads); !checked.ok()) return checked;
+  MutexLock lock(&mu_);
+  if (absl::Status room = CheckRoomLocked(keys); !room.ok()) return room;  // all or nothing
+  const int32_t admit_after = std::max(1, config_.admit_after);
   ++pushes_;
   for (size_t i = 0; i < keys.size(); ++i) {
     Prefetch(keys, i);
@@ -349,7 +355,7 @@ absl::Status SparseTable::Push(int64_t step, absl::Span<const uint64_t> keys, co
     }
     char* row = RowAt(static_cast<uint32_t>(r));
     Header(row)->last_step = step;
-    Apply(Floats(row), grads + static_cast<int64_t>(i) * dim);
+    Apply(Floats(row), grads + static_cast<int64_t>(i) * config_.dim);
   }
   return absl::OkStatus();
 }

@@ -139,6 +139,10 @@ class SparseTable {
   void InitRow(uint64_t key, float* row) const;
   void InitValues(uint64_t key, float* values) const;
   void Apply(float* row, const float* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A push's own faults: non-finite gradients, keys listed twice.
+  absl::Status CheckPush(absl::Span<const uint64_t> keys, const float* grads) const;
+  // Whether the rows and filter counts the push adds fit the table.
+  absl::Status CheckRoomLocked(absl::Span<const uint64_t> keys) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   int64_t BytesFor(int64_t rows, size_t index_slots, size_t candidates) const;
   size_t rows_per_block_ = 1;  // a power of two
   int block_shift_ = 0;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/lr_scaling.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
@@ -127,17 +128,24 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& opt) {
   RETURN_IF_ERROR(CheckFloat("optimizer.beta2", opt.beta2(), 0, 1, false, true));
   RETURN_IF_ERROR(CheckFloat("optimizer.epsilon", opt.epsilon(), 0, 1, false, false));
   RETURN_IF_ERROR(CheckFloat("optimizer.initialAccumulator", opt.initial_accumulator(), 0, 1e6, false, false));
+  RETURN_IF_ERROR(CheckFloat("optimizer.alpha", opt.alpha(), 0, 1, false, true));
   bool sgd = opt.kind() == v1::OptimizerSpec::SGD;
   bool adam = opt.kind() == v1::OptimizerSpec::ADAM || opt.kind() == v1::OptimizerSpec::ADAMW;
-  if (!sgd && (opt.momentum() != 0 || opt.nesterov())) {
-    return Invalid("optimizer.momentum", "applies to SGD only", absl::StrCat(opt.momentum()));
+  bool rmsprop = opt.kind() == v1::OptimizerSpec::RMSPROP;
+  if (!sgd && !rmsprop && opt.momentum() != 0) {
+    return Invalid("optimizer.momentum", "applies to SGD and RMSPROP only", absl::StrCat(opt.momentum()));
   }
+  if (!sgd && opt.nesterov()) return Invalid("optimizer.nesterov", "applies to SGD only", "true");
+  if (!rmsprop && opt.has_alpha()) return Invalid("optimizer.alpha", "applies to RMSPROP only", "a value");
+  if (!rmsprop && opt.centered()) return Invalid("optimizer.centered", "applies to RMSPROP only", "true");
   if (opt.nesterov() && opt.momentum() <= 0) {
     return Invalid("optimizer.nesterov", "needs optimizer.momentum > 0", "momentum 0");
   }
   if (!adam && opt.has_beta1()) return Invalid("optimizer.beta1", "applies to ADAM and ADAMW only", "a value");
   if (!adam && opt.has_beta2()) return Invalid("optimizer.beta2", "applies to ADAM and ADAMW only", "a value");
-  if (sgd && opt.has_epsilon()) return Invalid("optimizer.epsilon", "applies to ADAM, ADAMW and ADAGRAD only", "a value");
+  if (sgd && opt.has_epsilon()) {
+    return Invalid("optimizer.epsilon", "applies to ADAM, ADAMW, ADAGRAD and RMSPROP only", "a value");
+  }
   if (opt.kind() != v1::OptimizerSpec::ADAGRAD && opt.initial_accumulator() != 0) {
     return Invalid("optimizer.initialAccumulator", "applies to ADAGRAD only", "a value");
   }
@@ -225,6 +233,24 @@ absl::Status ValidateCompression(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateLrScaling(const v1::JobSpec& spec) {
+  const v1::OptimizerSpec& opt = spec.optimizer();
+  if (opt.lr_scaling() != v1::OptimizerSpec::LINEAR) {
+    if (opt.base_batch_size() != 0) {
+      return Invalid("optimizer.baseBatchSize", "applies to optimizer.lrScaling LINEAR only",
+                     absl::StrCat(opt.base_batch_size()));
+    }
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(CheckRange("optimizer.baseBatchSize", opt.base_batch_size(), 1, 1 << 24));
+  const double scaled = static_cast<double>(opt.lr()) * LrScale(spec);
+  if (!(scaled > 0 && scaled <= 1000)) {
+    return Invalid("optimizer.lr", "scaled by lrScaling LINEAR must stay in (0, 1000]",
+                   absl::StrCat(opt.lr(), " x ", LrScale(spec), " = ", scaled));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckWellFormed(spec, ""));
   if (Utf8Length(spec.name()) > 128) {
@@ -235,6 +261,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ValidateData(spec.data()));
   RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
   RETURN_IF_ERROR(ValidateSchedule(spec.lr_schedule(), spec.optimizer().lr()));
+  RETURN_IF_ERROR(ValidateLrScaling(spec));
   if (spec.mode() == v1::SSP) {
     RETURN_IF_ERROR(CheckRange("staleness", spec.staleness(), 0, 10000));
   } else if (spec.staleness() != 0) {

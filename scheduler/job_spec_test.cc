@@ -68,6 +68,17 @@ TEST(JobSpecTest, OtherValidVariantsPass) {
         s->mutable_optimizer()->set_nesterov(true);
       },
       [](v1::JobSpec* s) {
+        s->mutable_optimizer()->set_kind(v1::OptimizerSpec::RMSPROP);
+        s->mutable_optimizer()->set_alpha(0.9f);
+        s->mutable_optimizer()->set_centered(true);
+        s->mutable_optimizer()->set_momentum(0.5f);
+        s->mutable_optimizer()->set_epsilon(1e-6f);
+      },
+      [](v1::JobSpec* s) {
+        s->mutable_optimizer()->set_lr_scaling(v1::OptimizerSpec::LINEAR);
+        s->mutable_optimizer()->set_base_batch_size(256);
+      },
+      [](v1::JobSpec* s) {
         s->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::WARMUP_COSINE);
         s->mutable_lr_schedule()->set_warmup_steps(10);
         s->mutable_lr_schedule()->set_min_lr(0.01f);
@@ -361,7 +372,42 @@ std::vector<RejectCase> RejectCases() {
          s->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
          s->mutable_optimizer()->set_momentum(0.9f);
        },
-       {"optimizer.momentum", "SGD only"}},
+       {"optimizer.momentum", "SGD and RMSPROP only"}},
+      {"NesterovWithRmsprop",
+       [](S* s) {
+         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::RMSPROP);
+         s->mutable_optimizer()->set_momentum(0.9f);
+         s->mutable_optimizer()->set_nesterov(true);
+       },
+       {"optimizer.nesterov", "SGD only"}},
+      {"AlphaWithAdam",
+       [](S* s) {
+         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+         s->mutable_optimizer()->set_alpha(0.9f);
+       },
+       {"optimizer.alpha", "RMSPROP only"}},
+      {"AlphaOne",
+       [](S* s) {
+         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::RMSPROP);
+         s->mutable_optimizer()->set_alpha(1.0f);
+       },
+       {"optimizer.alpha", "[0, 1)"}},
+      {"BaseBatchWithoutLinearScaling",
+       [](S* s) { s->mutable_optimizer()->set_base_batch_size(256); },
+       {"optimizer.baseBatchSize", "LINEAR only"}},
+      {"LinearScalingWithoutBaseBatch",
+       [](S* s) { s->mutable_optimizer()->set_lr_scaling(v1::OptimizerSpec::LINEAR); },
+       {"optimizer.baseBatchSize", "[1, 16777216]"}},
+      {"LinearScalingBeyondTheLargestRate",
+       [](S* s) {
+         s->mutable_optimizer()->set_lr(900);
+         s->mutable_optimizer()->set_lr_scaling(v1::OptimizerSpec::LINEAR);
+         s->mutable_optimizer()->set_base_batch_size(64);  // 2 workers x 64: a factor of 2
+       },
+       {"optimizer.lr", "900 x 2 = 1800"}},
+      {"CenteredWithSgd",
+       [](S* s) { s->mutable_optimizer()->set_centered(true); },
+       {"optimizer.centered", "RMSPROP only"}},
       {"Beta1WithSgd",
        [](S* s) { s->mutable_optimizer()->set_beta1(0.9f); },
        {"optimizer.beta1", "ADAM"}},

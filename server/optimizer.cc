@@ -142,6 +142,42 @@ void ApplyAdagrad(const OptimizerConfig& c, float lr, int64_t n,
   AdagradLoop(lr, c.weight_decay, c.epsilon, n, grad, param, state[0]);
 }
 
+// PyTorch's single-tensor RMSprop, operation by operation (see ApplyOptimizer).
+// `average` (centered) and `buffer` (momentum) are null when not used.
+FULCRUM_VECTOR_CLONES void RmspropLoop(float lr, float wd, float alpha, float one_minus_alpha, float epsilon,
+                                       float momentum, int64_t n, const float* __restrict grad,
+                                       float* __restrict param, float* __restrict square,
+                                       float* __restrict average, float* __restrict buffer) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = wd != 0 ? grad[i] + wd * param[i] : grad[i];
+    const float s = square[i] * alpha + (one_minus_alpha * g) * g;
+    square[i] = s;
+    float d;
+    if (average != nullptr) {
+      const float a = average[i] + one_minus_alpha * (g - average[i]);
+      average[i] = a;
+      d = std::sqrt(s - a * a) + epsilon;
+    } else {
+      d = std::sqrt(s) + epsilon;
+    }
+    if (buffer != nullptr) {
+      const float b = buffer[i] * momentum + g / d;
+      buffer[i] = b;
+      param[i] -= lr * b;
+    } else {
+      param[i] -= lr * (g / d);
+    }
+  }
+}
+
+void ApplyRmsprop(const OptimizerConfig& c, float lr, int64_t n, const float* grad, float* param,
+                  float* const* state) {
+  float* average = c.centered ? state[1] : nullptr;
+  float* buffer = c.momentum > 0 ? state[c.centered ? 2 : 1] : nullptr;
+  RmspropLoop(lr, c.weight_decay, c.alpha, 1.0f - c.alpha, c.epsilon, c.momentum, n, grad, param, state[0],
+              average, buffer);
+}
+
 }  // namespace
 
 int64_t FirstNonFinite(const float* values, int64_t n) {
@@ -171,6 +207,7 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = CheckBeta("alpha", config.alpha); !s.ok()) return s;
   return CheckFiniteNonNegative("initial_accumulator",
                                 config.initial_accumulator);
 }
@@ -184,6 +221,8 @@ int OptimizerStateSlots(const OptimizerConfig& config) {
       return 2;
     case OptimizerKind::kAdagrad:
       return 1;
+    case OptimizerKind::kRmsprop:
+      return 1 + (config.centered ? 1 : 0) + (config.momentum > 0 ? 1 : 0);
   }
   return 0;
 }
@@ -218,6 +257,9 @@ void ApplyOptimizer(const OptimizerConfig& config, float lr, int64_t step,
       return;
     case OptimizerKind::kAdagrad:
       ApplyAdagrad(config, lr, n, grad, param, state);
+      return;
+    case OptimizerKind::kRmsprop:
+      ApplyRmsprop(config, lr, n, grad, param, state);
       return;
   }
 }

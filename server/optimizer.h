@@ -14,11 +14,11 @@
 
 namespace fulcrum {
 
-enum class OptimizerKind { kSgd, kAdam, kAdamW, kAdagrad };
+enum class OptimizerKind { kSgd, kAdam, kAdamW, kAdagrad, kRmsprop };
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;
-  // SGD only. Heavy-ball momentum coefficient (PyTorch, dampening = 0).
+  // SGD and RMSprop. Heavy-ball momentum coefficient (PyTorch, dampening = 0).
   float momentum = 0;
   // SGD only. Nesterov momentum; requires momentum > 0.
   bool nesterov = false;
@@ -33,6 +33,10 @@ struct OptimizerConfig {
   float weight_decay = 0;
   // Adagrad only. Initial value of the squared-gradient accumulator.
   float initial_accumulator = 0;
+  // RMSprop only: the squared-gradient average's decay, and whether the
+  // gradient's running mean is subtracted (centered RMSprop).
+  float alpha = 0.99f;
+  bool centered = false;
 };
 
 // Returns InvalidArgument if `config` is not usable: negative momentum,
@@ -45,6 +49,8 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
 //   SGD: 1 (momentum buffer) if momentum > 0, else 0.
 //   Adam/AdamW: 2 (slot 0: first moment m, slot 1: second moment v).
 //   Adagrad: 1 (squared-gradient accumulator).
+//   RMSprop: 1 (squared-gradient average), + 1 (gradient average) if
+//            centered, + 1 (momentum buffer) if momentum > 0, in that order.
 int OptimizerStateSlots(const OptimizerConfig& config);
 
 // Fills the optimizer state for a fresh block of `n` parameters. `state` has
@@ -73,6 +79,11 @@ void InitOptimizerState(const OptimizerConfig& config, int64_t n,
 //            w -= (lr / (1-b1^step)) * m / (sqrt(v) / sqrt(1-b2^step) + eps).
 //   AdamW:   w *= 1 - lr*wd; then the Adam update with wd = 0.
 //   Adagrad: g += wd*w; s += g*g; w -= lr * g / (sqrt(s) + eps).
+//   RMSprop: g += wd*w; s = alpha*s + ((1-alpha)*g)*g;
+//            centered: a = a + (1-alpha)*(g - a), d = sqrt(s - a*a) + eps,
+//            else d = sqrt(s) + eps;
+//            momentum: b = mu*b + g/d, w -= lr*b; else w -= lr * (g/d)
+//            (PyTorch's single-tensor RMSprop, operation by operation).
 void ApplyOptimizer(const OptimizerConfig& config, float lr, int64_t step,
                     int64_t n, const float* grad, float* param,
                     float* const* state);

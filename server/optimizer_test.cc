@@ -68,6 +68,13 @@ TEST(OptimizerStateSlotsTest, CountsPerKind) {
   EXPECT_EQ(OptimizerStateSlots(c), 2);
   c.kind = OptimizerKind::kAdagrad;
   EXPECT_EQ(OptimizerStateSlots(c), 1);
+  c.kind = OptimizerKind::kRmsprop;
+  c.momentum = 0;
+  EXPECT_EQ(OptimizerStateSlots(c), 1);
+  c.centered = true;
+  EXPECT_EQ(OptimizerStateSlots(c), 2);
+  c.momentum = 0.9f;
+  EXPECT_EQ(OptimizerStateSlots(c), 3);
 }
 
 TEST(InitOptimizerStateTest, AdagradFillsAccumulator) {
@@ -217,6 +224,32 @@ TEST(OptimizerTest, AdagradInitialAccumulatorAndWeightDecay) {
   ExpectTrajectory(RunThreeSteps(c), expected);
 }
 
+// PyTorch's RMSprop (alpha 0.99, eps 1e-8), transcribed in double precision.
+TEST(OptimizerTest, Rmsprop) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kRmsprop;
+  const float expected[3][kN] = {
+      {9.99999e-07f, -1.0000005f, -0.499999667f},
+      {-0.970426727f, -1.0000005f, -0.182339299f},
+      {-0.380032354f, -1.7839189f, -0.72050856f},
+  };
+  ExpectTrajectory(RunThreeSteps(c), expected);
+}
+
+TEST(OptimizerTest, RmspropCenteredWithMomentumAndWeightDecay) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kRmsprop;
+  c.centered = true;
+  c.momentum = 0.9f;
+  c.weight_decay = 0.01f;
+  const float expected[3][kN] = {
+      {-0.00503689699f, -0.994962644f, -0.505037484f},
+      {-1.88145163f, -0.0447752473f, -1.08183675f},
+      {-2.95838595f, 0.0572987585f, -2.11316898f},
+  };
+  ExpectTrajectory(RunThreeSteps(c), expected);
+}
+
 TEST(OptimizerTest, DeterministicBitForBit) {
   for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam,
                              OptimizerKind::kAdamW, OptimizerKind::kAdagrad}) {
@@ -262,6 +295,9 @@ TEST(ValidateOptimizerConfigTest, RejectsBadFields) {
   EXPECT_FALSE(ValidateOptimizerConfig(c).ok());
   c = OptimizerConfig();
   c.weight_decay = -0.01f;
+  EXPECT_FALSE(ValidateOptimizerConfig(c).ok());
+  c = OptimizerConfig();
+  c.alpha = 1.0f;
   EXPECT_FALSE(ValidateOptimizerConfig(c).ok());
   c = OptimizerConfig();
   c.initial_accumulator = -1.0f;
@@ -313,11 +349,28 @@ void ReferenceStep(const OptimizerConfig& c, float lr, int64_t step, float g, fl
       *w -= lr * (gg / (std::sqrt(*s0) + c.epsilon));
       return;
     }
+    case OptimizerKind::kRmsprop: {  // s0: the squared average; s1: the gradient average or the momentum buffer
+      const float gg = wd != 0 ? g + wd * *w : g;
+      const float one_minus_alpha = 1.0f - c.alpha;
+      *s0 = *s0 * c.alpha + (one_minus_alpha * gg) * gg;
+      float d = std::sqrt(*s0) + c.epsilon;
+      if (c.centered) {
+        *s1 = *s1 + one_minus_alpha * (gg - *s1);
+        d = std::sqrt(*s0 - *s1 * *s1) + c.epsilon;
+      }
+      if (c.momentum > 0) {
+        *s1 = *s1 * c.momentum + gg / d;
+        *w -= lr * *s1;
+      } else {
+        *w -= lr * (gg / d);
+      }
+      return;
+    }
   }
 }
 
 TEST(OptimizerTest, VectorizedLoopsAgreeBitForBitWithTheScalarRules) {
-  std::vector<OptimizerConfig> configs(8);
+  std::vector<OptimizerConfig> configs(11);
   configs[1].weight_decay = 0.01f;
   configs[2].momentum = 0.9f;
   configs[3].momentum = 0.9f;
@@ -329,6 +382,12 @@ TEST(OptimizerTest, VectorizedLoopsAgreeBitForBitWithTheScalarRules) {
   configs[6].kind = OptimizerKind::kAdamW;
   configs[6].weight_decay = 0.01f;
   configs[7].kind = OptimizerKind::kAdagrad;
+  configs[8].kind = OptimizerKind::kRmsprop;
+  configs[9].kind = OptimizerKind::kRmsprop;
+  configs[9].centered = true;
+  configs[9].weight_decay = 0.01f;
+  configs[10].kind = OptimizerKind::kRmsprop;
+  configs[10].momentum = 0.9f;
   constexpr int64_t n = 1003;
   std::mt19937 random(5);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);

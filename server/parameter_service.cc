@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/lr_scaling.h"
 #include "common/memory_budget.h"
 #include "common/payload_wire.h"
 #include "common/quote.h"
@@ -45,6 +46,7 @@ OptimizerConfig ToOptimizerConfig(const v1::OptimizerSpec& spec) {
     case v1::OptimizerSpec::ADAM: config.kind = OptimizerKind::kAdam; break;
     case v1::OptimizerSpec::ADAMW: config.kind = OptimizerKind::kAdamW; break;
     case v1::OptimizerSpec::ADAGRAD: config.kind = OptimizerKind::kAdagrad; break;
+    case v1::OptimizerSpec::RMSPROP: config.kind = OptimizerKind::kRmsprop; break;
     default: config.kind = OptimizerKind::kSgd; break;
   }
   config.momentum = spec.momentum();
@@ -58,6 +60,8 @@ OptimizerConfig ToOptimizerConfig(const v1::OptimizerSpec& spec) {
     config.epsilon = 1e-10f;
   }
   config.initial_accumulator = spec.initial_accumulator();
+  if (spec.has_alpha()) config.alpha = spec.alpha();
+  config.centered = spec.centered();
   return config;
 }
 
@@ -90,8 +94,11 @@ JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request) {
   config.job_id = request.job_id();
   config.server_id = request.server_id();
   config.optimizer = ToOptimizerConfig(request.spec().optimizer());
-  config.lr = request.spec().optimizer().lr();
+  // lrScaling LINEAR: the rates the spec gives are for its base batch.
+  const double scale = LrScale(request.spec());
+  config.lr = static_cast<float>(request.spec().optimizer().lr() * scale);
   config.schedule = ToScheduleConfig(request.spec().lr_schedule(), request.total_steps());
+  config.schedule.min_lr = static_cast<float>(config.schedule.min_lr * scale);
   config.synchronous = request.spec().mode() == v1::BSP || request.spec().mode() == v1::MODE_UNSPECIFIED;
   config.num_partitions = request.num_partitions();
   config.seed = request.spec().seed();

@@ -714,12 +714,35 @@ TEST(ToJobShardConfigTest, MapsOptimizerKinds) {
                         Case{v1::OptimizerSpec::SGD, OptimizerKind::kSgd},
                         Case{v1::OptimizerSpec::ADAM, OptimizerKind::kAdam},
                         Case{v1::OptimizerSpec::ADAMW, OptimizerKind::kAdamW},
-                        Case{v1::OptimizerSpec::ADAGRAD, OptimizerKind::kAdagrad}}) {
+                        Case{v1::OptimizerSpec::ADAGRAD, OptimizerKind::kAdagrad},
+                        Case{v1::OptimizerSpec::RMSPROP, OptimizerKind::kRmsprop}}) {
     v1::SetupJobRequest request = BaseRequest();
     request.mutable_spec()->mutable_optimizer()->set_kind(c.proto);
     EXPECT_EQ(ToJobShardConfig(request).optimizer.kind, c.expected)
         << v1::OptimizerSpec::Kind_Name(c.proto);
   }
+}
+
+// lrScaling LINEAR: rates given for baseBatchSize examples, multiplied by
+// the examples one update applies (BSP: every partition's batch; ASP: one).
+TEST(ToJobShardConfigTest, LinearLrScalingMultipliesTheRatesByTheUpdatesBatch) {
+  v1::SetupJobRequest request = BaseRequest();
+  v1::JobSpec* spec = request.mutable_spec();
+  spec->mutable_optimizer()->set_lr(0.1f);
+  spec->mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::WARMUP_COSINE);
+  spec->mutable_lr_schedule()->set_min_lr(0.01f);
+  spec->mutable_data()->set_batch_size(32);
+  spec->set_num_workers(4);
+  spec->set_max_workers(4);
+  spec->set_mode(v1::BSP);
+  EXPECT_EQ(ToJobShardConfig(request).lr, 0.1f) << "no scaling unless asked";
+  spec->mutable_optimizer()->set_lr_scaling(v1::OptimizerSpec::LINEAR);
+  spec->mutable_optimizer()->set_base_batch_size(64);
+  JobShardConfig bsp = ToJobShardConfig(request);
+  EXPECT_EQ(bsp.lr, static_cast<float>(0.1f * 2.0));  // 4 x 32 examples against 64
+  EXPECT_EQ(bsp.schedule.min_lr, static_cast<float>(0.01f * 2.0));
+  spec->set_mode(v1::ASP);
+  EXPECT_EQ(ToJobShardConfig(request).lr, static_cast<float>(0.1f * 0.5));  // one batch of 32 against 64
 }
 
 TEST(ToJobShardConfigTest, CopiesOptimizerHyperparameters) {

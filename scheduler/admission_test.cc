@@ -1,0 +1,61 @@
+#include "scheduler/admission.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "scheduler/job_spec.h"
+
+namespace fulcrum {
+namespace {
+
+// What a server holds a parameter with: its value, the optimizer's state
+// slots (server/optimizer.h: OptimizerStateSlots) and, in BSP, a gradient per
+// data partition, their sum and the step-before values.
+TEST(AdmissionTest, ServerBytesCountEveryOptimizersStateSlots) {
+  struct Case {
+    std::string name;
+    v1::OptimizerSpec spec;
+    int slots;
+  };
+  std::vector<Case> cases;
+  auto add = [&cases](const std::string& name, v1::OptimizerSpec::Kind kind, float momentum, bool centered,
+                      int slots) {
+    Case c{name, {}, slots};
+    c.spec.set_kind(kind);
+    c.spec.set_lr(0.1f);
+    c.spec.set_momentum(momentum);
+    c.spec.set_centered(centered);
+    cases.push_back(c);
+  };
+  add("sgd", v1::OptimizerSpec::SGD, 0, false, 0);
+  add("sgd momentum", v1::OptimizerSpec::SGD, 0.9f, false, 1);
+  add("adam", v1::OptimizerSpec::ADAM, 0, false, 2);
+  add("adamw", v1::OptimizerSpec::ADAMW, 0, false, 2);
+  add("adagrad", v1::OptimizerSpec::ADAGRAD, 0, false, 1);
+  add("rmsprop", v1::OptimizerSpec::RMSPROP, 0, false, 1);
+  add("rmsprop momentum", v1::OptimizerSpec::RMSPROP, 0.9f, false, 2);
+  add("rmsprop centered momentum", v1::OptimizerSpec::RMSPROP, 0.9f, true, 3);
+  for (const Case& c : cases) {
+    for (v1::Mode mode : {v1::BSP, v1::ASP}) {
+      v1::JobSpec spec;
+      spec.mutable_model()->set_kind(v1::ModelSpec::SOFTMAX_REGRESSION);
+      spec.mutable_data()->set_dataset(v1::DataSpec::SYNTHETIC);
+      spec.mutable_data()->set_synthetic_examples(100);
+      spec.mutable_data()->set_synthetic_features(4);
+      spec.mutable_data()->set_synthetic_classes(2);
+      spec.mutable_data()->set_batch_size(10);
+      *spec.mutable_optimizer() = c.spec;
+      spec.set_mode(mode);
+      spec.set_num_workers(3);
+      ApplyJobSpecDefaults(&spec);
+      ASSERT_TRUE(ValidateJobSpec(spec).ok()) << c.name << ": " << ValidateJobSpec(spec);
+      const int64_t extra = mode == v1::BSP ? 3 + 2 : 0;
+      EXPECT_EQ(ClaimsOf(spec).server_bytes_per_parameter, 4 * (1 + c.slots + extra))
+          << c.name << " " << v1::Mode_Name(mode);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fulcrum

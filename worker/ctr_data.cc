@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/counter_rng.h"
 #include "common/param_init.h"
 #include "common/quote.h"
 
@@ -324,15 +325,6 @@ double Helper2(double x) {  // expm1(x) / x
   return std::fabs(x) > 1e-8 ? std::expm1(x) / x : 1 + x * 0.5 * (1 + x * (1.0 / 3) * (1 + 0.25 * x));
 }
 
-// A uniform double in (0, 1) from 64 random bits.
-double Unit(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
-
-// A standard normal value from 64 random bits (Box-Muller on both halves).
-double Normal(uint64_t bits) {
-  const double u1 = Unit(bits), u2 = Unit(SplitMix64(bits));
-  return std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-}
-
 // Random bits for (key, a, b): the same everywhere.
 uint64_t Bits(uint64_t key, uint64_t a, uint64_t b = 0) { return SplitMix64(key ^ SplitMix64(a * 0x100000001b3ULL + b)); }
 
@@ -385,35 +377,32 @@ SparseDataset MakeSyntheticCtr(const SyntheticCtrSpec& spec, int split, int64_t 
   const uint64_t examples = SplitMix64(model ^ SplitMix64(static_cast<uint64_t>(split) + 0x5eed));
   data.labels.reserve(static_cast<size_t>(count));
   data.ids.reserve(static_cast<size_t>(count * spec.fields));
-  std::vector<int64_t> ranks(static_cast<size_t>(spec.fields));
   std::vector<double> latent_sum(static_cast<size_t>(spec.fm_dim));
   for (int64_t e = first; e < first + count; ++e) {
-    uint64_t state = Bits(examples, static_cast<uint64_t>(e));
-    auto uniform = [&state] {
-      state += 0x9e3779b97f4a7c15ULL;
-      return Unit(SplitMix64(state)) - 0.5 / 9007199254740992.0;  // [0, 1)
-    };
+    CounterRng rng(Bits(examples, static_cast<uint64_t>(e)));  // the example's own stream
+    auto uniform = [&rng] { return 1 - rng.Uniform(); };        // [0, 1)
     double logit = spec.bias;
     for (int32_t f = 0; f < spec.fields; ++f) {
-      ranks[f] = zipf.Sample(uniform);
-      const uint64_t id = Bits(model, static_cast<uint64_t>(f) + 1, static_cast<uint64_t>(ranks[f]));
+      const int64_t rank = zipf.Sample(uniform);
+      const uint64_t id = Bits(model, static_cast<uint64_t>(f) + 1, static_cast<uint64_t>(rank));
       data.ids.push_back(id);
       data.weights.push_back(1);
       data.offsets.push_back(static_cast<int64_t>(data.ids.size()));
-      logit += spec.weight_scale * Normal(SplitMix64(id ^ model));
+      logit += spec.weight_scale * CounterRng(SplitMix64(id ^ model)).Normal();
     }
     for (int32_t j = 0; j < spec.dense; ++j) {
-      const double x = Normal(SplitMix64(state += 0x9e3779b97f4a7c15ULL));
+      const double x = rng.Normal();
       data.dense.push_back(static_cast<float>(x));
-      logit += spec.weight_scale * Normal(Bits(model, 0, static_cast<uint64_t>(j) + 1)) * x;
+      logit += spec.weight_scale * CounterRng(Bits(model, 0, static_cast<uint64_t>(j) + 1)).Normal() * x;
     }
     if (spec.fm_dim > 0) {  // sum over pairs of <v_f, v_g> = (|sum v|^2 - sum |v|^2) / 2
       std::fill(latent_sum.begin(), latent_sum.end(), 0.0);
       double squares = 0;
       for (int32_t f = 0; f < spec.fields; ++f) {
         const uint64_t id = data.ids[data.ids.size() - static_cast<size_t>(spec.fields - f)];
+        CounterRng latent(Bits(id, model));  // the id's true latent vector
         for (int32_t d = 0; d < spec.fm_dim; ++d) {
-          const double v = spec.fm_scale * Normal(Bits(id, model, static_cast<uint64_t>(d) + 1));
+          const double v = spec.fm_scale * latent.Normal();
           latent_sum[d] += v;
           squares += v * v;
         }

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/counter_rng.h"
 #include "common/param_init.h"
 #include "common/status_macros.h"
 
@@ -185,35 +186,11 @@ absl::StatusOr<std::string> ResolveDataFile(const std::string& dir,
       "); download Fashion-MNIST into ", dir));
 }
 
-// Counter-based stream of uniform and normal variates.
-class Rng {
- public:
-  explicit Rng(uint64_t key) : key_(key) {}
-
-  uint64_t NextBits() { return SplitMix64(key_ + counter_++); }
-
-  // Uniform in (0, 1].
-  double Uniform() {
-    return (static_cast<double>(NextBits() >> 11) + 1.0) * 0x1.0p-53;
-  }
-
-  // Standard normal (Box-Muller, one value per pair of uniforms).
-  double Normal() {
-    constexpr double kTwoPi = 6.283185307179586;
-    const double radius = std::sqrt(-2.0 * std::log(Uniform()));
-    return radius * std::cos(kTwoPi * Uniform());
-  }
-
- private:
-  uint64_t key_;
-  uint64_t counter_ = 0;
-};
-
 std::vector<double> SyntheticMeans(uint64_t seed, int num_features,
                                    int num_classes) {
   // Pairwise distance between two means ~ std * sqrt(2 * num_features) = 6.
   const double std_dev = 6.0 / std::sqrt(2.0 * num_features);
-  Rng rng(SplitMix64(SplitMix64(seed) ^ 0x6d65616e73ULL));  // "means"
+  CounterRng rng(SplitMix64(SplitMix64(seed) ^ 0x6d65616e73ULL));  // "means"
   std::vector<double> means(static_cast<size_t>(num_features) * num_classes);
   for (double& value : means) value = std_dev * rng.Normal();
   return means;
@@ -324,7 +301,7 @@ Dataset MakeSynthetic(uint64_t seed, int64_t num_examples, int num_features,
   dataset.num_classes = num_classes;
   const std::vector<double> means =
       SyntheticMeans(seed, num_features, num_classes);
-  Rng rng(SplitMix64(SplitMix64(seed) + 1 + static_cast<uint32_t>(split)));
+  CounterRng rng(SplitMix64(SplitMix64(seed) + 1 + static_cast<uint32_t>(split)));
   dataset.labels.resize(num_examples);
   dataset.features.resize(num_examples * num_features);
   for (int64_t i = 0; i < num_examples; ++i) {

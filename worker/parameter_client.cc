@@ -363,42 +363,56 @@ void ParameterClient::PushStream::SendTensors(const std::vector<int>& tensors,
     auto call = std::make_unique<Call>();
     call->address = batch.address;
     if (lend) {
-      PayloadWriter writer(header_, v1::PushRequest::kChunksFieldNumber);
-      for (int index : batch.chunks) {
-        const v1::ChunkLocation& chunk = map.chunks(index);
-        v1::ChunkData fields;
-        fields.set_chunk_id(chunk.chunk_id());
-        fields.set_format(format);
-        const T* values = grads[chunk.tensor()].data() + chunk.offset();
-        writer.AddChunk(fields, {loan_->Lend(values, static_cast<size_t>(chunk.length()) * sizeof(T))});
+      call->request = LentRequest(batch, grads);
+    } else {
+      absl::StatusOr<grpc::ByteBuffer> encoded = EncodedRequest(batch, grads);
+      if (!encoded.ok()) {
+        error_ = encoded.status();
+        return;
       }
-      call->request = writer.Finish();
-      StartCall(call.get());
-      calls_.push_back(std::move(call));
-      continue;
+      call->request = *std::move(encoded);
     }
-    v1::PushRequest request = header_;
-    for (int index : batch.chunks) {
-      const v1::ChunkLocation& chunk = map.chunks(index);
-      v1::ChunkData* data = request.add_chunks();
-      data->set_chunk_id(chunk.chunk_id());
-      const T* values = grads[chunk.tensor()].data() + chunk.offset();
-      if constexpr (std::is_same_v<T, float>) {
-        if (GradientCompressor* compressor = client_->compressor_; compressor != nullptr) {
-          data->set_format(compressor->format());
-          error_ = compressor->Encode(header_.partition(), chunk.tensor(), chunk.offset(), values, chunk.length(),
-                                      data->mutable_data());
-          if (!error_.ok()) return;
-          continue;
-        }
-      }
-      data->set_format(format);
-      EncodeChunk(format, values, chunk.length(), data->mutable_data());
-    }
-    call->request = SerializeMovingPayloads(&request);  // the encoded bytes go to gRPC as they are
     StartCall(call.get());
     calls_.push_back(std::move(call));
   }
+}
+
+template <typename T>
+grpc::ByteBuffer ParameterClient::PushStream::LentRequest(const Batch& batch,
+                                                          const std::vector<std::vector<T>>& grads) {
+  PayloadWriter writer(header_, v1::PushRequest::kChunksFieldNumber);
+  for (int index : batch.chunks) {
+    const v1::ChunkLocation& chunk = client_->map_.chunks(index);
+    v1::ChunkData fields;
+    fields.set_chunk_id(chunk.chunk_id());
+    fields.set_format(client_->format_);
+    const T* values = grads[chunk.tensor()].data() + chunk.offset();
+    writer.AddChunk(fields, {loan_->Lend(values, static_cast<size_t>(chunk.length()) * sizeof(T))});
+  }
+  return writer.Finish();
+}
+
+template <typename T>
+absl::StatusOr<grpc::ByteBuffer> ParameterClient::PushStream::EncodedRequest(
+    const Batch& batch, const std::vector<std::vector<T>>& grads) {
+  v1::PushRequest request = header_;
+  for (int index : batch.chunks) {
+    const v1::ChunkLocation& chunk = client_->map_.chunks(index);
+    v1::ChunkData* data = request.add_chunks();
+    data->set_chunk_id(chunk.chunk_id());
+    const T* values = grads[chunk.tensor()].data() + chunk.offset();
+    if constexpr (std::is_same_v<T, float>) {
+      if (GradientCompressor* compressor = client_->compressor_; compressor != nullptr) {
+        data->set_format(compressor->format());
+        RETURN_IF_ERROR(compressor->Encode(header_.partition(), chunk.tensor(), chunk.offset(), values,
+                                           chunk.length(), data->mutable_data()));
+        continue;
+      }
+    }
+    data->set_format(client_->format_);
+    EncodeChunk(client_->format_, values, chunk.length(), data->mutable_data());
+  }
+  return SerializeMovingPayloads(&request);  // the encoded bytes go to gRPC as they are
 }
 
 void ParameterClient::PushStream::StartCall(Call* call) {

@@ -16,6 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
@@ -132,6 +133,12 @@ class ParameterClient {
     PushStream(ParameterClient* client, v1::PushRequest header, absl::Duration timeout, SliceLoan* loan);
     template <typename T>
     void SendTensors(const std::vector<int>& tensors, const std::vector<std::vector<T>>& grads);
+    // A batch's request with its payloads lent from `grads` (loan_), or
+    // encoded from them (the wire format, or the compressor).
+    template <typename T>
+    grpc::ByteBuffer LentRequest(const Batch& batch, const std::vector<std::vector<T>>& grads);
+    template <typename T>
+    absl::StatusOr<grpc::ByteBuffer> EncodedRequest(const Batch& batch, const std::vector<std::vector<T>>& grads);
     // Starts `call` (its address and request set) unless the map changed.
     void StartCall(Call* call);
     void Done(Call* call, grpc::Status status);

@@ -24,6 +24,7 @@
 #include "client/spec_file.h"
 #include "common/process.h"
 #include "common/quote.h"
+#include "common/table_spec.h"
 #include "common/rpc.h"
 #include "common/rpc_security.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
@@ -195,6 +196,9 @@ int Fail(const absl::Status& status) {
 
 std::string ModelText(const v1::JobSpec& spec) {
   if (spec.model().kind() == v1::ModelSpec::SOFTMAX_REGRESSION) return "softmax regression";
+  if (IsClickModel(spec.model())) {
+    return absl::StrCat(v1::ModelSpec::Kind_Name(spec.model().kind()), ", embedding dim ", spec.model().embedding_dim());
+  }
   std::vector<std::string> sizes;
   for (int h : spec.model().hidden_sizes()) sizes.push_back(absl::StrCat(h));
   return absl::StrCat("MLP hidden ", absl::StrJoin(sizes, "-"), " ",
@@ -208,6 +212,7 @@ std::string ProgressLine(const v1::JobStatus& job) {
                                      p.step(), p.total_steps(), p.train_loss(), p.samples_per_second(),
                                      p.elapsed_seconds());
   if (p.test_accuracy() >= 0) absl::StrAppendFormat(&line, "  test acc %.4f", p.test_accuracy());
+  if (p.has_test_auc()) absl::StrAppendFormat(&line, "  test AUC %.4f", p.test_auc());
   return line;
 }
 

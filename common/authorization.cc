@@ -53,6 +53,8 @@ std::map<std::string, uint32_t> BuildTable() {
       {"/fulcrum.v1.ParameterService/DropJob", member},
       {"/fulcrum.v1.ParameterService/Push", member},
       {"/fulcrum.v1.ParameterService/Pull", member},
+      {"/fulcrum.v1.ParameterService/SparsePull", member},
+      {"/fulcrum.v1.ParameterService/SparsePush", member},
       {"/fulcrum.v1.ParameterService/Replicate", member},
       {"/fulcrum.v1.ParameterService/Reconfigure", member},
       {"/fulcrum.v1.ParameterService/CopyChunk", member},

@@ -13,6 +13,7 @@ namespace {
 // a hash input space.
 constexpr uint64_t kChunkSalt = 0x6a09e667f3bcc909ULL;
 constexpr uint64_t kShardSalt = 0xbb67ae8584caa73bULL;
+constexpr uint64_t kBucketSalt = 0x3c6ef372fe94f82bULL;
 constexpr uint64_t kNodeSalt = 0x3c6ef372fe94f82bULL;
 
 }  // namespace
@@ -109,6 +110,21 @@ std::vector<size_t> AssignShardsToServers(
     server_of_shard.push_back(RendezvousPick(ShardKey(s), server_ids));
   }
   return server_of_shard;
+}
+
+int32_t BucketOf(uint64_t key, int32_t buckets) {
+  if (buckets <= 0) return 0;
+  // The high half of mix * buckets: uniform over [0, buckets) without a division.
+  const uint64_t mix = SplitMix64(key ^ kBucketSalt) >> 32;
+  return static_cast<int32_t>((mix * static_cast<uint64_t>(buckets)) >> 32);
+}
+
+std::vector<int32_t> AssignBucketsToShards(int32_t buckets, int32_t num_shards) {
+  std::vector<int32_t> shards;
+  if (buckets <= 0 || num_shards <= 0) return shards;
+  shards.reserve(buckets);
+  for (int32_t b = 0; b < buckets; ++b) shards.push_back(b % num_shards);
+  return shards;
 }
 
 }  // namespace fulcrum

@@ -82,6 +82,13 @@ std::vector<size_t> BalancedShardPlacement(int32_t num_shards, const std::vector
 std::vector<size_t> AssignShardsToServers(
     int32_t num_shards, const std::vector<uint64_t>& server_ids);
 
+// Sparse tables: the bucket in [0, buckets) of a key (a mix of the key, so
+// that consecutive or patterned ids spread evenly), and the shard of each
+// bucket: bucket b on shard b mod num_shards, which balances any count.
+// Preconditions: buckets > 0, num_shards > 0 (else 0 / empty).
+int32_t BucketOf(uint64_t key, int32_t buckets);
+std::vector<int32_t> AssignBucketsToShards(int32_t buckets, int32_t num_shards);
+
 }  // namespace fulcrum
 
 #endif  // FULCRUM_COMMON_SHARD_MAP_H_

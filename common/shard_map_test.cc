@@ -292,5 +292,29 @@ TEST(AssignShardsToServersTest, InvalidInputs) {
   EXPECT_TRUE(AssignShardsToServers(-3, {1, 2}).empty());
 }
 
+TEST(BucketOfTest, SequentialKeysSpreadEvenlyOverBuckets) {
+  constexpr int32_t kBuckets = 16;
+  std::vector<int64_t> count(kBuckets, 0);
+  for (uint64_t key = 0; key < 160000; ++key) {
+    const int32_t b = BucketOf(key, kBuckets);
+    ASSERT_GE(b, 0);
+    ASSERT_LT(b, kBuckets);
+    ++count[b];
+  }
+  for (int64_t c : count) {
+    EXPECT_GT(c, 9600);  // 10000 expected; 4 standard deviations is about 400
+    EXPECT_LT(c, 10400);
+  }
+  EXPECT_EQ(BucketOf(12345, 16), BucketOf(12345, 16));
+  EXPECT_EQ(BucketOf(7, 0), 0);
+  EXPECT_EQ(BucketOf(7, 1), 0);
+}
+
+TEST(AssignBucketsToShardsTest, BalancedRoundRobin) {
+  EXPECT_EQ(AssignBucketsToShards(5, 2), (std::vector<int32_t>{0, 1, 0, 1, 0}));
+  EXPECT_TRUE(AssignBucketsToShards(0, 2).empty());
+  EXPECT_TRUE(AssignBucketsToShards(4, 0).empty());
+}
+
 }  // namespace
 }  // namespace fulcrum

@@ -6,16 +6,25 @@
 #include <vector>
 
 #include "fulcrum/v1/job.pb.h"
+#include "kernels/ctr_model.h"
 #include "kernels/mlp.h"
 
 namespace fulcrum {
 
 struct ModelLayout {
   kernels::ModelConfig config;
-  std::vector<kernels::TensorInfo> tensors;  // MlpTensors(config)
+  // The dense tensors: MlpTensors(config), or a click model's
+  // CtrDenseTensors(ctr).
+  std::vector<kernels::TensorInfo> tensors;
+  // Click models (common/table_spec.h IsClickModel): the model and its
+  // sparse tables.
+  bool click = false;
+  kernels::CtrModelConfig ctr;
+  std::vector<kernels::CtrTableInfo> tables;
 };
 
-// `features` and `classes` come from the loaded dataset.
+// `features` and `classes` come from the loaded dataset (click models take
+// their shape from the spec alone).
 ModelLayout LayoutFor(const v1::JobSpec& spec, int features, int classes);
 
 }  // namespace fulcrum

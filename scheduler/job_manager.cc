@@ -350,8 +350,12 @@ void JobManager::OnDone(Job* job, const v1::WorkReport& report) {
     if (p >= 0 && p < job->num_partitions) job->done_partitions.insert(p);
   }
   if (static_cast<int32_t>(job->done_partitions.size()) < job->num_partitions) return;
-  double accuracy = job->status.progress().test_accuracy();
-  EndJob(job, v1::SUCCEEDED, accuracy >= 0 ? absl::StrFormat("finished: test accuracy %.4f", accuracy) : "finished");
+  const v1::JobProgress& progress = job->status.progress();
+  std::string reason = progress.test_accuracy() >= 0
+                           ? absl::StrFormat("finished: test accuracy %.4f", progress.test_accuracy())
+                           : "finished";
+  if (progress.has_test_auc()) absl::StrAppendFormat(&reason, ", test AUC %.4f", progress.test_auc());
+  EndJob(job, v1::SUCCEEDED, reason);
 }
 
 void JobManager::OnProgress(Job* job, const v1::WorkReport& report) {
@@ -423,6 +427,7 @@ void JobManager::FlagStragglers(Job* job) {
 void JobManager::OnEval(Job* job, const v1::WorkReport& report) {
   v1::JobProgress* progress = job->status.mutable_progress();
   progress->set_test_accuracy(report.test_accuracy());
+  if (report.has_test_auc()) progress->set_test_auc(report.test_auc());
   v1::MetricPoint point;
   point.set_step(report.step());
   point.set_epoch(report.epoch());
@@ -432,10 +437,12 @@ void JobManager::OnEval(Job* job, const v1::WorkReport& report) {
   point.set_samples_per_second(progress->samples_per_second());
   point.set_test_accuracy(report.test_accuracy());
   point.set_test_loss(report.test_loss());
+  if (report.has_test_auc()) point.set_test_auc(report.test_auc());
   point.set_elapsed_seconds(absl::ToDoubleSeconds(clock_() - job->started));
   AddHistoryPoint(&job->status, point);
-  FLOG(INFO) << "job " << job->status.job_id() << " epoch " << report.epoch()
-             << ": test accuracy " << report.test_accuracy() << ", test loss " << report.test_loss();
+  FLOG(INFO) << "job " << job->status.job_id() << " epoch " << report.epoch() << ": test accuracy "
+             << report.test_accuracy() << ", test loss " << report.test_loss()
+             << (report.has_test_auc() ? absl::StrCat(", test AUC ", report.test_auc()) : "");
 }
 
 void JobManager::CheckPause() {

@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
+#include "common/table_spec.h"
 #include "scheduler/job_manager_internal.h"
 #include "common/sync.h"
 
@@ -78,6 +79,10 @@ absl::StatusOr<v1::CheckpointInfo> JobManager::CheckpointNow(const std::string& 
   MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(job_id)));
+  if (IsClickModel(job->status.spec().model())) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has sparse tables, which checkpoints do not "
+                                                      "cover yet: it cannot be checkpointed"));
+  }
   auto training = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return job->phase == Job::Phase::kTraining;
   };

@@ -177,19 +177,27 @@ void JobManager::StartSetups() {
     // Every replica of a shard gets its chunks (and the whole map, for roles).
     ModelLayout layout = LayoutFor(job->status.spec(), job->data_info.features(), job->data_info.classes());
     std::map<std::string, v1::SetupJobRequest> requests;
-    for (const v1::ChunkLocation& chunk : job->shard_map.chunks()) {
-      const v1::ShardLocation& shard = job->shard_map.shards(chunk.shard());
+    // The requests of a shard's replicas (created on first use).
+    auto requests_of = [&](int32_t s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      const v1::ShardLocation& shard = job->shard_map.shards(s);
       std::vector<std::pair<std::string, std::string>> replicas = {{shard.server_id(), shard.address()}};
       for (int b = 0; b < shard.backup_ids_size(); ++b) replicas.emplace_back(shard.backup_ids(b), shard.backup_addresses(b));
+      std::vector<v1::SetupJobRequest*> of;
       for (const auto& [server_id, address] : replicas) {
         auto [it, fresh] = requests.try_emplace(address);
         if (fresh) {
           it->second = SetupRequestFor(*job, server_id);
           if (job->restore.has_value()) *it->second.mutable_restore() = *job->restore;
         }
-        AddChunkSetup(chunk, layout, &it->second);
+        of.push_back(&it->second);
       }
+      return of;
+    };
+    for (const v1::ChunkLocation& chunk : job->shard_map.chunks()) {
+      for (v1::SetupJobRequest* request : requests_of(chunk.shard())) AddChunkSetup(chunk, layout, request);
     }
+    // Shards that hold only table buckets are set up too.
+    for (int32_t s : HoldingShards(*job)) requests_of(s);
     job->phase = Job::Phase::kSettingUp;
     job->status.set_reason("setting up parameter shards");
     Touch(job.get());
@@ -247,6 +255,7 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
   job->shard_map = PlanShardMap(layout.tensors, refs, spec.num_shards(), replicas,
                                 ChunkElemsFor(job->claims, options_.chunk_elems),
                                 job->shard_map.version() + 1);  // > 1 when set up again (a restore)
+  AddTableLayouts(layout.tables, spec, &job->shard_map);
   for (const v1::ShardLocation& shard : job->shard_map.shards()) {
     job->server_addresses[shard.server_id()] = shard.address();
     for (int b = 0; b < shard.backup_ids_size(); ++b) job->server_addresses[shard.backup_ids(b)] = shard.backup_addresses(b);
@@ -322,6 +331,9 @@ void JobManager::GrowShards() {
     if (job->phase != Job::Phase::kTraining || job->handover.has_value() || job->status.spec().num_shards() > 0) {
       continue;
     }
+    // Sparse tables keep the shards they started on (their buckets do not
+    // move between servers yet).
+    if (job->shard_map.tables_size() > 0) continue;
     v1::ShardMap& map = job->shard_map;
     // A live server that leads no shard of the job yet: one that holds
     // nothing of it first (a backup keeps its role and its load).

@@ -6,6 +6,7 @@
 #include "common/lr_scaling.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
+#include "common/table_spec.h"
 #include "common/tensor_codec.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
@@ -83,7 +84,8 @@ absl::Status ValidateModel(const v1::ModelSpec& model) {
       }
       return absl::OkStatus();
     default:
-      return Invalid("model.kind", "must be SOFTMAX_REGRESSION or MLP", "unset");
+      return Invalid("model.kind",
+                     "must be SOFTMAX_REGRESSION, MLP, LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP or DEEPFM", "unset");
   }
 }
 
@@ -113,6 +115,11 @@ absl::Status ValidateData(const v1::DataSpec& data) {
   } else {
     return Invalid("data.dataset", "must be FASHION_MNIST or SYNTHETIC", "unset");
   }
+  return absl::OkStatus();
+}
+
+// How a job steps through its data, whatever the dataset.
+absl::Status ValidateDataSteps(const v1::DataSpec& data) {
   RETURN_IF_ERROR(CheckRange("data.batchSize", data.batch_size(), 1, 65536));
   RETURN_IF_ERROR(CheckRange("data.epochs", data.epochs(), 1, 10000));
   RETURN_IF_ERROR(CheckRange<int64_t>("data.maxSteps", data.max_steps(), 0, int64_t{1} << 40));
@@ -190,7 +197,7 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
       (spec->checkpoint().every_steps() > 0 || spec->checkpoint().every_seconds() > 0)) {
     spec->mutable_checkpoint()->set_keep_last(3);
   }
-  if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(v1::BSP);
+  if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(IsClickModel(spec->model()) ? v1::ASP : v1::BSP);
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP32);
   if (spec->wire_format() == v1::WIRE_FORMAT_UNSPECIFIED) spec->set_wire_format(v1::WIRE_FP32);
   if (spec->compression().kind() == v1::CompressionSpec::TOPK && spec->compression().topk_ratio() == 0) {
@@ -257,8 +264,14 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid("name", "must be at most 128 characters", absl::StrCat(Utf8Length(spec.name())));
   }
   if (!IsPrintable(spec.name())) return Invalid("name", "must not contain control characters", Quote(spec.name()));
-  RETURN_IF_ERROR(ValidateModel(spec.model()));
-  RETURN_IF_ERROR(ValidateData(spec.data()));
+  if (IsClickModel(spec.model())) {
+    RETURN_IF_ERROR(ValidateClickJob(spec));
+  } else {
+    RETURN_IF_ERROR(ValidateNotClick(spec));
+    RETURN_IF_ERROR(ValidateModel(spec.model()));
+    RETURN_IF_ERROR(ValidateData(spec.data()));
+  }
+  RETURN_IF_ERROR(ValidateDataSteps(spec.data()));
   RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
   RETURN_IF_ERROR(ValidateSchedule(spec.lr_schedule(), spec.optimizer().lr()));
   RETURN_IF_ERROR(ValidateLrScaling(spec));

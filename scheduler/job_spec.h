@@ -13,12 +13,19 @@ namespace fulcrum {
 constexpr char kDefaultFashionMnistPath[] = "/usr/share/datasets/fashion-mnist";
 
 // Fills the documented defaults of fields left unset (epochs 1, numWorkers 1,
-// mode BSP, activation RELU, optimizer SGD, schedule CONSTANT, data path).
+// mode BSP (ASP for click models), activation RELU, optimizer SGD, schedule
+// CONSTANT, data path).
 void ApplyJobSpecDefaults(v1::JobSpec* spec);
 
 // Checks a spec after ApplyJobSpecDefaults. Also rejects unknown fields and
 // enum values that a binary client may have sent.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+// The parts of ValidateJobSpec for click models (scheduler/job_spec_click.cc):
+// their model, tables and data, and what they cannot use yet; and, for
+// other models, that no click field is set.
+absl::Status ValidateClickJob(const v1::JobSpec& spec);
+absl::Status ValidateNotClick(const v1::JobSpec& spec);
 
 }  // namespace fulcrum
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/shard_map.h"
+#include "common/table_spec.h"
 
 namespace fulcrum {
 
@@ -61,9 +62,26 @@ v1::ShardMap PlanShardMap(const std::vector<kernels::TensorInfo>& tensors, const
   return map;
 }
 
+void AddTableLayouts(const std::vector<kernels::CtrTableInfo>& tables, const v1::JobSpec& spec, v1::ShardMap* map) {
+  const auto shards = static_cast<int32_t>(map->shards_size());
+  for (const kernels::CtrTableInfo& info : tables) {
+    int32_t buckets = 0;
+    for (const v1::TableSpec& named : spec.model().tables()) {
+      if (named.name() == info.name) buckets = named.buckets();
+    }
+    if (buckets <= 0) buckets = std::min(kMaxTableBuckets, kDefaultBucketsPerShard * std::max(1, shards));
+    v1::TableLayout* table = map->add_tables();
+    table->set_name(info.name);
+    table->set_dim(info.dim);
+    table->set_buckets(buckets);
+    for (int32_t shard : AssignBucketsToShards(buckets, std::max(1, shards))) table->add_bucket_shards(shard);
+  }
+}
+
 std::set<int32_t> HoldingShards(const v1::ShardMap& map, const std::optional<v1::HandoverRecord>& handover) {
   std::set<int32_t> holding;
   for (const v1::ChunkLocation& chunk : map.chunks()) holding.insert(chunk.shard());
+  for (const v1::TableLayout& table : map.tables()) holding.insert(table.bucket_shards().begin(), table.bucket_shards().end());
   if (handover.has_value() && handover->new_shard()) {
     holding.erase(handover->shard());
     for (const auto& [chunk, from] : handover->moved_from()) holding.insert(from);

@@ -36,11 +36,17 @@ uint64_t StableHash(const std::string& text);
 v1::ShardMap PlanShardMap(const std::vector<kernels::TensorInfo>& tensors, const std::vector<ServerRef>& servers,
                           int32_t num_shards, int replicas, int64_t chunk_elems, int64_t version);
 
+// Adds the sparse tables of a click model to a new map: each table's keys in
+// spec's model.tables[].buckets buckets (0: kDefaultBucketsPerShard a shard,
+// at most kMaxTableBuckets), spread evenly over the map's shards.
+void AddTableLayouts(const std::vector<kernels::CtrTableInfo>& tables, const v1::JobSpec& spec, v1::ShardMap* map);
+
 // Adds `chunk` (its location and its tensor's initialization in `layout`) to
 // the chunks `request` sets up on a server.
 void AddChunkSetup(const v1::ChunkLocation& chunk, const ModelLayout& layout, v1::SetupJobRequest* request);
 
-// Shards whose replicas hold chunks: those of the map's chunks and, during a
+// Shards whose replicas hold state: those of the map's chunks and table
+// buckets and, during a
 // new shard's handover, the shards its chunks move from (the newcomer holds
 // nothing until its copy is done).
 std::set<int32_t> HoldingShards(const v1::ShardMap& map, const std::optional<v1::HandoverRecord>& handover);

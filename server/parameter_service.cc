@@ -113,6 +113,10 @@ JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request) {
     c.init_scale = chunk.init_scale();
     config.chunks.push_back(c);
   }
+  config.tables = TableSetupsOf(request.spec(), request.shard_map());
+  for (const auto& [shard, role] : RolesFor(request.shard_map(), request.server_id())) {
+    if (role.primary) config.table_shards.insert(shard);
+  }
   return config;
 }
 
@@ -200,6 +204,7 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                      .Register(registry)
                      .Add({});
   Replicator::Options replication;
+  lease_valid_ = lease_valid;
   replication.lease_valid = std::move(lease_valid);
   replication.refused = &prometheus::BuildCounter()
                   .Name("fulcrum_server_writes_refused_total")
@@ -231,6 +236,16 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                              .Help("Time from a checkpoint's snapshot to its data being durable on this server")
                              .Register(registry)
                              .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60});
+  sparse_keys_pulled_ = &prometheus::BuildCounter()
+                            .Name("fulcrum_server_sparse_keys_pulled_total")
+                            .Help("Keys of sparse tables whose rows this server answered")
+                            .Register(registry)
+                            .Add({});
+  sparse_keys_pushed_ = &prometheus::BuildCounter()
+                            .Name("fulcrum_server_sparse_keys_pushed_total")
+                            .Help("Rows of sparse tables updated by pushes this server applied")
+                            .Register(registry)
+                            .Add({});
   replicator_ = std::make_unique<Replicator>(&peers_, std::move(replication));
 }
 
@@ -255,6 +270,10 @@ absl::Status ParameterServiceImpl::SetupFresh(const v1::SetupJobRequest& request
     }
   }
   RETURN_IF_ERROR(store_->CheckFits(request.job_id(), JobShard::ConfigBytes(config), /*replacing=*/true));
+  if (store_->memory_budget() > 0 && !config.tables.empty()) {
+    // The tables grow as keys come: they may take what the budget has left.
+    config.tables_room = [store = store_] { return store->memory_budget() - store->bytes(); };
+  }
   // Fresh state, or a checkpoint's: built aside, installed when whole.
   ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(std::move(config)));
   if (request.has_restore()) RETURN_IF_ERROR(RestoreChunks(shard.get(), request.restore()));
@@ -282,6 +301,10 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::Setu
   try {  // an allocation that fails fails the setup, not the process
     JobShardConfig config = ConfigFor(*request);
     status = CheckChunkStatesFit(*request, config);
+    if (status.ok() && !config.tables.empty() && (!request->copy_from().empty() || !sources.empty())) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "job ", request->job_id(), " has sparse tables, which are not copied between servers yet"));
+    }
     if (status.ok()) {
       status = request->copy_from().empty() && sources.empty() ? SetupFresh(*request, std::move(config))
                                                                : SetupCopies(*request, std::move(config), sources);

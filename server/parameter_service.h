@@ -30,6 +30,10 @@ constexpr int64_t kMaxPullBytes = 7 << 20;
 // Translates the job spec's optimizer and schedule into the store's configs.
 JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request);
 
+// The job's sparse tables as the shard map lays them out and the spec sets
+// them up (server/parameter_service_sparse.cc).
+std::vector<SparseTableSetup> TableSetupsOf(const v1::JobSpec& spec, const v1::ShardMap& map);
+
 // The roles a shard map gives `server_id`, per shard it is a replica of.
 // chunk id -> shard in a shard map.
 std::map<int32_t, int32_t> ChunkShards(const v1::ShardMap& map);
@@ -131,6 +135,13 @@ class ParameterServiceImpl final
                               v1::ChunkState* response) override;
   grpc::Status DeleteCheckpoint(grpc::ServerContext* context, const v1::DeleteCheckpointRequest* request,
                                 v1::DeleteCheckpointResponse* response) override;
+  // Sparse tables (server/parameter_service_sparse.cc).
+  grpc::Status SparsePull(grpc::ServerContext* context, const v1::SparsePullRequest* request,
+                          v1::SparsePullResponse* response) override;
+  grpc::Status SparsePush(grpc::ServerContext* context, const v1::SparsePushRequest* request,
+                          v1::SparsePushResponse* response) override;
+  absl::Status HandleSparsePull(const v1::SparsePullRequest& request, v1::SparsePullResponse* response);
+  absl::Status HandleSparsePush(const v1::SparsePushRequest& request, v1::SparsePushResponse* response);
 
  private:
   // Push and Replicate on gRPC's threads.
@@ -162,6 +173,7 @@ class ParameterServiceImpl final
   // Reconfigure holds it exclusively, so no push straddles a role change
   // (a new backup then copies a state no push can change unseen).
   Mutex writes_mu_;
+  std::function<bool()> lease_valid_;  // see the constructor (null: always)
   GrpcReplicaPeers peers_;
   std::unique_ptr<Replicator> replicator_;  // fencing, forwards to backups, copies from replicas
   FloatBufferPool gradients_;  // decoded pushes
@@ -172,6 +184,8 @@ class ParameterServiceImpl final
   std::unique_ptr<CheckpointWriter> writer_;  // with checkpoints_
   prometheus::Histogram* optimizer_seconds_;
   prometheus::Counter* checkpoint_bytes_;
+  prometheus::Counter* sparse_keys_pulled_;
+  prometheus::Counter* sparse_keys_pushed_;
   prometheus::Histogram* checkpoint_seconds_;
 };
 

@@ -910,3 +910,164 @@ TEST_F(ParameterServiceTest, BadSixteenBitPushesAndPullsAreRefusedClearly) {
 
 }  // namespace
 }  // namespace fulcrum
+
+namespace fulcrum {
+namespace {
+
+// A job with table "linear" (dim 1, SGD lr 0.5) and table "embedding"
+// (dim 16) in 4 buckets each, all on shard 0.
+v1::SetupJobRequest MakeTableSetup(const std::string& job_id, const TestServer& server) {
+  v1::ShardMap map = MakeShardMap(1, ReplicaGroup{{server.id(), server.address()}, {}});
+  for (auto [name, dim] : {std::pair<const char*, int>{"linear", 1}, {"embedding", 16}}) {
+    v1::TableLayout* table = map.add_tables();
+    table->set_name(name);
+    table->set_dim(dim);
+    table->set_buckets(4);
+    for (int b = 0; b < 4; ++b) table->add_bucket_shards(0);
+  }
+  v1::SetupJobRequest setup = MakeSetup(job_id, v1::ASP, map, server.id());
+  v1::TableSpec* linear = setup.mutable_spec()->mutable_model()->add_tables();
+  linear->set_name("linear");
+  linear->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::SGD);
+  linear->mutable_optimizer()->set_lr(0.5f);
+  return setup;
+}
+
+std::string Keys(const std::vector<uint64_t>& keys) {
+  std::string bytes(keys.size() * 8, '\0');
+  for (size_t i = 0; i < keys.size(); ++i) {
+    for (int b = 0; b < 8; ++b) bytes[i * 8 + b] = static_cast<char>((keys[i] >> (8 * b)) & 0xff);
+  }
+  return bytes;
+}
+
+std::vector<float> RowsOf(const std::string& bytes) {
+  std::vector<float> rows(bytes.size() / 4);
+  EXPECT_TRUE(DecodeFloats(bytes, static_cast<int64_t>(rows.size()), rows.data(), "rows").ok());
+  return rows;
+}
+
+TEST(ParameterServiceSparseTest, PushedRowsAreWhatLaterPullsRead) {
+  auto server = TestServer::Start("ps-0", /*with_checkpoints=*/false);
+  ASSERT_TRUE(server.ok()) << server.status();
+  grpc::ClientContext setup_context;
+  v1::SetupJobResponse setup_response;
+  ASSERT_TRUE((*server)->stub()->SetupJob(&setup_context, MakeTableSetup("job-s", **server), &setup_response).ok());
+
+  const std::vector<uint64_t> keys = {3, 1ULL << 63, 77};
+  v1::SparsePullRequest pull;
+  pull.set_job_id("job-s");
+  pull.set_map_version(1);
+  v1::SparseKeys* linear_keys = pull.add_tables();
+  linear_keys->set_table(0);
+  linear_keys->set_keys(Keys(keys));
+  v1::SparseKeys* embedding_keys = pull.add_tables();
+  embedding_keys->set_table(1);
+  embedding_keys->set_keys(Keys(keys));
+  grpc::ClientContext before_context;
+  v1::SparsePullResponse before;
+  ASSERT_TRUE((*server)->stub()->SparsePull(&before_context, pull, &before).ok());
+  ASSERT_EQ(before.tables_size(), 2);
+  EXPECT_EQ(RowsOf(before.tables(0).rows()), std::vector<float>(3, 0.0f)) << "linear starts at zero";
+  EXPECT_EQ(RowsOf(before.tables(1).rows()).size(), 48u);
+
+  v1::SparsePushRequest push;
+  push.set_job_id("job-s");
+  push.set_worker_id("w0");
+  push.set_partition(0);
+  push.set_step(1);
+  push.set_map_version(1);
+  v1::SparseKeys* grads = push.add_tables();
+  grads->set_table(0);
+  grads->set_keys(Keys(keys));
+  grads->set_rows(Floats({1.0f, 2.0f, -4.0f}));
+  for (bool duplicate : {false, true}) {
+    grpc::ClientContext push_context;
+    v1::SparsePushResponse pushed;
+    const grpc::Status status = (*server)->stub()->SparsePush(&push_context, push, &pushed);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(pushed.duplicate(), duplicate);
+  }
+  grpc::ClientContext after_context;
+  v1::SparsePullResponse after;
+  ASSERT_TRUE((*server)->stub()->SparsePull(&after_context, pull, &after).ok());
+  EXPECT_EQ(RowsOf(after.tables(0).rows()), (std::vector<float>{-0.5f, -1.0f, 2.0f})) << "applied once";
+  EXPECT_EQ(after.tables(1).rows(), before.tables(1).rows()) << "the embedding table was not pushed";
+}
+
+TEST(ParameterServiceSparseTest, MalformedSparseRequestsAreRefusedWithReasons) {
+  auto server = TestServer::Start("ps-0", /*with_checkpoints=*/false);
+  ASSERT_TRUE(server.ok()) << server.status();
+  grpc::ClientContext setup_context;
+  v1::SetupJobResponse setup_response;
+  ASSERT_TRUE((*server)->stub()->SetupJob(&setup_context, MakeTableSetup("job-s", **server), &setup_response).ok());
+  auto pull_status = [&](const v1::SparsePullRequest& request) {
+    grpc::ClientContext context;
+    v1::SparsePullResponse response;
+    return (*server)->stub()->SparsePull(&context, request, &response);
+  };
+  auto push_status = [&](const v1::SparsePushRequest& request) {
+    grpc::ClientContext context;
+    v1::SparsePushResponse response;
+    return (*server)->stub()->SparsePush(&context, request, &response);
+  };
+  v1::SparsePullRequest pull;
+  pull.set_job_id("job-s");
+  pull.set_map_version(1);
+  pull.add_tables()->set_keys("1234567");  // not whole uint64s
+  EXPECT_EQ(pull_status(pull).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  pull.mutable_tables(0)->set_keys(Keys({1}));
+  pull.mutable_tables(0)->set_table(5);  // no such table
+  EXPECT_EQ(pull_status(pull).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  pull.mutable_tables(0)->set_table(1);
+  pull.mutable_tables(0)->set_keys(std::string(8 << 20, '\1'));  // an answer beyond a message
+  EXPECT_NE(pull_status(pull).error_code(), grpc::StatusCode::OK);
+  pull.mutable_tables(0)->set_keys(std::string(4 << 20, '\1'));  // within the message, its answer is not
+  const grpc::Status too_big = pull_status(pull);
+  EXPECT_EQ(too_big.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(too_big.error_message().find("split its keys"), std::string::npos) << too_big.error_message();
+  pull.mutable_tables(0)->set_keys(Keys({1}));
+  pull.set_map_version(0);
+  EXPECT_EQ(pull_status(pull).error_code(), grpc::StatusCode::ABORTED) << "an older shard map";
+  pull.set_job_id("no-such-job");
+  EXPECT_EQ(pull_status(pull).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  v1::SparsePushRequest push;
+  push.set_job_id("job-s");
+  push.set_map_version(1);
+  push.set_step(1);
+  v1::SparseKeys* grads = push.add_tables();
+  grads->set_table(1);
+  grads->set_table(0);
+  grads->set_keys(Keys({1, 2, 3, 4}));
+  grads->set_rows(Floats({1, 2, 3}));  // 4 keys x dim 1 needs 4 floats
+  EXPECT_EQ(push_status(push).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  grads->set_rows(Floats({1, 2, 3, std::nanf("")}));
+  const grpc::Status nan = push_status(push);
+  EXPECT_EQ(nan.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(nan.error_message().find("non-finite"), std::string::npos) << nan.error_message();
+  grads->set_rows(Floats({1, 2, 3, 4}));
+  push.set_partition(3);  // the job has one partition
+  EXPECT_EQ(push_status(push).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  push.set_partition(0);
+  (*server)->set_lease_valid(false);
+  EXPECT_EQ(push_status(push).error_code(), grpc::StatusCode::UNAVAILABLE) << "fenced without its lease";
+  (*server)->set_lease_valid(true);
+  EXPECT_TRUE(push_status(push).ok());
+
+  // A job without tables answers neither.
+  grpc::ClientContext dense_context;
+  v1::SetupJobResponse dense_response;
+  ASSERT_TRUE((*server)
+                  ->stub()
+                  ->SetupJob(&dense_context,
+                             MakeSetup("job-d", v1::ASP, MakeShardMap(1, ReplicaGroup{{"ps-0", (*server)->address()}, {}}),
+                                       "ps-0"),
+                             &dense_response)
+                  .ok());
+  push.set_job_id("job-d");
+  EXPECT_EQ(push_status(push).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+}  // namespace
+}  // namespace fulcrum

@@ -429,6 +429,7 @@ int64_t JobShard::bytes() const {
   MutexLock lock(&chunks_mu_);
   int64_t bytes = 0;
   for (const auto& [id, chunk] : chunks_) bytes += ChunkBytes(chunk->length(), config_);
+  if (sparse_ != nullptr) bytes += sparse_->bytes();
   return bytes;
 }
 
@@ -452,6 +453,10 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(JobShardConfig config
 
 absl::StatusOr<std::unique_ptr<JobShard>> JobShard::CreateChunks(JobShardConfig config) {
   std::unique_ptr<JobShard> shard(new JobShard(std::move(config)));
+  if (!shard->config_.tables.empty()) {
+    ASSIGN_OR_RETURN(shard->sparse_, SparseShard::Create(shard->config_.tables, shard->config_.table_shards,
+                                                         shard->config_.num_partitions, shard->config_.tables_room));
+  }
   for (const ChunkConfig& chunk : shard->config_.chunks) {
     {
       MutexLock lock(&shard->roles_mu_);
@@ -647,11 +652,13 @@ absl::StatusOr<JobShard::ShardRole> JobShard::RoleOf(int32_t chunk_id) const {
 }
 
 void JobShard::Drop(const std::string& reason) {
+  if (sparse_ != nullptr) sparse_->Freeze(reason);
   MutexLock lock(&chunks_mu_);
   for (auto& [id, chunk] : chunks_) chunk->Drop(reason);
 }
 
 void JobShard::Freeze(const std::string& reason) {
+  if (sparse_ != nullptr) sparse_->Freeze(reason);
   MutexLock lock(&chunks_mu_);
   for (auto& [id, chunk] : chunks_) chunk->Freeze(reason);
 }

@@ -24,6 +24,7 @@
 #include "fulcrum/v1/job.pb.h"
 #include "server/lr_schedule.h"
 #include "server/optimizer.h"
+#include "server/sparse_shard.h"
 #include "common/sync.h"
 
 namespace fulcrum {
@@ -54,6 +55,12 @@ struct JobShardConfig {
   int32_t num_partitions = 1;  // BSP: one gradient per partition and step
   uint64_t seed = 0;
   std::vector<ChunkConfig> chunks;
+  // Sparse tables: every table of the job, and the shards whose buckets
+  // this server holds; how many more bytes they may take now (null: no
+  // limit; see SparseShard::Create).
+  std::vector<SparseTableSetup> tables;
+  std::set<int32_t> table_shards;
+  std::function<int64_t()> tables_room;
   // Called with the seconds each optimizer apply took (metrics); may be empty.
   std::function<void(double)> observe_apply;
   // Called (under the chunk's lock: it must not block) whenever a chunk's
@@ -296,6 +303,8 @@ class JobShard {
   // they have applied it, so every replica applies pushes in one order and
   // replicas stay bit-identical (BSP sums in partition order anyway).
   Mutex& replication_order() { return replication_order_; }
+  // The job's sparse tables on this server (null when the job has none).
+  SparseShard* sparse() const { return sparse_.get(); }
 
   // Replication roles, per shard of the job, under a shard-map version.
   struct ShardRole {
@@ -318,6 +327,7 @@ class JobShard {
   absl::StatusOr<Chunk*> Find(int32_t chunk_id) const;
 
   const JobShardConfig config_;
+  std::unique_ptr<SparseShard> sparse_;  // set by Create, then constant
   Mutex replication_order_;
   mutable Mutex chunks_mu_ ABSL_ACQUIRED_BEFORE(roles_mu_);  // guards chunks_ (chunks are never removed)
   std::map<int32_t, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(chunks_mu_);

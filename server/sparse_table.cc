@@ -12,7 +12,7 @@
 namespace fulcrum {
 namespace {
 
-constexpr size_t kBlockBytes = size_t{1} << 20;
+constexpr size_t kBlockBytes = size_t{256} << 10;
 constexpr size_t kMinIndexSlots = 16;
 
 // An index entry: the row number + 1 in the low 26 bits (0: empty), the top
@@ -300,37 +300,53 @@ absl::Status SparseTable::CheckPush(absl::Span<const uint64_t> keys, const float
   return absl::OkStatus();
 }
 
-absl::Status SparseTable::CheckRoomLocked(absl::Span<const uint64_t> keys) const {
-  // Counted only when the push might not fit: rows for the keys admitted
-  // now, filter counts for the others.
-  if (config_.memory_budget <= 0 && rows_ + static_cast<int64_t>(keys.size()) <= kMaxRows) return absl::OkStatus();
+SparseTable::Growth SparseTable::GrowthLocked(absl::Span<const uint64_t> keys) const {
+  // Rows for the keys admitted now, filter counts for the others.
   const int32_t admit_after = std::max(1, config_.admit_after);
-  int64_t new_rows = 0, new_candidates = 0;
+  Growth growth;
   for (uint64_t key : keys) {
     if (Find(key) >= 0) continue;
     auto it = candidates_.find(key);
     const int32_t count = it == candidates_.end() ? 0 : it->second.count;
     if (count + 1 >= admit_after) {
-      ++new_rows;
+      ++growth.rows;
     } else if (it == candidates_.end()) {
-      ++new_candidates;
+      ++growth.candidates;
     }
   }
-  if (rows_ + new_rows > kMaxRows) {
+  return growth;
+}
+
+int64_t SparseTable::BytesAfterLocked(const Growth& growth) const {
+  if (growth.rows + growth.candidates == 0) return BytesLocked();
+  const int64_t rows = rows_ + growth.rows;
+  return BytesFor(rows, SlotsFor(rows, index_.size()), candidates_.size() + static_cast<size_t>(growth.candidates));
+}
+
+absl::Status SparseTable::CheckRoomLocked(absl::Span<const uint64_t> keys) const {
+  // Counted only when the push might not fit.
+  if (config_.memory_budget <= 0 && rows_ + static_cast<int64_t>(keys.size()) <= kMaxRows) return absl::OkStatus();
+  const Growth growth = GrowthLocked(keys);
+  if (rows_ + growth.rows > kMaxRows) {
     return absl::ResourceExhaustedError(absl::StrCat("table ", config_.name, " is full: it holds ", rows_,
-                                                     " rows and this push would add ", new_rows,
+                                                     " rows and this push would add ", growth.rows,
                                                      "; a server holds at most ", kMaxRows,
                                                      " rows of a table (add servers)"));
   }
-  if (config_.memory_budget <= 0 || new_rows + new_candidates == 0) return absl::OkStatus();
-  const int64_t rows = rows_ + new_rows;
-  const int64_t needed =
-      BytesFor(rows, SlotsFor(rows, index_.size()), candidates_.size() + static_cast<size_t>(new_candidates));
+  if (config_.memory_budget <= 0 || growth.rows + growth.candidates == 0) return absl::OkStatus();
+  const int64_t needed = BytesAfterLocked(growth);
   if (needed <= config_.memory_budget) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       "table ", config_.name, " is full: ", rows_, " rows and ", candidates_.size(), " filtered keys take ",
-      BytesLocked(), " bytes; this push's ", new_rows, " new rows would need ", needed, ", beyond its budget of ",
+      BytesLocked(), " bytes; this push's ", growth.rows, " new rows would need ", needed, ", beyond its budget of ",
       config_.memory_budget, " bytes"));
+}
+
+absl::StatusOr<int64_t> SparseTable::BytesAfterPush(absl::Span<const uint64_t> keys, const float* grads) const {
+  if (absl::Status checked = CheckPush(keys, grads); !checked.ok()) return checked;
+  ReaderMutexLock lock(&mu_);
+  if (absl::Status room = CheckRoomLocked(keys); !room.ok()) return room;
+  return BytesAfterLocked(GrowthLocked(keys));
 }
 
 absl::Status SparseTable::Push(int64_t step, absl::Span<const uint64_t> keys, const float* grads) {

@@ -97,6 +97,10 @@ class SparseTable {
   // RESOURCE_EXHAUSTED naming the table when the rows it would create do not
   // fit the memory budget.
   absl::Status Push(int64_t step, absl::Span<const uint64_t> keys, const float* grads);
+  // The check of Push without the push: the bytes (as bytes() counts them)
+  // the table would hold after Push(keys, grads), or the error Push would
+  // return now.
+  absl::StatusOr<int64_t> BytesAfterPush(absl::Span<const uint64_t> keys, const float* grads) const;
 
   // Drops the rows last pushed before `now` - expire_after (nothing when
   // expire_after is 0) and filter counts of keys not seen since; returns the
@@ -143,6 +147,13 @@ class SparseTable {
   absl::Status CheckPush(absl::Span<const uint64_t> keys, const float* grads) const;
   // Whether the rows and filter counts the push adds fit the table.
   absl::Status CheckRoomLocked(absl::Span<const uint64_t> keys) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // What a push of `keys` adds: rows (keys admitted now) and filter counts.
+  struct Growth {
+    int64_t rows = 0;
+    int64_t candidates = 0;
+  };
+  Growth GrowthLocked(absl::Span<const uint64_t> keys) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  int64_t BytesAfterLocked(const Growth& growth) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   int64_t BytesFor(int64_t rows, size_t index_slots, size_t candidates) const;
   size_t rows_per_block_ = 1;  // a power of two
   int block_shift_ = 0;

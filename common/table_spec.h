@@ -1,0 +1,46 @@
+// Defaults of a job's sparse tables (job.proto TableSpec), shared by the
+// scheduler (validation, layout) and the servers (setup).
+#ifndef FULCRUM_COMMON_TABLE_SPEC_H_
+#define FULCRUM_COMMON_TABLE_SPEC_H_
+
+#include <cstdint>
+#include <string>
+
+#include "fulcrum/v1/job.pb.h"
+
+namespace fulcrum {
+
+constexpr float kDefaultTableLr = 0.05f;
+// Buckets of a table when its spec leaves them out, per shard.
+constexpr int32_t kDefaultBucketsPerShard = 8;
+constexpr int32_t kMaxTableBuckets = 4096;
+constexpr int32_t kMaxTables = 16;
+
+// Rows of "linear" start at 0 (a logistic regression's usual start); other
+// tables uniform in [-0.05, 0.05]: small enough that the FM and deep terms
+// start near 0 with many fields, large enough that the FM gradient (which
+// scales with the other fields' rows) is not stuck.
+inline float DefaultTableInitScale(const std::string& table) { return table == "linear" ? 0.0f : 0.05f; }
+
+// The categorical fields and dense features of a click model's data.
+inline int32_t ClickFields(const v1::DataSpec& data) {
+  return data.synthetic_ctr().fields() > 0 ? data.synthetic_ctr().fields() : 8;
+}
+inline int32_t ClickDense(const v1::DataSpec& data) { return data.synthetic_ctr().dense(); }
+
+// The click models (data from sparse features, tables for the ids).
+inline bool IsClickModel(const v1::ModelSpec& model) {
+  switch (model.kind()) {
+    case v1::ModelSpec::LOGISTIC_REGRESSION:
+    case v1::ModelSpec::FM:
+    case v1::ModelSpec::WIDE_AND_DEEP:
+    case v1::ModelSpec::DEEPFM:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_COMMON_TABLE_SPEC_H_

@@ -1,0 +1,199 @@
+// Validation of the click models' parts of a job spec: the model, its
+// sparse tables, the synthetic click data, and what such a job cannot use
+// yet. Every rejection names the field as users write it.
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/quote.h"
+#include "common/status_macros.h"
+#include "common/table_spec.h"
+#include "kernels/model_from_spec.h"
+#include "scheduler/job_spec.h"
+
+namespace fulcrum {
+namespace {
+
+absl::Status Invalid(const std::string& field, const std::string& rule, const std::string& got) {
+  return absl::InvalidArgumentError(absl::StrCat("job spec: ", field, " ", rule, " (got ", got, ")"));
+}
+
+template <typename T>
+absl::Status CheckRange(const std::string& field, T value, T lo, T hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return Invalid(field, absl::StrCat("must be in [", lo, ", ", hi, "]"), absl::StrCat(value));
+}
+
+absl::Status CheckFloat(const std::string& field, double value, double lo, double hi, bool lo_open, bool hi_open) {
+  const bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) && (hi_open ? value < hi : value <= hi);
+  if (ok) return absl::OkStatus();
+  return Invalid(field, absl::StrCat("must be in ", lo_open ? "(" : "[", lo, ", ", hi, hi_open ? ")" : "]"),
+                 absl::StrCat(value));
+}
+
+bool HasHidden(v1::ModelSpec::Kind kind) {
+  return kind == v1::ModelSpec::WIDE_AND_DEEP || kind == v1::ModelSpec::DEEPFM;
+}
+
+absl::Status ValidateClickShape(const v1::ModelSpec& model) {
+  const std::string kind = v1::ModelSpec::Kind_Name(model.kind());
+  if (model.kind() == v1::ModelSpec::LOGISTIC_REGRESSION) {
+    if (model.embedding_dim() != 0) {
+      return Invalid("model.embeddingDim", "applies to FM, WIDE_AND_DEEP and DEEPFM only",
+                     absl::StrCat(model.embedding_dim()));
+    }
+  } else {
+    RETURN_IF_ERROR(CheckRange("model.embeddingDim", model.embedding_dim(), 1, 1024));
+  }
+  if (HasHidden(model.kind())) {
+    if (model.hidden_sizes_size() < 1 || model.hidden_sizes_size() > 16) {
+      return Invalid("model.hiddenSizes", absl::StrCat("must list 1 to 16 layer sizes for ", kind),
+                     absl::StrCat(model.hidden_sizes_size(), " sizes"));
+    }
+    for (int i = 0; i < model.hidden_sizes_size(); ++i) {
+      RETURN_IF_ERROR(CheckRange(absl::StrCat("model.hiddenSizes[", i, "]"), model.hidden_sizes(i), 1, 65536));
+    }
+  } else if (model.hidden_sizes_size() > 0) {
+    return Invalid("model.hiddenSizes", absl::StrCat("must be empty for ", kind, " (use WIDE_AND_DEEP or DEEPFM)"),
+                   absl::StrCat(model.hidden_sizes_size(), " sizes"));
+  }
+  if (!HasHidden(model.kind()) && model.activation() != v1::ACTIVATION_UNSPECIFIED) {
+    return Invalid("model.activation", "applies to models with hidden layers only",
+                   v1::Activation_Name(model.activation()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSparseOptimizer(const std::string& field, const v1::SparseOptimizerSpec& opt) {
+  if (opt.lr() != 0) RETURN_IF_ERROR(CheckFloat(field + ".lr", opt.lr(), 0, 1000, true, false));
+  const bool adagrad = opt.kind() == v1::SparseOptimizerSpec::ADAGRAD ||
+                       opt.kind() == v1::SparseOptimizerSpec::KIND_UNSPECIFIED;
+  const bool adam = opt.kind() == v1::SparseOptimizerSpec::ADAM;
+  const bool ftrl = opt.kind() == v1::SparseOptimizerSpec::FTRL;
+  if (opt.has_epsilon()) {
+    if (!adagrad && !adam) return Invalid(field + ".epsilon", "applies to ADAGRAD and ADAM only", "a value");
+    RETURN_IF_ERROR(CheckFloat(field + ".epsilon", opt.epsilon(), 0, 1, false, false));
+  }
+  if (opt.initial_accumulator() != 0) {
+    if (!adagrad) return Invalid(field + ".initialAccumulator", "applies to ADAGRAD only", "a value");
+    RETURN_IF_ERROR(CheckFloat(field + ".initialAccumulator", opt.initial_accumulator(), 0, 1e6, false, false));
+  }
+  for (const auto& [name, has, value] : {std::tuple<const char*, bool, float>{"beta1", opt.has_beta1(), opt.beta1()},
+                                         {"beta2", opt.has_beta2(), opt.beta2()}}) {
+    if (!has) continue;
+    if (!adam) return Invalid(absl::StrCat(field, ".", name), "applies to ADAM only", "a value");
+    RETURN_IF_ERROR(CheckFloat(absl::StrCat(field, ".", name), value, 0, 1, false, true));
+  }
+  for (const auto& [name, set, value] : {std::tuple<const char*, bool, float>{"l1", opt.l1() != 0, opt.l1()},
+                                         {"l2", opt.l2() != 0, opt.l2()},
+                                         {"beta", opt.has_beta(), opt.beta()}}) {
+    if (!set) continue;
+    if (!ftrl) return Invalid(absl::StrCat(field, ".", name), "applies to FTRL only", "a value");
+    RETURN_IF_ERROR(CheckFloat(absl::StrCat(field, ".", name), value, 0, 1e6, false, false));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTables(const v1::JobSpec& spec) {
+  const ModelLayout layout = LayoutFor(spec, 0, 0);
+  std::set<std::string> names;
+  for (const kernels::CtrTableInfo& table : layout.tables) names.insert(table.name);
+  std::set<std::string> seen;
+  for (int i = 0; i < spec.model().tables_size(); ++i) {
+    const v1::TableSpec& table = spec.model().tables(i);
+    const std::string field = absl::StrCat("model.tables[", i, "]");
+    if (names.count(table.name()) == 0) {
+      std::string known;
+      for (const std::string& name : names) absl::StrAppend(&known, known.empty() ? "" : ", ", name);
+      return Invalid(field + ".name", absl::StrCat("must name a table of the model (", known, ")"),
+                     Quote(table.name()));
+    }
+    if (!seen.insert(table.name()).second) return Invalid(field + ".name", "names a table twice", Quote(table.name()));
+    RETURN_IF_ERROR(ValidateSparseOptimizer(field + ".optimizer", table.optimizer()));
+    if (table.has_init_scale()) RETURN_IF_ERROR(CheckFloat(field + ".initScale", table.init_scale(), 0, 10, false, false));
+    if (table.optimizer().kind() == v1::SparseOptimizerSpec::FTRL && table.init_scale() > 0) {
+      return Invalid(field + ".initScale", "must be 0 with FTRL (its weights follow from its accumulators)",
+                     absl::StrCat(table.init_scale()));
+    }
+    RETURN_IF_ERROR(CheckRange(field + ".admitAfter", table.admit_after(), 0, 1000000));
+    RETURN_IF_ERROR(CheckRange<int64_t>(field + ".expireAfter", table.expire_after(), 0, 1000000000));
+    RETURN_IF_ERROR(CheckRange(field + ".buckets", table.buckets(), 0, kMaxTableBuckets));
+  }
+  return kernels::ValidateCtrModelConfig(layout.ctr);
+}
+
+absl::Status ValidateClickData(const v1::DataSpec& data) {
+  if (data.dataset() != v1::DataSpec::SYNTHETIC_CTR) {
+    return Invalid("data.dataset", "must be SYNTHETIC_CTR for a click model",
+                   v1::DataSpec::Dataset_Name(data.dataset()));
+  }
+  if (!data.path().empty()) return Invalid("data.path", "applies to FASHION_MNIST data only", Quote(data.path()));
+  if (data.synthetic_examples() || data.synthetic_features() || data.synthetic_classes()) {
+    return Invalid("data.synthetic*", "apply to SYNTHETIC data only (SYNTHETIC_CTR takes data.syntheticCtr)",
+                   "a value");
+  }
+  const v1::SyntheticCtrSpec& ctr = data.synthetic_ctr();
+  RETURN_IF_ERROR(CheckRange<int64_t>("data.syntheticCtr.examples", ctr.examples(), 1, 100000000));
+  RETURN_IF_ERROR(CheckRange("data.syntheticCtr.fields", ctr.fields(), 0, 256));
+  RETURN_IF_ERROR(CheckRange<int64_t>("data.syntheticCtr.vocabulary", ctr.vocabulary(), 0, 1000000000));
+  RETURN_IF_ERROR(CheckFloat("data.syntheticCtr.zipfExponent", ctr.zipf_exponent(), 0, 10, false, false));
+  RETURN_IF_ERROR(CheckRange("data.syntheticCtr.dense", ctr.dense(), 0, 1024));
+  RETURN_IF_ERROR(CheckRange("data.syntheticCtr.fmDim", ctr.fm_dim(), 0, 64));
+  RETURN_IF_ERROR(CheckFloat("data.syntheticCtr.weightScale", ctr.weight_scale(), 0, 10, false, false));
+  RETURN_IF_ERROR(CheckFloat("data.syntheticCtr.fmScale", ctr.fm_scale(), 0, 10, false, false));
+  if (ctr.has_bias()) RETURN_IF_ERROR(CheckFloat("data.syntheticCtr.bias", ctr.bias(), -20, 20, false, false));
+  return absl::OkStatus();
+}
+
+// What a job with sparse tables cannot use yet: refused by name rather than
+// run without it.
+absl::Status ValidateClickLimits(const v1::JobSpec& spec) {
+  if (spec.mode() == v1::BSP) {
+    return Invalid("mode", "must be ASP or SSP for a click model (BSP over sparse tables is not supported yet)",
+                   "BSP");
+  }
+  if (spec.replicas() > 1) {
+    return Invalid("replicas", "must be 1 for a click model (sparse tables are not replicated yet)",
+                   absl::StrCat(spec.replicas()));
+  }
+  if (spec.checkpoint().every_steps() != 0 || spec.checkpoint().every_seconds() != 0) {
+    return Invalid("checkpoint", "must be unset for a click model (checkpoints do not cover sparse tables yet)",
+                   "a schedule");
+  }
+  if (spec.precision() != v1::FP32) {
+    return Invalid("precision", "must be FP32 for a click model (it computes in float32 on the CPU)",
+                   v1::Precision_Name(spec.precision()));
+  }
+  if (spec.wire_format() != v1::WIRE_FP32 || spec.compression().kind() != v1::CompressionSpec::NONE) {
+    return Invalid("wireFormat", "must be WIRE_FP32 without compression for a click model",
+                   v1::WireFormat_Name(spec.wire_format()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateClickJob(const v1::JobSpec& spec) {
+  RETURN_IF_ERROR(ValidateClickShape(spec.model()));
+  RETURN_IF_ERROR(ValidateClickData(spec.data()));
+  RETURN_IF_ERROR(ValidateTables(spec));
+  return ValidateClickLimits(spec);
+}
+
+absl::Status ValidateNotClick(const v1::JobSpec& spec) {
+  const v1::ModelSpec& model = spec.model();
+  if (model.embedding_dim() != 0) {
+    return Invalid("model.embeddingDim", "applies to click models only", absl::StrCat(model.embedding_dim()));
+  }
+  if (model.combiner() != v1::ModelSpec::COMBINER_UNSPECIFIED) {
+    return Invalid("model.combiner", "applies to click models only", v1::ModelSpec::Combiner_Name(model.combiner()));
+  }
+  if (model.tables_size() > 0) return Invalid("model.tables", "apply to click models only", "tables");
+  if (spec.data().dataset() == v1::DataSpec::SYNTHETIC_CTR || spec.data().has_synthetic_ctr()) {
+    return Invalid("data.dataset", "SYNTHETIC_CTR is click data: use a click model (LOGISTIC_REGRESSION, FM, "
+                   "WIDE_AND_DEEP, DEEPFM)", "SYNTHETIC_CTR");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,176 @@
+// The sparse tables' RPCs: SparsePull and SparsePush over a job's
+// SparseShard. Keys and rows travel as raw little-endian bytes; each request
+// is bounded (keys, and the answer's bytes) before any work is done.
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "absl/base/internal/endian.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/tensor_codec.h"
+#include "common/table_spec.h"
+#include "server/parameter_service.h"
+
+namespace fulcrum {
+namespace {
+
+SparseOptimizerConfig ToSparseOptimizer(const v1::SparseOptimizerSpec& spec) {
+  SparseOptimizerConfig config;
+  switch (spec.kind()) {
+    case v1::SparseOptimizerSpec::SGD:
+      config.kind = SparseOptimizerKind::kSgd;
+      break;
+    case v1::SparseOptimizerSpec::FTRL:
+      config.kind = SparseOptimizerKind::kFtrl;
+      break;
+    case v1::SparseOptimizerSpec::ADAM:
+      config.kind = SparseOptimizerKind::kAdam;
+      config.epsilon = 1e-8f;
+      break;
+    default:
+      config.kind = SparseOptimizerKind::kAdagrad;
+      break;
+  }
+  config.lr = spec.lr() > 0 ? spec.lr() : kDefaultTableLr;
+  if (spec.has_epsilon()) config.epsilon = spec.epsilon();
+  config.initial_accumulator = spec.initial_accumulator();
+  if (spec.has_beta1()) config.beta1 = spec.beta1();
+  if (spec.has_beta2()) config.beta2 = spec.beta2();
+  config.l1 = spec.l1();
+  config.l2 = spec.l2();
+  if (spec.has_beta()) config.beta = spec.beta();
+  return config;
+}
+
+// Keys from their little-endian bytes (any alignment).
+std::vector<uint64_t> KeysOf(const std::string& bytes) {
+  std::vector<uint64_t> keys(bytes.size() / sizeof(uint64_t));
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = absl::little_endian::Load64(bytes.data() + i * sizeof(uint64_t));
+  return keys;
+}
+
+// The checks every sparse request passes: the job's tables are here, the
+// map is this server's, each table named once, keys whole uint64s.
+absl::Status CheckSparseRequest(const std::string& job_id, const JobShard& shard, int64_t map_version,
+                                const google::protobuf::RepeatedPtrField<v1::SparseKeys>& tables) {
+  const SparseShard* sparse = shard.sparse();
+  if (sparse == nullptr) return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has no sparse tables"));
+  if (map_version < shard.map_version()) {
+    return absl::AbortedError(absl::StrCat("job ", job_id, ": request made with shard map version ", map_version,
+                                           ", this server is at ", shard.map_version(), ": refresh the map"));
+  }
+  std::set<int32_t> seen;
+  int64_t answer_bytes = 0;
+  for (const v1::SparseKeys& table : tables) {
+    if (sparse->dim(table.table()) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("job ", job_id, " has no sparse table ", table.table()));
+    }
+    if (!seen.insert(table.table()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("job ", job_id, ": request names table ", table.table(), " twice"));
+    }
+    if (table.keys().size() % sizeof(uint64_t) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("job ", job_id, ": table ", table.table(), "'s keys take ",
+                                                     table.keys().size(), " bytes, not a whole number of uint64s"));
+    }
+    answer_bytes += static_cast<int64_t>(table.keys().size() / sizeof(uint64_t)) * sparse->dim(table.table()) *
+                    static_cast<int64_t>(sizeof(float));
+  }
+  if (answer_bytes > kMaxPullBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", job_id, ": sparse request of ", answer_bytes,
+                                                   " bytes of rows; at most ", kMaxPullBytes,
+                                                   " (split its keys into several requests)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<SparseTableSetup> TableSetupsOf(const v1::JobSpec& spec, const v1::ShardMap& map) {
+  std::vector<SparseTableSetup> setups;
+  for (const v1::TableLayout& layout : map.tables()) {
+    v1::TableSpec table;
+    for (const v1::TableSpec& named : spec.model().tables()) {
+      if (named.name() == layout.name()) table = named;
+    }
+    SparseTableSetup setup;
+    setup.config.name = layout.name();
+    setup.config.dim = layout.dim();
+    setup.config.optimizer = ToSparseOptimizer(table.optimizer());
+    const float scale = table.has_init_scale() ? table.init_scale() : DefaultTableInitScale(layout.name());
+    setup.config.init = scale > 0 ? InitKind::kUniform : InitKind::kZeros;
+    setup.config.init_scale = scale;
+    setup.config.seed = spec.seed();
+    setup.config.admit_after = table.admit_after();
+    setup.config.expire_after = table.expire_after();
+    setup.bucket_shards.assign(layout.bucket_shards().begin(), layout.bucket_shards().end());
+    setups.push_back(std::move(setup));
+  }
+  return setups;
+}
+
+absl::Status ParameterServiceImpl::HandleSparsePull(const v1::SparsePullRequest& request,
+                                                    v1::SparsePullResponse* response) {
+  ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
+  RETURN_IF_ERROR(CheckSparseRequest(request.job_id(), *shard, request.map_version(), request.tables()));
+  std::vector<float> rows;
+  int64_t keys_pulled = 0;
+  for (const v1::SparseKeys& table : request.tables()) {
+    const std::vector<uint64_t> keys = KeysOf(table.keys());
+    rows.resize(keys.size() * static_cast<size_t>(shard->sparse()->dim(table.table())));
+    RETURN_IF_ERROR(shard->sparse()->Pull(table.table(), keys, rows.data()));
+    v1::SparseKeys* answer = response->add_tables();
+    answer->set_table(table.table());
+    EncodeFloats(rows.data(), static_cast<int64_t>(rows.size()), answer->mutable_rows());
+    keys_pulled += static_cast<int64_t>(keys.size());
+  }
+  sparse_keys_pulled_->Increment(static_cast<double>(keys_pulled));
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest& request,
+                                                    v1::SparsePushResponse* response) {
+  ReaderMutexLock writes(&writes_mu_);
+  if (lease_valid_ && !lease_valid_()) {
+    return absl::UnavailableError("this server lost its lease with the scheduler: it takes no writes until it has one");
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
+  RETURN_IF_ERROR(CheckSparseRequest(request.job_id(), *shard, request.map_version(), request.tables()));
+  std::vector<std::vector<uint64_t>> keys;
+  std::vector<std::vector<float>> grads;  // aligned copies of the received bytes
+  SparsePushArgs args;
+  args.partition = request.partition();
+  args.step = request.step();
+  int64_t rows = 0;
+  for (const v1::SparseKeys& table : request.tables()) {
+    keys.push_back(KeysOf(table.keys()));
+    const auto expected = static_cast<int64_t>(keys.back().size()) * shard->sparse()->dim(table.table());
+    grads.emplace_back(static_cast<size_t>(expected));
+    RETURN_IF_ERROR(DecodeFloats(table.rows(), expected, grads.back().data(),
+                                 absl::StrCat("job ", request.job_id(), ": gradients of ", keys.back().size(),
+                                              " keys of table ", table.table())));
+    rows += static_cast<int64_t>(keys.back().size());
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    args.tables.push_back(SparseRows{request.tables(static_cast<int>(i)).table(), keys[i], grads[i].data()});
+  }
+  ASSIGN_OR_RETURN(SparsePushOutcome outcome, shard->sparse()->Push(args));
+  response->set_duplicate(outcome == SparsePushOutcome::kDuplicate);
+  response->set_rows(rows);
+  if (outcome == SparsePushOutcome::kApplied) sparse_keys_pushed_->Increment(static_cast<double>(rows));
+  return absl::OkStatus();
+}
+
+grpc::Status ParameterServiceImpl::SparsePull(grpc::ServerContext*, const v1::SparsePullRequest* request,
+                                              v1::SparsePullResponse* response) {
+  const absl::Status status = HandleSparsePull(*request, response);
+  return Finish("SparsePull", status, request->ByteSizeLong(), status.ok() ? response->ByteSizeLong() : 0);
+}
+
+grpc::Status ParameterServiceImpl::SparsePush(grpc::ServerContext*, const v1::SparsePushRequest* request,
+                                              v1::SparsePushResponse* response) {
+  const absl::Status status = HandleSparsePush(*request, response);
+  return Finish("SparsePush", status, request->ByteSizeLong(), 0);
+}
+
+}  // namespace fulcrum

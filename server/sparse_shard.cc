@@ -1,0 +1,281 @@
+#include "server/sparse_shard.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/shard_map.h"
+#include "common/table_spec.h"
+
+namespace fulcrum {
+namespace {
+
+// The keys of one bucket in one request, and where their rows are: spans
+// into the request when its keys come grouped by bucket (workers send them
+// so), else copies.
+struct BucketPart {
+  int32_t bucket = 0;
+  absl::Span<const uint64_t> keys;
+  const float* grads = nullptr;  // pushes
+  std::vector<uint32_t> positions;  // pulls from a copy: where each key's row goes
+  std::vector<uint64_t> key_copy;
+  std::vector<float> grad_copy;
+};
+
+// Splits `keys` (with `grads` rows of `dim`, when given) by bucket. Runs of
+// one bucket become parts without copying when no bucket has two runs.
+std::vector<BucketPart> SplitByBucket(absl::Span<const uint64_t> keys, const float* grads, int32_t dim,
+                                      int32_t buckets) {
+  std::vector<int32_t> bucket_of(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) bucket_of[i] = BucketOf(keys[i], buckets);
+  std::vector<BucketPart> parts;
+  std::vector<bool> seen(static_cast<size_t>(buckets), false);
+  bool grouped = true;
+  for (size_t i = 0; i < keys.size();) {
+    size_t end = i + 1;
+    while (end < keys.size() && bucket_of[end] == bucket_of[i]) ++end;
+    if (seen[static_cast<size_t>(bucket_of[i])]) grouped = false;
+    seen[static_cast<size_t>(bucket_of[i])] = true;
+    BucketPart part;
+    part.bucket = bucket_of[i];
+    part.keys = keys.subspan(i, end - i);
+    if (grads != nullptr) part.grads = grads + i * static_cast<size_t>(dim);
+    part.positions.resize(end - i);
+    std::iota(part.positions.begin(), part.positions.end(), static_cast<uint32_t>(i));
+    parts.push_back(std::move(part));
+    i = end;
+  }
+  if (grouped) return parts;
+  // Regroup: one part per bucket, keys in their order within it.
+  std::vector<BucketPart> regrouped(static_cast<size_t>(buckets));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    BucketPart& part = regrouped[static_cast<size_t>(bucket_of[i])];
+    part.positions.push_back(static_cast<uint32_t>(i));
+    part.key_copy.push_back(keys[i]);
+    if (grads != nullptr) {
+      const float* row = grads + i * static_cast<size_t>(dim);
+      part.grad_copy.insert(part.grad_copy.end(), row, row + dim);
+    }
+  }
+  parts.clear();
+  for (int32_t b = 0; b < buckets; ++b) {
+    BucketPart& part = regrouped[static_cast<size_t>(b)];
+    if (part.key_copy.empty()) continue;
+    part.bucket = b;
+    part.keys = part.key_copy;
+    if (grads != nullptr) part.grads = part.grad_copy.data();
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SparseShard>> SparseShard::Create(std::vector<SparseTableSetup> tables,
+                                                                 const std::set<int32_t>& held_shards,
+                                                                 int32_t num_partitions,
+                                                                 std::function<int64_t()> room) {
+  if (num_partitions < 1) return absl::InvalidArgumentError("sparse tables need at least one data partition");
+  if (tables.size() > static_cast<size_t>(kMaxTables)) {
+    return absl::InvalidArgumentError(absl::StrCat("a job has at most ", kMaxTables, " sparse tables (got ",
+                                                   tables.size(), ")"));
+  }
+  std::vector<Table> built;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    SparseTableSetup& setup = tables[t];
+    setup.config.memory_budget = 0;
+    setup.config.table_index = static_cast<uint32_t>(t);
+    if (absl::Status valid = ValidateSparseTableConfig(setup.config); !valid.ok()) return valid;
+    if (setup.bucket_shards.empty() || setup.bucket_shards.size() > static_cast<size_t>(kMaxTableBuckets)) {
+      return absl::InvalidArgumentError(absl::StrCat("table ", setup.config.name, " has ", setup.bucket_shards.size(),
+                                                     " buckets; it must have 1 to ", kMaxTableBuckets));
+    }
+    Table table;
+    for (int32_t shard : setup.bucket_shards) {
+      if (held_shards.count(shard) == 0) {
+        table.buckets.push_back(nullptr);
+        continue;
+      }
+      absl::StatusOr<std::unique_ptr<SparseTable>> bucket = SparseTable::Create(setup.config);
+      if (!bucket.ok()) return bucket.status();
+      table.buckets.push_back(*std::move(bucket));
+    }
+    table.setup = std::move(setup);
+    built.push_back(std::move(table));
+  }
+  return std::unique_ptr<SparseShard>(new SparseShard(std::move(built), num_partitions, std::move(room)));
+}
+
+SparseShard::SparseShard(std::vector<Table> tables, int32_t num_partitions, std::function<int64_t()> room)
+    : tables_(std::move(tables)),
+      num_partitions_(num_partitions),
+      room_(std::move(room)),
+      partition_steps_(static_cast<size_t>(num_partitions), -1) {}
+
+int32_t SparseShard::dim(int32_t table) const {
+  if (table < 0 || table >= num_tables()) return 0;
+  return tables_[static_cast<size_t>(table)].setup.config.dim;
+}
+
+absl::StatusOr<SparseTable*> SparseShard::BucketFor(const Table& table, uint64_t key) const {
+  const auto buckets = static_cast<int32_t>(table.buckets.size());
+  const int32_t bucket = BucketOf(key, buckets);
+  SparseTable* held = table.buckets[static_cast<size_t>(bucket)].get();
+  if (held == nullptr) {
+    return absl::AbortedError(absl::StrCat("key ", key, " of table ", table.setup.config.name, " is in bucket ",
+                                           bucket, " of shard ", table.setup.bucket_shards[static_cast<size_t>(bucket)],
+                                           ", which this server does not hold (refresh the shard map)"));
+  }
+  return held;
+}
+
+absl::Status SparseShard::Pull(int32_t table, absl::Span<const uint64_t> keys, float* out) const {
+  if (table < 0 || table >= num_tables()) {
+    return absl::InvalidArgumentError(absl::StrCat("the job has no sparse table ", table));
+  }
+  const Table& t = tables_[static_cast<size_t>(table)];
+  const int32_t dim = t.setup.config.dim;
+  std::vector<BucketPart> parts = SplitByBucket(keys, nullptr, dim, static_cast<int32_t>(t.buckets.size()));
+  std::vector<float> rows;
+  for (const BucketPart& part : parts) {
+    absl::StatusOr<SparseTable*> bucket = BucketFor(t, part.keys.front());
+    if (!bucket.ok()) return bucket.status();
+    if (part.key_copy.empty()) {  // a run of the request: its rows go straight to their place
+      (*bucket)->Pull(part.keys, out + static_cast<size_t>(part.positions.front()) * dim);
+      continue;
+    }
+    rows.resize(part.keys.size() * static_cast<size_t>(dim));
+    (*bucket)->Pull(part.keys, rows.data());
+    for (size_t i = 0; i < part.positions.size(); ++i) {
+      std::memcpy(out + static_cast<size_t>(part.positions[i]) * dim, rows.data() + i * dim,
+                  static_cast<size_t>(dim) * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseShard::CheckPushArgs(const SparsePushArgs& args) const {
+  if (args.partition < 0 || args.partition >= num_partitions_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse push from partition ", args.partition, "; the job has ", num_partitions_));
+  }
+  if (args.step < 0) return absl::InvalidArgumentError(absl::StrCat("sparse push of step ", args.step));
+  std::set<int32_t> named;
+  for (const SparseRows& rows : args.tables) {
+    if (rows.table < 0 || rows.table >= num_tables()) {
+      return absl::InvalidArgumentError(absl::StrCat("the job has no sparse table ", rows.table));
+    }
+    if (!named.insert(rows.table).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sparse push names table ", tables_[static_cast<size_t>(rows.table)].setup.config.name,
+                       " twice"));
+    }
+    if (rows.grads == nullptr && !rows.keys.empty()) return absl::InvalidArgumentError("sparse push without rows");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) {
+  if (absl::Status valid = CheckPushArgs(args); !valid.ok()) return valid;
+  struct Planned {
+    const Table* table;
+    SparseTable* bucket;
+    BucketPart part;
+  };
+  MutexLock lock(&push_mu_);
+  if (!frozen_reason_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("sparse tables take no pushes: ", frozen_reason_));
+  }
+  if (args.step <= partition_steps_[static_cast<size_t>(args.partition)]) return SparsePushOutcome::kDuplicate;
+  // Check everything first: a push is applied whole or not at all.
+  std::vector<Planned> plan;
+  int64_t growth = 0;
+  std::string grown_tables;
+  for (const SparseRows& rows : args.tables) {
+    const Table& table = tables_[static_cast<size_t>(rows.table)];
+    for (BucketPart& part : SplitByBucket(rows.keys, rows.grads, table.setup.config.dim,
+                                          static_cast<int32_t>(table.buckets.size()))) {
+      absl::StatusOr<SparseTable*> bucket = BucketFor(table, part.keys.front());
+      if (!bucket.ok()) return bucket.status();
+      absl::StatusOr<int64_t> after = (*bucket)->BytesAfterPush(part.keys, part.grads);
+      if (!after.ok()) return after.status();
+      const int64_t more = *after - (*bucket)->bytes();
+      if (more > 0 && grown_tables.find(table.setup.config.name) == std::string::npos) {
+        absl::StrAppend(&grown_tables, grown_tables.empty() ? "" : ", ", table.setup.config.name);
+      }
+      growth += std::max<int64_t>(0, more);
+      plan.push_back(Planned{&table, *bucket, std::move(part)});
+    }
+  }
+  if (room_ && growth > 0) {
+    const int64_t room = room_();
+    if (growth > room) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "sparse table ", grown_tables, " is full on this server: the job's tables take ", bytes(),
+          " bytes and this push would add ", growth, ", beyond the ", std::max<int64_t>(0, room),
+          " bytes left in the server's memory budget (add servers, raise --memory-budget, or set "
+          "admitAfter/expireAfter)"));
+    }
+  }
+  for (const Planned& planned : plan) {
+    if (absl::Status pushed = planned.bucket->Push(args.step, planned.part.keys, planned.part.grads); !pushed.ok()) {
+      return pushed;  // cannot happen after the checks above, with pushes serialized
+    }
+  }
+  partition_steps_[static_cast<size_t>(args.partition)] = args.step;
+  now_ = std::max(now_, args.step);
+  MaybeExpireLocked(now_);
+  return SparsePushOutcome::kApplied;
+}
+
+void SparseShard::MaybeExpireLocked(int64_t now) {
+  if (now < next_expiry_) return;
+  int64_t every = 0;
+  for (const Table& table : tables_) {
+    const int64_t after = table.setup.config.expire_after;
+    if (after <= 0) continue;
+    every = every == 0 ? after : std::min(every, after);
+    for (const auto& bucket : table.buckets) {
+      if (bucket != nullptr) bucket->Expire(now);
+    }
+  }
+  // Rows live at most a quarter of their lifetime past it.
+  next_expiry_ = every == 0 ? std::numeric_limits<int64_t>::max() : now + std::max<int64_t>(1, every / 4);
+}
+
+void SparseShard::Freeze(const std::string& reason) {
+  MutexLock lock(&push_mu_);
+  frozen_reason_ = reason.empty() ? "frozen" : reason;
+}
+
+std::vector<SparseTableStats> SparseShard::Stats() const {
+  std::vector<SparseTableStats> stats;
+  for (const Table& table : tables_) {
+    SparseTableStats s;
+    s.name = table.setup.config.name;
+    for (const auto& bucket : table.buckets) {
+      if (bucket == nullptr) continue;
+      s.rows += bucket->rows();
+      s.bytes += bucket->bytes();
+      s.admissions += bucket->admissions();
+      s.expiries += bucket->expiries();
+    }
+    stats.push_back(std::move(s));
+  }
+  return stats;
+}
+
+int64_t SparseShard::bytes() const {
+  int64_t total = 0;
+  for (const Table& table : tables_) {
+    for (const auto& bucket : table.buckets) {
+      if (bucket != nullptr) total += bucket->bytes();
+    }
+  }
+  return total;
+}
+
+}  // namespace fulcrum

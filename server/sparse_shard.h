@@ -1,0 +1,126 @@
+// The sparse tables of one job on one server. A table's keys hash into a
+// fixed number of buckets (common/shard_map.h BucketOf), each bucket lives on
+// one shard, and this server keeps a SparseTable for every bucket of the
+// shards it holds. Pulls and pushes name keys; each key goes to its bucket.
+// No gRPC here (server/parameter_service_sparse.cc is the edge).
+//
+// Consistency: a push is applied when it arrives (asynchronously, whatever
+// the job's dense mode), and a data partition's step is applied at most
+// once: a repeat of (partition, step), or an older step, is acknowledged as
+// a duplicate.
+#ifndef FULCRUM_SERVER_SPARSE_SHARD_H_
+#define FULCRUM_SERVER_SPARSE_SHARD_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/sync.h"
+#include "server/sparse_table.h"
+
+namespace fulcrum {
+
+// One table of a job: its settings and where its buckets live.
+struct SparseTableSetup {
+  SparseTableConfig config;              // memory_budget unused: the shard's budget counts
+  std::vector<int32_t> bucket_shards;    // the shard of each bucket (the table's bucket count)
+};
+
+// The rows one push names in one table: keys.size() x dim gradient floats.
+struct SparseRows {
+  int32_t table = 0;
+  absl::Span<const uint64_t> keys;
+  const float* grads = nullptr;
+};
+
+struct SparsePushArgs {
+  int32_t partition = 0;
+  int64_t step = 0;
+  std::vector<SparseRows> tables;
+};
+
+enum class SparsePushOutcome { kApplied, kDuplicate };
+
+// What a table of the job holds on this server, summed over its buckets.
+struct SparseTableStats {
+  std::string name;
+  int64_t rows = 0;
+  int64_t bytes = 0;
+  int64_t admissions = 0;
+  int64_t expiries = 0;
+};
+
+// Thread-safe. Pulls run in parallel with each other and with pushes; pushes
+// run one at a time (a push is checked whole before any of it is applied).
+class SparseShard {
+ public:
+  // Tables for the buckets of `held_shards`. INVALID_ARGUMENT for a table
+  // config the tables refuse, more than kMaxTables tables, or a bucket shard
+  // list that is empty or longer than kMaxTableBuckets. `num_partitions`:
+  // the job's data partitions. `room` (null: no limit) says how many more
+  // bytes the tables may take now (what the server's budget has left); a
+  // push that would grow them by more is refused.
+  static absl::StatusOr<std::unique_ptr<SparseShard>> Create(std::vector<SparseTableSetup> tables,
+                                                             const std::set<int32_t>& held_shards,
+                                                             int32_t num_partitions,
+                                                             std::function<int64_t()> room = nullptr);
+
+  int32_t num_tables() const { return static_cast<int32_t>(tables_.size()); }
+  // The width of table `table`'s rows (0 for a table that does not exist).
+  int32_t dim(int32_t table) const;
+
+  // Writes the rows of `keys` of table `table` to `out` (keys.size() x dim
+  // floats). INVALID_ARGUMENT for an unknown table; ABORTED naming the key
+  // and its bucket for a key whose bucket this server does not hold (the
+  // caller's shard map is not this server's).
+  absl::Status Pull(int32_t table, absl::Span<const uint64_t> keys, float* out) const;
+
+  // Applies a push whole or not at all. INVALID_ARGUMENT for a bad
+  // partition or table, a key listed twice in a table, a non-finite
+  // gradient; ABORTED for a key of a bucket held elsewhere;
+  // RESOURCE_EXHAUSTED naming the table when the rows it would add do not
+  // fit the budget; FAILED_PRECONDITION once frozen.
+  absl::StatusOr<SparsePushOutcome> Push(const SparsePushArgs& args);
+
+  // Refuses pushes from now on (pulls still answer).
+  void Freeze(const std::string& reason);
+
+  std::vector<SparseTableStats> Stats() const;
+  int64_t bytes() const;
+
+ private:
+  struct Table {
+    SparseTableSetup setup;
+    // By bucket; null for a bucket held elsewhere.
+    std::vector<std::unique_ptr<SparseTable>> buckets;
+  };
+  SparseShard(std::vector<Table> tables, int32_t num_partitions, std::function<int64_t()> room);
+
+  // The bucket table of `key`; ABORTED when it is not held here.
+  absl::StatusOr<SparseTable*> BucketFor(const Table& table, uint64_t key) const;
+  absl::Status CheckPushArgs(const SparsePushArgs& args) const;
+  // Expires rows of tables with expire_after once the job's step passes the
+  // next expiry point.
+  void MaybeExpireLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+
+  const std::vector<Table> tables_;
+  const int32_t num_partitions_;
+  const std::function<int64_t()> room_;
+
+  mutable Mutex push_mu_;  // serializes pushes; guards the members below
+  std::vector<int64_t> partition_steps_ ABSL_GUARDED_BY(push_mu_);  // the last step applied, by partition
+  int64_t now_ ABSL_GUARDED_BY(push_mu_) = 0;          // the highest step applied
+  int64_t next_expiry_ ABSL_GUARDED_BY(push_mu_) = 0;  // the step to expire rows again at
+  std::string frozen_reason_ ABSL_GUARDED_BY(push_mu_);
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SERVER_SPARSE_SHARD_H_

@@ -1,0 +1,275 @@
+#include "server/sparse_shard.h"
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/shard_map.h"
+#include "common/table_spec.h"
+#include "gtest/gtest.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr int32_t kBuckets = 8;
+
+// Two tables: "linear" (dim 1, SGD) and "embedding" (dim 4, Adagrad), each
+// of kBuckets buckets over two shards.
+std::vector<SparseTableSetup> Tables(int64_t expire_after = 0) {
+  std::vector<SparseTableSetup> tables(2);
+  tables[0].config.name = "linear";
+  tables[0].config.dim = 1;
+  tables[0].config.optimizer.kind = SparseOptimizerKind::kSgd;
+  tables[0].config.optimizer.lr = 0.5f;
+  tables[1].config.name = "embedding";
+  tables[1].config.dim = 4;
+  tables[1].config.optimizer.kind = SparseOptimizerKind::kAdagrad;
+  tables[1].config.optimizer.lr = 0.1f;
+  tables[1].config.init = InitKind::kUniform;
+  tables[1].config.init_scale = 0.01f;
+  tables[1].config.expire_after = expire_after;
+  for (SparseTableSetup& table : tables) {
+    table.config.seed = 7;
+    table.bucket_shards = AssignBucketsToShards(kBuckets, 2);
+  }
+  return tables;
+}
+
+// `budget`: the bytes the tables may take (0: no limit).
+std::unique_ptr<SparseShard> Make(const std::set<int32_t>& shards, int64_t budget = 0, int64_t expire_after = 0) {
+  auto self = std::make_shared<SparseShard*>(nullptr);
+  std::function<int64_t()> room;
+  if (budget > 0) room = [self, budget] { return budget - (*self)->bytes(); };
+  auto shard = SparseShard::Create(Tables(expire_after), shards, /*num_partitions=*/2, room);
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  if (!shard.ok()) return nullptr;
+  *self = shard->get();
+  return *std::move(shard);
+}
+
+std::vector<float> Grads(size_t keys, int32_t dim, float scale) {
+  std::vector<float> grads(keys * static_cast<size_t>(dim));
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = scale * static_cast<float>(static_cast<int>(i % 7) - 3);
+  return grads;
+}
+
+SparsePushArgs PushOf(int32_t partition, int64_t step, const std::vector<uint64_t>& keys,
+                      const std::vector<float>& linear, const std::vector<float>& embedding) {
+  SparsePushArgs args;
+  args.partition = partition;
+  args.step = step;
+  args.tables.push_back(SparseRows{0, keys, linear.data()});
+  args.tables.push_back(SparseRows{1, keys, embedding.data()});
+  return args;
+}
+
+std::vector<float> PullAll(const SparseShard& shard, int32_t table, const std::vector<uint64_t>& keys) {
+  std::vector<float> rows(keys.size() * static_cast<size_t>(shard.dim(table)));
+  const absl::Status pulled = shard.Pull(table, keys, rows.data());
+  EXPECT_TRUE(pulled.ok()) << pulled;
+  return rows;
+}
+
+// The keys of `keys` whose buckets a shard holds.
+std::vector<uint64_t> OnShard(const std::vector<uint64_t>& keys, int32_t shard) {
+  std::vector<uint64_t> held;
+  for (uint64_t key : keys) {
+    if (BucketOf(key, kBuckets) % 2 == shard) held.push_back(key);
+  }
+  return held;
+}
+
+TEST(SparseShardTest, KeysSplitOverTwoServersTrainAsOnOne) {
+  auto whole = Make({0, 1});
+  auto first = Make({0});
+  auto second = Make({1});
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 1; k <= 64; ++k) keys.push_back(k * 1000003);
+  for (int64_t step = 0; step < 3; ++step) {
+    const std::vector<float> linear = Grads(keys.size(), 1, 0.1f * static_cast<float>(step + 1));
+    const std::vector<float> embedding = Grads(keys.size(), 4, 0.01f);
+    ASSERT_EQ(*whole->Push(PushOf(0, step, keys, linear, embedding)), SparsePushOutcome::kApplied);
+    for (int32_t s = 0; s < 2; ++s) {
+      // Each server gets its keys' rows, as a worker splits a push.
+      std::vector<uint64_t> part;
+      std::vector<float> part_linear, part_embedding;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (BucketOf(keys[i], kBuckets) % 2 != s) continue;
+        part.push_back(keys[i]);
+        part_linear.push_back(linear[i]);
+        part_embedding.insert(part_embedding.end(), embedding.begin() + static_cast<std::ptrdiff_t>(i * 4),
+                              embedding.begin() + static_cast<std::ptrdiff_t>(i * 4 + 4));
+      }
+      SparseShard* server = s == 0 ? first.get() : second.get();
+      ASSERT_EQ(*server->Push(PushOf(0, step, part, part_linear, part_embedding)), SparsePushOutcome::kApplied);
+    }
+  }
+  for (int32_t table = 0; table < 2; ++table) {
+    for (int32_t s = 0; s < 2; ++s) {
+      const std::vector<uint64_t> part = OnShard(keys, s);
+      EXPECT_EQ(PullAll(s == 0 ? *first : *second, table, part), PullAll(*whole, table, part)) << table;
+    }
+  }
+  EXPECT_EQ(whole->Stats()[1].rows, 64);
+  EXPECT_EQ(first->Stats()[1].rows + second->Stats()[1].rows, 64);
+}
+
+TEST(SparseShardTest, KeysInAnyOrderGoToTheirBuckets) {
+  auto grouped = Make({0, 1});
+  auto shuffled = Make({0, 1});
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 40; ++k) keys.push_back(k);
+  // Sorted by bucket (as workers send them) and as they come.
+  std::vector<uint64_t> by_bucket = keys;
+  std::stable_sort(by_bucket.begin(), by_bucket.end(),
+                   [](uint64_t a, uint64_t b) { return BucketOf(a, kBuckets) < BucketOf(b, kBuckets); });
+  std::vector<float> linear(keys.size()), embedding(keys.size() * 4), sorted_linear, sorted_embedding;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    linear[i] = 0.01f * static_cast<float>(keys[i]);
+    for (int d = 0; d < 4; ++d) embedding[i * 4 + d] = 0.001f * static_cast<float>(keys[i] * 4 + d);
+  }
+  for (uint64_t key : by_bucket) {
+    sorted_linear.push_back(linear[key]);
+    for (int d = 0; d < 4; ++d) sorted_embedding.push_back(embedding[key * 4 + d]);
+  }
+  ASSERT_TRUE(grouped->Push(PushOf(0, 0, by_bucket, sorted_linear, sorted_embedding)).ok());
+  ASSERT_TRUE(shuffled->Push(PushOf(0, 0, keys, linear, embedding)).ok());
+  EXPECT_EQ(PullAll(*grouped, 1, keys), PullAll(*shuffled, 1, keys));
+  EXPECT_EQ(PullAll(*grouped, 0, keys), PullAll(*shuffled, 0, keys));
+  // Each key moved by its own gradient (SGD on "linear": -0.5 * g).
+  const std::vector<float> rows = PullAll(*shuffled, 0, keys);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_FLOAT_EQ(rows[i], -0.5f * linear[i]) << keys[i];
+}
+
+TEST(SparseShardTest, KeysOfBucketsHeldElsewhereAreRefusedAndNothingApplies) {
+  auto first = Make({0});
+  const std::vector<uint64_t> all = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  const std::vector<uint64_t> elsewhere = OnShard(all, 1);
+  ASSERT_FALSE(elsewhere.empty());
+  std::vector<float> out(4);
+  const absl::Status pulled = first->Pull(1, {elsewhere[0]}, out.data());
+  EXPECT_EQ(pulled.code(), absl::StatusCode::kAborted) << pulled;
+  EXPECT_NE(pulled.message().find("refresh the shard map"), std::string::npos) << pulled;
+  const std::vector<float> linear = Grads(all.size(), 1, 1.0f), embedding = Grads(all.size(), 4, 1.0f);
+  const auto pushed = first->Push(PushOf(0, 0, all, linear, embedding));
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(first->Stats()[0].rows + first->Stats()[1].rows, 0) << "nothing of the push applied";
+}
+
+TEST(SparseShardTest, APartitionStepAppliesOnce) {
+  auto shard = Make({0, 1});
+  const std::vector<uint64_t> keys = {5, 6};
+  const std::vector<float> linear = {1.0f, 2.0f}, embedding = Grads(2, 4, 0.1f);
+  ASSERT_EQ(*shard->Push(PushOf(1, 4, keys, linear, embedding)), SparsePushOutcome::kApplied);
+  const std::vector<float> once = PullAll(*shard, 0, keys);
+  EXPECT_EQ(*shard->Push(PushOf(1, 4, keys, linear, embedding)), SparsePushOutcome::kDuplicate);
+  EXPECT_EQ(*shard->Push(PushOf(1, 3, keys, linear, embedding)), SparsePushOutcome::kDuplicate);
+  EXPECT_EQ(PullAll(*shard, 0, keys), once);
+  // Another partition's step 4 is its own.
+  EXPECT_EQ(*shard->Push(PushOf(0, 4, keys, linear, embedding)), SparsePushOutcome::kApplied);
+  EXPECT_NE(PullAll(*shard, 0, keys), once);
+  EXPECT_EQ(shard->Push(PushOf(2, 5, keys, linear, embedding)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->Push(PushOf(-1, 5, keys, linear, embedding)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SparseShardTest, AFaultInOneTableRefusesTheWholePush) {
+  auto shard = Make({0, 1});
+  const std::vector<uint64_t> keys = {5, 6, 7};
+  const std::vector<float> linear = {1.0f, 2.0f, 3.0f};
+  std::vector<float> embedding = Grads(3, 4, 0.1f);
+  embedding[9] = std::numeric_limits<float>::quiet_NaN();
+  const auto pushed = shard->Push(PushOf(0, 0, keys, linear, embedding));
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(pushed.status().message().find("key 7"), std::string::npos) << pushed.status();
+  EXPECT_EQ(shard->Stats()[0].rows, 0) << "the linear table's rows were not applied either";
+  // Not a duplicate afterwards: the step was not applied.
+  embedding[9] = 0;
+  EXPECT_EQ(*shard->Push(PushOf(0, 0, keys, linear, embedding)), SparsePushOutcome::kApplied);
+  // Keys listed twice, a table named twice, a table that does not exist.
+  const std::vector<uint64_t> twice = {5, 5};
+  const std::vector<float> two = {1, 1};
+  SparsePushArgs args;
+  args.step = 1;
+  args.tables.push_back(SparseRows{0, twice, two.data()});
+  EXPECT_EQ(shard->Push(args).status().code(), absl::StatusCode::kInvalidArgument);
+  args.tables = {SparseRows{0, keys, linear.data()}, SparseRows{0, keys, linear.data()}};
+  EXPECT_EQ(shard->Push(args).status().code(), absl::StatusCode::kInvalidArgument);
+  args.tables = {SparseRows{2, keys, linear.data()}};
+  EXPECT_EQ(shard->Push(args).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<float> out(3);
+  EXPECT_EQ(shard->Pull(2, keys, out.data()).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SparseShardTest, APushBeyondTheBudgetIsRefusedNamingTheTable) {
+  auto probe = Make({0, 1});
+  const int64_t empty_bytes = probe->bytes();
+  auto shard = Make({0, 1}, /*budget=*/empty_bytes + (int64_t{8} << 20));
+  std::vector<uint64_t> keys;
+  int64_t step = 0;
+  absl::Status refused;
+  for (uint64_t next = 0; refused.ok() && step < 10000; ++step) {
+    keys.clear();
+    for (int i = 0; i < 1000; ++i) keys.push_back(next++);
+    const std::vector<float> linear = Grads(keys.size(), 1, 0.1f), embedding = Grads(keys.size(), 4, 0.1f);
+    const int64_t rows_before = shard->Stats()[1].rows;
+    const auto pushed = shard->Push(PushOf(0, step, keys, linear, embedding));
+    refused = pushed.status();
+    if (!refused.ok()) {
+      EXPECT_EQ(shard->Stats()[1].rows, rows_before) << "nothing of the refused push applied";
+    }
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("embedding"), std::string::npos) << refused;
+  EXPECT_LE(shard->bytes(), empty_bytes + (int64_t{8} << 20));
+  // Rows that exist still train.
+  const std::vector<uint64_t> old = {0, 1};
+  const std::vector<float> linear = {1, 1}, embedding = Grads(2, 4, 0.1f);
+  EXPECT_EQ(*shard->Push(PushOf(1, 0, old, linear, embedding)), SparsePushOutcome::kApplied);
+}
+
+TEST(SparseShardTest, RowsNotPushedForExpireAfterStepsAreDropped) {
+  auto shard = Make({0, 1}, 0, /*expire_after=*/8);
+  const std::vector<uint64_t> stale = {100, 101}, live = {200};
+  const std::vector<float> two_linear = {1, 1}, two_embedding = Grads(2, 4, 0.1f);
+  const std::vector<float> one_linear = {1}, one_embedding = Grads(1, 4, 0.1f);
+  ASSERT_TRUE(shard->Push(PushOf(0, 0, stale, two_linear, two_embedding)).ok());
+  for (int64_t step = 1; step <= 20; ++step) {
+    ASSERT_TRUE(shard->Push(PushOf(0, step, live, one_linear, one_embedding)).ok());
+  }
+  EXPECT_EQ(shard->Stats()[1].rows, 1) << "only the row pushed lately is left in the expiring table";
+  EXPECT_EQ(shard->Stats()[1].expiries, 2);
+  EXPECT_EQ(shard->Stats()[0].rows, 3) << "the table without expireAfter keeps its rows";
+}
+
+TEST(SparseShardTest, FrozenShardsAnswerPullsButTakeNoPushes) {
+  auto shard = Make({0, 1});
+  shard->Freeze("the job succeeded");
+  const std::vector<uint64_t> keys = {1};
+  const std::vector<float> linear = {1}, embedding = Grads(1, 4, 0.1f);
+  const auto pushed = shard->Push(PushOf(0, 0, keys, linear, embedding));
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(pushed.status().message().find("succeeded"), std::string::npos);
+  EXPECT_EQ(PullAll(*shard, 0, keys).size(), 1u);
+}
+
+TEST(SparseShardTest, BadSetupsAreRefused) {
+  std::vector<SparseTableSetup> tables = Tables();
+  tables[1].config.dim = 0;
+  EXPECT_EQ(SparseShard::Create(tables, {0}, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  tables = Tables();
+  tables[0].bucket_shards.clear();
+  EXPECT_EQ(SparseShard::Create(tables, {0}, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  tables = Tables();
+  tables[0].bucket_shards.assign(kMaxTableBuckets + 1, 0);
+  EXPECT_EQ(SparseShard::Create(tables, {0}, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  tables = Tables();
+  tables.resize(kMaxTables + 1, tables[0]);
+  EXPECT_EQ(SparseShard::Create(tables, {0}, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SparseShard::Create(Tables(), {0}, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace fulcrum

@@ -15,6 +15,8 @@ constexpr float kDefaultTableLr = 0.05f;
 constexpr int32_t kDefaultBucketsPerShard = 8;
 constexpr int32_t kMaxTableBuckets = 4096;
 constexpr int32_t kMaxTables = 16;
+// Requests one sparse push of a partition step may take to one server.
+constexpr int32_t kMaxPushParts = 1 << 16;
 
 // Rows of "linear" start at 0 (a logistic regression's usual start); other
 // tables uniform in [-0.05, 0.05]: small enough that the FM and deep terms

@@ -141,6 +141,7 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest&
   SparsePushArgs args;
   args.partition = request.partition();
   args.step = request.step();
+  args.part = request.part();
   int64_t rows = 0;
   for (const v1::SparseKeys& table : request.tables()) {
     keys.push_back(KeysOf(table.keys()));

@@ -113,7 +113,7 @@ SparseShard::SparseShard(std::vector<Table> tables, int32_t num_partitions, std:
     : tables_(std::move(tables)),
       num_partitions_(num_partitions),
       room_(std::move(room)),
-      partition_steps_(static_cast<size_t>(num_partitions), -1) {}
+      applied_(static_cast<size_t>(num_partitions)) {}
 
 int32_t SparseShard::dim(int32_t table) const {
   if (table < 0 || table >= num_tables()) return 0;
@@ -162,7 +162,10 @@ absl::Status SparseShard::CheckPushArgs(const SparsePushArgs& args) const {
     return absl::InvalidArgumentError(
         absl::StrCat("sparse push from partition ", args.partition, "; the job has ", num_partitions_));
   }
-  if (args.step < 0) return absl::InvalidArgumentError(absl::StrCat("sparse push of step ", args.step));
+  if (args.step < 0 || args.part < 0 || args.part > kMaxPushParts) {
+    return absl::InvalidArgumentError(absl::StrCat("sparse push of step ", args.step, " part ", args.part,
+                                                   " (parts are in [0, ", kMaxPushParts, "])"));
+  }
   std::set<int32_t> named;
   for (const SparseRows& rows : args.tables) {
     if (rows.table < 0 || rows.table >= num_tables()) {
@@ -189,7 +192,10 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
   if (!frozen_reason_.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("sparse tables take no pushes: ", frozen_reason_));
   }
-  if (args.step <= partition_steps_[static_cast<size_t>(args.partition)]) return SparsePushOutcome::kDuplicate;
+  Applied& applied = applied_[static_cast<size_t>(args.partition)];
+  if (args.step < applied.step || (args.step == applied.step && applied.parts.count(args.part) > 0)) {
+    return SparsePushOutcome::kDuplicate;
+  }
   // Check everything first: a push is applied whole or not at all.
   std::vector<Planned> plan;
   int64_t growth = 0;
@@ -225,7 +231,11 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
       return pushed;  // cannot happen after the checks above, with pushes serialized
     }
   }
-  partition_steps_[static_cast<size_t>(args.partition)] = args.step;
+  if (args.step > applied.step) {
+    applied.step = args.step;
+    applied.parts.clear();
+  }
+  applied.parts.insert(args.part);
   now_ = std::max(now_, args.step);
   MaybeExpireLocked(now_);
   return SparsePushOutcome::kApplied;

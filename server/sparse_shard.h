@@ -5,9 +5,9 @@
 // No gRPC here (server/parameter_service_sparse.cc is the edge).
 //
 // Consistency: a push is applied when it arrives (asynchronously, whatever
-// the job's dense mode), and a data partition's step is applied at most
-// once: a repeat of (partition, step), or an older step, is acknowledged as
-// a duplicate.
+// the job's dense mode), and each part of a data partition's step is
+// applied at most once: a repeat of (partition, step, part), or a push of
+// an older step than the partition's last, is acknowledged as a duplicate.
 #ifndef FULCRUM_SERVER_SPARSE_SHARD_H_
 #define FULCRUM_SERVER_SPARSE_SHARD_H_
 
@@ -43,6 +43,7 @@ struct SparseRows {
 struct SparsePushArgs {
   int32_t partition = 0;
   int64_t step = 0;
+  int32_t part = 0;  // which of the step's requests to this server
   std::vector<SparseRows> tables;
 };
 
@@ -115,7 +116,12 @@ class SparseShard {
   const std::function<int64_t()> room_;
 
   mutable Mutex push_mu_;  // serializes pushes; guards the members below
-  std::vector<int64_t> partition_steps_ ABSL_GUARDED_BY(push_mu_);  // the last step applied, by partition
+  // By partition: the last step applied, and which of its parts.
+  struct Applied {
+    int64_t step = -1;
+    std::set<int32_t> parts;
+  };
+  std::vector<Applied> applied_ ABSL_GUARDED_BY(push_mu_);
   int64_t now_ ABSL_GUARDED_BY(push_mu_) = 0;          // the highest step applied
   int64_t next_expiry_ ABSL_GUARDED_BY(push_mu_) = 0;  // the step to expire rows again at
   std::string frozen_reason_ ABSL_GUARDED_BY(push_mu_);

@@ -168,9 +168,21 @@ TEST(SparseShardTest, APartitionStepAppliesOnce) {
   EXPECT_EQ(*shard->Push(PushOf(1, 4, keys, linear, embedding)), SparsePushOutcome::kDuplicate);
   EXPECT_EQ(*shard->Push(PushOf(1, 3, keys, linear, embedding)), SparsePushOutcome::kDuplicate);
   EXPECT_EQ(PullAll(*shard, 0, keys), once);
+  // Another part of the same step is its own, once.
+  SparsePushArgs part = PushOf(1, 4, keys, linear, embedding);
+  part.part = 1;
+  EXPECT_EQ(*shard->Push(part), SparsePushOutcome::kApplied);
+  EXPECT_EQ(*shard->Push(part), SparsePushOutcome::kDuplicate);
+  const std::vector<float> twice = PullAll(*shard, 0, keys);
+  EXPECT_NE(twice, once);
+  // Parts of an older step are duplicates once a newer step is in.
+  ASSERT_EQ(*shard->Push(PushOf(1, 5, keys, linear, embedding)), SparsePushOutcome::kApplied);
+  part.part = 2;
+  EXPECT_EQ(*shard->Push(part), SparsePushOutcome::kDuplicate);
+  const std::vector<float> before_other = PullAll(*shard, 0, keys);
   // Another partition's step 4 is its own.
   EXPECT_EQ(*shard->Push(PushOf(0, 4, keys, linear, embedding)), SparsePushOutcome::kApplied);
-  EXPECT_NE(PullAll(*shard, 0, keys), once);
+  EXPECT_NE(PullAll(*shard, 0, keys), before_other);
   EXPECT_EQ(shard->Push(PushOf(2, 5, keys, linear, embedding)).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(shard->Push(PushOf(-1, 5, keys, linear, embedding)).status().code(), absl::StatusCode::kInvalidArgument);
 }

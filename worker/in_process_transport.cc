@@ -1,6 +1,7 @@
 #include "worker/in_process_transport.h"
 
 #include <atomic>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,14 @@ class InProcessTransport::InProcessCall final : public ParameterTransport::Call 
     if (service == nullptr) {
       return done(grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat("no server at ", address_)));
     }
+    if (method_ == Method::kSparsePull || method_ == Method::kSparsePush) {
+      absl::Status status = method_ == Method::kSparsePull ? Sparse<v1::SparsePullRequest, v1::SparsePullResponse>(
+                                                                 service, *request, response)
+                                                           : Sparse<v1::SparsePushRequest, v1::SparsePushResponse>(
+                                                                 service, *request, response);
+      if (absl::Status after = injected(Stage::kAfterServer); !after.ok()) return done(ToGrpcStatus(after));
+      return done(ToGrpcStatus(status));
+    }
     if (method_ == Method::kPush) {
       v1::PushResponse answer;
       absl::Status status = service->HandlePush(*request, /*from_worker=*/true, &answer);
@@ -59,6 +68,22 @@ class InProcessTransport::InProcessCall final : public ParameterTransport::Call 
   }
 
  private:
+  // A sparse call: the request parsed, handled, the answer serialized.
+  template <typename Request, typename Response>
+  static absl::Status Sparse(ParameterServiceImpl* service, const grpc::ByteBuffer& bytes, grpc::ByteBuffer* response) {
+    Request request;
+    absl::Status status = ParseMessage(bytes, &request);
+    if (!status.ok()) return status;
+    Response answer;
+    if constexpr (std::is_same_v<Request, v1::SparsePullRequest>) {
+      status = service->HandleSparsePull(request, &answer);
+    } else {
+      status = service->HandleSparsePush(request, &answer);
+    }
+    if (status.ok()) *response = SerializeMessage(answer);
+    return status;
+  }
+
   InProcessTransport* const transport_;
   const std::string address_;
   const Method method_;

@@ -2,6 +2,9 @@
 
 #include <grpcpp/client_context.h>
 
+#include <map>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
@@ -9,19 +12,25 @@
 namespace fulcrum {
 namespace {
 
+const std::string& Path(ParameterTransport::Method method) {
+  using Method = ParameterTransport::Method;
+  static const auto* const paths = new std::map<Method, std::string>{
+      {Method::kPush, absl::StrCat("/", v1::ParameterService::service_full_name(), "/Push")},
+      {Method::kPull, absl::StrCat("/", v1::ParameterService::service_full_name(), "/Pull")},
+      {Method::kSparsePull, absl::StrCat("/", v1::ParameterService::service_full_name(), "/SparsePull")},
+      {Method::kSparsePush, absl::StrCat("/", v1::ParameterService::service_full_name(), "/SparsePush")},
+  };
+  return paths->at(method);
+}
+
 class GrpcCall final : public ParameterTransport::Call {
  public:
   GrpcCall(grpc::GenericStub* stub, ParameterTransport::Method method) : stub_(stub), method_(method) {}
 
   void Start(const grpc::ByteBuffer* request, grpc::ByteBuffer* response, absl::Duration timeout,
              std::function<void(grpc::Status)> done) override {
-    static const std::string* const kPush =
-        new std::string(absl::StrCat("/", v1::ParameterService::service_full_name(), "/Push"));
-    static const std::string* const kPull =
-        new std::string(absl::StrCat("/", v1::ParameterService::service_full_name(), "/Pull"));
     SetDeadline(&context_, absl::ToDoubleSeconds(timeout));
-    stub_->UnaryCall(&context_, method_ == ParameterTransport::Method::kPull ? *kPull : *kPush,
-                     grpc::StubOptions(), request, response, std::move(done));
+    stub_->UnaryCall(&context_, Path(method_), grpc::StubOptions(), request, response, std::move(done));
   }
   // A context cancelled before its call starts cancels the call at once.
   void Cancel() override { context_.TryCancel(); }

@@ -25,7 +25,7 @@ namespace fulcrum {
 
 class ParameterTransport {
  public:
-  enum class Method { kPush, kPull };
+  enum class Method { kPush, kPull, kSparsePull, kSparsePush };
 
   // One call: made by NewCall, started at most once. Cancel() may come from
   // any thread at any time; a call cancelled before it starts ends CANCELLED

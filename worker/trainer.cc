@@ -17,8 +17,10 @@
 #include "common/param_init.h"
 #include "common/slice_loan.h"
 #include "common/status_macros.h"
+#include "common/table_spec.h"
 #include "common/tensor_codec.h"
 #include "kernels/model_from_spec.h"
+#include "worker/ctr_trainer.h"
 #include "worker/parameter_client.h"
 
 namespace fulcrum {
@@ -185,13 +187,13 @@ absl::StatusOr<kernels::Buffer> UploadArray(kernels::Backend* backend, const std
   return buffer;
 }
 
+}  // namespace
+
 std::string WriterId(const std::string& worker_id) {
   std::random_device random;
   uint64_t tag = (static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(absl::GetCurrentTimeNanos());
   return absl::StrCat(worker_id, "/", absl::Hex(tag, absl::kZeroPad16));
 }
-
-}  // namespace
 
 void SetExitMidPush(int64_t n) { exit_mid_push_countdown = std::max<int64_t>(0, n); }
 
@@ -207,6 +209,14 @@ Trainer::Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks 
 absl::Status Trainer::Load(const v1::Assignment& assignment) {
   job_id_ = assignment.job_id();
   const v1::JobSpec& spec = assignment.spec();
+  click_ = IsClickModel(spec.model());
+  if (click_) {
+    click_spec_ = spec;
+    TrimCache({});
+    ASSIGN_OR_RETURN(click_test_, LoadClickTestSet(spec, limits_.memory_budget_bytes));
+    FLOG(INFO) << "job " << job_id_ << ": click data, " << click_test_->num_examples() << " test examples held";
+    return absl::OkStatus();
+  }
   TrimCache({CacheKey(spec.data(), spec.seed(), true), CacheKey(spec.data(), spec.seed(), false)});
   const int64_t budget = limits_.memory_budget_bytes;
   ASSIGN_OR_RETURN(train_, LoadCached(spec.data(), spec.seed(), /*train=*/true, limits_.data_roots, budget));
@@ -220,6 +230,11 @@ absl::Status Trainer::Load(const v1::Assignment& assignment) {
 }
 
 v1::WorkReport Trainer::ReadyReport() const {
+  if (click_) {
+    v1::WorkReport report = ClickReadyReport(click_spec_, *click_test_);
+    report.set_job_id(job_id_);
+    return report;
+  }
   v1::WorkReport report;
   report.set_job_id(job_id_);
   report.set_kind(v1::WorkReport::READY);
@@ -879,6 +894,7 @@ absl::Status TrainingRun::RunAsp() {
 }
 
 absl::Status Trainer::Train(const v1::Assignment& assignment) {
+  if (click_) return RunClickJob(worker_id_, hooks_, transport_, assignment, click_test_);
   TrainingRun run(this, assignment);
   RETURN_IF_ERROR(run.Init());
   if (assignment.spec().mode() == v1::ASP || assignment.spec().mode() == v1::SSP) {

@@ -16,6 +16,7 @@
 #include "fulcrum/v1/cluster.pb.h"
 #include "kernels/backend.h"
 #include "kernels/mlp.h"
+#include "worker/ctr_data.h"
 #include "worker/dataset.h"
 
 namespace fulcrum {
@@ -49,6 +50,12 @@ struct TrainerHooks {
 };
 
 class TrainingRun;
+
+// The name a job's pushes from this run carry: the worker id plus a random
+// run tag. Sequence numbers restart with every run (a worker put back into a
+// job, a restarted process under the same id), so deduplication must not
+// mix one run's numbers with another's.
+std::string WriterId(const std::string& worker_id);
 
 // Fault injection for tests (fulcrum-worker --exit-mid-push): in the n-th
 // partition step this process computes, once the first layer's gradients
@@ -99,6 +106,12 @@ class Trainer {
 
  private:
   friend class TrainingRun;
+
+// The name a job's pushes from this run carry: the worker id plus a random
+// run tag. Sequence numbers restart with every run (a worker put back into a
+// job, a restarted process under the same id), so deduplication must not
+// mix one run's numbers with another's.
+std::string WriterId(const std::string& worker_id);
   absl::Status Evaluate(const std::vector<const float*>& params, kernels::Mlp* model,
                         kernels::BatchStats* stats);
   // Copies the batch's rows into batch_x_ / batch_y_ (sized by the caller).
@@ -113,6 +126,11 @@ class Trainer {
   std::string job_id_;
   std::shared_ptr<const Dataset> train_;
   std::shared_ptr<const Dataset> test_;
+  // A click model's job (worker/ctr_trainer.h): its test set (its training
+  // examples are made as steps need them).
+  bool click_ = false;
+  v1::JobSpec click_spec_;
+  std::shared_ptr<const SparseDataset> click_test_;
   std::vector<float> batch_x_;
   std::vector<int32_t> batch_y_;
   // The test set in backend memory (rank 0), uploaded on first evaluation.

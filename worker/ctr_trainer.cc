@@ -1,0 +1,478 @@
+#include "worker/ctr_trainer.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/data_partition.h"
+#include "common/logging.h"
+#include "common/memory_budget.h"
+#include "common/param_init.h"
+#include "common/status_macros.h"
+#include "kernels/ctr_model.h"
+#include "kernels/model_from_spec.h"
+#include "worker/parameter_client.h"
+#include "worker/sparse_client.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
+constexpr absl::Duration kWaitSlice = absl::Seconds(1);
+constexpr absl::Duration kReportEvery = absl::Milliseconds(500);
+constexpr int kMaxFailures = 60;
+constexpr int kEvalBatch = 1000;
+constexpr size_t kMaxStepLosses = 8192;
+constexpr int64_t kMaxTestExamples = 1000000;
+
+int64_t TestExamples(const SyntheticCtrSpec& spec) {
+  return std::clamp<int64_t>(spec.examples / 5, 1, kMaxTestExamples);
+}
+
+// A batch of click examples as the model reads it: ids bagged per example
+// and field, offsets relative to the batch.
+struct Batch {
+  std::vector<float> labels;
+  std::vector<float> dense;
+  std::vector<int64_t> offsets = {0};
+  std::vector<uint64_t> ids;
+  std::vector<float> weights;
+  int32_t size() const { return static_cast<int32_t>(labels.size()); }
+};
+
+// Examples [first, first + count) of a held dataset.
+Batch Slice(const SparseDataset& data, int64_t first, int64_t count) {
+  Batch batch;
+  const int64_t fields = data.num_fields;
+  const int64_t begin = data.offsets[static_cast<size_t>(first * fields)];
+  const int64_t end = data.offsets[static_cast<size_t>((first + count) * fields)];
+  batch.labels.assign(data.labels.begin() + first, data.labels.begin() + first + count);
+  batch.dense.assign(data.dense.begin() + first * data.num_dense, data.dense.begin() + (first + count) * data.num_dense);
+  batch.ids.assign(data.ids.begin() + begin, data.ids.begin() + end);
+  batch.weights.assign(data.weights.begin() + begin, data.weights.begin() + end);
+  batch.offsets.clear();
+  for (int64_t k = first * fields; k <= (first + count) * fields; ++k) {
+    batch.offsets.push_back(data.offsets[static_cast<size_t>(k)] - begin);
+  }
+  return batch;
+}
+
+void Append(const SparseDataset& example, Batch* batch) {
+  batch->labels.push_back(example.labels[0]);
+  batch->dense.insert(batch->dense.end(), example.dense.begin(), example.dense.end());
+  for (int32_t f = 0; f < example.num_fields; ++f) {
+    for (int64_t j = example.offsets[static_cast<size_t>(f)]; j < example.offsets[static_cast<size_t>(f) + 1]; ++j) {
+      batch->ids.push_back(example.ids[static_cast<size_t>(j)]);
+      batch->weights.push_back(example.weights[static_cast<size_t>(j)]);
+    }
+    batch->offsets.push_back(static_cast<int64_t>(batch->ids.size()));
+  }
+}
+
+// A batch's distinct keys, and each id's index among them.
+struct Bags {
+  std::vector<uint64_t> keys;
+  std::vector<int32_t> rows;
+};
+
+Bags BagsOf(const Batch& batch) {
+  Bags bags;
+  absl::flat_hash_map<uint64_t, int32_t> index;
+  index.reserve(batch.ids.size());
+  bags.rows.reserve(batch.ids.size());
+  for (uint64_t id : batch.ids) {
+    auto [it, fresh] = index.try_emplace(id, static_cast<int32_t>(bags.keys.size()));
+    if (fresh) bags.keys.push_back(id);
+    bags.rows.push_back(it->second);
+  }
+  return bags;
+}
+
+uint64_t Gcd(uint64_t a, uint64_t b) {
+  while (b != 0) a = std::exchange(b, a % b);
+  return a;
+}
+
+}  // namespace
+
+AffineOrder::AffineOrder(uint64_t seed, int64_t epoch, int64_t n) : n_(std::max<int64_t>(1, n)) {
+  if (n_ == 1) return;
+  const uint64_t r = SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(epoch) + 0x243f6a8885a308d3ULL));
+  const auto n64 = static_cast<uint64_t>(n_);
+  a_ = 1 + r % (n64 - 1);
+  while (Gcd(a_, n64) != 1) a_ = a_ % (n64 - 1) + 1;
+  b_ = SplitMix64(r) % n64;
+}
+
+int64_t AffineOrder::operator[](int64_t i) const {
+  const unsigned __int128 x = static_cast<unsigned __int128>(a_) * static_cast<uint64_t>(i) + b_;
+  return static_cast<int64_t>(x % static_cast<uint64_t>(n_));
+}
+
+SyntheticCtrSpec SyntheticCtrOf(const v1::JobSpec& spec) {
+  const v1::SyntheticCtrSpec& ctr = spec.data().synthetic_ctr();
+  SyntheticCtrSpec out;
+  out.seed = spec.seed();
+  out.examples = ctr.examples();
+  if (ctr.fields() > 0) out.fields = ctr.fields();
+  if (ctr.vocabulary() > 0) out.vocabulary = ctr.vocabulary();
+  if (ctr.zipf_exponent() > 0) out.zipf_exponent = ctr.zipf_exponent();
+  out.dense = ctr.dense();
+  if (ctr.weight_scale() > 0) out.weight_scale = ctr.weight_scale();
+  if (ctr.has_bias()) out.bias = ctr.bias();
+  out.fm_dim = ctr.fm_dim();
+  if (ctr.fm_scale() > 0) out.fm_scale = ctr.fm_scale();
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadClickTestSet(const v1::JobSpec& spec,
+                                                                      int64_t memory_budget) {
+  const SyntheticCtrSpec data = SyntheticCtrOf(spec);
+  RETURN_IF_ERROR(ValidateSyntheticCtrSpec(data));
+  const int64_t examples = TestExamples(data);
+  // Per example: a label, dense values, and per field an id, a weight and an offset.
+  const int64_t bytes = examples * (4 + 4 * int64_t{data.dense} + int64_t{data.fields} * (8 + 4 + 8));
+  if (memory_budget > 0 && bytes > memory_budget) {
+    return absl::ResourceExhaustedError(absl::StrCat("the click test set of ", examples, " examples takes ",
+                                                     FormatBytes(bytes), ", beyond this worker's memory budget of ",
+                                                     FormatBytes(memory_budget)));
+  }
+  std::vector<float> truth;
+  auto test = std::make_shared<const SparseDataset>(MakeSyntheticCtr(data, /*split=*/1, 0, examples, &truth));
+  FLOG(INFO) << "synthetic click test set: " << examples << " examples, click rate "
+             << std::accumulate(test->labels.begin(), test->labels.end(), 0.0) / static_cast<double>(examples)
+             << ", best reachable AUC (the true probabilities') " << Auc(truth, test->labels);
+  return test;
+}
+
+v1::WorkReport ClickReadyReport(const v1::JobSpec& spec, const SparseDataset& test) {
+  const SyntheticCtrSpec data = SyntheticCtrOf(spec);
+  v1::WorkReport report;
+  report.set_kind(v1::WorkReport::READY);
+  report.set_train_examples(data.examples);
+  report.set_test_examples(test.num_examples());
+  report.set_features(data.fields + data.dense);
+  report.set_classes(2);
+  return report;
+}
+
+namespace {
+
+class ClickRun {
+ public:
+  ClickRun(const std::string& worker_id, const TrainerHooks& hooks, ParameterTransport* transport,
+           const v1::Assignment& assignment, std::shared_ptr<const SparseDataset> test)
+      : hooks_(hooks),
+        transport_(transport),
+        job_id_(assignment.job_id()),
+        writer_id_(WriterId(worker_id)),
+        spec_(assignment.spec()),
+        data_(SyntheticCtrOf(spec_)),
+        batch_(spec_.data().batch_size()),
+        partitioning_(data_.examples, batch_, assignment.num_partitions()),
+        steps_per_epoch_(assignment.steps_per_epoch()),
+        total_steps_(assignment.total_steps()),
+        layout_(LayoutFor(spec_, 0, 0)),
+        model_(layout_.ctr),
+        test_(std::move(test)) {
+    UseMap(assignment.shard_map());
+  }
+
+  absl::Status Run();
+
+ private:
+  void UseMap(const v1::ShardMap& map) {
+    auto superseded = [this, version = map.version()] {
+      if (hooks_.expect_change) hooks_.expect_change();
+      return hooks_.latest_assignment().shard_map().version() > version;
+    };
+    client_ = std::make_unique<ParameterClient>(map, job_id_, writer_id_, superseded, v1::WIRE_FP32, transport_);
+    sparse_ = std::make_unique<SparseClient>(map, job_id_, writer_id_, transport_);
+    params_ = client_->MakeBuffers();
+    grads_ = client_->MakeBuffers();
+    if (hooks_.watch_client) hooks_.watch_client(client_.get(), job_id_);
+  }
+  // Makes partition `partition`'s batch of `step` and its example audit.
+  Batch MakeBatch(int32_t partition, int64_t step, ExampleAudit* audit) const;
+  // Pulls the rows of the bags' keys of every table.
+  absl::Status PullRows(const Bags& bags, std::vector<std::vector<float>>* rows) {
+    std::vector<std::vector<uint64_t>> keys(static_cast<size_t>(sparse_->num_tables()), bags.keys);
+    return sparse_->Pull(keys, rows, kRpcTimeout);
+  }
+  kernels::CtrBatch ModelBatch(const Batch& batch, const Bags& bags) const;
+  kernels::CtrParams ModelParams(const std::vector<std::vector<float>>& rows) const;
+  // One partition step: pull, compute, push. DEADLINE_EXCEEDED (SSP): too
+  // far ahead of the slowest partition for now.
+  absl::Status Step(int32_t partition, int64_t step);
+  absl::Status EvaluateAndReport(int64_t step);
+  void MaybeReportProgress(int64_t step, bool force, const std::map<int32_t, int64_t>& positions);
+  void ReportDone(const std::vector<int32_t>& partitions);
+  bool EvaluatesAt(int64_t step) const {
+    const int64_t every = spec_.data().eval_every_steps();
+    return step > 0 && (step % steps_per_epoch_ == 0 || step == total_steps_ || (every > 0 && step % every == 0));
+  }
+  absl::Status Recover(const absl::Status& error);
+
+  const TrainerHooks& hooks_;
+  ParameterTransport* const transport_;
+  const std::string job_id_;
+  const std::string writer_id_;
+  const v1::JobSpec spec_;
+  const SyntheticCtrSpec data_;
+  const int batch_;
+  const DataPartitioning partitioning_;
+  const int64_t steps_per_epoch_;
+  const int64_t total_steps_;
+  const ModelLayout layout_;
+  kernels::CtrModel model_;
+  const std::shared_ptr<const SparseDataset> test_;
+  std::unique_ptr<ParameterClient> client_;
+  std::unique_ptr<SparseClient> sparse_;
+  std::vector<std::vector<float>> params_, grads_;
+  std::vector<std::vector<float>> rows_, row_grads_;
+  int64_t seq_ = 0;
+  int failures_ = 0;
+  int64_t max_staleness_seen_ = 0;
+  kernels::CtrStats window_;
+  int64_t window_steps_ = 0;
+  double window_step_seconds_ = 0;
+  absl::Time window_start_ = absl::Now();
+  double last_loss_ = 0, last_samples_per_second_ = 0, last_step_seconds_ = 0;
+  std::vector<v1::StepLoss> step_losses_;
+};
+
+Batch ClickRun::MakeBatch(int32_t partition, int64_t step, ExampleAudit* audit) const {
+  const int64_t epoch = partitioning_.EpochOf(step);
+  const AffineOrder order(spec_.data().shuffle_seed(), epoch, data_.examples);
+  const int64_t first = partitioning_.FirstRow(step, partition);
+  Batch batch;
+  for (int64_t i = 0; i < batch_; ++i) {
+    const int64_t example = order[first + i];
+    Append(MakeSyntheticCtr(data_, /*split=*/0, example, 1), &batch);
+    audit->digest += ExampleDigest(epoch, example);
+  }
+  audit->examples = batch_;
+  return batch;
+}
+
+kernels::CtrBatch ClickRun::ModelBatch(const Batch& batch, const Bags& bags) const {
+  kernels::CtrBatch in;
+  in.batch = batch.size();
+  in.labels = batch.labels.data();
+  in.dense = batch.dense.empty() ? nullptr : batch.dense.data();
+  in.offsets = batch.offsets.data();
+  in.rows = bags.rows.empty() ? nullptr : bags.rows.data();
+  in.weights = batch.weights.empty() ? nullptr : batch.weights.data();
+  in.unique_rows = static_cast<int32_t>(bags.keys.size());
+  return in;
+}
+
+kernels::CtrParams ClickRun::ModelParams(const std::vector<std::vector<float>>& rows) const {
+  kernels::CtrParams params;
+  for (const auto& tensor : params_) params.dense.push_back(tensor.data());
+  for (const auto& table : rows) params.tables.push_back(table.data());
+  return params;
+}
+
+absl::Status ClickRun::Step(int32_t partition, int64_t step) {
+  const absl::Time start = absl::Now();
+  if (spec_.mode() == v1::SSP) {
+    ParameterClient::Versions versions;
+    RETURN_IF_ERROR(client_->Pull(0, kWaitSlice, &params_, &versions, step - spec_.staleness()));
+    max_staleness_seen_ = std::max(max_staleness_seen_, step - versions.clock);
+    if (hooks_.observe_staleness) hooks_.observe_staleness(step - versions.clock);
+  } else {
+    RETURN_IF_ERROR(client_->Pull(0, kRpcTimeout, &params_));
+  }
+  ExampleAudit audit;
+  const Batch batch = MakeBatch(partition, step, &audit);
+  const Bags bags = BagsOf(batch);
+  RETURN_IF_ERROR(PullRows(bags, &rows_));
+  row_grads_.resize(rows_.size());
+  kernels::CtrGrads grads;
+  for (auto& tensor : grads_) grads.dense.push_back(tensor.data());
+  for (size_t t = 0; t < rows_.size(); ++t) {
+    row_grads_[t].resize(rows_[t].size());
+    grads.tables.push_back(row_grads_[t].data());
+  }
+  const absl::Time compute_start = absl::Now();
+  kernels::CtrStats stats;
+  RETURN_IF_ERROR(model_.ForwardBackward(ModelBatch(batch, bags), ModelParams(rows_), grads, &stats));
+  if (hooks_.observe_compute) hooks_.observe_compute(absl::ToDoubleSeconds(absl::Now() - compute_start), 0);
+  RETURN_IF_ERROR(client_->Push(++seq_, partition, step, grads_, kRpcTimeout, audit.examples, audit.digest));
+  std::vector<std::vector<uint64_t>> keys(rows_.size(), bags.keys);
+  RETURN_IF_ERROR(sparse_->Push(partition, step, keys, row_grads_, kRpcTimeout));
+  window_.loss_sum += stats.loss_sum;
+  window_.count += stats.count;
+  if (step_losses_.size() >= kMaxStepLosses) step_losses_.erase(step_losses_.begin());
+  v1::StepLoss& loss = step_losses_.emplace_back();
+  loss.set_step(step);
+  loss.set_partition(partition);
+  loss.set_loss(static_cast<float>(stats.loss_sum / std::max<int64_t>(1, stats.count)));
+  ++window_steps_;
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  window_step_seconds_ += seconds;
+  if (hooks_.observe_step) hooks_.observe_step(seconds, batch_);
+  return absl::OkStatus();
+}
+
+absl::Status ClickRun::EvaluateAndReport(int64_t step) {
+  RETURN_IF_ERROR(client_->Pull(0, kRpcTimeout, &params_));
+  std::vector<float> scores, labels;
+  kernels::CtrStats stats;
+  int64_t correct = 0;
+  for (int64_t first = 0; first < test_->num_examples(); first += kEvalBatch) {
+    const int64_t count = std::min<int64_t>(kEvalBatch, test_->num_examples() - first);
+    const Batch batch = Slice(*test_, first, count);
+    const Bags bags = BagsOf(batch);
+    std::vector<std::vector<float>> rows;
+    RETURN_IF_ERROR(PullRows(bags, &rows));
+    std::vector<float> logits(static_cast<size_t>(count));
+    RETURN_IF_ERROR(model_.Forward(ModelBatch(batch, bags), ModelParams(rows), &stats, logits.data()));
+    for (int64_t i = 0; i < count; ++i) {
+      correct += (logits[static_cast<size_t>(i)] > 0) == (batch.labels[static_cast<size_t>(i)] > 0.5f);
+    }
+    scores.insert(scores.end(), logits.begin(), logits.end());
+    labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
+  }
+  v1::WorkReport report;
+  report.set_kind(v1::WorkReport::EVAL);
+  report.set_step(step);
+  report.set_epoch(static_cast<int32_t>((step + steps_per_epoch_ - 1) / steps_per_epoch_));
+  report.set_test_accuracy(static_cast<double>(correct) / std::max<int64_t>(1, stats.count));
+  report.set_test_loss(stats.loss_sum / std::max<int64_t>(1, stats.count));
+  report.set_test_auc(Auc(scores, labels));  // logits rank as the probabilities do
+  hooks_.report(report);
+  return absl::OkStatus();
+}
+
+void ClickRun::MaybeReportProgress(int64_t step, bool force, const std::map<int32_t, int64_t>& positions) {
+  const absl::Duration elapsed = absl::Now() - window_start_;
+  if (!force && elapsed < kReportEvery) return;
+  v1::WorkReport report;
+  report.set_kind(v1::WorkReport::PROGRESS);
+  report.set_step(step);
+  const int64_t epoch = partitioning_.EpochOf(std::max<int64_t>(0, step - 1));
+  report.set_epoch(static_cast<int32_t>(std::min<int64_t>(spec_.data().epochs(), epoch + 1)));
+  if (window_.count > 0) {  // an empty window repeats the last figures
+    last_loss_ = window_.loss_sum / static_cast<double>(window_.count);
+    last_samples_per_second_ = static_cast<double>(window_steps_) * batch_ /
+                               std::max(1e-9, absl::ToDoubleSeconds(elapsed));
+  }
+  if (window_steps_ > 0) last_step_seconds_ = window_step_seconds_ / static_cast<double>(window_steps_);
+  report.set_loss(last_loss_);
+  report.set_samples_per_second(last_samples_per_second_);
+  report.set_step_seconds(last_step_seconds_);
+  report.set_max_staleness_seen(max_staleness_seen_);
+  for (v1::StepLoss& loss : step_losses_) *report.add_step_losses() = std::move(loss);
+  step_losses_.clear();
+  for (const auto& [partition, position] : positions) {
+    report.add_partitions(partition);
+    report.add_partition_steps(position);
+  }
+  hooks_.report(report);
+  window_ = kernels::CtrStats();
+  window_steps_ = 0;
+  window_step_seconds_ = 0;
+  window_start_ = absl::Now();
+}
+
+void ClickRun::ReportDone(const std::vector<int32_t>& partitions) {
+  v1::WorkReport report;
+  report.set_kind(v1::WorkReport::DONE);
+  for (int32_t p : partitions) report.add_partitions(p);
+  hooks_.report(report);
+}
+
+absl::Status ClickRun::Recover(const absl::Status& error) {
+  if (!absl::IsAborted(error) && !absl::IsUnavailable(error) && !absl::IsDeadlineExceeded(error) &&
+      !absl::IsNotFound(error)) {
+    return error;
+  }
+  if (++failures_ > kMaxFailures) return error;
+  if (hooks_.expect_change) hooks_.expect_change();
+  v1::Assignment assignment = hooks_.latest_assignment();
+  if (assignment.shard_map().version() <= client_->map_version()) {
+    assignment = hooks_.wait_for_change(assignment.membership_epoch(), absl::Seconds(1));
+  }
+  if (hooks_.should_stop()) return absl::CancelledError("assignment withdrawn");
+  if (assignment.shard_map().version() > client_->map_version()) {
+    FLOG(INFO) << "job " << job_id_ << ": shard map version " << assignment.shard_map().version()
+               << " after: " << error.message();
+    UseMap(assignment.shard_map());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClickRun::Run() {
+  std::map<int32_t, int64_t> positions;
+  std::set<int32_t> reported_done;
+  v1::Assignment assignment = hooks_.latest_assignment();
+  while (!hooks_.should_stop()) {
+    std::map<int32_t, int64_t> owned;
+    for (int i = 0; i < assignment.partitions_size(); ++i) {
+      const int32_t p = assignment.partitions(i);
+      auto it = positions.find(p);
+      owned[p] = it != positions.end() ? it->second
+                                       : (i < assignment.partition_steps_size() ? assignment.partition_steps(i) : 0);
+    }
+    positions.swap(owned);
+    int32_t next = -1;
+    for (const auto& [p, position] : positions) {
+      if (position < total_steps_ && (next < 0 || position < positions[next])) next = p;
+    }
+    if (next < 0) {  // every owned partition is through: report, then wait for the job's end
+      std::vector<int32_t> fresh;
+      for (const auto& [p, position] : positions) {
+        if (reported_done.insert(p).second) fresh.push_back(p);
+      }
+      if (!fresh.empty()) {
+        MaybeReportProgress(total_steps_, /*force=*/true, positions);
+        if (positions.count(assignment.eval_partition()) > 0) RETURN_IF_ERROR(EvaluateAndReport(total_steps_));
+        ReportDone(fresh);
+      }
+      assignment = hooks_.wait_for_change(assignment.membership_epoch(), absl::Milliseconds(500));
+      continue;
+    }
+    const int64_t step = positions[next];
+    const absl::Status status = Step(next, step);
+    if (spec_.mode() == v1::SSP && absl::IsDeadlineExceeded(status)) {  // too far ahead: wait again
+      assignment = hooks_.latest_assignment();
+      if (assignment.shard_map().version() > client_->map_version()) RETURN_IF_ERROR(Recover(status));
+      continue;
+    }
+    if (!status.ok()) {
+      RETURN_IF_ERROR(Recover(status));
+      assignment = hooks_.latest_assignment();
+      continue;
+    }
+    failures_ = 0;
+    positions[next] = step + 1;
+    if (next == assignment.eval_partition() && EvaluatesAt(step + 1) && step + 1 < total_steps_) {
+      RETURN_IF_ERROR(EvaluateAndReport(step + 1));
+    }
+    MaybeReportProgress(step + 1, false, positions);
+    assignment = hooks_.latest_assignment();
+  }
+  return absl::CancelledError("assignment withdrawn");
+}
+
+}  // namespace
+
+absl::Status RunClickJob(const std::string& worker_id, const TrainerHooks& hooks, ParameterTransport* transport,
+                         const v1::Assignment& assignment, std::shared_ptr<const SparseDataset> test) {
+  kernels::CtrModelConfig config = LayoutFor(assignment.spec(), 0, 0).ctr;
+  RETURN_IF_ERROR(kernels::ValidateCtrModelConfig(config));
+  ClickRun run(worker_id, hooks, transport, assignment, std::move(test));
+  const absl::Status status = run.Run();
+  if (hooks.watch_client) hooks.watch_client(nullptr, "");
+  return status;
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,68 @@
+// A worker's view of a job's sparse tables. A key's row lives on the server
+// that leads the shard of its bucket (ShardMap.tables, common/shard_map.h
+// BucketOf). Pull and Push split every table's keys by server, sorted by
+// bucket (the order servers read them in without copying), into requests
+// whose rows stay below kMaxRequestBytes, and send them all at once.
+#ifndef FULCRUM_WORKER_SPARSE_CLIENT_H_
+#define FULCRUM_WORKER_SPARSE_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "fulcrum/v1/shard_map.pb.h"
+#include "worker/parameter_transport.h"
+
+namespace fulcrum {
+
+class SparseClient {
+ public:
+  // Row bytes per request (an answer stays far below the servers' limit).
+  static constexpr int64_t kMaxRequestBytes = 3 << 20;
+
+  // `transport` (not owned; it outlives the client), or gRPC when nullptr.
+  SparseClient(const v1::ShardMap& map, std::string job_id, std::string worker_id,
+               ParameterTransport* transport = nullptr);
+
+  int num_tables() const { return map_.tables_size(); }
+  int32_t dim(int table) const { return map_.tables(table).dim(); }
+  int64_t map_version() const { return map_.version(); }
+
+  // keys[t]: distinct keys of table t, in any order (one vector per table of
+  // the map). (*rows)[t] gets keys[t].size() x dim(t) floats, key by key.
+  // The first failed request's error (naming the server); the others are
+  // waited for. `rows` may hold part of the rows on error.
+  absl::Status Pull(const std::vector<std::vector<uint64_t>>& keys, std::vector<std::vector<float>>* rows,
+                    absl::Duration timeout);
+
+  // Pushes each key's summed gradient (grads[t]: keys[t].size() x dim(t)) as
+  // data partition `partition`'s step `step`: every server applies its part
+  // once (a repeat is acknowledged as a duplicate).
+  absl::Status Push(int32_t partition, int64_t step, const std::vector<std::vector<uint64_t>>& keys,
+                    const std::vector<std::vector<float>>& grads, absl::Duration timeout);
+
+ private:
+  // One request: a server and, per table, the positions of its keys.
+  struct Request {
+    std::string address;
+    std::vector<std::vector<uint32_t>> positions;  // by table
+  };
+  std::vector<Request> Plan(const std::vector<std::vector<uint64_t>>& keys) const;
+  // Sends every request; `answer(i, bytes)` takes request i's answer.
+  absl::Status Send(ParameterTransport::Method method, const std::vector<Request>& requests,
+                    const std::vector<std::string>& payloads, absl::Duration timeout,
+                    const std::function<absl::Status(size_t, const grpc::ByteBuffer&)>& answer);
+
+  const v1::ShardMap map_;
+  const std::string job_id_;
+  const std::string worker_id_;
+  std::unique_ptr<ParameterTransport> own_transport_;  // gRPC, when none was given
+  ParameterTransport* const transport_;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_WORKER_SPARSE_CLIENT_H_

@@ -97,14 +97,16 @@ absl::Status ValidateSparseOptimizer(const std::string& field, const v1::SparseO
 absl::Status ValidateTables(const v1::JobSpec& spec) {
   const ModelLayout layout = LayoutFor(spec, 0, 0);
   std::set<std::string> names;
-  for (const kernels::CtrTableInfo& table : layout.tables) names.insert(table.name);
+  std::string known;  // in the model's order
+  for (const kernels::CtrTableInfo& table : layout.tables) {
+    names.insert(table.name);
+    absl::StrAppend(&known, known.empty() ? "" : ", ", table.name);
+  }
   std::set<std::string> seen;
   for (int i = 0; i < spec.model().tables_size(); ++i) {
     const v1::TableSpec& table = spec.model().tables(i);
     const std::string field = absl::StrCat("model.tables[", i, "]");
     if (names.count(table.name()) == 0) {
-      std::string known;
-      for (const std::string& name : names) absl::StrAppend(&known, known.empty() ? "" : ", ", name);
       return Invalid(field + ".name", absl::StrCat("must name a table of the model (", known, ")"),
                      Quote(table.name()));
     }

@@ -1,0 +1,174 @@
+// The click models' part of the job spec: valid specs pass with their
+// defaults, and each misuse is INVALID_ARGUMENT naming the field.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/model_from_spec.h"
+#include "scheduler/job_spec.h"
+
+namespace fulcrum {
+namespace {
+
+// A valid DeepFM on synthetic click data; defaults applied after `mutate`.
+v1::JobSpec ClickSpec(const std::function<void(v1::JobSpec*)>& mutate = nullptr) {
+  v1::JobSpec spec;
+  spec.mutable_model()->set_kind(v1::ModelSpec::DEEPFM);
+  spec.mutable_model()->set_embedding_dim(8);
+  spec.mutable_model()->add_hidden_sizes(16);
+  spec.mutable_data()->set_dataset(v1::DataSpec::SYNTHETIC_CTR);
+  spec.mutable_data()->mutable_synthetic_ctr()->set_examples(10000);
+  spec.mutable_data()->mutable_synthetic_ctr()->set_dense(3);
+  spec.mutable_data()->set_batch_size(64);
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+  spec.mutable_optimizer()->set_lr(0.001f);
+  spec.set_replicas(1);
+  if (mutate) mutate(&spec);
+  ApplyJobSpecDefaults(&spec);
+  return spec;
+}
+
+TEST(ClickSpecTest, EachClickModelIsValidAndRunsAsynchronouslyByDefault) {
+  const v1::JobSpec deepfm = ClickSpec();
+  EXPECT_EQ(deepfm.mode(), v1::ASP);
+  EXPECT_TRUE(ValidateJobSpec(deepfm).ok()) << ValidateJobSpec(deepfm);
+  const v1::JobSpec lr = ClickSpec([](v1::JobSpec* s) {
+    s->mutable_model()->set_kind(v1::ModelSpec::LOGISTIC_REGRESSION);
+    s->mutable_model()->clear_embedding_dim();
+    s->mutable_model()->clear_hidden_sizes();
+  });
+  EXPECT_TRUE(ValidateJobSpec(lr).ok()) << ValidateJobSpec(lr);
+  const v1::JobSpec fm = ClickSpec([](v1::JobSpec* s) {
+    s->mutable_model()->set_kind(v1::ModelSpec::FM);
+    s->mutable_model()->clear_hidden_sizes();
+    s->set_mode(v1::SSP);
+    s->set_staleness(2);
+  });
+  EXPECT_TRUE(ValidateJobSpec(fm).ok()) << ValidateJobSpec(fm);
+  const v1::JobSpec wide = ClickSpec([](v1::JobSpec* s) {
+    s->mutable_model()->set_kind(v1::ModelSpec::WIDE_AND_DEEP);
+    v1::TableSpec* table = s->mutable_model()->add_tables();
+    table->set_name("linear");
+    table->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::FTRL);
+    table->mutable_optimizer()->set_l1(0.1f);
+    table->set_admit_after(2);
+    table->set_expire_after(1000);
+  });
+  EXPECT_TRUE(ValidateJobSpec(wide).ok()) << ValidateJobSpec(wide);
+}
+
+TEST(ClickSpecTest, LayoutsFollowTheModelKind) {
+  const ModelLayout deepfm = LayoutFor(ClickSpec(), 0, 0);
+  ASSERT_TRUE(deepfm.click);
+  EXPECT_EQ(deepfm.ctr.num_fields, 8) << "the synthetic data's default";
+  EXPECT_EQ(deepfm.ctr.num_dense, 3);
+  EXPECT_TRUE(deepfm.ctr.fm);
+  ASSERT_EQ(deepfm.tables.size(), 2u);
+  EXPECT_EQ(deepfm.tables[1].name, "embedding");
+  EXPECT_EQ(deepfm.tables[1].dim, 8);
+  const ModelLayout lr = LayoutFor(ClickSpec([](v1::JobSpec* s) {
+                                     s->mutable_model()->set_kind(v1::ModelSpec::LOGISTIC_REGRESSION);
+                                   }),
+                                   0, 0);
+  ASSERT_EQ(lr.tables.size(), 1u);
+  EXPECT_EQ(lr.tables[0].name, "linear");
+  EXPECT_TRUE(lr.ctr.hidden.empty());
+}
+
+struct ClickReject {
+  std::string name;
+  std::function<void(v1::JobSpec*)> mutate;
+  std::vector<std::string> parts;  // each must appear in the message
+};
+
+class ClickSpecRejectTest : public testing::TestWithParam<ClickReject> {};
+
+TEST_P(ClickSpecRejectTest, IsInvalidArgumentNamingTheField) {
+  const absl::Status status = ValidateJobSpec(ClickSpec(GetParam().mutate));
+  ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  for (const std::string& part : GetParam().parts) EXPECT_TRUE(Contains(status.message(), part)) << status;
+}
+
+std::vector<ClickReject> ClickRejects() {
+  using S = v1::JobSpec;
+  auto table = [](S* s, const std::string& name) {
+    v1::TableSpec* t = s->mutable_model()->add_tables();
+    t->set_name(name);
+    return t;
+  };
+  return {
+      {"NoEmbeddingDim", [](S* s) { s->mutable_model()->clear_embedding_dim(); }, {"model.embeddingDim"}},
+      {"EmbeddingDimTooLarge", [](S* s) { s->mutable_model()->set_embedding_dim(1025); }, {"model.embeddingDim"}},
+      {"EmbeddingDimOnLogisticRegression",
+       [](S* s) {
+         s->mutable_model()->set_kind(v1::ModelSpec::LOGISTIC_REGRESSION);
+         s->mutable_model()->clear_hidden_sizes();
+       },
+       {"model.embeddingDim", "FM"}},
+      {"DeepFmWithoutHiddenSizes", [](S* s) { s->mutable_model()->clear_hidden_sizes(); }, {"model.hiddenSizes"}},
+      {"FmWithHiddenSizes", [](S* s) { s->mutable_model()->set_kind(v1::ModelSpec::FM); }, {"model.hiddenSizes"}},
+      {"ClickModelOnImages",
+       [](S* s) {
+         s->mutable_data()->set_dataset(v1::DataSpec::FASHION_MNIST);
+         s->mutable_data()->clear_synthetic_ctr();
+       },
+       {"data.dataset", "SYNTHETIC_CTR"}},
+      {"NoExamples", [](S* s) { s->mutable_data()->mutable_synthetic_ctr()->set_examples(0); },
+       {"data.syntheticCtr.examples"}},
+      {"TooManyFields", [](S* s) { s->mutable_data()->mutable_synthetic_ctr()->set_fields(257); },
+       {"data.syntheticCtr.fields"}},
+      {"NegativeZipf", [](S* s) { s->mutable_data()->mutable_synthetic_ctr()->set_zipf_exponent(-1); },
+       {"data.syntheticCtr.zipfExponent"}},
+      {"NanBias", [](S* s) { s->mutable_data()->mutable_synthetic_ctr()->set_bias(std::nanf("")); },
+       {"data.syntheticCtr.bias"}},
+      {"UnknownTable", [table](S* s) { table(s, "user_embedding"); }, {"model.tables[0].name", "linear, embedding"}},
+      {"TableTwice",
+       [table](S* s) {
+         table(s, "linear");
+         table(s, "linear");
+       },
+       {"model.tables[1].name", "twice"}},
+      {"NegativeTableLr", [table](S* s) { table(s, "linear")->mutable_optimizer()->set_lr(-1); },
+       {"model.tables[0].optimizer.lr"}},
+      {"BetaOnAdagrad", [table](S* s) { table(s, "embedding")->mutable_optimizer()->set_beta1(0.5f); },
+       {"model.tables[0].optimizer.beta1", "ADAM"}},
+      {"L1OnAdam",
+       [table](S* s) {
+         v1::TableSpec* t = table(s, "embedding");
+         t->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::ADAM);
+         t->mutable_optimizer()->set_l1(1);
+       },
+       {"model.tables[0].optimizer.l1", "FTRL"}},
+      {"FtrlWithRandomStart",
+       [table](S* s) {
+         v1::TableSpec* t = table(s, "embedding");
+         t->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::FTRL);
+         t->set_init_scale(0.1f);
+       },
+       {"model.tables[0].initScale", "FTRL"}},
+      {"NegativeAdmitAfter", [table](S* s) { table(s, "linear")->set_admit_after(-1); },
+       {"model.tables[0].admitAfter"}},
+      {"TooManyBuckets", [table](S* s) { table(s, "linear")->set_buckets(4097); }, {"model.tables[0].buckets"}},
+      {"Bsp", [](S* s) { s->set_mode(v1::BSP); }, {"mode", "ASP or SSP"}},
+      {"Replicated", [](S* s) { s->set_replicas(2); }, {"replicas", "not replicated yet"}},
+      {"Checkpointed", [](S* s) { s->mutable_checkpoint()->set_every_steps(100); }, {"checkpoint"}},
+      {"Bf16Compute", [](S* s) { s->set_precision(v1::BF16); }, {"precision"}},
+      {"Compressed", [](S* s) { s->mutable_compression()->set_kind(v1::CompressionSpec::INT8); }, {"wireFormat"}},
+      {"TablesOnAnMlp",
+       [table](S* s) {
+         s->mutable_model()->set_kind(v1::ModelSpec::MLP);
+         s->mutable_model()->clear_embedding_dim();
+         table(s, "linear");
+       },
+       {"model.tables", "click models"}},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ClickSpecRejectTest, testing::ValuesIn(ClickRejects()),
+                         [](const testing::TestParamInfo<ClickReject>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace fulcrum

@@ -1,0 +1,142 @@
+// SparseClient against two real parameter services in this process
+// (InProcessTransport): keys go to the servers of their buckets, answers
+// come back in the keys' order, and a push too big for one request per
+// server is sent in parts that each apply once.
+#include "worker/sparse_client.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics.h"
+#include "common/shard_map.h"
+#include "gtest/gtest.h"
+#include "kernels/model_from_spec.h"
+#include "scheduler/job_spec.h"
+#include "scheduler/placement.h"
+#include "server/parameter_service.h"
+#include "server/parameter_store.h"
+#include "worker/in_process_transport.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr char kJob[] = "job-sparse";
+constexpr int kDim = 1024;  // 4 KiB a row: 3000 keys take several requests per server
+
+MetricsEndpoint* Metrics() {
+  static MetricsEndpoint* const metrics = MetricsEndpoint::Start("127.0.0.1", 0)->release();
+  return metrics;
+}
+
+// An FM job whose tables both update by SGD with lr 1 from zeros: after a
+// push of g, a key's row is -g.
+v1::JobSpec Spec() {
+  v1::JobSpec spec;
+  spec.mutable_model()->set_kind(v1::ModelSpec::FM);
+  spec.mutable_model()->set_embedding_dim(kDim);
+  for (const char* name : {"linear", "embedding"}) {
+    v1::TableSpec* table = spec.mutable_model()->add_tables();
+    table->set_name(name);
+    table->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::SGD);
+    table->mutable_optimizer()->set_lr(1.0f);
+    table->set_init_scale(0.0f);
+  }
+  spec.mutable_data()->set_dataset(v1::DataSpec::SYNTHETIC_CTR);
+  spec.mutable_data()->mutable_synthetic_ctr()->set_examples(1000);
+  spec.mutable_data()->set_batch_size(10);
+  spec.mutable_optimizer()->set_lr(0.1f);
+  spec.set_replicas(1);
+  ApplyJobSpecDefaults(&spec);
+  return spec;
+}
+
+class SparseClientTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<ServerRef> refs;
+    for (int i = 0; i < 2; ++i) {
+      stores_.push_back(std::make_unique<ParameterStore>());
+      services_.push_back(std::make_unique<ParameterServiceImpl>(stores_.back().get(), Metrics()));
+      refs.push_back({absl::StrCat("server-", i), absl::StrCat("in-process:", i)});
+      transport_.Serve(refs.back().address, services_.back().get());
+    }
+    const ModelLayout layout = LayoutFor(spec_, 0, 0);
+    map_ = PlanShardMap(layout.tensors, refs, /*num_shards=*/0, /*replicas=*/1, 1 << 16, /*version=*/1);
+    AddTableLayouts(layout.tables, spec_, &map_);
+    for (size_t i = 0; i < services_.size(); ++i) {
+      v1::SetupJobRequest request;
+      request.set_job_id(kJob);
+      *request.mutable_spec() = spec_;
+      request.set_num_partitions(1);
+      request.set_total_steps(10);
+      *request.mutable_shard_map() = map_;
+      request.set_server_id(refs[i].id);
+      for (const v1::ChunkLocation& chunk : map_.chunks()) {
+        if (map_.shards(chunk.shard()).server_id() == refs[i].id) AddChunkSetup(chunk, layout, &request);
+      }
+      v1::SetupJobResponse response;
+      const grpc::Status status = services_[i]->SetupJob(nullptr, &request, &response);
+      ASSERT_TRUE(status.ok()) << status.error_message();
+    }
+  }
+
+  const v1::JobSpec spec_ = Spec();
+  std::vector<std::unique_ptr<ParameterStore>> stores_;
+  std::vector<std::unique_ptr<ParameterServiceImpl>> services_;
+  InProcessTransport transport_;
+  v1::ShardMap map_;
+};
+
+TEST_F(SparseClientTest, PushesInPartsApplyOnceAndPullsAnswerInKeyOrder) {
+  ASSERT_EQ(map_.tables_size(), 2);
+  SparseClient client(map_, kJob, "w0", &transport_);
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 3000; ++k) keys.push_back(k * 7919 + 13);
+  const std::vector<std::vector<uint64_t>> both = {keys, keys};
+  std::vector<std::vector<float>> grads(2);
+  for (int t = 0; t < 2; ++t) {
+    const int dim = client.dim(t);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      for (int d = 0; d < dim; ++d) grads[t].push_back(static_cast<float>(i % 97) + 0.001f * static_cast<float>(d));
+    }
+  }
+  ASSERT_TRUE(client.Push(0, 0, both, grads, absl::Seconds(10)).ok());
+  // A retry of the whole step (every part) changes nothing.
+  ASSERT_TRUE(client.Push(0, 0, both, grads, absl::Seconds(10)).ok());
+  std::vector<std::vector<float>> rows;
+  ASSERT_TRUE(client.Pull(both, &rows, absl::Seconds(10)).ok());
+  for (int t = 0; t < 2; ++t) {
+    ASSERT_EQ(rows[t].size(), grads[t].size());
+    for (size_t i = 0; i < rows[t].size(); ++i) ASSERT_EQ(rows[t][i], -grads[t][i]) << "table " << t << " float " << i;
+  }
+  // Both servers hold rows, each only its buckets'.
+  int64_t held = 0;
+  for (const auto& store : stores_) {
+    auto shard = store->Find(kJob);
+    ASSERT_TRUE(shard.ok());
+    const int64_t rows_here = (*shard)->sparse()->Stats()[1].rows;
+    EXPECT_GT(rows_here, 0);
+    held += rows_here;
+  }
+  EXPECT_EQ(held, 3000);
+  // The next step applies.
+  ASSERT_TRUE(client.Push(0, 1, both, grads, absl::Seconds(10)).ok());
+  ASSERT_TRUE(client.Pull(both, &rows, absl::Seconds(10)).ok());
+  EXPECT_EQ(rows[0][5], -2 * grads[0][5]);
+}
+
+TEST_F(SparseClientTest, AServerThatIsGoneFailsTheCallNamingIt) {
+  SparseClient client(map_, kJob, "w0", &transport_);
+  transport_.Serve(map_.shards(0).address(), nullptr);
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 64; ++k) keys.push_back(k);
+  std::vector<std::vector<float>> rows;
+  const absl::Status pulled = client.Pull({keys, keys}, &rows, absl::Seconds(1));
+  EXPECT_EQ(pulled.code(), absl::StatusCode::kUnavailable) << pulled;
+  EXPECT_NE(pulled.message().find(map_.shards(0).address()), std::string::npos) << pulled;
+}
+
+}  // namespace
+}  // namespace fulcrum

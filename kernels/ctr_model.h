@@ -165,7 +165,7 @@ class CtrModel {
   absl::Status Forward(const CtrBatch& batch, const CtrParams& params, CtrStats* stats, float* logits);
 
  private:
-  int num_deep_layers() const { return static_cast<int>(deep_dims_.size()) - 1; }
+  int num_deep_layers() const { return deep_dims_.empty() ? 0 : static_cast<int>(deep_dims_.size()) - 1; }
   const float* DeepWeight(const CtrParams& params, int layer) const;
   const float* DeepBias(const CtrParams& params, int layer) const;
   Activation DeepActivation(int layer) const;

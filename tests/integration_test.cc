@@ -158,20 +158,20 @@ double BestAuc(const v1::JobSpec& spec) {
   return Auc(truth, test.labels);
 }
 
-// Each click model trains over sparse tables spread on both servers.
-// Logistic regression on data from a logistic model comes within 0.01 of the
-// best AUC the data allows (the true probabilities'). The models with
-// embeddings, on data with pairwise interactions, must beat chance by a wide
-// margin; they do not reach the ground truth yet (see docs/ARCHITECTURE.md,
-// "Sparse tables").
-TEST_F(ClusterTest, ClickModelsLearnOverTablesSpreadOnEveryServer) {
+// Each click model trains over sparse tables spread on both servers, to
+// within a margin of the best AUC its data allows (the true probabilities'):
+// logistic regression on data from a logistic model within 0.01; FM, whose
+// form the data's interactions have, within 0.03 (in two epochs; PyTorch
+// reaches 0.024 from it on the same data, bench/torch_ctr_reference.py);
+// the MLP models within 0.06.
+TEST_F(ClusterTest, ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer) {
   const std::vector<std::tuple<v1::ModelSpec::Kind, int32_t, double>> cases = {
-      {v1::ModelSpec::LOGISTIC_REGRESSION, 0, -1},  // within 0.01 of the best
-      {v1::ModelSpec::FM, 2, 0.66},
-      {v1::ModelSpec::WIDE_AND_DEEP, 2, 0.70},
-      {v1::ModelSpec::DEEPFM, 2, 0.70},
+      {v1::ModelSpec::LOGISTIC_REGRESSION, 0, 0.01},
+      {v1::ModelSpec::FM, 2, 0.03},
+      {v1::ModelSpec::WIDE_AND_DEEP, 2, 0.06},
+      {v1::ModelSpec::DEEPFM, 2, 0.06},
   };
-  for (const auto& [kind, fm_dim, floor] : cases) {
+  for (const auto& [kind, fm_dim, margin] : cases) {
     SCOPED_TRACE(v1::ModelSpec::Kind_Name(kind));
     const v1::JobSpec spec = ClickSpec(kind, fm_dim);
     v1::JobStatus done;
@@ -179,7 +179,7 @@ TEST_F(ClusterTest, ClickModelsLearnOverTablesSpreadOnEveryServer) {
     ASSERT_TRUE(done.progress().has_test_auc());
     const double best = BestAuc(spec);
     EXPECT_GT(best, 0.7) << "the data has signal to learn";
-    EXPECT_GE(done.progress().test_auc(), floor >= 0 ? floor : best - 0.01) << "best reachable " << best;
+    EXPECT_GE(done.progress().test_auc(), best - margin) << "best reachable " << best;
     EXPECT_LE(done.progress().test_auc(), best + 0.005);
     EXPECT_LT(done.progress().train_loss(), 0.6);
     ASSERT_EQ(done.shard_map().tables_size(), kind == v1::ModelSpec::LOGISTIC_REGRESSION ? 1 : 2);

@@ -42,6 +42,13 @@ if [ $rc -ne 0 ]; then
   tail -n 5 "$DIR"/logs/*.log >&2 || true
   exit $rc
 fi
-ACC="$("$FULCRUM" get "$JOB_ID" -o json --dir "$DIR" | grep -o '"testAccuracy": [0-9.]*' | head -1 | awk '{print $2}')"
+JSON="$("$FULCRUM" get "$JOB_ID" -o json --dir "$DIR")"
+ACC="$(echo "$JSON" | grep -o '"testAccuracy": [0-9.]*' | head -1 | awk '{print $2}')"
+AUC="$(echo "$JSON" | grep -o '"testAuc": [0-9.]*' | head -1 | awk '{print $2}')"
 echo
 echo "final test accuracy: ${ACC}"
+if [ -n "$AUC" ]; then
+  # Click models on synthetic data: the workers log the best AUC the data allows.
+  BEST="$(grep -ho "best reachable AUC (the true probabilities') [0-9.]*" "$DIR"/logs/*.log | head -1 | awk '{print $NF}')"
+  echo "final test AUC: ${AUC}${BEST:+ (the true click probabilities reach ${BEST})}"
+fi

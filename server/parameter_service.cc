@@ -236,6 +236,7 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                              .Help("Time from a checkpoint's snapshot to its data being durable on this server")
                              .Register(registry)
                              .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60});
+  table_gauges_ = std::make_unique<TableGauges>(&registry);
   sparse_keys_pulled_ = &prometheus::BuildCounter()
                             .Name("fulcrum_server_sparse_keys_pulled_total")
                             .Help("Keys of sparse tables whose rows this server answered")
@@ -330,6 +331,11 @@ grpc::Status ParameterServiceImpl::DropJob(grpc::ServerContext* /*context*/, con
                << " (" << Quote(request->reason()) << ")";
   }
   jobs_->Set(static_cast<double>(store_->num_jobs()));
+  if (!request->keep_parameters()) {
+    table_gauges_->Remove(request->job_id());
+  } else if (auto kept = store_->Find(request->job_id()); kept.ok() && (*kept)->sparse() != nullptr) {
+    table_gauges_->Update(request->job_id(), *(*kept)->sparse(), /*force=*/true);  // the final figures
+  }
   ReleaseFreedMemory();
   return Finish("DropJob", absl::OkStatus(), request->ByteSizeLong(), 0);
 }

@@ -20,6 +20,7 @@
 #include "server/held_pulls.h"
 #include "server/parameter_store.h"
 #include "server/replication.h"
+#include "server/table_gauges.h"
 #include "common/sync.h"
 
 namespace fulcrum {
@@ -184,6 +185,7 @@ class ParameterServiceImpl final
   std::unique_ptr<CheckpointWriter> writer_;  // with checkpoints_
   prometheus::Histogram* optimizer_seconds_;
   prometheus::Counter* checkpoint_bytes_;
+  std::unique_ptr<TableGauges> table_gauges_;
   prometheus::Counter* sparse_keys_pulled_;
   prometheus::Counter* sparse_keys_pushed_;
   prometheus::Histogram* checkpoint_seconds_;

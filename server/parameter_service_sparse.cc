@@ -158,7 +158,10 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest&
   ASSIGN_OR_RETURN(SparsePushOutcome outcome, shard->sparse()->Push(args));
   response->set_duplicate(outcome == SparsePushOutcome::kDuplicate);
   response->set_rows(rows);
-  if (outcome == SparsePushOutcome::kApplied) sparse_keys_pushed_->Increment(static_cast<double>(rows));
+  if (outcome == SparsePushOutcome::kApplied) {
+    sparse_keys_pushed_->Increment(static_cast<double>(rows));
+    table_gauges_->Update(request.job_id(), *shard->sparse());
+  }
   return absl::OkStatus();
 }
 

@@ -186,6 +186,12 @@ TEST_F(ClusterTest, ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer)
     std::set<int32_t> shards(done.shard_map().tables(0).bucket_shards().begin(),
                              done.shard_map().tables(0).bucket_shards().end());
     EXPECT_EQ(shards.size(), 2u) << "the table's buckets are spread over both servers";
+    // The servers' gauges count the table's rows: every id of the data at
+    // most, and the training set's first epoch touches most of them.
+    const double rows = ServersTotal(
+        cluster_->file(), absl::StrCat("fulcrum_server_table_rows{job=\"", done.job_id(), "\",table=\"linear\"}"));
+    EXPECT_GT(rows, 0.9 * 4 * 100);
+    EXPECT_LE(rows, 4 * 100);
   }
 }
 

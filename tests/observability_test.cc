@@ -44,8 +44,8 @@ class ObservabilityTest : public ClusterTest {
   // A job running with checkpoints and replicas, so that every family
   // (training, replication, checkpoint metrics) has series.
   static std::string StartBusyJob() {
-    v1::JobSpec spec = SyntheticSpec(v1::BSP, 2, 2, 0);
-    spec.mutable_data()->set_epochs(30);
+    v1::JobSpec spec = SyntheticSpec(v1::BSP, 1, 2, 0);
+    spec.mutable_data()->set_epochs(60);
     spec.mutable_checkpoint()->set_every_steps(200);
     auto id = Submit(spec);
     EXPECT_TRUE(id.ok()) << id.status();
@@ -58,6 +58,28 @@ class ObservabilityTest : public ClusterTest {
         },
         absl::Seconds(60));
     EXPECT_EQ(status.state(), v1::RUNNING);
+    return *id;
+  }
+
+  // A click job on the other worker, running once it has evaluated (AUC), so
+  // that the sparse tables' and the AUC's families have series too.
+  static std::string StartClickJob() {
+    v1::JobSpec spec;
+    spec.mutable_model()->set_kind(v1::ModelSpec::FM);
+    spec.mutable_model()->set_embedding_dim(4);
+    spec.mutable_data()->set_dataset(v1::DataSpec::SYNTHETIC_CTR);
+    spec.mutable_data()->mutable_synthetic_ctr()->set_examples(100000);
+    spec.mutable_data()->set_batch_size(8);
+    spec.mutable_data()->set_epochs(100);
+    spec.mutable_data()->set_eval_every_steps(20);
+    spec.mutable_optimizer()->set_lr(0.01f);
+    spec.set_replicas(1);
+    auto id = Submit(spec);
+    EXPECT_TRUE(id.ok()) << id.status();
+    v1::JobStatus status =
+        WaitFor(*id, [](const v1::JobStatus& s) { return s.progress().has_test_auc() || Terminal(s.state()); },
+                absl::Seconds(60));
+    EXPECT_EQ(status.state(), v1::RUNNING) << status.reason();
     return *id;
   }
 
@@ -74,6 +96,7 @@ TEST_F(ObservabilityTest, EveryEndpointPassesPromtoolAndDashboardsUseExportedMet
   if (!Installed("promtool")) GTEST_SKIP() << "promtool (Debian package prometheus) is not installed";
   if (!Installed("python3")) GTEST_SKIP() << "python3 is not installed";
   const std::string id = StartBusyJob();
+  const std::string click_id = StartClickJob();
   // Until the scheduler's gauges (refreshed every second) show the job's
   // checkpoint (bounded).
   std::string scheduler_metrics;
@@ -81,7 +104,11 @@ TEST_F(ObservabilityTest, EveryEndpointPassesPromtoolAndDashboardsUseExportedMet
     if (process.role() == "scheduler") scheduler_metrics = process.metrics_address();
   }
   for (absl::Time deadline = absl::Now() + absl::Seconds(20); absl::Now() < deadline;) {
-    if (HttpGet(scheduler_metrics, "/metrics").find("fulcrum_job_last_checkpoint_bytes{") != std::string::npos) break;
+    const std::string page = HttpGet(scheduler_metrics, "/metrics");
+    if (page.find("fulcrum_job_last_checkpoint_bytes{") != std::string::npos &&
+        page.find("fulcrum_job_test_auc{") != std::string::npos) {
+      break;
+    }
     absl::SleepFor(absl::Milliseconds(100));  // polling for the next gauge refresh
   }
   const std::string dir = MakeTempDir();
@@ -100,8 +127,10 @@ TEST_F(ObservabilityTest, EveryEndpointPassesPromtoolAndDashboardsUseExportedMet
     }
   }
   Cancel(id);
+  Cancel(click_id);
   for (const char* expected : {"grpc_server_handled_total", "grpc_server_handling_seconds", "fulcrum_job_step",
-                               "fulcrum_server_replication_seconds", "fulcrum_job_last_checkpoint_timestamp_seconds"}) {
+                               "fulcrum_server_replication_seconds", "fulcrum_job_last_checkpoint_timestamp_seconds",
+                               "fulcrum_job_test_auc", "fulcrum_server_table_rows"}) {
     EXPECT_EQ(names.count(expected), 1u) << expected << " is not exported";
   }
   const std::string names_file = dir + "/names.txt";

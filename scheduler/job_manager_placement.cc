@@ -178,16 +178,17 @@ void JobManager::StartSetups() {
     ModelLayout layout = LayoutFor(job->status.spec(), job->data_info.features(), job->data_info.classes());
     std::map<std::string, v1::SetupJobRequest> requests;
     // The requests of a shard's replicas (created on first use).
+    Job* const setting_up = job.get();  // (a lambda cannot capture a structured binding)
     auto requests_of = [&](int32_t s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      const v1::ShardLocation& shard = job->shard_map.shards(s);
+      const v1::ShardLocation& shard = setting_up->shard_map.shards(s);
       std::vector<std::pair<std::string, std::string>> replicas = {{shard.server_id(), shard.address()}};
       for (int b = 0; b < shard.backup_ids_size(); ++b) replicas.emplace_back(shard.backup_ids(b), shard.backup_addresses(b));
       std::vector<v1::SetupJobRequest*> of;
       for (const auto& [server_id, address] : replicas) {
         auto [it, fresh] = requests.try_emplace(address);
         if (fresh) {
-          it->second = SetupRequestFor(*job, server_id);
-          if (job->restore.has_value()) *it->second.mutable_restore() = *job->restore;
+          it->second = SetupRequestFor(*setting_up, server_id);
+          if (setting_up->restore.has_value()) *it->second.mutable_restore() = *setting_up->restore;
         }
         of.push_back(&it->second);
       }

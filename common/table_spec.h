@@ -25,10 +25,27 @@ constexpr int32_t kMaxPushParts = 1 << 16;
 inline float DefaultTableInitScale(const std::string& table) { return table == "linear" ? 0.0f : 0.05f; }
 
 // The categorical fields and dense features of a click model's data.
-inline int32_t ClickFields(const v1::DataSpec& data) {
-  return data.synthetic_ctr().fields() > 0 ? data.synthetic_ctr().fields() : 8;
+// LIBSVM: one field, no dense features; CSV: its CATEGORICAL and DENSE
+// columns.
+inline int32_t CsvColumns(const v1::DataSpec& data, v1::CsvSpec::Column kind) {
+  int32_t n = 0;
+  for (int c : data.csv().columns()) n += c == kind ? 1 : 0;
+  return n;
 }
-inline int32_t ClickDense(const v1::DataSpec& data) { return data.synthetic_ctr().dense(); }
+inline int32_t ClickFields(const v1::DataSpec& data) {
+  switch (data.dataset()) {
+    case v1::DataSpec::LIBSVM: return 1;
+    case v1::DataSpec::CSV: return CsvColumns(data, v1::CsvSpec::CATEGORICAL);
+    default: return data.synthetic_ctr().fields() > 0 ? data.synthetic_ctr().fields() : 8;
+  }
+}
+inline int32_t ClickDense(const v1::DataSpec& data) {
+  switch (data.dataset()) {
+    case v1::DataSpec::LIBSVM: return 0;
+    case v1::DataSpec::CSV: return CsvColumns(data, v1::CsvSpec::DENSE);
+    default: return data.synthetic_ctr().dense();
+  }
+}
 
 // The click models (data from sparse features, tables for the ids).
 inline bool IsClickModel(const v1::ModelSpec& model) {

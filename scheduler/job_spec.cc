@@ -89,21 +89,9 @@ absl::Status ValidateModel(const v1::ModelSpec& model) {
   }
 }
 
-// A dataset path the workers will open: absolute, printable, bounded. Where
-// it may point is each worker's decision (fulcrum-worker --data-root).
-absl::Status ValidateDataPath(const std::string& path) {
-  constexpr size_t kMaxPath = 4096;
-  if (path.size() > kMaxPath) return Invalid("data.path", absl::StrCat("must be at most ", kMaxPath, " bytes"), absl::StrCat(path.size()));
-  if (!IsPrintable(path)) {
-    return Invalid("data.path", "must not contain NUL or other control characters", Quote(path));
-  }
-  if (path.empty() || path[0] != '/') return Invalid("data.path", "must be an absolute path", Quote(path));
-  return absl::OkStatus();
-}
-
 absl::Status ValidateData(const v1::DataSpec& data) {
   if (data.dataset() == v1::DataSpec::FASHION_MNIST) {
-    RETURN_IF_ERROR(ValidateDataPath(data.path()));
+    RETURN_IF_ERROR(ValidateDataPath("data.path", data.path()));
     if (data.synthetic_examples()) return Invalid("data.syntheticExamples", "applies to SYNTHETIC data only", "a value");
     if (data.synthetic_features()) return Invalid("data.syntheticFeatures", "applies to SYNTHETIC data only", "a value");
     if (data.synthetic_classes()) return Invalid("data.syntheticClasses", "applies to SYNTHETIC data only", "a value");
@@ -184,6 +172,16 @@ absl::Status ValidateSchedule(const v1::LrScheduleSpec& schedule, float lr) {
 }
 
 }  // namespace
+
+absl::Status ValidateDataPath(const std::string& field, const std::string& path) {
+  constexpr size_t kMaxPath = 4096;
+  if (path.size() > kMaxPath) {
+    return Invalid(field, absl::StrCat("must be at most ", kMaxPath, " bytes"), absl::StrCat(path.size()));
+  }
+  if (!IsPrintable(path)) return Invalid(field, "must not contain NUL or other control characters", Quote(path));
+  if (path.empty() || path[0] != '/') return Invalid(field, "must be an absolute path", Quote(path));
+  return absl::OkStatus();
+}
 
 void ApplyJobSpecDefaults(v1::JobSpec* spec) {
   if (spec->data().epochs() == 0) spec->mutable_data()->set_epochs(1);

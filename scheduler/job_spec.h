@@ -21,6 +21,11 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec);
 // enum values that a binary client may have sent.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
+// A dataset path the workers will open (`field` names it in errors):
+// absolute, printable, bounded. Where it may point is each worker's decision
+// (fulcrum-worker --data-root).
+absl::Status ValidateDataPath(const std::string& field, const std::string& path);
+
 // The parts of ValidateJobSpec for click models (scheduler/job_spec_click.cc):
 // their model, tables and data, and what they cannot use yet; and, for
 // other models, that no click field is set.

@@ -124,16 +124,8 @@ absl::Status ValidateTables(const v1::JobSpec& spec) {
   return kernels::ValidateCtrModelConfig(layout.ctr);
 }
 
-absl::Status ValidateClickData(const v1::DataSpec& data) {
-  if (data.dataset() != v1::DataSpec::SYNTHETIC_CTR) {
-    return Invalid("data.dataset", "must be SYNTHETIC_CTR for a click model",
-                   v1::DataSpec::Dataset_Name(data.dataset()));
-  }
-  if (!data.path().empty()) return Invalid("data.path", "applies to FASHION_MNIST data only", Quote(data.path()));
-  if (data.synthetic_examples() || data.synthetic_features() || data.synthetic_classes()) {
-    return Invalid("data.synthetic*", "apply to SYNTHETIC data only (SYNTHETIC_CTR takes data.syntheticCtr)",
-                   "a value");
-  }
+absl::Status ValidateSyntheticClickData(const v1::DataSpec& data) {
+  if (!data.path().empty()) return Invalid("data.path", "applies to FASHION_MNIST, LIBSVM and CSV data", Quote(data.path()));
   const v1::SyntheticCtrSpec& ctr = data.synthetic_ctr();
   RETURN_IF_ERROR(CheckRange<int64_t>("data.syntheticCtr.examples", ctr.examples(), 1, 100000000));
   RETURN_IF_ERROR(CheckRange("data.syntheticCtr.fields", ctr.fields(), 0, 256));
@@ -145,6 +137,49 @@ absl::Status ValidateClickData(const v1::DataSpec& data) {
   RETURN_IF_ERROR(CheckFloat("data.syntheticCtr.fmScale", ctr.fm_scale(), 0, 10, false, false));
   if (ctr.has_bias()) RETURN_IF_ERROR(CheckFloat("data.syntheticCtr.bias", ctr.bias(), -20, 20, false, false));
   return absl::OkStatus();
+}
+
+absl::Status ValidateFileClickData(const v1::DataSpec& data) {
+  const std::string kind = v1::DataSpec::Dataset_Name(data.dataset());
+  if (data.has_synthetic_ctr()) return Invalid("data.syntheticCtr", "applies to SYNTHETIC_CTR data only", kind);
+  RETURN_IF_ERROR(ValidateDataPath("data.path", data.path()));
+  if (!data.test_path().empty()) RETURN_IF_ERROR(ValidateDataPath("data.testPath", data.test_path()));
+  if (data.dataset() == v1::DataSpec::LIBSVM) {
+    if (data.has_csv()) return Invalid("data.csv", "applies to CSV data only", kind);
+    return absl::OkStatus();
+  }
+  const v1::CsvSpec& csv = data.csv();
+  RETURN_IF_ERROR(CheckRange("data.csv.columns", csv.columns_size(), 1, 4096));
+  int labels = 0;
+  for (int c : csv.columns()) labels += c == v1::CsvSpec::LABEL ? 1 : 0;
+  if (labels != 1) return Invalid("data.csv.columns", "must have exactly one LABEL column", absl::StrCat(labels));
+  if (csv.delimiter().size() > 1 || csv.delimiter() == "\"" || csv.delimiter() == "\n" || csv.delimiter() == "\r") {
+    return Invalid("data.csv.delimiter", "must be one character other than a quote or a line break", Quote(csv.delimiter()));
+  }
+  if (ClickFields(data) == 0 && ClickDense(data) == 0) {
+    return Invalid("data.csv.columns", "must have a DENSE or CATEGORICAL column", "none");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateClickData(const v1::DataSpec& data) {
+  if (data.synthetic_examples() || data.synthetic_features() || data.synthetic_classes()) {
+    return Invalid("data.synthetic*", "apply to SYNTHETIC data only (SYNTHETIC_CTR takes data.syntheticCtr)",
+                   "a value");
+  }
+  switch (data.dataset()) {
+    case v1::DataSpec::SYNTHETIC_CTR:
+      if (!data.test_path().empty() || data.has_csv() || data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED) {
+        return Invalid("data", "testPath, csv and onBadRecord apply to LIBSVM and CSV data", "SYNTHETIC_CTR");
+      }
+      return ValidateSyntheticClickData(data);
+    case v1::DataSpec::LIBSVM:
+    case v1::DataSpec::CSV:
+      return ValidateFileClickData(data);
+    default:
+      return Invalid("data.dataset", "must be SYNTHETIC_CTR, LIBSVM or CSV for a click model",
+                     v1::DataSpec::Dataset_Name(data.dataset()));
+  }
 }
 
 // What a job with sparse tables cannot use yet: refused by name rather than
@@ -191,9 +226,13 @@ absl::Status ValidateNotClick(const v1::JobSpec& spec) {
     return Invalid("model.combiner", "applies to click models only", v1::ModelSpec::Combiner_Name(model.combiner()));
   }
   if (model.tables_size() > 0) return Invalid("model.tables", "apply to click models only", "tables");
-  if (spec.data().dataset() == v1::DataSpec::SYNTHETIC_CTR || spec.data().has_synthetic_ctr()) {
-    return Invalid("data.dataset", "SYNTHETIC_CTR is click data: use a click model (LOGISTIC_REGRESSION, FM, "
-                   "WIDE_AND_DEEP, DEEPFM)", "SYNTHETIC_CTR");
+  const v1::DataSpec& data = spec.data();
+  if (data.dataset() == v1::DataSpec::SYNTHETIC_CTR || data.dataset() == v1::DataSpec::LIBSVM ||
+      data.dataset() == v1::DataSpec::CSV || data.has_synthetic_ctr() || data.has_csv() || !data.test_path().empty() ||
+      data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED) {
+    return Invalid("data", "SYNTHETIC_CTR, LIBSVM and CSV are click data (with syntheticCtr, csv, testPath, "
+                   "onBadRecord): use a click model (LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP, DEEPFM)",
+                   v1::DataSpec::Dataset_Name(data.dataset()));
   }
   return absl::OkStatus();
 }

@@ -157,6 +157,47 @@ std::vector<ClickReject> ClickRejects() {
       {"Checkpointed", [](S* s) { s->mutable_checkpoint()->set_every_steps(100); }, {"checkpoint"}},
       {"Bf16Compute", [](S* s) { s->set_precision(v1::BF16); }, {"precision"}},
       {"Compressed", [](S* s) { s->mutable_compression()->set_kind(v1::CompressionSpec::INT8); }, {"wireFormat"}},
+      {"LibsvmWithoutPath",
+       [](S* s) {
+         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
+         s->mutable_data()->clear_synthetic_ctr();
+       },
+       {"data.path", "absolute"}},
+      {"LibsvmWithSyntheticCtr",
+       [](S* s) {
+         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
+         s->mutable_data()->set_path("/data/x.libsvm");
+       },
+       {"data.syntheticCtr", "SYNTHETIC_CTR"}},
+      {"RelativeTestPath",
+       [](S* s) {
+         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
+         s->mutable_data()->clear_synthetic_ctr();
+         s->mutable_data()->set_path("/data/x.libsvm");
+         s->mutable_data()->set_test_path("y.libsvm");
+       },
+       {"data.testPath", "absolute"}},
+      {"CsvWithoutLabel",
+       [](S* s) {
+         s->mutable_data()->set_dataset(v1::DataSpec::CSV);
+         s->mutable_data()->clear_synthetic_ctr();
+         s->mutable_data()->set_path("/data/x.csv");
+         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::DENSE);
+       },
+       {"data.csv.columns", "LABEL"}},
+      {"CsvWithTwoCharacterDelimiter",
+       [](S* s) {
+         s->mutable_data()->set_dataset(v1::DataSpec::CSV);
+         s->mutable_data()->clear_synthetic_ctr();
+         s->mutable_data()->set_path("/data/x.csv");
+         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::LABEL);
+         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::DENSE);
+         s->mutable_data()->mutable_csv()->set_delimiter("::");
+       },
+       {"data.csv.delimiter"}},
+      {"OnBadRecordOnSyntheticData",
+       [](S* s) { s->mutable_data()->set_on_bad_record(v1::DataSpec::FAIL); },
+       {"onBadRecord"}},
       {"TablesOnAnMlp",
        [table](S* s) {
          s->mutable_model()->set_kind(v1::ModelSpec::MLP);

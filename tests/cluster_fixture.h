@@ -86,7 +86,8 @@ inline std::string DescribeDifference(const std::vector<float>& a, const std::ve
 class ClusterTest : public testing::Test {
  protected:
   static void StartCluster(int servers, int workers, int replicas = 1,
-                           const std::vector<std::string>& scheduler_flags = {}) {
+                           const std::vector<std::string>& scheduler_flags = {},
+                           const std::vector<std::string>& worker_flags = {}) {
     LocalCluster::Options options;
     options.dir = MakeTempDir();
     options.servers = servers;
@@ -95,6 +96,7 @@ class ClusterTest : public testing::Test {
     // Short leases so that a dead worker is noticed quickly.
     options.scheduler_flags = {"--lease-ms=1500", "--heartbeat-ms=200", "--chunk-bytes=4096"};
     options.scheduler_flags.insert(options.scheduler_flags.end(), scheduler_flags.begin(), scheduler_flags.end());
+    options.worker_flags = worker_flags;
     options_ = options;
     auto cluster = LocalCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();

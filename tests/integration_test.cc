@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -193,6 +195,134 @@ TEST_F(ClusterTest, ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer)
     EXPECT_GT(rows, 0.9 * 4 * 100);
     EXPECT_LE(rows, 4 * 100);
   }
+}
+
+// Click jobs on users' files (LIBSVM, CSV) the workers may read: written
+// here from synthetic click data of a known logistic model, with a few bad
+// lines among them.
+class ClickFileTest : public ClusterTest {
+ protected:
+  static void SetUpTestSuite() {
+    data_dir_ = new std::string(MakeTempDir());
+    StartCluster(2, 2, 1, {}, {"--data-root=" + *data_dir_});
+  }
+  static void TearDownTestSuite() {
+    ClusterTest::TearDownTestSuite();
+    std::filesystem::remove_all(*data_dir_);
+  }
+
+  // The data of a format: with 2 dense features for CSV (libsvm has none).
+  static SyntheticCtrSpec Data(const std::string& format) {
+    SyntheticCtrSpec data;
+    data.seed = 11;
+    data.examples = 30000;
+    data.fields = 4;
+    data.vocabulary = 100;
+    data.dense = format == "csv" ? 2 : 0;
+    return data;
+  }
+  // Writes split `split` of Data() as `name` in `format` ("libsvm", "csv"),
+  // in `parts` files (name.0, name.1, ...), a bad line in the first.
+  static void Write(const std::string& name, int split, const std::string& format, int parts) {
+    const SyntheticCtrSpec spec = Data(format);
+    const int64_t examples = split == 0 ? spec.examples : spec.examples / 5;
+    const SparseDataset data = MakeSyntheticCtr(spec, split, 0, examples);
+    for (int part = 0; part < parts; ++part) {
+      std::ofstream out(absl::StrCat(*data_dir_, "/", name, ".", part));
+      if (part == 0) out << (format == "csv" ? "1,x,2,a,b,c,d,e\n" : "1 notanid:1\n");
+      for (int64_t e = part; e < examples; e += parts) {
+        const auto u = static_cast<size_t>(e);
+        if (format == "libsvm") {
+          out << data.labels[u];
+          for (int f = 0; f < spec.fields; ++f) out << " " << data.ids[u * 4 + f] << ":1";
+        } else {
+          out << data.labels[u] << "," << data.dense[u * 2] << "," << data.dense[u * 2 + 1];
+          for (int f = 0; f < spec.fields; ++f) out << "," << data.ids[u * 4 + f];
+        }
+        out << "\n";
+      }
+    }
+  }
+  static double BestAuc(const std::string& format) {
+    std::vector<float> truth;
+    const SparseDataset test = MakeSyntheticCtr(Data(format), 1, 0, Data(format).examples / 5, &truth);
+    return Auc(truth, test.labels);
+  }
+  static v1::JobSpec FileSpec(v1::DataSpec::Dataset dataset, const std::string& name) {
+    v1::JobSpec spec;
+    spec.mutable_model()->set_kind(v1::ModelSpec::LOGISTIC_REGRESSION);
+    v1::TableSpec* table = spec.mutable_model()->add_tables();
+    table->set_name("linear");
+    table->mutable_optimizer()->set_lr(0.1f);
+    v1::DataSpec* data = spec.mutable_data();
+    data->set_dataset(dataset);
+    data->set_path(absl::StrCat(*data_dir_, "/", name, "-train.*"));
+    data->set_test_path(absl::StrCat(*data_dir_, "/", name, "-test.0"));
+    if (dataset == v1::DataSpec::CSV) {
+      v1::CsvSpec* csv = data->mutable_csv();
+      csv->add_columns(v1::CsvSpec::LABEL);
+      for (int i = 0; i < 2; ++i) csv->add_columns(v1::CsvSpec::DENSE);
+      for (int i = 0; i < 4; ++i) csv->add_columns(v1::CsvSpec::CATEGORICAL);
+    }
+    data->set_batch_size(64);
+    data->set_epochs(2);
+    spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+    spec.mutable_optimizer()->set_lr(0.01f);
+    spec.set_num_workers(2);
+    spec.set_replicas(1);
+    return spec;
+  }
+  static std::string* data_dir_;
+};
+std::string* ClickFileTest::data_dir_ = nullptr;
+
+// Logistic regression on libsvm files (a glob of two) and on CSV with dense
+// and categorical columns reaches the data's ground-truth AUC; the bad lines
+// are skipped.
+TEST_F(ClickFileTest, LibsvmAndCsvFilesTrainToTheGroundTruthAuc) {
+  for (const std::string format : {"libsvm", "csv"}) {
+    SCOPED_TRACE(format);
+    const double best = BestAuc(format);
+    Write(format + "-train", 0, format, 2);
+    Write(format + "-test", 1, format, 1);
+    v1::JobSpec spec = FileSpec(format == "csv" ? v1::DataSpec::CSV : v1::DataSpec::LIBSVM, format);
+    v1::JobStatus done;
+    ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &done));
+    ASSERT_TRUE(done.progress().has_test_auc());
+    EXPECT_GE(done.progress().test_auc(), best - 0.01) << "best reachable " << best;
+    // Every good record of the two files, in full global batches per epoch.
+    EXPECT_EQ(done.progress().total_steps(), 2 * (Data(format).examples / 128));
+  }
+}
+
+// A bad record under onBadRecord FAIL fails the job naming its file and
+// line; files outside the workers' data roots, and a pattern that matches
+// nothing, fail it naming the path.
+TEST_F(ClickFileTest, BadRecordsAndPathsFailTheJobNamingThem) {
+  Write("strict-train", 0, "libsvm", 1);
+  v1::JobSpec spec = FileSpec(v1::DataSpec::LIBSVM, "strict");
+  spec.mutable_data()->clear_test_path();
+  spec.mutable_data()->set_on_bad_record(v1::DataSpec::FAIL);
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus done = WaitForEnd(*id);
+  EXPECT_EQ(done.state(), v1::FAILED);
+  EXPECT_NE(done.reason().find("strict-train.0:1"), std::string::npos) << done.reason();
+
+  spec.mutable_data()->set_on_bad_record(v1::DataSpec::SKIP);
+  spec.mutable_data()->set_path("/etc/*.conf");
+  id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  done = WaitForEnd(*id);
+  EXPECT_EQ(done.state(), v1::FAILED);
+  EXPECT_NE(done.reason().find("/etc/"), std::string::npos) << done.reason();
+
+  spec.mutable_data()->set_path(*data_dir_ + "/nothing-*.libsvm");
+  id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  done = WaitForEnd(*id);
+  EXPECT_EQ(done.state(), v1::FAILED);
+  EXPECT_NE(done.reason().find("nothing-*.libsvm"), std::string::npos) << done.reason();
 }
 
 // What click jobs cannot do yet is refused by name, not run without it.

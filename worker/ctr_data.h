@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,15 @@ struct SparseDataset {
   std::vector<int64_t> offsets = {0};
 
   int64_t num_examples() const { return static_cast<int64_t>(labels.size()); }
+};
+
+// What a worker holds of a click job's data: the test set, and for users'
+// files (LIBSVM, CSV) the training set too (synthetic training examples are
+// made as steps need them: `train` is null). Labels are 0 or 1 (> 0 is a
+// click).
+struct ClickData {
+  std::shared_ptr<const SparseDataset> train;
+  std::shared_ptr<const SparseDataset> test;
 };
 
 enum class BadRecordPolicy { kSkip, kFail };

@@ -1,5 +1,7 @@
 #include "worker/ctr_trainer.h"
 
+#include <glob.h>
+
 #include <algorithm>
 #include <map>
 #include <numeric>
@@ -15,9 +17,11 @@
 #include "common/memory_budget.h"
 #include "common/param_init.h"
 #include "common/status_macros.h"
+#include "common/table_spec.h"
 #include "kernels/ctr_model.h"
 #include "kernels/model_from_spec.h"
 #include "worker/parameter_client.h"
+#include "worker/dataset.h"
 #include "worker/sparse_client.h"
 
 namespace fulcrum {
@@ -63,13 +67,17 @@ Batch Slice(const SparseDataset& data, int64_t first, int64_t count) {
   return batch;
 }
 
-void Append(const SparseDataset& example, Batch* batch) {
-  batch->labels.push_back(example.labels[0]);
-  batch->dense.insert(batch->dense.end(), example.dense.begin(), example.dense.end());
-  for (int32_t f = 0; f < example.num_fields; ++f) {
-    for (int64_t j = example.offsets[static_cast<size_t>(f)]; j < example.offsets[static_cast<size_t>(f) + 1]; ++j) {
-      batch->ids.push_back(example.ids[static_cast<size_t>(j)]);
-      batch->weights.push_back(example.weights[static_cast<size_t>(j)]);
+// Appends example `e` of `data` to the batch.
+void AppendExample(const SparseDataset& data, int64_t e, Batch* batch) {
+  const auto u = static_cast<size_t>(e);
+  batch->labels.push_back(data.labels[u]);
+  batch->dense.insert(batch->dense.end(), data.dense.begin() + e * data.num_dense,
+                      data.dense.begin() + (e + 1) * data.num_dense);
+  for (int32_t f = 0; f < data.num_fields; ++f) {
+    const size_t bag = u * static_cast<size_t>(data.num_fields) + static_cast<size_t>(f);
+    for (int64_t j = data.offsets[bag]; j < data.offsets[bag + 1]; ++j) {
+      batch->ids.push_back(data.ids[static_cast<size_t>(j)]);
+      batch->weights.push_back(data.weights[static_cast<size_t>(j)]);
     }
     batch->offsets.push_back(static_cast<int64_t>(batch->ids.size()));
   }
@@ -131,8 +139,16 @@ SyntheticCtrSpec SyntheticCtrOf(const v1::JobSpec& spec) {
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadClickTestSet(const v1::JobSpec& spec,
-                                                                      int64_t memory_budget) {
+namespace {
+
+// Bytes a held dataset takes (its vectors' elements).
+int64_t DataBytes(const SparseDataset& data) {
+  return static_cast<int64_t>(data.labels.size() * 4 + data.dense.size() * 4 + data.ids.size() * 12 +
+                              data.offsets.size() * 8);
+}
+
+absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadSyntheticTestSet(const v1::JobSpec& spec,
+                                                                          int64_t memory_budget) {
   const SyntheticCtrSpec data = SyntheticCtrOf(spec);
   RETURN_IF_ERROR(ValidateSyntheticCtrSpec(data));
   const int64_t examples = TestExamples(data);
@@ -151,13 +167,107 @@ absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadClickTestSet(const v1::
   return test;
 }
 
-v1::WorkReport ClickReadyReport(const v1::JobSpec& spec, const SparseDataset& test) {
-  const SyntheticCtrSpec data = SyntheticCtrOf(spec);
+CsvFormat CsvFormatOf(const v1::DataSpec& data, const LineLimits& limits) {
+  CsvFormat format;
+  for (int column : data.csv().columns()) {
+    switch (column) {
+      case v1::CsvSpec::LABEL: format.columns.push_back(CsvFormat::Column::kLabel); break;
+      case v1::CsvSpec::DENSE: format.columns.push_back(CsvFormat::Column::kDense); break;
+      case v1::CsvSpec::CATEGORICAL: format.columns.push_back(CsvFormat::Column::kCategorical); break;
+      default: format.columns.push_back(CsvFormat::Column::kIgnore); break;
+    }
+  }
+  if (!data.csv().delimiter().empty()) format.delimiter = data.csv().delimiter()[0];
+  format.header = data.csv().header();
+  format.limits = limits;
+  return format;
+}
+
+// Reads every file `pattern` names into one dataset.
+absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadFiles(const v1::DataSpec& spec, const std::string& pattern,
+                                                               const std::vector<std::string>& roots,
+                                                               int64_t memory_budget) {
+  ASSIGN_OR_RETURN(std::vector<std::string> files, ExpandPath(pattern));
+  LineLimits limits;
+  limits.on_bad_record = spec.on_bad_record() == v1::DataSpec::FAIL ? BadRecordPolicy::kFail : BadRecordPolicy::kSkip;
+  auto data = std::make_shared<SparseDataset>();
+  ReadStats stats;
+  for (const std::string& file : files) {
+    RETURN_IF_ERROR(CheckUnderRoots(file, roots));
+    const int64_t before = data->num_examples();
+    if (spec.dataset() == v1::DataSpec::LIBSVM) {
+      RETURN_IF_ERROR(ReadLibsvmFile(file, LibsvmFormat{limits}, data.get(), &stats));
+      const size_t first_id = static_cast<size_t>(data->offsets[static_cast<size_t>(before)]);
+      for (size_t j = first_id; j < data->weights.size(); ++j) {
+        if (data->weights[j] >= 0) continue;
+        const auto record = std::upper_bound(data->offsets.begin(), data->offsets.end(), static_cast<int64_t>(j)) -
+                            data->offsets.begin() - 1 - before;
+        return absl::InvalidArgumentError(absl::StrCat("libsvm file ", file, ": record ", record + 1, " of the file has ",
+                                                       "the negative value ", data->weights[j], " for id ", data->ids[j],
+                                                       "; values weigh the ids' rows and must be >= 0"));
+      }
+    } else {
+      RETURN_IF_ERROR(ReadCsvFile(file, CsvFormatOf(spec, limits), data.get(), &stats));
+    }
+    if (memory_budget > 0 && DataBytes(*data) > memory_budget) {
+      return absl::ResourceExhaustedError(absl::StrCat("the click data of ", pattern, " takes more than ",
+                                                       FormatBytes(memory_budget), " (this worker's memory budget) at ",
+                                                       file));
+    }
+  }
+  for (float& label : data->labels) label = label > 0 ? 1.0f : 0.0f;
+  FLOG(INFO) << pattern << ": " << files.size() << " files, " << data->num_examples() << " records, " << stats.bad
+             << " bad records skipped" << (stats.first_bad.empty() ? "" : absl::StrCat(" (first: ", stats.first_bad[0], ")"));
+  if (data->num_examples() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(pattern, ": no good record in ", files.size(), " files"));
+  }
+  return std::shared_ptr<const SparseDataset>(std::move(data));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ExpandPath(const std::string& pattern) {
+  constexpr size_t kMaxFiles = 100000;
+  glob_t matches{};
+  const int rc = glob(pattern.c_str(), GLOB_ERR, nullptr, &matches);
+  std::vector<std::string> files;
+  if (rc == 0) {
+    for (size_t i = 0; i < matches.gl_pathc && files.size() <= kMaxFiles; ++i) files.emplace_back(matches.gl_pathv[i]);
+  }
+  globfree(&matches);
+  if (rc == GLOB_NOMATCH || (rc == 0 && files.empty())) {
+    return absl::NotFoundError(absl::StrCat("no file matches ", pattern));
+  }
+  if (rc != 0) return absl::FailedPreconditionError(absl::StrCat("cannot list ", pattern, " (glob error ", rc, ")"));
+  if (files.size() > kMaxFiles) {
+    return absl::InvalidArgumentError(absl::StrCat(pattern, " names more than ", kMaxFiles, " files"));
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vector<std::string>& roots,
+                                        int64_t memory_budget) {
+  const v1::DataSpec& data = spec.data();
+  ClickData loaded;
+  if (data.dataset() == v1::DataSpec::SYNTHETIC_CTR) {
+    ASSIGN_OR_RETURN(loaded.test, LoadSyntheticTestSet(spec, memory_budget));
+    return loaded;
+  }
+  ASSIGN_OR_RETURN(loaded.train, LoadFiles(data, data.path(), roots, memory_budget));
+  if (!data.test_path().empty()) {
+    const int64_t left = memory_budget > 0 ? std::max<int64_t>(1, memory_budget - DataBytes(*loaded.train)) : 0;
+    ASSIGN_OR_RETURN(loaded.test, LoadFiles(data, data.test_path(), roots, left));
+  }
+  return loaded;
+}
+
+v1::WorkReport ClickReadyReport(const v1::JobSpec& spec, const ClickData& data) {
   v1::WorkReport report;
   report.set_kind(v1::WorkReport::READY);
-  report.set_train_examples(data.examples);
-  report.set_test_examples(test.num_examples());
-  report.set_features(data.fields + data.dense);
+  report.set_train_examples(data.train != nullptr ? data.train->num_examples() : SyntheticCtrOf(spec).examples);
+  report.set_test_examples(data.test != nullptr ? data.test->num_examples() : 0);
+  report.set_features(ClickFields(spec.data()) + ClickDense(spec.data()));
   report.set_classes(2);
   return report;
 }
@@ -167,20 +277,22 @@ namespace {
 class ClickRun {
  public:
   ClickRun(const std::string& worker_id, const TrainerHooks& hooks, ParameterTransport* transport,
-           const v1::Assignment& assignment, std::shared_ptr<const SparseDataset> test)
+           const v1::Assignment& assignment, ClickData data)
       : hooks_(hooks),
         transport_(transport),
         job_id_(assignment.job_id()),
         writer_id_(WriterId(worker_id)),
         spec_(assignment.spec()),
-        data_(SyntheticCtrOf(spec_)),
+        synthetic_(SyntheticCtrOf(spec_)),
+        train_(std::move(data.train)),
+        test_(std::move(data.test)),
+        examples_(train_ != nullptr ? train_->num_examples() : synthetic_.examples),
         batch_(spec_.data().batch_size()),
-        partitioning_(data_.examples, batch_, assignment.num_partitions()),
+        partitioning_(examples_, batch_, assignment.num_partitions()),
         steps_per_epoch_(assignment.steps_per_epoch()),
         total_steps_(assignment.total_steps()),
         layout_(LayoutFor(spec_, 0, 0)),
-        model_(layout_.ctr),
-        test_(std::move(test)) {
+        model_(layout_.ctr) {
     UseMap(assignment.shard_map());
   }
 
@@ -224,14 +336,16 @@ class ClickRun {
   const std::string job_id_;
   const std::string writer_id_;
   const v1::JobSpec spec_;
-  const SyntheticCtrSpec data_;
+  const SyntheticCtrSpec synthetic_;
+  const std::shared_ptr<const SparseDataset> train_;  // users' files; null: synthetic, made per step
+  const std::shared_ptr<const SparseDataset> test_;   // null: no evaluation
+  const int64_t examples_;
   const int batch_;
   const DataPartitioning partitioning_;
   const int64_t steps_per_epoch_;
   const int64_t total_steps_;
   const ModelLayout layout_;
   kernels::CtrModel model_;
-  const std::shared_ptr<const SparseDataset> test_;
   std::unique_ptr<ParameterClient> client_;
   std::unique_ptr<SparseClient> sparse_;
   std::vector<std::vector<float>> params_, grads_;
@@ -249,12 +363,16 @@ class ClickRun {
 
 Batch ClickRun::MakeBatch(int32_t partition, int64_t step, ExampleAudit* audit) const {
   const int64_t epoch = partitioning_.EpochOf(step);
-  const AffineOrder order(spec_.data().shuffle_seed(), epoch, data_.examples);
+  const AffineOrder order(spec_.data().shuffle_seed(), epoch, examples_);
   const int64_t first = partitioning_.FirstRow(step, partition);
   Batch batch;
   for (int64_t i = 0; i < batch_; ++i) {
     const int64_t example = order[first + i];
-    Append(MakeSyntheticCtr(data_, /*split=*/0, example, 1), &batch);
+    if (train_ != nullptr) {
+      AppendExample(*train_, example, &batch);
+    } else {
+      AppendExample(MakeSyntheticCtr(synthetic_, /*split=*/0, example, 1), 0, &batch);
+    }
     audit->digest += ExampleDigest(epoch, example);
   }
   audit->examples = batch_;
@@ -434,7 +552,9 @@ absl::Status ClickRun::Run() {
       }
       if (!fresh.empty()) {
         MaybeReportProgress(total_steps_, /*force=*/true, positions);
-        if (positions.count(assignment.eval_partition()) > 0) RETURN_IF_ERROR(EvaluateAndReport(total_steps_));
+        if (positions.count(assignment.eval_partition()) > 0 && test_ != nullptr) {
+          RETURN_IF_ERROR(EvaluateAndReport(total_steps_));
+        }
         ReportDone(fresh);
       }
       assignment = hooks_.wait_for_change(assignment.membership_epoch(), absl::Milliseconds(500));
@@ -454,7 +574,7 @@ absl::Status ClickRun::Run() {
     }
     failures_ = 0;
     positions[next] = step + 1;
-    if (next == assignment.eval_partition() && EvaluatesAt(step + 1) && step + 1 < total_steps_) {
+    if (next == assignment.eval_partition() && test_ != nullptr && EvaluatesAt(step + 1) && step + 1 < total_steps_) {
       RETURN_IF_ERROR(EvaluateAndReport(step + 1));
     }
     MaybeReportProgress(step + 1, false, positions);
@@ -466,10 +586,17 @@ absl::Status ClickRun::Run() {
 }  // namespace
 
 absl::Status RunClickJob(const std::string& worker_id, const TrainerHooks& hooks, ParameterTransport* transport,
-                         const v1::Assignment& assignment, std::shared_ptr<const SparseDataset> test) {
+                         const v1::Assignment& assignment, ClickData data) {
   kernels::CtrModelConfig config = LayoutFor(assignment.spec(), 0, 0).ctr;
   RETURN_IF_ERROR(kernels::ValidateCtrModelConfig(config));
-  ClickRun run(worker_id, hooks, transport, assignment, std::move(test));
+  for (const auto& held : {data.train, data.test}) {
+    if (held != nullptr && (held->num_fields != config.num_fields || held->num_dense != config.num_dense)) {
+      return absl::FailedPreconditionError(absl::StrCat("the click data has ", held->num_fields, " fields and ",
+                                                        held->num_dense, " dense features; the model reads ",
+                                                        config.num_fields, " and ", config.num_dense));
+    }
+  }
+  ClickRun run(worker_id, hooks, transport, assignment, std::move(data));
   const absl::Status status = run.Run();
   if (hooks.watch_client) hooks.watch_client(nullptr, "");
   return status;

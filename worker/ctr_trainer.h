@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -42,16 +43,24 @@ class AffineOrder {
 // The job spec's synthetic click data, defaults filled in.
 SyntheticCtrSpec SyntheticCtrOf(const v1::JobSpec& spec);
 
-// The test set a worker holds (RESOURCE_EXHAUSTED naming the bytes beyond
-// `memory_budget`, 0: none), and the READY report for a job.
-absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadClickTestSet(const v1::JobSpec& spec,
-                                                                      int64_t memory_budget);
-v1::WorkReport ClickReadyReport(const v1::JobSpec& spec, const SparseDataset& test);
+// The files a path names: itself, or what a glob pattern matches, sorted.
+// NOT_FOUND when nothing matches; INVALID_ARGUMENT beyond 100000 files.
+absl::StatusOr<std::vector<std::string>> ExpandPath(const std::string& pattern);
+
+// Loads a job's click data. Files must lie under `roots` (PERMISSION_DENIED
+// otherwise; any path when empty); RESOURCE_EXHAUSTED naming the bytes
+// beyond `memory_budget` (0: none); a bad record fails the load with its
+// file and line under onBadRecord FAIL, else it is counted and skipped (the
+// counts are logged); INVALID_ARGUMENT naming the file and record for a
+// negative libsvm value (values weigh the ids' rows).
+absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vector<std::string>& roots,
+                                        int64_t memory_budget);
+v1::WorkReport ClickReadyReport(const v1::JobSpec& spec, const ClickData& data);
 
 // Trains until the job is through on this worker and then until it ends
 // (reporting DONE for its partitions), as Trainer::Train.
 absl::Status RunClickJob(const std::string& worker_id, const TrainerHooks& hooks, ParameterTransport* transport,
-                         const v1::Assignment& assignment, std::shared_ptr<const SparseDataset> test);
+                         const v1::Assignment& assignment, ClickData data);
 
 }  // namespace fulcrum
 

@@ -213,8 +213,7 @@ absl::Status Trainer::Load(const v1::Assignment& assignment) {
   if (click_) {
     click_spec_ = spec;
     TrimCache({});
-    ASSIGN_OR_RETURN(click_test_, LoadClickTestSet(spec, limits_.memory_budget_bytes));
-    FLOG(INFO) << "job " << job_id_ << ": click data, " << click_test_->num_examples() << " test examples held";
+    ASSIGN_OR_RETURN(click_data_, LoadClickData(spec, limits_.data_roots, limits_.memory_budget_bytes));
     return absl::OkStatus();
   }
   TrimCache({CacheKey(spec.data(), spec.seed(), true), CacheKey(spec.data(), spec.seed(), false)});
@@ -231,7 +230,7 @@ absl::Status Trainer::Load(const v1::Assignment& assignment) {
 
 v1::WorkReport Trainer::ReadyReport() const {
   if (click_) {
-    v1::WorkReport report = ClickReadyReport(click_spec_, *click_test_);
+    v1::WorkReport report = ClickReadyReport(click_spec_, click_data_);
     report.set_job_id(job_id_);
     return report;
   }
@@ -894,7 +893,7 @@ absl::Status TrainingRun::RunAsp() {
 }
 
 absl::Status Trainer::Train(const v1::Assignment& assignment) {
-  if (click_) return RunClickJob(worker_id_, hooks_, transport_, assignment, click_test_);
+  if (click_) return RunClickJob(worker_id_, hooks_, transport_, assignment, click_data_);
   TrainingRun run(this, assignment);
   RETURN_IF_ERROR(run.Init());
   if (assignment.spec().mode() == v1::ASP || assignment.spec().mode() == v1::SSP) {

@@ -126,11 +126,10 @@ std::string WriterId(const std::string& worker_id);
   std::string job_id_;
   std::shared_ptr<const Dataset> train_;
   std::shared_ptr<const Dataset> test_;
-  // A click model's job (worker/ctr_trainer.h): its test set (its training
-  // examples are made as steps need them).
+  // A click model's job (worker/ctr_trainer.h) and its data.
   bool click_ = false;
   v1::JobSpec click_spec_;
-  std::shared_ptr<const SparseDataset> click_test_;
+  ClickData click_data_;
   std::vector<float> batch_x_;
   std::vector<int32_t> batch_y_;
   // The test set in backend memory (rank 0), uploaded on first evaluation.

@@ -422,7 +422,7 @@ int64_t JobShard::ChunkBytes(int64_t length, const JobShardConfig& job) {
 int64_t JobShard::ConfigBytes(const JobShardConfig& config) {
   int64_t bytes = 0;
   for (const ChunkConfig& chunk : config.chunks) bytes += ChunkBytes(chunk.length, config);
-  return bytes;
+  return bytes + SparseShard::EmptyBytes(config.tables, config.table_shards);
 }
 
 int64_t JobShard::bytes() const {

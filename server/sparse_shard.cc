@@ -115,6 +115,14 @@ SparseShard::SparseShard(std::vector<Table> tables, int32_t num_partitions, std:
       room_(std::move(room)),
       applied_(static_cast<size_t>(num_partitions)) {}
 
+int64_t SparseShard::EmptyBytes(const std::vector<SparseTableSetup>& tables, const std::set<int32_t>& held_shards) {
+  int64_t buckets = 0;
+  for (const SparseTableSetup& table : tables) {
+    for (int32_t shard : table.bucket_shards) buckets += held_shards.count(shard);
+  }
+  return buckets * SparseTable::EmptyBytes();
+}
+
 int32_t SparseShard::dim(int32_t table) const {
   if (table < 0 || table >= num_tables()) return 0;
   return tables_[static_cast<size_t>(table)].setup.config.dim;

@@ -73,6 +73,10 @@ class SparseShard {
                                                              int32_t num_partitions,
                                                              std::function<int64_t()> room = nullptr);
 
+  // What the tables of `held_shards` take before any row (setups count it
+  // against the server's budget).
+  static int64_t EmptyBytes(const std::vector<SparseTableSetup>& tables, const std::set<int32_t>& held_shards);
+
   int32_t num_tables() const { return static_cast<int32_t>(tables_.size()); }
   // The width of table `table`'s rows (0 for a table that does not exist).
   int32_t dim(int32_t table) const;

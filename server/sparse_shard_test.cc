@@ -267,6 +267,15 @@ TEST(SparseShardTest, FrozenShardsAnswerPullsButTakeNoPushes) {
   EXPECT_EQ(PullAll(*shard, 0, keys).size(), 1u);
 }
 
+TEST(SparseShardTest, EmptyBytesAreWhatANewShardHolds) {
+  for (const std::set<int32_t>& held : {std::set<int32_t>{0}, std::set<int32_t>{0, 1}}) {
+    auto shard = Make(held);
+    ASSERT_NE(shard, nullptr);
+    EXPECT_EQ(shard->bytes(), SparseShard::EmptyBytes(Tables(), held));
+  }
+  EXPECT_EQ(SparseShard::EmptyBytes(Tables(), {5}), 0) << "no bucket on shard 5";
+}
+
 TEST(SparseShardTest, BadSetupsAreRefused) {
   std::vector<SparseTableSetup> tables = Tables();
   tables[1].config.dim = 0;

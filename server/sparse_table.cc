@@ -80,6 +80,8 @@ absl::Status ValidateSparseTableConfig(const SparseTableConfig& config) {
   return absl::OkStatus();
 }
 
+int64_t SparseTable::EmptyBytes() { return static_cast<int64_t>(kMinIndexSlots * sizeof(uint32_t)); }
+
 absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(SparseTableConfig config) {
   if (absl::Status valid = ValidateSparseTableConfig(config); !valid.ok()) return valid;
   return std::unique_ptr<SparseTable>(new SparseTable(std::move(config)));

@@ -86,6 +86,8 @@ class SparseTable {
   static constexpr int64_t kMaxRows = (int64_t{1} << 26) - 2;
 
   static absl::StatusOr<std::unique_ptr<SparseTable>> Create(SparseTableConfig config);
+  // What bytes() says of a table without rows.
+  static int64_t EmptyBytes();
 
   // Writes the rows of `keys` to out (keys.size() x dim floats, in order):
   // the stored row, or the key's initial values for a key without one.

@@ -78,7 +78,7 @@ for check in "${CHECKS[@]}"; do
           sed 's/^/called_from_lib:/'; } > "$supp"
       TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$supp" \
         run_ctest build-tsan tsan -L unit \
-          -E "^(AllBackends|Backend|Mlp|PluginLoader|GateTest|ParameterClientTest|ParameterServiceTest|ParameterServiceReplicationTest)" \
+          -E "^(AllBackends|Backend|Mlp|PluginLoader|GateTest|ParameterClientTest|ParameterServiceTest|ParameterServiceSparseTest|ParameterServiceReplicationTest)" \
           || rc=1
       ;;
     tidy)

@@ -947,7 +947,7 @@ std::vector<float> RowsOf(const std::string& bytes) {
   return rows;
 }
 
-TEST(ParameterServiceTest, SparsePushedRowsAreWhatLaterPullsRead) {
+TEST(ParameterServiceSparseTest, PushedRowsAreWhatLaterPullsRead) {
   auto server = TestServer::Start("ps-0", /*with_checkpoints=*/false);
   ASSERT_TRUE(server.ok()) << server.status();
   grpc::ClientContext setup_context;
@@ -995,7 +995,7 @@ TEST(ParameterServiceTest, SparsePushedRowsAreWhatLaterPullsRead) {
   EXPECT_EQ(after.tables(1).rows(), before.tables(1).rows()) << "the embedding table was not pushed";
 }
 
-TEST(ParameterServiceTest, MalformedSparseRequestsAreRefusedWithReasons) {
+TEST(ParameterServiceSparseTest, MalformedSparseRequestsAreRefusedWithReasons) {
   auto server = TestServer::Start("ps-0", /*with_checkpoints=*/false);
   ASSERT_TRUE(server.ok()) << server.status();
   grpc::ClientContext setup_context;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/memory_budget.h"
 #include "common/rpc.h"
+#include "common/table_spec.h"
 #include "kernels/model_from_spec.h"
 
 namespace fulcrum {
@@ -32,6 +33,18 @@ int64_t CeilDiv(int64_t a, int64_t b) { return b <= 0 ? a : (a + b - 1) / b; }
 
 DataShape DataShapeOf(const v1::DataSpec& data) {
   DataShape shape;
+  if (data.dataset() == v1::DataSpec::SYNTHETIC_CTR || data.dataset() == v1::DataSpec::LIBSVM ||
+      data.dataset() == v1::DataSpec::CSV) {
+    // Click data: synthetic training examples are made per step, not held;
+    // users' files are of a size only the workers see (each checks its
+    // budget as it reads them). The synthetic test set is held.
+    shape.features = ClickFields(data) + ClickDense(data);
+    shape.classes = 2;
+    if (data.dataset() == v1::DataSpec::SYNTHETIC_CTR) {
+      shape.test_examples = std::clamp<int64_t>(data.synthetic_ctr().examples() / 5, 1, 1000000);
+    }
+    return shape;
+  }
   if (data.dataset() == v1::DataSpec::SYNTHETIC) {
     shape.train_examples = data.synthetic_examples();
     shape.test_examples = std::max<int64_t>(1, data.synthetic_examples() / 5);

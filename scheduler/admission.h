@@ -30,7 +30,10 @@ struct JobClaims {
 };
 
 // The dataset shape a spec implies: Fashion-MNIST's files, or the synthetic
-// generator's sizes (test set a fifth of the training set).
+// generator's sizes (test set a fifth of the training set). Click data: its
+// fields and dense features, no training examples held (synthetic ones are
+// made per step; files are measured by the workers as they read them) and
+// the synthetic click test set.
 struct DataShape {
   int64_t train_examples = 0;
   int64_t test_examples = 0;

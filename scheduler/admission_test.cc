@@ -59,3 +59,30 @@ TEST(AdmissionTest, ServerBytesCountEveryOptimizersStateSlots) {
 
 }  // namespace
 }  // namespace fulcrum
+
+namespace fulcrum {
+namespace {
+
+// A click job claims what its workers hold: the synthetic click test set,
+// not a training set (made per step) nor Fashion-MNIST's shape.
+TEST(AdmissionTest, ClickDataClaimsItsTestSetOnly) {
+  v1::DataSpec data;
+  data.set_dataset(v1::DataSpec::SYNTHETIC_CTR);
+  data.mutable_synthetic_ctr()->set_examples(50000000);
+  data.mutable_synthetic_ctr()->set_fields(10);
+  data.mutable_synthetic_ctr()->set_dense(3);
+  DataShape shape = DataShapeOf(data);
+  EXPECT_EQ(shape.train_examples, 0);
+  EXPECT_EQ(shape.test_examples, 1000000) << "the test set is capped";
+  EXPECT_EQ(shape.features, 13);
+  EXPECT_EQ(shape.classes, 2);
+  data.set_dataset(v1::DataSpec::LIBSVM);
+  data.clear_synthetic_ctr();
+  data.set_path("/data/x.libsvm");
+  shape = DataShapeOf(data);
+  EXPECT_EQ(shape.train_examples + shape.test_examples, 0) << "files are measured by the workers";
+  EXPECT_EQ(shape.features, 1);
+}
+
+}  // namespace
+}  // namespace fulcrum

@@ -73,6 +73,7 @@
 #include "server/parameter_service.h"
 #include "worker/in_process_transport.h"
 #include "worker/parameter_client.h"
+#include "worker/sparse_client.h"
 
 ABSL_FLAG(std::vector<std::string>, sizes, std::vector<std::string>({"1", "16", "64"}), "Model sizes in MiB");
 ABSL_FLAG(std::vector<std::string>, servers, std::vector<std::string>({"1", "2"}), "Server counts");
@@ -80,6 +81,8 @@ ABSL_FLAG(int, batches, 5, "Times every case runs (alternating)");
 ABSL_FLAG(double, seconds, 1.5, "Timed seconds per case and batch (after one warm-up iteration)");
 ABSL_FLAG(int, rtt_pushes, 3000, "Small pushes timed one by one for the round-trip case (0: no such case)");
 ABSL_FLAG(int, pin_rtt, 0, "CPU the round-trip case's process is pinned to (-1: not pinned)");
+ABSL_FLAG(std::vector<std::string>, sparse, std::vector<std::string>({"10000:64", "100000:16"}),
+          "Sparse pull and push cases, KEYS:DIM (distinct keys of rows of DIM floats; empty: none)");
 ABSL_FLAG(std::string, run_case, "", "Internal: run one case in this process and print its RESULT line");
 
 namespace fulcrum {
@@ -102,10 +105,12 @@ struct ServerProcess {
   RunningServer running;
 };
 
-// N in-process parameter servers holding one ASP job of `elements` floats.
+// N in-process parameter servers holding one ASP job of `elements` floats
+// and, with `table_dim` > 0, a sparse table "embedding" of rows of that many
+// floats (Adagrad), 8 buckets a server.
 class Fleet {
  public:
-  Fleet(int servers, int64_t elements) {
+  Fleet(int servers, int64_t elements, int32_t table_dim = 0) {
     std::vector<uint64_t> ids;
     for (int i = 0; i < servers; ++i) {
       auto server = std::make_unique<ServerProcess>();
@@ -146,14 +151,35 @@ class Fleet {
       config.length = chunks[i].length;
       configs[placement[shard_of[i]]].chunks.push_back(config);
     }
+    if (table_dim > 0) AddTable(table_dim, servers, placement, &configs);
     for (int s = 0; s < servers; ++s) {
-      if (!configs[s].chunks.empty()) (void)servers_[s]->store->SetupJob(configs[s]);
+      if (!configs[s].chunks.empty() || !configs[s].tables.empty()) (void)servers_[s]->store->SetupJob(configs[s]);
     }
   }
   ~Fleet() {
     for (auto& s : servers_) s->running.server->Shutdown();
   }
   const v1::ShardMap& map() const { return map_; }
+
+  void AddTable(int32_t dim, int servers, const std::vector<size_t>& placement, std::vector<JobShardConfig>* configs) {
+    SparseTableSetup setup;
+    setup.config.name = "embedding";
+    setup.config.dim = dim;
+    setup.config.optimizer.kind = SparseOptimizerKind::kAdagrad;
+    setup.config.init = InitKind::kUniform;
+    setup.config.init_scale = 0.01f;
+    setup.bucket_shards = AssignBucketsToShards(8 * servers, servers);
+    v1::TableLayout* table = map_.add_tables();
+    table->set_name("embedding");
+    table->set_dim(dim);
+    table->set_buckets(8 * servers);
+    for (int32_t shard : setup.bucket_shards) table->add_bucket_shards(shard);
+    for (int s = 0; s < servers; ++s) {
+      JobShardConfig& config = (*configs)[placement[s]];
+      config.tables = {setup};
+      config.table_shards.insert(s);
+    }
+  }
   // Makes `transport` hand each server's calls to its service directly.
   void Serve(InProcessTransport* transport) {
     for (const auto& server : servers_) {
@@ -372,6 +398,26 @@ bool WriteFull(int fd, const char* buffer, int64_t n) {
   return true;
 }
 
+// Sparse pull or push (`what`: "sparse-pull", "sparse-push") of `keys`
+// distinct keys of a table of rows of `dim` floats on `servers` servers,
+// over gRPC, as a worker sends them (SparseClient): the keys' rows exist
+// (one push creates them first). An iteration moves the keys and their rows.
+absl::StatusOr<Moved> RunSparse(const std::string& what, int64_t keys, int32_t dim, int servers) {
+  Fleet fleet(servers, 1024, dim);
+  SparseClient client(fleet.map(), "bench", "bench-worker");
+  std::vector<std::vector<uint64_t>> ids(1);
+  for (int64_t k = 0; k < keys; ++k) ids[0].push_back(SplitMix64(static_cast<uint64_t>(k) + 77));
+  std::vector<std::vector<float>> grads = {std::vector<float>(static_cast<size_t>(keys) * dim, 1e-3f)};
+  std::vector<std::vector<float>> rows;
+  int64_t step = 0;
+  RETURN_IF_ERROR(client.Push(0, step++, ids, grads, absl::Seconds(30)));
+  const int64_t bytes = keys * (8 + 4 * int64_t{dim});
+  if (what == "sparse-pull") {
+    return TimeIterations(bytes, [&] { return client.Pull(ids, &rows, absl::Seconds(30)); });
+  }
+  return TimeIterations(bytes, [&] { return client.Push(0, step++, ids, grads, absl::Seconds(30)); });
+}
+
 // The ceiling: the same bytes to an echo peer over one loopback TCP
 // connection and back.
 absl::StatusOr<Moved> RunTcp(int64_t bytes) {
@@ -465,6 +511,24 @@ int RunCase(const std::string& spec) {
       return 1;
     }
     std::printf("RESULT %.3f %.3f\n", rtt->first, rtt->second);
+    return 0;
+  }
+  if (parts[0] == "sparse-pull" || parts[0] == "sparse-push" || parts[0] == "tcp-bytes") {
+    int64_t keys = 0, bytes = 0;
+    int32_t dim = 0;
+    const bool sparse = parts[0] != "tcp-bytes";
+    if (sparse ? (parts.size() != 4 || !absl::SimpleAtoi(parts[1], &keys) || !absl::SimpleAtoi(parts[2], &dim) ||
+                  !absl::SimpleAtoi(parts[3], &servers))
+               : (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &bytes))) {
+      std::fprintf(stderr, "bad --run_case %s\n", spec.c_str());
+      return 2;
+    }
+    auto moved = sparse ? RunSparse(parts[0], keys, dim, servers) : RunTcp(bytes);
+    if (!moved.ok()) {
+      std::fprintf(stderr, "%s\n", moved.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("RESULT %lld %.6f %.6f\n", static_cast<long long>(moved->bytes), moved->seconds, moved->cpu_seconds);
     return 0;
   }
   const bool sizes_only = parts[0] == "tcp" || parts[0] == "grpc";
@@ -573,6 +637,23 @@ int Run(const std::string& self) {
     cases.push_back("rtt");
     cases.push_back("rtt-grpc");
   }
+  std::vector<std::pair<int64_t, int32_t>> sparse;  // (keys, dim)
+  for (const std::string& s : absl::GetFlag(FLAGS_sparse)) {
+    std::vector<std::string> kd = absl::StrSplit(s, ':');
+    int64_t keys = 0;
+    int32_t dim = 0;
+    if (kd.size() != 2 || !absl::SimpleAtoi(kd[0], &keys) || !absl::SimpleAtoi(kd[1], &dim) || keys <= 0 ||
+        keys > 10000000 || dim <= 0 || dim > 1024) {
+      std::fprintf(stderr, "bad --sparse entry %s\n", s.c_str());
+      return 2;
+    }
+    sparse.emplace_back(keys, dim);
+    cases.push_back(absl::StrCat("tcp-bytes:", keys * (8 + 4 * int64_t{dim})));
+    for (int n : server_counts) {
+      cases.push_back(absl::StrCat("sparse-pull:", keys, ":", dim, ":", n));
+      cases.push_back(absl::StrCat("sparse-push:", keys, ":", dim, ":", n));
+    }
+  }
   std::map<std::string, Samples> samples;
   const int batches = absl::GetFlag(FLAGS_batches);
   for (int b = 0; b < batches; ++b) {
@@ -633,6 +714,29 @@ int Run(const std::string& self) {
                 MinMedMax(grpc_rtt.p50, 1).c_str(), MinMedMax(grpc_rtt.p99, 1).c_str());
     goals_missed += (p50 > 60 ? 1 : 0) + (p99 > 2 * p50 ? 1 : 0);
   }
+  if (!sparse.empty()) {
+    std::printf("\nSparse pull and push over gRPC (SparseClient, keys whose rows exist, Adagrad), against the same "
+                "bytes (keys + rows) echoed over loopback TCP; milliseconds an operation, min / median / max:\n\n"
+                "| keys x floats | servers | pull ms | push ms | TCP round trip ms | pull / TCP | push / TCP |\n"
+                "|---|---|---|---|---|---|---|\n");
+  }
+  for (const auto& [keys, dim] : sparse) {
+    const double bytes = static_cast<double>(keys * (8 + 4 * int64_t{dim}));
+    // Milliseconds an operation from GB/s samples.
+    auto ms = [bytes](const std::vector<double>& rates) {
+      std::vector<double> out;
+      for (double rate : rates) out.push_back(bytes / (rate * 1e9) * 1e3);
+      return out;
+    };
+    const std::vector<double> tcp = ms(samples[absl::StrCat("tcp-bytes:", keys * (8 + 4 * int64_t{dim}))].rates);
+    for (int n : server_counts) {
+      const std::vector<double> pull = ms(samples[absl::StrCat("sparse-pull:", keys, ":", dim, ":", n)].rates);
+      const std::vector<double> push = ms(samples[absl::StrCat("sparse-push:", keys, ":", dim, ":", n)].rates);
+      std::printf("| %lld x %d | %d | %s | %s | %s | %.2f | %.2f |\n", static_cast<long long>(keys), dim, n,
+                  MinMedMax(pull, 3).c_str(), MinMedMax(push, 3).c_str(), MinMedMax(tcp, 3).c_str(),
+                  At(pull, 0.5) / std::max(At(tcp, 0.5), 1e-12), At(push, 0.5) / std::max(At(tcp, 0.5), 1e-12));
+    }
+  }
   std::printf("\ngoals missed: %d\n", goals_missed);
   return 0;
 }
@@ -644,7 +748,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   fulcrum::ParseFlags(argc, argv,
                       "fulcrum-bench [--sizes=1,16,64] [--servers=1,2] [--batches=5] [--seconds=1.5] "
-                      "[--rtt_pushes=3000] [--pin_rtt=0]");
+                      "[--rtt_pushes=3000] [--pin_rtt=0] [--sparse=10000:64,100000:16]");
   const std::string spec = absl::GetFlag(FLAGS_run_case);
   if (!spec.empty()) return fulcrum::RunCase(spec);
   char self[4096];

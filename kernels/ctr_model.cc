@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/activation.h"
 
 namespace fulcrum {
 namespace kernels {
@@ -65,35 +66,6 @@ bool AnyNull(const std::vector<T*>& pointers) {
 absl::Status CheckNotNull(const char* name, const void* ptr) {
   if (ptr != nullptr) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("CtrModel: batch.", name, " is null"));
-}
-
-float Activate(Activation act, float z) {
-  switch (act) {
-    case Activation::kRelu:
-      return z > 0.0f ? z : 0.0f;
-    case Activation::kTanh:
-      return std::tanh(z);
-    case Activation::kSigmoid:
-      return 1.0f / (1.0f + std::exp(-z));
-    case Activation::kNone:
-      break;
-  }
-  return z;
-}
-
-// act'(z) in terms of the output y = act(z).
-float ActivationGrad(Activation act, float y) {
-  switch (act) {
-    case Activation::kRelu:
-      return y > 0.0f ? 1.0f : 0.0f;
-    case Activation::kTanh:
-      return 1.0f - y * y;
-    case Activation::kSigmoid:
-      return y * (1.0f - y);
-    case Activation::kNone:
-      break;
-  }
-  return 1.0f;
 }
 
 float Sigmoid(float z) {

@@ -16,39 +16,11 @@
 #include "common/status_macros.h"
 #include "kernels/backend_checks.h"
 #include "kernels/caching_pool.h"
+#include "kernels/cpu/activation.h"
 
 namespace fulcrum {
 namespace kernels {
 namespace {
-
-float Activate(Activation act, float z) {
-  switch (act) {
-    case Activation::kRelu:
-      return z > 0.0f ? z : 0.0f;
-    case Activation::kTanh:
-      return std::tanh(z);
-    case Activation::kSigmoid:
-      return 1.0f / (1.0f + std::exp(-z));
-    case Activation::kNone:
-      break;
-  }
-  return z;
-}
-
-// Derivative of the activation expressed through its output y.
-float ActivationGrad(Activation act, float y) {
-  switch (act) {
-    case Activation::kRelu:
-      return y > 0.0f ? 1.0f : 0.0f;
-    case Activation::kTanh:
-      return 1.0f - y * y;
-    case Activation::kSigmoid:
-      return y * (1.0f - y);
-    case Activation::kNone:
-      break;
-  }
-  return 1.0f;
-}
 
 // C = beta * C for an [m, n] matrix; beta == 0 overwrites (ignores NaN).
 void ScaleMatrix(int64_t elements, float beta, float* c) {

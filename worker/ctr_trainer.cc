@@ -533,18 +533,8 @@ absl::Status ClickRun::Run() {
   std::set<int32_t> reported_done;
   v1::Assignment assignment = hooks_.latest_assignment();
   while (!hooks_.should_stop()) {
-    std::map<int32_t, int64_t> owned;
-    for (int i = 0; i < assignment.partitions_size(); ++i) {
-      const int32_t p = assignment.partitions(i);
-      auto it = positions.find(p);
-      owned[p] = it != positions.end() ? it->second
-                                       : (i < assignment.partition_steps_size() ? assignment.partition_steps(i) : 0);
-    }
-    positions.swap(owned);
-    int32_t next = -1;
-    for (const auto& [p, position] : positions) {
-      if (position < total_steps_ && (next < 0 || position < positions[next])) next = p;
-    }
+    positions = PartitionPositions(assignment, positions);
+    const int32_t next = FurthestBehind(positions, total_steps_);
     if (next < 0) {  // every owned partition is through: report, then wait for the job's end
       std::vector<int32_t> fresh;
       for (const auto& [p, position] : positions) {

@@ -189,6 +189,30 @@ absl::StatusOr<kernels::Buffer> UploadArray(kernels::Backend* backend, const std
 
 }  // namespace
 
+std::map<int32_t, int64_t> PartitionPositions(const v1::Assignment& assignment,
+                                              const std::map<int32_t, int64_t>& known) {
+  std::map<int32_t, int64_t> owned;
+  for (int i = 0; i < assignment.partitions_size(); ++i) {
+    const int32_t p = assignment.partitions(i);
+    auto it = known.find(p);
+    owned[p] = it != known.end() ? it->second
+                                 : (i < assignment.partition_steps_size() ? assignment.partition_steps(i) : 0);
+  }
+  return owned;
+}
+
+int32_t FurthestBehind(const std::map<int32_t, int64_t>& positions, int64_t total_steps) {
+  int32_t next = -1;
+  int64_t at = 0;
+  for (const auto& [p, position] : positions) {
+    if (position < total_steps && (next < 0 || position < at)) {
+      next = p;
+      at = position;
+    }
+  }
+  return next;
+}
+
 std::string WriterId(const std::string& worker_id) {
   std::random_device random;
   uint64_t tag = (static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(absl::GetCurrentTimeNanos());
@@ -826,18 +850,8 @@ absl::Status TrainingRun::RunAsp() {
   std::set<int32_t> reported_done;
   v1::Assignment assignment = trainer_.hooks_.latest_assignment();
   while (!Stopped()) {
-    std::map<int32_t, int64_t> owned;
-    for (int i = 0; i < assignment.partitions_size(); ++i) {
-      int32_t p = assignment.partitions(i);
-      auto it = positions.find(p);
-      owned[p] = it != positions.end() ? it->second
-                                       : (i < assignment.partition_steps_size() ? assignment.partition_steps(i) : 0);
-    }
-    positions.swap(owned);
-    int32_t next = -1;
-    for (const auto& [p, position] : positions) {
-      if (position < total_steps_ && (next < 0 || position < positions[next])) next = p;
-    }
+    positions = PartitionPositions(assignment, positions);
+    const int32_t next = FurthestBehind(positions, total_steps_);
     if (next < 0) {  // every owned partition is through: report, then wait for the job's end
       std::vector<int32_t> fresh;
       for (const auto& [p, position] : positions) {

@@ -6,6 +6,7 @@
 #define FULCRUM_WORKER_TRAINER_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,15 @@ class TrainingRun;
 // job, a restarted process under the same id), so deduplication must not
 // mix one run's numbers with another's.
 std::string WriterId(const std::string& worker_id);
+
+// ASP and SSP (the dense loop and the click models' loop): the steps done
+// by each partition `assignment` gives this worker, as this worker counted
+// them (`known`) for a partition it kept, else where the assignment says it
+// resumes; and the partition furthest behind that is not through
+// `total_steps` (-1: every one is).
+std::map<int32_t, int64_t> PartitionPositions(const v1::Assignment& assignment,
+                                              const std::map<int32_t, int64_t>& known);
+int32_t FurthestBehind(const std::map<int32_t, int64_t>& positions, int64_t total_steps);
 
 // Fault injection for tests (fulcrum-worker --exit-mid-push): in the n-th
 // partition step this process computes, once the first layer's gradients

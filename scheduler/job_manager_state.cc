@@ -146,14 +146,6 @@ absl::Status JobManager::Recover() {
     if (record.has_handover()) job->handover = record.handover();
     job->claims = ClaimsOf(job->status.spec());
     job->server_claim = record.server_claim_bytes();
-    // A checkpoint being written when the scheduler stopped was never
-    // committed: it is not used.
-    for (v1::CheckpointInfo& info : *job->status.mutable_checkpoints()) {
-      if (info.state() != v1::CheckpointInfo::WRITING) continue;
-      info.set_state(v1::CheckpointInfo::FAILED);
-      info.set_reason("the scheduler restarted while it was being written");
-      job->orphaned_checkpoints.insert(info.id());
-    }
     // A setup interrupted by the restart is redone from the loading phase.
     if (job->phase == Job::Phase::kSettingUp) job->phase = Job::Phase::kLoading;
     if (job->phase == Job::Phase::kPending) pending_.push_back(job->status.job_id());
@@ -174,6 +166,24 @@ absl::Status JobManager::Recover() {
     if (job == nullptr) continue;
     job->manifests[manifest.info().id()] = manifest;
     job->next_checkpoint_id = std::max(job->next_checkpoint_id, manifest.info().id() + 1);
+  }
+  // A checkpoint the record calls WRITING either committed its manifest (the
+  // commit point) before the scheduler stopped, and the record had not yet
+  // caught up: it is complete, and its data must stay; or it never did: it
+  // failed, and its data is deleted wherever it may be.
+  for (auto& [job_id, job] : jobs_) {
+    for (v1::CheckpointInfo& info : *job->status.mutable_checkpoints()) {
+      if (info.state() != v1::CheckpointInfo::WRITING) continue;
+      auto committed = job->manifests.find(info.id());
+      if (committed != job->manifests.end()) {
+        info = committed->second.info();
+        job->last_checkpoint_step = std::max(job->last_checkpoint_step, info.step());
+        continue;
+      }
+      info.set_state(v1::CheckpointInfo::FAILED);
+      info.set_reason("the scheduler restarted while it was being written");
+      job->orphaned_checkpoints.insert(info.id());
+    }
   }
   // Pending jobs in submit order (ids are zero-padded counters).
   std::sort(pending_.begin(), pending_.end());

@@ -19,6 +19,7 @@
 #include "fulcrum/v1/job.pb.h"
 #include "fulcrum/v1/parameter.pb.h"
 #include "common/test_util.h"
+#include "scheduler/checkpoint_coordinator.h"
 #include "gtest/gtest.h"
 #include "kernels/model_from_spec.h"
 #include "common/sync.h"
@@ -1226,6 +1227,46 @@ TEST_F(JobManagerTest, CheckpointBeingWrittenAtARestartIsFailedAndItsDataDeleted
   ASSERT_EQ(deleted.size(), 1u);
   EXPECT_EQ(deleted[0].first, kServerAddress);
   EXPECT_EQ(deleted[0].second, absl::StrCat(job_id, "/1"));
+}
+
+// The manifest is the commit point, and the job's record catches up after
+// it: a scheduler stopped between the two finds the record saying WRITING
+// and the manifest stored. That checkpoint is complete; its data stays.
+TEST_F(JobManagerTest, CheckpointCommittedJustBeforeARestartIsCompleteAndKept) {
+  RegisterCluster();
+  v1::JobSpec spec = MlpSpec();
+  spec.mutable_checkpoint()->set_every_steps(1);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  MakeTraining(job_id);
+  v1::WorkReport progress;
+  progress.set_member_id(workers_[0]);
+  progress.set_job_id(job_id);
+  progress.set_kind(v1::WorkReport::PROGRESS);
+  progress.set_step(2);
+  ASSERT_TRUE(manager_->Report(progress).ok());
+  manager_->Tick();  // queues checkpoint 1 (no checkpoint thread runs it)
+  ASSERT_EQ(GetOk(job_id).checkpoints(0).state(), v1::CheckpointInfo::WRITING);
+  // What the checkpoint thread commits before it tells the manager.
+  v1::CheckpointManifest manifest;
+  manifest.set_job_id(job_id);
+  manifest.mutable_info()->set_id(1);
+  manifest.mutable_info()->set_step(2);
+  manifest.mutable_info()->set_state(v1::CheckpointInfo::COMPLETE);
+  manifest.mutable_info()->set_bytes(1234);
+  ASSERT_TRUE(store_->Put(CheckpointManifestKey(job_id, 1), manifest.SerializeAsString()).ok());
+
+  Restart();
+  const v1::JobStatus status = GetOk(job_id);
+  ASSERT_EQ(status.checkpoints_size(), 1);
+  EXPECT_EQ(status.checkpoints(0).state(), v1::CheckpointInfo::COMPLETE) << status.checkpoints(0).reason();
+  EXPECT_EQ(status.checkpoints(0).bytes(), 1234);
+  auto kept = manager_->GetCheckpoint(job_id, 0);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->info().id(), 1);
+  RegisterAs(v1::SERVER, server_, kServerAddress, {job_id});
+  manager_->Tick();  // runs the queued calls
+  EXPECT_TRUE(servers_.deleted_checkpoints().empty()) << "the committed checkpoint's data was deleted";
 }
 
 }  // namespace fulcrum

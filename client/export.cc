@@ -1,5 +1,7 @@
 #include "client/export.h"
 
+#include "common/table_spec.h"
+
 #include <map>
 #include <memory>
 
@@ -103,6 +105,7 @@ absl::StatusOr<ExportResult> ReadCheckpoint(const v1::CheckpointManifest& manife
   for (const v1::ChunkLocation& chunk : manifest.shard_map().chunks()) locations[chunk.chunk_id()] = &chunk;
   Stubs stubs;
   for (const v1::CheckpointChunk& chunk : manifest.chunks()) {
+    if (chunk.chunk_id() >= kTableChunkBase) continue;  // a table bucket: the dense tensors only
     auto location = locations.find(chunk.chunk_id());
     if (location == locations.end()) return absl::DataLossError(absl::StrCat("manifest: unknown chunk ", chunk.chunk_id()));
     std::vector<std::string> failures;

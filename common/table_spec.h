@@ -15,6 +15,12 @@ constexpr float kDefaultTableLr = 0.05f;
 constexpr int32_t kDefaultBucketsPerShard = 8;
 constexpr int32_t kMaxTableBuckets = 4096;
 constexpr int32_t kMaxTables = 16;
+// Checkpoint chunk ids of table buckets: TableChunkId(table, bucket), above
+// every dense chunk's id.
+constexpr int32_t kTableChunkBase = 1 << 30;
+inline int32_t TableChunkId(int32_t table, int32_t bucket) {
+  return kTableChunkBase + table * kMaxTableBuckets + bucket;
+}
 // Requests one sparse push of a partition step may take to one server.
 constexpr int32_t kMaxPushParts = 1 << 16;
 

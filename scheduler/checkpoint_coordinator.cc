@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "common/table_spec.h"
 #include "common/status_macros.h"
 
 namespace fulcrum {
@@ -59,6 +60,29 @@ absl::Status AssembleManifest(bool synchronous, int64_t cut,
     }
     for (int p = 0; !synchronous && p < chunk->partition_steps_size() && p < partitions; ++p) {
       positions[p] = std::min(positions[p], chunk->partition_steps(p));
+    }
+  }
+  // Table buckets: each on the primary of its shard, with the steps from
+  // which each partition must run again for its pushes to be in.
+  std::map<int32_t, std::string> primary_of_shard;
+  for (const v1::ShardLocation& shard : manifest->shard_map().shards()) primary_of_shard[shard.shard()] = shard.server_id();
+  for (int t = 0; t < manifest->shard_map().tables_size(); ++t) {
+    const v1::TableLayout& table = manifest->shard_map().tables(t);
+    for (int b = 0; b < table.bucket_shards_size(); ++b) {
+      const int32_t chunk_id = TableChunkId(t, b);
+      const std::string& primary = primary_of_shard[table.bucket_shards(b)];
+      auto found = by_server[primary].find(chunk_id);
+      if (found == by_server[primary].end()) {
+        return absl::InternalError(absl::StrCat("bucket ", b, " of table ", table.name(), " is missing from ",
+                                                primary, "'s checkpoint"));
+      }
+      v1::CheckpointChunk* chunk = manifest->add_chunks();
+      *chunk = *found->second;
+      chunk->clear_server_ids();
+      chunk->add_server_ids(primary);
+      for (int p = 0; !synchronous && p < chunk->partition_steps_size() && p < partitions; ++p) {
+        positions[p] = std::min(positions[p], chunk->partition_steps(p));
+      }
     }
   }
   for (int64_t& p : positions) p = p == INT64_MAX ? 0 : p;

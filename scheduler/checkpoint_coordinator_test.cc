@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "common/sync.h"
+#include "common/table_spec.h"
 #include "gtest/gtest.h"
 
 namespace fulcrum {
@@ -82,6 +83,37 @@ TEST(AssembleManifestTest, AsynchronousResumesEachPartitionAtItsLowestStep) {
   EXPECT_EQ(std::vector<int64_t>(manifest.partition_steps().begin(), manifest.partition_steps().end()),
             (std::vector<int64_t>{5, 3}));
   EXPECT_EQ(manifest.info().step(), 3);
+}
+
+// Table buckets are chunks of the checkpoint too, on their shard's primary;
+// their steps hold back where each partition resumes.
+TEST(AssembleManifestTest, TableBucketsAreChunksOfTheirShardsPrimary) {
+  v1::CheckpointManifest manifest = Skeleton(2);
+  v1::TableLayout* table = manifest.mutable_shard_map()->add_tables();
+  table->set_name("embedding");
+  table->set_buckets(2);
+  table->add_bucket_shards(0);
+  table->add_bucket_shards(1);
+  std::map<std::string, v1::CheckpointResponse> responses;
+  *responses["a"].add_chunks() = Chunk(0, 1, {5, 9});
+  *responses["a"].add_chunks() = Chunk(TableChunkId(0, 0), 3, {4, 9});
+  *responses["b"].add_chunks() = Chunk(1, 2, {7, 8});
+  *responses["b"].add_chunks() = Chunk(TableChunkId(0, 1), 4, {6, 2});
+  ASSERT_TRUE(AssembleManifest(/*synchronous=*/false, 0, responses, &manifest).ok());
+  ASSERT_EQ(manifest.chunks_size(), 4);
+  EXPECT_EQ(manifest.chunks(2).chunk_id(), TableChunkId(0, 0));
+  EXPECT_EQ(manifest.chunks(2).server_ids(0), "a");
+  EXPECT_EQ(manifest.chunks(3).chunk_id(), TableChunkId(0, 1));
+  EXPECT_EQ(manifest.chunks(3).server_ids(0), "b");
+  EXPECT_EQ(std::vector<int64_t>(manifest.partition_steps().begin(), manifest.partition_steps().end()),
+            (std::vector<int64_t>{4, 2}));
+
+  responses["b"].mutable_chunks()->RemoveLast();  // bucket 1 missing from its primary
+  v1::CheckpointManifest again = Skeleton(2);
+  *again.mutable_shard_map()->add_tables() = *table;
+  const absl::Status missing = AssembleManifest(false, 0, responses, &again);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(absl::StrContains(missing.message(), "bucket 1 of table embedding")) << missing;
 }
 
 TEST(AssembleManifestTest, AChunkMissingFromItsPrimaryFailsTheCheckpoint) {

@@ -79,10 +79,6 @@ absl::StatusOr<v1::CheckpointInfo> JobManager::CheckpointNow(const std::string& 
   MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id ", Quote(job_id)));
-  if (IsClickModel(job->status.spec().model())) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has sparse tables, which checkpoints do not "
-                                                      "cover yet: it cannot be checkpointed"));
-  }
   auto training = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return job->phase == Job::Phase::kTraining;
   };
@@ -362,6 +358,18 @@ absl::Status JobManager::CheckRestoreFits(const v1::ShardMap& plan, const v1::Re
       return mismatch(absl::StrCat("tensor ", plan.tensors(t).name(), " has ", plan.tensors(t).size(),
                                    " elements, the checkpoint's ", saved.tensors(t).name(), " ",
                                    saved.tensors(t).size(), " (a different model?)"));
+    }
+  }
+  if (saved.tables_size() != plan.tables_size()) {
+    return mismatch(absl::StrCat(saved.tables_size(), " sparse tables saved, the model has ", plan.tables_size()));
+  }
+  for (int t = 0; t < plan.tables_size(); ++t) {
+    const v1::TableLayout& a = plan.tables(t);
+    const v1::TableLayout& b = saved.tables(t);
+    if (a.name() != b.name() || a.dim() != b.dim() || a.buckets() != b.buckets()) {
+      return mismatch(absl::StrCat("table ", a.name(), " has rows of ", a.dim(), " in ", a.buckets(),
+                                   " buckets, the checkpoint's ", b.name(), " rows of ", b.dim(), " in ", b.buckets(),
+                                   " buckets"));
     }
   }
   if (saved.chunks_size() != plan.chunks_size()) {

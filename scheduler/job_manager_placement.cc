@@ -256,7 +256,14 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
   job->shard_map = PlanShardMap(layout.tensors, refs, spec.num_shards(), replicas,
                                 ChunkElemsFor(job->claims, options_.chunk_elems),
                                 job->shard_map.version() + 1);  // > 1 when set up again (a restore)
-  AddTableLayouts(layout.tables, spec, &job->shard_map);
+  const v1::ShardMap* saved = nullptr;
+  if (job->restore.has_value()) {
+    if (const Job* source = FindJob(job->restore->job_id()); source != nullptr) {
+      auto it = source->manifests.find(job->restore->checkpoint_id());
+      if (it != source->manifests.end()) saved = &it->second.shard_map();
+    }
+  }
+  AddTableLayouts(layout.tables, spec, &job->shard_map, saved);
   for (const v1::ShardLocation& shard : job->shard_map.shards()) {
     job->server_addresses[shard.server_id()] = shard.address();
     for (int b = 0; b < shard.backup_ids_size(); ++b) job->server_addresses[shard.backup_ids(b)] = shard.backup_addresses(b);

@@ -193,10 +193,6 @@ absl::Status ValidateClickLimits(const v1::JobSpec& spec) {
     return Invalid("replicas", "must be 1 for a click model (sparse tables are not replicated yet)",
                    absl::StrCat(spec.replicas()));
   }
-  if (spec.checkpoint().every_steps() != 0 || spec.checkpoint().every_seconds() != 0) {
-    return Invalid("checkpoint", "must be unset for a click model (checkpoints do not cover sparse tables yet)",
-                   "a schedule");
-  }
   if (spec.precision() != v1::FP32) {
     return Invalid("precision", "must be FP32 for a click model (it computes in float32 on the CPU)",
                    v1::Precision_Name(spec.precision()));

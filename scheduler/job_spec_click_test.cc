@@ -154,7 +154,6 @@ std::vector<ClickReject> ClickRejects() {
       {"TooManyBuckets", [table](S* s) { table(s, "linear")->set_buckets(4097); }, {"model.tables[0].buckets"}},
       {"Bsp", [](S* s) { s->set_mode(v1::BSP); }, {"mode", "ASP or SSP"}},
       {"Replicated", [](S* s) { s->set_replicas(2); }, {"replicas", "not replicated yet"}},
-      {"Checkpointed", [](S* s) { s->mutable_checkpoint()->set_every_steps(100); }, {"checkpoint"}},
       {"Bf16Compute", [](S* s) { s->set_precision(v1::BF16); }, {"precision"}},
       {"Compressed", [](S* s) { s->mutable_compression()->set_kind(v1::CompressionSpec::INT8); }, {"wireFormat"}},
       {"LibsvmWithoutPath",

@@ -62,12 +62,17 @@ v1::ShardMap PlanShardMap(const std::vector<kernels::TensorInfo>& tensors, const
   return map;
 }
 
-void AddTableLayouts(const std::vector<kernels::CtrTableInfo>& tables, const v1::JobSpec& spec, v1::ShardMap* map) {
+void AddTableLayouts(const std::vector<kernels::CtrTableInfo>& tables, const v1::JobSpec& spec, v1::ShardMap* map,
+                     const v1::ShardMap* saved) {
   const auto shards = static_cast<int32_t>(map->shards_size());
   for (const kernels::CtrTableInfo& info : tables) {
     int32_t buckets = 0;
     for (const v1::TableSpec& named : spec.model().tables()) {
       if (named.name() == info.name) buckets = named.buckets();
+    }
+    // A restore keeps the checkpoint's buckets (keys hash by their count).
+    for (int t = 0; saved != nullptr && t < saved->tables_size(); ++t) {
+      if (saved->tables(t).name() == info.name) buckets = saved->tables(t).buckets();
     }
     if (buckets <= 0) buckets = std::min(kMaxTableBuckets, kDefaultBucketsPerShard * std::max(1, shards));
     v1::TableLayout* table = map->add_tables();

@@ -39,7 +39,10 @@ v1::ShardMap PlanShardMap(const std::vector<kernels::TensorInfo>& tensors, const
 // Adds the sparse tables of a click model to a new map: each table's keys in
 // spec's model.tables[].buckets buckets (0: kDefaultBucketsPerShard a shard,
 // at most kMaxTableBuckets), spread evenly over the map's shards.
-void AddTableLayouts(const std::vector<kernels::CtrTableInfo>& tables, const v1::JobSpec& spec, v1::ShardMap* map);
+// `saved` (may be null): the map of a checkpoint the job restores from, whose
+// tables keep their bucket counts.
+void AddTableLayouts(const std::vector<kernels::CtrTableInfo>& tables, const v1::JobSpec& spec, v1::ShardMap* map,
+                     const v1::ShardMap* saved = nullptr);
 
 // Adds `chunk` (its location and its tensor's initialization in `layout`) to
 // the chunks `request` sets up on a server.

@@ -139,6 +139,8 @@ class PayloadReader {
     return absl::OkStatus();
   }
 
+  bool AtEnd() const { return left() == 0; }
+
   absl::Status Finish() const {
     if (left() == 0) return absl::OkStatus();
     return absl::DataLossError(
@@ -195,7 +197,8 @@ size_t EncodedSize(const ChunkSnapshot& s) {
   for (const auto& gradient : s.pending) size += 8 + 4 * gradient.size();
   size += 8;
   for (const auto& [worker, seq] : s.watermarks) size += 16 + worker.size();
-  return size + 8 + 8 * s.partition_steps.size();
+  size += 8 + 8 * s.partition_steps.size();
+  return size + (s.table_state.empty() ? 0 : 8 + s.table_state.size());
 }
 
 void AppendChunkSnapshot(const ChunkSnapshot& s, std::string* out) {
@@ -215,6 +218,10 @@ void AppendChunkSnapshot(const ChunkSnapshot& s, std::string* out) {
   }
   PutU64(s.partition_steps.size(), out);
   for (int64_t step : s.partition_steps) PutI64(step, out);
+  if (!s.table_state.empty()) {
+    PutU64(s.table_state.size(), out);
+    out->append(s.table_state);
+  }
 }
 
 // ---------------------------------------------------------------- records
@@ -398,6 +405,7 @@ absl::StatusOr<ChunkSnapshot> DecodeChunkSnapshot(absl::string_view payload) {
   RETURN_IF_ERROR(ReadFloatArrays(in, &s.pending, "pending"));
   RETURN_IF_ERROR(ReadWatermarks(in, &s.watermarks));
   RETURN_IF_ERROR(ReadInt64s(in, &s.partition_steps, "partition_steps"));
+  if (!in.AtEnd()) RETURN_IF_ERROR(in.Bytes(&s.table_state, "table_state"));
   RETURN_IF_ERROR(in.Finish());
   return s;
 }

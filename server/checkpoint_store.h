@@ -20,7 +20,8 @@
 //   u64 slot count, then floats per optimizer-state slot,
 //   u64 partition count, then floats per pending gradient (count 0 = not in),
 //   u64 watermark count, then per watermark: u64 size, worker id bytes, i64 seq,
-//   u64 count, then i64 per partition step;
+//   u64 count, then i64 per partition step,
+//   and for a table bucket only: u64 size, its SparseTable state bytes;
 // where "floats" is u64 count followed by count float32 values. Unlike the
 // ChunkState proto, a record has no 2 GiB limit.
 #ifndef FULCRUM_SERVER_CHECKPOINT_STORE_H_

@@ -135,6 +135,23 @@ TEST(CheckpointEncodingTest, RoundTripsAnEmptySnapshot) {
   ExpectSameSnapshot(ChunkSnapshot(), *decoded);
 }
 
+// A table bucket's state rides after the dense fields; a dense chunk's
+// payload is what it was before tables existed.
+TEST(CheckpointEncodingTest, RoundTripsATableBucketsStateAndLeavesDenseChunksAsTheyWere) {
+  ChunkSnapshot bucket;
+  bucket.version = 12;
+  bucket.partition_steps = {3, 4};
+  bucket.table_state = std::string("\x08\0\0\0state bytes\0\xff", 17);
+  absl::StatusOr<ChunkSnapshot> decoded = DecodeChunkSnapshot(EncodeChunkSnapshot(bucket));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->table_state, bucket.table_state);
+  EXPECT_EQ(decoded->partition_steps, bucket.partition_steps);
+  ChunkSnapshot dense = bucket;
+  dense.table_state.clear();
+  EXPECT_EQ(EncodeChunkSnapshot(bucket).size(), EncodeChunkSnapshot(dense).size() + 8 + 17);
+  EXPECT_TRUE(DecodeChunkSnapshot(EncodeChunkSnapshot(dense))->table_state.empty());
+}
+
 TEST(CheckpointEncodingTest, TruncatedOrTrailingBytesAreDataLoss) {
   const std::string payload = EncodeChunkSnapshot(TestSnapshot(3));
   for (size_t size = 0; size < payload.size(); ++size) {

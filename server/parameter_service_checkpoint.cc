@@ -23,6 +23,7 @@ namespace {
 
 constexpr absl::Duration kDefaultCaptureWait = absl::Seconds(60);
 constexpr double kReadDeadlineSeconds = 60.0;
+constexpr size_t kTableStateSlice = size_t{4} << 20;
 
 absl::Status NoStore() {
   return absl::FailedPreconditionError(
@@ -49,6 +50,11 @@ grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* /*context*/, 
                                 : kDefaultCaptureWait;
   auto snapshots = (*shard)->CaptureAll(request->checkpoint_id(), request->at_version(), start + wait);
   if (!snapshots.ok()) return Finish("Checkpoint", snapshots.status(), received, 0);
+  // Table buckets are cut at once, between pushes (their pushes are
+  // asynchronous whatever the job's mode).
+  if (SparseShard* sparse = (*shard)->sparse(); sparse != nullptr) {
+    for (auto& bucket : sparse->Capture()) snapshots->push_back(std::move(bucket));
+  }
   for (const auto& [chunk_id, snapshot] : *snapshots) {
     v1::CheckpointChunk* chunk = response->add_chunks();
     chunk->set_chunk_id(chunk_id);
@@ -98,6 +104,17 @@ grpc::Status ParameterServiceImpl::ReadCheckpoint(grpc::ServerContext* /*context
   auto snapshot =
       checkpoints_->Read(request->job_id(), request->checkpoint_id(), request->chunk_id(), request->checksum());
   if (!snapshot.ok()) return Finish("ReadCheckpoint", snapshot.status(), received, 0);
+  const auto size = static_cast<int64_t>(snapshot->table_state.size());
+  if (request->table_state_offset() < 0 || request->table_state_offset() > size) {
+    return Finish("ReadCheckpoint",
+                  absl::OutOfRangeError(absl::StrCat("table state offset ", request->table_state_offset(),
+                                                     " is outside the chunk's ", size, " bytes")),
+                  received, 0);
+  }
+  response->set_table_state_size(size);
+  response->set_table_state(snapshot->table_state.substr(static_cast<size_t>(request->table_state_offset()),
+                                                         kTableStateSlice));
+  snapshot->table_state.clear();
   ToChunkState(*snapshot, request->chunk_id(), response);
   return Finish("ReadCheckpoint", absl::OkStatus(), received, response->ByteSizeLong());
 }
@@ -138,12 +155,30 @@ absl::StatusOr<ChunkSnapshot> ParameterServiceImpl::ReadCheckpointChunk(const v1
     request.set_checkpoint_id(restore.checkpoint_id());
     request.set_chunk_id(chunk.chunk_id());
     request.set_checksum(chunk.checksum());
-    v1::ChunkState state;
-    grpc::ClientContext context;
-    SetDeadline(&context, kReadDeadlineSeconds);
-    absl::Status status = FromGrpcStatus(peers_.Stub(address->second)->ReadCheckpoint(&context, request, &state));
-    if (status.ok()) return FromChunkState(state);
-    note(absl::StrCat(server_id, " (", address->second, ")"), status);
+    // A table bucket's state comes in slices (each read verified whole there).
+    std::string table_state;
+    absl::StatusOr<ChunkSnapshot> read = absl::UnknownError("not read");
+    for (;;) {
+      v1::ChunkState state;
+      grpc::ClientContext context;
+      SetDeadline(&context, kReadDeadlineSeconds);
+      request.set_table_state_offset(static_cast<int64_t>(table_state.size()));
+      absl::Status status = FromGrpcStatus(peers_.Stub(address->second)->ReadCheckpoint(&context, request, &state));
+      if (!status.ok()) {
+        read = status;
+        break;
+      }
+      table_state.append(state.table_state());
+      if (state.table_state().empty() || static_cast<int64_t>(table_state.size()) >= state.table_state_size()) {
+        read = FromChunkState(state);
+        break;
+      }
+    }
+    if (read.ok()) {
+      read->table_state = std::move(table_state);
+      return read;
+    }
+    note(absl::StrCat(server_id, " (", address->second, ")"), read.status());
   }
   std::string what = absl::StrCat("checkpoint ", restore.checkpoint_id(), " of job ", restore.job_id(), ": chunk ",
                                   chunk.chunk_id(), " ");
@@ -170,8 +205,24 @@ absl::Status ParameterServiceImpl::RestoreChunks(JobShard* shard, const v1::Rest
     RETURN_IF_ERROR(shard->RestoreCheckpoint(chunk_id, std::move(snapshot), restore.repartition(), restore.version(),
                                              restore.version()));
   }
-  FLOG(INFO) << "job " << shard->config().job_id << ": restored " << shard->chunk_ids().size()
-             << " chunks from checkpoint " << restore.checkpoint_id() << " of job " << restore.job_id();
+  int64_t buckets = 0;
+  if (SparseShard* sparse = shard->sparse(); sparse != nullptr) {
+    for (int32_t chunk_id : sparse->chunk_ids()) {
+      auto it = stored.find(chunk_id);
+      if (it == stored.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("checkpoint ", restore.checkpoint_id(), " of job ",
+                                                       restore.job_id(), " has no table bucket chunk ", chunk_id,
+                                                       " (other tables or bucket counts?)"));
+      }
+      ASSIGN_OR_RETURN(ChunkSnapshot snapshot, ReadCheckpointChunk(restore, *it->second));
+      RETURN_IF_ERROR(sparse->Restore(chunk_id, snapshot,
+                                      restore.repartition() ? std::optional<int64_t>(restore.version())
+                                                            : std::nullopt));
+      ++buckets;
+    }
+  }
+  FLOG(INFO) << "job " << shard->config().job_id << ": restored " << shard->chunk_ids().size() << " chunks and "
+             << buckets << " table buckets from checkpoint " << restore.checkpoint_id() << " of job " << restore.job_id();
   return absl::OkStatus();
 }
 

@@ -27,7 +27,9 @@
 #include "common/half.h"
 #include "common/kv_store.h"
 #include "common/metrics.h"
+#include "common/param_init.h"
 #include "common/rpc.h"
+#include "common/table_spec.h"
 #include "common/tensor_codec.h"
 #include "common/test_util.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
@@ -1067,6 +1069,101 @@ TEST(ParameterServiceSparseTest, MalformedSparseRequestsAreRefusedWithReasons) {
                   .ok());
   push.set_job_id("job-d");
   EXPECT_EQ(push_status(push).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+
+// Tables in checkpoints: every bucket is written with the dense chunks, and a
+// job set up from the checkpoint reads the same rows, on the server that
+// wrote it and on another one (which reads the buckets from it in slices:
+// the embedding buckets here are bigger than one 4 MiB slice).
+TEST(ParameterServiceSparseTest, TablesAreCheckpointedAndRestoredHereAndOnAnotherServer) {
+  auto writer = TestServer::Start("ps-0", /*with_checkpoints=*/true);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE(IsOk(SetupJob((*writer)->stub(), MakeTableSetup("old", **writer))));
+  constexpr int kKeys = 150000;  // about 5 MiB of Adagrad rows in each embedding bucket
+  std::vector<uint64_t> all_keys;
+  for (int i = 0; i < kKeys; ++i) all_keys.push_back(SplitMix64(static_cast<uint64_t>(i)));
+  constexpr int kParts = 3;
+  for (int part = 0; part < kParts; ++part) {
+    const std::vector<uint64_t> keys(all_keys.begin() + part * (kKeys / kParts),
+                                     all_keys.begin() + (part + 1) * (kKeys / kParts));
+    v1::SparsePushRequest push;
+    push.set_job_id("old");
+    push.set_worker_id("w0");
+    push.set_partition(0);
+    push.set_step(4);
+    push.set_part(part);
+    push.set_map_version(1);
+    std::vector<float> linear(keys.size()), embedding(keys.size() * 16);
+    for (size_t i = 0; i < linear.size(); ++i) linear[i] = static_cast<float>(i % 7) - 3.0f;
+    for (size_t i = 0; i < embedding.size(); ++i) embedding[i] = static_cast<float>(i % 11) * 0.25f - 1.0f;
+    v1::SparseKeys* a = push.add_tables();
+    a->set_table(0);
+    a->set_keys(Keys(keys));
+    a->set_rows(Floats(linear));
+    v1::SparseKeys* b = push.add_tables();
+    b->set_table(1);
+    b->set_keys(Keys(keys));
+    b->set_rows(Floats(embedding));
+    grpc::ClientContext context;
+    v1::SparsePushResponse pushed;
+    const grpc::Status status = (*writer)->stub()->SparsePush(&context, push, &pushed);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  v1::CheckpointResponse written;
+  ASSERT_TRUE(IsOk(Checkpoint((*writer)->stub(), "old", 3, /*at_version=*/0, &written)));
+  int buckets = 0;
+  for (const v1::CheckpointChunk& chunk : written.chunks()) {
+    if (chunk.chunk_id() < kTableChunkBase) continue;
+    ++buckets;
+    ASSERT_EQ(chunk.partition_steps_size(), 1);
+    EXPECT_EQ(chunk.partition_steps(0), 4) << "step 4 may have more parts: it runs again";
+  }
+  EXPECT_EQ(buckets, 8) << "2 tables x 4 buckets";
+
+  // What a pull of some keys reads from a job.
+  const std::vector<uint64_t> probe = {all_keys[0], all_keys[77777], all_keys[kKeys - 1], 12345};
+  auto pull = [&](TestServer& server, const std::string& job_id) {
+    v1::SparsePullRequest request;
+    request.set_job_id(job_id);
+    request.set_map_version(1);
+    for (int t = 0; t < 2; ++t) {
+      v1::SparseKeys* keys = request.add_tables();
+      keys->set_table(t);
+      keys->set_keys(Keys(probe));
+    }
+    grpc::ClientContext context;
+    v1::SparsePullResponse response;
+    const grpc::Status status = server.stub()->SparsePull(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    std::vector<float> rows;
+    for (const auto& table : response.tables()) {
+      const std::vector<float> r = RowsOf(table.rows());
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+    return rows;
+  };
+  const std::vector<float> expected = pull(**writer, "old");
+  ASSERT_EQ(expected.size(), probe.size() * 17);
+  EXPECT_NE(expected[0], 0.0f) << "the linear row was pushed";
+
+  auto other = TestServer::Start("ps-1", /*with_checkpoints=*/true);
+  ASSERT_TRUE(other.ok()) << other.status();
+  for (TestServer* server : {writer->get(), other->get()}) {
+    SCOPED_TRACE(server->id());
+    v1::SetupJobRequest setup = MakeTableSetup("new", *server);
+    *setup.mutable_restore() = RestoreFrom("old", 3, written, **writer);
+    ASSERT_TRUE(IsOk(SetupJob(server->stub(), setup)));
+    EXPECT_EQ(pull(*server, "new"), expected);
+  }
+
+  // A checkpoint of other tables does not fit: the setup names the bucket.
+  v1::SetupJobRequest mismatched = MakeTableSetup("wrong", **other);
+  mismatched.mutable_shard_map()->mutable_tables(1)->set_buckets(5);
+  mismatched.mutable_shard_map()->mutable_tables(1)->add_bucket_shards(0);
+  *mismatched.mutable_restore() = RestoreFrom("old", 3, written, **writer);
+  EXPECT_TRUE(HasError(SetupJob((*other)->stub(), mismatched), grpc::StatusCode::INVALID_ARGUMENT,
+                       "has no table bucket chunk"));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "fulcrum/v1/job.pb.h"
 #include "server/lr_schedule.h"
 #include "server/optimizer.h"
+#include "server/chunk_snapshot.h"
 #include "server/sparse_shard.h"
 #include "common/sync.h"
 
@@ -87,23 +88,6 @@ struct PushArgs {
 };
 
 enum class PushOutcome { kApplied, kBuffered, kDuplicate };
-
-// Everything a replica of a chunk holds: what a new backup copies from the
-// primary before it joins the replica group.
-struct ChunkSnapshot {
-  std::vector<float> values;
-  std::vector<std::vector<float>> optimizer_state;
-  int64_t version = 0;
-  std::vector<std::vector<float>> pending;  // BSP: this step's gradients by partition
-  // BSP: the values at version - 1 (empty before the first step, and in
-  // checkpoints, which never need them).
-  std::vector<float> previous_values;
-  std::vector<std::pair<std::string, int64_t>> watermarks;
-  std::vector<int64_t> partition_steps;
-  // Examples behind the accepted gradients, and the sum of their digests.
-  int64_t examples_seen = 0;
-  uint64_t examples_digest = 0;
-};
 
 // A chunk's values, shared with the pull answers that send them.
 struct ChunkValues {

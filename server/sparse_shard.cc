@@ -113,7 +113,8 @@ SparseShard::SparseShard(std::vector<Table> tables, int32_t num_partitions, std:
     : tables_(std::move(tables)),
       num_partitions_(num_partitions),
       room_(std::move(room)),
-      applied_(static_cast<size_t>(num_partitions)) {}
+      applied_(static_cast<size_t>(num_partitions)),
+      restored_(static_cast<size_t>(num_partitions), 0) {}
 
 int64_t SparseShard::EmptyBytes(const std::vector<SparseTableSetup>& tables, const std::set<int32_t>& held_shards) {
   int64_t buckets = 0;
@@ -262,6 +263,76 @@ void SparseShard::MaybeExpireLocked(int64_t now) {
   }
   // Rows live at most a quarter of their lifetime past it.
   next_expiry_ = every == 0 ? std::numeric_limits<int64_t>::max() : now + std::max<int64_t>(1, every / 4);
+}
+
+std::vector<int32_t> SparseShard::chunk_ids() const {
+  std::vector<int32_t> ids;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    for (size_t b = 0; b < tables_[t].buckets.size(); ++b) {
+      if (tables_[t].buckets[b] != nullptr) ids.push_back(TableChunkId(static_cast<int32_t>(t), static_cast<int32_t>(b)));
+    }
+  }
+  return ids;
+}
+
+std::vector<std::pair<int32_t, ChunkSnapshot>> SparseShard::Capture() const {
+  MutexLock lock(&push_mu_);  // between pushes: every bucket at the same point
+  std::vector<int64_t> positions(applied_.size());
+  for (size_t p = 0; p < applied_.size(); ++p) {
+    // The last step pushed here runs again (it may have more parts to come).
+    positions[p] = std::max(restored_[p], std::max<int64_t>(0, applied_[p].step));
+  }
+  std::vector<std::pair<int32_t, ChunkSnapshot>> captured;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    for (size_t b = 0; b < tables_[t].buckets.size(); ++b) {
+      const SparseTable* bucket = tables_[t].buckets[b].get();
+      if (bucket == nullptr) continue;
+      ChunkSnapshot snapshot;
+      snapshot.version = now_;
+      snapshot.partition_steps = positions;
+      bucket->AppendState(&snapshot.table_state);
+      captured.emplace_back(TableChunkId(static_cast<int32_t>(t), static_cast<int32_t>(b)), std::move(snapshot));
+    }
+  }
+  return captured;
+}
+
+absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
+                                  std::optional<int64_t> repartitioned_at) {
+  const int32_t relative = chunk_id - kTableChunkBase;
+  const int32_t t = relative < 0 ? -1 : relative / kMaxTableBuckets;
+  const int32_t b = relative < 0 ? -1 : relative % kMaxTableBuckets;
+  if (t < 0 || t >= num_tables() || b >= static_cast<int32_t>(tables_[static_cast<size_t>(t)].buckets.size()) ||
+      tables_[static_cast<size_t>(t)].buckets[static_cast<size_t>(b)] == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
+  }
+  if (!repartitioned_at.has_value() && snapshot.partition_steps.size() != static_cast<size_t>(num_partitions_)) {
+    return absl::InvalidArgumentError(absl::StrCat("table bucket chunk ", chunk_id, " has steps of ",
+                                                   snapshot.partition_steps.size(), " partitions; the job has ",
+                                                   num_partitions_));
+  }
+  const Table& table = tables_[static_cast<size_t>(t)];
+  SparseTable* bucket = table.buckets[static_cast<size_t>(b)].get();
+  MutexLock lock(&push_mu_);
+  const int64_t before = bucket->bytes();
+  if (absl::Status loaded = bucket->LoadState(snapshot.table_state); !loaded.ok()) return loaded;
+  // A shard is restored aside, before it is installed: the room does not
+  // shrink as its buckets load, so their growth is summed here.
+  const int64_t growth = bucket->bytes() - before;
+  if (room_ && restored_bytes_ + growth > room_()) {
+    const int64_t room = room_();
+    bucket->Clear();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "sparse table ", table.setup.config.name, " does not fit this server: the checkpoint's rows take ",
+        restored_bytes_ + growth, " bytes by bucket ", b, ", beyond the ", std::max<int64_t>(0, room),
+        " bytes left in the server's memory budget (restore onto more servers, or raise --memory-budget)"));
+  }
+  restored_bytes_ += growth;
+  for (size_t p = 0; p < restored_.size(); ++p) {
+    restored_[p] = std::max(restored_[p], repartitioned_at.value_or(snapshot.partition_steps[p]));
+  }
+  now_ = std::max(now_, snapshot.version);
+  return absl::OkStatus();
 }
 
 void SparseShard::Freeze(const std::string& reason) {

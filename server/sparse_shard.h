@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -23,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/sync.h"
+#include "server/chunk_snapshot.h"
 #include "server/sparse_table.h"
 
 namespace fulcrum {
@@ -94,6 +97,22 @@ class SparseShard {
   // fit the budget; FAILED_PRECONDITION once frozen.
   absl::StatusOr<SparsePushOutcome> Push(const SparsePushArgs& args);
 
+  // Checkpoints. Capture: every held bucket's state, taken at once between
+  // pushes, by chunk id (TableChunkId); each snapshot's partition_steps say
+  // from which step each partition must run again for its pushes to be in
+  // (the last step pushed here, which may have been applied in part).
+  std::vector<std::pair<int32_t, ChunkSnapshot>> Capture() const;
+  // The chunk ids of the buckets held here, ascending.
+  std::vector<int32_t> chunk_ids() const;
+  // Puts a captured bucket back into this (fresh) shard; its partition steps
+  // (or, for a job restored onto another number of partitions, `repartitioned_at`
+  // for every partition) become the floor of the next captures'.
+  // INVALID_ARGUMENT for a chunk id not held here; the table's LoadState
+  // errors; RESOURCE_EXHAUSTED naming the table when the rows do not fit the
+  // budget's room.
+  absl::Status Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
+                       std::optional<int64_t> repartitioned_at = std::nullopt);
+
   // Refuses pushes from now on (pulls still answer).
   void Freeze(const std::string& reason);
 
@@ -126,6 +145,9 @@ class SparseShard {
     std::set<int32_t> parts;
   };
   std::vector<Applied> applied_ ABSL_GUARDED_BY(push_mu_);
+  // By partition: the step a restore says it runs again from.
+  std::vector<int64_t> restored_ ABSL_GUARDED_BY(push_mu_);
+  int64_t restored_bytes_ ABSL_GUARDED_BY(push_mu_) = 0;  // what restores added
   int64_t now_ ABSL_GUARDED_BY(push_mu_) = 0;          // the highest step applied
   int64_t next_expiry_ ABSL_GUARDED_BY(push_mu_) = 0;  // the step to expire rows again at
   std::string frozen_reason_ ABSL_GUARDED_BY(push_mu_);

@@ -292,5 +292,75 @@ TEST(SparseShardTest, BadSetupsAreRefused) {
   EXPECT_EQ(SparseShard::Create(Tables(), {0}, 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+
+// A capture restored into a fresh shard, here split over two shards as a
+// restore onto more servers does, reads and trains on exactly as the
+// original: rows, optimizer state, filter counts, and the steps to run again.
+TEST(SparseShardTest, ACaptureRestoredElsewhereTrainsOnExactlyAsTheOriginal) {
+  auto original = Make({0, 1});
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 1; k <= 96; ++k) keys.push_back(k * 7919);
+  for (int64_t step = 0; step < 3; ++step) {
+    ASSERT_TRUE(original->Push(PushOf(0, step, keys, Grads(keys.size(), 1, 0.2f), Grads(keys.size(), 4, 0.01f))).ok());
+  }
+  ASSERT_TRUE(original->Push(PushOf(1, 1, keys, Grads(keys.size(), 1, 0.1f), Grads(keys.size(), 4, 0.02f))).ok());
+  const std::vector<std::pair<int32_t, ChunkSnapshot>> captured = original->Capture();
+  ASSERT_EQ(captured.size(), 2u * kBuckets);
+  for (const auto& [chunk_id, snapshot] : captured) {
+    EXPECT_GE(chunk_id, kTableChunkBase);
+    EXPECT_EQ(snapshot.partition_steps, (std::vector<int64_t>{2, 1})) << "the last step pushed runs again";
+  }
+  auto first = Make({0});
+  auto second = Make({1});
+  for (const auto& [chunk_id, snapshot] : captured) {
+    SparseShard* holder = nullptr;
+    for (SparseShard* shard : {first.get(), second.get()}) {
+      const std::vector<int32_t> ids = shard->chunk_ids();
+      if (std::find(ids.begin(), ids.end(), chunk_id) != ids.end()) holder = shard;
+    }
+    ASSERT_NE(holder, nullptr) << "chunk " << chunk_id;
+    ASSERT_TRUE(holder->Restore(chunk_id, snapshot).ok());
+    SparseShard* other = holder == first.get() ? second.get() : first.get();
+    EXPECT_EQ(other->Restore(chunk_id, snapshot).code(), absl::StatusCode::kInvalidArgument) << "not held there";
+  }
+  // One more step on both: the same rows (Adagrad's accumulators came along).
+  const std::vector<float> linear = Grads(keys.size(), 1, 0.3f);
+  const std::vector<float> embedding = Grads(keys.size(), 4, 0.03f);
+  ASSERT_TRUE(original->Push(PushOf(0, 3, keys, linear, embedding)).ok());
+  for (int32_t s = 0; s < 2; ++s) {
+    std::vector<uint64_t> part;
+    std::vector<float> part_linear, part_embedding;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (BucketOf(keys[i], kBuckets) % 2 != s) continue;
+      part.push_back(keys[i]);
+      part_linear.push_back(linear[i]);
+      part_embedding.insert(part_embedding.end(), embedding.begin() + static_cast<std::ptrdiff_t>(i * 4),
+                            embedding.begin() + static_cast<std::ptrdiff_t>(i * 4 + 4));
+    }
+    SparseShard* shard = s == 0 ? first.get() : second.get();
+    ASSERT_TRUE(shard->Push(PushOf(0, 3, part, part_linear, part_embedding)).ok());
+    for (int32_t table = 0; table < 2; ++table) EXPECT_EQ(PullAll(*shard, table, part), PullAll(*original, table, part));
+  }
+  // A restored shard's captures start from the restored steps.
+  for (const auto& [chunk_id, snapshot] : second->Capture()) {
+    EXPECT_EQ(snapshot.partition_steps, (std::vector<int64_t>{3, 1})) << chunk_id;
+  }
+}
+
+TEST(SparseShardTest, ARestoreBeyondTheBudgetIsRefusedNamingTheTable) {
+  auto original = Make({0, 1});
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 1; k <= 4000; ++k) keys.push_back(k);
+  ASSERT_TRUE(original->Push(PushOf(0, 0, keys, Grads(keys.size(), 1, 0.2f), Grads(keys.size(), 4, 0.01f))).ok());
+  auto small = Make({0, 1}, /*budget=*/original->bytes() / 4);
+  absl::Status refused = absl::OkStatus();
+  for (const auto& [chunk_id, snapshot] : original->Capture()) {
+    refused = small->Restore(chunk_id, snapshot);
+    if (!refused.ok()) break;
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("sparse table"), std::string::npos) << refused;
+}
+
 }  // namespace
 }  // namespace fulcrum

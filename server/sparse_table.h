@@ -24,6 +24,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/param_init.h"
 #include "common/sync.h"
@@ -109,6 +110,24 @@ class SparseTable {
   // rows dropped.
   int64_t Expire(int64_t now);
 
+  // The table's whole state as bytes (checkpoints): every row's key, last
+  // pushed step, values and optimizer state, the frequency filter's counts
+  // and the counters. Layout, all little-endian:
+  //   u32 floats per row (dim x (1 + state slots)), i64 pushes,
+  //   i64 admissions, i64 expiries,
+  //   u64 rows, then per row: u64 key, i64 last step, the row's floats;
+  //   u64 filter counts, then per count: u64 key, i32 count, i64 last step.
+  void AppendState(std::string* out) const;
+  // Puts AppendState's bytes back into this table, which must be empty
+  // (FAILED_PRECONDITION otherwise). DATA_LOSS naming the table for bytes
+  // that are truncated or trailing, of another row width, with a key twice,
+  // a non-finite float or more than kMaxRows rows; RESOURCE_EXHAUSTED when
+  // they do not fit the memory budget. On error the table stays empty.
+  absl::Status LoadState(absl::string_view bytes);
+
+  // Drops every row, filter count and counter.
+  void Clear();
+
   // Calls `row(key, values)` for every row, in no particular order.
   void ForEachRow(const std::function<void(uint64_t key, absl::Span<const float> values)>& row) const;
 
@@ -141,6 +160,10 @@ class SparseTable {
   uint32_t AddRow(uint64_t key, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveRow(uint32_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GrowIndex() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // LoadState's parse into this (empty) table, leaving it partly filled on error.
+  absl::Status LoadStateLocked(absl::string_view bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Back to no rows, no filter counts, no counters.
+  void ClearLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The key's initial values and state into a row's floats.
   void InitRow(uint64_t key, float* row) const;
   void InitValues(uint64_t key, float* values) const;

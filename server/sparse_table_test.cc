@@ -1,6 +1,7 @@
 #include "server/sparse_table.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
@@ -328,6 +329,60 @@ TEST(SparseTableTest, ConfigsTheTableCannotRunAreRefusedNamingTheField) {
   config.admit_after = -1;
   refused(config, "admitAfter");
   EXPECT_TRUE(ValidateSparseTableConfig(Table(SparseOptimizerKind::kFtrl)).ok());
+}
+
+
+TEST(SparseTableTest, StateRoundTripsAndDamagedStateIsRefusedLeavingTheTableEmpty) {
+  SparseTableConfig config = Table(SparseOptimizerKind::kAdagrad);
+  config.admit_after = 2;
+  auto table = Make(config);
+  std::vector<uint64_t> keys = {1, 2, 3, 1ULL << 60};
+  std::vector<float> grads(keys.size() * 4, 0.5f);
+  for (int64_t step = 0; step < 2; ++step) ASSERT_TRUE(table->Push(step, keys, grads.data()).ok());
+  const uint64_t seen_once = 99;
+  ASSERT_TRUE(table->Push(2, {seen_once}, grads.data()).ok());  // a filter count, no row
+  std::string state;
+  table->AppendState(&state);
+
+  auto copy = Make(config);
+  ASSERT_TRUE(copy->LoadState(state).ok());
+  EXPECT_EQ(copy->rows(), table->rows());
+  EXPECT_EQ(copy->admissions(), table->admissions());
+  for (uint64_t key : keys) EXPECT_EQ(PullOne(*copy, key), PullOne(*table, key));
+  // Both go on alike: the accumulators and the filter count came along.
+  for (SparseTable* t : {table.get(), copy.get()}) ASSERT_TRUE(t->Push(3, {1, seen_once}, grads.data()).ok());
+  EXPECT_EQ(PullOne(*copy, 1), PullOne(*table, 1));
+  EXPECT_EQ(copy->rows(), 5) << "the second sighting of 99 admitted it";
+  EXPECT_EQ(copy->LoadState(state).code(), absl::StatusCode::kFailedPrecondition) << "not empty";
+
+  auto damaged = [&](const std::string& bytes, const std::string& says) {
+    SCOPED_TRACE(says);
+    auto fresh = Make(config);
+    const absl::Status loaded = fresh->LoadState(bytes);
+    EXPECT_EQ(loaded.code(), absl::StatusCode::kDataLoss) << loaded;
+    EXPECT_NE(loaded.message().find(says), std::string::npos) << loaded;
+    EXPECT_EQ(fresh->rows(), 0) << "nothing kept";
+    EXPECT_TRUE(fresh->Push(0, keys, grads.data()).ok()) << "still usable";
+  };
+  damaged(state.substr(0, state.size() - 3), "truncated");
+  damaged(state + "x", "unexpected bytes");
+  damaged(std::string(), "truncated");
+  std::string wide = state;
+  wide[0] = 9;  // rows of 9 floats
+  damaged(wide, "rows of 9 floats");
+  std::string twice = state;
+  // Offsets: the row width (4 bytes) and three counters, the row count at
+  // 28, the first row at 36: its key, its step, its 8 floats.
+  const size_t row_bytes = 16 + 8 * 4;
+  std::memcpy(&twice[36 + row_bytes], &twice[36], 8);  // the second row's key := the first's
+  damaged(twice, "listed twice");
+  std::string nan = state;
+  const float bad = std::nanf("");
+  std::memcpy(&nan[36 + 16], &bad, 4);
+  damaged(nan, "non-finite");
+  std::string many = state;
+  many[28 + 7] = 0x7f;  // an enormous row count
+  damaged(many, "claims");
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "client/safetensors.h"
 #include "common/kv_store.h"
+#include "tests/click_job.h"
 #include "tests/cluster_fixture.h"
 
 namespace fulcrum {
@@ -179,6 +180,57 @@ TEST_F(CheckpointTest, CorruptChunkIsDetectedAndThePreviousCheckpointUsed) {
   EXPECT_LT(from, latest.info().id()) << "restored from the corrupt checkpoint";
   ExpectEveryExampleUsedOncePerEpoch(done, kExamples);
   ExpectSameParameters(expected, done);
+}
+
+// A click job's tables are in its checkpoints. Every process killed after
+// the first checkpoint: the job resumes from it and still comes within the
+// FM margin of the best AUC. Then a job resumed from that checkpoint onto one
+// shard, with no step left to train, evaluates the checkpointed model
+// itself: its AUC is a trained model's (fresh tables, with no dense
+// features here, would score about 0.5).
+TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) {
+  v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
+  spec.mutable_data()->mutable_synthetic_ctr()->set_dense(0);
+  spec.mutable_checkpoint()->set_every_steps(250);
+  spec.mutable_checkpoint()->set_keep_last(10);
+  const double best = BestAuc(spec);
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitForCheckpoints(*id, 1);
+  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
+  const v1::CheckpointInfo first = *running.checkpoints().rbegin();
+  ASSERT_EQ(first.state(), v1::CheckpointInfo::COMPLETE);
+
+  KillAndRestartWholeCluster();
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  EXPECT_GT(RestoredFrom(done), 0) << "no event says the job was restored";
+  ASSERT_TRUE(done.progress().has_test_auc());
+  EXPECT_GE(done.progress().test_auc(), best - 0.045) << "best reachable " << best;
+
+  v1::JobSpec moved = spec;
+  moved.clear_checkpoint();
+  moved.set_num_shards(1);
+  moved.mutable_data()->set_max_steps(first.step());
+  grpc::ClientContext context;
+  SetDeadline(&context, 10);
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = moved;
+  request.set_resume_from(absl::StrCat(*id, "/", first.id()));
+  v1::SubmitJobResponse response;
+  const grpc::Status submitted = stub_->SubmitJob(&context, request, &response);
+  ASSERT_TRUE(submitted.ok()) << submitted.error_message();
+  v1::JobStatus resumed = WaitForEnd(response.job_id());
+  ASSERT_EQ(resumed.state(), v1::SUCCEEDED) << resumed.reason();
+  EXPECT_EQ(resumed.shards_size(), 1);
+  ASSERT_EQ(resumed.shard_map().tables_size(), 2);
+  EXPECT_EQ(resumed.shard_map().tables(1).buckets(), done.shard_map().tables(1).buckets())
+      << "the checkpoint's buckets, not one shard's default";
+  ASSERT_TRUE(resumed.progress().has_test_auc());
+  std::cerr << "test AUC of checkpoint " << first.id() << " (step " << first.step()
+            << "): " << resumed.progress().test_auc() << "; final " << done.progress().test_auc() << "; best "
+            << best << "\n";
+  EXPECT_GE(resumed.progress().test_auc(), best - 0.08) << "the tables did not come back";
 }
 
 // A server killed while a checkpoint is being written, and started again on

@@ -1,0 +1,36 @@
+// A chunk's whole state as checkpoints and restores move it: a dense
+// chunk's values and optimizer state, or one table bucket's rows. No gRPC
+// here.
+#ifndef FULCRUM_SERVER_CHUNK_SNAPSHOT_H_
+#define FULCRUM_SERVER_CHUNK_SNAPSHOT_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fulcrum {
+
+// Everything a replica of a chunk holds: what a new backup copies from the
+// primary before it joins the replica group.
+struct ChunkSnapshot {
+  std::vector<float> values;
+  std::vector<std::vector<float>> optimizer_state;
+  int64_t version = 0;
+  std::vector<std::vector<float>> pending;  // BSP: this step's gradients by partition
+  // BSP: the values at version - 1 (empty before the first step, and in
+  // checkpoints, which never need them).
+  std::vector<float> previous_values;
+  std::vector<std::pair<std::string, int64_t>> watermarks;
+  std::vector<int64_t> partition_steps;
+  // Examples behind the accepted gradients, and the sum of their digests.
+  int64_t examples_seen = 0;
+  uint64_t examples_digest = 0;
+  // A table bucket's checkpoint (SparseTable::AppendState); empty for a
+  // dense chunk.
+  std::string table_state;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SERVER_CHUNK_SNAPSHOT_H_

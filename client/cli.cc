@@ -477,13 +477,25 @@ int Export(Client& client, const Args& args) {
   std::map<std::string, std::string> metadata = {
       {"format", "pt"}, {"fulcrum.job", job_id}, {"fulcrum.step", absl::StrCat(gathered->step)}};
   if (checkpoint_id > 0) metadata["fulcrum.checkpoint"] = absl::StrCat(checkpoint_id);
-  absl::Status written = WriteSafetensorsFile(path, gathered->tensors, metadata);
+  std::vector<SafetensorsTensor> tensors = gathered->tensors;
+  tensors.insert(tensors.end(), gathered->tables.begin(), gathered->tables.end());
+  absl::Status written = WriteSafetensorsFile(path, tensors, metadata);
   if (!written.ok()) return Fail(written);
   int64_t elements = 0;
   for (const auto& t : gathered->tensors) elements += static_cast<int64_t>(t.data.size());
   std::cout << "wrote " << path << ": " << gathered->tensors.size() << " tensors, " << elements
-            << " float32 values, " << (checkpoint_id > 0 ? absl::StrCat("checkpoint ", checkpoint_id, ", ") : "")
-            << "step " << gathered->step << "\n";
+            << " float32 values, ";
+  for (size_t t = 0; t + 1 < gathered->tables.size(); t += 2) {
+    const SafetensorsTensor& rows = gathered->tables[t + 1];
+    std::cout << "table " << rows.name.substr(6, rows.name.size() - 11) << " (" << rows.shape[0] << " rows of "
+              << rows.shape[1] << "), ";
+  }
+  std::cout << (checkpoint_id > 0 ? absl::StrCat("checkpoint ", checkpoint_id, ", ") : "") << "step "
+            << gathered->step << "\n";
+  if (gathered->tables_left_out) {
+    std::cerr << "note: the job's sparse tables are not in the live export; export one of its checkpoints "
+                 "(--checkpoint ID) to have them\n";
+  }
   return 0;
 }
 

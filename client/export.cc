@@ -1,6 +1,11 @@
 #include "client/export.h"
 
+#include <algorithm>
+
+#include "absl/base/internal/endian.h"
+#include "common/checkpoint_read.h"
 #include "common/table_spec.h"
+#include "common/table_state.h"
 
 #include <map>
 #include <memory>
@@ -88,11 +93,37 @@ absl::StatusOr<ExportResult> PullLive(const v1::JobStatus& job, double timeout) 
     const bool synchronous = job.spec().mode() == v1::BSP || job.spec().mode() == v1::MODE_UNSPECIFIED;
     if (!synchronous || low == high) {
       result.step = high;
+      result.tables_left_out = map.tables_size() > 0;
       return result;
     }
   }
   return absl::UnavailableError(absl::StrCat("job ", job.job_id(), " kept moving while it was read; ",
                                              "export one of its checkpoints instead (--checkpoint ID)"));
+}
+
+// The ids and values (the first dim floats of each row) of one table bucket's
+// checkpointed state, appended.
+absl::Status AddTableRows(const v1::TableLayout& table, const std::string& state, std::vector<uint64_t>* ids,
+                          std::vector<float>* rows) {
+  const auto dim = static_cast<size_t>(table.dim());
+  // The row width (values and optimizer state) leads the state; the values come first.
+  const int32_t stride = state.size() >= 4 ? static_cast<int32_t>(absl::little_endian::Load32(state.data())) : 0;
+  if (dim == 0 || stride < table.dim() || stride % table.dim() != 0) {
+    return absl::DataLossError(absl::StrCat("table ", table.name(), ": a bucket's rows are ", stride,
+                                            " floats wide, not a multiple of its dim ", table.dim()));
+  }
+  TableStateVisitor visit;
+  visit.begin = [&](uint64_t count, const TableStateCounters&) {
+    ids->reserve(ids->size() + count);
+    rows->reserve(rows->size() + count * dim);
+    return absl::OkStatus();
+  };
+  visit.row = [&](uint64_t key, int64_t, absl::Span<const float> floats) {
+    ids->push_back(key);
+    rows->insert(rows->end(), floats.begin(), floats.begin() + static_cast<std::ptrdiff_t>(dim));
+    return absl::OkStatus();
+  };
+  return ParseTableState(state, table.name(), stride, visit);
 }
 
 absl::StatusOr<ExportResult> ReadCheckpoint(const v1::CheckpointManifest& manifest,
@@ -104,10 +135,26 @@ absl::StatusOr<ExportResult> ReadCheckpoint(const v1::CheckpointManifest& manife
   std::map<int32_t, const v1::ChunkLocation*> locations;
   for (const v1::ChunkLocation& chunk : manifest.shard_map().chunks()) locations[chunk.chunk_id()] = &chunk;
   Stubs stubs;
+  // By table: each row's id and values, gathered from the buckets.
+  struct Gathered {
+    std::vector<uint64_t> ids;
+    std::vector<float> rows;
+  };
+  std::vector<Gathered> gathered(static_cast<size_t>(manifest.shard_map().tables_size()));
   for (const v1::CheckpointChunk& chunk : manifest.chunks()) {
-    if (chunk.chunk_id() >= kTableChunkBase) continue;  // a table bucket: the dense tensors only
+    const v1::TableLayout* table = nullptr;
+    Gathered* into = nullptr;
     auto location = locations.find(chunk.chunk_id());
-    if (location == locations.end()) return absl::DataLossError(absl::StrCat("manifest: unknown chunk ", chunk.chunk_id()));
+    if (chunk.chunk_id() >= kTableChunkBase) {
+      const int32_t t = (chunk.chunk_id() - kTableChunkBase) / kMaxTableBuckets;
+      if (t >= manifest.shard_map().tables_size()) {
+        return absl::DataLossError(absl::StrCat("manifest: chunk ", chunk.chunk_id(), " is of no table"));
+      }
+      table = &manifest.shard_map().tables(t);
+      into = &gathered[static_cast<size_t>(t)];
+    } else if (location == locations.end()) {
+      return absl::DataLossError(absl::StrCat("manifest: unknown chunk ", chunk.chunk_id()));
+    }
     std::vector<std::string> failures;
     bool read = false;
     for (const std::string& server : chunk.server_ids()) {
@@ -121,15 +168,16 @@ absl::StatusOr<ExportResult> ReadCheckpoint(const v1::CheckpointManifest& manife
       request.set_checkpoint_id(manifest.info().id());
       request.set_chunk_id(chunk.chunk_id());
       request.set_checksum(chunk.checksum());
-      v1::ChunkState state;
-      grpc::ClientContext context;
-      SetDeadline(&context, timeout);
-      absl::Status status = FromGrpcStatus(stubs.For(address->second)->ReadCheckpoint(&context, request, &state));
-      if (!status.ok()) {
-        failures.push_back(absl::StrCat(server, ": ", status.message()));
+      absl::StatusOr<v1::ChunkState> state = ReadCheckpointChunkFrom(stubs.For(address->second), request, timeout);
+      if (!state.ok()) {
+        failures.push_back(absl::StrCat(server, ": ", state.status().message()));
         continue;
       }
-      RETURN_IF_ERROR(Place(*location->second, state.values(), &result.tensors));
+      if (table != nullptr) {
+        RETURN_IF_ERROR(AddTableRows(*table, state->table_state(), &into->ids, &into->rows));
+      } else {
+        RETURN_IF_ERROR(Place(*location->second, state->values(), &result.tensors));
+      }
       read = true;
       break;
     }
@@ -138,6 +186,24 @@ absl::StatusOr<ExportResult> ReadCheckpoint(const v1::CheckpointManifest& manife
                                                  ": chunk ", chunk.chunk_id(), " could not be read (",
                                                  absl::StrJoin(failures, "; "), ")"));
     }
+  }
+  for (size_t t = 0; t < gathered.size(); ++t) {
+    const v1::TableLayout& table = manifest.shard_map().tables(static_cast<int>(t));
+    const size_t dim = static_cast<size_t>(table.dim());
+    std::vector<size_t> order(gathered[t].ids.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return gathered[t].ids[a] < gathered[t].ids[b]; });
+    std::vector<uint64_t> ids(order.size());
+    std::vector<float> rows(order.size() * dim);
+    for (size_t i = 0; i < order.size(); ++i) {
+      ids[i] = gathered[t].ids[order[i]];
+      std::copy_n(gathered[t].rows.begin() + static_cast<std::ptrdiff_t>(order[i] * dim), dim,
+                  rows.begin() + static_cast<std::ptrdiff_t>(i * dim));
+    }
+    const auto n = static_cast<int64_t>(ids.size());
+    result.tables.push_back(SafetensorsTensor::Ids(absl::StrCat("table.", table.name(), ".ids"), {n}, std::move(ids)));
+    result.tables.emplace_back(absl::StrCat("table.", table.name(), ".rows"),
+                               std::vector<int64_t>{n, static_cast<int64_t>(dim)}, std::move(rows));
   }
   return result;
 }

@@ -190,16 +190,21 @@ absl::Status CheckTensorName(absl::string_view name) {
   return absl::OkStatus();
 }
 
+bool IsU64(const SafetensorsTensor& tensor) { return tensor.dtype == SafetensorsTensor::Dtype::kU64; }
+size_t ValueCount(const SafetensorsTensor& tensor) { return IsU64(tensor) ? tensor.u64.size() : tensor.data.size(); }
+int64_t ElementBytes(absl::string_view dtype) { return dtype == "U64" ? 8 : 4; }
+
 absl::Status CheckTensor(const SafetensorsTensor& tensor, std::set<absl::string_view>* seen) {
   RETURN_IF_ERROR(CheckTensorName(tensor.name));
   if (!seen->insert(tensor.name).second) {
     return absl::InvalidArgumentError(absl::StrCat("duplicate tensor name \"", tensor.name, "\""));
   }
   ASSIGN_OR_RETURN(int64_t count, WithContext(ElementCount(tensor.shape), TensorLabel(tensor.name)));
-  if (static_cast<size_t>(count) != tensor.data.size()) {
+  const size_t size = ValueCount(tensor);
+  if (static_cast<size_t>(count) != size) {
     return absl::InvalidArgumentError(absl::StrCat(TensorLabel(tensor.name), ": shape ",
                                                    ShapeString(tensor.shape), " holds ", count,
-                                                   " values but data has ", tensor.data.size()));
+                                                   " values but data has ", size));
   }
   return absl::OkStatus();
 }
@@ -238,8 +243,9 @@ std::string EncodeHeader(const std::vector<SafetensorsTensor>& tensors,
   for (const SafetensorsTensor& tensor : tensors) {
     if (json.size() > 1) json.push_back(',');
     AppendJsonString(tensor.name, &json);
-    int64_t end = offset + 4 * static_cast<int64_t>(tensor.data.size());
-    absl::StrAppend(&json, ":{\"dtype\":\"F32\",\"shape\":[", absl::StrJoin(tensor.shape, ","),
+    const char* dtype = IsU64(tensor) ? "U64" : "F32";
+    int64_t end = offset + ElementBytes(dtype) * static_cast<int64_t>(ValueCount(tensor));
+    absl::StrAppend(&json, ":{\"dtype\":\"", dtype, "\",\"shape\":[", absl::StrJoin(tensor.shape, ","),
                     "],\"data_offsets\":[", offset, ",", end, "]}");
     offset = end;
   }
@@ -259,6 +265,10 @@ absl::StatusOr<std::string> Encode(const std::vector<SafetensorsTensor>& tensors
   out += header;
   std::string values;
   for (const SafetensorsTensor& tensor : tensors) {
+    if (IsU64(tensor)) {
+      for (uint64_t id : tensor.u64) AppendUint64LittleEndian(id, &out);
+      continue;
+    }
     EncodeFloats(tensor.data.data(), static_cast<int64_t>(tensor.data.size()), &values);
     out += values;
   }
@@ -503,9 +513,9 @@ absl::Status CheckEntryKeys(const HeaderEntry& entry) {
 absl::Status CheckEntry(const HeaderEntry& entry) {
   RETURN_IF_ERROR(CheckEntryKeys(entry));
   std::string label = TensorLabel(entry.name);
-  if (*entry.dtype != "F32") {
+  if (*entry.dtype != "F32" && *entry.dtype != "U64") {
     return absl::InvalidArgumentError(
-        absl::StrCat(label, ": dtype \"", *entry.dtype, "\" is not supported (only F32)"));
+        absl::StrCat(label, ": dtype \"", *entry.dtype, "\" is not supported (only F32 and U64)"));
   }
   const std::vector<int64_t>& offsets = *entry.data_offsets;
   if (offsets.size() != 2) {
@@ -517,9 +527,10 @@ absl::Status CheckEntry(const HeaderEntry& entry) {
         absl::StrCat(label, ": data_offsets ", ShapeString(offsets), " end before they begin"));
   }
   ASSIGN_OR_RETURN(int64_t count, WithContext(ElementCount(*entry.shape), label));
-  if (count * 4 != offsets[1] - offsets[0]) {
+  const int64_t element = ElementBytes(*entry.dtype);
+  if (count > kMaxElements / 2 || count * element != offsets[1] - offsets[0]) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": shape ", ShapeString(*entry.shape), " needs ",
-                                                   count * 4, " bytes but data_offsets ",
+                                                   count * element, " bytes but data_offsets ",
                                                    ShapeString(offsets), " span ", offsets[1] - offsets[0]));
   }
   return absl::OkStatus();
@@ -581,7 +592,17 @@ absl::StatusOr<absl::string_view> SplitHeader(absl::string_view bytes) {
 
 absl::StatusOr<SafetensorsTensor> ToTensor(const HeaderEntry& entry, absl::string_view data) {
   const std::vector<int64_t>& offsets = *entry.data_offsets;
-  SafetensorsTensor tensor{entry.name, *entry.shape, {}};
+  SafetensorsTensor tensor;
+  tensor.name = entry.name;
+  tensor.shape = *entry.shape;
+  if (*entry.dtype == "U64") {
+    tensor.dtype = SafetensorsTensor::Dtype::kU64;
+    tensor.u64.resize(static_cast<size_t>((offsets[1] - offsets[0]) / 8));
+    for (size_t i = 0; i < tensor.u64.size(); ++i) {
+      tensor.u64[i] = ReadUint64LittleEndian(data.substr(static_cast<size_t>(offsets[0]) + 8 * i, 8));
+    }
+    return tensor;
+  }
   int64_t count = (offsets[1] - offsets[0]) / 4;
   tensor.data.resize(count);
   RETURN_IF_ERROR(DecodeFloats(data.substr(offsets[0], offsets[1] - offsets[0]), count, tensor.data.data(),

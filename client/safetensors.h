@@ -1,4 +1,4 @@
-// Reads and writes float32 tensors in the safetensors format
+// Reads and writes float32 (and uint64) tensors in the safetensors format
 // (https://github.com/huggingface/safetensors), the file `fulcrum export`
 // produces so that PyTorch, JAX and NumPy can load a trained model:
 //
@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -26,9 +27,24 @@
 namespace fulcrum {
 
 struct SafetensorsTensor {
+  enum class Dtype { kF32, kU64 };
+  SafetensorsTensor() = default;
+  // An F32 tensor.
+  SafetensorsTensor(std::string name_in, std::vector<int64_t> shape_in, std::vector<float> data_in)
+      : name(std::move(name_in)), shape(std::move(shape_in)), data(std::move(data_in)) {}
+  // A U64 tensor.
+  static SafetensorsTensor Ids(std::string name, std::vector<int64_t> shape, std::vector<uint64_t> ids) {
+    SafetensorsTensor t(std::move(name), std::move(shape), {});
+    t.dtype = Dtype::kU64;
+    t.u64 = std::move(ids);
+    return t;
+  }
+
   std::string name;
   std::vector<int64_t> shape;  // [] is a scalar (one value)
-  std::vector<float> data;     // float32, row-major, size == product(shape)
+  std::vector<float> data;     // F32: row-major, size == product(shape)
+  Dtype dtype = Dtype::kF32;
+  std::vector<uint64_t> u64;   // U64 (a sparse table's ids): size == product(shape)
 };
 
 // Serializes `tensors`, laid out in the order given, and `metadata` (the
@@ -46,8 +62,8 @@ absl::StatusOr<std::string> EncodeSafetensors(const std::vector<SafetensorsTenso
 absl::Status WriteSafetensorsFile(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                                   const std::map<std::string, std::string>& metadata);
 
-// Parses and validates a safetensors file held in `bytes`: every tensor F32,
-// shape product * 4 == its byte length, offsets in order, contiguous and
+// Parses and validates a safetensors file held in `bytes`: every tensor F32
+// or U64, shape product * 4 (U64: 8) == its byte length, offsets in order, contiguous and
 // covering the data section exactly. Returns the tensors sorted by data
 // offset (header order among equal offsets) and, if `metadata` is non-null,
 // replaces *metadata with the "__metadata__" entry.

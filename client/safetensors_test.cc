@@ -283,7 +283,7 @@ TEST(SafetensorsTest, DecoderRejectsEntriesThatDisagreeWithTheirShapeOrDtype) {
   };
   absl::Status f16 = decode_error(R"({"h":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})", 1);
   EXPECT_EQ(f16.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(f16.message(), "tensor \"h\": dtype \"F16\" is not supported (only F32)"));
+  EXPECT_TRUE(Contains(f16.message(), "tensor \"h\": dtype \"F16\" is not supported (only F32 and U64)"));
 
   absl::Status shape = decode_error(R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}})", 5);
   EXPECT_EQ(shape.code(), absl::StatusCode::kInvalidArgument);
@@ -301,6 +301,32 @@ TEST(SafetensorsTest, DecoderRejectsEntriesThatDisagreeWithTheirShapeOrDtype) {
   absl::Status three_offsets = decode_error(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}})", 1);
   EXPECT_EQ(three_offsets.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(three_offsets.message(), "data_offsets must be [begin, end], got [0, 4, 8]"));
+}
+
+// A sparse table's ids are U64, 8 bytes each, beside F32 rows.
+TEST(SafetensorsTest, RoundTripsUint64IdsBesideFloats) {
+  std::vector<SafetensorsTensor> tensors = {
+      SafetensorsTensor::Ids("table.t.ids", {3}, {0, 1ULL << 63, 0xfedcba9876543210ULL}),
+      {"table.t.rows", {3, 2}, {1, 2, 3, 4, 5, 6}},
+      SafetensorsTensor::Ids("table.empty.ids", {0}, {})};
+  absl::StatusOr<std::string> bytes = EncodeSafetensors(tensors, {});
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_TRUE(Contains(*bytes, R"("table.t.ids":{"dtype":"U64","shape":[3],"data_offsets":[0,24]})")) << *bytes;
+  absl::StatusOr<std::vector<SafetensorsTensor>> decoded = DecodeSafetensors(*bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ASSERT_EQ(decoded->size(), 3u);
+  EXPECT_EQ((*decoded)[0].dtype, SafetensorsTensor::Dtype::kU64);
+  EXPECT_EQ((*decoded)[0].u64, tensors[0].u64);
+  EXPECT_EQ((*decoded)[1].data, tensors[1].data);
+  EXPECT_TRUE((*decoded)[2].u64.empty());
+
+  std::vector<SafetensorsTensor> wrong = {SafetensorsTensor::Ids("ids", {4}, {1, 2, 3})};
+  EXPECT_EQ(EncodeSafetensors(wrong, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status short_ids =
+      DecodeSafetensors(FileWithHeader(R"({"i":{"dtype":"U64","shape":[2],"data_offsets":[0,12]}})", Zeros(3)))
+          .status();
+  EXPECT_EQ(short_ids.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(short_ids.message(), "needs 16 bytes")) << short_ids;
 }
 
 TEST(SafetensorsTest, DecoderRejectsGarbageJson) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/checkpoint_read.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
@@ -155,27 +156,11 @@ absl::StatusOr<ChunkSnapshot> ParameterServiceImpl::ReadCheckpointChunk(const v1
     request.set_checkpoint_id(restore.checkpoint_id());
     request.set_chunk_id(chunk.chunk_id());
     request.set_checksum(chunk.checksum());
-    // A table bucket's state comes in slices (each read verified whole there).
-    std::string table_state;
-    absl::StatusOr<ChunkSnapshot> read = absl::UnknownError("not read");
-    for (;;) {
-      v1::ChunkState state;
-      grpc::ClientContext context;
-      SetDeadline(&context, kReadDeadlineSeconds);
-      request.set_table_state_offset(static_cast<int64_t>(table_state.size()));
-      absl::Status status = FromGrpcStatus(peers_.Stub(address->second)->ReadCheckpoint(&context, request, &state));
-      if (!status.ok()) {
-        read = status;
-        break;
-      }
-      table_state.append(state.table_state());
-      if (state.table_state().empty() || static_cast<int64_t>(table_state.size()) >= state.table_state_size()) {
-        read = FromChunkState(state);
-        break;
-      }
-    }
+    absl::StatusOr<v1::ChunkState> state =
+        ReadCheckpointChunkFrom(peers_.Stub(address->second), request, kReadDeadlineSeconds);
+    absl::StatusOr<ChunkSnapshot> read = state.ok() ? FromChunkState(*state) : state.status();
     if (read.ok()) {
-      read->table_state = std::move(table_state);
+      read->table_state = std::move(*state->mutable_table_state());
       return read;
     }
     note(absl::StrCat(server_id, " (", address->second, ")"), read.status());

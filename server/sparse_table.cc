@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
+#include "common/table_state.h"
 #include "server/optimizer.h"
 
 namespace fulcrum {
@@ -418,67 +419,6 @@ void PutFloats(const float* values, size_t n, std::string* out) {
   }
 }
 
-// Reads AppendState's bytes front to back; every failure is DATA_LOSS naming
-// the table, the field and the offset.
-class StateReader {
- public:
-  StateReader(absl::string_view bytes, const std::string& table) : bytes_(bytes), table_(table) {}
-
-  absl::Status U64(uint64_t* v, absl::string_view field) {
-    if (absl::Status need = Need(8, field); !need.ok()) return need;
-    *v = absl::little_endian::Load64(bytes_.data() + pos_);
-    pos_ += 8;
-    return absl::OkStatus();
-  }
-  absl::Status I64(int64_t* v, absl::string_view field) {
-    uint64_t u = 0;
-    if (absl::Status read = U64(&u, field); !read.ok()) return read;
-    *v = static_cast<int64_t>(u);
-    return absl::OkStatus();
-  }
-  absl::Status U32(uint32_t* v, absl::string_view field) {
-    if (absl::Status need = Need(4, field); !need.ok()) return need;
-    *v = absl::little_endian::Load32(bytes_.data() + pos_);
-    pos_ += 4;
-    return absl::OkStatus();
-  }
-  // n floats, each finite.
-  absl::Status Floats(float* out, size_t n, absl::string_view field) {
-    if (absl::Status need = Need(n * 4, field); !need.ok()) return need;
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t bits = absl::little_endian::Load32(bytes_.data() + pos_ + i * 4);
-      std::memcpy(out + i, &bits, sizeof(bits));
-      if (!std::isfinite(out[i])) return Bad(absl::StrCat(field, " holds a non-finite value"));
-    }
-    pos_ += n * 4;
-    return absl::OkStatus();
-  }
-  // A count of items of `item_bytes` each, checked against the bytes left.
-  absl::Status Count(uint64_t* n, size_t item_bytes, absl::string_view field) {
-    if (absl::Status read = U64(n, field); !read.ok()) return read;
-    if (*n > left() / item_bytes) {
-      return Bad(absl::StrCat("truncated: ", field, " claims ", *n, " entries but only ", left(), " bytes follow"));
-    }
-    return absl::OkStatus();
-  }
-  absl::Status Finish() const {
-    return left() == 0 ? absl::OkStatus() : Bad(absl::StrCat(left(), " unexpected bytes after the end"));
-  }
-  absl::Status Bad(absl::string_view what) const {
-    return absl::DataLossError(absl::StrCat("table ", table_, " state: ", what, " (at offset ", pos_, ")"));
-  }
-
- private:
-  size_t left() const { return bytes_.size() - pos_; }
-  absl::Status Need(size_t n, absl::string_view field) const {
-    return left() >= n ? absl::OkStatus() : Bad(absl::StrCat("truncated reading ", field));
-  }
-
-  absl::string_view bytes_;
-  const std::string& table_;
-  size_t pos_ = 0;
-};
-
 }  // namespace
 
 void SparseTable::AppendState(std::string* out) const {
@@ -515,49 +455,40 @@ absl::Status SparseTable::LoadState(absl::string_view bytes) {
 }
 
 absl::Status SparseTable::LoadStateLocked(absl::string_view bytes) {
-  StateReader in(bytes, config_.name);
-  uint32_t stride = 0;
-  if (absl::Status s = in.U32(&stride, "row width"); !s.ok()) return s;
-  if (stride != static_cast<uint32_t>(stride_)) {
-    return in.Bad(absl::StrCat("rows of ", stride, " floats, this table's take ", stride_,
-                               " (another dim or optimizer?)"));
-  }
-  for (int64_t* counter : {&pushes_, &admissions_, &expiries_}) {
-    if (absl::Status s = in.I64(counter, "counters"); !s.ok()) return s;
-  }
-  uint64_t rows = 0;
-  if (absl::Status s = in.Count(&rows, 16 + static_cast<size_t>(stride_) * 4, "rows"); !s.ok()) return s;
-  if (rows > static_cast<uint64_t>(kMaxRows)) return in.Bad(absl::StrCat(rows, " rows, more than ", kMaxRows));
-  if (config_.memory_budget > 0 &&
-      BytesFor(static_cast<int64_t>(rows), SlotsFor(static_cast<int64_t>(rows), kMinIndexSlots), 0) >
-          config_.memory_budget) {
-    return absl::ResourceExhaustedError(absl::StrCat("table ", config_.name, ": ", rows,
-                                                     " rows do not fit its memory budget of ",
-                                                     config_.memory_budget, " bytes"));
-  }
-  for (uint64_t i = 0; i < rows; ++i) {
-    uint64_t key = 0;
-    int64_t last_step = 0;
-    if (absl::Status s = in.U64(&key, "row key"); !s.ok()) return s;
-    if (absl::Status s = in.I64(&last_step, "row step"); !s.ok()) return s;
-    if (Find(key) >= 0) return in.Bad(absl::StrCat("key ", key, " is listed twice"));
-    const uint32_t r = AddRow(key, last_step);
-    if (absl::Status s = in.Floats(Floats(RowAt(r)), static_cast<size_t>(stride_), "row"); !s.ok()) return s;
-  }
-  uint64_t candidates = 0;
-  if (absl::Status s = in.Count(&candidates, 20, "filter counts"); !s.ok()) return s;
-  for (uint64_t i = 0; i < candidates; ++i) {
-    uint64_t key = 0;
-    uint32_t count = 0;
-    int64_t last_step = 0;
-    if (absl::Status s = in.U64(&key, "filter key"); !s.ok()) return s;
-    if (absl::Status s = in.U32(&count, "filter count"); !s.ok()) return s;
-    if (absl::Status s = in.I64(&last_step, "filter step"); !s.ok()) return s;
-    if (Find(key) >= 0 || !candidates_.emplace(key, Sightings{static_cast<int32_t>(count), last_step}).second) {
-      return in.Bad(absl::StrCat("filter key ", key, " is listed twice or also has a row"));
+  auto bad = [this](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("table ", config_.name, " state: ", what));
+  };
+  TableStateVisitor visit;
+  visit.begin = [&](uint64_t rows, const TableStateCounters& counters) {
+    mu_.AssertHeld();
+    if (rows > static_cast<uint64_t>(kMaxRows)) return bad(absl::StrCat(rows, " rows, more than ", kMaxRows));
+    if (config_.memory_budget > 0 &&
+        BytesFor(static_cast<int64_t>(rows), SlotsFor(static_cast<int64_t>(rows), kMinIndexSlots), 0) >
+            config_.memory_budget) {
+      return absl::ResourceExhaustedError(absl::StrCat("table ", config_.name, ": ", rows,
+                                                       " rows do not fit its memory budget of ",
+                                                       config_.memory_budget, " bytes"));
     }
-  }
-  return in.Finish();
+    pushes_ = counters.pushes;
+    admissions_ = counters.admissions;
+    expiries_ = counters.expiries;
+    return absl::OkStatus();
+  };
+  // (The callbacks run within this call, under mu_.)
+  visit.row = [&](uint64_t key, int64_t last_step, absl::Span<const float> floats) {
+    mu_.AssertHeld();
+    if (Find(key) >= 0) return bad(absl::StrCat("key ", key, " is listed twice"));
+    std::memcpy(Floats(RowAt(AddRow(key, last_step))), floats.data(), floats.size() * sizeof(float));
+    return absl::OkStatus();
+  };
+  visit.candidate = [&](uint64_t key, int32_t count, int64_t last_step) {
+    mu_.AssertHeld();
+    if (Find(key) >= 0 || !candidates_.emplace(key, Sightings{count, last_step}).second) {
+      return bad(absl::StrCat("filter key ", key, " is listed twice or also has a row"));
+    }
+    return absl::OkStatus();
+  };
+  return ParseTableState(bytes, config_.name, stride_, visit);
 }
 
 void SparseTable::Clear() {

@@ -112,11 +112,7 @@ class SparseTable {
 
   // The table's whole state as bytes (checkpoints): every row's key, last
   // pushed step, values and optimizer state, the frequency filter's counts
-  // and the counters. Layout, all little-endian:
-  //   u32 floats per row (dim x (1 + state slots)), i64 pushes,
-  //   i64 admissions, i64 expiries,
-  //   u64 rows, then per row: u64 key, i64 last step, the row's floats;
-  //   u64 filter counts, then per count: u64 key, i32 count, i64 last step.
+  // and the counters, laid out as common/table_state.h says.
   void AppendState(std::string* out) const;
   // Puts AppendState's bytes back into this table, which must be empty
   // (FAILED_PRECONDITION otherwise). DATA_LOSS naming the table for bytes

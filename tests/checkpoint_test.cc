@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -231,6 +232,34 @@ TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) 
             << "): " << resumed.progress().test_auc() << "; final " << done.progress().test_auc() << "; best "
             << best << "\n";
   EXPECT_GE(resumed.progress().test_auc(), best - 0.08) << "the tables did not come back";
+
+  // Its export holds every table: ids ascending, one row of `dim` values each.
+  const std::string file = MakeTempDir() + "/click.safetensors";
+  auto [rc, out] = RunCli(absl::StrCat("export ", *id, " --checkpoint ", first.id(), " -o ", file, " --scheduler ",
+                                       cluster_->scheduler_address()));
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("table embedding ("), std::string::npos) << out;
+  auto tensors = ReadSafetensorsFile(file);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  std::map<std::string, const SafetensorsTensor*> named;
+  for (const SafetensorsTensor& t : *tensors) named[t.name] = &t;
+  for (const auto& [table, dim] : {std::pair<std::string, int64_t>{"linear", 1}, {"embedding", 4}}) {
+    SCOPED_TRACE(table);
+    const SafetensorsTensor* ids = named[absl::StrCat("table.", table, ".ids")];
+    const SafetensorsTensor* rows = named[absl::StrCat("table.", table, ".rows")];
+    ASSERT_NE(ids, nullptr);
+    ASSERT_NE(rows, nullptr);
+    ASSERT_EQ(ids->dtype, SafetensorsTensor::Dtype::kU64);
+    // 4 fields of 100 ids: nearly all seen by step 250.
+    EXPECT_GT(ids->u64.size(), 350u);
+    EXPECT_LE(ids->u64.size(), 400u);
+    EXPECT_TRUE(std::is_sorted(ids->u64.begin(), ids->u64.end()));
+    EXPECT_EQ(std::adjacent_find(ids->u64.begin(), ids->u64.end()), ids->u64.end()) << "an id twice";
+    EXPECT_EQ(rows->shape, (std::vector<int64_t>{static_cast<int64_t>(ids->u64.size()), dim}));
+    float largest = 0;
+    for (float v : rows->data) largest = std::max(largest, std::abs(v));
+    EXPECT_GT(largest, 0.1f) << "trained rows, not their initial values";
+  }
 }
 
 // A server killed while a checkpoint is being written, and started again on

@@ -92,6 +92,16 @@ payload = (struct.pack('<qqQ', 3, 96, 0x1234567890abcdef) + floats([0.5, -1.0, 2
 record = struct.pack('<IIIQ', 0x504B4346, 1, zlib.crc32(payload) & 0xffffffff, len(payload)) + payload
 write('checkpoint_record_fuzz', 'payload', b'\x00' + payload)
 write('checkpoint_record_fuzz', 'record', b'\x01' + record)
+# A table bucket (common/table_state.h): rows of 8 floats (dim 4, Adagrad),
+# two rows, one frequency-filter count.
+table_state = (struct.pack('<Iqqq', 8, 5, 2, 0) + struct.pack('<Q', 2) +
+               struct.pack('<Qq8f', 11, 4, 0.1, -0.2, 0.3, 0.0, 0.5, 0.5, 0.5, 0.5) +
+               struct.pack('<Qq8f', 1 << 63, 3, 1.0, 2.0, 3.0, 4.0, 0.1, 0.1, 0.1, 0.1) +
+               struct.pack('<Q', 1) + struct.pack('<Qiq', 99, 1, 4))
+bucket = (struct.pack('<qqQ', 4, 0, 0) + floats([]) + struct.pack('<Q', 0) + struct.pack('<Q', 0) +
+          struct.pack('<Q', 0) + struct.pack('<Q', 2) + struct.pack('<qq', 4, 3) +
+          struct.pack('<Q', len(table_state)) + table_state)
+write('checkpoint_record_fuzz', 'bucket', b'\x00' + bucket)
 
 # --- parameter_service_fuzz: commands (0 SetupJob, 2 Push, 3 Replicate,
 # 4 Pull, 5 Reconfigure, 6 CopyChunk, 7 Checkpoint, 1 DropJob ...)

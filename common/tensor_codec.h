@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "fulcrum/v1/job.pb.h"
 
 namespace fulcrum {
@@ -20,6 +21,15 @@ void EncodeFloats(const float* values, int64_t n, std::string* out);
 // naming `what` if the byte count is not 4 * expected.
 absl::Status DecodeFloats(absl::string_view bytes, int64_t expected, float* out,
                           absl::string_view what);
+
+// Rows of `dim` floats gathered and scattered by row number (sparse rows on
+// the wire). GatherFloats writes rows[positions[k]] as row k of *out
+// (resized to exactly 4 x positions.size() x dim); ScatterFloats writes row
+// k of `bytes` to out[positions[k]], InvalidArgument naming `what` if
+// `bytes` is not 4 x positions.size() x dim long. One copy each.
+void GatherFloats(const float* rows, absl::Span<const uint32_t> positions, int32_t dim, std::string* out);
+absl::Status ScatterFloats(absl::string_view bytes, absl::Span<const uint32_t> positions, int32_t dim, float* out,
+                           absl::string_view what);
 
 // Bytes per element of `format` (UNSPECIFIED is float32): 4 or 2; 0 for a
 // value this build does not know.

@@ -246,5 +246,24 @@ TEST(TensorCodecTest, TopKPayloadsOutOfShapeAreInvalidArgument) {
   }
 }
 
+// Sparse rows: gathered by row number into the wire bytes, scattered back
+// to their rows, in one copy each.
+TEST(TensorCodecTest, GatheredRowsScatterBackToTheirPlaces) {
+  const std::vector<float> rows = {0, 1, 10, 11, 20, 21, 30, 31};  // 4 rows of 2
+  const std::vector<uint32_t> positions = {3, 0, 2};
+  std::string bytes = "stale";
+  GatherFloats(rows.data(), positions, 2, &bytes);
+  ASSERT_EQ(bytes.size(), 3u * 2 * 4);
+  std::vector<float> wire(6);
+  ASSERT_TRUE(DecodeFloats(bytes, 6, wire.data(), "wire").ok());
+  EXPECT_EQ(wire, (std::vector<float>{30, 31, 0, 1, 20, 21}));
+  std::vector<float> out(8, -1.0f);
+  ASSERT_TRUE(ScatterFloats(bytes, positions, 2, out.data(), "rows").ok());
+  EXPECT_EQ(out, (std::vector<float>{0, 1, -1, -1, 20, 21, 30, 31})) << "row 1 untouched";
+  const absl::Status short_bytes = ScatterFloats(bytes.substr(4), positions, 2, out.data(), "rows of table 0");
+  EXPECT_EQ(short_bytes.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(short_bytes.message().find("rows of table 0"), std::string::npos) << short_bytes;
+}
+
 }  // namespace
 }  // namespace fulcrum

@@ -43,12 +43,28 @@ SparseOptimizerConfig ToSparseOptimizer(const v1::SparseOptimizerSpec& spec) {
   return config;
 }
 
-// Keys from their little-endian bytes (any alignment).
-std::vector<uint64_t> KeysOf(const std::string& bytes) {
-  std::vector<uint64_t> keys(bytes.size() / sizeof(uint64_t));
-  for (size_t i = 0; i < keys.size(); ++i) keys[i] = absl::little_endian::Load64(bytes.data() + i * sizeof(uint64_t));
-  return keys;
+// Keys from their little-endian bytes: read in place on a little-endian
+// host when aligned, else decoded into *copy.
+absl::Span<const uint64_t> KeysIn(const std::string& bytes, std::vector<uint64_t>* copy) {
+  const size_t n = bytes.size() / sizeof(uint64_t);
+  if (absl::little_endian::IsLittleEndian() &&
+      reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint64_t) == 0) {
+    return absl::Span<const uint64_t>(reinterpret_cast<const uint64_t*>(bytes.data()), n);
+  }
+  copy->resize(n);
+  for (size_t i = 0; i < n; ++i) (*copy)[i] = absl::little_endian::Load64(bytes.data() + i * sizeof(uint64_t));
+  return *copy;
 }
+
+// The floats of little-endian bytes, in place (null: not on this host, or
+// not aligned; decode them instead).
+const float* FloatsIn(const std::string& bytes) {
+  if (!absl::little_endian::IsLittleEndian() || reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) != 0) {
+    return nullptr;
+  }
+  return reinterpret_cast<const float*>(bytes.data());
+}
+float* FloatsIn(std::string* bytes) { return const_cast<float*>(FloatsIn(static_cast<const std::string&>(*bytes))); }
 
 // The checks every sparse request passes: the job's tables are here, the
 // map is this server's, each table named once, keys whole uint64s.
@@ -113,15 +129,24 @@ absl::Status ParameterServiceImpl::HandleSparsePull(const v1::SparsePullRequest&
                                                     v1::SparsePullResponse* response) {
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
   RETURN_IF_ERROR(CheckSparseRequest(request.job_id(), *shard, request.map_version(), request.tables()));
+  std::vector<uint64_t> copied;
   std::vector<float> rows;
   int64_t keys_pulled = 0;
   for (const v1::SparseKeys& table : request.tables()) {
-    const std::vector<uint64_t> keys = KeysOf(table.keys());
-    rows.resize(keys.size() * static_cast<size_t>(shard->sparse()->dim(table.table())));
-    RETURN_IF_ERROR(shard->sparse()->Pull(table.table(), keys, rows.data()));
+    const absl::Span<const uint64_t> keys = KeysIn(table.keys(), &copied);
+    const size_t n = keys.size() * static_cast<size_t>(shard->sparse()->dim(table.table()));
     v1::SparseKeys* answer = response->add_tables();
     answer->set_table(table.table());
-    EncodeFloats(rows.data(), static_cast<int64_t>(rows.size()), answer->mutable_rows());
+    std::string* bytes = answer->mutable_rows();
+    bytes->resize(n * sizeof(float));
+    if (float* in_place = FloatsIn(bytes); in_place != nullptr) {
+      // The rows go straight into the answer.
+      RETURN_IF_ERROR(shard->sparse()->Pull(table.table(), keys, in_place));
+    } else {
+      rows.resize(n);
+      RETURN_IF_ERROR(shard->sparse()->Pull(table.table(), keys, rows.data()));
+      EncodeFloats(rows.data(), static_cast<int64_t>(rows.size()), bytes);
+    }
     keys_pulled += static_cast<int64_t>(keys.size());
   }
   sparse_keys_pulled_->Increment(static_cast<double>(keys_pulled));
@@ -136,24 +161,33 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest&
   }
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
   RETURN_IF_ERROR(CheckSparseRequest(request.job_id(), *shard, request.map_version(), request.tables()));
-  std::vector<std::vector<uint64_t>> keys;
-  std::vector<std::vector<float>> grads;  // aligned copies of the received bytes
+  // Keys and gradients are read where they arrived when they can be (an
+  // aligned little-endian host), else from copies.
+  std::vector<std::vector<uint64_t>> key_copies(static_cast<size_t>(request.tables_size()));
+  std::vector<std::vector<float>> grad_copies(static_cast<size_t>(request.tables_size()));
   SparsePushArgs args;
   args.partition = request.partition();
   args.step = request.step();
   args.part = request.part();
   int64_t rows = 0;
-  for (const v1::SparseKeys& table : request.tables()) {
-    keys.push_back(KeysOf(table.keys()));
-    const auto expected = static_cast<int64_t>(keys.back().size()) * shard->sparse()->dim(table.table());
-    grads.emplace_back(static_cast<size_t>(expected));
-    RETURN_IF_ERROR(DecodeFloats(table.rows(), expected, grads.back().data(),
-                                 absl::StrCat("job ", request.job_id(), ": gradients of ", keys.back().size(),
-                                              " keys of table ", table.table())));
-    rows += static_cast<int64_t>(keys.back().size());
-  }
-  for (size_t i = 0; i < keys.size(); ++i) {
-    args.tables.push_back(SparseRows{request.tables(static_cast<int>(i)).table(), keys[i], grads[i].data()});
+  for (int i = 0; i < request.tables_size(); ++i) {
+    const v1::SparseKeys& table = request.tables(i);
+    const absl::Span<const uint64_t> keys = KeysIn(table.keys(), &key_copies[static_cast<size_t>(i)]);
+    const auto expected = static_cast<int64_t>(keys.size()) * shard->sparse()->dim(table.table());
+    if (static_cast<int64_t>(table.rows().size()) != expected * static_cast<int64_t>(sizeof(float))) {
+      return absl::InvalidArgumentError(absl::StrCat("job ", request.job_id(), ": gradients of ", keys.size(),
+                                                     " keys of table ", table.table(), " take ", table.rows().size(),
+                                                     " bytes, expected ", expected * 4));
+    }
+    const float* grads = FloatsIn(table.rows());
+    if (grads == nullptr) {
+      std::vector<float>& copy = grad_copies[static_cast<size_t>(i)];
+      copy.resize(static_cast<size_t>(expected));
+      RETURN_IF_ERROR(DecodeFloats(table.rows(), expected, copy.data(), "gradients"));
+      grads = copy.data();
+    }
+    args.tables.push_back(SparseRows{table.table(), keys, grads});
+    rows += static_cast<int64_t>(keys.size());
   }
   ASSIGN_OR_RETURN(SparsePushOutcome outcome, shard->sparse()->Push(args));
   response->set_duplicate(outcome == SparsePushOutcome::kDuplicate);

@@ -25,16 +25,6 @@ std::string KeyBytes(const std::vector<uint64_t>& keys, const std::vector<uint32
   return bytes;
 }
 
-std::string RowBytes(const std::vector<float>& rows, const std::vector<uint32_t>& positions, int32_t dim) {
-  std::vector<float> gathered(positions.size() * static_cast<size_t>(dim));
-  for (size_t i = 0; i < positions.size(); ++i) {
-    std::copy_n(rows.data() + static_cast<size_t>(positions[i]) * dim, dim, gathered.data() + i * dim);
-  }
-  std::string bytes;
-  EncodeFloats(gathered.data(), static_cast<int64_t>(gathered.size()), &bytes);
-  return bytes;
-}
-
 }  // namespace
 
 SparseClient::SparseClient(const v1::ShardMap& map, std::string job_id, std::string worker_id,
@@ -46,27 +36,48 @@ SparseClient::SparseClient(const v1::ShardMap& map, std::string job_id, std::str
       transport_(transport == nullptr ? own_transport_.get() : transport) {}
 
 std::vector<SparseClient::Request> SparseClient::Plan(const std::vector<std::vector<uint64_t>>& keys) const {
-  // By server, then table: the positions of its keys, with their buckets.
-  std::map<std::string, std::vector<std::vector<std::pair<int32_t, uint32_t>>>> by_server;
+  // The servers in address order (a server's shards share its requests).
+  std::map<std::string, size_t> server_of_address;
+  for (const v1::ShardLocation& shard : map_.shards()) server_of_address.emplace(shard.address(), 0);
+  std::vector<std::string> addresses;
+  for (auto& [address, index] : server_of_address) {
+    index = addresses.size();
+    addresses.push_back(address);
+  }
+  std::vector<size_t> server_of_shard(static_cast<size_t>(map_.shards_size()));
+  for (int s = 0; s < map_.shards_size(); ++s) server_of_shard[static_cast<size_t>(s)] = server_of_address[map_.shards(s).address()];
+  // By server, then table: the positions of its keys, by bucket (a counting
+  // sort; runs of a bucket the server reads in place), ascending within one.
+  std::vector<std::vector<std::vector<uint32_t>>> by_server(
+      addresses.size(), std::vector<std::vector<uint32_t>>(static_cast<size_t>(num_tables())));
+  std::vector<int32_t> bucket_of;
+  std::vector<uint32_t> next;
+  std::vector<uint32_t> sorted;
   for (int t = 0; t < num_tables(); ++t) {
     const v1::TableLayout& table = map_.tables(t);
-    for (size_t i = 0; i < keys[static_cast<size_t>(t)].size(); ++i) {
-      const int32_t bucket = BucketOf(keys[static_cast<size_t>(t)][i], table.buckets());
-      const int32_t shard = table.bucket_shards(bucket);
-      auto& tables = by_server[map_.shards(shard).address()];
-      tables.resize(static_cast<size_t>(num_tables()));
-      tables[static_cast<size_t>(t)].emplace_back(bucket, static_cast<uint32_t>(i));
+    const std::vector<uint64_t>& table_keys = keys[static_cast<size_t>(t)];
+    const auto buckets = static_cast<size_t>(table.buckets());
+    bucket_of.resize(table_keys.size());
+    next.assign(buckets + 1, 0);
+    for (size_t i = 0; i < table_keys.size(); ++i) {
+      bucket_of[i] = BucketOf(table_keys[i], table.buckets());
+      ++next[static_cast<size_t>(bucket_of[i]) + 1];
+    }
+    for (size_t b = 1; b <= buckets; ++b) next[b] += next[b - 1];
+    sorted.resize(table_keys.size());
+    for (size_t i = 0; i < table_keys.size(); ++i) sorted[next[static_cast<size_t>(bucket_of[i])]++] = static_cast<uint32_t>(i);
+    for (uint32_t i : sorted) {
+      const size_t server = server_of_shard[static_cast<size_t>(table.bucket_shards(bucket_of[i]))];
+      by_server[server][static_cast<size_t>(t)].push_back(i);
     }
   }
   std::vector<Request> requests;
-  for (auto& [address, tables] : by_server) {
-    Request request{address, std::vector<std::vector<uint32_t>>(static_cast<size_t>(num_tables()))};
+  for (size_t server = 0; server < addresses.size(); ++server) {
+    Request request{addresses[server], std::vector<std::vector<uint32_t>>(static_cast<size_t>(num_tables()))};
     int64_t bytes = 0;
     for (int t = 0; t < num_tables(); ++t) {
-      auto& entries = tables[static_cast<size_t>(t)];
-      std::sort(entries.begin(), entries.end());  // by bucket: runs the server reads in place
       const int64_t row_bytes = int64_t{dim(t)} * static_cast<int64_t>(sizeof(float));
-      for (const auto& [bucket, position] : entries) {
+      for (uint32_t position : by_server[server][static_cast<size_t>(t)]) {
         if (bytes + row_bytes > kMaxRequestBytes && bytes > 0) {
           requests.push_back(request);
           for (auto& positions : request.positions) positions.clear();
@@ -96,7 +107,9 @@ absl::Status SparseClient::Send(ParameterTransport::Method method, const std::ve
   absl::Status first_error;
   for (size_t i = 0; i < requests.size(); ++i) {
     Call& call = calls[i];
-    call.request = grpc::ByteBuffer(std::vector<grpc::Slice>{grpc::Slice(payloads[i])}.data(), 1);
+    // The payloads outlive every call: the slice points at them, no copy.
+    grpc::Slice slice(payloads[i].data(), payloads[i].size(), grpc::Slice::STATIC_SLICE);
+    call.request = grpc::ByteBuffer(&slice, 1);
     call.call = transport_->NewCall(requests[i].address, method);
   }
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -148,15 +161,9 @@ absl::Status SparseClient::Pull(const std::vector<std::vector<uint64_t>>& keys, 
                 for (const v1::SparseKeys& answer : response.tables()) {
                   const int t = answer.table();
                   if (t < 0 || t >= num_tables()) return absl::InternalError("sparse pull answered another table");
-                  const std::vector<uint32_t>& positions = requests[i].positions[static_cast<size_t>(t)];
-                  const int32_t d = dim(t);
-                  std::vector<float> values(positions.size() * static_cast<size_t>(d));
-                  RETURN_IF_ERROR(DecodeFloats(answer.rows(), static_cast<int64_t>(values.size()), values.data(),
-                                               absl::StrCat("rows of table ", t)));
-                  float* out = (*rows)[static_cast<size_t>(t)].data();
-                  for (size_t k = 0; k < positions.size(); ++k) {
-                    std::copy_n(values.data() + k * d, d, out + static_cast<size_t>(positions[k]) * d);
-                  }
+                  RETURN_IF_ERROR(ScatterFloats(answer.rows(), requests[i].positions[static_cast<size_t>(t)], dim(t),
+                                                (*rows)[static_cast<size_t>(t)].data(),
+                                                absl::StrCat("rows of table ", t)));
                 }
                 return absl::OkStatus();
               });
@@ -185,7 +192,7 @@ absl::Status SparseClient::Push(int32_t partition, int64_t step, const std::vect
       v1::SparseKeys* table = push.add_tables();
       table->set_table(t);
       table->set_keys(KeyBytes(keys[static_cast<size_t>(t)], positions));
-      table->set_rows(RowBytes(grads[static_cast<size_t>(t)], positions, dim(t)));
+      GatherFloats(grads[static_cast<size_t>(t)].data(), positions, dim(t), table->mutable_rows());
     }
     payloads.push_back(push.SerializeAsString());
   }

@@ -1,4 +1,5 @@
 #include "server/optimizer.h"
+#include "server/vector_clones.h"
 
 #include <cstring>
 
@@ -31,22 +32,8 @@ absl::Status CheckBeta(const char* name, float value) {
 // file with -O3 -fno-math-errno, and with an AVX2 clone where the CPU has
 // it): coefficients in locals, arrays __restrict, loop-invariant branches
 // hoisted. Each element's arithmetic is unchanged (and never contracted into
-// FMAs), so results are bit-identical to the scalar loops whatever the CPU.
-// (ThreadSanitizer's runtime is not up yet when the dynamic loader runs the
-// clones' resolver: its builds get the default clone only.)
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define FULCRUM_NO_CLONES
-#endif
-#endif
-#if defined(__SANITIZE_THREAD__)
-#define FULCRUM_NO_CLONES
-#endif
-#ifdef FULCRUM_NO_CLONES
-#define FULCRUM_VECTOR_CLONES
-#else
-#define FULCRUM_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
+// FMAs), so results are bit-identical to the scalar loops whatever the CPU
+// (server/vector_clones.h).
 
 FULCRUM_VECTOR_CLONES void SgdPlain(float lr, float wd, int64_t n, const float* __restrict grad,
                                     float* __restrict param) {

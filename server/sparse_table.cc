@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/table_state.h"
 #include "server/optimizer.h"
+#include "server/vector_clones.h"
 
 namespace fulcrum {
 namespace {
@@ -194,50 +195,68 @@ void SparseTable::InitRow(uint64_t key, float* row) const {
   std::fill(row + config_.dim, row + stride_, state);
 }
 
+namespace {
+
+// The per-row update rules, written to vectorize (sparse_table.cc compiles
+// with -fno-math-errno and no FMA contraction, in AVX2 and baseline clones):
+// each element's arithmetic as written, so the results are the scalar
+// loops' whatever the CPU.
+FULCRUM_VECTOR_CLONES void SgdRow(float lr, int32_t dim, const float* __restrict g, float* __restrict w) {
+  for (int32_t j = 0; j < dim; ++j) w[j] -= lr * g[j];
+}
+
+FULCRUM_VECTOR_CLONES void AdagradRow(float lr, float epsilon, int32_t dim, const float* __restrict g,
+                                      float* __restrict w, float* __restrict s) {
+  for (int32_t j = 0; j < dim; ++j) {
+    s[j] += g[j] * g[j];
+    w[j] -= lr * (g[j] / (std::sqrt(s[j]) + epsilon));
+  }
+}
+
+FULCRUM_VECTOR_CLONES void FtrlRow(float lr, float l1, float l2, float beta, int32_t dim, const float* __restrict g,
+                                   float* __restrict w, float* __restrict z, float* __restrict n) {
+  for (int32_t j = 0; j < dim; ++j) {
+    const float n_new = n[j] + g[j] * g[j];
+    const float sigma = (std::sqrt(n_new) - std::sqrt(n[j])) / lr;
+    z[j] += g[j] - sigma * w[j];
+    n[j] = n_new;
+    w[j] = std::fabs(z[j]) <= l1 ? 0.0f : -(z[j] - std::copysign(l1, z[j])) / ((beta + std::sqrt(n_new)) / lr + l2);
+  }
+}
+
+FULCRUM_VECTOR_CLONES void AdamRow(float one_minus_beta1, float one_minus_beta2, float epsilon, float step_size, int32_t dim,
+                                   const float* __restrict g, float* __restrict w, float* __restrict m,
+                                   float* __restrict v) {
+  for (int32_t j = 0; j < dim; ++j) {
+    m[j] += (g[j] - m[j]) * one_minus_beta1;
+    v[j] += (g[j] * g[j] - v[j]) * one_minus_beta2;
+    w[j] -= step_size * (m[j] / (std::sqrt(v[j]) + epsilon));
+  }
+}
+
+}  // namespace
+
 void SparseTable::Apply(float* row, const float* g) {
   const SparseOptimizerConfig& o = config_.optimizer;
   const int32_t dim = config_.dim;
-  float* w = row;
   switch (o.kind) {
     case SparseOptimizerKind::kSgd:
-      for (int32_t j = 0; j < dim; ++j) w[j] -= o.lr * g[j];
+      SgdRow(o.lr, dim, g, row);
       return;
-    case SparseOptimizerKind::kAdagrad: {
-      float* s = row + dim;
-      for (int32_t j = 0; j < dim; ++j) {
-        s[j] += g[j] * g[j];
-        w[j] -= o.lr * (g[j] / (std::sqrt(s[j]) + o.epsilon));
-      }
+    case SparseOptimizerKind::kAdagrad:
+      AdagradRow(o.lr, o.epsilon, dim, g, row, row + dim);
       return;
-    }
-    case SparseOptimizerKind::kFtrl: {
-      float* z = row + dim;
-      float* n = row + 2 * dim;
-      for (int32_t j = 0; j < dim; ++j) {
-        const float n_new = n[j] + g[j] * g[j];
-        const float sigma = (std::sqrt(n_new) - std::sqrt(n[j])) / o.lr;
-        z[j] += g[j] - sigma * w[j];
-        n[j] = n_new;
-        w[j] = std::fabs(z[j]) <= o.l1
-                   ? 0.0f
-                   : -(z[j] - std::copysign(o.l1, z[j])) / ((o.beta + std::sqrt(n_new)) / o.lr + o.l2);
-      }
+    case SparseOptimizerKind::kFtrl:
+      FtrlRow(o.lr, o.l1, o.l2, o.beta, dim, g, row, row + dim, row + 2 * dim);
       return;
-    }
     case SparseOptimizerKind::kAdam: {
-      float* m = row + dim;
-      float* v = row + 2 * dim;
       // The step size in double, rounded once, as PyTorch's Python side
       // computes it (and the dense Adam here).
       const double t = static_cast<double>(pushes_);
       const double bias1 = 1.0 - std::pow(static_cast<double>(o.beta1), t);
       const double bias2 = 1.0 - std::pow(static_cast<double>(o.beta2), t);
       const auto step_size = static_cast<float>(static_cast<double>(o.lr) * std::sqrt(bias2) / bias1);
-      for (int32_t j = 0; j < dim; ++j) {
-        m[j] += (g[j] - m[j]) * (1.0f - o.beta1);
-        v[j] += (g[j] * g[j] - v[j]) * (1.0f - o.beta2);
-        w[j] -= step_size * (m[j] / (std::sqrt(v[j]) + o.epsilon));
-      }
+      AdamRow(1.0f - o.beta1, 1.0f - o.beta2, o.epsilon, step_size, dim, g, row, row + dim, row + 2 * dim);
       return;
     }
   }

@@ -209,24 +209,37 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
   std::vector<Planned> plan;
   int64_t growth = 0;
   std::string grown_tables;
+  int64_t growth_at_most = 0;
   for (const SparseRows& rows : args.tables) {
     const Table& table = tables_[static_cast<size_t>(rows.table)];
     for (BucketPart& part : SplitByBucket(rows.keys, rows.grads, table.setup.config.dim,
                                           static_cast<int32_t>(table.buckets.size()))) {
       absl::StatusOr<SparseTable*> bucket = BucketFor(table, part.keys.front());
       if (!bucket.ok()) return bucket.status();
-      absl::StatusOr<int64_t> after = (*bucket)->BytesAfterPush(part.keys, part.grads);
-      if (!after.ok()) return after.status();
-      const int64_t more = *after - (*bucket)->bytes();
-      if (more > 0 && grown_tables.find(table.setup.config.name) == std::string::npos) {
-        absl::StrAppend(&grown_tables, grown_tables.empty() ? "" : ", ", table.setup.config.name);
+      if (absl::Status checked = (*bucket)->CheckPush(part.keys, part.grads); !checked.ok()) return checked;
+      if ((*bucket)->rows() + static_cast<int64_t>(part.keys.size()) > SparseTable::kMaxRows) {
+        // It may pass the row limit: the bucket's own check says.
+        if (absl::StatusOr<int64_t> after = (*bucket)->BytesAfterCheckedPush(part.keys); !after.ok()) {
+          return after.status();
+        }
       }
-      growth += std::max<int64_t>(0, more);
+      if (room_) growth_at_most += (*bucket)->BytesAfterAtMost(part.keys.size()) - (*bucket)->bytes();
       plan.push_back(Planned{&table, *bucket, std::move(part)});
     }
   }
-  if (room_ && growth > 0) {
-    const int64_t room = room_();
+  // The rows a push adds are counted only when it might not fit.
+  const int64_t room = room_ ? room_() : 0;
+  if (room_ && growth_at_most > room) {
+    for (const Planned& planned : plan) {
+      absl::StatusOr<int64_t> after = planned.bucket->BytesAfterCheckedPush(planned.part.keys);
+      if (!after.ok()) return after.status();
+      const int64_t more = *after - planned.bucket->bytes();
+      const std::string& name = planned.table->setup.config.name;
+      if (more > 0 && grown_tables.find(name) == std::string::npos) {
+        absl::StrAppend(&grown_tables, grown_tables.empty() ? "" : ", ", name);
+      }
+      growth += std::max<int64_t>(0, more);
+    }
     if (growth > room) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "sparse table ", grown_tables, " is full on this server: the job's tables take ", bytes(),
@@ -236,7 +249,8 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
     }
   }
   for (const Planned& planned : plan) {
-    if (absl::Status pushed = planned.bucket->Push(args.step, planned.part.keys, planned.part.grads); !pushed.ok()) {
+    if (absl::Status pushed = planned.bucket->PushChecked(args.step, planned.part.keys, planned.part.grads);
+        !pushed.ok()) {
       return pushed;  // cannot happen after the checks above, with pushes serialized
     }
   }

@@ -367,13 +367,27 @@ absl::Status SparseTable::CheckRoomLocked(absl::Span<const uint64_t> keys) const
 
 absl::StatusOr<int64_t> SparseTable::BytesAfterPush(absl::Span<const uint64_t> keys, const float* grads) const {
   if (absl::Status checked = CheckPush(keys, grads); !checked.ok()) return checked;
+  return BytesAfterCheckedPush(keys);
+}
+
+absl::StatusOr<int64_t> SparseTable::BytesAfterCheckedPush(absl::Span<const uint64_t> keys) const {
   ReaderMutexLock lock(&mu_);
   if (absl::Status room = CheckRoomLocked(keys); !room.ok()) return room;
   return BytesAfterLocked(GrowthLocked(keys));
 }
 
+int64_t SparseTable::BytesAfterAtMost(size_t keys) const {
+  ReaderMutexLock lock(&mu_);
+  const int64_t rows = rows_ + static_cast<int64_t>(keys);
+  return std::max(BytesLocked(), BytesFor(rows, SlotsFor(rows, index_.size()), candidates_.size() + keys));
+}
+
 absl::Status SparseTable::Push(int64_t step, absl::Span<const uint64_t> keys, const float* grads) {
   if (absl::Status checked = CheckPush(keys, grads); !checked.ok()) return checked;
+  return PushChecked(step, keys, grads);
+}
+
+absl::Status SparseTable::PushChecked(int64_t step, absl::Span<const uint64_t> keys, const float* grads) {
   MutexLock lock(&mu_);
   if (absl::Status room = CheckRoomLocked(keys); !room.ok()) return room;  // all or nothing
   const int32_t admit_after = std::max(1, config_.admit_after);

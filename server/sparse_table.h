@@ -105,6 +105,19 @@ class SparseTable {
   // return now.
   absl::StatusOr<int64_t> BytesAfterPush(absl::Span<const uint64_t> keys, const float* grads) const;
 
+  // Push in parts, for a caller that serializes its pushes to this table
+  // (server/sparse_shard.cc) and checks a push whole before applying any of
+  // it. CheckPush: the push's own faults (non-finite gradients, a key listed
+  // twice). BytesAfterCheckedPush: BytesAfterPush after CheckPush passed.
+  // BytesAfterAtMost: what bytes() could be at most after a push of
+  // `keys` new keys (every one a row or a filter count), without looking at
+  // them. PushChecked: Push after CheckPush passed (the row limit is still
+  // checked).
+  absl::Status CheckPush(absl::Span<const uint64_t> keys, const float* grads) const;
+  absl::StatusOr<int64_t> BytesAfterCheckedPush(absl::Span<const uint64_t> keys) const;
+  int64_t BytesAfterAtMost(size_t keys) const;
+  absl::Status PushChecked(int64_t step, absl::Span<const uint64_t> keys, const float* grads);
+
   // Drops the rows last pushed before `now` - expire_after (nothing when
   // expire_after is 0) and filter counts of keys not seen since; returns the
   // rows dropped.
@@ -164,8 +177,6 @@ class SparseTable {
   void InitRow(uint64_t key, float* row) const;
   void InitValues(uint64_t key, float* values) const;
   void Apply(float* row, const float* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A push's own faults: non-finite gradients, keys listed twice.
-  absl::Status CheckPush(absl::Span<const uint64_t> keys, const float* grads) const;
   // Whether the rows and filter counts the push adds fit the table.
   absl::Status CheckRoomLocked(absl::Span<const uint64_t> keys) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // What a push of `keys` adds: rows (keys admitted now) and filter counts.

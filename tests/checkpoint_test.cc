@@ -262,6 +262,35 @@ TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) 
   }
 }
 
+// One server of a click job (one replica) killed -9 and started again on its
+// volume, as Kubernetes restarts a pod: the job restores its tables and
+// dense tensors from the latest checkpoint (buckets of both servers) and
+// still reaches the FM margin of the best AUC.
+TEST_F(CheckpointTest, ClickJobServerKilledAndRestartedResumesFromItsCheckpoint) {
+  v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
+  spec.mutable_checkpoint()->set_every_steps(200);
+  const double best = BestAuc(spec);
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::JobStatus running = WaitForCheckpoints(*id, 1);
+  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
+  ASSERT_FALSE(running.shards().empty());
+  const std::string victim = running.shards(0).server_id();
+  ASSERT_TRUE(cluster_->Signal(victim, SIGKILL).ok());
+  absl::StatusOr<v1::LocalProcess> restarted;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
+    restarted = cluster_->RestartServer(victim);  // FAILED_PRECONDITION until the killed one is gone
+    if (restarted.ok() || restarted.status().code() != absl::StatusCode::kFailedPrecondition) break;
+  }
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+
+  const v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  EXPECT_GT(RestoredFrom(done), 0) << "the job did not restart from a checkpoint";
+  ASSERT_TRUE(done.progress().has_test_auc());
+  EXPECT_GE(done.progress().test_auc(), best - 0.045) << "best reachable " << best;
+}
+
 // A server killed while a checkpoint is being written, and started again on
 // its volume (as Kubernetes restarts a pod): that checkpoint is never
 // committed (or had completed just before the kill), the job restarts from a

@@ -443,6 +443,50 @@ void JobManager::OnEval(Job* job, const v1::WorkReport& report) {
   FLOG(INFO) << "job " << job->status.job_id() << " epoch " << report.epoch() << ": test accuracy "
              << report.test_accuracy() << ", test loss " << report.test_loss()
              << (report.has_test_auc() ? absl::StrCat(", test AUC ", report.test_auc()) : "");
+  MaybeStopEarly(job, report);
+}
+
+void JobManager::MaybeStopEarly(Job* job, const v1::WorkReport& report) {
+  const v1::EarlyStoppingSpec& rule = job->status.spec().early_stopping();
+  if (rule.patience() <= 0 || job->phase == Job::Phase::kEnded) return;
+  double value = 0;
+  bool higher_is_better = true;
+  const char* name = "";
+  switch (rule.metric()) {
+    case v1::EarlyStoppingSpec::TEST_LOSS:
+      value = report.test_loss();
+      higher_is_better = false;
+      name = "test loss";
+      break;
+    case v1::EarlyStoppingSpec::TEST_ACCURACY:
+      value = report.test_accuracy();
+      name = "test accuracy";
+      break;
+    case v1::EarlyStoppingSpec::TEST_AUC:
+      if (!report.has_test_auc()) return;
+      value = report.test_auc();
+      name = "test AUC";
+      break;
+    default:
+      return;
+  }
+  if (!std::isfinite(value)) return;  // nothing to compare (a diverged loss fails elsewhere)
+  v1::EarlyStoppingState& state = job->early_stopping;
+  const double gain = higher_is_better ? value - state.best() : state.best() - value;
+  if (!state.evaluated() || gain > rule.min_delta()) {
+    state.set_evaluated(true);
+    state.set_best(value);
+    state.set_best_step(report.step());
+    state.set_since_best(0);
+    return;
+  }
+  state.set_since_best(state.since_best() + 1);
+  if (state.since_best() < rule.patience()) return;
+  const std::string reason = absl::StrFormat(
+      "stopped early at step %d: %s did not improve by more than %g in %d evaluations (best %.4f at step %d)",
+      report.step(), name, rule.min_delta(), state.since_best(), state.best(), state.best_step());
+  AddEvent(job, reason);
+  EndJob(job, v1::SUCCEEDED, reason);
 }
 
 void JobManager::CheckPause() {

@@ -211,6 +211,9 @@ class JobManager {
   void OnProgress(Job* job, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnDone(Job* job, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnEval(Job* job, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the job when spec.early_stopping says its evaluations stopped
+  // improving.
+  void MaybeStopEarly(Job* job, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Flags workers whose step time stays above straggler_factor times the
   // median of the others' (an event when one becomes a straggler).
   void FlagStragglers(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -41,6 +41,7 @@ struct JobManager::Job {
   v1::JobStatus status;
   JobClaims claims;            // of the processes' memory budgets
   int64_t server_claim = 0;    // bytes on each server it is placed on (set with its shard map)
+  v1::EarlyStoppingState early_stopping;  // spec.early_stopping: the best evaluation and those since
   // Since when it waits for resources others hold (the queue's bound).
   std::optional<absl::Time> waiting_since;
   int64_t version = 0;  // bumped on every status change (WatchJob)

@@ -52,6 +52,7 @@ v1::JobRecord JobManager::RecordOf(const Job& job) {
   }
   if (job.handover.has_value()) *record.mutable_handover() = *job.handover;
   record.set_server_claim_bytes(job.server_claim);
+  *record.mutable_early_stopping() = job.early_stopping;
   return record;
 }
 
@@ -146,6 +147,7 @@ absl::Status JobManager::Recover() {
     if (record.has_handover()) job->handover = record.handover();
     job->claims = ClaimsOf(job->status.spec());
     job->server_claim = record.server_claim_bytes();
+    job->early_stopping = record.early_stopping();
     // A setup interrupted by the restart is redone from the loading phase.
     if (job->phase == Job::Phase::kSettingUp) job->phase = Job::Phase::kLoading;
     if (job->phase == Job::Phase::kPending) pending_.push_back(job->status.job_id());

@@ -992,6 +992,43 @@ TEST_F(JobManagerTest, RestartedSchedulerRecoversRunningJobs) {
   EXPECT_NE(fresh, workers_[1]);
 }
 
+// spec.earlyStopping: the job ends, SUCCEEDED, once `patience` evaluations
+// in a row have not improved the metric by more than minDelta; where it
+// stands survives a scheduler restart.
+TEST_F(JobManagerTest, EarlyStoppingEndsTheJobAfterPatienceEvaluationsWithoutImprovement) {
+  RegisterCluster();
+  v1::JobSpec spec = MlpSpec();
+  spec.mutable_early_stopping()->set_metric(v1::EarlyStoppingSpec::TEST_LOSS);
+  spec.mutable_early_stopping()->set_patience(2);
+  spec.mutable_early_stopping()->set_min_delta(0.01f);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  MakeTraining(job_id);
+  auto eval = [&](int64_t step, double loss) {
+    v1::WorkReport report;
+    report.set_member_id(workers_[0]);
+    report.set_job_id(job_id);
+    report.set_kind(v1::WorkReport::EVAL);
+    report.set_step(step);
+    report.set_epoch(1);
+    report.set_test_accuracy(0.5);
+    report.set_test_loss(loss);
+    return manager_->Report(report);
+  };
+  ASSERT_TRUE(eval(10, 1.0).ok());
+  ASSERT_TRUE(eval(20, 0.5).ok());    // the best
+  ASSERT_TRUE(eval(30, 0.495).ok());  // better, but not by more than 0.01: one without improvement
+  EXPECT_EQ(GetOk(job_id).state(), v1::RUNNING);
+  Restart();
+  RegisterCluster();
+  ASSERT_TRUE(eval(40, 0.6).ok());  // the second: the job ends
+  const v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::SUCCEEDED) << status.reason();
+  EXPECT_TRUE(Contains(status.reason(), "stopped early at step 40: test loss did not improve by more than 0.01 in 2 "
+                                        "evaluations (best 0.5000 at step 20)"))
+      << status.reason();
+}
+
 }  // namespace
 // Found by fulcrum-chaos-bench (seed 6): a server that was a whole backup of
 // shards and took a new shard of its own was never promoted while it copied,

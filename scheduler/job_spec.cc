@@ -238,6 +238,26 @@ absl::Status ValidateCompression(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateEarlyStopping(const v1::JobSpec& spec) {
+  const v1::EarlyStoppingSpec& e = spec.early_stopping();
+  RETURN_IF_ERROR(CheckRange("earlyStopping.patience", e.patience(), 0, 10000));
+  RETURN_IF_ERROR(CheckFloat("earlyStopping.minDelta", e.min_delta(), 0.0f, 1e6f, false, false));
+  if (e.patience() == 0) {
+    if (e.metric() != v1::EarlyStoppingSpec::METRIC_UNSPECIFIED || e.min_delta() != 0) {
+      return Invalid("earlyStopping.patience", "must be at least 1 for the job to stop early (metric or minDelta set)",
+                     "0");
+    }
+    return absl::OkStatus();
+  }
+  if (e.metric() == v1::EarlyStoppingSpec::METRIC_UNSPECIFIED) {
+    return Invalid("earlyStopping.metric", "must be TEST_LOSS, TEST_ACCURACY or TEST_AUC with a patience", "unset");
+  }
+  if (e.metric() == v1::EarlyStoppingSpec::TEST_AUC && !IsClickModel(spec.model())) {
+    return Invalid("earlyStopping.metric", "TEST_AUC needs a click model (other models report no AUC)", "TEST_AUC");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateLrScaling(const v1::JobSpec& spec) {
   const v1::OptimizerSpec& opt = spec.optimizer();
   if (opt.lr_scaling() != v1::OptimizerSpec::LINEAR) {
@@ -287,6 +307,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckRange<int64_t>("checkpoint.everySeconds", spec.checkpoint().every_seconds(), 0, int64_t{86400} * 365));
   RETURN_IF_ERROR(CheckRange("checkpoint.keepLast", spec.checkpoint().keep_last(), 0, 1000));
   RETURN_IF_ERROR(ValidateCompression(spec));
+  RETURN_IF_ERROR(ValidateEarlyStopping(spec));
   return absl::OkStatus();
 }
 

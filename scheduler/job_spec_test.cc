@@ -502,6 +502,31 @@ std::vector<RejectCase> RejectCases() {
       {"StalenessWithoutSsp",
        [](S* s) { s->set_staleness(2); },
        {"staleness", "SSP"}},
+      {"EarlyStoppingWithoutMetric",
+       [](S* s) { s->mutable_early_stopping()->set_patience(3); },
+       {"earlyStopping.metric", "TEST_LOSS"}},
+      {"EarlyStoppingOnAucWithoutAClickModel",
+       [](S* s) {
+         s->mutable_early_stopping()->set_patience(3);
+         s->mutable_early_stopping()->set_metric(v1::EarlyStoppingSpec::TEST_AUC);
+       },
+       {"earlyStopping.metric", "click model"}},
+      {"EarlyStoppingMetricWithoutPatience",
+       [](S* s) { s->mutable_early_stopping()->set_metric(v1::EarlyStoppingSpec::TEST_LOSS); },
+       {"earlyStopping.patience", "at least 1"}},
+      {"EarlyStoppingPatienceTooLarge",
+       [](S* s) {
+         s->mutable_early_stopping()->set_patience(10001);
+         s->mutable_early_stopping()->set_metric(v1::EarlyStoppingSpec::TEST_LOSS);
+       },
+       {"earlyStopping.patience", "[0, 10000]"}},
+      {"EarlyStoppingNegativeMinDelta",
+       [](S* s) {
+         s->mutable_early_stopping()->set_patience(2);
+         s->mutable_early_stopping()->set_metric(v1::EarlyStoppingSpec::TEST_LOSS);
+         s->mutable_early_stopping()->set_min_delta(-0.1f);
+       },
+       {"earlyStopping.minDelta", "[0, 1e+06]"}},
       {"NumWorkersZeroWithoutDefaults",
        [](S* s) { s->set_num_workers(0); },
        {"numWorkers", "[1, 1024]"}},

@@ -272,6 +272,28 @@ TEST_F(ClickFileTest, BadRecordsAndPathsFailTheJobNamingThem) {
 }
 
 // What click jobs cannot do yet is refused by name, not run without it.
+// earlyStopping on the test AUC: with a minDelta no evaluation can pass, the
+// job ends after the first evaluation and `patience` more, long before its
+// last step, SUCCEEDED with the reason saying why; every process goes on.
+TEST_F(ClusterTest, ClickJobStopsEarlyWhenItsAucStopsImproving) {
+  v1::JobSpec spec = ClickSpec(v1::ModelSpec::LOGISTIC_REGRESSION, 0);
+  spec.mutable_data()->set_eval_every_steps(20);
+  spec.mutable_early_stopping()->set_metric(v1::EarlyStoppingSpec::TEST_AUC);
+  spec.mutable_early_stopping()->set_patience(2);
+  spec.mutable_early_stopping()->set_min_delta(0.5f);
+  v1::JobStatus done;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &done));
+  EXPECT_NE(done.reason().find("stopped early at step"), std::string::npos) << done.reason();
+  EXPECT_NE(done.reason().find("test AUC did not improve by more than 0.5 in 2 evaluations"), std::string::npos)
+      << done.reason();
+  EXPECT_LT(done.progress().step(), done.progress().total_steps() / 2) << "it ran on";
+  // The cluster takes the next job.
+  v1::JobStatus next;
+  spec.clear_early_stopping();
+  spec.mutable_data()->set_max_steps(50);
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &next));
+}
+
 TEST_F(ClusterTest, ClickJobsRefuseWhatTheyCannotDoYet) {
   v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
   spec.set_replicas(2);

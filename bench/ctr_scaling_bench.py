@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Examples a second of the synthetic click job (examples/ctr-synthetic.yaml,
+a DeepFM over sparse tables) at 1, 2 and 4 workers and 1, 2 and 4 servers.
+Each configuration runs on its own fresh local cluster (`fulcrum local up
+--servers S --workers W`), the configurations alternating over rounds.
+A run's rate is the examples its steps covered over the job's elapsed time
+(from RUNNING, workers loading included, to the last step); its AUC is the
+final test AUC. Printed: min / median / max over the rounds, and each
+configuration's median against 1 worker and 1 server.
+
+    bench/ctr_scaling_bench.py [--rounds 3] [--workers 1,2,4] [--servers 1,2,4]
+                               [--examples 300000] [--spec examples/ctr-synthetic.yaml] [--bin build/bin]
+
+The machine's cores bound what more processes can add: on the 2-core
+development machine, 4 workers and 4 servers share 2 cores.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
+
+
+def fmt(values, spec):
+    return " / ".join(spec.format(v) for v in (min(values), statistics.median(values), max(values)))
+
+
+def spec_for(base, workers, examples):
+    text = re.sub(r"(?m)^numWorkers:.*$", f"numWorkers: {workers}", base)
+    text = re.sub(r"(?m)^(\s+examples:).*$", rf"\g<1> {examples}", text)
+    # No checkpoints: the figure is the training path's.
+    text = re.sub(r"(?ms)^checkpoint:.*?(?=^\S)", "", text + "\n")
+    return text
+
+
+def one_run(fulcrum, base, servers, workers, examples):
+    work = tempfile.mkdtemp(prefix="fulcrum-ctr-scaling-")
+    try:
+        run([fulcrum, "local", "up", "--servers", str(servers), "--workers", str(workers), "--dir", work, "--detach"])
+        spec_path = os.path.join(work, "spec.yaml")
+        with open(spec_path, "w") as f:
+            f.write(spec_for(base, workers, examples))
+        job = run([fulcrum, "submit", "-f", spec_path, "--dir", work]).strip()
+        subprocess.run([fulcrum, "watch", job, "--dir", work], check=True, capture_output=True)
+        status = json.loads(run([fulcrum, "get", job, "-o", "json", "--dir", work]))
+        if status["state"] != "SUCCEEDED":
+            raise RuntimeError(f"{servers} servers, {workers} workers: {status['state']}: {status.get('reason')}")
+        progress, spec = status["progress"], status["spec"]
+        covered = int(progress["step"]) * int(spec["data"]["batchSize"]) * int(spec.get("maxWorkers", workers))
+        return covered / float(progress["elapsedSeconds"]), float(progress.get("testAuc", 0.0))
+    finally:
+        subprocess.run([fulcrum, "local", "down", "--dir", work], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--servers", default="1,2,4")
+    parser.add_argument("--examples", type=int, default=300000)
+    parser.add_argument("--spec", default="examples/ctr-synthetic.yaml")
+    parser.add_argument("--bin", default="build/bin")
+    args = parser.parse_args()
+    fulcrum = os.path.join(args.bin, "fulcrum")
+    base = open(args.spec).read()
+    configs = [(s, w) for s in map(int, args.servers.split(",")) for w in map(int, args.workers.split(","))]
+    rates = {c: [] for c in configs}
+    aucs = {c: [] for c in configs}
+    for r in range(args.rounds):
+        order = configs[r % len(configs):] + configs[:r % len(configs)]
+        for servers, workers in order:
+            rate, auc = one_run(fulcrum, base, servers, workers, args.examples)
+            rates[(servers, workers)].append(rate)
+            aucs[(servers, workers)].append(auc)
+            print(f"round {r + 1}: {servers} servers, {workers} workers: {rate:.0f} examples/s, AUC {auc:.4f}",
+                  file=sys.stderr, flush=True)
+    first = statistics.median(rates[configs[0]])
+    print(f"\nClick job ({args.spec}, {args.examples} examples), {args.rounds} rounds alternating, "
+          f"{os.cpu_count()} cores (min / median / max):\n")
+    print(f"| servers | workers | examples/s | vs {configs[0][0]} server, {configs[0][1]} worker | test AUC |")
+    print("|---|---|---|---|---|")
+    for c in configs:
+        print(f"| {c[0]} | {c[1]} | {fmt(rates[c], '{:.0f}')} | {statistics.median(rates[c]) / first:.2f} | "
+              f"{fmt(aucs[c], '{:.4f}')} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -108,7 +108,7 @@ absl::Status AddTableRows(const v1::TableLayout& table, const std::string& state
   const auto dim = static_cast<size_t>(table.dim());
   // The row width (values and optimizer state) leads the state; the values come first.
   const int32_t stride = state.size() >= 4 ? static_cast<int32_t>(absl::little_endian::Load32(state.data())) : 0;
-  if (dim == 0 || stride < table.dim() || stride % table.dim() != 0) {
+  if (table.dim() <= 0 || stride < table.dim() || stride % table.dim() != 0) {
     return absl::DataLossError(absl::StrCat("table ", table.name(), ": a bucket's rows are ", stride,
                                             " floats wide, not a multiple of its dim ", table.dim()));
   }

@@ -472,6 +472,9 @@ void JobManager::MaybeStopEarly(Job* job, const v1::WorkReport& report) {
   }
   if (!std::isfinite(value)) return;  // nothing to compare (a diverged loss fails elsewhere)
   v1::EarlyStoppingState& state = job->early_stopping;
+  // A job resumed from a checkpoint evaluates its replayed steps again.
+  if (state.evaluated() && report.step() <= state.last_step()) return;
+  state.set_last_step(report.step());
   const double gain = higher_is_better ? value - state.best() : state.best() - value;
   if (!state.evaluated() || gain > rule.min_delta()) {
     state.set_evaluated(true);

@@ -1021,6 +1021,8 @@ TEST_F(JobManagerTest, EarlyStoppingEndsTheJobAfterPatienceEvaluationsWithoutImp
   EXPECT_EQ(GetOk(job_id).state(), v1::RUNNING);
   Restart();
   RegisterCluster();
+  ASSERT_TRUE(eval(30, 0.7).ok());  // a replayed step (a resume from a checkpoint): not judged again
+  EXPECT_EQ(GetOk(job_id).state(), v1::RUNNING);
   ASSERT_TRUE(eval(40, 0.6).ok());  // the second: the job ends
   const v1::JobStatus status = GetOk(job_id);
   EXPECT_EQ(status.state(), v1::SUCCEEDED) << status.reason();

@@ -183,6 +183,18 @@ class ParameterServiceImpl final
   prometheus::Gauge* jobs_;
   CheckpointStore* checkpoints_;
   std::unique_ptr<CheckpointWriter> writer_;  // with checkpoints_
+  // The last chunk ReadCheckpoint served in slices (a table bucket bigger
+  // than one answer), so that its later slices are not read and verified
+  // again each.
+  struct SlicedChunk {
+    std::string job_id;
+    int64_t checkpoint_id = 0;
+    int32_t chunk_id = -1;
+    uint32_t checksum = 0;
+    std::shared_ptr<const ChunkSnapshot> snapshot;
+  };
+  Mutex sliced_mu_;
+  SlicedChunk sliced_ ABSL_GUARDED_BY(sliced_mu_);
   prometheus::Histogram* optimizer_seconds_;
   prometheus::Counter* checkpoint_bytes_;
   std::unique_ptr<TableGauges> table_gauges_;

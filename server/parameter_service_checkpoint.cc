@@ -102,9 +102,27 @@ grpc::Status ParameterServiceImpl::ReadCheckpoint(grpc::ServerContext* /*context
                                                   v1::ChunkState* response) {
   const int64_t received = request->ByteSizeLong();
   if (checkpoints_ == nullptr) return Finish("ReadCheckpoint", NoStore(), received, 0);
-  auto snapshot =
-      checkpoints_->Read(request->job_id(), request->checkpoint_id(), request->chunk_id(), request->checksum());
-  if (!snapshot.ok()) return Finish("ReadCheckpoint", snapshot.status(), received, 0);
+  // A later slice of the chunk served last comes from memory; anything else
+  // is read (and verified) from the store.
+  std::shared_ptr<const ChunkSnapshot> snapshot;
+  if (request->table_state_offset() > 0) {
+    MutexLock lock(&sliced_mu_);
+    if (sliced_.snapshot != nullptr && sliced_.job_id == request->job_id() &&
+        sliced_.checkpoint_id == request->checkpoint_id() && sliced_.chunk_id == request->chunk_id() &&
+        (request->checksum() == 0 || request->checksum() == sliced_.checksum)) {
+      snapshot = sliced_.snapshot;
+    }
+  }
+  if (snapshot == nullptr) {
+    auto read = checkpoints_->Read(request->job_id(), request->checkpoint_id(), request->chunk_id(), request->checksum());
+    if (!read.ok()) return Finish("ReadCheckpoint", read.status(), received, 0);
+    snapshot = std::make_shared<const ChunkSnapshot>(*std::move(read));
+    if (snapshot->table_state.size() > kTableStateSlice && request->checksum() != 0) {
+      MutexLock lock(&sliced_mu_);
+      sliced_ = SlicedChunk{request->job_id(), request->checkpoint_id(), request->chunk_id(), request->checksum(),
+                            snapshot};
+    }
+  }
   const auto size = static_cast<int64_t>(snapshot->table_state.size());
   if (request->table_state_offset() < 0 || request->table_state_offset() > size) {
     return Finish("ReadCheckpoint",
@@ -115,8 +133,11 @@ grpc::Status ParameterServiceImpl::ReadCheckpoint(grpc::ServerContext* /*context
   response->set_table_state_size(size);
   response->set_table_state(snapshot->table_state.substr(static_cast<size_t>(request->table_state_offset()),
                                                          kTableStateSlice));
-  snapshot->table_state.clear();
   ToChunkState(*snapshot, request->chunk_id(), response);
+  if (request->table_state_offset() + static_cast<int64_t>(kTableStateSlice) >= size) {
+    MutexLock lock(&sliced_mu_);  // its last slice: not kept any longer
+    if (sliced_.snapshot == snapshot) sliced_ = SlicedChunk();
+  }
   return Finish("ReadCheckpoint", absl::OkStatus(), received, response->ByteSizeLong());
 }
 
@@ -124,6 +145,10 @@ grpc::Status ParameterServiceImpl::DeleteCheckpoint(grpc::ServerContext* /*conte
                                                     v1::DeleteCheckpointResponse*) {
   const int64_t received = request->ByteSizeLong();
   if (checkpoints_ == nullptr) return Finish("DeleteCheckpoint", absl::OkStatus(), received, 0);
+  {
+    MutexLock lock(&sliced_mu_);
+    if (sliced_.job_id == request->job_id()) sliced_ = SlicedChunk();
+  }
   absl::Status status = request->checkpoint_id() == 0
                             ? checkpoints_->DeleteJob(request->job_id())
                             : checkpoints_->Delete(request->job_id(), request->checkpoint_id());

@@ -216,6 +216,11 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
                                           static_cast<int32_t>(table.buckets.size()))) {
       absl::StatusOr<SparseTable*> bucket = BucketFor(table, part.keys.front());
       if (!bucket.ok()) return bucket.status();
+      if (!floors_.empty()) {
+        const std::vector<int64_t>& floor =
+            floors_[static_cast<size_t>(rows.table)][static_cast<size_t>(part.bucket)];
+        if (!floor.empty() && args.step < floor[static_cast<size_t>(args.partition)]) continue;  // in its rows
+      }
       if (absl::Status checked = (*bucket)->CheckPush(part.keys, part.grads); !checked.ok()) return checked;
       if ((*bucket)->rows() + static_cast<int64_t>(part.keys.size()) > SparseTable::kMaxRows) {
         // It may pass the row limit: the bucket's own check says.
@@ -227,9 +232,10 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
       plan.push_back(Planned{&table, *bucket, std::move(part)});
     }
   }
-  // The rows a push adds are counted only when it might not fit.
-  const int64_t room = room_ ? room_() : 0;
-  if (room_ && growth_at_most > room) {
+  // The rows a push adds are counted only when it might not fit (and the
+  // room, which reads the whole store, only when it may add any).
+  const int64_t room = room_ && growth_at_most > 0 ? room_() : 0;
+  if (room_ && growth_at_most > 0 && growth_at_most > room) {
     for (const Planned& planned : plan) {
       absl::StatusOr<int64_t> after = planned.bucket->BytesAfterCheckedPush(planned.part.keys);
       if (!after.ok()) return after.status();
@@ -240,7 +246,7 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
       }
       growth += std::max<int64_t>(0, more);
     }
-    if (growth > room) {
+    if (growth > 0 && growth > room) {  // a push that adds nothing passes (room may be below 0)
       return absl::ResourceExhaustedError(absl::StrCat(
           "sparse table ", grown_tables, " is full on this server: the job's tables take ", bytes(),
           " bytes and this push would add ", growth, ", beyond the ", std::max<int64_t>(0, room),
@@ -344,6 +350,13 @@ absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapsho
   restored_bytes_ += growth;
   for (size_t p = 0; p < restored_.size(); ++p) {
     restored_[p] = std::max(restored_[p], repartitioned_at.value_or(snapshot.partition_steps[p]));
+  }
+  if (!repartitioned_at.has_value()) {
+    if (floors_.empty()) {
+      floors_.resize(tables_.size());
+      for (size_t i = 0; i < tables_.size(); ++i) floors_[i].resize(tables_[i].buckets.size());
+    }
+    floors_[static_cast<size_t>(t)][static_cast<size_t>(b)] = snapshot.partition_steps;
   }
   now_ = std::max(now_, snapshot.version);
   return absl::OkStatus();

@@ -106,7 +106,11 @@ class SparseShard {
   std::vector<int32_t> chunk_ids() const;
   // Puts a captured bucket back into this (fresh) shard; its partition steps
   // (or, for a job restored onto another number of partitions, `repartitioned_at`
-  // for every partition) become the floor of the next captures'.
+  // for every partition) become the floor of the next captures'. Pushes to
+  // the bucket of a partition's step before its captured step are skipped
+  // (their gradients are in its rows); the captured step itself applies
+  // again, so a resumed asynchronous job may apply the parts of one step per
+  // partition twice, never lose one.
   // INVALID_ARGUMENT for a chunk id not held here; the table's LoadState
   // errors; RESOURCE_EXHAUSTED naming the table when the rows do not fit the
   // budget's room.
@@ -148,6 +152,11 @@ class SparseShard {
   // By partition: the step a restore says it runs again from.
   std::vector<int64_t> restored_ ABSL_GUARDED_BY(push_mu_);
   int64_t restored_bytes_ ABSL_GUARDED_BY(push_mu_) = 0;  // what restores added
+  // By table, then bucket: per partition, the step from which a restored
+  // bucket takes pushes again (the steps before are in its checkpointed
+  // rows, replayed by a resumed job: skipped). Empty: not restored, or
+  // restored onto another number of partitions. Sized by the first restore.
+  std::vector<std::vector<std::vector<int64_t>>> floors_ ABSL_GUARDED_BY(push_mu_);
   int64_t now_ ABSL_GUARDED_BY(push_mu_) = 0;          // the highest step applied
   int64_t next_expiry_ ABSL_GUARDED_BY(push_mu_) = 0;  // the step to expire rows again at
   std::string frozen_reason_ ABSL_GUARDED_BY(push_mu_);

@@ -323,6 +323,19 @@ TEST(SparseShardTest, ACaptureRestoredElsewhereTrainsOnExactlyAsTheOriginal) {
     SparseShard* other = holder == first.get() ? second.get() : first.get();
     EXPECT_EQ(other->Restore(chunk_id, snapshot).code(), absl::StatusCode::kInvalidArgument) << "not held there";
   }
+  // A resumed job replays partition 0's step 1, which the checkpoint holds:
+  // the restored buckets skip it (the original takes it as a duplicate).
+  for (SparseShard* shard : {first.get(), second.get(), original.get()}) {
+    std::vector<uint64_t> part;
+    std::vector<float> part_linear, part_embedding;
+    for (uint64_t key : keys) {
+      if (shard != original.get() && BucketOf(key, kBuckets) % 2 != (shard == first.get() ? 0 : 1)) continue;
+      part.push_back(key);
+      part_linear.push_back(1.0f);
+      part_embedding.insert(part_embedding.end(), 4, 1.0f);
+    }
+    ASSERT_TRUE(shard->Push(PushOf(0, 1, part, part_linear, part_embedding)).ok());
+  }
   // One more step on both: the same rows (Adagrad's accumulators came along).
   const std::vector<float> linear = Grads(keys.size(), 1, 0.3f);
   const std::vector<float> embedding = Grads(keys.size(), 4, 0.03f);

@@ -516,6 +516,10 @@ absl::Status SparseTable::LoadStateLocked(absl::string_view bytes) {
   };
   visit.candidate = [&](uint64_t key, int32_t count, int64_t last_step) {
     mu_.AssertHeld();
+    if (count < 1 || count >= std::max(1, config_.admit_after)) {
+      return bad(absl::StrCat("filter key ", key, " has ", count, " sightings; a count lies in [1, admitAfter ",
+                              config_.admit_after, ")"));
+    }
     if (Find(key) >= 0 || !candidates_.emplace(key, Sightings{count, last_step}).second) {
       return bad(absl::StrCat("filter key ", key, " is listed twice or also has a row"));
     }

@@ -93,7 +93,7 @@ std::vector<SparseClient::Request> SparseClient::Plan(const std::vector<std::vec
 }
 
 absl::Status SparseClient::Send(ParameterTransport::Method method, const std::vector<Request>& requests,
-                                const std::vector<std::string>& payloads, absl::Duration timeout,
+                                std::vector<std::string> payloads, absl::Duration timeout,
                                 const std::function<absl::Status(size_t, const grpc::ByteBuffer&)>& answer) {
   struct Call {
     std::unique_ptr<ParameterTransport::Call> call;
@@ -107,8 +107,12 @@ absl::Status SparseClient::Send(ParameterTransport::Method method, const std::ve
   absl::Status first_error;
   for (size_t i = 0; i < requests.size(); ++i) {
     Call& call = calls[i];
-    // The payloads outlive every call: the slice points at them, no copy.
-    grpc::Slice slice(payloads[i].data(), payloads[i].size(), grpc::Slice::STATIC_SLICE);
+    // The slice owns its payload, without a copy: gRPC may keep a request's
+    // bytes after the call ended (a write stuck on a paused peer), so they
+    // live until gRPC lets the slice go.
+    auto* owned = new std::string(std::move(payloads[i]));
+    grpc::Slice slice(owned->data(), owned->size(), [](void* bytes) { delete static_cast<std::string*>(bytes); },
+                      owned);
     call.request = grpc::ByteBuffer(&slice, 1);
     call.call = transport_->NewCall(requests[i].address, method);
   }
@@ -154,7 +158,7 @@ absl::Status SparseClient::Pull(const std::vector<std::vector<uint64_t>>& keys, 
     }
     payloads.push_back(pull.SerializeAsString());
   }
-  return Send(ParameterTransport::Method::kSparsePull, requests, payloads, timeout,
+  return Send(ParameterTransport::Method::kSparsePull, requests, std::move(payloads), timeout,
               [&](size_t i, const grpc::ByteBuffer& bytes) {
                 v1::SparsePullResponse response;
                 RETURN_IF_ERROR(ParseMessage(bytes, &response));
@@ -196,7 +200,7 @@ absl::Status SparseClient::Push(int32_t partition, int64_t step, const std::vect
     }
     payloads.push_back(push.SerializeAsString());
   }
-  return Send(ParameterTransport::Method::kSparsePush, requests, payloads, timeout,
+  return Send(ParameterTransport::Method::kSparsePush, requests, std::move(payloads), timeout,
               [](size_t, const grpc::ByteBuffer& bytes) {
                 v1::SparsePushResponse response;
                 return ParseMessage(bytes, &response);

@@ -53,7 +53,7 @@ class SparseClient {
   std::vector<Request> Plan(const std::vector<std::vector<uint64_t>>& keys) const;
   // Sends every request; `answer(i, bytes)` takes request i's answer.
   absl::Status Send(ParameterTransport::Method method, const std::vector<Request>& requests,
-                    const std::vector<std::string>& payloads, absl::Duration timeout,
+                    std::vector<std::string> payloads, absl::Duration timeout,
                     const std::function<absl::Status(size_t, const grpc::ByteBuffer&)>& answer);
 
   const v1::ShardMap map_;

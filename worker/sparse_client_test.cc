@@ -4,6 +4,7 @@
 // server is sent in parts that each apply once.
 #include "worker/sparse_client.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -136,6 +137,33 @@ TEST_F(SparseClientTest, AServerThatIsGoneFailsTheCallNamingIt) {
   const absl::Status pulled = client.Pull({keys, keys}, &rows, absl::Seconds(1));
   EXPECT_EQ(pulled.code(), absl::StatusCode::kUnavailable) << pulled;
   EXPECT_NE(pulled.message().find(map_.shards(0).address()), std::string::npos) << pulled;
+}
+
+
+// gRPC may hold a request's bytes after its call ended (a write stuck on a
+// paused peer): a kept sparse request's bytes stay what was sent after the
+// client returned and made other requests (they are the request's own).
+TEST_F(SparseClientTest, RequestsKeptPastTheirCallKeepTheirBytes) {
+  SparseClient client(map_, kJob, "w0", &transport_);
+  transport_.set_keep([](ParameterTransport::Method method) {
+    return method == ParameterTransport::Method::kSparsePush || method == ParameterTransport::Method::kSparsePull;
+  });
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 500; ++k) keys.push_back(k * 31 + 7);
+  std::vector<std::vector<float>> grads = {std::vector<float>(keys.size(), 0.5f),
+                                           std::vector<float>(keys.size() * kDim, 0.25f)};
+  std::vector<std::vector<float>> rows;
+  for (int64_t step = 0; step < 3; ++step) {
+    ASSERT_TRUE(client.Push(0, step, {keys, keys}, grads, absl::Seconds(10)).ok());
+    ASSERT_TRUE(client.Pull({keys, keys}, &rows, absl::Seconds(10)).ok());
+    for (auto& table : grads) std::fill(table.begin(), table.end(), static_cast<float>(step + 2));
+  }
+  transport_.set_keep(nullptr);
+  const std::vector<InProcessTransport::Kept> kept = transport_.TakeKept();
+  ASSERT_GE(kept.size(), 6u);
+  for (const InProcessTransport::Kept& request : kept) {
+    EXPECT_TRUE(BufferBytes(request.request) == request.sent) << "a kept request changed after it was sent";
+  }
 }
 
 }  // namespace

@@ -5,8 +5,9 @@
 // Properties: no crash, a clear error (DATA_LOSS / INVALID_ARGUMENT), and a
 // record that decodes re-encodes to a record that decodes to the same state.
 // A table bucket's state (common/table_state.h) is loaded into a table of
-// rows of 8 floats (dim 4, Adagrad): a clear error and an empty table, or a
-// table whose own state loads again into another with the same rows.
+// rows of 8 floats (dim 4, Adagrad, admitAfter 3): a clear error and an
+// empty table, or a table whose own state loads again into another with the
+// same rows.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -26,6 +27,7 @@ std::unique_ptr<fulcrum::SparseTable> NewTable() {
   config.dim = 4;
   config.optimizer.kind = fulcrum::SparseOptimizerKind::kAdagrad;
   config.optimizer.lr = 0.1f;
+  config.admit_after = 3;  // filter counts of 1 and 2 are valid
   config.memory_budget = 64 << 20;
   auto table = fulcrum::SparseTable::Create(config);
   if (!table.ok()) std::abort();

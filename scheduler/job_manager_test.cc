@@ -227,6 +227,24 @@ class JobManagerTest : public ::testing::Test {
     return job_id;
   }
 
+  // A training job that checkpoints every step, with checkpoint 1 queued
+  // (no checkpoint thread runs it: it stays WRITING).
+  void StartCheckpointOne(std::string* job_id) {
+    RegisterCluster();
+    v1::JobSpec spec = MlpSpec();
+    spec.mutable_checkpoint()->set_every_steps(1);
+    *job_id = SubmitOk(spec);
+    manager_->Tick();
+    MakeTraining(*job_id);
+    v1::WorkReport progress;
+    progress.set_member_id(workers_[0]);
+    progress.set_job_id(*job_id);
+    progress.set_kind(v1::WorkReport::PROGRESS);
+    progress.set_step(2);
+    ASSERT_TRUE(manager_->Report(progress).ok());
+    manager_->Tick();  // queues checkpoint 1
+  }
+
   // Runs a started job through READY and shard setup to training.
   void MakeTraining(const std::string& job_id) {
     for (const std::string& w : workers_) {
@@ -1238,19 +1256,8 @@ TEST_F(JobManagerTest, AWorkerSlowerThanTheOthersForThreeReportsIsAStraggler) {
 }
 
 TEST_F(JobManagerTest, CheckpointBeingWrittenAtARestartIsFailedAndItsDataDeleted) {
-  RegisterCluster();
-  v1::JobSpec spec = MlpSpec();
-  spec.mutable_checkpoint()->set_every_steps(1);
-  const std::string job_id = SubmitOk(spec);
-  manager_->Tick();
-  MakeTraining(job_id);
-  v1::WorkReport progress;
-  progress.set_member_id(workers_[0]);
-  progress.set_job_id(job_id);
-  progress.set_kind(v1::WorkReport::PROGRESS);
-  progress.set_step(2);
-  ASSERT_TRUE(manager_->Report(progress).ok());
-  manager_->Tick();  // queues checkpoint 1 (no checkpoint thread runs it)
+  std::string job_id;
+  ASSERT_NO_FATAL_FAILURE(StartCheckpointOne(&job_id));
   v1::JobStatus status = GetOk(job_id);
   ASSERT_EQ(status.checkpoints_size(), 1);
   ASSERT_EQ(status.checkpoints(0).state(), v1::CheckpointInfo::WRITING);
@@ -1272,19 +1279,8 @@ TEST_F(JobManagerTest, CheckpointBeingWrittenAtARestartIsFailedAndItsDataDeleted
 // it: a scheduler stopped between the two finds the record saying WRITING
 // and the manifest stored. That checkpoint is complete; its data stays.
 TEST_F(JobManagerTest, CheckpointCommittedJustBeforeARestartIsCompleteAndKept) {
-  RegisterCluster();
-  v1::JobSpec spec = MlpSpec();
-  spec.mutable_checkpoint()->set_every_steps(1);
-  const std::string job_id = SubmitOk(spec);
-  manager_->Tick();
-  MakeTraining(job_id);
-  v1::WorkReport progress;
-  progress.set_member_id(workers_[0]);
-  progress.set_job_id(job_id);
-  progress.set_kind(v1::WorkReport::PROGRESS);
-  progress.set_step(2);
-  ASSERT_TRUE(manager_->Report(progress).ok());
-  manager_->Tick();  // queues checkpoint 1 (no checkpoint thread runs it)
+  std::string job_id;
+  ASSERT_NO_FATAL_FAILURE(StartCheckpointOne(&job_id));
   ASSERT_EQ(GetOk(job_id).checkpoints(0).state(), v1::CheckpointInfo::WRITING);
   // What the checkpoint thread commits before it tells the manager.
   v1::CheckpointManifest manifest;

@@ -82,6 +82,26 @@ std::vector<uint64_t> OnShard(const std::vector<uint64_t>& keys, int32_t shard) 
   return held;
 }
 
+// The share of a push of `keys` (rows `linear` of 1 float, `embedding` of 4)
+// that goes to `shard` of two, as a worker splits a push.
+struct ShardPart {
+  std::vector<uint64_t> keys;
+  std::vector<float> linear;
+  std::vector<float> embedding;
+};
+ShardPart PartOnShard(const std::vector<uint64_t>& keys, const std::vector<float>& linear,
+                      const std::vector<float>& embedding, int32_t shard) {
+  ShardPart part;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (BucketOf(keys[i], kBuckets) % 2 != shard) continue;
+    part.keys.push_back(keys[i]);
+    part.linear.push_back(linear[i]);
+    part.embedding.insert(part.embedding.end(), embedding.begin() + static_cast<std::ptrdiff_t>(i * 4),
+                          embedding.begin() + static_cast<std::ptrdiff_t>(i * 4 + 4));
+  }
+  return part;
+}
+
 TEST(SparseShardTest, KeysSplitOverTwoServersTrainAsOnOne) {
   auto whole = Make({0, 1});
   auto first = Make({0});
@@ -94,17 +114,9 @@ TEST(SparseShardTest, KeysSplitOverTwoServersTrainAsOnOne) {
     ASSERT_EQ(*whole->Push(PushOf(0, step, keys, linear, embedding)), SparsePushOutcome::kApplied);
     for (int32_t s = 0; s < 2; ++s) {
       // Each server gets its keys' rows, as a worker splits a push.
-      std::vector<uint64_t> part;
-      std::vector<float> part_linear, part_embedding;
-      for (size_t i = 0; i < keys.size(); ++i) {
-        if (BucketOf(keys[i], kBuckets) % 2 != s) continue;
-        part.push_back(keys[i]);
-        part_linear.push_back(linear[i]);
-        part_embedding.insert(part_embedding.end(), embedding.begin() + static_cast<std::ptrdiff_t>(i * 4),
-                              embedding.begin() + static_cast<std::ptrdiff_t>(i * 4 + 4));
-      }
+      const ShardPart part = PartOnShard(keys, linear, embedding, s);
       SparseShard* server = s == 0 ? first.get() : second.get();
-      ASSERT_EQ(*server->Push(PushOf(0, step, part, part_linear, part_embedding)), SparsePushOutcome::kApplied);
+      ASSERT_EQ(*server->Push(PushOf(0, step, part.keys, part.linear, part.embedding)), SparsePushOutcome::kApplied);
     }
   }
   for (int32_t table = 0; table < 2; ++table) {
@@ -325,34 +337,24 @@ TEST(SparseShardTest, ACaptureRestoredElsewhereTrainsOnExactlyAsTheOriginal) {
   }
   // A resumed job replays partition 0's step 1, which the checkpoint holds:
   // the restored buckets skip it (the original takes it as a duplicate).
-  for (SparseShard* shard : {first.get(), second.get(), original.get()}) {
-    std::vector<uint64_t> part;
-    std::vector<float> part_linear, part_embedding;
-    for (uint64_t key : keys) {
-      if (shard != original.get() && BucketOf(key, kBuckets) % 2 != (shard == first.get() ? 0 : 1)) continue;
-      part.push_back(key);
-      part_linear.push_back(1.0f);
-      part_embedding.insert(part_embedding.end(), 4, 1.0f);
-    }
-    ASSERT_TRUE(shard->Push(PushOf(0, 1, part, part_linear, part_embedding)).ok());
+  const std::vector<float> ones_linear(keys.size(), 1.0f);
+  const std::vector<float> ones_embedding(keys.size() * 4, 1.0f);
+  ASSERT_TRUE(original->Push(PushOf(0, 1, keys, ones_linear, ones_embedding)).ok());
+  for (int32_t s = 0; s < 2; ++s) {
+    const ShardPart part = PartOnShard(keys, ones_linear, ones_embedding, s);
+    ASSERT_TRUE((s == 0 ? first : second)->Push(PushOf(0, 1, part.keys, part.linear, part.embedding)).ok());
   }
   // One more step on both: the same rows (Adagrad's accumulators came along).
   const std::vector<float> linear = Grads(keys.size(), 1, 0.3f);
   const std::vector<float> embedding = Grads(keys.size(), 4, 0.03f);
   ASSERT_TRUE(original->Push(PushOf(0, 3, keys, linear, embedding)).ok());
   for (int32_t s = 0; s < 2; ++s) {
-    std::vector<uint64_t> part;
-    std::vector<float> part_linear, part_embedding;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (BucketOf(keys[i], kBuckets) % 2 != s) continue;
-      part.push_back(keys[i]);
-      part_linear.push_back(linear[i]);
-      part_embedding.insert(part_embedding.end(), embedding.begin() + static_cast<std::ptrdiff_t>(i * 4),
-                            embedding.begin() + static_cast<std::ptrdiff_t>(i * 4 + 4));
-    }
+    const ShardPart part = PartOnShard(keys, linear, embedding, s);
     SparseShard* shard = s == 0 ? first.get() : second.get();
-    ASSERT_TRUE(shard->Push(PushOf(0, 3, part, part_linear, part_embedding)).ok());
-    for (int32_t table = 0; table < 2; ++table) EXPECT_EQ(PullAll(*shard, table, part), PullAll(*original, table, part));
+    ASSERT_TRUE(shard->Push(PushOf(0, 3, part.keys, part.linear, part.embedding)).ok());
+    for (int32_t table = 0; table < 2; ++table) {
+      EXPECT_EQ(PullAll(*shard, table, part.keys), PullAll(*original, table, part.keys));
+    }
   }
   // A restored shard's captures start from the restored steps.
   for (const auto& [chunk_id, snapshot] : second->Capture()) {

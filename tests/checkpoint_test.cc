@@ -96,6 +96,18 @@ class CheckpointTest : public ClusterTest {
     return nullptr;
   }
 
+  // Kills server `victim` -9 and starts it again on its volume, as
+  // Kubernetes restarts a pod.
+  static void KillAndRestartServer(const std::string& victim) {
+    ASSERT_TRUE(cluster_->Signal(victim, SIGKILL).ok());
+    absl::StatusOr<v1::LocalProcess> restarted;
+    for (absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
+      restarted = cluster_->RestartServer(victim);  // FAILED_PRECONDITION until the killed one is gone
+      if (restarted.ok() || restarted.status().code() != absl::StatusCode::kFailedPrecondition) break;
+    }
+    ASSERT_TRUE(restarted.ok()) << restarted.status();
+  }
+
   static absl::StatusOr<v1::CheckpointInfo> CheckpointNow(const std::string& job_id) {
     grpc::ClientContext context;
     SetDeadline(&context, 120);
@@ -276,13 +288,7 @@ TEST_F(CheckpointTest, ClickJobServerKilledAndRestartedResumesFromItsCheckpoint)
   ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
   ASSERT_FALSE(running.shards().empty());
   const std::string victim = running.shards(0).server_id();
-  ASSERT_TRUE(cluster_->Signal(victim, SIGKILL).ok());
-  absl::StatusOr<v1::LocalProcess> restarted;
-  for (absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
-    restarted = cluster_->RestartServer(victim);  // FAILED_PRECONDITION until the killed one is gone
-    if (restarted.ok() || restarted.status().code() != absl::StatusCode::kFailedPrecondition) break;
-  }
-  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ASSERT_NO_FATAL_FAILURE(KillAndRestartServer(victim));
 
   const v1::JobStatus done = WaitForEnd(*id);
   ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
@@ -316,13 +322,7 @@ TEST_F(CheckpointTest, ServerKilledWhileACheckpointIsWrittenKeepsThePreviousOne)
     if (shard.chunks() > 0) victim = shard.server_id();
   }
   ASSERT_FALSE(victim.empty());
-  ASSERT_TRUE(cluster_->Signal(victim, SIGKILL).ok());
-  absl::StatusOr<v1::LocalProcess> restarted;
-  for (absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
-    restarted = cluster_->RestartServer(victim);  // FAILED_PRECONDITION until the killed one is gone
-    if (restarted.ok() || restarted.status().code() != absl::StatusCode::kFailedPrecondition) break;
-  }
-  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ASSERT_NO_FATAL_FAILURE(KillAndRestartServer(victim));
 
   v1::JobStatus done = WaitForEnd(*id);
   ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();

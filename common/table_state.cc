@@ -71,7 +71,45 @@ class StateReader {
   size_t pos_ = 0;
 };
 
+void PutU64(uint64_t v, std::string* out) {
+  char bytes[8];
+  absl::little_endian::Store64(bytes, v);
+  out->append(bytes, sizeof(bytes));
+}
+
+void PutU32(uint32_t v, std::string* out) {
+  char bytes[4];
+  absl::little_endian::Store32(bytes, v);
+  out->append(bytes, sizeof(bytes));
+}
+
 }  // namespace
+
+void AppendTableStateHeader(int32_t stride, const TableStateCounters& counters, uint64_t rows, std::string* out) {
+  PutU32(static_cast<uint32_t>(stride), out);
+  PutU64(static_cast<uint64_t>(counters.pushes), out);
+  PutU64(static_cast<uint64_t>(counters.admissions), out);
+  PutU64(static_cast<uint64_t>(counters.expiries), out);
+  PutU64(rows, out);
+}
+
+void AppendTableStateRow(uint64_t key, int64_t last_step, absl::Span<const float> floats, std::string* out) {
+  PutU64(key, out);
+  PutU64(static_cast<uint64_t>(last_step), out);
+  for (float value : floats) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    PutU32(bits, out);
+  }
+}
+
+void AppendTableStateCandidates(uint64_t candidates, std::string* out) { PutU64(candidates, out); }
+
+void AppendTableStateCandidate(uint64_t key, int32_t count, int64_t last_step, std::string* out) {
+  PutU64(key, out);
+  PutU32(static_cast<uint32_t>(count), out);
+  PutU64(static_cast<uint64_t>(last_step), out);
+}
 
 absl::Status ParseTableState(absl::string_view bytes, const std::string& table, int32_t stride,
                              const TableStateVisitor& visit) {

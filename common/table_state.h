@@ -1,6 +1,6 @@
 // The bytes of one sparse table bucket's state, as checkpoints hold it
-// (written by server/sparse_table.h SparseTable::AppendState), and their
-// reader, shared by the servers (restores) and `fulcrum export`.
+// (server/sparse_table.h SparseTable::AppendState writes it with the
+// functions below), and their reader, shared by the servers (restores) and `fulcrum export`.
 //
 // Layout, all little-endian:
 //   u32 floats per row (dim x (1 + optimizer state slots)),
@@ -37,6 +37,14 @@ struct TableStateVisitor {
   // Per frequency-filter count (may be null: skipped).
   std::function<absl::Status(uint64_t key, int32_t count, int64_t last_step)> candidate;
 };
+
+// Writing, in the layout's order: the header (with the row count), each
+// row (`floats`: its stride of them), then the filter counts' number and
+// each count.
+void AppendTableStateHeader(int32_t stride, const TableStateCounters& counters, uint64_t rows, std::string* out);
+void AppendTableStateRow(uint64_t key, int64_t last_step, absl::Span<const float> floats, std::string* out);
+void AppendTableStateCandidates(uint64_t candidates, std::string* out);
+void AppendTableStateCandidate(uint64_t key, int32_t count, int64_t last_step, std::string* out);
 
 // Reads a table state whose rows must be `stride` floats. DATA_LOSS naming
 // `table`, the field and the offset for bytes that are truncated or

@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
 #include "common/table_state.h"
 #include "server/optimizer.h"
@@ -430,50 +429,19 @@ int64_t SparseTable::Expire(int64_t now) {
   return dropped;
 }
 
-namespace {
-
-void PutU64(uint64_t v, std::string* out) {
-  char bytes[8];
-  absl::little_endian::Store64(bytes, v);
-  out->append(bytes, sizeof(bytes));
-}
-
-void PutU32(uint32_t v, std::string* out) {
-  char bytes[4];
-  absl::little_endian::Store32(bytes, v);
-  out->append(bytes, sizeof(bytes));
-}
-
-void PutFloats(const float* values, size_t n, std::string* out) {
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, values + i, sizeof(bits));
-    PutU32(bits, out);
-  }
-}
-
-}  // namespace
-
 void SparseTable::AppendState(std::string* out) const {
   ReaderMutexLock lock(&mu_);
   out->reserve(out->size() + 40 + static_cast<size_t>(rows_) * (16 + static_cast<size_t>(stride_) * 4) +
                candidates_.size() * 20);
-  PutU32(static_cast<uint32_t>(stride_), out);
-  PutU64(static_cast<uint64_t>(pushes_), out);
-  PutU64(static_cast<uint64_t>(admissions_), out);
-  PutU64(static_cast<uint64_t>(expiries_), out);
-  PutU64(rows_, out);
+  AppendTableStateHeader(stride_, TableStateCounters{pushes_, admissions_, expiries_}, rows_, out);
   for (uint32_t r = 0; r < rows_; ++r) {
     char* row = RowAt(r);
-    PutU64(Header(row)->key, out);
-    PutU64(static_cast<uint64_t>(Header(row)->last_step), out);
-    PutFloats(Floats(row), static_cast<size_t>(stride_), out);
+    AppendTableStateRow(Header(row)->key, Header(row)->last_step,
+                        absl::Span<const float>(Floats(row), static_cast<size_t>(stride_)), out);
   }
-  PutU64(candidates_.size(), out);
+  AppendTableStateCandidates(candidates_.size(), out);
   for (const auto& [key, sightings] : candidates_) {
-    PutU64(key, out);
-    PutU32(static_cast<uint32_t>(sightings.count), out);
-    PutU64(static_cast<uint64_t>(sightings.last_step), out);
+    AppendTableStateCandidate(key, sightings.count, sightings.last_step, out);
   }
 }
 

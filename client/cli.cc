@@ -223,7 +223,11 @@ void PrintJob(const v1::JobStatus& job) {
             << "Progress:   " << ProgressLine(job).substr(job.job_id().size() + 1) << "\n"
             << "Model:      " << ModelText(spec) << ", " << job.num_parameters() << " parameters\n"
             << "Training:   " << v1::Mode_Name(spec.mode()) << ", " << spec.num_workers() << " workers x batch "
-            << spec.data().batch_size() << ", " << v1::OptimizerSpec::Kind_Name(spec.optimizer().kind())
+            << spec.data().batch_size()
+            << (spec.data().gradient_accumulation() > 1
+                    ? absl::StrCat(" x ", spec.data().gradient_accumulation(), " micro-batches")
+                    : std::string())
+            << ", " << v1::OptimizerSpec::Kind_Name(spec.optimizer().kind())
             << " lr " << spec.optimizer().lr() << ", "
             << v1::LrScheduleSpec::Kind_Name(spec.lr_schedule().kind()) << " schedule, precision "
             << v1::Precision_Name(spec.precision()) << ", wire " << v1::WireFormat_Name(spec.wire_format());

@@ -24,7 +24,7 @@ uint64_t ExampleDigest(int64_t epoch, int64_t example) {
 
 DataPartitioning DataPartitioning::For(const v1::JobSpec& spec, int64_t num_examples) {
   const int64_t partitions = spec.max_workers() > 0 ? spec.max_workers() : spec.num_workers();
-  return DataPartitioning(num_examples, spec.data().batch_size(), partitions);
+  return DataPartitioning(num_examples, StepBatchSize(spec), partitions);
 }
 
 int64_t DataPartitioning::steps_per_epoch() const {

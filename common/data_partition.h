@@ -4,8 +4,9 @@
 //
 // Each epoch has a seeded permutation of the training set (EpochPermutation).
 // Step s of the epoch takes the permutation's slice [s*G, (s+1)*G) with
-// G = batchSize * P (P data partitions = maxWorkers), and partition p takes
-// the p-th batchSize rows of it; the rows past the last full global batch are
+// G = B * P (B = StepBatchSize: batchSize times data.gradientAccumulation
+// or localSgd.steps; P data partitions = maxWorkers), and partition p takes
+// the p-th B rows of it; the rows past the last full global batch are
 // left out of that epoch. Workers compute the partitions the scheduler gives
 // them, so every example is used once per epoch and a BSP step's average
 // does not depend on how many workers are live or which one computes which
@@ -13,6 +14,7 @@
 #ifndef FULCRUM_COMMON_DATA_PARTITION_H_
 #define FULCRUM_COMMON_DATA_PARTITION_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -35,6 +37,19 @@ struct ExampleAudit {
   int64_t examples = 0;
   uint64_t digest = 0;
 };
+
+// The most examples one data partition's step may take.
+inline constexpr int64_t kMaxStepExamples = int64_t{1} << 20;
+
+// The batches of data.batch_size examples one data partition's step
+// computes: data.gradient_accumulation micro-batches, or local_sgd.steps
+// local steps, or 1.
+inline int64_t BatchesPerStep(const v1::JobSpec& spec) {
+  return std::max({1, spec.data().gradient_accumulation(), spec.local_sgd().steps()});
+}
+
+// The examples one data partition's step takes.
+inline int64_t StepBatchSize(const v1::JobSpec& spec) { return spec.data().batch_size() * BatchesPerStep(spec); }
 
 class DataPartitioning {
  public:

@@ -118,6 +118,9 @@ class Backend {
   // --- Ops ------------------------------------------------------------------
   // x[n] = value.
   virtual absl::Status Fill(int64_t n, float value, float* x) = 0;
+  // y[n] += alpha * x[n], in float32 whatever SetPrecision chose (it is not a
+  // GEMM). x and y must not overlap.
+  virtual absl::Status Axpy(int64_t n, float alpha, const float* x, float* y) = 0;
 
   // C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C, where op(X) = X^T
   // when trans_x. A is stored as [m,k] (or [k,m] when trans_a), B as [k,n]
@@ -140,9 +143,8 @@ class Backend {
                                           const float* y, float* dy) = 0;
 
   // out[j] = sum_i x[i, j] for x[rows, cols]; out has cols elements and is
-  // overwritten.
-  virtual absl::Status ColumnSum(int rows, int cols, const float* x,
-                                 float* out) = 0;
+  // overwritten, or with `accumulate` the sums are added to it.
+  virtual absl::Status ColumnSum(int rows, int cols, const float* x, float* out, bool accumulate) = 0;
 
   // Numerically stable softmax cross-entropy over logits[rows, classes] with
   // labels[rows] in [0, classes). If dlogits != nullptr, writes

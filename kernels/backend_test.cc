@@ -196,7 +196,7 @@ TEST_P(BackendTest, CopiesAreOrderedWithOps) {
   for (int i = 0; i < 64; ++i) {
     const std::vector<float> column(8, static_cast<float>(i));
     ASSERT_TRUE(backend()->CopyFromHost(buffer.get(), column.data(), sizeof(float) * column.size()).ok());
-    ASSERT_TRUE(backend()->ColumnSum(8, 1, buffer.get(), sums.get()).ok());
+    ASSERT_TRUE(backend()->ColumnSum(8, 1, buffer.get(), sums.get(), false).ok());
     ASSERT_EQ(Out<float>(sums, 1)[0], 8.0f * i);
   }
   EXPECT_TRUE(backend()->Synchronize().ok());
@@ -284,6 +284,24 @@ TEST_P(BackendTest, FillWritesEveryElement) {
   EXPECT_TRUE(backend()->Fill(0, 1.0f, nullptr).ok());
   EXPECT_EQ(backend()->Fill(-1, 1.0f, x.get()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(backend()->Fill(4, 1.0f, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Axpy rounds the product and the sum each once, in float32, on every
+// backend (what local SGD's steps and deltas are made of): bit-exact.
+TEST_P(BackendTest, AxpyAddsTheScaledVectorRoundingLikeTheHost) {
+  const int64_t n = 1003;
+  const std::vector<float> x = RandomVector(n, 31), y = RandomVector(n, 32);
+  Buffer x_dev = In(x), y_dev = In(y);
+  ASSERT_TRUE(backend()->Axpy(n, -0.37f, x_dev.get(), y_dev.get()).ok());
+  std::vector<float> expected(y);
+  for (int64_t i = 0; i < n; ++i) {
+    const volatile float product = -0.37f * x[i];  // rounded on its own, as a float
+    expected[i] = y[i] + product;
+  }
+  EXPECT_EQ(Out<float>(y_dev, n), expected);
+  EXPECT_TRUE(backend()->Axpy(0, 1.0f, nullptr, nullptr).ok());
+  EXPECT_EQ(backend()->Axpy(-1, 1.0f, x_dev.get(), y_dev.get()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend()->Axpy(4, 1.0f, nullptr, y_dev.get()).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // --- Gemm ----------------------------------------------------------------------
@@ -476,7 +494,7 @@ TEST_P(BackendTest, ColumnSumMatchesReference) {
     SCOPED_TRACE(::testing::Message() << rows << "x" << cols);
     const std::vector<float> x = RandomVector(rows * cols, 8);
     Buffer x_dev = In(x), out = In(Poisoned(cols));
-    ASSERT_TRUE(backend()->ColumnSum(rows, cols, x_dev.get(), out.get()).ok());
+    ASSERT_TRUE(backend()->ColumnSum(rows, cols, x_dev.get(), out.get(), false).ok());
     std::vector<double> expected(cols, 0.0), scale(cols, 0.0);
     for (int i = 0; i < rows; ++i) {
       for (int j = 0; j < cols; ++j) {
@@ -488,15 +506,35 @@ TEST_P(BackendTest, ColumnSumMatchesReference) {
   }
 }
 
+TEST_P(BackendTest, ColumnSumAccumulatingAddsToWhatOutHolds) {
+  const int rows = 37, cols = 45;
+  const std::vector<float> x = RandomVector(rows * cols, 9);
+  const std::vector<float> before = RandomVector(cols, 10);
+  Buffer x_dev = In(x), out = In(before);
+  ASSERT_TRUE(backend()->ColumnSum(rows, cols, x_dev.get(), out.get(), true).ok());
+  std::vector<double> expected(before.begin(), before.end()), scale(cols, 0.0);
+  for (int j = 0; j < cols; ++j) scale[j] = std::fabs(before[j]);
+  for (int i = 0; i < rows; ++i) {
+    for (int j = 0; j < cols; ++j) {
+      expected[j] += x[i * cols + j];
+      scale[j] += std::fabs(x[i * cols + j]);
+    }
+  }
+  ExpectAllClose(Out<float>(out, cols), expected, scale);
+  // No rows: what out holds stays.
+  ASSERT_TRUE(backend()->ColumnSum(0, cols, nullptr, out.get(), true).ok());
+  ExpectAllClose(Out<float>(out, cols), expected, scale);
+}
+
 TEST_P(BackendTest, ColumnSumOfNoRowsIsZero) {
   Buffer out = In(Poisoned(4));
-  ASSERT_TRUE(backend()->ColumnSum(0, 4, nullptr, out.get()).ok());
+  ASSERT_TRUE(backend()->ColumnSum(0, 4, nullptr, out.get(), false).ok());
   ExpectAllClose(Out<float>(out, 4), std::vector<double>(4, 0.0));
 }
 
 TEST_P(BackendTest, ColumnSumRejectsNegativeDims) {
   Buffer x = In(std::vector<float>(1)), out = In(std::vector<float>(1));
-  EXPECT_EQ(backend()->ColumnSum(-1, 1, x.get(), out.get()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend()->ColumnSum(-1, 1, x.get(), out.get(), false).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // --- Softmax cross-entropy -------------------------------------------------------

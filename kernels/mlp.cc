@@ -136,13 +136,15 @@ absl::Status Mlp::Forward(const std::vector<const float*>& params, const float* 
 
 // Expects delta_ to hold d(loss)/d(logits). Propagates it down the layers.
 absl::Status Mlp::Backward(const std::vector<const float*>& params, const float* x, int batch,
-                           const std::vector<float*>& grads, const std::function<absl::Status(int)>& layer_done) {
+                           const std::vector<float*>& grads, const std::function<absl::Status(int)>& layer_done,
+                           bool accumulate) {
+  const float beta = accumulate ? 1.0f : 0.0f;
   for (int i = num_layers() - 1; i >= 0; --i) {
     const int in = dims_[i], out = dims_[i + 1];
     const float* input = i == 0 ? x : outputs_[i - 1].get();
     RETURN_IF_ERROR(
-        backend_->Gemm(true, false, in, out, batch, 1.0f, input, delta_.get(), 0.0f, grads[2 * i]));
-    RETURN_IF_ERROR(backend_->ColumnSum(batch, out, delta_.get(), grads[2 * i + 1]));
+        backend_->Gemm(true, false, in, out, batch, 1.0f, input, delta_.get(), beta, grads[2 * i]));
+    RETURN_IF_ERROR(backend_->ColumnSum(batch, out, delta_.get(), grads[2 * i + 1], accumulate));
     if (layer_done) RETURN_IF_ERROR(layer_done(i));
     if (i == 0) break;
     RETURN_IF_ERROR(backend_->Gemm(false, true, batch, in, out, 1.0f, delta_.get(), params[2 * i], 0.0f,
@@ -163,16 +165,22 @@ void Mlp::AddStats(double loss_sum, int64_t correct, int batch, BatchStats* stat
 
 absl::Status Mlp::ForwardBackward(const std::vector<const float*>& params, const float* x,
                                   const int32_t* labels, int batch, const std::vector<float*>& grads,
-                                  BatchStats* stats, const std::function<absl::Status(int)>& layer_done) {
+                                  BatchStats* stats, const std::function<absl::Status(int)>& layer_done,
+                                  MicroBatch micro) {
   RETURN_IF_ERROR(ValidateInputs(params, x, labels, batch));
+  if (micro.total_batch != 0 && micro.total_batch < batch) {
+    return absl::InvalidArgumentError(absl::StrCat("Mlp::ForwardBackward: a micro-batch of ", batch,
+                                                   " examples in a batch of ", micro.total_batch));
+  }
+  const int total = micro.total_batch > 0 ? micro.total_batch : batch;
   RETURN_IF_ERROR(CheckPointers("grad", params.size(), grads.size(), AnyNull(grads)));
   RETURN_IF_ERROR(Forward(params, x, batch));
   double loss_sum = 0.0;
   int64_t correct = 0;
   RETURN_IF_ERROR(backend_->SoftmaxCrossEntropy(batch, config_.num_classes, outputs_.back().get(), labels,
-                                                1.0f / static_cast<float>(batch), delta_.get(), &loss_sum,
+                                                1.0f / static_cast<float>(total), delta_.get(), &loss_sum,
                                                 &correct));
-  RETURN_IF_ERROR(Backward(params, x, batch, grads, layer_done));
+  RETURN_IF_ERROR(Backward(params, x, batch, grads, layer_done, micro.accumulate));
   AddStats(loss_sum, correct, batch, stats);
   return absl::OkStatus();
 }

@@ -59,6 +59,13 @@ struct BatchStats {
   int64_t count = 0;
 };
 
+// One micro-batch of a larger batch, for gradient accumulation (see
+// Mlp::ForwardBackward).
+struct MicroBatch {
+  int total_batch = 0;  // the whole batch's examples; 0 = this batch alone
+  bool accumulate = false;  // add to the gradients instead of overwriting them
+};
+
 // Not thread-safe. Owns scratch buffers in backend memory (from
 // backend->Allocate) that are sized on first use and only grow. `backend` is
 // not owned and must outlive the Mlp. The Mlp never calls SetPrecision: GEMMs
@@ -84,9 +91,17 @@ class Mlp {
   // caller can start moving those gradients while the backward pass goes on
   // (on a device, order its copies after them, e.g. CopyToHostAsync). An
   // error it returns stops the pass and is returned.
+  //
+  // `micro` (optional, see MicroBatch) makes this one micro-batch of a larger batch
+  // (gradient accumulation): the gradients are of the loss summed over this
+  // micro-batch and divided by micro.total_batch examples, and with
+  // micro.accumulate they are added to `grads` instead of overwriting them.
+  // Micro-batches of sizes summing to total_batch, the first not
+  // accumulating, then leave the gradients of the mean loss over all of them.
   absl::Status ForwardBackward(const std::vector<const float*>& params, const float* x, const int32_t* labels,
                                int batch, const std::vector<float*>& grads, BatchStats* stats,
-                               const std::function<absl::Status(int layer)>& layer_done = nullptr);
+                               const std::function<absl::Status(int layer)>& layer_done = nullptr,
+                               MicroBatch micro = {});
 
   // Forward pass only; adds loss, correct count and size to *stats (may be
   // null). Same error conditions as ForwardBackward, plus RESOURCE_EXHAUSTED
@@ -102,7 +117,8 @@ class Mlp {
   absl::Status EnsureScratch(int batch);
   absl::Status Forward(const std::vector<const float*>& params, const float* x, int batch);
   absl::Status Backward(const std::vector<const float*>& params, const float* x, int batch,
-                        const std::vector<float*>& grads, const std::function<absl::Status(int)>& layer_done);
+                        const std::vector<float*>& grads, const std::function<absl::Status(int)>& layer_done,
+                        bool accumulate);
   static void AddStats(double loss_sum, int64_t correct, int batch, BatchStats* stats);
 
   ModelConfig config_;

@@ -313,6 +313,48 @@ TEST_P(MlpBackendTest, ScratchReuseAcrossBatchSizesGivesSameResults) {
   EXPECT_EQ(reused_grads, host.grads);
 }
 
+// Gradient accumulation: micro-batches of 5, 5 and 3 examples, scaled by the
+// 13 of the whole and added up, leave the gradients of one batch of 13
+// (within float rounding), and the same loss.
+TEST_P(MlpBackendTest, MicroBatchesAccumulateToTheGradientsOfTheWholeBatch) {
+  const ModelConfig config{6, {5, 4}, Activation::kTanh, 3};
+  Mlp mlp(config, backend());
+  Params host = MakeParams(config, 11, 0.7f);
+  BackendParams params(backend(), host);
+  const Batch whole = RandomBatch(config, 13, 4);
+  Buffer x = ToBackend(backend(), whole.x), labels = ToBackend(backend(), whole.labels);
+  BatchStats one;
+  ASSERT_TRUE(
+      mlp.ForwardBackward(params.ValuePtrs(), x.get(), labels.get<int32_t>(), 13, params.GradPtrs(), &one).ok());
+  params.DownloadGrads(host);
+  const std::vector<std::vector<float>> expected = host.grads;
+
+  BatchStats parts;
+  int first = 0;
+  for (int size : {5, 5, 3}) {
+    const MicroBatch micro{13, first > 0};
+    const absl::Status status = mlp.ForwardBackward(params.ValuePtrs(), x.get() + first * config.input_dim,
+                                                    labels.get<int32_t>() + first, size, params.GradPtrs(),
+                                                    &parts, nullptr, micro);
+    ASSERT_TRUE(status.ok()) << status;
+    first += size;
+  }
+  params.DownloadGrads(host);
+  EXPECT_EQ(parts.count, 13);
+  EXPECT_NEAR(parts.loss_sum, one.loss_sum, 1e-5 * one.loss_sum);
+  for (size_t t = 0; t < expected.size(); ++t) {
+    for (size_t e = 0; e < expected[t].size(); ++e) {
+      EXPECT_NEAR(host.grads[t][e], expected[t][e], 1e-5 * std::fabs(expected[t][e]) + 1e-7)
+          << "tensor " << MlpTensors(config)[t].name << " element " << e;
+    }
+  }
+  // A micro-batch larger than its batch is refused.
+  EXPECT_EQ(mlp.ForwardBackward(params.ValuePtrs(), x.get(), labels.get<int32_t>(), 13, params.GradPtrs(), nullptr,
+                                nullptr, MicroBatch{12, false})
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // What the trainer relies on to push layer k while layer k-1's backward runs:
 // layer_done comes top layer first, once per layer, and a copy queued in it
 // carries that layer's final gradients (the ones the whole pass leaves).

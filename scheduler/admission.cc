@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/data_partition.h"
 #include "common/memory_budget.h"
 #include "common/rpc.h"
 #include "common/table_spec.h"
@@ -73,7 +74,10 @@ JobClaims ClaimsOf(const v1::JobSpec& spec) {
   claims.worker_bytes = claims.worker_data_bytes +
                         claims.parameters * kFloat * 3 +              // parameters, pull landing, gradients
                         (half_wire ? claims.parameters * 2 * 2 : 0) +  // 16-bit parameters and gradients
+                        (spec.local_sgd().steps() > 1 ? claims.parameters * kFloat : 0) +  // local SGD's own copy
                         batch * widths * kFloat * 3 +                  // activations, their gradients, the batch
+                        // a step's other micro-batches (data.gradientAccumulation), inputs and labels
+                        (StepBatchSize(spec) - batch) * (data.features + 1) * kFloat +
                         // compression's residuals: one copy of the gradients per partition it keeps
                         (spec.compression().kind() != v1::CompressionSpec::NONE
                              ? claims.parameters * kFloat * std::min(spec.max_workers(), 4)

@@ -132,7 +132,7 @@ absl::StatusOr<CheckpointPlan> JobManager::PlanCheckpoint(const CheckpointTask& 
   manifest.mutable_server_addresses()->insert(plan.servers.begin(), plan.servers.end());
   manifest.set_num_partitions(job->num_partitions);
   manifest.set_global_batch(
-      DataPartitioning(job->data_info.train_examples(), job->status.spec().data().batch_size(), job->num_partitions)
+      DataPartitioning(job->data_info.train_examples(), StepBatchSize(job->status.spec()), job->num_partitions)
           .global_batch());
   *manifest.mutable_progress() = job->status.progress();
   *manifest.mutable_spec() = job->status.spec();
@@ -228,7 +228,7 @@ void JobManager::PlanRestore(Job* job, const v1::CheckpointManifest& manifest) {
     const Member* member = members_.Find(id);
     (*restore.mutable_server_addresses())[id] = member != nullptr ? member->address : address;
   }
-  const DataPartitioning partitioning(job->data_info.train_examples(), job->status.spec().data().batch_size(),
+  const DataPartitioning partitioning(job->data_info.train_examples(), StepBatchSize(job->status.spec()),
                                       job->num_partitions);
   int64_t step = manifest.info().step();
   std::vector<int64_t> positions(manifest.partition_steps().begin(), manifest.partition_steps().end());

@@ -211,7 +211,7 @@ void JobManager::StartSetups() {
 absl::Status JobManager::BuildShardPlan(Job* job) {
   const v1::JobSpec& spec = job->status.spec();
   const v1::WorkReport& data = job->data_info;
-  const DataPartitioning partitioning(data.train_examples(), spec.data().batch_size(), job->num_partitions);
+  const DataPartitioning partitioning(data.train_examples(), StepBatchSize(spec), job->num_partitions);
   job->steps_per_epoch = partitioning.steps_per_epoch();
   if (job->steps_per_epoch == 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/data_partition.h"
 #include "common/lr_scaling.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
@@ -109,9 +110,37 @@ absl::Status ValidateData(const v1::DataSpec& data) {
 // How a job steps through its data, whatever the dataset.
 absl::Status ValidateDataSteps(const v1::DataSpec& data) {
   RETURN_IF_ERROR(CheckRange("data.batchSize", data.batch_size(), 1, 65536));
+  RETURN_IF_ERROR(CheckRange("data.gradientAccumulation", data.gradient_accumulation(), 0, 1024));
   RETURN_IF_ERROR(CheckRange("data.epochs", data.epochs(), 1, 10000));
   RETURN_IF_ERROR(CheckRange<int64_t>("data.maxSteps", data.max_steps(), 0, int64_t{1} << 40));
   RETURN_IF_ERROR(CheckRange<int64_t>("data.evalEverySteps", data.eval_every_steps(), 0, int64_t{1} << 40));
+  return absl::OkStatus();
+}
+
+// What one step of a data partition computes: micro-batches (gradient
+// accumulation) or local SGD steps, and how many examples that takes.
+absl::Status ValidateStepShape(const v1::JobSpec& spec) {
+  const v1::LocalSgdSpec& local = spec.local_sgd();
+  RETURN_IF_ERROR(CheckRange("localSgd.steps", local.steps(), 0, 1024));
+  if (local.steps() > 1) {
+    RETURN_IF_ERROR(CheckFloat("localSgd.lr", local.lr(), 0, 1000, true, false));
+    if (spec.data().gradient_accumulation() > 1) {
+      return Invalid("localSgd.steps", "cannot be combined with data.gradientAccumulation",
+                     absl::StrCat(local.steps()));
+    }
+    if (spec.optimizer().lr_scaling() == v1::OptimizerSpec::LINEAR) {
+      return Invalid("optimizer.lrScaling",
+                     "must not be LINEAR with localSgd (its pushes are parameter deltas, not gradients)", "LINEAR");
+    }
+  } else if (local.lr() != 0) {
+    return Invalid("localSgd.lr", "needs localSgd.steps > 1", absl::StrCat(local.lr()));
+  }
+  if (StepBatchSize(spec) > kMaxStepExamples) {
+    return Invalid(local.steps() > 1 ? "localSgd.steps" : "data.gradientAccumulation",
+                   absl::StrCat("makes a step of ", StepBatchSize(spec), " examples (data.batchSize x ",
+                                BatchesPerStep(spec), "), more than ", kMaxStepExamples),
+                   absl::StrCat(BatchesPerStep(spec)));
+  }
   return absl::OkStatus();
 }
 
@@ -290,6 +319,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     RETURN_IF_ERROR(ValidateData(spec.data()));
   }
   RETURN_IF_ERROR(ValidateDataSteps(spec.data()));
+  RETURN_IF_ERROR(ValidateStepShape(spec));
   RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
   RETURN_IF_ERROR(ValidateSchedule(spec.lr_schedule(), spec.optimizer().lr()));
   RETURN_IF_ERROR(ValidateLrScaling(spec));

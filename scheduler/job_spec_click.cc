@@ -193,6 +193,10 @@ absl::Status ValidateClickLimits(const v1::JobSpec& spec) {
     return Invalid("replicas", "must be 1 for a click model (sparse tables are not replicated yet)",
                    absl::StrCat(spec.replicas()));
   }
+  if (spec.local_sgd().steps() > 1) {
+    return Invalid("localSgd.steps", "applies to dense models only (not to click models)",
+                   absl::StrCat(spec.local_sgd().steps()));
+  }
   if (spec.precision() != v1::FP32) {
     return Invalid("precision", "must be FP32 for a click model (it computes in float32 on the CPU)",
                    v1::Precision_Name(spec.precision()));

@@ -54,6 +54,14 @@ TEST(JobSpecTest, OtherValidVariantsPass) {
       },
       [](v1::JobSpec* s) { MakeSynthetic(s); },
       [](v1::JobSpec* s) {
+        s->mutable_data()->set_batch_size(1024);
+        s->mutable_data()->set_gradient_accumulation(1024);
+      },
+      [](v1::JobSpec* s) {
+        s->mutable_local_sgd()->set_steps(8);
+        s->mutable_local_sgd()->set_lr(0.05f);
+      },
+      [](v1::JobSpec* s) {
         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
         s->mutable_optimizer()->set_beta1(0.8f);
         s->mutable_optimizer()->set_beta2(0.99f);
@@ -330,6 +338,52 @@ std::vector<RejectCase> RejectCases() {
       {"BatchSize65537",
        [](S* s) { s->mutable_data()->set_batch_size(65537); },
        {"data.batchSize", "[1, 65536]"}},
+      {"GradientAccumulationNegative",
+       [](S* s) { s->mutable_data()->set_gradient_accumulation(-1); },
+       {"data.gradientAccumulation", "[0, 1024]"}},
+      {"GradientAccumulation1025",
+       [](S* s) { s->mutable_data()->set_gradient_accumulation(1025); },
+       {"data.gradientAccumulation", "[0, 1024]"}},
+      {"GradientAccumulationStepOverAMillionExamples",
+       [](S* s) {
+         s->mutable_data()->set_batch_size(2048);
+         s->mutable_data()->set_gradient_accumulation(1024);
+       },
+       {"data.gradientAccumulation", "2097152 examples", "1048576"}},
+      {"LocalSgdStepsOver1024",
+       [](S* s) {
+         s->mutable_local_sgd()->set_steps(1025);
+         s->mutable_local_sgd()->set_lr(0.1f);
+       },
+       {"localSgd.steps", "[0, 1024]"}},
+      {"LocalSgdWithoutItsRate",
+       [](S* s) { s->mutable_local_sgd()->set_steps(4); },
+       {"localSgd.lr"}},
+      {"LocalSgdRateWithoutSteps",
+       [](S* s) { s->mutable_local_sgd()->set_lr(0.1f); },
+       {"localSgd.lr", "needs localSgd.steps > 1"}},
+      {"LocalSgdWithGradientAccumulation",
+       [](S* s) {
+         s->mutable_local_sgd()->set_steps(4);
+         s->mutable_local_sgd()->set_lr(0.1f);
+         s->mutable_data()->set_gradient_accumulation(2);
+       },
+       {"localSgd.steps", "data.gradientAccumulation"}},
+      {"LocalSgdWithLinearLrScaling",
+       [](S* s) {
+         s->mutable_local_sgd()->set_steps(4);
+         s->mutable_local_sgd()->set_lr(0.1f);
+         s->mutable_optimizer()->set_lr_scaling(v1::OptimizerSpec::LINEAR);
+         s->mutable_optimizer()->set_base_batch_size(64);
+       },
+       {"optimizer.lrScaling", "LINEAR"}},
+      {"LocalSgdStepOverAMillionExamples",
+       [](S* s) {
+         s->mutable_data()->set_batch_size(4096);
+         s->mutable_local_sgd()->set_steps(512);
+         s->mutable_local_sgd()->set_lr(0.1f);
+       },
+       {"localSgd.steps", "2097152 examples"}},
       {"Epochs10001",
        [](S* s) { s->mutable_data()->set_epochs(10001); },
        {"data.epochs", "[1, 10000]"}},

@@ -287,7 +287,7 @@ class ClickRun {
         train_(std::move(data.train)),
         test_(std::move(data.test)),
         examples_(train_ != nullptr ? train_->num_examples() : synthetic_.examples),
-        batch_(spec_.data().batch_size()),
+        batch_(static_cast<int>(StepBatchSize(spec_))),
         partitioning_(examples_, batch_, assignment.num_partitions()),
         steps_per_epoch_(assignment.steps_per_epoch()),
         total_steps_(assignment.total_steps()),
@@ -319,6 +319,10 @@ class ClickRun {
   }
   kernels::CtrBatch ModelBatch(const Batch& batch, const Bags& bags) const;
   kernels::CtrParams ModelParams(const std::vector<std::vector<float>>& rows) const;
+  // The step's gradients into grads_ and row_grads_: at once, or with
+  // gradient accumulation as data.batchSize micro-batches one after the
+  // other, each adding its share of the mean.
+  absl::Status ComputeGradients(const Batch& batch, const Bags& bags, kernels::CtrStats* stats);
   // One partition step: pull, compute, push. DEADLINE_EXCEEDED (SSP): too
   // far ahead of the slowest partition for now.
   absl::Status Step(int32_t partition, int64_t step);
@@ -350,6 +354,9 @@ class ClickRun {
   std::unique_ptr<SparseClient> sparse_;
   std::vector<std::vector<float>> params_, grads_;
   std::vector<std::vector<float>> rows_, row_grads_;
+  // Gradient accumulation: one micro-batch's gradients and offsets.
+  std::vector<std::vector<float>> micro_grads_, micro_row_grads_;
+  std::vector<int64_t> micro_offsets_;
   int64_t seq_ = 0;
   int failures_ = 0;
   int64_t max_staleness_seen_ = 0;
@@ -398,6 +405,65 @@ kernels::CtrParams ClickRun::ModelParams(const std::vector<std::vector<float>>& 
   return params;
 }
 
+namespace {
+
+// to[i] += scale * from[i] over every tensor.
+void AddScaled(const std::vector<std::vector<float>>& from, float scale, std::vector<std::vector<float>>* to) {
+  for (size_t t = 0; t < from.size(); ++t) {
+    float* out = (*to)[t].data();
+    const float* in = from[t].data();
+    for (size_t i = 0; i < from[t].size(); ++i) out[i] += scale * in[i];
+  }
+}
+
+kernels::CtrGrads GradsOf(std::vector<std::vector<float>>* dense, std::vector<std::vector<float>>* tables) {
+  kernels::CtrGrads grads;
+  for (auto& tensor : *dense) grads.dense.push_back(tensor.data());
+  for (auto& table : *tables) grads.tables.push_back(table.data());
+  return grads;
+}
+
+}  // namespace
+
+absl::Status ClickRun::ComputeGradients(const Batch& batch, const Bags& bags, kernels::CtrStats* stats) {
+  row_grads_.resize(rows_.size());
+  for (size_t t = 0; t < rows_.size(); ++t) row_grads_[t].resize(rows_[t].size());
+  const kernels::CtrBatch whole = ModelBatch(batch, bags);
+  const kernels::CtrParams params = ModelParams(rows_);
+  const int micro = spec_.data().batch_size();
+  if (whole.batch <= micro) return model_.ForwardBackward(whole, params, GradsOf(&grads_, &row_grads_), stats);
+
+  micro_grads_.resize(grads_.size());
+  for (size_t t = 0; t < grads_.size(); ++t) micro_grads_[t].resize(grads_[t].size());
+  micro_row_grads_.resize(row_grads_.size());
+  for (size_t t = 0; t < row_grads_.size(); ++t) micro_row_grads_[t].resize(row_grads_[t].size());
+  for (auto& tensor : grads_) std::fill(tensor.begin(), tensor.end(), 0.0f);
+  for (auto& table : row_grads_) std::fill(table.begin(), table.end(), 0.0f);
+  const kernels::CtrGrads micro_grads = GradsOf(&micro_grads_, &micro_row_grads_);
+  const int64_t fields = layout_.ctr.num_fields, dense = layout_.ctr.num_dense;
+  for (int first = 0; first < whole.batch; first += micro) {
+    const int size = std::min(micro, whole.batch - first);
+    kernels::CtrBatch part = whole;
+    part.batch = size;
+    part.labels = whole.labels + first;
+    if (whole.dense != nullptr) part.dense = whole.dense + first * dense;
+    if (whole.offsets != nullptr) {
+      // The micro-batch's bags, their offsets starting over at 0.
+      const int64_t* offsets = whole.offsets + first * fields;
+      micro_offsets_.resize(static_cast<size_t>(size * fields + 1));
+      for (size_t i = 0; i < micro_offsets_.size(); ++i) micro_offsets_[i] = offsets[i] - offsets[0];
+      part.offsets = micro_offsets_.data();
+      if (whole.rows != nullptr) part.rows = whole.rows + offsets[0];
+      if (whole.weights != nullptr) part.weights = whole.weights + offsets[0];
+    }
+    RETURN_IF_ERROR(model_.ForwardBackward(part, params, micro_grads, stats));
+    const float share = static_cast<float>(size) / static_cast<float>(whole.batch);
+    AddScaled(micro_grads_, share, &grads_);
+    AddScaled(micro_row_grads_, share, &row_grads_);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ClickRun::Step(int32_t partition, int64_t step) {
   const absl::Time start = absl::Now();
   if (spec_.mode() == v1::SSP) {
@@ -412,16 +478,9 @@ absl::Status ClickRun::Step(int32_t partition, int64_t step) {
   const Batch batch = MakeBatch(partition, step, &audit);
   const Bags bags = BagsOf(batch);
   RETURN_IF_ERROR(PullRows(bags, &rows_));
-  row_grads_.resize(rows_.size());
-  kernels::CtrGrads grads;
-  for (auto& tensor : grads_) grads.dense.push_back(tensor.data());
-  for (size_t t = 0; t < rows_.size(); ++t) {
-    row_grads_[t].resize(rows_[t].size());
-    grads.tables.push_back(row_grads_[t].data());
-  }
   const absl::Time compute_start = absl::Now();
   kernels::CtrStats stats;
-  RETURN_IF_ERROR(model_.ForwardBackward(ModelBatch(batch, bags), ModelParams(rows_), grads, &stats));
+  RETURN_IF_ERROR(ComputeGradients(batch, bags, &stats));
   if (hooks_.observe_compute) hooks_.observe_compute(absl::ToDoubleSeconds(absl::Now() - compute_start), 0);
   RETURN_IF_ERROR(client_->Push(++seq_, partition, step, grads_, kRpcTimeout, audit.examples, audit.digest));
   std::vector<std::vector<uint64_t>> keys(rows_.size(), bags.keys);

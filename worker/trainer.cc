@@ -298,7 +298,9 @@ class TrainingRun {
   TrainingRun(Trainer* trainer, const v1::Assignment& assignment)
       : trainer_(*trainer),
         spec_(assignment.spec()),
-        batch_(spec_.data().batch_size()),
+        batch_(static_cast<int>(StepBatchSize(spec_))),
+        micro_batch_(spec_.data().batch_size()),
+        local_steps_(spec_.local_sgd().steps() > 1 ? spec_.local_sgd().steps() : 0),
         num_partitions_(assignment.num_partitions()),
         partitioning_(trainer->train_->num_examples, batch_, num_partitions_),
         steps_per_epoch_(assignment.steps_per_epoch()),
@@ -334,6 +336,14 @@ class TrainingRun {
     trainer_.batch_y_.assign(batch_, 0);
     ASSIGN_OR_RETURN(x_buffer_, UploadArray(backend, trainer_.batch_x_, &x_device_));
     ASSIGN_OR_RETURN(y_buffer_, UploadArray(backend, trainer_.batch_y_, &y_device_));
+    if (local_steps_ > 0) {
+      for (const auto& tensor : *grads_.host()) {
+        ASSIGN_OR_RETURN(kernels::Buffer buffer,
+                         kernels::Buffer::Make(backend, std::max<size_t>(1, tensor.size()) * sizeof(float)));
+        local_.push_back(buffer.get());
+        local_buffers_.push_back(std::move(buffer));
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -401,6 +411,10 @@ class TrainingRun {
   int NumLayers() const { return static_cast<int>(grads_.device().size()) / 2; }
   // Computes partition p's gradient at `step` from the uploaded parameters and pushes it.
   absl::Status ComputeAndPush(int32_t partition, int64_t step);
+  // Local SGD: local_steps_ SGD steps over the gathered batch's micro-batches
+  // on a copy of the uploaded parameters, leaving in grads_ how far they
+  // moved (uploaded minus local).
+  absl::Status LocalSteps();
   // Before the gradient buffers are written: waits up to `wait` for gRPC to
   // let go of earlier pushes' slices over them, else abandons them to the
   // loan for fresh ones.
@@ -457,7 +471,9 @@ class TrainingRun {
 
   Trainer& trainer_;
   const v1::JobSpec spec_;
-  const int batch_;
+  const int batch_;        // a step's examples
+  const int micro_batch_;  // computed at once (data.batchSize; gradient accumulation adds the rest)
+  const int local_steps_;  // JobSpec.local_sgd: SGD steps a partition step takes here (0: off)
   const int32_t num_partitions_;
   const DataPartitioning partitioning_;  // which rows a partition step takes
   const int64_t steps_per_epoch_;
@@ -496,6 +512,9 @@ class TrainingRun {
   // gradients as they travel.
   StagedTensors<uint16_t> params16_;
   StagedTensors<uint16_t> grads16_;
+  // Local SGD only: the partition's own parameters in backend memory.
+  std::vector<kernels::Buffer> local_buffers_;
+  std::vector<float*> local_;
   kernels::Buffer x_buffer_, y_buffer_;
   const float* x_device_ = nullptr;
   const int32_t* y_device_ = nullptr;
@@ -573,10 +592,25 @@ absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
     queued_ticket_ = -1;
   });
   std::function<absl::Status(int)> layer_done;
-  if (trainer_.transfer_.overlap_push) layer_done = [&](int layer) { return LayerDone(layer, push.get(), &downloads); };
+  if (trainer_.transfer_.overlap_push && local_steps_ == 0) {
+    layer_done = [&](int layer) { return LayerDone(layer, push.get(), &downloads); };
+  }
   const kernels::BatchStats before = window_;
-  RETURN_IF_ERROR(model_.ForwardBackward(params_.device_const(), x_device_, y_device_, batch_, grads_.device(),
-                                         &window_, layer_done));
+  if (local_steps_ > 0) {
+    RETURN_IF_ERROR(LocalSteps());
+  } else {
+    // Gradient accumulation: micro-batches one after the other, each adding
+    // its share of the step's mean gradient; the last one hands each layer on.
+    const int features = trainer_.train_->num_features;
+    for (int first = 0; first < batch_; first += micro_batch_) {
+      const int size = std::min(micro_batch_, batch_ - first);
+      const bool last = first + size == batch_;
+      RETURN_IF_ERROR(model_.ForwardBackward(params_.device_const(), x_device_ + int64_t{first} * features,
+                                             y_device_ + first, size, grads_.device(), &window_,
+                                             last ? layer_done : nullptr,
+                                             kernels::MicroBatch{batch_, first > 0}));
+    }
+  }
   if (window_.count > before.count) {  // this partition step's loss, for the job's loss curve
     if (step_losses_.size() >= kMaxStepLosses) step_losses_.erase(step_losses_.begin());
     v1::StepLoss& loss = step_losses_.emplace_back();
@@ -585,7 +619,7 @@ absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
     loss.set_loss(static_cast<float>((window_.loss_sum - before.loss_sum) /
                                      static_cast<double>(window_.count - before.count)));
   }
-  if (!trainer_.transfer_.overlap_push) {
+  if (!layer_done) {
     for (int layer = NumLayers() - 1; layer >= 0; --layer) RETURN_IF_ERROR(LayerDone(layer, push.get(), &downloads));
   }
   // On a device: each layer's gradients leave as soon as their copy is in,
@@ -602,6 +636,35 @@ absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   window_step_seconds_ += seconds;
   if (trainer_.hooks_.observe_step) trainer_.hooks_.observe_step(seconds, batch_);
+  return absl::OkStatus();
+}
+
+absl::Status TrainingRun::LocalSteps() {
+  kernels::Backend* backend = trainer_.backend_;
+  const std::vector<const float*> start = params_.device_const();
+  const std::vector<float*>& grads = grads_.device();
+  std::vector<int64_t> sizes;
+  for (const auto& tensor : *grads_.host()) sizes.push_back(static_cast<int64_t>(tensor.size()));
+  // The partition's own copy of the parameters it starts from.
+  for (size_t t = 0; t < local_.size(); ++t) {
+    RETURN_IF_ERROR(backend->Fill(sizes[t], 0.0f, local_[t]));
+    RETURN_IF_ERROR(backend->Axpy(sizes[t], 1.0f, start[t], local_[t]));
+  }
+  const std::vector<const float*> local(local_.begin(), local_.end());
+  const float lr = spec_.local_sgd().lr();
+  const int features = trainer_.train_->num_features;
+  for (int first = 0; first < batch_; first += micro_batch_) {
+    const int size = std::min(micro_batch_, batch_ - first);
+    RETURN_IF_ERROR(model_.ForwardBackward(local, x_device_ + int64_t{first} * features, y_device_ + first, size,
+                                           grads, &window_));
+    for (size_t t = 0; t < local_.size(); ++t) RETURN_IF_ERROR(backend->Axpy(sizes[t], -lr, grads[t], local_[t]));
+  }
+  // How far it moved: start - local, in place of a gradient.
+  for (size_t t = 0; t < local_.size(); ++t) {
+    RETURN_IF_ERROR(backend->Fill(sizes[t], 0.0f, grads[t]));
+    RETURN_IF_ERROR(backend->Axpy(sizes[t], 1.0f, start[t], grads[t]));
+    RETURN_IF_ERROR(backend->Axpy(sizes[t], -1.0f, local_[t], grads[t]));
+  }
   return absl::OkStatus();
 }
 

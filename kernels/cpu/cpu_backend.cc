@@ -136,6 +136,13 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status Axpy(int64_t n, float alpha, const float* x, float* y) override {
+    RETURN_IF_ERROR(checks::FirstError(
+        {checks::Dim("Axpy", "n", n), checks::Ptr("Axpy", "x", x, n), checks::Ptr("Axpy", "y", y, n)}));
+    for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+    return absl::OkStatus();
+  }
+
   absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                     const float* b, float beta, float* c) override {
     const int64_t mk = int64_t{m} * k, kn = int64_t{k} * n, mn = int64_t{m} * n;
@@ -183,13 +190,13 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status ColumnSum(int rows, int cols, const float* x, float* out) override {
+  absl::Status ColumnSum(int rows, int cols, const float* x, float* out, bool accumulate) override {
     const char* op = "ColumnSum";
     absl::Status status = checks::FirstError({checks::Dim(op, "rows", rows), checks::Dim(op, "cols", cols),
                                               checks::Ptr(op, "x", x, int64_t{rows} * cols),
                                               checks::Ptr(op, "out", out, cols)});
     if (!status.ok()) return status;
-    std::fill(out, out + cols, 0.0f);
+    if (!accumulate) std::fill(out, out + cols, 0.0f);
     for (int i = 0; i < rows; ++i) {
       const float* row = x + int64_t{i} * cols;
       for (int j = 0; j < cols; ++j) out[j] += row[j];

@@ -479,6 +479,13 @@ absl::Status CudaBackend::Fill(int64_t n, float value, float* x) {
   return CudaError("Fill: kernel launch", LaunchFill(compute_, n, value, x));
 }
 
+absl::Status CudaBackend::Axpy(int64_t n, float alpha, const float* x, float* y) {
+  RETURN_IF_ERROR(checks::FirstError(
+      {checks::Dim("Axpy", "n", n), checks::Ptr("Axpy", "x", x, n), checks::Ptr("Axpy", "y", y, n)}));
+  RETURN_IF_ERROR(UseDevice());
+  return CudaError("Axpy: kernel launch", LaunchAxpy(compute_, n, alpha, x, y));
+}
+
 absl::Status CudaBackend::EnsureGemmScratch(size_t bytes) {
   if (bytes <= gemm_scratch_bytes_) return absl::OkStatus();
   // Stream order makes reuse safe: work queued on the old block runs first.
@@ -552,13 +559,13 @@ absl::Status CudaBackend::ActivationBackward(Activation act, int64_t n, const fl
                    LaunchActivationBackward(compute_, ToCode(act), n, y, dy));
 }
 
-absl::Status CudaBackend::ColumnSum(int rows, int cols, const float* x, float* out) {
+absl::Status CudaBackend::ColumnSum(int rows, int cols, const float* x, float* out, bool accumulate) {
   const char* op = "ColumnSum";
   RETURN_IF_ERROR(
       checks::FirstError({checks::Dim(op, "rows", rows), checks::Dim(op, "cols", cols),
                           checks::Ptr(op, "x", x, int64_t{rows} * cols), checks::Ptr(op, "out", out, cols)}));
   RETURN_IF_ERROR(UseDevice());
-  return CudaError("ColumnSum: kernel launch", LaunchColumnSum(compute_, rows, cols, x, out));
+  return CudaError("ColumnSum: kernel launch", LaunchColumnSum(compute_, rows, cols, x, out, accumulate));
 }
 
 absl::Status CudaBackend::SoftmaxCrossEntropy(int rows, int classes, const float* logits,

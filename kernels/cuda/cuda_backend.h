@@ -107,12 +107,13 @@ class CudaBackend : public Backend {
   absl::Status SetPrecision(Precision precision) override;
 
   absl::Status Fill(int64_t n, float value, float* x) override;
+  absl::Status Axpy(int64_t n, float alpha, const float* x, float* y) override;
   absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                     const float* b, float beta, float* c) override;
   absl::Status BiasActivationForward(Activation act, int rows, int cols, const float* bias,
                                      float* x) override;
   absl::Status ActivationBackward(Activation act, int64_t n, const float* y, float* dy) override;
-  absl::Status ColumnSum(int rows, int cols, const float* x, float* out) override;
+  absl::Status ColumnSum(int rows, int cols, const float* x, float* out, bool accumulate) override;
   // Syncs the compute stream when loss_sum or correct is requested (their
   // values are host scalars); with both null it only enqueues work and a bad
   // label surfaces from the next call that waits.

@@ -46,6 +46,11 @@ __global__ void FillKernel(int64_t n, float value, float* x) {
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) x[i] = value;
 }
 
+__global__ void AxpyKernel(int64_t n, float alpha, const float* __restrict__ x, float* __restrict__ y) {
+  // fmaf would round once where the CPU backend rounds twice: keep them equal.
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) y[i] = __fadd_rn(y[i], __fmul_rn(alpha, x[i]));
+}
+
 __global__ void ScaleKernel(int64_t n, float beta, float* x) {
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) x[i] = beta == 0.0f ? 0.0f : x[i] * beta;
 }
@@ -98,7 +103,7 @@ __global__ void ActivationBackwardKernel(int64_t n, const float* y, float* dy) {
 constexpr int kSumCols = 32;
 constexpr int kSumRowGroups = 16;
 
-__global__ void ColumnSumKernel(int rows, int cols, const float* x, float* out) {
+__global__ void ColumnSumKernel(int rows, int cols, const float* x, float* out, bool accumulate) {
   __shared__ float partial[kSumRowGroups][kSumCols + 1];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x;
   float sum = 0.0f;
@@ -110,7 +115,7 @@ __global__ void ColumnSumKernel(int rows, int cols, const float* x, float* out) 
   if (threadIdx.y == 0 && col < cols) {
     float total = 0.0f;
     for (int g = 0; g < kSumRowGroups; ++g) total += partial[g][threadIdx.x];
-    out[col] = total;
+    out[col] = accumulate ? out[col] + total : total;
   }
 }
 
@@ -324,6 +329,12 @@ cudaError_t LaunchFill(cudaStream_t stream, int64_t n, float value, float* x) {
   return cudaGetLastError();
 }
 
+cudaError_t LaunchAxpy(cudaStream_t stream, int64_t n, float alpha, const float* x, float* y) {
+  if (n == 0) return cudaSuccess;
+  AxpyKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(n, alpha, x, y);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchScale(cudaStream_t stream, int64_t n, float beta, float* x) {
   if (n == 0 || beta == 1.0f) return cudaSuccess;
   ScaleKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(n, beta, x);
@@ -342,10 +353,11 @@ cudaError_t LaunchActivationBackward(cudaStream_t stream, ActivationCode act, in
   return DispatchActivation<ActivationBackwardLaunch>(act, stream, n, y, dy);
 }
 
-cudaError_t LaunchColumnSum(cudaStream_t stream, int rows, int cols, const float* x, float* out) {
+cudaError_t LaunchColumnSum(cudaStream_t stream, int rows, int cols, const float* x, float* out,
+                            bool accumulate) {
   if (cols == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((static_cast<int64_t>(cols) + kSumCols - 1) / kSumCols);
-  ColumnSumKernel<<<blocks, dim3(kSumCols, kSumRowGroups), 0, stream>>>(rows, cols, x, out);
+  ColumnSumKernel<<<blocks, dim3(kSumCols, kSumRowGroups), 0, stream>>>(rows, cols, x, out, accumulate);
   return cudaGetLastError();
 }
 

@@ -37,6 +37,7 @@ cudaError_t ProbeKernelImage();
 
 // x[i] = value.
 cudaError_t LaunchFill(cudaStream_t stream, int64_t n, float value, float* x);
+cudaError_t LaunchAxpy(cudaStream_t stream, int64_t n, float alpha, const float* x, float* y);
 // x[i] *= beta; beta == 0 writes zeros (even over NaN).
 cudaError_t LaunchScale(cudaStream_t stream, int64_t n, float beta, float* x);
 
@@ -45,7 +46,8 @@ cudaError_t LaunchBiasActivation(cudaStream_t stream, ActivationCode act, int ro
 cudaError_t LaunchActivationBackward(cudaStream_t stream, ActivationCode act, int64_t n, const float* y,
                                      float* dy);
 // out[cols] = column sums of x[rows, cols]; rows may be 0 (zeros).
-cudaError_t LaunchColumnSum(cudaStream_t stream, int rows, int cols, const float* x, float* out);
+cudaError_t LaunchColumnSum(cudaStream_t stream, int rows, int cols, const float* x, float* out,
+                            bool accumulate);
 
 // Records the first label outside [0, classes) in *check.
 cudaError_t LaunchCheckLabels(cudaStream_t stream, int rows, int classes, const int32_t* labels,

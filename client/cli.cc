@@ -496,10 +496,6 @@ int Export(Client& client, const Args& args) {
   }
   std::cout << (checkpoint_id > 0 ? absl::StrCat("checkpoint ", checkpoint_id, ", ") : "") << "step "
             << gathered->step << "\n";
-  if (gathered->tables_left_out) {
-    std::cerr << "note: the job's sparse tables are not in the live export; export one of its checkpoints "
-                 "(--checkpoint ID) to have them\n";
-  }
   return 0;
 }
 

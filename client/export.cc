@@ -57,8 +57,109 @@ absl::Status Place(const v1::ChunkLocation& chunk, const std::string& bytes, std
                       absl::StrCat("chunk ", chunk.chunk_id()));
 }
 
+// The ids and values (the first dim floats of each row) of one table bucket's
+// checkpointed state, appended.
+absl::Status AddTableRows(const v1::TableLayout& table, const std::string& state, std::vector<uint64_t>* ids,
+                          std::vector<float>* rows) {
+  const auto dim = static_cast<size_t>(table.dim());
+  // The row width (values and optimizer state) leads the state; the values come first.
+  const int32_t stride = state.size() >= 4 ? static_cast<int32_t>(absl::little_endian::Load32(state.data())) : 0;
+  if (table.dim() <= 0 || stride < table.dim() || stride % table.dim() != 0) {
+    return absl::DataLossError(absl::StrCat("table ", table.name(), ": a bucket's rows are ", stride,
+                                            " floats wide, not a multiple of its dim ", table.dim()));
+  }
+  TableStateVisitor visit;
+  visit.begin = [&](uint64_t count, const TableStateCounters&) {
+    ids->reserve(ids->size() + count);
+    rows->reserve(rows->size() + count * dim);
+    return absl::OkStatus();
+  };
+  visit.row = [&](uint64_t key, int64_t, absl::Span<const float> floats) {
+    ids->push_back(key);
+    rows->insert(rows->end(), floats.begin(), floats.begin() + static_cast<std::ptrdiff_t>(dim));
+    return absl::OkStatus();
+  };
+  return ParseTableState(state, table.name(), stride, visit);
+}
+
+// By table: each row's id and values, gathered from the buckets.
+struct Gathered {
+  std::vector<uint64_t> ids;
+  std::vector<float> rows;
+};
+
+// The tables' tensors: table.NAME.ids (U64, ascending) and table.NAME.rows
+// (F32, rows x dim) for each table of the map.
+std::vector<SafetensorsTensor> TableTensors(const v1::ShardMap& map, std::vector<Gathered> gathered) {
+  std::vector<SafetensorsTensor> tensors;
+  for (size_t t = 0; t < gathered.size(); ++t) {
+    const v1::TableLayout& table = map.tables(static_cast<int>(t));
+    const size_t dim = static_cast<size_t>(table.dim());
+    std::vector<size_t> order(gathered[t].ids.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return gathered[t].ids[a] < gathered[t].ids[b]; });
+    std::vector<uint64_t> ids(order.size());
+    std::vector<float> rows(order.size() * dim);
+    for (size_t i = 0; i < order.size(); ++i) {
+      ids[i] = gathered[t].ids[order[i]];
+      std::copy_n(gathered[t].rows.begin() + static_cast<std::ptrdiff_t>(order[i] * dim), dim,
+                  rows.begin() + static_cast<std::ptrdiff_t>(i * dim));
+    }
+    const auto n = static_cast<int64_t>(ids.size());
+    tensors.push_back(SafetensorsTensor::Ids(absl::StrCat("table.", table.name(), ".ids"), {n}, std::move(ids)));
+    tensors.emplace_back(absl::StrCat("table.", table.name(), ".rows"),
+                         std::vector<int64_t>{n, static_cast<int64_t>(dim)}, std::move(rows));
+  }
+  return tensors;
+}
+
+// Table `t`'s bucket `b` as its server holds it now (CopyChunk: a live
+// capture, in slices), appended to *into. A capture the server dropped
+// between two slices is copied again.
+absl::Status CopyBucket(v1::ParameterService::Stub* stub, const std::string& address, const std::string& job_id,
+                        const v1::TableLayout& table, int32_t t, int32_t b, double timeout, Gathered* into) {
+  const int32_t chunk_id = TableChunkId(t, b);
+  for (int attempt = 0; attempt < kConsistentReadAttempts; ++attempt) {
+    std::string state;
+    uint64_t capture = 0;
+    int64_t size = -1;
+    absl::Status status;
+    while (size < 0 || static_cast<int64_t>(state.size()) < size) {
+      v1::CopyChunkRequest request;
+      request.set_job_id(job_id);
+      request.set_chunk_id(chunk_id);
+      request.set_table_state_offset(static_cast<int64_t>(state.size()));
+      request.set_capture(capture);
+      v1::ChunkState response;
+      grpc::ClientContext context;
+      SetDeadline(&context, timeout);
+      status = FromGrpcStatus(stub->CopyChunk(&context, request, &response));
+      if (!status.ok()) break;
+      if ((size >= 0 && response.table_state_size() != size) || response.table_state_size() < 0 ||
+          (response.table_state().empty() && static_cast<int64_t>(state.size()) < response.table_state_size())) {
+        return absl::DataLossError(absl::StrCat("table ", table.name(), " bucket ", b, " from ", address,
+                                                ": its slices do not add up"));
+      }
+      size = response.table_state_size();
+      capture = response.capture();
+      state += response.table_state();
+    }
+    if (absl::IsAborted(status)) continue;  // the capture was dropped: copy it again
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("copying table ", table.name(), " bucket ", b, " from ",
+                                                      address, ": ", status.message()));
+    }
+    return AddTableRows(table, state, &into->ids, &into->rows);
+  }
+  return absl::UnavailableError(absl::StrCat("table ", table.name(), " bucket ", b, " on ", address,
+                                             " kept being dropped while it was read; try again"));
+}
+
 // The live parameters: every chunk pulled from its primary; retried until
-// all chunks are at one version (a BSP job between two steps).
+// all chunks are at one version (a BSP job between two steps). Then every
+// table bucket, copied from its shard's primary: each bucket as it is at
+// the moment it is read (a finished job's are final; a running job's are
+// read one after the other while it trains).
 absl::StatusOr<ExportResult> PullLive(const v1::JobStatus& job, double timeout) {
   const v1::ShardMap& map = job.shard_map();
   if (map.chunks_size() == 0) {
@@ -93,37 +194,21 @@ absl::StatusOr<ExportResult> PullLive(const v1::JobStatus& job, double timeout) 
     const bool synchronous = job.spec().mode() == v1::BSP || job.spec().mode() == v1::MODE_UNSPECIFIED;
     if (!synchronous || low == high) {
       result.step = high;
-      result.tables_left_out = map.tables_size() > 0;
+      std::vector<Gathered> gathered(static_cast<size_t>(map.tables_size()));
+      for (int32_t t = 0; t < map.tables_size(); ++t) {
+        const v1::TableLayout& table = map.tables(t);
+        for (int32_t b = 0; b < table.bucket_shards_size(); ++b) {
+          const std::string& address = primary[table.bucket_shards(b)];
+          RETURN_IF_ERROR(CopyBucket(stubs.For(address), address, job.job_id(), table, t, b, timeout,
+                                     &gathered[static_cast<size_t>(t)]));
+        }
+      }
+      result.tables = TableTensors(map, std::move(gathered));
       return result;
     }
   }
   return absl::UnavailableError(absl::StrCat("job ", job.job_id(), " kept moving while it was read; ",
                                              "export one of its checkpoints instead (--checkpoint ID)"));
-}
-
-// The ids and values (the first dim floats of each row) of one table bucket's
-// checkpointed state, appended.
-absl::Status AddTableRows(const v1::TableLayout& table, const std::string& state, std::vector<uint64_t>* ids,
-                          std::vector<float>* rows) {
-  const auto dim = static_cast<size_t>(table.dim());
-  // The row width (values and optimizer state) leads the state; the values come first.
-  const int32_t stride = state.size() >= 4 ? static_cast<int32_t>(absl::little_endian::Load32(state.data())) : 0;
-  if (table.dim() <= 0 || stride < table.dim() || stride % table.dim() != 0) {
-    return absl::DataLossError(absl::StrCat("table ", table.name(), ": a bucket's rows are ", stride,
-                                            " floats wide, not a multiple of its dim ", table.dim()));
-  }
-  TableStateVisitor visit;
-  visit.begin = [&](uint64_t count, const TableStateCounters&) {
-    ids->reserve(ids->size() + count);
-    rows->reserve(rows->size() + count * dim);
-    return absl::OkStatus();
-  };
-  visit.row = [&](uint64_t key, int64_t, absl::Span<const float> floats) {
-    ids->push_back(key);
-    rows->insert(rows->end(), floats.begin(), floats.begin() + static_cast<std::ptrdiff_t>(dim));
-    return absl::OkStatus();
-  };
-  return ParseTableState(state, table.name(), stride, visit);
 }
 
 absl::StatusOr<ExportResult> ReadCheckpoint(const v1::CheckpointManifest& manifest,
@@ -135,11 +220,6 @@ absl::StatusOr<ExportResult> ReadCheckpoint(const v1::CheckpointManifest& manife
   std::map<int32_t, const v1::ChunkLocation*> locations;
   for (const v1::ChunkLocation& chunk : manifest.shard_map().chunks()) locations[chunk.chunk_id()] = &chunk;
   Stubs stubs;
-  // By table: each row's id and values, gathered from the buckets.
-  struct Gathered {
-    std::vector<uint64_t> ids;
-    std::vector<float> rows;
-  };
   std::vector<Gathered> gathered(static_cast<size_t>(manifest.shard_map().tables_size()));
   for (const v1::CheckpointChunk& chunk : manifest.chunks()) {
     const v1::TableLayout* table = nullptr;
@@ -187,24 +267,7 @@ absl::StatusOr<ExportResult> ReadCheckpoint(const v1::CheckpointManifest& manife
                                                  absl::StrJoin(failures, "; "), ")"));
     }
   }
-  for (size_t t = 0; t < gathered.size(); ++t) {
-    const v1::TableLayout& table = manifest.shard_map().tables(static_cast<int>(t));
-    const size_t dim = static_cast<size_t>(table.dim());
-    std::vector<size_t> order(gathered[t].ids.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return gathered[t].ids[a] < gathered[t].ids[b]; });
-    std::vector<uint64_t> ids(order.size());
-    std::vector<float> rows(order.size() * dim);
-    for (size_t i = 0; i < order.size(); ++i) {
-      ids[i] = gathered[t].ids[order[i]];
-      std::copy_n(gathered[t].rows.begin() + static_cast<std::ptrdiff_t>(order[i] * dim), dim,
-                  rows.begin() + static_cast<std::ptrdiff_t>(i * dim));
-    }
-    const auto n = static_cast<int64_t>(ids.size());
-    result.tables.push_back(SafetensorsTensor::Ids(absl::StrCat("table.", table.name(), ".ids"), {n}, std::move(ids)));
-    result.tables.emplace_back(absl::StrCat("table.", table.name(), ".rows"),
-                               std::vector<int64_t>{n, static_cast<int64_t>(dim)}, std::move(rows));
-  }
+  result.tables = TableTensors(manifest.shard_map(), std::move(gathered));
   return result;
 }
 

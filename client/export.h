@@ -16,20 +16,19 @@ struct ExportResult {
   std::vector<SafetensorsTensor> tensors;  // in the model's order, named as in the shard map
   int64_t step = 0;                        // the update count of the exported state
   int64_t checkpoint_id = 0;               // 0: the live parameters
-  // A checkpoint's sparse tables, each as two tensors: "table.NAME.ids"
+  // The sparse tables (live or checkpointed), each as two tensors: "table.NAME.ids"
   // (U64, [rows]) and "table.NAME.rows" (F32, [rows, dim]), rows in
   // ascending id order, the values only (no optimizer state).
   std::vector<SafetensorsTensor> tables;
-  // The job has sparse tables that this export leaves out (live
-  // parameters: tables are exported from a checkpoint).
-  bool tables_left_out = false;
 };
 
 // Gathers the parameters of `job_id` through the scheduler at `scheduler`:
 // checkpoint_id 0 pulls the live dense ones (a running BSP job is read at
-// one step), otherwise reads every chunk of that committed checkpoint, table
-// buckets included, from a server holding it (checksum verified; the servers' current addresses come
-// from the cluster's member list). RPCs time out after `timeout_seconds`.
+// one step) and copies each table bucket from its shard's primary (a running
+// job's buckets as each is when read), otherwise reads every chunk of that
+// committed checkpoint, table buckets included, from a server holding it
+// (checksum verified; the servers' current addresses come from the cluster's
+// member list). RPCs time out after `timeout_seconds`.
 absl::StatusOr<ExportResult> GatherParameters(const std::string& scheduler, const std::string& job_id,
                                               int64_t checkpoint_id, double timeout_seconds);
 

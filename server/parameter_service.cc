@@ -16,6 +16,7 @@
 #include "common/quote.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "common/table_spec.h"
 #include "common/tensor_codec.h"
 #include "common/sync.h"
 
@@ -333,6 +334,10 @@ grpc::Status ParameterServiceImpl::DropJob(grpc::ServerContext* /*context*/, con
   jobs_->Set(static_cast<double>(store_->num_jobs()));
   if (!request->keep_parameters()) {
     table_gauges_->Remove(request->job_id());
+    MutexLock lock(&captures_mu_);
+    captures_.erase(std::remove_if(captures_.begin(), captures_.end(),
+                                   [&](const LiveCapture& kept) { return kept.job_id == request->job_id(); }),
+                    captures_.end());
   } else if (auto kept = store_->Find(request->job_id()); kept.ok() && (*kept)->sparse() != nullptr) {
     table_gauges_->Update(request->job_id(), *(*kept)->sparse(), /*force=*/true);  // the final figures
   }
@@ -495,6 +500,10 @@ grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext* /*context*/,
 
 grpc::Status ParameterServiceImpl::CopyChunk(grpc::ServerContext* /*context*/, const v1::CopyChunkRequest* request,
                                              v1::ChunkState* response) {
+  if (request->chunk_id() >= kTableChunkBase) {
+    const absl::Status status = CopyTableBucket(*request, response);
+    return Finish("CopyChunk", status, request->ByteSizeLong(), status.ok() ? response->ByteSizeLong() : 0);
+  }
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("CopyChunk", shard.status(), request->ByteSizeLong(), 0);
   absl::StatusOr<ChunkSnapshot> snapshot = (*shard)->Snapshot(request->chunk_id());

@@ -27,6 +27,9 @@ namespace fulcrum {
 
 // The largest pull answer a server builds (below the 8 MiB message limit).
 constexpr int64_t kMaxPullBytes = 7 << 20;
+// A table bucket's state travels in slices of at most this many bytes
+// (ReadCheckpoint, CopyChunk).
+constexpr size_t kTableStateSlice = size_t{4} << 20;
 
 // Translates the job spec's optimizer and schedule into the store's configs.
 JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request);
@@ -143,6 +146,8 @@ class ParameterServiceImpl final
                           v1::SparsePushResponse* response) override;
   absl::Status HandleSparsePull(const v1::SparsePullRequest& request, v1::SparsePullResponse* response);
   absl::Status HandleSparsePush(const v1::SparsePushRequest& request, v1::SparsePushResponse* response);
+  // CopyChunk of a table bucket: a live capture served in slices.
+  absl::Status CopyTableBucket(const v1::CopyChunkRequest& request, v1::ChunkState* response);
 
  private:
   // Push and Replicate on gRPC's threads.
@@ -195,6 +200,19 @@ class ParameterServiceImpl final
   };
   Mutex sliced_mu_;
   SlicedChunk sliced_ ABSL_GUARDED_BY(sliced_mu_);
+  // Table buckets CopyChunk captured live and is serving in slices (each
+  // bigger than one answer), newest last; at most kKeptCaptures, each
+  // dropped after its last slice.
+  struct LiveCapture {
+    std::string job_id;
+    int32_t chunk_id = -1;
+    uint64_t id = 0;
+    std::shared_ptr<const ChunkSnapshot> snapshot;
+  };
+  static constexpr size_t kKeptCaptures = 4;
+  Mutex captures_mu_;
+  std::vector<LiveCapture> captures_ ABSL_GUARDED_BY(captures_mu_);
+  uint64_t next_capture_ ABSL_GUARDED_BY(captures_mu_) = 1;
   prometheus::Histogram* optimizer_seconds_;
   prometheus::Counter* checkpoint_bytes_;
   std::unique_ptr<TableGauges> table_gauges_;

@@ -24,7 +24,6 @@ namespace {
 
 constexpr absl::Duration kDefaultCaptureWait = absl::Seconds(60);
 constexpr double kReadDeadlineSeconds = 60.0;
-constexpr size_t kTableStateSlice = size_t{4} << 20;
 
 absl::Status NoStore() {
   return absl::FailedPreconditionError(

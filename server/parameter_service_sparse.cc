@@ -199,6 +199,55 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest&
   return absl::OkStatus();
 }
 
+absl::Status ParameterServiceImpl::CopyTableBucket(const v1::CopyChunkRequest& request, v1::ChunkState* response) {
+  std::shared_ptr<const ChunkSnapshot> snapshot;
+  uint64_t capture = 0;
+  if (request.table_state_offset() > 0) {
+    MutexLock lock(&captures_mu_);
+    for (const LiveCapture& kept : captures_) {
+      if (kept.job_id == request.job_id() && kept.chunk_id == request.chunk_id() && kept.id == request.capture()) {
+        snapshot = kept.snapshot;
+        capture = kept.id;
+      }
+    }
+    if (snapshot == nullptr) {
+      return absl::AbortedError(absl::StrCat("job ", request.job_id(), ": capture ", request.capture(),
+                                             " of table chunk ", request.chunk_id(),
+                                             " is no longer kept here: copy the bucket again from offset 0"));
+    }
+  } else {
+    ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
+    if (shard->sparse() == nullptr) {
+      return absl::NotFoundError(absl::StrCat("job ", request.job_id(), " has no sparse tables here"));
+    }
+    ASSIGN_OR_RETURN(ChunkSnapshot captured, shard->sparse()->CaptureBucket(request.chunk_id()));
+    snapshot = std::make_shared<const ChunkSnapshot>(std::move(captured));
+    MutexLock lock(&captures_mu_);
+    capture = next_capture_++;
+    if (snapshot->table_state.size() > kTableStateSlice) {
+      if (captures_.size() >= kKeptCaptures) captures_.erase(captures_.begin());
+      captures_.push_back(LiveCapture{request.job_id(), request.chunk_id(), capture, snapshot});
+    }
+  }
+  const auto size = static_cast<int64_t>(snapshot->table_state.size());
+  if (request.table_state_offset() < 0 || request.table_state_offset() > size) {
+    return absl::OutOfRangeError(absl::StrCat("table state offset ", request.table_state_offset(),
+                                              " is outside the bucket's ", size, " bytes"));
+  }
+  response->set_capture(capture);
+  response->set_table_state_size(size);
+  response->set_table_state(
+      snapshot->table_state.substr(static_cast<size_t>(request.table_state_offset()), kTableStateSlice));
+  ToChunkState(*snapshot, request.chunk_id(), response);
+  if (request.table_state_offset() + static_cast<int64_t>(kTableStateSlice) >= size) {
+    MutexLock lock(&captures_mu_);  // its last slice: not kept any longer
+    captures_.erase(std::remove_if(captures_.begin(), captures_.end(),
+                                   [&](const LiveCapture& kept) { return kept.snapshot == snapshot; }),
+                    captures_.end());
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status ParameterServiceImpl::SparsePull(grpc::ServerContext*, const v1::SparsePullRequest* request,
                                               v1::SparsePullResponse* response) {
   const absl::Status status = HandleSparsePull(*request, response);

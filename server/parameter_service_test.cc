@@ -1076,22 +1076,19 @@ TEST(ParameterServiceSparseTest, MalformedSparseRequestsAreRefusedWithReasons) {
 // job set up from the checkpoint reads the same rows, on the server that
 // wrote it and on another one (which reads the buckets from it in slices:
 // the embedding buckets here are bigger than one 4 MiB slice).
-TEST(ParameterServiceSparseTest, TablesAreCheckpointedAndRestoredHereAndOnAnotherServer) {
-  auto writer = TestServer::Start("ps-0", /*with_checkpoints=*/true);
-  ASSERT_TRUE(writer.ok()) << writer.status();
-  ASSERT_TRUE(IsOk(SetupJob((*writer)->stub(), MakeTableSetup("old", **writer))));
-  constexpr int kKeys = 150000;  // about 5 MiB of Adagrad rows in each embedding bucket
-  std::vector<uint64_t> all_keys;
-  for (int i = 0; i < kKeys; ++i) all_keys.push_back(SplitMix64(static_cast<uint64_t>(i)));
+// Pushes a gradient for every key of `keys` to both tables of a
+// MakeTableSetup job, at `step` of partition 0, in 3 parts.
+void PushAllKeys(TestServer& server, const std::string& job_id, const std::vector<uint64_t>& all_keys, int64_t step) {
   constexpr int kParts = 3;
+  const auto per_part = static_cast<std::ptrdiff_t>(all_keys.size() / kParts);
   for (int part = 0; part < kParts; ++part) {
-    const std::vector<uint64_t> keys(all_keys.begin() + part * (kKeys / kParts),
-                                     all_keys.begin() + (part + 1) * (kKeys / kParts));
+    const std::vector<uint64_t> keys(all_keys.begin() + part * per_part,
+                                     part + 1 == kParts ? all_keys.end() : all_keys.begin() + (part + 1) * per_part);
     v1::SparsePushRequest push;
-    push.set_job_id("old");
+    push.set_job_id(job_id);
     push.set_worker_id("w0");
     push.set_partition(0);
-    push.set_step(4);
+    push.set_step(step);
     push.set_part(part);
     push.set_map_version(1);
     std::vector<float> linear(keys.size()), embedding(keys.size() * 16);
@@ -1107,9 +1104,19 @@ TEST(ParameterServiceSparseTest, TablesAreCheckpointedAndRestoredHereAndOnAnothe
     b->set_rows(Floats(embedding));
     grpc::ClientContext context;
     v1::SparsePushResponse pushed;
-    const grpc::Status status = (*writer)->stub()->SparsePush(&context, push, &pushed);
+    const grpc::Status status = server.stub()->SparsePush(&context, push, &pushed);
     ASSERT_TRUE(status.ok()) << status.error_message();
   }
+}
+
+TEST(ParameterServiceSparseTest, TablesAreCheckpointedAndRestoredHereAndOnAnotherServer) {
+  auto writer = TestServer::Start("ps-0", /*with_checkpoints=*/true);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE(IsOk(SetupJob((*writer)->stub(), MakeTableSetup("old", **writer))));
+  constexpr int kKeys = 150000;  // about 5 MiB of Adagrad rows in each embedding bucket
+  std::vector<uint64_t> all_keys;
+  for (int i = 0; i < kKeys; ++i) all_keys.push_back(SplitMix64(static_cast<uint64_t>(i)));
+  ASSERT_NO_FATAL_FAILURE(PushAllKeys(**writer, "old", all_keys, /*step=*/4));
   v1::CheckpointResponse written;
   ASSERT_TRUE(IsOk(Checkpoint((*writer)->stub(), "old", 3, /*at_version=*/0, &written)));
   int buckets = 0;
@@ -1164,6 +1171,67 @@ TEST(ParameterServiceSparseTest, TablesAreCheckpointedAndRestoredHereAndOnAnothe
   *mismatched.mutable_restore() = RestoreFrom("old", 3, written, **writer);
   EXPECT_TRUE(HasError(SetupJob((*other)->stub(), mismatched), grpc::StatusCode::INVALID_ARGUMENT,
                        "has no table bucket chunk"));
+}
+
+// CopyChunk of a table bucket (what a live export reads): a capture taken
+// between two pushes and served in slices of 4 MiB, every slice of one
+// capture even while pushes change the rows; a capture is dropped after its
+// last slice, and a slice of one not kept is ABORTED.
+TEST(ParameterServiceSparseTest, ATableBucketIsCopiedLiveInSlicesOfOneCapture) {
+  auto server = TestServer::Start("ps-0", /*with_checkpoints=*/false);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE(IsOk(SetupJob((*server)->stub(), MakeTableSetup("live", **server))));
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < 150000; ++i) keys.push_back(SplitMix64(static_cast<uint64_t>(i)));
+  ASSERT_NO_FATAL_FAILURE(PushAllKeys(**server, "live", keys, /*step=*/4));
+
+  const int32_t chunk = TableChunkId(1, 2);  // an embedding bucket: about 5 MiB
+  auto copy = [&](int64_t offset, uint64_t capture, v1::ChunkState* state) {
+    v1::CopyChunkRequest request;
+    request.set_job_id("live");
+    request.set_chunk_id(chunk);
+    request.set_table_state_offset(offset);
+    request.set_capture(capture);
+    grpc::ClientContext context;
+    return (*server)->stub()->CopyChunk(&context, request, state);
+  };
+  v1::ChunkState first, other_first;
+  ASSERT_TRUE(IsOk(copy(0, 0, &first)));
+  ASSERT_TRUE(IsOk(copy(0, 0, &other_first)));
+  ASSERT_GT(first.table_state_size(), static_cast<int64_t>(kTableStateSlice)) << "more than one slice";
+  EXPECT_EQ(first.table_state().size(), kTableStateSlice);
+  EXPECT_NE(first.capture(), 0u);
+  EXPECT_NE(first.capture(), other_first.capture());
+  ASSERT_EQ(first.partition_steps_size(), 1);
+  EXPECT_EQ(first.partition_steps(0), 4);
+
+  // Another step changes every row; the captures' later slices are still of before it.
+  ASSERT_NO_FATAL_FAILURE(PushAllKeys(**server, "live", keys, /*step=*/5));
+  v1::ChunkState rest, other_rest;
+  ASSERT_TRUE(IsOk(copy(static_cast<int64_t>(kTableStateSlice), first.capture(), &rest)));
+  ASSERT_TRUE(IsOk(copy(static_cast<int64_t>(kTableStateSlice), other_first.capture(), &other_rest)));
+  const std::string before = first.table_state() + rest.table_state();
+  EXPECT_EQ(static_cast<int64_t>(before.size()), first.table_state_size());
+  EXPECT_EQ(before, other_first.table_state() + other_rest.table_state());
+  v1::ChunkState after;
+  ASSERT_TRUE(IsOk(copy(0, 0, &after)));
+  EXPECT_NE(after.table_state(), first.table_state()) << "a new capture sees step 5";
+  EXPECT_EQ(after.partition_steps(0), 5);
+
+  // Served whole: no longer kept. A capture never made is not either.
+  v1::ChunkState again;
+  EXPECT_TRUE(HasError(copy(static_cast<int64_t>(kTableStateSlice), first.capture(), &again),
+                       grpc::StatusCode::ABORTED, "copy the bucket again from offset 0"));
+  EXPECT_TRUE(HasError(copy(100, 987654321, &again), grpc::StatusCode::ABORTED, "no longer kept"));
+  // Beyond the state, a bucket of no table, a job without tables.
+  EXPECT_TRUE(HasError(copy(after.table_state_size() + 1, after.capture(), &again),
+                       grpc::StatusCode::OUT_OF_RANGE, "outside the bucket"));
+  v1::CopyChunkRequest missing;
+  missing.set_job_id("live");
+  missing.set_chunk_id(TableChunkId(5, 0));
+  grpc::ClientContext context;
+  EXPECT_TRUE(HasError((*server)->stub()->CopyChunk(&context, missing, &again), grpc::StatusCode::NOT_FOUND,
+                       "no table bucket held here"));
 }
 
 }  // namespace

@@ -295,13 +295,39 @@ std::vector<int32_t> SparseShard::chunk_ids() const {
   return ids;
 }
 
-std::vector<std::pair<int32_t, ChunkSnapshot>> SparseShard::Capture() const {
-  MutexLock lock(&push_mu_);  // between pushes: every bucket at the same point
+std::vector<int64_t> SparseShard::CapturePositionsLocked() const {
   std::vector<int64_t> positions(applied_.size());
   for (size_t p = 0; p < applied_.size(); ++p) {
     // The last step pushed here runs again (it may have more parts to come).
     positions[p] = std::max(restored_[p], std::max<int64_t>(0, applied_[p].step));
   }
+  return positions;
+}
+
+const SparseTable* SparseShard::HeldBucket(int32_t chunk_id) const {
+  const int32_t relative = chunk_id - kTableChunkBase;
+  if (relative < 0) return nullptr;
+  const int32_t t = relative / kMaxTableBuckets, b = relative % kMaxTableBuckets;
+  if (t >= num_tables() || b >= static_cast<int32_t>(tables_[static_cast<size_t>(t)].buckets.size())) return nullptr;
+  return tables_[static_cast<size_t>(t)].buckets[static_cast<size_t>(b)].get();
+}
+
+absl::StatusOr<ChunkSnapshot> SparseShard::CaptureBucket(int32_t chunk_id) const {
+  const SparseTable* bucket = HeldBucket(chunk_id);
+  if (bucket == nullptr) {
+    return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
+  }
+  MutexLock lock(&push_mu_);  // between pushes
+  ChunkSnapshot snapshot;
+  snapshot.version = now_;
+  snapshot.partition_steps = CapturePositionsLocked();
+  bucket->AppendState(&snapshot.table_state);
+  return snapshot;
+}
+
+std::vector<std::pair<int32_t, ChunkSnapshot>> SparseShard::Capture() const {
+  MutexLock lock(&push_mu_);  // between pushes: every bucket at the same point
+  const std::vector<int64_t> positions = CapturePositionsLocked();
   std::vector<std::pair<int32_t, ChunkSnapshot>> captured;
   for (size_t t = 0; t < tables_.size(); ++t) {
     for (size_t b = 0; b < tables_[t].buckets.size(); ++b) {
@@ -319,13 +345,11 @@ std::vector<std::pair<int32_t, ChunkSnapshot>> SparseShard::Capture() const {
 
 absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
                                   std::optional<int64_t> repartitioned_at) {
-  const int32_t relative = chunk_id - kTableChunkBase;
-  const int32_t t = relative < 0 ? -1 : relative / kMaxTableBuckets;
-  const int32_t b = relative < 0 ? -1 : relative % kMaxTableBuckets;
-  if (t < 0 || t >= num_tables() || b >= static_cast<int32_t>(tables_[static_cast<size_t>(t)].buckets.size()) ||
-      tables_[static_cast<size_t>(t)].buckets[static_cast<size_t>(b)] == nullptr) {
+  if (HeldBucket(chunk_id) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
   }
+  const int32_t t = (chunk_id - kTableChunkBase) / kMaxTableBuckets;
+  const int32_t b = (chunk_id - kTableChunkBase) % kMaxTableBuckets;
   if (!repartitioned_at.has_value() && snapshot.partition_steps.size() != static_cast<size_t>(num_partitions_)) {
     return absl::InvalidArgumentError(absl::StrCat("table bucket chunk ", chunk_id, " has steps of ",
                                                    snapshot.partition_steps.size(), " partitions; the job has ",

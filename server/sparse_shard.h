@@ -102,6 +102,9 @@ class SparseShard {
   // from which step each partition must run again for its pushes to be in
   // (the last step pushed here, which may have been applied in part).
   std::vector<std::pair<int32_t, ChunkSnapshot>> Capture() const;
+  // One held bucket's state, as Capture takes it. NOT_FOUND for a chunk id
+  // that is no table bucket held here.
+  absl::StatusOr<ChunkSnapshot> CaptureBucket(int32_t chunk_id) const;
   // The chunk ids of the buckets held here, ascending.
   std::vector<int32_t> chunk_ids() const;
   // Puts a captured bucket back into this (fresh) shard; its partition steps
@@ -134,6 +137,10 @@ class SparseShard {
   // The bucket table of `key`; ABORTED when it is not held here.
   absl::StatusOr<SparseTable*> BucketFor(const Table& table, uint64_t key) const;
   absl::Status CheckPushArgs(const SparsePushArgs& args) const;
+  // The held bucket of a table chunk id; null when there is none here.
+  const SparseTable* HeldBucket(int32_t chunk_id) const;
+  // The steps each partition runs again from, for a capture now.
+  std::vector<int64_t> CapturePositionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // Expires rows of tables with expire_after once the job's step passes the
   // next expiry point.
   void MaybeExpireLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);

@@ -272,6 +272,25 @@ TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) 
     for (float v : rows->data) largest = std::max(largest, std::abs(v));
     EXPECT_GT(largest, 0.1f) << "trained rows, not their initial values";
   }
+
+  // The job resumed from that checkpoint trained no step: its live export
+  // (every bucket copied from the one server now holding it) is the
+  // checkpoint's, tables and dense tensors alike.
+  const std::string live = MakeTempDir() + "/live.safetensors";
+  auto [live_rc, live_out] =
+      RunCli(absl::StrCat("export ", response.job_id(), " -o ", live, " --scheduler ", cluster_->scheduler_address()));
+  ASSERT_EQ(live_rc, 0) << live_out;
+  EXPECT_NE(live_out.find("table embedding ("), std::string::npos) << live_out;
+  auto live_tensors = ReadSafetensorsFile(live);
+  ASSERT_TRUE(live_tensors.ok()) << live_tensors.status();
+  ASSERT_EQ(live_tensors->size(), tensors->size());
+  for (const SafetensorsTensor& t : *live_tensors) {
+    SCOPED_TRACE(t.name);
+    ASSERT_NE(named[t.name], nullptr);
+    EXPECT_EQ(t.shape, named[t.name]->shape);
+    EXPECT_EQ(t.u64, named[t.name]->u64);
+    EXPECT_EQ(t.data, named[t.name]->data);
+  }
 }
 
 // One server of a click job (one replica) killed -9 and started again on its

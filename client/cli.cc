@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/export.h"
+#include "common/memory_budget.h"
 #include "client/local_cluster.h"
 #include "client/spec_file.h"
 #include "common/process.h"
@@ -49,6 +50,7 @@ Usage:
   fulcrum cancel JOB                       cancel a pending or running job
   fulcrum cluster                          list the live servers and workers
   fulcrum local up [--servers N] [--workers M] [--replicas R (default min(2, N))] [--dir DIR] [--detach] [--device D] [--tls]
+                   [--server-memory-budget SIZE]
   fulcrum local add worker|server [--dir DIR] [--device D]
   fulcrum local down [--dir DIR]
 
@@ -83,7 +85,8 @@ struct Args {
 const std::set<std::string> kValueOptions = {"-f",        "--file",    "-o",         "--output",     "--scheduler",
                                              "--servers", "--workers", "--replicas", "--dir",        "--timeout",
                                              "--device",  "--checkpoint", "--resume-from", "--token",
-                                             "--tls-cert", "--tls-key",  "--tls-ca",  "--cluster-token-file"};
+                                             "--tls-cert", "--tls-key",  "--tls-ca",  "--cluster-token-file",
+                                             "--server-memory-budget"};
 const std::set<std::string> kFlagOptions = {"--wait", "--detach", "--tls", "-h", "--help"};
 
 absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& raw) {
@@ -594,6 +597,14 @@ int LocalUp(const Args& args, bool json) {
   options.replicas = *replicas;
   options.tls = args.Has("--tls");
   if (!args.Get("--device").empty()) options.worker_flags.push_back("--device=" + args.Get("--device"));
+  if (!args.Get("--server-memory-budget").empty()) {
+    const std::string& budget = args.Get("--server-memory-budget");
+    if (absl::StatusOr<int64_t> bytes = ParseBytes(budget); !bytes.ok() || *bytes <= 0) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--server-memory-budget must be a size such as 512MiB or 2GiB, got ", budget)));
+    }
+    options.server_flags.push_back("--memory_budget=" + budget);
+  }
   const bool detach = args.Has("--detach");
   if (!detach) BlockTerminationSignals();  // before any thread: Ctrl-C is handled below
   auto cluster = LocalCluster::Start(options);

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <set>
 #include <tuple>
@@ -26,6 +27,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -515,6 +517,32 @@ TEST_F(ClusterTest, MissingDataFileFailsTheJobNamingThePath) {
   v1::JobStatus done = WaitForEnd(*id);
   EXPECT_EQ(done.state(), v1::FAILED);
   EXPECT_NE(done.reason().find("/nonexistent/fashion"), std::string::npos) << done.reason();
+}
+
+// `fulcrum local up --server-memory-budget` gives every server that
+// budget; a value that is no size is refused before anything starts.
+TEST(LocalUpTest, ServerMemoryBudgetReachesEveryServer) {
+  const std::string dir = MakeTempDir();
+  auto [bad_rc, bad_out] = RunCommand(absl::StrCat(DefaultBinDir(), "/fulcrum local up --servers 1 --workers 0 --detach --dir ",
+                                                   dir, " --server-memory-budget lots 2>&1"));
+  EXPECT_NE(bad_rc, 0);
+  EXPECT_NE(bad_out.find("--server-memory-budget must be a size"), std::string::npos) << bad_out;
+  auto [rc, out] =
+      RunCli(absl::StrCat("local up --servers 2 --workers 0 --detach --dir ", dir, " --server-memory-budget 64MiB"));
+  ASSERT_EQ(rc, 0) << out;
+  // However the test ends, the processes are stopped (by their recorded pids).
+  auto down = absl::MakeCleanup([&dir] { RunCli(absl::StrCat("local down --dir ", dir)); });
+  auto cluster = LocalCluster::Open(dir);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  int servers = 0;
+  for (const auto& process : (*cluster)->file().processes()) {
+    if (process.role() != "server") continue;
+    ++servers;
+    std::ifstream cmdline(absl::StrCat("/proc/", process.pid(), "/cmdline"));
+    const std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    EXPECT_NE(args.find("--memory_budget=64MiB"), std::string::npos) << process.id();
+  }
+  EXPECT_EQ(servers, 2);
 }
 
 TEST_F(ClusterTest, CliSubmitWaitExitCodeFollowsTheJob) {

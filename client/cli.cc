@@ -219,16 +219,31 @@ std::string ProgressLine(const v1::JobStatus& job) {
   return line;
 }
 
+// A click job's sparse tables: their names, widths and bucket counts (the
+// rows live on the servers: fulcrum_server_table_rows).
+std::string TablesText(const v1::JobStatus& job) {
+  std::string text;
+  for (const v1::TableLayout& table : job.shard_map().tables()) {
+    absl::StrAppend(&text, text.empty() ? " + sparse tables " : ", ", Printable(table.name()), " (", table.dim(),
+                    " floats a row, ", table.buckets(), " buckets)");
+  }
+  return text;
+}
+
 void PrintJob(const v1::JobStatus& job) {
   const v1::JobSpec& spec = job.spec();
   std::cout << "Job:        " << job.job_id() << (spec.name().empty() ? "" : " (" + Printable(spec.name()) + ")") << "\n"
             << "State:      " << v1::JobState_Name(job.state()) << " - " << Printable(job.reason()) << "\n"
             << "Progress:   " << ProgressLine(job).substr(job.job_id().size() + 1) << "\n"
-            << "Model:      " << ModelText(spec) << ", " << job.num_parameters() << " parameters\n"
+            << "Model:      " << ModelText(spec) << ", " << job.num_parameters()
+            << (job.shard_map().tables_size() > 0 ? " dense parameters" : " parameters") << TablesText(job) << "\n"
             << "Training:   " << v1::Mode_Name(spec.mode()) << ", " << spec.num_workers() << " workers x batch "
             << spec.data().batch_size()
             << (spec.data().gradient_accumulation() > 1
                     ? absl::StrCat(" x ", spec.data().gradient_accumulation(), " micro-batches")
+                    : std::string())
+            << (spec.local_sgd().steps() > 1
+                    ? absl::StrCat(" x ", spec.local_sgd().steps(), " local SGD steps (lr ", spec.local_sgd().lr(), ")")
                     : std::string())
             << ", " << v1::OptimizerSpec::Kind_Name(spec.optimizer().kind())
             << " lr " << spec.optimizer().lr() << ", "

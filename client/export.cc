@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
@@ -135,7 +136,9 @@ absl::Status CopyBucket(v1::ParameterService::Stub* stub, const std::string& add
       SetDeadline(&context, timeout);
       status = FromGrpcStatus(stub->CopyChunk(&context, request, &response));
       if (!status.ok()) break;
-      if ((size >= 0 && response.table_state_size() != size) || response.table_state_size() < 0 ||
+      if ((size >= 0 && (response.table_state_size() != size || response.capture() != capture)) ||
+          response.table_state_size() < 0 ||
+          static_cast<int64_t>(state.size() + response.table_state().size()) > response.table_state_size() ||
           (response.table_state().empty() && static_cast<int64_t>(state.size()) < response.table_state_size())) {
         return absl::DataLossError(absl::StrCat("table ", table.name(), " bucket ", b, " from ", address,
                                                 ": its slices do not add up"));
@@ -144,7 +147,10 @@ absl::Status CopyBucket(v1::ParameterService::Stub* stub, const std::string& add
       capture = response.capture();
       state += response.table_state();
     }
-    if (absl::IsAborted(status)) continue;  // the capture was dropped: copy it again
+    if (absl::IsAborted(status)) {  // the capture was dropped, or the server is busy: copy it again
+      absl::SleepFor(absl::Milliseconds(20) * (attempt + 1));
+      continue;
+    }
     if (!status.ok()) {
       return absl::Status(status.code(), absl::StrCat("copying table ", table.name(), " bucket ", b, " from ",
                                                       address, ": ", status.message()));

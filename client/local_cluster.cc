@@ -157,6 +157,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   cluster->file_.set_dir(options.dir);
   cluster->file_.set_replicas(options.replicas);
   cluster->file_.set_tls(options.tls);
+  for (const std::string& flag : options.server_flags) cluster->file_.add_server_flags(flag);
+  for (const std::string& flag : options.worker_flags) cluster->file_.add_worker_flags(flag);
   if (options.tls) RETURN_IF_ERROR(EnsureDevCertificates(options.dir + "/tls", options.bin_dir));
   auto add_security = [&](std::vector<std::string>* flags, bool scheduler) {
     for (std::string& f : cluster->SecurityFlags(scheduler)) flags->push_back(std::move(f));
@@ -185,6 +187,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Open(const std::stri
   if (!status.ok()) return absl::DataLossError(absl::StrCat(path, ": ", status.ToString()));
   cluster->options_.dir = cluster->file_.dir();
   cluster->options_.bin_dir = DefaultBinDir();
+  cluster->options_.server_flags.assign(cluster->file_.server_flags().begin(), cluster->file_.server_flags().end());
+  cluster->options_.worker_flags.assign(cluster->file_.worker_flags().begin(), cluster->file_.worker_flags().end());
   return cluster;
 }
 

@@ -112,7 +112,9 @@ absl::Status CheckFitsBudgets(const JobClaims& claims, const v1::JobSpec& spec,
       return absl::ResourceExhaustedError(absl::StrCat(
           "each worker of this job needs ", FormatBytes(claims.worker_bytes), " (datasets ",
           FormatBytes(claims.worker_data_bytes), ", ", claims.parameters, " parameters and a batch of ",
-          spec.data().batch_size(), "); the largest worker's memory budget is ", FormatBytes(largest),
+          spec.data().batch_size(),
+          BatchesPerStep(spec) > 1 ? absl::StrCat(" (", StepBatchSize(spec), " examples a step)") : std::string(),
+          "); the largest worker's memory budget is ", FormatBytes(largest),
           " (fulcrum-worker --memory-budget): use a smaller model, batch or dataset"));
     }
   }

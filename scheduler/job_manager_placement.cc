@@ -216,7 +216,8 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
   if (job->steps_per_epoch == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the training set has ", data.train_examples(), " examples, fewer than one global batch (",
-        "data.batchSize * maxWorkers = ", partitioning.global_batch(), ")"));
+        "data.batchSize * (data.gradientAccumulation or localSgd.steps) * maxWorkers = ",
+        partitioning.global_batch(), ")"));
   }
   job->total_steps = partitioning.TotalSteps(spec.data().epochs(), spec.data().max_steps());
   job->status.mutable_progress()->set_total_steps(job->total_steps);

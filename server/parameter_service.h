@@ -201,18 +201,28 @@ class ParameterServiceImpl final
   Mutex sliced_mu_;
   SlicedChunk sliced_ ABSL_GUARDED_BY(sliced_mu_);
   // Table buckets CopyChunk captured live and is serving in slices (each
-  // bigger than one answer), newest last; at most kKeptCaptures, each
-  // dropped after its last slice.
+  // bigger than one answer), oldest first: at most kKeptCaptures, of at most
+  // kKeptCaptureBytes together and within what the memory budget has left,
+  // each dropped after its last slice or kKeptCaptureTime. At most
+  // kCapturesAtOnce captures are being taken at once.
   struct LiveCapture {
     std::string job_id;
     int32_t chunk_id = -1;
     uint64_t id = 0;
+    absl::Time taken;
     std::shared_ptr<const ChunkSnapshot> snapshot;
   };
   static constexpr size_t kKeptCaptures = 4;
+  static constexpr int64_t kKeptCaptureBytes = int64_t{256} << 20;
+  static constexpr absl::Duration kKeptCaptureTime = absl::Seconds(60);
+  static constexpr int kCapturesAtOnce = 2;
+  // Keeps `capture` for its later slices, making room by dropping older
+  // ones; RESOURCE_EXHAUSTED when it cannot fit.
+  absl::Status KeepCaptureLocked(LiveCapture capture) ABSL_EXCLUSIVE_LOCKS_REQUIRED(captures_mu_);
   Mutex captures_mu_;
   std::vector<LiveCapture> captures_ ABSL_GUARDED_BY(captures_mu_);
   uint64_t next_capture_ ABSL_GUARDED_BY(captures_mu_) = 1;
+  int captures_in_progress_ ABSL_GUARDED_BY(captures_mu_) = 0;
   prometheus::Histogram* optimizer_seconds_;
   prometheus::Counter* checkpoint_bytes_;
   std::unique_ptr<TableGauges> table_gauges_;

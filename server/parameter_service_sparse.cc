@@ -199,13 +199,39 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest&
   return absl::OkStatus();
 }
 
+absl::Status ParameterServiceImpl::KeepCaptureLocked(LiveCapture capture) {
+  const absl::Time now = absl::Now();
+  const auto size = static_cast<int64_t>(capture.snapshot->table_state.size());
+  int64_t limit = kKeptCaptureBytes;
+  if (store_->memory_budget() > 0) limit = std::min(limit, store_->memory_budget() - store_->bytes());
+  // Newest first, what stays: captures not too old, within the count and the bytes.
+  std::vector<LiveCapture> kept;
+  int64_t kept_bytes = size;
+  for (auto it = captures_.rbegin(); it != captures_.rend(); ++it) {
+    const auto bytes = static_cast<int64_t>(it->snapshot->table_state.size());
+    if (now - it->taken > kKeptCaptureTime || kept.size() + 1 >= kKeptCaptures || kept_bytes + bytes > limit) break;
+    kept_bytes += bytes;
+    kept.push_back(std::move(*it));
+  }
+  captures_.assign(std::make_move_iterator(kept.rbegin()), std::make_move_iterator(kept.rend()));
+  if (size > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job ", capture.job_id, ": table chunk ", capture.chunk_id, "'s state takes ", size,
+        " bytes, more than this server can keep to send in slices (", std::max<int64_t>(0, limit),
+        " bytes: at most ", kKeptCaptureBytes, ", within what its memory budget has left)"));
+  }
+  captures_.push_back(std::move(capture));
+  return absl::OkStatus();
+}
+
 absl::Status ParameterServiceImpl::CopyTableBucket(const v1::CopyChunkRequest& request, v1::ChunkState* response) {
   std::shared_ptr<const ChunkSnapshot> snapshot;
   uint64_t capture = 0;
   if (request.table_state_offset() > 0) {
     MutexLock lock(&captures_mu_);
     for (const LiveCapture& kept : captures_) {
-      if (kept.job_id == request.job_id() && kept.chunk_id == request.chunk_id() && kept.id == request.capture()) {
+      if (kept.job_id == request.job_id() && kept.chunk_id == request.chunk_id() && kept.id == request.capture() &&
+          absl::Now() - kept.taken <= kKeptCaptureTime) {
         snapshot = kept.snapshot;
         capture = kept.id;
       }
@@ -220,13 +246,23 @@ absl::Status ParameterServiceImpl::CopyTableBucket(const v1::CopyChunkRequest& r
     if (shard->sparse() == nullptr) {
       return absl::NotFoundError(absl::StrCat("job ", request.job_id(), " has no sparse tables here"));
     }
-    ASSIGN_OR_RETURN(ChunkSnapshot captured, shard->sparse()->CaptureBucket(request.chunk_id()));
-    snapshot = std::make_shared<const ChunkSnapshot>(std::move(captured));
+    {
+      MutexLock lock(&captures_mu_);
+      if (captures_in_progress_ >= kCapturesAtOnce) {
+        return absl::AbortedError(absl::StrCat("job ", request.job_id(), ": ", kCapturesAtOnce,
+                                               " table buckets are being captured here already: try again"));
+      }
+      ++captures_in_progress_;
+    }
+    absl::StatusOr<ChunkSnapshot> captured = shard->sparse()->CaptureBucket(request.chunk_id());
     MutexLock lock(&captures_mu_);
+    --captures_in_progress_;
+    if (!captured.ok()) return captured.status();
+    snapshot = std::make_shared<const ChunkSnapshot>(*std::move(captured));
     capture = next_capture_++;
     if (snapshot->table_state.size() > kTableStateSlice) {
-      if (captures_.size() >= kKeptCaptures) captures_.erase(captures_.begin());
-      captures_.push_back(LiveCapture{request.job_id(), request.chunk_id(), capture, snapshot});
+      RETURN_IF_ERROR(
+          KeepCaptureLocked(LiveCapture{request.job_id(), request.chunk_id(), capture, absl::Now(), snapshot}));
     }
   }
   const auto size = static_cast<int64_t>(snapshot->table_state.size());

@@ -93,6 +93,7 @@ class TestServer {
   const std::string& id() const { return id_; }
   const std::string& address() const { return address_; }
   v1::ParameterService::Stub* stub() { return stub_.get(); }
+  const ParameterStore& store() const { return store_; }
   void set_lease_valid(bool valid) { lease_valid_ = valid; }
 
  private:
@@ -1213,10 +1214,12 @@ TEST(ParameterServiceSparseTest, ATableBucketIsCopiedLiveInSlicesOfOneCapture) {
   const std::string before = first.table_state() + rest.table_state();
   EXPECT_EQ(static_cast<int64_t>(before.size()), first.table_state_size());
   EXPECT_EQ(before, other_first.table_state() + other_rest.table_state());
-  v1::ChunkState after;
+  v1::ChunkState after, after_rest;
   ASSERT_TRUE(IsOk(copy(0, 0, &after)));
   EXPECT_NE(after.table_state(), first.table_state()) << "a new capture sees step 5";
   EXPECT_EQ(after.partition_steps(0), 5);
+  ASSERT_TRUE(IsOk(copy(static_cast<int64_t>(kTableStateSlice), after.capture(), &after_rest)));
+  EXPECT_NE(after_rest.table_state(), rest.table_state()) << "the first capture's later slice was not of step 4";
 
   // Served whole: no longer kept. A capture never made is not either.
   v1::ChunkState again;
@@ -1224,7 +1227,9 @@ TEST(ParameterServiceSparseTest, ATableBucketIsCopiedLiveInSlicesOfOneCapture) {
                        grpc::StatusCode::ABORTED, "copy the bucket again from offset 0"));
   EXPECT_TRUE(HasError(copy(100, 987654321, &again), grpc::StatusCode::ABORTED, "no longer kept"));
   // Beyond the state, a bucket of no table, a job without tables.
-  EXPECT_TRUE(HasError(copy(after.table_state_size() + 1, after.capture(), &again),
+  v1::ChunkState fresh;
+  ASSERT_TRUE(IsOk(copy(0, 0, &fresh)));
+  EXPECT_TRUE(HasError(copy(fresh.table_state_size() + 1, fresh.capture(), &again),
                        grpc::StatusCode::OUT_OF_RANGE, "outside the bucket"));
   v1::CopyChunkRequest missing;
   missing.set_job_id("live");
@@ -1232,6 +1237,21 @@ TEST(ParameterServiceSparseTest, ATableBucketIsCopiedLiveInSlicesOfOneCapture) {
   grpc::ClientContext context;
   EXPECT_TRUE(HasError((*server)->stub()->CopyChunk(&context, missing, &again), grpc::StatusCode::NOT_FOUND,
                        "no table bucket held here"));
+
+  // A server whose memory budget has less room left than the bucket's state
+  // will not keep a capture of it to send in slices.
+  auto tight = TestServer::Start("ps-1", /*with_checkpoints=*/false,
+                                 (*server)->store().bytes() + (int64_t{2} << 20));
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  ASSERT_TRUE(IsOk(SetupJob((*tight)->stub(), MakeTableSetup("live", **tight))));
+  ASSERT_NO_FATAL_FAILURE(PushAllKeys(**tight, "live", keys, /*step=*/4));
+  ASSERT_NO_FATAL_FAILURE(PushAllKeys(**tight, "live", keys, /*step=*/5));
+  v1::CopyChunkRequest request;
+  request.set_job_id("live");
+  request.set_chunk_id(chunk);
+  grpc::ClientContext tight_context;
+  EXPECT_TRUE(HasError((*tight)->stub()->CopyChunk(&tight_context, request, &again),
+                       grpc::StatusCode::RESOURCE_EXHAUSTED, "more than this server can keep"));
 }
 
 }  // namespace

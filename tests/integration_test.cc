@@ -520,18 +520,22 @@ TEST_F(ClusterTest, MissingDataFileFailsTheJobNamingThePath) {
 }
 
 // `fulcrum local up --server-memory-budget` gives every server that
-// budget; a value that is no size is refused before anything starts.
+// budget, also one added later with `local add server`; a value that is no
+// size is refused before anything starts.
 TEST(LocalUpTest, ServerMemoryBudgetReachesEveryServer) {
   const std::string dir = MakeTempDir();
   auto [bad_rc, bad_out] = RunCommand(absl::StrCat(DefaultBinDir(), "/fulcrum local up --servers 1 --workers 0 --detach --dir ",
                                                    dir, " --server-memory-budget lots 2>&1"));
   EXPECT_NE(bad_rc, 0);
   EXPECT_NE(bad_out.find("--server-memory-budget must be a size"), std::string::npos) << bad_out;
+  // However the test ends, the processes are stopped (by their recorded pids).
+  auto down = absl::MakeCleanup([&dir] { RunCli(absl::StrCat("local down --dir ", dir)); });
   auto [rc, out] =
       RunCli(absl::StrCat("local up --servers 2 --workers 0 --detach --dir ", dir, " --server-memory-budget 64MiB"));
   ASSERT_EQ(rc, 0) << out;
-  // However the test ends, the processes are stopped (by their recorded pids).
-  auto down = absl::MakeCleanup([&dir] { RunCli(absl::StrCat("local down --dir ", dir)); });
+  // A server added later by another invocation gets it too.
+  auto [add_rc, add_out] = RunCli(absl::StrCat("local add server --dir ", dir));
+  ASSERT_EQ(add_rc, 0) << add_out;
   auto cluster = LocalCluster::Open(dir);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   int servers = 0;
@@ -542,7 +546,7 @@ TEST(LocalUpTest, ServerMemoryBudgetReachesEveryServer) {
     const std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
     EXPECT_NE(args.find("--memory_budget=64MiB"), std::string::npos) << process.id();
   }
-  EXPECT_EQ(servers, 2);
+  EXPECT_EQ(servers, 3);
 }
 
 TEST_F(ClusterTest, CliSubmitWaitExitCodeFollowsTheJob) {

@@ -354,9 +354,13 @@ class ClickRun {
   std::unique_ptr<SparseClient> sparse_;
   std::vector<std::vector<float>> params_, grads_;
   std::vector<std::vector<float>> rows_, row_grads_;
-  // Gradient accumulation: one micro-batch's gradients and offsets.
-  std::vector<std::vector<float>> micro_grads_, micro_row_grads_;
+  // Gradient accumulation: one micro-batch's rows, gradients, offsets and
+  // ids (micro_row_of_: each id's row among the micro-batch's; micro_ids_:
+  // each of those rows' row in the step; local_of_: the reverse, -1 between
+  // micro-batches).
+  std::vector<std::vector<float>> micro_grads_, micro_rows_, micro_row_grads_;
   std::vector<int64_t> micro_offsets_;
+  std::vector<int32_t> micro_row_of_, micro_ids_, local_of_;
   int64_t seq_ = 0;
   int failures_ = 0;
   int64_t max_staleness_seen_ = 0;
@@ -429,37 +433,80 @@ absl::Status ClickRun::ComputeGradients(const Batch& batch, const Bags& bags, ke
   row_grads_.resize(rows_.size());
   for (size_t t = 0; t < rows_.size(); ++t) row_grads_[t].resize(rows_[t].size());
   const kernels::CtrBatch whole = ModelBatch(batch, bags);
-  const kernels::CtrParams params = ModelParams(rows_);
   const int micro = spec_.data().batch_size();
-  if (whole.batch <= micro) return model_.ForwardBackward(whole, params, GradsOf(&grads_, &row_grads_), stats);
-
-  micro_grads_.resize(grads_.size());
-  for (size_t t = 0; t < grads_.size(); ++t) micro_grads_[t].resize(grads_[t].size());
-  micro_row_grads_.resize(row_grads_.size());
-  for (size_t t = 0; t < row_grads_.size(); ++t) micro_row_grads_[t].resize(row_grads_[t].size());
+  if (whole.batch <= micro) {
+    return model_.ForwardBackward(whole, ModelParams(rows_), GradsOf(&grads_, &row_grads_), stats);
+  }
+  // Gradient accumulation. Each micro-batch computes over its own rows only
+  // (gathered from the step's, its ids renumbered), so a step costs what its
+  // micro-batches do; their gradients are added back at the step's rows.
   for (auto& tensor : grads_) std::fill(tensor.begin(), tensor.end(), 0.0f);
   for (auto& table : row_grads_) std::fill(table.begin(), table.end(), 0.0f);
-  const kernels::CtrGrads micro_grads = GradsOf(&micro_grads_, &micro_row_grads_);
+  micro_grads_.resize(grads_.size());
+  for (size_t t = 0; t < grads_.size(); ++t) micro_grads_[t].resize(grads_[t].size());
+  micro_rows_.resize(rows_.size());
+  micro_row_grads_.resize(rows_.size());
+  local_of_.assign(static_cast<size_t>(whole.unique_rows), -1);
   const int64_t fields = layout_.ctr.num_fields, dense = layout_.ctr.num_dense;
+  const float share = 1.0f / static_cast<float>(whole.batch / micro);  // every micro-batch has `micro` examples
+  std::vector<size_t> dims;  // each table's floats a row
+  for (const auto& table : rows_) {
+    dims.push_back(whole.unique_rows > 0 ? table.size() / static_cast<size_t>(whole.unique_rows) : 0);
+  }
   for (int first = 0; first < whole.batch; first += micro) {
-    const int size = std::min(micro, whole.batch - first);
     kernels::CtrBatch part = whole;
-    part.batch = size;
+    part.batch = micro;
     part.labels = whole.labels + first;
     if (whole.dense != nullptr) part.dense = whole.dense + first * dense;
+    micro_ids_.clear();  // the step's row of each of this micro-batch's rows
     if (whole.offsets != nullptr) {
-      // The micro-batch's bags, their offsets starting over at 0.
+      // The micro-batch's bags, their offsets starting over at 0 and their
+      // ids numbered by first appearance.
       const int64_t* offsets = whole.offsets + first * fields;
-      micro_offsets_.resize(static_cast<size_t>(size * fields + 1));
+      micro_offsets_.resize(static_cast<size_t>(micro * fields + 1));
       for (size_t i = 0; i < micro_offsets_.size(); ++i) micro_offsets_[i] = offsets[i] - offsets[0];
       part.offsets = micro_offsets_.data();
-      if (whole.rows != nullptr) part.rows = whole.rows + offsets[0];
       if (whole.weights != nullptr) part.weights = whole.weights + offsets[0];
+      const int64_t ids = offsets[micro * fields] - offsets[0];
+      micro_row_of_.resize(static_cast<size_t>(ids));
+      for (int64_t i = 0; i < ids; ++i) {
+        const int32_t row = whole.rows[offsets[0] + i];
+        int32_t& local = local_of_[static_cast<size_t>(row)];
+        if (local < 0) {
+          local = static_cast<int32_t>(micro_ids_.size());
+          micro_ids_.push_back(row);
+        }
+        micro_row_of_[static_cast<size_t>(i)] = local;
+      }
+      part.rows = ids > 0 ? micro_row_of_.data() : nullptr;
     }
-    RETURN_IF_ERROR(model_.ForwardBackward(part, params, micro_grads, stats));
-    const float share = static_cast<float>(size) / static_cast<float>(whole.batch);
+    part.unique_rows = static_cast<int32_t>(micro_ids_.size());
+    kernels::CtrParams params;
+    for (const auto& tensor : params_) params.dense.push_back(tensor.data());
+    kernels::CtrGrads grads = GradsOf(&micro_grads_, &micro_row_grads_);
+    grads.tables.clear();
+    for (size_t t = 0; t < rows_.size(); ++t) {
+      const size_t dim = dims[t];
+      micro_rows_[t].resize(micro_ids_.size() * dim);
+      micro_row_grads_[t].resize(micro_ids_.size() * dim);
+      for (size_t i = 0; i < micro_ids_.size(); ++i) {
+        std::copy_n(rows_[t].begin() + static_cast<std::ptrdiff_t>(micro_ids_[i] * dim), dim,
+                    micro_rows_[t].begin() + static_cast<std::ptrdiff_t>(i * dim));
+      }
+      params.tables.push_back(micro_rows_[t].data());
+      grads.tables.push_back(micro_row_grads_[t].data());
+    }
+    RETURN_IF_ERROR(model_.ForwardBackward(part, params, grads, stats));
     AddScaled(micro_grads_, share, &grads_);
-    AddScaled(micro_row_grads_, share, &row_grads_);
+    for (size_t t = 0; t < rows_.size(); ++t) {
+      const size_t dim = dims[t];
+      for (size_t i = 0; i < micro_ids_.size(); ++i) {
+        float* out = row_grads_[t].data() + micro_ids_[i] * dim;
+        const float* in = micro_row_grads_[t].data() + i * dim;
+        for (size_t d = 0; d < dim; ++d) out[d] += share * in[d];
+      }
+    }
+    for (int32_t row : micro_ids_) local_of_[static_cast<size_t>(row)] = -1;
   }
   return absl::OkStatus();
 }

@@ -343,6 +343,29 @@ TEST_F(ClusterTest, ClickJobsRefuseWhatTheyCannotDoYet) {
 
 // data.evalEverySteps: the test set is also evaluated between epoch ends,
 // at every multiple of it (BSP: global steps), each one a history point.
+// localSgd and gradientAccumulation through the whole cluster: the
+// scheduler and the workers count the same larger steps (4096 / (16 x 4 x 2)
+// = 32 an epoch; a worker counting others fails the job), and the model
+// learns.
+TEST_F(ClusterTest, LocalSgdAndGradientAccumulationJobsTrainOverTheirLargerSteps) {
+  for (const bool local : {true, false}) {
+    SCOPED_TRACE(local ? "localSgd" : "gradientAccumulation");
+    v1::JobSpec spec = SyntheticSpec(v1::BSP, 2, 16, 0);
+    if (local) {
+      spec.mutable_local_sgd()->set_steps(4);
+      spec.mutable_local_sgd()->set_lr(0.1f);
+      spec.mutable_optimizer()->set_lr(1.0f);
+      spec.mutable_optimizer()->set_momentum(0);
+    } else {
+      spec.mutable_data()->set_gradient_accumulation(4);
+    }
+    v1::JobStatus done;
+    ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &done));
+    EXPECT_EQ(done.progress().total_steps(), 3 * 32);
+    EXPECT_GT(done.progress().test_accuracy(), 0.9) << "4 well separated classes";
+  }
+}
+
 TEST_F(ClusterTest, EvalEveryStepsEvaluatesBetweenEpochs) {
   v1::JobSpec spec = SyntheticSpec(v1::BSP, 2, 16, 0);  // 4096 / 32 = 128 steps an epoch
   spec.mutable_data()->set_epochs(2);

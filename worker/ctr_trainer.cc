@@ -448,7 +448,8 @@ absl::Status ClickRun::ComputeGradients(const Batch& batch, const Bags& bags, ke
   micro_row_grads_.resize(rows_.size());
   local_of_.assign(static_cast<size_t>(whole.unique_rows), -1);
   const int64_t fields = layout_.ctr.num_fields, dense = layout_.ctr.num_dense;
-  const float share = 1.0f / static_cast<float>(whole.batch / micro);  // every micro-batch has `micro` examples
+  // Every micro-batch has `micro` examples: each adds its mean times micro / batch.
+  const float share = static_cast<float>(micro) / static_cast<float>(whole.batch);
   std::vector<size_t> dims;  // each table's floats a row
   for (const auto& table : rows_) {
     dims.push_back(whole.unique_rows > 0 ? table.size() / static_cast<size_t>(whole.unique_rows) : 0);

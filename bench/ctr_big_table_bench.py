@@ -125,7 +125,8 @@ def describe(label, status, held, best):
     auc = progress.get("testAuc")
     rate = None
     if progress.get("elapsedSeconds"):
-        covered = int(progress.get("step", 0)) * int(status["spec"]["data"]["batchSize"])
+        data = status["spec"]["data"]
+        covered = int(progress.get("step", 0)) * int(data["batchSize"]) * max(1, int(data.get("gradientAccumulation", 1)))
         rate = covered / float(progress["elapsedSeconds"])
     print(f"\n{label}: {status['state']}" + (f" - {status.get('reason', '')}" if status["state"] != "SUCCEEDED" else ""))
     if status["state"] == "SUCCEEDED":

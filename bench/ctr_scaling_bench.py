@@ -54,7 +54,8 @@ def one_run(fulcrum, base, servers, workers, examples):
         if status["state"] != "SUCCEEDED":
             raise RuntimeError(f"{servers} servers, {workers} workers: {status['state']}: {status.get('reason')}")
         progress, spec = status["progress"], status["spec"]
-        covered = int(progress["step"]) * int(spec["data"]["batchSize"]) * int(spec.get("maxWorkers", workers))
+        step_examples = int(spec["data"]["batchSize"]) * max(1, int(spec["data"].get("gradientAccumulation", 1)))
+        covered = int(progress["step"]) * step_examples * int(spec.get("maxWorkers", workers))
         return covered / float(progress["elapsedSeconds"]), float(progress.get("testAuc", 0.0))
     finally:
         subprocess.run([fulcrum, "local", "down", "--dir", work], capture_output=True)

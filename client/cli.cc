@@ -225,7 +225,7 @@ std::string TablesText(const v1::JobStatus& job) {
   std::string text;
   for (const v1::TableLayout& table : job.shard_map().tables()) {
     absl::StrAppend(&text, text.empty() ? " + sparse tables " : ", ", Printable(table.name()), " (", table.dim(),
-                    " floats a row, ", table.buckets(), " buckets)");
+                    table.dim() == 1 ? " float a row, " : " floats a row, ", table.buckets(), " buckets)");
   }
   return text;
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -521,6 +522,47 @@ TEST(TrainerTest, LocalSgdAveragesThePartitionsLocalModels) {
     if (report.kind() == v1::WorkReport::EVAL) last_accuracy = report.test_accuracy();
   }
   EXPECT_GT(last_accuracy, 1.5 / kClasses);
+}
+
+// localSgd's deltas travel like gradients: in a 16-bit wire format, INT8
+// compressed (error feedback keeps what rounding leaves out) and in ASP. Each
+// such job runs through, uses every example once and learns.
+TEST(TrainerTest, LocalSgdDeltasTravelInEveryWireFormatAndMode) {
+  struct Variant {
+    const char* name;
+    std::function<void(v1::JobSpec*)> set;
+  };
+  const std::vector<Variant> variants = {
+      {"bf16 wire", [](v1::JobSpec* s) { s->set_wire_format(v1::WIRE_BF16); }},
+      {"int8 compression", [](v1::JobSpec* s) { s->mutable_compression()->set_kind(v1::CompressionSpec::INT8); }},
+      {"ASP", [](v1::JobSpec* s) { s->set_mode(v1::ASP); }},
+  };
+  for (const Variant& variant : variants) {
+    SCOPED_TRACE(variant.name);
+    v1::JobSpec spec = Spec(v1::BSP, 2);
+    spec.mutable_optimizer()->set_lr(1.0f);
+    spec.mutable_optimizer()->set_momentum(0);
+    spec.mutable_data()->set_batch_size(4);
+    spec.mutable_local_sgd()->set_steps(4);
+    spec.mutable_local_sgd()->set_lr(0.1f);
+    variant.set(&spec);
+    ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+    InProcessCluster cluster(2, spec, 2);
+    ASSERT_TRUE(cluster.Setup().ok());
+    JobHarness harness(&cluster);
+    auto statuses = harness.Run({{"w0", {0}}, {"w1", {1}}});
+    for (const auto& [worker, status] : statuses) {
+      // ASP trainers return once the job ends after they are through.
+      EXPECT_TRUE(status.ok() || (spec.mode() == v1::ASP && absl::IsCancelled(status))) << worker << ": " << status;
+    }
+    EXPECT_EQ(harness.done(), (std::set<int32_t>{0, 1}));
+    ExpectEveryExampleOnce(spec, cluster.Audits());
+    double last_accuracy = 0;
+    for (const v1::WorkReport& report : harness.Reports("w0")) {
+      if (report.kind() == v1::WorkReport::EVAL) last_accuracy = report.test_accuracy();
+    }
+    EXPECT_GT(last_accuracy, 1.5 / kClasses);
+  }
 }
 
 TEST(TrainerTest, LostPushAnswersAreRetriedAndAppliedOnce) {

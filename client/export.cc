@@ -120,42 +120,30 @@ std::vector<SafetensorsTensor> TableTensors(const v1::ShardMap& map, std::vector
 absl::Status CopyBucket(v1::ParameterService::Stub* stub, const std::string& address, const std::string& job_id,
                         const v1::TableLayout& table, int32_t t, int32_t b, double timeout, Gathered* into) {
   const int32_t chunk_id = TableChunkId(t, b);
+  auto copy = [&](int64_t offset, uint64_t capture) -> absl::StatusOr<v1::ChunkState> {
+    v1::CopyChunkRequest request;
+    request.set_job_id(job_id);
+    request.set_chunk_id(chunk_id);
+    request.set_table_state_offset(offset);
+    request.set_capture(capture);
+    v1::ChunkState response;
+    grpc::ClientContext context;
+    SetDeadline(&context, timeout);
+    absl::Status status = FromGrpcStatus(stub->CopyChunk(&context, request, &response));
+    if (!status.ok()) return status;
+    return response;
+  };
   for (int attempt = 0; attempt < kConsistentReadAttempts; ++attempt) {
-    std::string state;
-    uint64_t capture = 0;
-    int64_t size = -1;
-    absl::Status status;
-    while (size < 0 || static_cast<int64_t>(state.size()) < size) {
-      v1::CopyChunkRequest request;
-      request.set_job_id(job_id);
-      request.set_chunk_id(chunk_id);
-      request.set_table_state_offset(static_cast<int64_t>(state.size()));
-      request.set_capture(capture);
-      v1::ChunkState response;
-      grpc::ClientContext context;
-      SetDeadline(&context, timeout);
-      status = FromGrpcStatus(stub->CopyChunk(&context, request, &response));
-      if (!status.ok()) break;
-      if ((size >= 0 && (response.table_state_size() != size || response.capture() != capture)) ||
-          response.table_state_size() < 0 ||
-          static_cast<int64_t>(state.size() + response.table_state().size()) > response.table_state_size() ||
-          (response.table_state().empty() && static_cast<int64_t>(state.size()) < response.table_state_size())) {
-        return absl::DataLossError(absl::StrCat("table ", table.name(), " bucket ", b, " from ", address,
-                                                ": its slices do not add up"));
-      }
-      size = response.table_state_size();
-      capture = response.capture();
-      state += response.table_state();
-    }
-    if (absl::IsAborted(status)) {  // the capture was dropped, or the server is busy: copy it again
+    absl::StatusOr<v1::ChunkState> state = ReadSlicedChunk(chunk_id, copy);
+    if (absl::IsAborted(state.status())) {  // the capture was dropped, or the server is busy: copy it again
       absl::SleepFor(absl::Milliseconds(20) * (attempt + 1));
       continue;
     }
-    if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat("copying table ", table.name(), " bucket ", b, " from ",
-                                                      address, ": ", status.message()));
+    if (!state.ok()) {
+      return absl::Status(state.status().code(), absl::StrCat("copying table ", table.name(), " bucket ", b,
+                                                              " from ", address, ": ", state.status().message()));
     }
-    return AddTableRows(table, state, &into->ids, &into->rows);
+    return AddTableRows(table, state->table_state(), &into->ids, &into->rows);
   }
   return absl::UnavailableError(absl::StrCat("table ", table.name(), " bucket ", b, " on ", address,
                                              " kept being dropped while it was read; try again"));

@@ -1,18 +1,29 @@
-// Reading one chunk of a stored checkpoint from the server that holds it,
-// shared by servers restoring a checkpoint and `fulcrum export`.
+// Reading one chunk's state whose table state comes in slices: a stored
+// checkpoint's chunk (servers restoring a checkpoint, `fulcrum export
+// --checkpoint`) or a live table bucket (`fulcrum export`).
 #ifndef FULCRUM_COMMON_CHECKPOINT_READ_H_
 #define FULCRUM_COMMON_CHECKPOINT_READ_H_
+
+#include <cstdint>
+#include <functional>
 
 #include "absl/status/statusor.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 
 namespace fulcrum {
 
+// Reads chunk `chunk_id` slice by slice: `read(offset, capture)` answers the
+// slice of the table state at `offset`, of the capture the first answer
+// named (0 before it). The answer's table_state holds all of it. read's
+// errors as they come; DATA_LOSS when the slices do not add up: an empty
+// slice short of the size, more bytes than the size, or a size or capture
+// that changes between slices.
+absl::StatusOr<v1::ChunkState> ReadSlicedChunk(
+    int32_t chunk_id, const std::function<absl::StatusOr<v1::ChunkState>(int64_t offset, uint64_t capture)>& read);
+
 // ReadCheckpoint of `request`'s chunk, every call within `timeout_seconds`.
 // A table bucket's state comes in slices (a server answers at most 4 MiB of
-// it a call, each read verified whole there); the answer's table_state holds
-// all of it. The RPC's own errors as they come; DATA_LOSS when the slices
-// stop short of the size the server gave.
+// it a call, each read verified whole there); ReadSlicedChunk's errors.
 absl::StatusOr<v1::ChunkState> ReadCheckpointChunkFrom(v1::ParameterService::Stub* stub,
                                                        v1::ReadCheckpointRequest request, double timeout_seconds);
 

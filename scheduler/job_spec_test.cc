@@ -41,6 +41,12 @@ void MakeSynthetic(v1::JobSpec* spec) {
   data->set_synthetic_classes(3);
 }
 
+// localSgd of `steps` local steps at rate `lr`.
+void SetLocalSgd(v1::JobSpec* spec, int32_t steps, float lr) {
+  spec->mutable_local_sgd()->set_steps(steps);
+  spec->mutable_local_sgd()->set_lr(lr);
+}
+
 TEST(JobSpecTest, BaseSpecIsValid) {
   absl::Status s = ValidateJobSpec(BaseSpec());
   EXPECT_TRUE(s.ok()) << s;
@@ -57,10 +63,7 @@ TEST(JobSpecTest, OtherValidVariantsPass) {
         s->mutable_data()->set_batch_size(1024);
         s->mutable_data()->set_gradient_accumulation(1024);
       },
-      [](v1::JobSpec* s) {
-        s->mutable_local_sgd()->set_steps(8);
-        s->mutable_local_sgd()->set_lr(0.05f);
-      },
+      [](v1::JobSpec* s) { SetLocalSgd(s, 8, 0.05f); },
       [](v1::JobSpec* s) {
         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
         s->mutable_optimizer()->set_beta1(0.8f);
@@ -351,10 +354,7 @@ std::vector<RejectCase> RejectCases() {
        },
        {"data.gradientAccumulation", "2097152 examples", "1048576"}},
       {"LocalSgdStepsOver1024",
-       [](S* s) {
-         s->mutable_local_sgd()->set_steps(1025);
-         s->mutable_local_sgd()->set_lr(0.1f);
-       },
+       [](S* s) { SetLocalSgd(s, 1025, 0.1f); },
        {"localSgd.steps", "[0, 1024]"}},
       {"LocalSgdWithoutItsRate",
        [](S* s) { s->mutable_local_sgd()->set_steps(4); },
@@ -364,15 +364,13 @@ std::vector<RejectCase> RejectCases() {
        {"localSgd.lr", "needs localSgd.steps > 1"}},
       {"LocalSgdWithGradientAccumulation",
        [](S* s) {
-         s->mutable_local_sgd()->set_steps(4);
-         s->mutable_local_sgd()->set_lr(0.1f);
+         SetLocalSgd(s, 4, 0.1f);
          s->mutable_data()->set_gradient_accumulation(2);
        },
        {"localSgd.steps", "data.gradientAccumulation"}},
       {"LocalSgdWithLinearLrScaling",
        [](S* s) {
-         s->mutable_local_sgd()->set_steps(4);
-         s->mutable_local_sgd()->set_lr(0.1f);
+         SetLocalSgd(s, 4, 0.1f);
          s->mutable_optimizer()->set_lr_scaling(v1::OptimizerSpec::LINEAR);
          s->mutable_optimizer()->set_base_batch_size(64);
        },
@@ -380,8 +378,7 @@ std::vector<RejectCase> RejectCases() {
       {"LocalSgdStepOverAMillionExamples",
        [](S* s) {
          s->mutable_data()->set_batch_size(4096);
-         s->mutable_local_sgd()->set_steps(512);
-         s->mutable_local_sgd()->set_lr(0.1f);
+         SetLocalSgd(s, 512, 0.1f);
        },
        {"localSgd.steps", "2097152 examples"}},
       {"Epochs10001",

@@ -31,6 +31,13 @@ constexpr int64_t kMaxPullBytes = 7 << 20;
 // (ReadCheckpoint, CopyChunk).
 constexpr size_t kTableStateSlice = size_t{4} << 20;
 
+// Answers chunk `chunk_id` of `snapshot` with the slice of its table state
+// at `offset` (at most kTableStateSlice bytes) and the whole state's size;
+// OUT_OF_RANGE, naming `what` (the chunk, the bucket), for an offset outside
+// the state. Whether that slice is the last.
+absl::StatusOr<bool> AnswerTableStateSlice(const ChunkSnapshot& snapshot, int32_t chunk_id, int64_t offset,
+                                           const char* what, v1::ChunkState* response);
+
 // Translates the job spec's optimizer and schedule into the store's configs.
 JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request);
 

@@ -97,6 +97,19 @@ grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* /*context*/, 
   return Finish("Checkpoint", absl::OkStatus(), received, response->ByteSizeLong());
 }
 
+absl::StatusOr<bool> AnswerTableStateSlice(const ChunkSnapshot& snapshot, int32_t chunk_id, int64_t offset,
+                                           const char* what, v1::ChunkState* response) {
+  const auto size = static_cast<int64_t>(snapshot.table_state.size());
+  if (offset < 0 || offset > size) {
+    return absl::OutOfRangeError(
+        absl::StrCat("table state offset ", offset, " is outside the ", what, "'s ", size, " bytes"));
+  }
+  response->set_table_state_size(size);
+  response->set_table_state(snapshot.table_state.substr(static_cast<size_t>(offset), kTableStateSlice));
+  ToChunkState(snapshot, chunk_id, response);
+  return offset + static_cast<int64_t>(kTableStateSlice) >= size;
+}
+
 grpc::Status ParameterServiceImpl::ReadCheckpoint(grpc::ServerContext* /*context*/, const v1::ReadCheckpointRequest* request,
                                                   v1::ChunkState* response) {
   const int64_t received = request->ByteSizeLong();
@@ -122,18 +135,10 @@ grpc::Status ParameterServiceImpl::ReadCheckpoint(grpc::ServerContext* /*context
                             snapshot};
     }
   }
-  const auto size = static_cast<int64_t>(snapshot->table_state.size());
-  if (request->table_state_offset() < 0 || request->table_state_offset() > size) {
-    return Finish("ReadCheckpoint",
-                  absl::OutOfRangeError(absl::StrCat("table state offset ", request->table_state_offset(),
-                                                     " is outside the chunk's ", size, " bytes")),
-                  received, 0);
-  }
-  response->set_table_state_size(size);
-  response->set_table_state(snapshot->table_state.substr(static_cast<size_t>(request->table_state_offset()),
-                                                         kTableStateSlice));
-  ToChunkState(*snapshot, request->chunk_id(), response);
-  if (request->table_state_offset() + static_cast<int64_t>(kTableStateSlice) >= size) {
+  absl::StatusOr<bool> last =
+      AnswerTableStateSlice(*snapshot, request->chunk_id(), request->table_state_offset(), "chunk", response);
+  if (!last.ok()) return Finish("ReadCheckpoint", last.status(), received, 0);
+  if (*last) {
     MutexLock lock(&sliced_mu_);  // its last slice: not kept any longer
     if (sliced_.snapshot == snapshot) sliced_ = SlicedChunk();
   }

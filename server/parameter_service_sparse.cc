@@ -265,17 +265,10 @@ absl::Status ParameterServiceImpl::CopyTableBucket(const v1::CopyChunkRequest& r
           KeepCaptureLocked(LiveCapture{request.job_id(), request.chunk_id(), capture, absl::Now(), snapshot}));
     }
   }
-  const auto size = static_cast<int64_t>(snapshot->table_state.size());
-  if (request.table_state_offset() < 0 || request.table_state_offset() > size) {
-    return absl::OutOfRangeError(absl::StrCat("table state offset ", request.table_state_offset(),
-                                              " is outside the bucket's ", size, " bytes"));
-  }
+  ASSIGN_OR_RETURN(const bool last, AnswerTableStateSlice(*snapshot, request.chunk_id(), request.table_state_offset(),
+                                                         "bucket", response));
   response->set_capture(capture);
-  response->set_table_state_size(size);
-  response->set_table_state(
-      snapshot->table_state.substr(static_cast<size_t>(request.table_state_offset()), kTableStateSlice));
-  ToChunkState(*snapshot, request.chunk_id(), response);
-  if (request.table_state_offset() + static_cast<int64_t>(kTableStateSlice) >= size) {
+  if (last) {
     MutexLock lock(&captures_mu_);  // its last slice: not kept any longer
     captures_.erase(std::remove_if(captures_.begin(), captures_.end(),
                                    [&](const LiveCapture& kept) { return kept.snapshot == snapshot; }),

@@ -318,10 +318,14 @@ absl::StatusOr<ChunkSnapshot> SparseShard::CaptureBucket(int32_t chunk_id) const
     return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
   }
   MutexLock lock(&push_mu_);  // between pushes
+  return SnapshotLocked(*bucket, CapturePositionsLocked());
+}
+
+ChunkSnapshot SparseShard::SnapshotLocked(const SparseTable& bucket, const std::vector<int64_t>& positions) const {
   ChunkSnapshot snapshot;
   snapshot.version = now_;
-  snapshot.partition_steps = CapturePositionsLocked();
-  bucket->AppendState(&snapshot.table_state);
+  snapshot.partition_steps = positions;
+  bucket.AppendState(&snapshot.table_state);
   return snapshot;
 }
 
@@ -333,11 +337,8 @@ std::vector<std::pair<int32_t, ChunkSnapshot>> SparseShard::Capture() const {
     for (size_t b = 0; b < tables_[t].buckets.size(); ++b) {
       const SparseTable* bucket = tables_[t].buckets[b].get();
       if (bucket == nullptr) continue;
-      ChunkSnapshot snapshot;
-      snapshot.version = now_;
-      snapshot.partition_steps = positions;
-      bucket->AppendState(&snapshot.table_state);
-      captured.emplace_back(TableChunkId(static_cast<int32_t>(t), static_cast<int32_t>(b)), std::move(snapshot));
+      captured.emplace_back(TableChunkId(static_cast<int32_t>(t), static_cast<int32_t>(b)),
+                            SnapshotLocked(*bucket, positions));
     }
   }
   return captured;

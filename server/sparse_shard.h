@@ -141,6 +141,9 @@ class SparseShard {
   const SparseTable* HeldBucket(int32_t chunk_id) const;
   // The steps each partition runs again from, for a capture now.
   std::vector<int64_t> CapturePositionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+  // A held bucket's state as a checkpoint chunk, with those positions.
+  ChunkSnapshot SnapshotLocked(const SparseTable& bucket, const std::vector<int64_t>& positions) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // Expires rows of tables with expire_after once the job's step passes the
   // next expiry point.
   void MaybeExpireLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);

@@ -482,10 +482,6 @@ absl::Status ClickRun::ComputeGradients(const Batch& batch, const Bags& bags, ke
       part.rows = ids > 0 ? micro_row_of_.data() : nullptr;
     }
     part.unique_rows = static_cast<int32_t>(micro_ids_.size());
-    kernels::CtrParams params;
-    for (const auto& tensor : params_) params.dense.push_back(tensor.data());
-    kernels::CtrGrads grads = GradsOf(&micro_grads_, &micro_row_grads_);
-    grads.tables.clear();
     for (size_t t = 0; t < rows_.size(); ++t) {
       const size_t dim = dims[t];
       micro_rows_[t].resize(micro_ids_.size() * dim);
@@ -494,10 +490,9 @@ absl::Status ClickRun::ComputeGradients(const Batch& batch, const Bags& bags, ke
         std::copy_n(rows_[t].begin() + static_cast<std::ptrdiff_t>(micro_ids_[i] * dim), dim,
                     micro_rows_[t].begin() + static_cast<std::ptrdiff_t>(i * dim));
       }
-      params.tables.push_back(micro_rows_[t].data());
-      grads.tables.push_back(micro_row_grads_[t].data());
     }
-    RETURN_IF_ERROR(model_.ForwardBackward(part, params, grads, stats));
+    RETURN_IF_ERROR(
+        model_.ForwardBackward(part, ModelParams(micro_rows_), GradsOf(&micro_grads_, &micro_row_grads_), stats));
     AddScaled(micro_grads_, share, &grads_);
     for (size_t t = 0; t < rows_.size(); ++t) {
       const size_t dim = dims[t];

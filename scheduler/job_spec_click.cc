@@ -120,6 +120,14 @@ absl::Status ValidateTables(const v1::JobSpec& spec) {
     RETURN_IF_ERROR(CheckRange(field + ".admitAfter", table.admit_after(), 0, 1000000));
     RETURN_IF_ERROR(CheckRange<int64_t>(field + ".expireAfter", table.expire_after(), 0, 1000000000));
     RETURN_IF_ERROR(CheckRange(field + ".buckets", table.buckets(), 0, kMaxTableBuckets));
+    if (!v1::TableSpec::Consistency_IsValid(table.consistency())) {
+      return Invalid(field + ".consistency", "must be SYNC or ASYNC", absl::StrCat(table.consistency()));
+    }
+    if (table.consistency() == v1::TableSpec::SYNC && spec.mode() != v1::BSP) {
+      return Invalid(field + ".consistency",
+                     "SYNC applies to BSP jobs only (ASP and SSP jobs apply every push as it arrives)",
+                     absl::StrCat("SYNC in a ", v1::Mode_Name(spec.mode()), " job"));
+    }
   }
   return kernels::ValidateCtrModelConfig(layout.ctr);
 }
@@ -185,10 +193,6 @@ absl::Status ValidateClickData(const v1::DataSpec& data) {
 // What a job with sparse tables cannot use yet: refused by name rather than
 // run without it.
 absl::Status ValidateClickLimits(const v1::JobSpec& spec) {
-  if (spec.mode() == v1::BSP) {
-    return Invalid("mode", "must be ASP or SSP for a click model (BSP over sparse tables is not supported yet)",
-                   "BSP");
-  }
   if (spec.replicas() > 1) {
     return Invalid("replicas", "must be 1 for a click model (sparse tables are not replicated yet)",
                    absl::StrCat(spec.replicas()));

@@ -60,6 +60,27 @@ TEST(ClickSpecTest, EachClickModelIsValidAndRunsAsynchronouslyByDefault) {
   EXPECT_TRUE(ValidateJobSpec(wide).ok()) << ValidateJobSpec(wide);
 }
 
+TEST(ClickSpecTest, BspClickJobsTakeSynchronousOrAsynchronousTables) {
+  const v1::JobSpec bsp = ClickSpec([](v1::JobSpec* s) { s->set_mode(v1::BSP); });
+  EXPECT_TRUE(ValidateJobSpec(bsp).ok()) << ValidateJobSpec(bsp);
+  const v1::JobSpec hybrid = ClickSpec([](v1::JobSpec* s) {
+    s->set_mode(v1::BSP);
+    v1::TableSpec* table = s->mutable_model()->add_tables();
+    table->set_name("embedding");
+    table->set_consistency(v1::TableSpec::ASYNC);
+    v1::TableSpec* linear = s->mutable_model()->add_tables();
+    linear->set_name("linear");
+    linear->set_consistency(v1::TableSpec::SYNC);
+  });
+  EXPECT_TRUE(ValidateJobSpec(hybrid).ok()) << ValidateJobSpec(hybrid);
+  const v1::JobSpec async = ClickSpec([](v1::JobSpec* s) {
+    v1::TableSpec* table = s->mutable_model()->add_tables();
+    table->set_name("embedding");
+    table->set_consistency(v1::TableSpec::ASYNC);
+  });
+  EXPECT_TRUE(ValidateJobSpec(async).ok()) << ValidateJobSpec(async);
+}
+
 TEST(ClickSpecTest, LayoutsFollowTheModelKind) {
   const ModelLayout deepfm = LayoutFor(ClickSpec(), 0, 0);
   ASSERT_TRUE(deepfm.click);
@@ -152,7 +173,18 @@ std::vector<ClickReject> ClickRejects() {
       {"NegativeAdmitAfter", [table](S* s) { table(s, "linear")->set_admit_after(-1); },
        {"model.tables[0].admitAfter"}},
       {"TooManyBuckets", [table](S* s) { table(s, "linear")->set_buckets(4097); }, {"model.tables[0].buckets"}},
-      {"Bsp", [](S* s) { s->set_mode(v1::BSP); }, {"mode", "ASP or SSP"}},
+      {"SyncTableInAsp", [table](S* s) { table(s, "linear")->set_consistency(v1::TableSpec::SYNC); },
+       {"model.tables[0].consistency", "BSP jobs only", "SYNC in a ASP job"}},
+      {"SyncTableInSsp",
+       [table](S* s) {
+         s->set_mode(v1::SSP);
+         s->set_staleness(2);
+         table(s, "embedding")->set_consistency(v1::TableSpec::SYNC);
+       },
+       {"model.tables[0].consistency", "BSP jobs only"}},
+      {"UnknownConsistency",
+       [table](S* s) { table(s, "linear")->set_consistency(static_cast<v1::TableSpec::Consistency>(9)); },
+       {"model.tables[0].consistency", "SYNC or ASYNC", "9"}},
       {"Replicated", [](S* s) { s->set_replicas(2); }, {"replicas", "not replicated yet"}},
       {"Bf16Compute", [](S* s) { s->set_precision(v1::BF16); }, {"precision"}},
       {"Compressed", [](S* s) { s->mutable_compression()->set_kind(v1::CompressionSpec::INT8); }, {"wireFormat"}},

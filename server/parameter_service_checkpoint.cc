@@ -50,11 +50,6 @@ grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* /*context*/, 
                                 : kDefaultCaptureWait;
   auto snapshots = (*shard)->CaptureAll(request->checkpoint_id(), request->at_version(), start + wait);
   if (!snapshots.ok()) return Finish("Checkpoint", snapshots.status(), received, 0);
-  // Table buckets are cut at once, between pushes (their pushes are
-  // asynchronous whatever the job's mode).
-  if (SparseShard* sparse = (*shard)->sparse(); sparse != nullptr) {
-    for (auto& bucket : sparse->Capture()) snapshots->push_back(std::move(bucket));
-  }
   for (const auto& [chunk_id, snapshot] : *snapshots) {
     v1::CheckpointChunk* chunk = response->add_chunks();
     chunk->set_chunk_id(chunk_id);

@@ -103,6 +103,8 @@ absl::Status CheckSparseRequest(const std::string& job_id, const JobShard& shard
 }  // namespace
 
 std::vector<SparseTableSetup> TableSetupsOf(const v1::JobSpec& spec, const v1::ShardMap& map) {
+  // As the dense chunks read the mode (parameter_service.cc).
+  const bool bsp = spec.mode() == v1::BSP || spec.mode() == v1::MODE_UNSPECIFIED;
   std::vector<SparseTableSetup> setups;
   for (const v1::TableLayout& layout : map.tables()) {
     v1::TableSpec table;
@@ -120,6 +122,7 @@ std::vector<SparseTableSetup> TableSetupsOf(const v1::JobSpec& spec, const v1::S
     setup.config.admit_after = table.admit_after();
     setup.config.expire_after = table.expire_after();
     setup.bucket_shards.assign(layout.bucket_shards().begin(), layout.bucket_shards().end());
+    setup.synchronous = bsp && table.consistency() != v1::TableSpec::ASYNC;
     setups.push_back(std::move(setup));
   }
   return setups;
@@ -139,12 +142,16 @@ absl::Status ParameterServiceImpl::HandleSparsePull(const v1::SparsePullRequest&
     answer->set_table(table.table());
     std::string* bytes = answer->mutable_rows();
     bytes->resize(n * sizeof(float));
+    auto pull = [&](float* out) {
+      return request.has_step() ? shard->sparse()->PullAtStep(table.table(), keys, request.step(), out)
+                                : shard->sparse()->Pull(table.table(), keys, out);
+    };
     if (float* in_place = FloatsIn(bytes); in_place != nullptr) {
       // The rows go straight into the answer.
-      RETURN_IF_ERROR(shard->sparse()->Pull(table.table(), keys, in_place));
+      RETURN_IF_ERROR(pull(in_place));
     } else {
       rows.resize(n);
-      RETURN_IF_ERROR(shard->sparse()->Pull(table.table(), keys, rows.data()));
+      RETURN_IF_ERROR(pull(rows.data()));
       EncodeFloats(rows.data(), static_cast<int64_t>(rows.size()), bytes);
     }
     keys_pulled += static_cast<int64_t>(keys.size());
@@ -169,6 +176,7 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest&
   args.partition = request.partition();
   args.step = request.step();
   args.part = request.part();
+  args.parts = request.parts();
   int64_t rows = 0;
   for (int i = 0; i < request.tables_size(); ++i) {
     const v1::SparseKeys& table = request.tables(i);

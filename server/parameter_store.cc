@@ -564,9 +564,18 @@ absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> JobShard::Capture
   }
   auto disarm = [&] {
     for (auto& [id, chunk] : chunks) chunk->Disarm(checkpoint_id);
+    if (sparse_ != nullptr) sparse_->Disarm(checkpoint_id);
   };
   for (auto& [id, chunk] : chunks) {
     if (absl::Status armed = chunk->ArmCapture(checkpoint_id, at_version); !armed.ok()) {
+      disarm();
+      return armed;
+    }
+  }
+  // Synchronous tables are cut at the same step as the chunks; asynchronous
+  // ones once the chunks are (every push of the steps before the cut is in).
+  if (sparse_ != nullptr) {
+    if (absl::Status armed = sparse_->ArmCapture(checkpoint_id, at_version); !armed.ok()) {
       disarm();
       return armed;
     }
@@ -579,6 +588,15 @@ absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> JobShard::Capture
       return snapshot.status();
     }
     snapshots.emplace_back(id, *std::move(snapshot));
+  }
+  if (sparse_ != nullptr) {
+    absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> tables =
+        sparse_->TakeCapture(checkpoint_id, deadline);
+    if (!tables.ok()) {
+      disarm();
+      return tables.status();
+    }
+    for (auto& bucket : *tables) snapshots.push_back(std::move(bucket));
   }
   return snapshots;
 }

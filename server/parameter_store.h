@@ -270,8 +270,9 @@ class JobShard {
   absl::Status Read(int32_t chunk_id, v1::WireFormat format, std::string* data, int64_t* version,
                     int64_t* clock, int64_t exact_version = -1, ValuesLease* lease = nullptr) const;
   // Snapshots every chunk for a checkpoint at `at_version` (see
-  // Chunk::ArmCapture): all are armed before any is waited for, so each is
-  // cut at the same step. On error nothing stays armed.
+  // Chunk::ArmCapture), and the sparse tables' buckets (SparseShard::
+  // ArmCapture): all are armed before any is waited for, so each is cut at
+  // the same step. On error nothing stays armed.
   absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> CaptureAll(int64_t checkpoint_id,
                                                                             int64_t at_version,
                                                                             absl::Time deadline);

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/shard_map.h"
 #include "common/table_spec.h"
@@ -113,8 +114,11 @@ SparseShard::SparseShard(std::vector<Table> tables, int32_t num_partitions, std:
     : tables_(std::move(tables)),
       num_partitions_(num_partitions),
       room_(std::move(room)),
+      has_sync_(std::any_of(tables_.begin(), tables_.end(), [](const Table& t) { return t.setup.synchronous; })),
       applied_(static_cast<size_t>(num_partitions)),
-      restored_(static_cast<size_t>(num_partitions), 0) {}
+      restored_(static_cast<size_t>(num_partitions), 0),
+      gather_(static_cast<size_t>(num_partitions)),
+      undo_(tables_.size()) {}
 
 int64_t SparseShard::EmptyBytes(const std::vector<SparseTableSetup>& tables, const std::set<int32_t>& held_shards) {
   int64_t buckets = 0;
@@ -166,6 +170,40 @@ absl::Status SparseShard::Pull(int32_t table, absl::Span<const uint64_t> keys, f
   return absl::OkStatus();
 }
 
+absl::Status SparseShard::PullAtStep(int32_t table, absl::Span<const uint64_t> keys, int64_t step,
+                                     float* out) const {
+  if (table < 0 || table >= num_tables() || !tables_[static_cast<size_t>(table)].setup.synchronous) {
+    return Pull(table, keys, out);
+  }
+  ReaderMutexLock lock(&push_mu_);  // no step applies meanwhile
+  if (step > sync_step_) {
+    return absl::UnavailableError(absl::StrCat("sparse pull of step ", step, ": the synchronous tables gather step ",
+                                               sync_step_, " here (retry once it is whole)"));
+  }
+  if (step < sync_step_ && step != undo_step_) {
+    return absl::AbortedError(absl::StrCat("sparse pull of step ", step, ": the synchronous tables are at step ",
+                                           sync_step_, " and keep the rows of step ", sync_step_ - 1, " at most"));
+  }
+  if (absl::Status pulled = Pull(table, keys, out); !pulled.ok()) return pulled;
+  if (step == sync_step_) return absl::OkStatus();
+  // The step was applied: the keys it changed read as they were before it.
+  const Table& t = tables_[static_cast<size_t>(table)];
+  const Undo& undo = undo_[static_cast<size_t>(table)];
+  const auto dim = static_cast<size_t>(t.setup.config.dim);
+  const auto buckets = static_cast<int32_t>(t.buckets.size());
+  auto before = [buckets](uint64_t a, uint64_t b) {
+    const int32_t ba = BucketOf(a, buckets), bb = BucketOf(b, buckets);
+    return ba != bb ? ba < bb : a < b;
+  };
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = std::lower_bound(undo.keys.begin(), undo.keys.end(), keys[i], before);
+    if (it == undo.keys.end() || *it != keys[i]) continue;
+    const auto at = static_cast<size_t>(it - undo.keys.begin());
+    std::memcpy(out + i * dim, undo.rows.data() + at * dim, dim * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SparseShard::CheckPushArgs(const SparsePushArgs& args) const {
   if (args.partition < 0 || args.partition >= num_partitions_) {
     return absl::InvalidArgumentError(
@@ -174,6 +212,12 @@ absl::Status SparseShard::CheckPushArgs(const SparsePushArgs& args) const {
   if (args.step < 0 || args.part < 0 || args.part > kMaxPushParts) {
     return absl::InvalidArgumentError(absl::StrCat("sparse push of step ", args.step, " part ", args.part,
                                                    " (parts are in [0, ", kMaxPushParts, "])"));
+  }
+  if (args.parts < 0 || args.parts > kMaxPushParts || (args.parts > 0 && args.part >= args.parts) ||
+      (has_sync_ && args.parts == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sparse push part ", args.part, " of ", args.parts, " requests (the job's synchronous tables need the ",
+        "number of requests of a partition's step, in [1, ", kMaxPushParts, "], above the part)"));
   }
   std::set<int32_t> named;
   for (const SparseRows& rows : args.tables) {
@@ -202,7 +246,22 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
     return absl::FailedPreconditionError(absl::StrCat("sparse tables take no pushes: ", frozen_reason_));
   }
   Applied& applied = applied_[static_cast<size_t>(args.partition)];
-  if (args.step < applied.step || (args.step == applied.step && applied.parts.count(args.part) > 0)) {
+  PartitionGather& gather = gather_[static_cast<size_t>(args.partition)];
+  if (has_sync_) {
+    if (args.step < sync_step_ || (args.step == sync_step_ && gather.seen.count(args.part) > 0)) {
+      return SparsePushOutcome::kDuplicate;
+    }
+    if (args.step > sync_step_) {
+      return absl::AbortedError(absl::StrCat("sparse push of partition ", args.partition, "'s step ", args.step,
+                                             " arrived while this server gathers step ", sync_step_,
+                                             " of the synchronous tables (run the step again)"));
+    }
+    if (gather.parts != 0 && gather.parts != args.parts) {
+      return absl::InvalidArgumentError(absl::StrCat("sparse push of partition ", args.partition, "'s step ",
+                                                     args.step, " says it takes ", args.parts,
+                                                     " requests here; an earlier part said ", gather.parts));
+    }
+  } else if (args.step < applied.step || (args.step == applied.step && applied.parts.count(args.part) > 0)) {
     return SparsePushOutcome::kDuplicate;
   }
   // Check everything first: a push is applied whole or not at all.
@@ -210,12 +269,18 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
   int64_t growth = 0;
   std::string grown_tables;
   int64_t growth_at_most = 0;
+  std::vector<Gathered> gathered;  // synchronous tables' rows, kept for the step
+  int64_t gathered_bytes = 0;
   for (const SparseRows& rows : args.tables) {
     const Table& table = tables_[static_cast<size_t>(rows.table)];
-    for (BucketPart& part : SplitByBucket(rows.keys, rows.grads, table.setup.config.dim,
-                                          static_cast<int32_t>(table.buckets.size()))) {
+    const int32_t dim = table.setup.config.dim;
+    for (BucketPart& part : SplitByBucket(rows.keys, rows.grads, dim, static_cast<int32_t>(table.buckets.size()))) {
       absl::StatusOr<SparseTable*> bucket = BucketFor(table, part.keys.front());
       if (!bucket.ok()) return bucket.status();
+      if (table.setup.synchronous) {
+        if (absl::Status checked = (*bucket)->CheckPush(part.keys, part.grads); !checked.ok()) return checked;
+        continue;
+      }
       if (!floors_.empty()) {
         const std::vector<int64_t>& floor =
             floors_[static_cast<size_t>(rows.table)][static_cast<size_t>(part.bucket)];
@@ -231,11 +296,23 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
       if (room_) growth_at_most += (*bucket)->BytesAfterAtMost(part.keys.size()) - (*bucket)->bytes();
       plan.push_back(Planned{&table, *bucket, std::move(part)});
     }
+    if (table.setup.synchronous && !rows.keys.empty()) {
+      Gathered kept{rows.table, std::vector<uint64_t>(rows.keys.begin(), rows.keys.end()),
+                    std::vector<float>(rows.grads, rows.grads + rows.keys.size() * static_cast<size_t>(dim))};
+      gathered_bytes += static_cast<int64_t>(kept.keys.size() * sizeof(uint64_t) + kept.grads.size() * sizeof(float));
+      gathered.push_back(std::move(kept));
+    }
   }
   // The rows a push adds are counted only when it might not fit (and the
   // room, which reads the whole store, only when it may add any).
-  const int64_t room = room_ && growth_at_most > 0 ? room_() : 0;
-  if (room_ && growth_at_most > 0 && growth_at_most > room) {
+  const int64_t room = room_ && (growth_at_most > 0 || gathered_bytes > 0) ? room_() : 0;
+  if (room_ && gathered_bytes > 0 && gathered_bytes > room) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the synchronous tables' step ", args.step, " does not fit this server: its gathered pushes take ",
+        held_bytes_.load(), " bytes and this one ", gathered_bytes, ", beyond the ", std::max<int64_t>(0, room),
+        " bytes left in the server's memory budget (add servers, raise --memory-budget or lower data.batchSize)"));
+  }
+  if (room_ && growth_at_most > 0 && growth_at_most + gathered_bytes > room) {
     for (const Planned& planned : plan) {
       absl::StatusOr<int64_t> after = planned.bucket->BytesAfterCheckedPush(planned.part.keys);
       if (!after.ok()) return after.status();
@@ -246,13 +323,34 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
       }
       growth += std::max<int64_t>(0, more);
     }
-    if (growth > 0 && growth > room) {  // a push that adds nothing passes (room may be below 0)
+    if (growth > 0 && growth + gathered_bytes > room) {  // a push that adds nothing passes (room may be below 0)
       return absl::ResourceExhaustedError(absl::StrCat(
           "sparse table ", grown_tables, " is full on this server: the job's tables take ", bytes(),
-          " bytes and this push would add ", growth, ", beyond the ", std::max<int64_t>(0, room),
+          " bytes and this push would add ", growth + gathered_bytes, ", beyond the ", std::max<int64_t>(0, room),
           " bytes left in the server's memory budget (add servers, raise --memory-budget, or set "
           "admitAfter/expireAfter)"));
     }
+  }
+  // Synchronous tables: the push joins its step; when it completes the step,
+  // the step must apply before any of the push does.
+  std::optional<GatheredStep> step;
+  if (has_sync_) {
+    const size_t kept_before = gather.rows.size();
+    for (Gathered& kept : gathered) gather.rows.push_back(std::move(kept));
+    const bool whole = static_cast<int32_t>(gather.seen.size()) + 1 == args.parts;
+    if (whole && whole_partitions_ + 1 == num_partitions_) {
+      absl::StatusOr<GatheredStep> summed = SumGatheredStepLocked();
+      if (!summed.ok()) {
+        gather.rows.erase(gather.rows.begin() + static_cast<std::ptrdiff_t>(kept_before), gather.rows.end());
+        return summed.status();
+      }
+      step = *std::move(summed);
+    }
+    gather.parts = args.parts;
+    gather.seen.insert(args.part);
+    gather.bytes += gathered_bytes;
+    held_bytes_ += gathered_bytes;
+    if (whole) ++whole_partitions_;
   }
   for (const Planned& planned : plan) {
     if (absl::Status pushed = planned.bucket->PushChecked(args.step, planned.part.keys, planned.part.grads);
@@ -266,8 +364,128 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
   }
   applied.parts.insert(args.part);
   now_ = std::max(now_, args.step);
+  if (step.has_value()) ApplyGatheredStepLocked(*std::move(step));
   MaybeExpireLocked(now_);
   return SparsePushOutcome::kApplied;
+}
+
+absl::StatusOr<SparseShard::GatheredStep> SparseShard::SumGatheredStepLocked() const {
+  GatheredStep step;
+  step.keys.resize(tables_.size());
+  step.grads.resize(tables_.size());
+  const float scale = 1.0f / static_cast<float>(num_partitions_);
+  int64_t growth = 0;
+  std::string grown_tables;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const Table& table = tables_[t];
+    if (!table.setup.synchronous) continue;
+    const auto dim = static_cast<size_t>(table.setup.config.dim);
+    const auto buckets = static_cast<int32_t>(table.buckets.size());
+    // Sum in partition order, never arrival order (a key is in at most one
+    // part of a partition's step), as the dense chunks do.
+    absl::flat_hash_map<uint64_t, uint32_t> index;
+    std::vector<uint64_t> keys;
+    std::vector<float> sums;
+    for (const PartitionGather& partition : gather_) {
+      for (const Gathered& rows : partition.rows) {
+        if (rows.table != static_cast<int32_t>(t)) continue;
+        for (size_t i = 0; i < rows.keys.size(); ++i) {
+          auto [it, fresh] = index.try_emplace(rows.keys[i], static_cast<uint32_t>(keys.size()));
+          if (fresh) {
+            keys.push_back(rows.keys[i]);
+            sums.resize(sums.size() + dim, 0.0f);
+          }
+          float* sum = sums.data() + static_cast<size_t>(it->second) * dim;
+          const float* grad = rows.grads.data() + i * dim;
+          for (size_t d = 0; d < dim; ++d) sum[d] += grad[d];
+        }
+      }
+    }
+    // Keys by bucket, then ascending: each bucket's keys are one run.
+    std::vector<uint32_t> order(keys.size());
+    std::iota(order.begin(), order.end(), 0u);
+    std::vector<int32_t> bucket_of(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) bucket_of[i] = BucketOf(keys[i], buckets);
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      return bucket_of[a] != bucket_of[b] ? bucket_of[a] < bucket_of[b] : keys[a] < keys[b];
+    });
+    std::vector<uint64_t>& sorted_keys = step.keys[t];
+    std::vector<float>& grads = step.grads[t];
+    sorted_keys.resize(keys.size());
+    grads.resize(sums.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      sorted_keys[i] = keys[order[i]];
+      const float* sum = sums.data() + static_cast<size_t>(order[i]) * dim;
+      for (size_t d = 0; d < dim; ++d) grads[i * dim + d] = sum[d] * scale;
+    }
+    for (size_t begin = 0; begin < order.size();) {
+      size_t end = begin + 1;
+      while (end < order.size() && bucket_of[order[end]] == bucket_of[order[begin]]) ++end;
+      SparseTable* bucket = table.buckets[static_cast<size_t>(bucket_of[order[begin]])].get();
+      const absl::Span<const uint64_t> run(sorted_keys.data() + begin, end - begin);
+      // Finite parts may sum to an infinite one.
+      if (absl::Status checked = bucket->CheckPush(run, grads.data() + begin * dim); !checked.ok()) {
+        return absl::Status(checked.code(), absl::StrCat("the summed gradients of step ", sync_step_, ": ",
+                                                         checked.message()));
+      }
+      absl::StatusOr<int64_t> after = bucket->BytesAfterCheckedPush(run);
+      if (!after.ok()) return after.status();
+      if (*after > bucket->bytes()) {
+        growth += *after - bucket->bytes();
+        if (grown_tables.find(table.setup.config.name) == std::string::npos) {
+          absl::StrAppend(&grown_tables, grown_tables.empty() ? "" : ", ", table.setup.config.name);
+        }
+      }
+      step.pieces.push_back(StepPiece{static_cast<int32_t>(t), bucket, begin, end});
+      begin = end;
+    }
+  }
+  // The rows it adds, and the undo of the rows it changes; the gathered
+  // pushes it frees (they count in the room now).
+  int64_t undo = 0;
+  for (const auto& grads : step.grads) undo += static_cast<int64_t>(grads.size() * sizeof(float));
+  const int64_t freed = held_bytes_.load();
+  if (room_ && growth + undo > freed) {
+    const int64_t room = room_() + freed;
+    if (growth + undo > room) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "sparse table ", grown_tables.empty() ? std::string("state") : grown_tables,
+          " is full on this server: the job's tables take ", bytes(), " bytes and step ", sync_step_,
+          " would add ", growth + undo, ", beyond the ", std::max<int64_t>(0, room),
+          " bytes left in the server's memory budget (add servers, raise --memory-budget, or set "
+          "admitAfter/expireAfter)"));
+    }
+  }
+  return step;
+}
+
+void SparseShard::ApplyGatheredStepLocked(GatheredStep step) {
+  int64_t undo_bytes = 0;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    Undo& undo = undo_[t];
+    undo.keys = std::move(step.keys[t]);
+    undo.rows.resize(step.grads[t].size());
+    undo_bytes += static_cast<int64_t>(undo.rows.size() * sizeof(float));
+  }
+  for (const StepPiece& piece : step.pieces) {
+    Undo& undo = undo_[static_cast<size_t>(piece.table)];
+    const auto dim = static_cast<size_t>(tables_[static_cast<size_t>(piece.table)].setup.config.dim);
+    const absl::Span<const uint64_t> run(undo.keys.data() + piece.begin, piece.end - piece.begin);
+    piece.bucket->Pull(run, undo.rows.data() + piece.begin * dim);  // as re-runs of the step read them
+    // Cannot fail: checked whole by SumGatheredStepLocked, pushes serialized.
+    (void)piece.bucket->PushChecked(sync_step_, run, step.grads[static_cast<size_t>(piece.table)].data() + piece.begin * dim);
+  }
+  for (PartitionGather& partition : gather_) partition = PartitionGather();
+  whole_partitions_ = 0;
+  held_bytes_ = undo_bytes;
+  undo_step_ = sync_step_;
+  now_ = std::max(now_, sync_step_);
+  ++sync_step_;
+  if (armed_.has_value() && !armed_->taken && armed_->at_step == sync_step_) {
+    SnapshotTablesLocked(/*synchronous=*/true, &armed_->snapshots);
+    armed_->taken = true;
+    captured_cv_.SignalAll();
+  }
 }
 
 void SparseShard::MaybeExpireLocked(int64_t now) {
@@ -317,31 +535,93 @@ absl::StatusOr<ChunkSnapshot> SparseShard::CaptureBucket(int32_t chunk_id) const
   if (bucket == nullptr) {
     return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
   }
+  const Table& table = tables_[static_cast<size_t>((chunk_id - kTableChunkBase) / kMaxTableBuckets)];
   MutexLock lock(&push_mu_);  // between pushes
-  return SnapshotLocked(*bucket, CapturePositionsLocked());
+  return SnapshotLocked(table, *bucket, CapturePositionsLocked());
 }
 
-ChunkSnapshot SparseShard::SnapshotLocked(const SparseTable& bucket, const std::vector<int64_t>& positions) const {
+ChunkSnapshot SparseShard::SnapshotLocked(const Table& table, const SparseTable& bucket,
+                                          const std::vector<int64_t>& positions) const {
   ChunkSnapshot snapshot;
-  snapshot.version = now_;
-  snapshot.partition_steps = positions;
+  if (table.setup.synchronous) {
+    // Every step before the one being gathered is in; that one runs again.
+    snapshot.version = sync_step_;
+    snapshot.partition_steps.assign(static_cast<size_t>(num_partitions_), sync_step_);
+  } else {
+    snapshot.version = now_;
+    snapshot.partition_steps = positions;
+  }
   bucket.AppendState(&snapshot.table_state);
   return snapshot;
 }
 
-std::vector<std::pair<int32_t, ChunkSnapshot>> SparseShard::Capture() const {
-  MutexLock lock(&push_mu_);  // between pushes: every bucket at the same point
+void SparseShard::SnapshotTablesLocked(bool synchronous, std::vector<std::pair<int32_t, ChunkSnapshot>>* out) const {
   const std::vector<int64_t> positions = CapturePositionsLocked();
-  std::vector<std::pair<int32_t, ChunkSnapshot>> captured;
   for (size_t t = 0; t < tables_.size(); ++t) {
+    if (tables_[t].setup.synchronous != synchronous) continue;
     for (size_t b = 0; b < tables_[t].buckets.size(); ++b) {
       const SparseTable* bucket = tables_[t].buckets[b].get();
       if (bucket == nullptr) continue;
-      captured.emplace_back(TableChunkId(static_cast<int32_t>(t), static_cast<int32_t>(b)),
-                            SnapshotLocked(*bucket, positions));
+      out->emplace_back(TableChunkId(static_cast<int32_t>(t), static_cast<int32_t>(b)),
+                        SnapshotLocked(tables_[t], *bucket, positions));
     }
   }
+}
+
+std::vector<std::pair<int32_t, ChunkSnapshot>> SparseShard::Capture() const {
+  MutexLock lock(&push_mu_);  // between pushes: every bucket at the same point
+  std::vector<std::pair<int32_t, ChunkSnapshot>> captured;
+  SnapshotTablesLocked(/*synchronous=*/true, &captured);
+  SnapshotTablesLocked(/*synchronous=*/false, &captured);
+  std::sort(captured.begin(), captured.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
   return captured;
+}
+
+absl::Status SparseShard::ArmCapture(int64_t checkpoint_id, int64_t at_step) {
+  MutexLock lock(&push_mu_);
+  Armed armed;
+  armed.checkpoint_id = checkpoint_id;
+  armed.at_step = at_step == 0 ? sync_step_ : at_step;
+  if (has_sync_ && armed.at_step < sync_step_) {
+    return absl::AbortedError(absl::StrCat("the synchronous sparse tables are at step ", sync_step_,
+                                           ", past the checkpoint's ", armed.at_step));
+  }
+  if (!has_sync_ || armed.at_step == sync_step_) {
+    SnapshotTablesLocked(/*synchronous=*/true, &armed.snapshots);
+    armed.taken = true;
+  }
+  armed_ = std::move(armed);
+  captured_cv_.SignalAll();  // a capture armed before gives up
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> SparseShard::TakeCapture(int64_t checkpoint_id,
+                                                                                       absl::Time deadline) {
+  MutexLock lock(&push_mu_);
+  while (armed_.has_value() && armed_->checkpoint_id == checkpoint_id && !armed_->taken && frozen_reason_.empty()) {
+    if (captured_cv_.WaitWithDeadline(&push_mu_, deadline)) break;
+  }
+  if (!armed_.has_value() || armed_->checkpoint_id != checkpoint_id) {
+    return absl::AbortedError(absl::StrCat("checkpoint ", checkpoint_id,
+                                           ": another capture of the sparse tables was armed since"));
+  }
+  if (!armed_->taken) {
+    const int64_t at = armed_->at_step;
+    armed_.reset();
+    return absl::DeadlineExceededError(absl::StrCat("checkpoint ", checkpoint_id,
+                                                    ": the synchronous sparse tables did not reach step ", at,
+                                                    " (they are at ", sync_step_, ")"));
+  }
+  std::vector<std::pair<int32_t, ChunkSnapshot>> captured = std::move(armed_->snapshots);
+  armed_.reset();
+  SnapshotTablesLocked(/*synchronous=*/false, &captured);  // the asynchronous ones as they are now
+  return captured;
+}
+
+void SparseShard::Disarm(int64_t checkpoint_id) {
+  MutexLock lock(&push_mu_);
+  if (armed_.has_value() && armed_->checkpoint_id == checkpoint_id) armed_.reset();
 }
 
 absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
@@ -373,6 +653,11 @@ absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapsho
         " bytes left in the server's memory budget (restore onto more servers, or raise --memory-budget)"));
   }
   restored_bytes_ += growth;
+  if (table.setup.synchronous) {
+    int64_t at = repartitioned_at.value_or(0);
+    for (int64_t step : snapshot.partition_steps) at = std::max(at, step);
+    sync_step_ = std::max(sync_step_, at);
+  }
   for (size_t p = 0; p < restored_.size(); ++p) {
     restored_[p] = std::max(restored_[p], repartitioned_at.value_or(snapshot.partition_steps[p]));
   }
@@ -390,6 +675,7 @@ absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapsho
 void SparseShard::Freeze(const std::string& reason) {
   MutexLock lock(&push_mu_);
   frozen_reason_ = reason.empty() ? "frozen" : reason;
+  captured_cv_.SignalAll();
 }
 
 std::vector<SparseTableStats> SparseShard::Stats() const {
@@ -410,7 +696,7 @@ std::vector<SparseTableStats> SparseShard::Stats() const {
 }
 
 int64_t SparseShard::bytes() const {
-  int64_t total = 0;
+  int64_t total = held_bytes_.load();
   for (const Table& table : tables_) {
     for (const auto& bucket : table.buckets) {
       if (bucket != nullptr) total += bucket->bytes();

@@ -4,13 +4,25 @@
 // shards it holds. Pulls and pushes name keys; each key goes to its bucket.
 // No gRPC here (server/parameter_service_sparse.cc is the edge).
 //
-// Consistency: a push is applied when it arrives (asynchronously, whatever
-// the job's dense mode), and each part of a data partition's step is
-// applied at most once: a repeat of (partition, step, part), or a push of
-// an older step than the partition's last, is acknowledged as a duplicate.
+// Consistency, per table:
+//  - asynchronous (ASP and SSP jobs; ASYNC tables of a BSP job): a push is
+//    applied when it arrives;
+//  - synchronous (a BSP job's tables): a push is gathered until every data
+//    partition's step is whole here (all its parts in), then the step's
+//    gradients are summed per key in partition order (never arrival order),
+//    divided by the partitions, and applied once, keys ascending; so a BSP
+//    job is bit-for-bit the same whichever worker computes which partition.
+//    A pull may name its step: the rows that step reads, also once the step
+//    was applied (a re-run of a partition's step after a worker died reads
+//    what the first run read).
+// Each part of a data partition's step is applied at most once: a repeat of
+// (partition, step, part), or a push of an older step than the partition's
+// last (synchronous: than the step being gathered), is acknowledged as a
+// duplicate.
 #ifndef FULCRUM_SERVER_SPARSE_SHARD_H_
 #define FULCRUM_SERVER_SPARSE_SHARD_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -23,6 +35,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/sync.h"
 #include "server/chunk_snapshot.h"
@@ -34,6 +47,7 @@ namespace fulcrum {
 struct SparseTableSetup {
   SparseTableConfig config;              // memory_budget unused: the shard's budget counts
   std::vector<int32_t> bucket_shards;    // the shard of each bucket (the table's bucket count)
+  bool synchronous = false;              // BSP: pushes gathered per step (see above)
 };
 
 // The rows one push names in one table: keys.size() x dim gradient floats.
@@ -47,6 +61,10 @@ struct SparsePushArgs {
   int32_t partition = 0;
   int64_t step = 0;
   int32_t part = 0;  // which of the step's requests to this server
+  // How many requests the partition's step sends this server, in [1,
+  // kMaxPushParts] (synchronous tables: its step is whole here once all are
+  // in); 0: not said (refused when a table is synchronous).
+  int32_t parts = 0;
   std::vector<SparseRows> tables;
 };
 
@@ -89,6 +107,12 @@ class SparseShard {
   // and its bucket for a key whose bucket this server does not hold (the
   // caller's shard map is not this server's).
   absl::Status Pull(int32_t table, absl::Span<const uint64_t> keys, float* out) const;
+  // Pull as partition steps of `step` read a synchronous table (an
+  // asynchronous one reads as Pull): before that step's update, also once
+  // it is applied (the keys it changed read as they were before it).
+  // UNAVAILABLE when the step before it is not applied here yet; ABORTED
+  // when `step` is older than the last applied (its rows are gone).
+  absl::Status PullAtStep(int32_t table, absl::Span<const uint64_t> keys, int64_t step, float* out) const;
 
   // Applies a push whole or not at all. INVALID_ARGUMENT for a bad
   // partition or table, a key listed twice in a table, a non-finite
@@ -100,8 +124,22 @@ class SparseShard {
   // Checkpoints. Capture: every held bucket's state, taken at once between
   // pushes, by chunk id (TableChunkId); each snapshot's partition_steps say
   // from which step each partition must run again for its pushes to be in
-  // (the last step pushed here, which may have been applied in part).
+  // (asynchronous: the last step pushed here, which may have been applied in
+  // part; synchronous: the step being gathered).
   std::vector<std::pair<int32_t, ChunkSnapshot>> Capture() const;
+  // A checkpoint's capture in two halves, as the dense chunks take theirs
+  // (server/parameter_store.h): ArmCapture before the dense chunks are
+  // waited for, TakeCapture after. The synchronous tables are captured when
+  // their applied steps reach `at_step` (0: now); ABORTED when they are past
+  // it already. The asynchronous ones are captured by TakeCapture (after the
+  // dense cut, so every push of the steps before it is in). TakeCapture:
+  // DEADLINE_EXCEEDED when the synchronous tables did not reach the step by
+  // `deadline`; ABORTED when another capture was armed since. Disarm drops
+  // an armed capture.
+  absl::Status ArmCapture(int64_t checkpoint_id, int64_t at_step);
+  absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> TakeCapture(int64_t checkpoint_id,
+                                                                            absl::Time deadline);
+  void Disarm(int64_t checkpoint_id);
   // One held bucket's state, as Capture takes it. NOT_FOUND for a chunk id
   // that is no table bucket held here.
   absl::StatusOr<ChunkSnapshot> CaptureBucket(int32_t chunk_id) const;
@@ -124,7 +162,10 @@ class SparseShard {
   void Freeze(const std::string& reason);
 
   std::vector<SparseTableStats> Stats() const;
+  // The tables' bytes, and what synchronous tables hold of the step being
+  // gathered and of the step before (for re-runs' pulls).
   int64_t bytes() const;
+  bool has_synchronous() const { return has_sync_; }
 
  private:
   struct Table {
@@ -141,16 +182,36 @@ class SparseShard {
   const SparseTable* HeldBucket(int32_t chunk_id) const;
   // The steps each partition runs again from, for a capture now.
   std::vector<int64_t> CapturePositionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
-  // A held bucket's state as a checkpoint chunk, with those positions.
-  ChunkSnapshot SnapshotLocked(const SparseTable& bucket, const std::vector<int64_t>& positions) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+  // A held bucket's state as a checkpoint chunk: with those positions
+  // (asynchronous), or at the step being gathered (synchronous).
+  ChunkSnapshot SnapshotLocked(const Table& table, const SparseTable& bucket,
+                               const std::vector<int64_t>& positions) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // Expires rows of tables with expire_after once the job's step passes the
   // next expiry point.
   void MaybeExpireLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+  // Synchronous tables, once every partition's step is whole: the step's
+  // summed gradients, checked (finite, fitting the budget) but not applied;
+  // then applied, which cannot fail.
+  struct StepPiece {
+    int32_t table;
+    SparseTable* bucket;
+    size_t begin, end;  // its keys in the table's keys
+  };
+  struct GatheredStep {
+    std::vector<std::vector<uint64_t>> keys;  // by table: by bucket, then ascending
+    std::vector<std::vector<float>> grads;    // by table: the mean gradient of each key
+    std::vector<StepPiece> pieces;
+  };
+  absl::StatusOr<GatheredStep> SumGatheredStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+  void ApplyGatheredStepLocked(GatheredStep step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+  // The snapshots of the synchronous (or the asynchronous) tables' buckets now.
+  void SnapshotTablesLocked(bool synchronous, std::vector<std::pair<int32_t, ChunkSnapshot>>* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
 
   const std::vector<Table> tables_;
   const int32_t num_partitions_;
   const std::function<int64_t()> room_;
+  const bool has_sync_;  // some table is synchronous
 
   mutable Mutex push_mu_;  // serializes pushes; guards the members below
   // By partition: the last step applied, and which of its parts.
@@ -170,6 +231,43 @@ class SparseShard {
   int64_t now_ ABSL_GUARDED_BY(push_mu_) = 0;          // the highest step applied
   int64_t next_expiry_ ABSL_GUARDED_BY(push_mu_) = 0;  // the step to expire rows again at
   std::string frozen_reason_ ABSL_GUARDED_BY(push_mu_);
+
+  // Synchronous tables. The step being gathered (every step before it is in
+  // the rows), and by partition what it pushed of that step.
+  int64_t sync_step_ ABSL_GUARDED_BY(push_mu_) = 0;
+  struct Gathered {
+    int32_t table;
+    std::vector<uint64_t> keys;
+    std::vector<float> grads;
+  };
+  struct PartitionGather {
+    int32_t parts = 0;  // 0: nothing of the step yet
+    std::set<int32_t> seen;
+    std::vector<Gathered> rows;
+    int64_t bytes = 0;
+  };
+  std::vector<PartitionGather> gather_ ABSL_GUARDED_BY(push_mu_);
+  int32_t whole_partitions_ ABSL_GUARDED_BY(push_mu_) = 0;
+  // By table: the keys the step before sync_step_ changed (ascending) and
+  // their rows as they were before it.
+  struct Undo {
+    std::vector<uint64_t> keys;
+    std::vector<float> rows;
+  };
+  std::vector<Undo> undo_ ABSL_GUARDED_BY(push_mu_);
+  int64_t undo_step_ ABSL_GUARDED_BY(push_mu_) = -1;  // the step undo_ is of (-1: none)
+  // What gather_ and undo_ hold (read without the lock by bytes(), which
+  // the room callback may call under it).
+  std::atomic<int64_t> held_bytes_{0};
+  // An armed checkpoint capture of the synchronous tables.
+  struct Armed {
+    int64_t checkpoint_id = 0;
+    int64_t at_step = 0;
+    bool taken = false;
+    std::vector<std::pair<int32_t, ChunkSnapshot>> snapshots;
+  };
+  std::optional<Armed> armed_ ABSL_GUARDED_BY(push_mu_);
+  CondVar captured_cv_;
 };
 
 }  // namespace fulcrum

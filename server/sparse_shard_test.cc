@@ -1,6 +1,7 @@
 #include "server/sparse_shard.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <set>
@@ -375,6 +376,220 @@ TEST(SparseShardTest, ARestoreBeyondTheBudgetIsRefusedNamingTheTable) {
   }
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_NE(refused.message().find("sparse table"), std::string::npos) << refused;
+}
+
+
+// Synchronous (BSP) tables: both tables of Tables(), on both shards.
+std::unique_ptr<SparseShard> MakeSync(int64_t budget = 0, bool async_embedding = false) {
+  std::vector<SparseTableSetup> tables = Tables();
+  tables[0].synchronous = true;
+  tables[1].synchronous = !async_embedding;
+  auto self = std::make_shared<SparseShard*>(nullptr);
+  std::function<int64_t()> room;
+  if (budget > 0) room = [self, budget] { return budget - (*self)->bytes(); };
+  auto shard = SparseShard::Create(std::move(tables), {0, 1}, /*num_partitions=*/2, room);
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  if (!shard.ok()) return nullptr;
+  *self = shard->get();
+  return *std::move(shard);
+}
+
+SparsePushArgs SyncPushOf(int32_t partition, int64_t step, int32_t part, int32_t parts,
+                          const std::vector<uint64_t>& keys, const std::vector<float>& linear,
+                          const std::vector<float>& embedding) {
+  SparsePushArgs args = PushOf(partition, step, keys, linear, embedding);
+  args.part = part;
+  args.parts = parts;
+  return args;
+}
+
+absl::StatusOr<SparsePushOutcome> PushPartitionStep(SparseShard* shard, int32_t partition, int64_t step,
+                                                    const std::vector<uint64_t>& keys, float scale) {
+  const std::vector<float> linear = Grads(keys.size(), 1, scale);
+  const std::vector<float> embedding = Grads(keys.size(), 4, scale);
+  return shard->Push(SyncPushOf(partition, step, 0, 1, keys, linear, embedding));
+}
+
+TEST(SparseShardSyncTest, AStepAppliesOnceWholeAsThePartitionOrderMeanWhateverTheArrivalOrder) {
+  const std::vector<uint64_t> a = {3, 17, 40, 99};   // partition 0's keys
+  const std::vector<uint64_t> b = {99, 3, 1234, 8};  // partition 1's: 3 and 99 shared
+  const std::vector<uint64_t> all = {3, 17, 40, 99, 1234, 8};
+  auto in_order = MakeSync();
+  auto reversed = MakeSync();
+  ASSERT_NE(in_order, nullptr);
+  ASSERT_NE(reversed, nullptr);
+  const std::vector<float> initial = PullAll(*in_order, 1, all);
+  for (int64_t step = 0; step < 3; ++step) {
+    const float sa = 0.37f * static_cast<float>(step + 1), sb = -0.11f * static_cast<float>(step + 2);
+    ASSERT_TRUE(PushPartitionStep(in_order.get(), 0, step, a, sa).ok());
+    // Gathered, not applied: the rows are as before the step.
+    const std::vector<float> mid = PullAll(*in_order, 0, all);
+    ASSERT_TRUE(PushPartitionStep(in_order.get(), 1, step, b, sb).ok());
+    EXPECT_NE(PullAll(*in_order, 0, all), mid) << "step " << step << " applied once whole";
+    ASSERT_TRUE(PushPartitionStep(reversed.get(), 1, step, b, sb).ok());
+    ASSERT_TRUE(PushPartitionStep(reversed.get(), 0, step, a, sa).ok());
+    if (step == 0) {
+      // The linear table (SGD, lr 0.5) after one step: each key less
+      // lr x the mean over both partitions (a key one partition left out
+      // counts 0 for it), summed in partition order.
+      const std::vector<float> ga = Grads(a.size(), 1, sa), gb = Grads(b.size(), 1, sb);
+      const std::vector<float> rows = PullAll(*in_order, 0, all);
+      for (size_t k = 0; k < all.size(); ++k) {
+        float sum = 0.0f;
+        for (size_t i = 0; i < a.size(); ++i) sum += a[i] == all[k] ? ga[i] : 0.0f;
+        for (size_t i = 0; i < b.size(); ++i) sum += b[i] == all[k] ? gb[i] : 0.0f;
+        const float mean = sum * 0.5f;
+        EXPECT_EQ(rows[k], 0.0f - 0.5f * mean) << "key " << all[k];
+      }
+    }
+  }
+  for (int32_t table : {0, 1}) {
+    const std::vector<float> x = PullAll(*in_order, table, all), y = PullAll(*reversed, table, all);
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(std::memcmp(&x[i], &y[i], sizeof(float)), 0) << table << " " << i;
+  }
+  EXPECT_NE(PullAll(*in_order, 1, all), initial);
+}
+
+TEST(SparseShardSyncTest, PartsRepeatsAndStepsOutOfTurnAreRefusedOrDuplicates) {
+  auto shard = MakeSync();
+  ASSERT_NE(shard, nullptr);
+  const std::vector<uint64_t> keys = {5, 6};
+  const std::vector<float> linear = Grads(2, 1, 1.0f), embedding = Grads(2, 4, 1.0f);
+  // The number of parts must be said, and part must be below it.
+  EXPECT_EQ(shard->Push(SyncPushOf(0, 0, 0, 0, keys, linear, embedding)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->Push(SyncPushOf(0, 0, 2, 2, keys, linear, embedding)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Partition 0 in two parts; a repeat of part 0 is a duplicate, a part
+  // saying another count is refused.
+  ASSERT_EQ(*shard->Push(SyncPushOf(0, 0, 0, 2, {5}, {1.0f}, Grads(1, 4, 1.0f))), SparsePushOutcome::kApplied);
+  EXPECT_EQ(*shard->Push(SyncPushOf(0, 0, 0, 2, {5}, {1.0f}, Grads(1, 4, 1.0f))), SparsePushOutcome::kDuplicate);
+  EXPECT_EQ(shard->Push(SyncPushOf(0, 0, 1, 3, {6}, {1.0f}, Grads(1, 4, 1.0f))).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A later step arrives out of turn.
+  EXPECT_EQ(shard->Push(SyncPushOf(1, 1, 0, 1, keys, linear, embedding)).status().code(), absl::StatusCode::kAborted);
+  const std::vector<float> before = PullAll(*shard, 0, keys);
+  ASSERT_EQ(*shard->Push(SyncPushOf(1, 0, 0, 1, keys, linear, embedding)), SparsePushOutcome::kApplied);
+  EXPECT_EQ(PullAll(*shard, 0, keys), before) << "partition 0's step is not whole yet";
+  ASSERT_EQ(*shard->Push(SyncPushOf(0, 0, 1, 2, {6}, {1.0f}, Grads(1, 4, 1.0f))), SparsePushOutcome::kApplied);
+  const std::vector<float> after = PullAll(*shard, 0, keys);
+  EXPECT_NE(after, before);
+  // Step 0 again, any part: duplicates that change nothing.
+  EXPECT_EQ(*shard->Push(SyncPushOf(1, 0, 0, 1, keys, linear, embedding)), SparsePushOutcome::kDuplicate);
+  EXPECT_EQ(PullAll(*shard, 0, keys), after);
+  // An empty push is a partition's whole step when it is its only part.
+  ASSERT_EQ(*shard->Push(SyncPushOf(0, 1, 0, 1, {}, {}, {})), SparsePushOutcome::kApplied);
+  ASSERT_EQ(*shard->Push(SyncPushOf(1, 1, 0, 1, {}, {}, {})), SparsePushOutcome::kApplied);
+  EXPECT_TRUE(PushPartitionStep(shard.get(), 0, 2, keys, 1.0f).ok()) << "step 1 was whole";
+}
+
+TEST(SparseShardSyncTest, APullOfAStepReadsTheRowsBeforeItsUpdateAlsoOnceApplied) {
+  auto shard = MakeSync();
+  ASSERT_NE(shard, nullptr);
+  const std::vector<uint64_t> keys = {11, 12, 13}, other = {900};
+  auto pull_at = [&](int64_t step, const std::vector<uint64_t>& k, std::vector<float>* rows) {
+    rows->assign(k.size() * 4, 0.0f);
+    return shard->PullAtStep(1, k, step, rows->data());
+  };
+  ASSERT_TRUE(PushPartitionStep(shard.get(), 0, 0, keys, 1.0f).ok());
+  ASSERT_TRUE(PushPartitionStep(shard.get(), 1, 0, keys, 2.0f).ok());
+  const std::vector<float> step1 = PullAll(*shard, 1, keys);
+  std::vector<float> rows;
+  ASSERT_TRUE(pull_at(1, keys, &rows).ok());
+  EXPECT_EQ(rows, step1);
+  // Step 1 gathers, then applies: step 1's pulls still read step1's rows.
+  ASSERT_TRUE(PushPartitionStep(shard.get(), 0, 1, {12, 13}, 1.5f).ok());
+  ASSERT_TRUE(PushPartitionStep(shard.get(), 1, 1, {13}, -0.5f).ok());
+  const std::vector<float> step2 = PullAll(*shard, 1, keys);
+  EXPECT_NE(step2, step1);
+  ASSERT_TRUE(pull_at(1, keys, &rows).ok());
+  EXPECT_EQ(rows, step1) << "re-run of step 1";
+  ASSERT_TRUE(pull_at(2, keys, &rows).ok());
+  EXPECT_EQ(rows, step2);
+  // A key the step did not touch reads the same either way.
+  std::vector<float> untouched;
+  ASSERT_TRUE(pull_at(1, other, &untouched).ok());
+  EXPECT_EQ(untouched, PullAll(*shard, 1, other));
+  // Older steps are gone; later ones are not there yet. Asynchronous
+  // pulls (no step) read the latest.
+  EXPECT_EQ(pull_at(0, keys, &rows).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(pull_at(3, keys, &rows).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(SparseShardSyncTest, ASumThatIsNotFiniteOrDoesNotFitRefusesTheLastPushAndKeepsTheStep) {
+  auto shard = MakeSync();
+  ASSERT_NE(shard, nullptr);
+  const std::vector<uint64_t> keys = {21};
+  const float big = 3.0e38f;
+  ASSERT_TRUE(shard->Push(SyncPushOf(0, 0, 0, 1, keys, {big}, {big, 0, 0, 0})).ok());
+  const absl::Status summed = shard->Push(SyncPushOf(1, 0, 0, 1, keys, {big}, {big, 0, 0, 0})).status();
+  EXPECT_EQ(summed.code(), absl::StatusCode::kInvalidArgument) << summed;
+  EXPECT_NE(summed.message().find("summed gradients of step 0"), absl::string_view::npos) << summed;
+  EXPECT_EQ(PullAll(*shard, 0, keys), std::vector<float>{0.0f}) << "nothing applied";
+  // The refused push is not counted: partition 1 sends its step again.
+  ASSERT_EQ(*shard->Push(SyncPushOf(1, 0, 0, 1, keys, {-big}, {-big, 0, 0, 0})), SparsePushOutcome::kApplied);
+  EXPECT_EQ(PullAll(*shard, 0, keys), std::vector<float>{0.0f}) << "(big - big) / 2 = 0";
+
+  // A budget the step's new rows do not fit (the gathered pushes do):
+  // RESOURCE_EXHAUSTED naming the tables, and the step is still gathered.
+  int64_t small_step = 0;
+  {
+    auto unbounded = MakeSync();
+    ASSERT_NE(unbounded, nullptr);
+    ASSERT_TRUE(PushPartitionStep(unbounded.get(), 0, 0, {1}, 1.0f).ok());
+    ASSERT_TRUE(PushPartitionStep(unbounded.get(), 1, 0, {2}, 1.0f).ok());
+    small_step = unbounded->bytes();
+  }
+  auto small = MakeSync(/*budget=*/small_step + 40 * 1024);
+  ASSERT_NE(small, nullptr);
+  std::vector<uint64_t> many(1000);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = 100000 + i;
+  ASSERT_TRUE(PushPartitionStep(small.get(), 0, 0, {1}, 1.0f).ok());
+  const absl::Status full = PushPartitionStep(small.get(), 1, 0, many, 1.0f).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("sparse table linear, embedding is full"), absl::string_view::npos) << full;
+  ASSERT_EQ(*PushPartitionStep(small.get(), 1, 0, {2}, 1.0f), SparsePushOutcome::kApplied);
+  EXPECT_EQ(*PushPartitionStep(small.get(), 1, 1, {2}, 1.0f), SparsePushOutcome::kApplied) << "step 0 was applied";
+}
+
+TEST(SparseShardSyncTest, ACheckpointCutsTheTablesAtItsStepAndRestoresThere) {
+  auto shard = MakeSync(/*budget=*/0, /*async_embedding=*/true);  // "embedding" asynchronous
+  ASSERT_NE(shard, nullptr);
+  const std::vector<uint64_t> keys = {31, 32, 33};
+  ASSERT_TRUE(PushPartitionStep(shard.get(), 0, 0, keys, 1.0f).ok());
+  // The asynchronous table took partition 0's push at once.
+  EXPECT_NE(PullAll(*shard, 1, keys), PullAll(*MakeSync(0, true), 1, keys));
+  ASSERT_TRUE(shard->ArmCapture(/*checkpoint_id=*/7, /*at_step=*/1).ok());
+  EXPECT_EQ(shard->TakeCapture(7, absl::Now() + absl::Milliseconds(20)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(shard->ArmCapture(7, 1).ok());
+  ASSERT_TRUE(PushPartitionStep(shard.get(), 1, 0, keys, 2.0f).ok());  // step 0 whole: the cut is taken
+  const std::vector<float> at_cut = PullAll(*shard, 0, keys);
+  ASSERT_TRUE(PushPartitionStep(shard.get(), 0, 1, keys, 4.0f).ok());
+  ASSERT_TRUE(PushPartitionStep(shard.get(), 1, 1, keys, 4.0f).ok());  // step 1 applied after the cut
+  absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> cut = shard->TakeCapture(7, absl::Now());
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  // Past the step: another capture at it is refused.
+  EXPECT_EQ(shard->ArmCapture(8, 1).code(), absl::StatusCode::kAborted);
+  auto restored = MakeSync(0, true);
+  ASSERT_NE(restored, nullptr);
+  for (const auto& [chunk_id, snapshot] : *cut) {
+    if (chunk_id < TableChunkId(1, 0)) {
+      EXPECT_EQ(snapshot.partition_steps, (std::vector<int64_t>{1, 1})) << "synchronous: at the cut";
+      EXPECT_EQ(snapshot.version, 1);
+    } else {
+      EXPECT_EQ(snapshot.partition_steps, (std::vector<int64_t>{1, 1})) << "asynchronous: as pushed when taken";
+    }
+    ASSERT_TRUE(restored->Restore(chunk_id, snapshot).ok());
+  }
+  EXPECT_EQ(PullAll(*restored, 0, keys), at_cut);
+  EXPECT_EQ(PullAll(*restored, 1, keys), PullAll(*shard, 1, keys));
+  // The restored tables gather step 1 again; step 0 is a duplicate.
+  EXPECT_EQ(*PushPartitionStep(restored.get(), 0, 0, keys, 9.0f), SparsePushOutcome::kDuplicate);
+  ASSERT_EQ(*PushPartitionStep(restored.get(), 0, 1, keys, 4.0f), SparsePushOutcome::kApplied);
+  ASSERT_EQ(*PushPartitionStep(restored.get(), 1, 1, keys, 4.0f), SparsePushOutcome::kApplied);
+  EXPECT_EQ(PullAll(*restored, 0, keys), PullAll(*shard, 0, keys)) << "the same step 1 on the same rows";
 }
 
 }  // namespace

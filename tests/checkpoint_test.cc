@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <string>
@@ -291,6 +292,78 @@ TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) 
     EXPECT_EQ(t.u64, named[t.name]->u64);
     EXPECT_EQ(t.data, named[t.name]->data);
   }
+}
+
+// Every tensor of a job's live export (`fulcrum export JOB`): the dense
+// tensors and each table's ids and rows, by name.
+std::map<std::string, SafetensorsTensor> LiveExport(const std::string& job_id, const std::string& scheduler) {
+  std::map<std::string, SafetensorsTensor> named;
+  const std::string file = MakeTempDir() + "/live.safetensors";
+  auto [rc, out] = RunCli(absl::StrCat("export ", job_id, " -o ", file, " --scheduler ", scheduler));
+  EXPECT_EQ(rc, 0) << out;
+  auto tensors = ReadSafetensorsFile(file);
+  EXPECT_TRUE(tensors.ok()) << tensors.status();
+  if (!tensors.ok()) return named;
+  for (SafetensorsTensor& t : *tensors) named[t.name] = std::move(t);
+  return named;
+}
+
+void ExpectSameExport(const std::map<std::string, SafetensorsTensor>& expected,
+                      const std::map<std::string, SafetensorsTensor>& actual) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (const auto& [name, tensor] : expected) {
+    SCOPED_TRACE(name);
+    auto it = actual.find(name);
+    ASSERT_NE(it, actual.end());
+    EXPECT_EQ(it->second.shape, tensor.shape);
+    EXPECT_EQ(it->second.u64, tensor.u64);
+    ASSERT_EQ(it->second.data.size(), tensor.data.size());
+    EXPECT_EQ(0, std::memcmp(it->second.data.data(), tensor.data.data(), tensor.data.size() * sizeof(float)))
+        << DescribeDifference(tensor.data, it->second.data);
+  }
+}
+
+// A BSP click job: its tables are synchronous (each step summed over the
+// data partitions in their order and applied once whole). The dense tensors
+// and every table row come out bit-identical whichever workers compute the
+// partitions (two workers, or one computing both) and after every process
+// is killed -9 mid-job and the job resumes from its checkpoint (a cut at one
+// step for the tables as for the dense tensors). And the model learns.
+TEST_F(CheckpointTest, BspClickJobIsBitIdenticalAcrossWorkersAndAWholeClusterKill) {
+  v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
+  spec.set_mode(v1::BSP);
+  spec.mutable_data()->set_epochs(1);
+  spec.set_max_workers(2);  // 2 data partitions whoever computes them
+  v1::JobStatus reference;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference));
+  ASSERT_TRUE(reference.progress().has_test_auc());
+  EXPECT_GE(reference.progress().test_auc(), BestAuc(spec) - 0.06) << "it learned";
+  const std::map<std::string, SafetensorsTensor> expected =
+      LiveExport(reference.job_id(), cluster_->scheduler_address());
+  ASSERT_EQ(expected.count("table.embedding.rows"), 1u);
+  EXPECT_GT(expected.at("table.embedding.ids").u64.size(), 350u) << "4 fields of 100 ids, nearly all seen";
+
+  v1::JobSpec one_worker = spec;
+  one_worker.set_num_workers(1);
+  v1::JobStatus alone;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(one_worker, &alone));
+  ExpectSameExport(expected, LiveExport(alone.job_id(), cluster_->scheduler_address()));
+
+  v1::JobSpec checkpointed = spec;
+  checkpointed.mutable_checkpoint()->set_every_steps(100);
+  checkpointed.mutable_checkpoint()->set_keep_last(3);
+  auto id = Submit(checkpointed);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitForCheckpoints(*id, 1);
+  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
+  KillAndRestartWholeCluster();
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  EXPECT_GT(RestoredFrom(done), 0) << "no event says the job was restored";
+  std::cerr << "BSP click job: " << reference.progress().total_steps() << " steps, test AUC "
+            << reference.progress().test_auc() << " (best " << BestAuc(spec) << "); resumed from checkpoint "
+            << RestoredFrom(done) << "\n";
+  ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
 }
 
 // One server of a click job (one replica) killed -9 and started again on its

@@ -335,10 +335,10 @@ TEST_F(ClusterTest, ClickJobsRefuseWhatTheyCannotDoYet) {
   ASSERT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(id.status().message().find("not replicated yet"), std::string::npos) << id.status();
   spec = ClickSpec(v1::ModelSpec::FM, 2);
-  spec.set_mode(v1::BSP);
+  spec.mutable_model()->mutable_tables(0)->set_consistency(v1::TableSpec::SYNC);
   id = Submit(spec);
   ASSERT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(id.status().message().find("ASP or SSP"), std::string::npos) << id.status();
+  EXPECT_NE(id.status().message().find("SYNC applies to BSP jobs only"), std::string::npos) << id.status();
 }
 
 // data.evalEverySteps: the test set is also evaluated between epoch ends,

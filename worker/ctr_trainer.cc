@@ -292,7 +292,8 @@ class ClickRun {
         steps_per_epoch_(assignment.steps_per_epoch()),
         total_steps_(assignment.total_steps()),
         layout_(LayoutFor(spec_, 0, 0)),
-        model_(layout_.ctr) {
+        model_(layout_.ctr),
+        bsp_(spec_.mode() == v1::BSP || spec_.mode() == v1::MODE_UNSPECIFIED) {
     UseMap(assignment.shard_map());
   }
 
@@ -306,16 +307,29 @@ class ClickRun {
     };
     client_ = std::make_unique<ParameterClient>(map, job_id_, writer_id_, superseded, v1::WIRE_FP32, transport_);
     sparse_ = std::make_unique<SparseClient>(map, job_id_, writer_id_, transport_);
+    // In a BSP job a table is synchronous unless its spec says ASYNC (as the
+    // servers read it: server/parameter_service_sparse.cc TableSetupsOf).
+    bool synchronous = false;
+    for (const v1::TableLayout& table : map.tables()) {
+      bool async = false;
+      for (const v1::TableSpec& named : spec_.model().tables()) {
+        async |= named.name() == table.name() && named.consistency() == v1::TableSpec::ASYNC;
+      }
+      synchronous |= bsp_ && !async;
+    }
+    sparse_->set_synchronous(synchronous);
     params_ = client_->MakeBuffers();
+    pulled_ = client_->MakeBuffers();
     grads_ = client_->MakeBuffers();
     if (hooks_.watch_client) hooks_.watch_client(client_.get(), job_id_);
   }
   // Makes partition `partition`'s batch of `step` and its example audit.
   Batch MakeBatch(int32_t partition, int64_t step, ExampleAudit* audit) const;
-  // Pulls the rows of the bags' keys of every table.
-  absl::Status PullRows(const Bags& bags, std::vector<std::vector<float>>* rows) {
+  // Pulls the rows of the bags' keys of every table, as steps of `step`
+  // read them (BSP; the latest rows otherwise).
+  absl::Status PullRows(const Bags& bags, int64_t step, std::vector<std::vector<float>>* rows) {
     std::vector<std::vector<uint64_t>> keys(static_cast<size_t>(sparse_->num_tables()), bags.keys);
-    return sparse_->Pull(keys, rows, kRpcTimeout);
+    return bsp_ ? sparse_->PullAtStep(keys, rows, step, kRpcTimeout) : sparse_->Pull(keys, rows, kRpcTimeout);
   }
   kernels::CtrBatch ModelBatch(const Batch& batch, const Bags& bags) const;
   kernels::CtrParams ModelParams(const std::vector<std::vector<float>>& rows) const;
@@ -326,7 +340,19 @@ class ClickRun {
   // One partition step: pull, compute, push. DEADLINE_EXCEEDED (SSP): too
   // far ahead of the slowest partition for now.
   absl::Status Step(int32_t partition, int64_t step);
-  absl::Status EvaluateAndReport(int64_t step);
+  // A step with the dense tensors in params_: pull the rows, compute, push
+  // the rows' gradients, then the dense ones (in BSP a step's dense update
+  // completes only after every partition's rows were pushed, so a pull of
+  // the next step finds the tables' step applied).
+  absl::Status ComputeAndPush(int32_t partition, int64_t step, absl::Time start);
+  // ASP and SSP: each partition at its own pace. BSP: every owned partition
+  // computes the step the servers are at, from one pull.
+  absl::Status RunAsync();
+  absl::Status RunBsp();
+  // BSP: computes and pushes the owned partitions of `step` not in *pushed.
+  absl::Status PushOwned(const v1::Assignment& assignment, int64_t step, std::set<int32_t>* pushed);
+  // `pull`: pull the dense tensors first (else params_ hold the step's).
+  absl::Status EvaluateAndReport(int64_t step, bool pull = true);
   void MaybeReportProgress(int64_t step, bool force, const std::map<int32_t, int64_t>& positions);
   void ReportDone(const std::vector<int32_t>& partitions);
   bool EvaluatesAt(int64_t step) const {
@@ -350,9 +376,11 @@ class ClickRun {
   const int64_t total_steps_;
   const ModelLayout layout_;
   kernels::CtrModel model_;
+  const bool bsp_;
   std::unique_ptr<ParameterClient> client_;
   std::unique_ptr<SparseClient> sparse_;
   std::vector<std::vector<float>> params_, grads_;
+  std::vector<std::vector<float>> pulled_;  // BSP: where pulls land before they are known to be whole
   std::vector<std::vector<float>> rows_, row_grads_;
   // Gradient accumulation: one micro-batch's rows, gradients, offsets and
   // ids (micro_row_of_: each id's row among the micro-batch's; micro_ids_:
@@ -517,17 +545,21 @@ absl::Status ClickRun::Step(int32_t partition, int64_t step) {
   } else {
     RETURN_IF_ERROR(client_->Pull(0, kRpcTimeout, &params_));
   }
+  return ComputeAndPush(partition, step, start);
+}
+
+absl::Status ClickRun::ComputeAndPush(int32_t partition, int64_t step, absl::Time start) {
   ExampleAudit audit;
   const Batch batch = MakeBatch(partition, step, &audit);
   const Bags bags = BagsOf(batch);
-  RETURN_IF_ERROR(PullRows(bags, &rows_));
+  RETURN_IF_ERROR(PullRows(bags, step, &rows_));
   const absl::Time compute_start = absl::Now();
   kernels::CtrStats stats;
   RETURN_IF_ERROR(ComputeGradients(batch, bags, &stats));
   if (hooks_.observe_compute) hooks_.observe_compute(absl::ToDoubleSeconds(absl::Now() - compute_start), 0);
-  RETURN_IF_ERROR(client_->Push(++seq_, partition, step, grads_, kRpcTimeout, audit.examples, audit.digest));
   std::vector<std::vector<uint64_t>> keys(rows_.size(), bags.keys);
   RETURN_IF_ERROR(sparse_->Push(partition, step, keys, row_grads_, kRpcTimeout));
+  RETURN_IF_ERROR(client_->Push(++seq_, partition, step, grads_, kRpcTimeout, audit.examples, audit.digest));
   window_.loss_sum += stats.loss_sum;
   window_.count += stats.count;
   if (step_losses_.size() >= kMaxStepLosses) step_losses_.erase(step_losses_.begin());
@@ -542,8 +574,8 @@ absl::Status ClickRun::Step(int32_t partition, int64_t step) {
   return absl::OkStatus();
 }
 
-absl::Status ClickRun::EvaluateAndReport(int64_t step) {
-  RETURN_IF_ERROR(client_->Pull(0, kRpcTimeout, &params_));
+absl::Status ClickRun::EvaluateAndReport(int64_t step, bool pull) {
+  if (pull) RETURN_IF_ERROR(client_->Pull(0, kRpcTimeout, &params_));
   std::vector<float> scores, labels;
   kernels::CtrStats stats;
   int64_t correct = 0;
@@ -552,7 +584,7 @@ absl::Status ClickRun::EvaluateAndReport(int64_t step) {
     const Batch batch = Slice(*test_, first, count);
     const Bags bags = BagsOf(batch);
     std::vector<std::vector<float>> rows;
-    RETURN_IF_ERROR(PullRows(bags, &rows));
+    RETURN_IF_ERROR(PullRows(bags, step, &rows));
     std::vector<float> logits(static_cast<size_t>(count));
     RETURN_IF_ERROR(model_.Forward(ModelBatch(batch, bags), ModelParams(rows), &stats, logits.data()));
     for (int64_t i = 0; i < count; ++i) {
@@ -630,7 +662,124 @@ absl::Status ClickRun::Recover(const absl::Status& error) {
   return absl::OkStatus();
 }
 
-absl::Status ClickRun::Run() {
+absl::Status ClickRun::Run() { return bsp_ ? RunBsp() : RunAsync(); }
+
+absl::Status ClickRun::PushOwned(const v1::Assignment& assignment, int64_t step, std::set<int32_t>* pushed) {
+  std::vector<int32_t> owned(assignment.partitions().begin(), assignment.partitions().end());
+  std::sort(owned.begin(), owned.end());
+  for (int32_t p : owned) {
+    if (pushed->count(p) > 0) continue;
+    RETURN_IF_ERROR(ComputeAndPush(p, step, absl::Now()));
+    pushed->insert(p);
+  }
+  return absl::OkStatus();
+}
+
+// BSP, as TrainingRun::RunBsp (worker/trainer.cc): the step to compute is
+// the version the servers are at, so a worker joins or takes a partition
+// over at any step; a partition's step is applied once whoever sends it and
+// is the same whoever computes it (the tables' rows come as the step reads
+// them, even from a re-run after the step was applied).
+absl::Status ClickRun::RunBsp() {
+  int64_t next = 0;           // the version to wait for
+  int64_t have_version = -1;  // the version params_ hold
+  int64_t evaluated = 0;
+  std::set<int32_t> pushed;   // partitions pushed for have_version
+  // A version some chunks were seen waiting at while others had passed it
+  // (-1: none), and whether the next pull asks for exactly `next`.
+  int64_t split_at = -1;
+  bool exact = false;
+  v1::Assignment assignment = hooks_.latest_assignment();
+  while (true) {
+    if (hooks_.should_stop()) return absl::CancelledError("assignment withdrawn");
+    ParameterClient::Versions versions;
+    absl::Status pulled = client_->Pull(next, kWaitSlice, &pulled_, &versions, /*min_clock=*/0, exact);
+    if (exact && absl::IsFailedPrecondition(pulled)) {  // the step completed meanwhile
+      exact = false;
+      next = next + 1;
+      continue;
+    }
+    exact = false;
+    if (absl::IsDeadlineExceeded(pulled)) {
+      // The step waits for a partition nobody sent: compute the ones this
+      // worker owns now (taken over from a worker that died).
+      assignment = hooks_.latest_assignment();
+      if (assignment.shard_map().version() > client_->map_version()) {
+        RETURN_IF_ERROR(Recover(pulled));
+        continue;
+      }
+      if (split_at > have_version) {  // a push half sent by a worker that died: compute its step
+        next = split_at;
+        exact = true;
+        split_at = -1;
+        continue;
+      }
+      if (have_version < 0) continue;
+      if (absl::Status pushes = PushOwned(assignment, have_version, &pushed); !pushes.ok()) {
+        RETURN_IF_ERROR(Recover(pushes));
+      }
+      continue;
+    }
+    if (!pulled.ok()) {
+      RETURN_IF_ERROR(Recover(pulled));
+      continue;
+    }
+    failures_ = 0;
+    if (versions.min != versions.max) {  // caught mid-update: wait for every chunk
+      if (versions.min > have_version) split_at = versions.min;
+      next = versions.max;
+      continue;
+    }
+    split_at = -1;
+    const int64_t version = versions.min;
+    params_.swap(pulled_);
+    if (version != have_version) pushed.clear();
+    have_version = version;
+    assignment = hooks_.latest_assignment();
+    const bool evaluator = std::count(assignment.partitions().begin(), assignment.partitions().end(),
+                                      assignment.eval_partition()) > 0;
+    if (evaluator && test_ != nullptr && EvaluatesAt(version) && evaluated < version) {
+      RETURN_IF_ERROR(EvaluateAndReport(version, /*pull=*/false));
+      evaluated = version;
+    }
+    if (version >= total_steps_) break;
+    if (absl::Status pushes = PushOwned(assignment, version, &pushed); !pushes.ok()) {
+      RETURN_IF_ERROR(Recover(pushes));  // pull this step again and send what is missing
+      next = version;
+      continue;
+    }
+    std::map<int32_t, int64_t> positions;
+    for (int32_t p : assignment.partitions()) positions[p] = version + 1;
+    MaybeReportProgress(version + 1, (version + 1) % steps_per_epoch_ == 0, positions);
+    next = version + 1;
+  }
+  // Done: report the partitions owned now, and keep serving the job until it
+  // ends, in case a partition (and its final evaluation) moves here.
+  std::set<int32_t> reported;
+  while (!hooks_.should_stop()) {
+    std::map<int32_t, int64_t> positions;
+    std::vector<int32_t> fresh;
+    bool evaluate = false;
+    for (int32_t p : assignment.partitions()) {
+      positions[p] = total_steps_;
+      if (!reported.insert(p).second) continue;
+      fresh.push_back(p);
+      evaluate |= p == assignment.eval_partition() && test_ != nullptr && evaluated < total_steps_;
+    }
+    if (!fresh.empty()) {
+      MaybeReportProgress(total_steps_, /*force=*/true, positions);
+      if (evaluate) {
+        RETURN_IF_ERROR(EvaluateAndReport(total_steps_));
+        evaluated = total_steps_;
+      }
+      ReportDone(fresh);
+    }
+    assignment = hooks_.wait_for_change(assignment.membership_epoch(), absl::Milliseconds(500));
+  }
+  return absl::CancelledError("assignment withdrawn");
+}
+
+absl::Status ClickRun::RunAsync() {
   std::map<int32_t, int64_t> positions;
   std::set<int32_t> reported_done;
   v1::Assignment assignment = hooks_.latest_assignment();

@@ -35,7 +35,8 @@ SparseClient::SparseClient(const v1::ShardMap& map, std::string job_id, std::str
       own_transport_(transport == nullptr ? std::make_unique<GrpcParameterTransport>() : nullptr),
       transport_(transport == nullptr ? own_transport_.get() : transport) {}
 
-std::vector<SparseClient::Request> SparseClient::Plan(const std::vector<std::vector<uint64_t>>& keys) const {
+std::vector<SparseClient::Request> SparseClient::Plan(const std::vector<std::vector<uint64_t>>& keys,
+                                                     bool every_server) const {
   // The servers in address order (a server's shards share its requests).
   std::map<std::string, size_t> server_of_address;
   for (const v1::ShardLocation& shard : map_.shards()) server_of_address.emplace(shard.address(), 0);
@@ -71,6 +72,12 @@ std::vector<SparseClient::Request> SparseClient::Plan(const std::vector<std::vec
       by_server[server][static_cast<size_t>(t)].push_back(i);
     }
   }
+  std::vector<bool> holds_buckets(addresses.size(), false);
+  for (const v1::TableLayout& table : map_.tables()) {
+    for (int32_t shard : table.bucket_shards()) {
+      if (shard >= 0 && shard < map_.shards_size()) holds_buckets[server_of_shard[static_cast<size_t>(shard)]] = true;
+    }
+  }
   std::vector<Request> requests;
   for (size_t server = 0; server < addresses.size(); ++server) {
     Request request{addresses[server], std::vector<std::vector<uint32_t>>(static_cast<size_t>(num_tables()))};
@@ -87,7 +94,8 @@ std::vector<SparseClient::Request> SparseClient::Plan(const std::vector<std::vec
         bytes += row_bytes;
       }
     }
-    if (bytes > 0) requests.push_back(std::move(request));
+    const bool none_yet = requests.empty() || requests.back().address != addresses[server];
+    if (bytes > 0 || (every_server && holds_buckets[server] && none_yet)) requests.push_back(std::move(request));
   }
   return requests;
 }
@@ -135,6 +143,17 @@ absl::Status SparseClient::Send(ParameterTransport::Method method, const std::ve
 
 absl::Status SparseClient::Pull(const std::vector<std::vector<uint64_t>>& keys, std::vector<std::vector<float>>* rows,
                                 absl::Duration timeout) {
+  return PullRows(keys, rows, std::nullopt, timeout);
+}
+
+absl::Status SparseClient::PullAtStep(const std::vector<std::vector<uint64_t>>& keys,
+                                      std::vector<std::vector<float>>* rows, int64_t step, absl::Duration timeout) {
+  return PullRows(keys, rows, step, timeout);
+}
+
+absl::Status SparseClient::PullRows(const std::vector<std::vector<uint64_t>>& keys,
+                                    std::vector<std::vector<float>>* rows, std::optional<int64_t> step,
+                                    absl::Duration timeout) {
   if (static_cast<int>(keys.size()) != num_tables()) {
     return absl::InvalidArgumentError(absl::StrCat("sparse pull of ", keys.size(), " tables; the job has ",
                                                    num_tables()));
@@ -143,12 +162,13 @@ absl::Status SparseClient::Pull(const std::vector<std::vector<uint64_t>>& keys, 
   for (int t = 0; t < num_tables(); ++t) {
     (*rows)[static_cast<size_t>(t)].resize(keys[static_cast<size_t>(t)].size() * static_cast<size_t>(dim(t)));
   }
-  const std::vector<Request> requests = Plan(keys);
+  const std::vector<Request> requests = Plan(keys, /*every_server=*/false);
   std::vector<std::string> payloads;
   for (const Request& request : requests) {
     v1::SparsePullRequest pull;
     pull.set_job_id(job_id_);
     pull.set_map_version(map_.version());
+    if (step.has_value()) pull.set_step(*step);
     for (int t = 0; t < num_tables(); ++t) {
       const std::vector<uint32_t>& positions = request.positions[static_cast<size_t>(t)];
       if (positions.empty()) continue;
@@ -179,12 +199,15 @@ absl::Status SparseClient::Push(int32_t partition, int64_t step, const std::vect
     return absl::InvalidArgumentError(absl::StrCat("sparse push of ", keys.size(), " tables; the job has ",
                                                    num_tables()));
   }
-  const std::vector<Request> requests = Plan(keys);
+  const std::vector<Request> requests = Plan(keys, synchronous_);
   std::vector<std::string> payloads;
-  std::map<std::string, int32_t> parts;  // requests so far by server
+  std::map<std::string, int32_t> parts;  // requests by server
+  for (const Request& request : requests) ++parts[request.address];
+  std::map<std::string, int32_t> sent;
   for (const Request& request : requests) {
     v1::SparsePushRequest push;
-    push.set_part(parts[request.address]++);
+    push.set_part(sent[request.address]++);
+    push.set_parts(parts[request.address]);
     push.set_job_id(job_id_);
     push.set_worker_id(worker_id_);
     push.set_partition(partition);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,15 @@ class SparseClient {
   // waited for. `rows` may hold part of the rows on error.
   absl::Status Pull(const std::vector<std::vector<uint64_t>>& keys, std::vector<std::vector<float>>* rows,
                     absl::Duration timeout);
+  // Pull as data partition steps of `step` read the rows (a BSP job's
+  // synchronous tables answer them as they were before that step's update).
+  absl::Status PullAtStep(const std::vector<std::vector<uint64_t>>& keys, std::vector<std::vector<float>>* rows,
+                          int64_t step, absl::Duration timeout);
+
+  // A BSP job's synchronous tables: every push sends each server that holds
+  // buckets at least one request (empty if need be), so each server knows
+  // when a partition's step is whole. Off by default.
+  void set_synchronous(bool synchronous) { synchronous_ = synchronous; }
 
   // Pushes each key's summed gradient (grads[t]: keys[t].size() x dim(t)) as
   // data partition `partition`'s step `step`: every server applies its part
@@ -50,7 +60,10 @@ class SparseClient {
     std::string address;
     std::vector<std::vector<uint32_t>> positions;  // by table
   };
-  std::vector<Request> Plan(const std::vector<std::vector<uint64_t>>& keys) const;
+  // `every_server`: one request at least for each server holding buckets.
+  std::vector<Request> Plan(const std::vector<std::vector<uint64_t>>& keys, bool every_server) const;
+  absl::Status PullRows(const std::vector<std::vector<uint64_t>>& keys, std::vector<std::vector<float>>* rows,
+                        std::optional<int64_t> step, absl::Duration timeout);
   // Sends every request; `answer(i, bytes)` takes request i's answer.
   absl::Status Send(ParameterTransport::Method method, const std::vector<Request>& requests,
                     std::vector<std::string> payloads, absl::Duration timeout,
@@ -61,6 +74,7 @@ class SparseClient {
   const std::string worker_id_;
   std::unique_ptr<ParameterTransport> own_transport_;  // gRPC, when none was given
   ParameterTransport* const transport_;
+  bool synchronous_ = false;
 };
 
 }  // namespace fulcrum

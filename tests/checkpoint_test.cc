@@ -21,6 +21,7 @@
 #include "common/kv_store.h"
 #include "tests/click_job.h"
 #include "tests/cluster_fixture.h"
+#include "tests/live_export.h"
 
 namespace fulcrum {
 namespace {
@@ -291,35 +292,6 @@ TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) 
     EXPECT_EQ(t.shape, named[t.name]->shape);
     EXPECT_EQ(t.u64, named[t.name]->u64);
     EXPECT_EQ(t.data, named[t.name]->data);
-  }
-}
-
-// Every tensor of a job's live export (`fulcrum export JOB`): the dense
-// tensors and each table's ids and rows, by name.
-std::map<std::string, SafetensorsTensor> LiveExport(const std::string& job_id, const std::string& scheduler) {
-  std::map<std::string, SafetensorsTensor> named;
-  const std::string file = MakeTempDir() + "/live.safetensors";
-  auto [rc, out] = RunCli(absl::StrCat("export ", job_id, " -o ", file, " --scheduler ", scheduler));
-  EXPECT_EQ(rc, 0) << out;
-  auto tensors = ReadSafetensorsFile(file);
-  EXPECT_TRUE(tensors.ok()) << tensors.status();
-  if (!tensors.ok()) return named;
-  for (SafetensorsTensor& t : *tensors) named[t.name] = std::move(t);
-  return named;
-}
-
-void ExpectSameExport(const std::map<std::string, SafetensorsTensor>& expected,
-                      const std::map<std::string, SafetensorsTensor>& actual) {
-  ASSERT_EQ(actual.size(), expected.size());
-  for (const auto& [name, tensor] : expected) {
-    SCOPED_TRACE(name);
-    auto it = actual.find(name);
-    ASSERT_NE(it, actual.end());
-    EXPECT_EQ(it->second.shape, tensor.shape);
-    EXPECT_EQ(it->second.u64, tensor.u64);
-    ASSERT_EQ(it->second.data.size(), tensor.data.size());
-    EXPECT_EQ(0, std::memcmp(it->second.data.data(), tensor.data.data(), tensor.data.size() * sizeof(float)))
-        << DescribeDifference(tensor.data, it->second.data);
   }
 }
 

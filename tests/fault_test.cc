@@ -11,7 +11,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "tests/click_job.h"
 #include "tests/cluster_fixture.h"
+#include "tests/live_export.h"
 
 namespace fulcrum {
 namespace {
@@ -127,6 +129,44 @@ TEST_F(HalfPushTest, AStepHalfPushedByAKilledWorkerIsFinishedByANewcomer) {
   v1::JobStatus reference;  // the same job undisturbed, on the newcomer alone
   ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference));
   ExpectSameParameters(FinalParameters(reference), done);
+}
+
+// The same for a BSP click job, whose worker dies after its rows' gradients
+// of step 200 are in (the job's one partition: the tables applied the step)
+// and before its dense ones are sent. The newcomer computes step 200 again:
+// the tables answer its pull with the rows as they were before the step
+// (not as the step left them), so its dense gradients, and the whole job,
+// are bit-identical to an undisturbed run, tables included.
+class ClickHalfPushTest : public HalfPushTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(2, 0); }  // no worker left from HalfPushTest
+};
+
+TEST_F(ClickHalfPushTest, AStepWhoseRowsWereAppliedIsRecomputedFromTheRowsBeforeIt) {
+  v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
+  spec.set_mode(v1::BSP);
+  spec.mutable_data()->set_epochs(1);
+  spec.set_num_workers(1);
+  spec.set_max_workers(1);
+  auto doomed = cluster_->AddWorker({"--exit-mid-push=200"});
+  ASSERT_TRUE(doomed.ok()) << doomed.status();
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitFor(
+      *id, [](const v1::JobStatus& s) { return s.state() == v1::RUNNING || Terminal(s.state()); }, absl::Seconds(30));
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.reason();
+  auto newcomer = cluster_->AddWorker();
+  ASSERT_TRUE(newcomer.ok()) << newcomer.status();
+  v1::JobStatus done = WaitForEnd(*id, absl::Seconds(90));
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason() << Events(done);
+  EXPECT_TRUE(AnyEventHas(done, doomed->id())) << "no event names the killed worker" << Events(done);
+  v1::JobStatus reference;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference));
+  EXPECT_EQ(done.progress().test_auc(), reference.progress().test_auc());
+  const std::map<std::string, SafetensorsTensor> expected =
+      LiveExport(reference.job_id(), cluster_->scheduler_address());
+  ASSERT_EQ(expected.count("table.embedding.rows"), 1u);
+  ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
 }
 
 // Two servers, every shard on both.

@@ -3,6 +3,7 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <csignal>
 #include <map>
 #include <numeric>
 #include <set>
@@ -558,7 +559,12 @@ absl::Status ClickRun::ComputeAndPush(int32_t partition, int64_t step, absl::Tim
   RETURN_IF_ERROR(ComputeGradients(batch, bags, &stats));
   if (hooks_.observe_compute) hooks_.observe_compute(absl::ToDoubleSeconds(absl::Now() - compute_start), 0);
   std::vector<std::vector<uint64_t>> keys(rows_.size(), bags.keys);
+  const bool die_mid_push = ExitMidPushNow();
   RETURN_IF_ERROR(sparse_->Push(partition, step, keys, row_grads_, kRpcTimeout));
+  if (die_mid_push) {  // SetExitMidPush's fault
+    FLOG(ERROR) << "--exit-mid-push: killing this process between the rows' push and the dense one";
+    raise(SIGKILL);
+  }
   RETURN_IF_ERROR(client_->Push(++seq_, partition, step, grads_, kRpcTimeout, audit.examples, audit.digest));
   window_.loss_sum += stats.loss_sum;
   window_.count += stats.count;

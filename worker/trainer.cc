@@ -221,6 +221,8 @@ std::string WriterId(const std::string& worker_id) {
 
 void SetExitMidPush(int64_t n) { exit_mid_push_countdown = std::max<int64_t>(0, n); }
 
+bool ExitMidPushNow() { return exit_mid_push_countdown.load() > 0 && exit_mid_push_countdown.fetch_sub(1) == 1; }
+
 Trainer::Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks hooks, TransferOptions transfer,
                  WorkerLimits limits, ParameterTransport* transport)
     : worker_id_(std::move(worker_id)),
@@ -566,7 +568,7 @@ void TrainingRun::ReclaimPushBuffers(absl::Duration wait) {
 absl::Status TrainingRun::ComputeAndPush(int32_t partition, int64_t step) {
   absl::Time start = absl::Now();
   ReclaimPushBuffers(kReclaimWait);
-  die_mid_push_ = exit_mid_push_countdown.load() > 0 && exit_mid_push_countdown.fetch_sub(1) == 1;
+  die_mid_push_ = ExitMidPushNow();
   const int64_t epoch = partitioning_.EpochOf(step);
   if (epoch != perm_epoch_) {
     perm_ = EpochPermutation(spec_.data().shuffle_seed(), epoch, trainer_.train_->num_examples);

@@ -71,8 +71,12 @@ int32_t FurthestBehind(const std::map<int32_t, int64_t>& positions, int64_t tota
 // partition step this process computes, once the first layer's gradients
 // are acknowledged and before any other layer is sent, the process kills
 // itself (SIGKILL), as a worker killed halfway through its push dies.
-// 0 (the default) = never.
+// 0 (the default) = never. Click jobs die between the push of the rows'
+// gradients and that of the dense ones.
 void SetExitMidPush(int64_t n);
+// Counts one partition step against SetExitMidPush's n: whether this is the
+// step to die in.
+bool ExitMidPushNow();
 
 // How a worker overlaps communication with compute. Neither changes a result:
 // BSP parameters come out bit for bit the same either way.

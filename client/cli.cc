@@ -219,13 +219,20 @@ std::string ProgressLine(const v1::JobStatus& job) {
   return line;
 }
 
-// A click job's sparse tables: their names, widths and bucket counts (the
-// rows live on the servers: fulcrum_server_table_rows).
+// A click job's sparse tables: their names, widths, bucket counts and, in a
+// BSP job, whether they are synchronous (the rows live on the servers:
+// fulcrum_server_table_rows).
 std::string TablesText(const v1::JobStatus& job) {
   std::string text;
+  const bool bsp = job.spec().mode() == v1::BSP;
   for (const v1::TableLayout& table : job.shard_map().tables()) {
+    bool async = false;
+    for (const v1::TableSpec& named : job.spec().model().tables()) {
+      async |= named.name() == table.name() && named.consistency() == v1::TableSpec::ASYNC;
+    }
     absl::StrAppend(&text, text.empty() ? " + sparse tables " : ", ", Printable(table.name()), " (", table.dim(),
-                    table.dim() == 1 ? " float a row, " : " floats a row, ", table.buckets(), " buckets)");
+                    table.dim() == 1 ? " float a row, " : " floats a row, ", table.buckets(), " buckets",
+                    bsp ? (async ? ", asynchronous" : ", synchronous") : "", ")");
   }
   return text;
 }

@@ -297,11 +297,15 @@ TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) 
 
 // A BSP click job: its tables are synchronous (each step summed over the
 // data partitions in their order and applied once whole). The dense tensors
-// and every table row come out bit-identical whichever workers compute the
-// partitions (two workers, or one computing both) and after every process
-// is killed -9 mid-job and the job resumes from its checkpoint (a cut at one
-// step for the tables as for the dense tensors). And the model learns.
-TEST_F(CheckpointTest, BspClickJobIsBitIdenticalAcrossWorkersAndAWholeClusterKill) {
+// and every table row come out bit-identical to an undisturbed run
+//  - whichever workers compute the partitions (one worker computing both);
+//  - after one server is killed -9 mid-job and started again on its volume
+//    (as Kubernetes restarts a pod): the job resumes from its checkpoint, a
+//    cut at one step for the tables as for the dense tensors;
+//  - after a worker is killed -9 mid-job: its partition moves to the other;
+//  - after every process is killed -9 and the cluster started again.
+// And the model learns.
+TEST_F(CheckpointTest, BspClickJobIsBitIdenticalAcrossWorkersAndKills) {
   v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
   spec.set_mode(v1::BSP);
   spec.mutable_data()->set_epochs(1);
@@ -314,28 +318,58 @@ TEST_F(CheckpointTest, BspClickJobIsBitIdenticalAcrossWorkersAndAWholeClusterKil
       LiveExport(reference.job_id(), cluster_->scheduler_address());
   ASSERT_EQ(expected.count("table.embedding.rows"), 1u);
   EXPECT_GT(expected.at("table.embedding.ids").u64.size(), 350u) << "4 fields of 100 ids, nearly all seen";
-
-  v1::JobSpec one_worker = spec;
-  one_worker.set_num_workers(1);
-  v1::JobStatus alone;
-  ASSERT_NO_FATAL_FAILURE(RunToSuccess(one_worker, &alone));
-  ExpectSameExport(expected, LiveExport(alone.job_id(), cluster_->scheduler_address()));
-
+  std::cerr << "BSP click job: " << reference.progress().total_steps() << " steps, test AUC "
+            << reference.progress().test_auc() << " (best " << BestAuc(spec) << ")\n";
+  {
+    SCOPED_TRACE("one worker");
+    v1::JobSpec one_worker = spec;
+    one_worker.set_num_workers(1);
+    v1::JobStatus alone;
+    ASSERT_NO_FATAL_FAILURE(RunToSuccess(one_worker, &alone));
+    ExpectSameExport(expected, LiveExport(alone.job_id(), cluster_->scheduler_address()));
+  }
   v1::JobSpec checkpointed = spec;
   checkpointed.mutable_checkpoint()->set_every_steps(100);
   checkpointed.mutable_checkpoint()->set_keep_last(3);
-  auto id = Submit(checkpointed);
-  ASSERT_TRUE(id.ok()) << id.status();
-  v1::JobStatus running = WaitForCheckpoints(*id, 1);
-  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
-  KillAndRestartWholeCluster();
-  v1::JobStatus done = WaitForEnd(*id);
-  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
-  EXPECT_GT(RestoredFrom(done), 0) << "no event says the job was restored";
-  std::cerr << "BSP click job: " << reference.progress().total_steps() << " steps, test AUC "
-            << reference.progress().test_auc() << " (best " << BestAuc(spec) << "); resumed from checkpoint "
-            << RestoredFrom(done) << "\n";
-  ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
+  {
+    SCOPED_TRACE("a server killed and restarted");
+    auto id = Submit(checkpointed);
+    ASSERT_TRUE(id.ok()) << id.status();
+    const v1::JobStatus running = WaitForCheckpoints(*id, 1);
+    ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
+    ASSERT_FALSE(running.shards().empty());
+    ASSERT_NO_FATAL_FAILURE(KillAndRestartServer(running.shards(0).server_id()));
+    const v1::JobStatus done = WaitForEnd(*id);
+    ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+    EXPECT_GT(RestoredFrom(done), 0) << "the job did not restart from a checkpoint";
+    ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
+  }
+  {
+    SCOPED_TRACE("a worker killed");
+    auto id = Submit(spec);
+    ASSERT_TRUE(id.ok()) << id.status();
+    const v1::JobStatus running = WaitForStep(*id, 100);
+    ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before the kill: " << running.reason();
+    ASSERT_EQ(running.workers_size(), 2);
+    ASSERT_TRUE(cluster_->Signal(running.workers(1).worker_id(), SIGKILL).ok());
+    const v1::JobStatus done = WaitForEnd(*id);
+    ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+    EXPECT_EQ(done.workers_size(), 1);
+    ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
+  }
+  {
+    SCOPED_TRACE("every process killed and started again");
+    checkpointed.set_num_workers(1);  // the worker killed above is gone until the restart
+    auto id = Submit(checkpointed);
+    ASSERT_TRUE(id.ok()) << id.status();
+    const v1::JobStatus running = WaitForCheckpoints(*id, 1);
+    ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
+    KillAndRestartWholeCluster();  // also brings the killed worker back for the tests after this one
+    const v1::JobStatus done = WaitForEnd(*id);
+    ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+    EXPECT_GT(RestoredFrom(done), 0) << "no event says the job was restored";
+    ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
+  }
 }
 
 // One server of a click job (one replica) killed -9 and started again on its

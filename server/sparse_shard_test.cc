@@ -446,7 +446,12 @@ TEST(SparseShardSyncTest, AStepAppliesOnceWholeAsThePartitionOrderMeanWhateverTh
   for (int32_t table : {0, 1}) {
     const std::vector<float> x = PullAll(*in_order, table, all), y = PullAll(*reversed, table, all);
     ASSERT_EQ(x.size(), y.size());
-    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(std::memcmp(&x[i], &y[i], sizeof(float)), 0) << table << " " << i;
+    for (size_t i = 0; i < x.size(); ++i) {  // bit for bit
+      uint32_t a = 0, b = 0;
+      std::memcpy(&a, &x[i], sizeof(a));
+      std::memcpy(&b, &y[i], sizeof(b));
+      EXPECT_EQ(a, b) << "table " << table << " element " << i;
+    }
   }
   EXPECT_NE(PullAll(*in_order, 1, all), initial);
 }

@@ -44,18 +44,32 @@ def auc(scores, labels):
 
 
 class ClickModel(torch.nn.Module):
-    def __init__(self, vocab, fields, dense, dim, fm, hidden, init_scale):
+    def __init__(self, vocab, fields, dense, dim, fm, hidden, init_scale, bottom=None):
         super().__init__()
         self.fields, self.fm = fields, fm
         self.bias = torch.nn.Parameter(torch.zeros(1))
-        self.dense_weight = torch.nn.Parameter(torch.zeros(dense))
-        self.linear = torch.nn.EmbeddingBag(vocab, 1, mode='sum', sparse=True)
-        torch.nn.init.zeros_(self.linear.weight)
+        # DLRM (bottom is a list): no linear terms; a bottom MLP over the dense
+        # features to x0, and the top MLP over x0 and every pair's dot product.
+        self.dlrm = bottom is not None
+        self.dense_weight = None if self.dlrm else torch.nn.Parameter(torch.zeros(dense))
+        self.linear = None
+        if not self.dlrm:
+            self.linear = torch.nn.EmbeddingBag(vocab, 1, mode='sum', sparse=True)
+            torch.nn.init.zeros_(self.linear.weight)
         self.embedding = None
         if dim > 0:
             self.embedding = torch.nn.EmbeddingBag(vocab, dim, mode='sum', sparse=True)
             torch.nn.init.uniform_(self.embedding.weight, -init_scale, init_scale)
-        layers, width = [], fields * dim + dense
+        self.bottom = None
+        if self.dlrm and dense > 0:
+            layers, width = [], dense
+            for h in bottom + [dim]:
+                layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+                width = h
+            self.bottom = torch.nn.Sequential(*layers)
+        vectors = fields + (1 if self.bottom is not None else 0)
+        layers = []
+        width = (dim if self.bottom is not None else 0) + vectors * (vectors - 1) // 2 if self.dlrm else fields * dim + dense
         for h in hidden:
             layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
             width = h
@@ -65,6 +79,13 @@ class ClickModel(torch.nn.Module):
         n = ids.shape[0]
         flat = ids.reshape(-1)
         offsets = torch.arange(0, flat.numel(), 1)  # one id per (example, field) bag
+        if self.dlrm:
+            v = self.embedding(flat, offsets).view(n, self.fields, -1)
+            vecs = v if self.bottom is None else torch.cat([self.bottom(x).unsqueeze(1), v], 1)
+            pairs = torch.triu_indices(vecs.shape[1], vecs.shape[1], 1)
+            dots = torch.bmm(vecs, vecs.transpose(1, 2))[:, pairs[0], pairs[1]]
+            top = dots if self.bottom is None else torch.cat([vecs[:, 0], dots], 1)
+            return self.bias + self.deep(top).squeeze(1)
         z = self.bias + x @ self.dense_weight
         z = z + self.linear(flat, offsets).view(n, self.fields).sum(1)
         if self.embedding is not None:
@@ -79,7 +100,8 @@ class ClickModel(torch.nn.Module):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument('data')
-    p.add_argument('--model', choices=['lr', 'fm', 'wide_and_deep', 'deepfm'], default='fm')
+    p.add_argument('--model', choices=['lr', 'fm', 'wide_and_deep', 'deepfm', 'dlrm'], default='fm')
+    p.add_argument('--bottom', type=int, nargs='*', default=[8], help='DLRM bottom MLP hidden widths')
     p.add_argument('--dim', type=int, default=4)
     p.add_argument('--hidden', type=int, nargs='*', default=[16])
     p.add_argument('--epochs', type=int, default=2)
@@ -95,9 +117,11 @@ def main():
     train_ids = torch.from_numpy(inverse[:len(train) * fields].reshape(len(train), fields).astype(np.int64))
     test_ids = torch.from_numpy(inverse[len(train) * fields:].reshape(len(test), fields).astype(np.int64))
     dim = 0 if a.model == 'lr' else a.dim
-    hidden = a.hidden if a.model in ('wide_and_deep', 'deepfm') else []
-    model = ClickModel(len(uniq), fields, dense, dim, a.model in ('fm', 'deepfm'), hidden, a.init_scale)
-    tables = [model.linear.weight] + ([model.embedding.weight] if model.embedding is not None else [])
+    hidden = a.hidden if a.model in ('wide_and_deep', 'deepfm', 'dlrm') else []
+    model = ClickModel(len(uniq), fields, dense, dim, a.model in ('fm', 'deepfm'), hidden, a.init_scale,
+                       a.bottom if a.model == 'dlrm' else None)
+    tables = ([model.linear.weight] if model.linear is not None else []) + \
+        ([model.embedding.weight] if model.embedding is not None else [])
     others = [q for q in model.parameters() if all(q is not t for t in tables)]
     sparse_opt = torch.optim.Adagrad(tables, lr=a.table_lr, eps=1e-10)
     dense_opt = torch.optim.Adam(others, lr=a.dense_lr)

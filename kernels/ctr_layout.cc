@@ -20,6 +20,10 @@ constexpr int64_t kMaxDense = 65536;
 constexpr int64_t kMaxEmbeddingDim = 4096;
 constexpr int64_t kMaxHiddenWidth = 65536;
 constexpr size_t kMaxHiddenLayers = 16;
+constexpr int64_t kMaxInteractions = int64_t{1} << 20;  // pairs of the dot interaction
+
+// The dot interaction's vectors: x0 (with dense features), then the fields.
+int64_t InteractionVectors(const CtrModelConfig& c) { return int64_t{c.num_fields} + (c.num_dense > 0 ? 1 : 0); }
 
 absl::Status ConfigError(const std::string& message) {
   return absl::InvalidArgumentError(absl::StrCat("CtrModelConfig: ", message));
@@ -40,6 +44,13 @@ absl::Status ValidateSizes(const CtrModelConfig& c) {
   }
   for (size_t i = 0; i < c.hidden.size(); ++i) {
     RETURN_IF_ERROR(CheckRange(absl::StrCat("hidden[", i, "]"), c.hidden[i], 1, kMaxHiddenWidth));
+  }
+  if (c.bottom.size() > kMaxHiddenLayers) {
+    return ConfigError(
+        absl::StrCat("bottom has ", c.bottom.size(), " layers, at most ", kMaxHiddenLayers, " are allowed"));
+  }
+  for (size_t i = 0; i < c.bottom.size(); ++i) {
+    RETURN_IF_ERROR(CheckRange(absl::StrCat("bottom[", i, "]"), c.bottom[i], 1, kMaxHiddenWidth));
   }
   return absl::OkStatus();
 }
@@ -82,6 +93,20 @@ absl::Status ValidateTerms(const CtrModelConfig& c) {
   if (!c.hidden.empty() && c.embedding_dim == 0 && c.num_dense == 0) {
     return ConfigError("hidden layers need an input: set embedding_dim > 0 or num_dense > 0");
   }
+  if (!c.dot_interaction) {
+    if (!c.bottom.empty()) return ConfigError("bottom applies to dot_interaction only");
+    return absl::OkStatus();
+  }
+  if (c.embedding_dim == 0 || c.hidden.empty() || c.fm) {
+    return ConfigError("dot_interaction needs embedding_dim > 0 and hidden layers, and no fm");
+  }
+  if (!c.bottom.empty() && c.num_dense == 0) return ConfigError("bottom needs num_dense > 0");
+  const int64_t vectors = InteractionVectors(c);
+  if (vectors < 2 || vectors * (vectors - 1) / 2 > kMaxInteractions) {
+    return ConfigError(absl::StrCat("dot_interaction pairs ", vectors,
+                                    " vectors (the fields, and x0 with dense features): it needs at least 2 ",
+                                    "and at most ", kMaxInteractions, " pairs"));
+  }
   return absl::OkStatus();
 }
 
@@ -90,9 +115,20 @@ absl::Status ValidateTerms(const CtrModelConfig& c) {
 
 std::vector<int64_t> CtrDeepDims(const CtrModelConfig& c) {
   if (c.hidden.empty()) return {};
-  std::vector<int64_t> dims = {int64_t{c.num_fields} * c.embedding_dim + c.num_dense};
+  const int64_t vectors = InteractionVectors(c);
+  std::vector<int64_t> dims = {c.dot_interaction
+                                   ? (c.num_dense > 0 ? c.embedding_dim : 0) + vectors * (vectors - 1) / 2
+                                   : int64_t{c.num_fields} * c.embedding_dim + c.num_dense};
   dims.insert(dims.end(), c.hidden.begin(), c.hidden.end());
   dims.push_back(1);
+  return dims;
+}
+
+std::vector<int64_t> CtrBottomDims(const CtrModelConfig& c) {
+  if (!c.dot_interaction || c.num_dense == 0) return {};
+  std::vector<int64_t> dims = {c.num_dense};
+  dims.insert(dims.end(), c.bottom.begin(), c.bottom.end());
+  dims.push_back(c.embedding_dim);
   return dims;
 }
 
@@ -108,14 +144,17 @@ std::vector<TensorInfo> CtrDenseTensors(const CtrModelConfig& config) {
   if (config.linear && config.num_dense > 0) {
     tensors.push_back({"dense.weight", {config.num_dense}, config.num_dense, InitKind::kZeros, 0.0f});
   }
-  const std::vector<int64_t> dims = CtrDeepDims(config);
-  for (size_t i = 0; i + 1 < dims.size(); ++i) {
-    const int64_t in = dims[i], out = dims[i + 1];
-    const float glorot = std::sqrt(6.0f / static_cast<float>(in + out));
-    const std::string prefix = absl::StrCat("deep", i);
-    tensors.push_back({prefix + ".weight", {in, out}, in * out, InitKind::kUniform, glorot});
-    tensors.push_back({prefix + ".bias", {out}, out, InitKind::kZeros, 0.0f});
-  }
+  auto add_layers = [&tensors](const char* name, const std::vector<int64_t>& dims) {
+    for (size_t i = 0; i + 1 < dims.size(); ++i) {
+      const int64_t in = dims[i], out = dims[i + 1];
+      const float glorot = std::sqrt(6.0f / static_cast<float>(in + out));
+      const std::string prefix = absl::StrCat(name, i);
+      tensors.push_back({prefix + ".weight", {in, out}, in * out, InitKind::kUniform, glorot});
+      tensors.push_back({prefix + ".bias", {out}, out, InitKind::kZeros, 0.0f});
+    }
+  };
+  add_layers("bottom", CtrBottomDims(config));
+  add_layers("deep", CtrDeepDims(config));
   return tensors;
 }
 

@@ -97,10 +97,14 @@ CtrModel::CtrModel(CtrModelConfig config)
   deep_tensor_ = TensorIndex(dense_tensors_, "deep0.weight");
   linear_table_ = TableIndex(tables_, "linear");
   embedding_table_ = TableIndex(tables_, "embedding");
+  bottom_tensor_ = TensorIndex(dense_tensors_, "bottom0.weight");
   for (int64_t dim : CtrDeepDims(config_)) deep_dims_.push_back(static_cast<int>(dim));
+  for (int64_t dim : CtrBottomDims(config_)) bottom_dims_.push_back(static_cast<int>(dim));
   bag_width_ = config_.num_fields * config_.embedding_dim;
-  input_width_ = bag_width_ + (deep_dims_.empty() ? 0 : config_.num_dense);
+  input_width_ = bag_width_ + (deep_dims_.empty() || config_.dot_interaction ? 0 : config_.num_dense);
   outputs_.resize(deep_dims_.empty() ? 0 : deep_dims_.size() - 1);
+  bottom_out_.resize(bottom_dims_.empty() ? 0 : bottom_dims_.size() - 1);
+  num_vectors_ = config_.dot_interaction ? config_.num_fields + (bottom_dims_.empty() ? 0 : 1) : 0;
 }
 
 const float* CtrModel::DeepWeight(const CtrParams& params, int layer) const {
@@ -230,6 +234,17 @@ void CtrModel::EnsureScratch(int32_t batch, int64_t num_ids) {
     Grow(delta_, b * widest);
     Grow(next_delta_, b * widest);
   }
+  if (config_.dot_interaction) {
+    Grow(inter_, b * deep_dims_[0]);
+    Grow(dinter_, b * deep_dims_[0]);
+  }
+  if (!bottom_dims_.empty()) {
+    for (size_t i = 0; i < bottom_out_.size(); ++i) Grow(bottom_out_[i], b * bottom_dims_[i + 1]);
+    Grow(dx0_, b * config_.embedding_dim);
+    const size_t widest = *std::max_element(bottom_dims_.begin() + 1, bottom_dims_.end());
+    Grow(bottom_delta_, b * widest);
+    Grow(bottom_next_, b * widest);
+  }
 }
 
 void CtrModel::ComputeIdScales(const CtrBatch& batch) {
@@ -312,8 +327,64 @@ void CtrModel::FmForward(int32_t batch) {
   }
 }
 
+// bottom_out_: the bottom MLP over the dense features; its last is x0.
+void CtrModel::BottomForward(const CtrBatch& batch, const CtrParams& params) {
+  const float* input = batch.dense;
+  for (size_t i = 0; i < bottom_out_.size(); ++i) {
+    const int in = bottom_dims_[i], out = bottom_dims_[i + 1];
+    float* output = bottom_out_[i].data();
+    Gemm(false, false, batch.batch, out, in, input, params.dense[bottom_tensor_ + 2 * i], output);
+    const float* bias = params.dense[bottom_tensor_ + 2 * i + 1];
+    for (int32_t e = 0; e < batch.batch; ++e) {
+      float* row = output + static_cast<size_t>(e) * out;
+      for (int c = 0; c < out; ++c) row[c] = Activate(config_.activation, row[c] + bias[c]);
+    }
+    input = output;
+  }
+}
+
+const float* CtrModel::InteractionVector(int32_t e, int v) const {
+  const int k = config_.embedding_dim;
+  if (!bottom_dims_.empty()) {
+    if (v == 0) return bottom_out_.back().data() + static_cast<size_t>(e) * k;
+    --v;
+  }
+  return input_.data() + static_cast<size_t>(e) * input_width_ + static_cast<size_t>(v) * k;
+}
+
+float* CtrModel::InteractionGrad(int32_t e, int v) {
+  const int k = config_.embedding_dim;
+  if (!bottom_dims_.empty()) {
+    if (v == 0) return dx0_.data() + static_cast<size_t>(e) * k;
+    --v;
+  }
+  return dinput_.data() + static_cast<size_t>(e) * bag_width_ + static_cast<size_t>(v) * k;
+}
+
+// inter_[e] = x0 (when there is one), then x_i . x_j for i < j, row by row.
+void CtrModel::InteractionForward(int32_t batch) {
+  const int k = config_.embedding_dim, width = deep_dims_[0];
+  for (int32_t e = 0; e < batch; ++e) {
+    float* out = inter_.data() + static_cast<size_t>(e) * width;
+    int p = 0;
+    if (!bottom_dims_.empty()) {
+      std::copy_n(InteractionVector(e, 0), k, out);
+      p = k;
+    }
+    for (int i = 0; i < num_vectors_; ++i) {
+      const float* a = InteractionVector(e, i);
+      for (int j = i + 1; j < num_vectors_; ++j) {
+        const float* b = InteractionVector(e, j);
+        float dot = 0.0f;
+        for (int d = 0; d < k; ++d) dot += a[d] * b[d];
+        out[p++] = dot;
+      }
+    }
+  }
+}
+
 void CtrModel::DeepForward(int32_t batch, const CtrParams& params) {
-  const float* input = input_.data();
+  const float* input = DeepInput();
   for (int i = 0; i < num_deep_layers(); ++i) {
     const int in = deep_dims_[i], out = deep_dims_[i + 1];
     float* output = outputs_[i].data();
@@ -349,6 +420,8 @@ void CtrModel::RunForward(const CtrBatch& batch, const CtrParams& params) {
   if (embedding_table_ >= 0) EmbedBags(batch, params);
   if (input_width_ > bag_width_) CopyDense(batch);
   if (config_.fm) FmForward(batch.batch);
+  if (!bottom_dims_.empty()) BottomForward(batch, params);
+  if (config_.dot_interaction) InteractionForward(batch.batch);
   if (num_deep_layers() > 0) DeepForward(batch.batch, params);
 }
 
@@ -379,12 +452,12 @@ void CtrModel::LinearBackward(const CtrBatch& batch, const CtrGrads& grads) {
 }
 
 // Writes the deep tensors' gradients and dinput_ (the field bags' part of the
-// input gradient).
+// input gradient), or with the dot interaction dinter_ (all of it).
 void CtrModel::DeepBackward(int32_t batch, const CtrParams& params, const CtrGrads& grads) {
   const float* delta = dlogits_.data();
   for (int i = num_deep_layers() - 1; i >= 0; --i) {
     const int in = deep_dims_[i], out = deep_dims_[i + 1];
-    const float* input = i == 0 ? input_.data() : outputs_[i - 1].data();
+    const float* input = i == 0 ? DeepInput() : outputs_[i - 1].data();
     Gemm(true, false, in, out, batch, input, delta, grads.dense[deep_tensor_ + 2 * i]);
     float* bias = grads.dense[deep_tensor_ + 2 * i + 1];
     std::fill(bias, bias + out, 0.0f);
@@ -397,9 +470,57 @@ void CtrModel::DeepBackward(int32_t batch, const CtrParams& params, const CtrGra
     std::swap(delta_, next_delta_);
     delta = delta_.data();
   }
+  if (config_.dot_interaction) {
+    Gemm(false, true, batch, deep_dims_[0], deep_dims_[1], delta, DeepWeight(params, 0), dinter_.data());
+    return;
+  }
   // The first bag_width_ rows of deep0.weight map the field bags.
   if (bag_width_ > 0)
     Gemm(false, true, batch, bag_width_, deep_dims_[1], delta, DeepWeight(params, 0), dinput_.data());
+}
+
+// dinput_ (and dx0_) from dinter_: d(x_i . x_j) / d x_i = x_j.
+void CtrModel::InteractionBackward(int32_t batch) {
+  const int k = config_.embedding_dim, width = deep_dims_[0];
+  std::fill(dinput_.begin(), dinput_.begin() + static_cast<size_t>(batch) * bag_width_, 0.0f);
+  for (int32_t e = 0; e < batch; ++e) {
+    const float* g = dinter_.data() + static_cast<size_t>(e) * width;
+    int p = 0;
+    if (!bottom_dims_.empty()) {
+      std::copy_n(g, k, InteractionGrad(e, 0));
+      p = k;
+    }
+    for (int i = 0; i < num_vectors_; ++i) {
+      for (int j = i + 1; j < num_vectors_; ++j) {
+        const float gij = g[p++];
+        Axpy(k, gij, InteractionVector(e, j), InteractionGrad(e, i));
+        Axpy(k, gij, InteractionVector(e, i), InteractionGrad(e, j));
+      }
+    }
+  }
+}
+
+// The bottom tensors' gradients from dx0_.
+void CtrModel::BottomBackward(const CtrBatch& batch, const CtrParams& params, const CtrGrads& grads) {
+  const int32_t b = batch.batch;
+  const Activation act = config_.activation;
+  const float* x0 = bottom_out_.back().data();
+  for (size_t n = 0; n < static_cast<size_t>(b) * config_.embedding_dim; ++n)
+    bottom_delta_[n] = dx0_[n] * ActivationGrad(act, x0[n]);
+  const float* delta = bottom_delta_.data();
+  for (int i = static_cast<int>(bottom_out_.size()) - 1; i >= 0; --i) {
+    const int in = bottom_dims_[i], out = bottom_dims_[i + 1];
+    const float* input = i == 0 ? batch.dense : bottom_out_[i - 1].data();
+    Gemm(true, false, in, out, b, input, delta, grads.dense[bottom_tensor_ + 2 * i]);
+    float* bias = grads.dense[bottom_tensor_ + 2 * i + 1];
+    std::fill(bias, bias + out, 0.0f);
+    for (int32_t e = 0; e < b; ++e) Axpy(out, 1.0f, delta + static_cast<size_t>(e) * out, bias);
+    if (i == 0) break;
+    Gemm(false, true, b, in, out, delta, params.dense[bottom_tensor_ + 2 * i], bottom_next_.data());
+    for (size_t n = 0; n < static_cast<size_t>(b) * in; ++n) bottom_next_[n] *= ActivationGrad(act, input[n]);
+    std::swap(bottom_delta_, bottom_next_);
+    delta = bottom_delta_.data();
+  }
 }
 
 // dinput_ += d(fm)/d(v_f) = dlogit * (sum_f' v_f' - v_f).
@@ -435,6 +556,8 @@ void CtrModel::RunBackward(const CtrBatch& batch, const CtrParams& params, const
     std::fill(dinput_.begin(), dinput_.begin() + static_cast<size_t>(batch.batch) * bag_width_, 0.0f);
   }
   if (num_deep_layers() > 0) DeepBackward(batch.batch, params, grads);
+  if (config_.dot_interaction) InteractionBackward(batch.batch);
+  if (!bottom_dims_.empty()) BottomBackward(batch, params, grads);
   if (config_.fm) FmBackward(batch.batch);
   if (embedding_table_ >= 0) EmbeddingBackward(batch, grads);
 }

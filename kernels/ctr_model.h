@@ -11,6 +11,10 @@
 //     + 0.5 * sum_d [(sum_f v_fd)^2 - sum_f v_fd^2] fm
 //     + MLP(concat(v_0, ..., v_{F-1}, dense))       hidden non-empty
 //
+// or, with dot_interaction (DLRM, Naumov et al. 2019), the MLP reads
+// concat(x0, x_i . x_j for i < j over (x0, v_0, ..., v_{F-1})) where x0 =
+// bottom MLP(dense) has embedding_dim values (no x0 without dense features).
+//
 // where linear_f is field f's bag of the "linear" table (one weight per id)
 // and v_f its bag of the "embedding" table. The loss is binary cross-entropy
 // with logits, averaged over the batch.
@@ -57,6 +61,13 @@ struct CtrModelConfig {
   std::vector<int> hidden;
   Activation activation = Activation::kRelu;  // after every hidden layer
   BagCombiner combiner = BagCombiner::kSum;
+  // DLRM's dot interaction as the deep part's input (see above): needs
+  // embedding_dim > 0 and hidden, not fm, and at least two vectors to pair.
+  bool dot_interaction = false;
+  // With dot_interaction and dense features: the bottom MLP's hidden widths
+  // (each in [1, 65536], at most 16), before its last layer of
+  // embedding_dim units; the activation follows every bottom layer.
+  std::vector<int> bottom;
 };
 
 // OK, or INVALID_ARGUMENT naming the offending field: a size out of range,
@@ -67,7 +78,9 @@ struct CtrModelConfig {
 absl::Status ValidateCtrModelConfig(const CtrModelConfig& config);
 
 // The dense tensors, in this order: "bias" [1] zeros; "dense.weight"
-// [num_dense] zeros when linear and num_dense > 0; then for each deep layer i
+// [num_dense] zeros when linear and num_dense > 0; for each bottom layer i
+// (CtrBottomDims) "bottom{i}.weight" [in, out] (Glorot, as below) and
+// "bottom{i}.bias" [out] zeros; then for each deep layer i
 // (the hidden layers, then the 1-unit output layer) "deep{i}.weight"
 // [in, out], uniform with Glorot scale sqrt(6 / (in + out)), and
 // "deep{i}.bias" [out] zeros. The config is not validated.
@@ -91,6 +104,9 @@ std::vector<CtrTableInfo> CtrTables(const CtrModelConfig& config);
 // The deep part's widths: its input, the hidden layers, 1 (empty without
 // hidden layers). The config is not validated.
 std::vector<int64_t> CtrDeepDims(const CtrModelConfig& config);
+// The bottom MLP's widths: num_dense, bottom..., embedding_dim (empty
+// without dot_interaction or dense features). Not validated.
+std::vector<int64_t> CtrBottomDims(const CtrModelConfig& config);
 
 // One batch. The caller de-duplicated the batch's keys: every id refers to a
 // row of the pulled tables by its index among the batch's unique keys.
@@ -185,7 +201,15 @@ class CtrModel {
   void EmbedBags(const CtrBatch& batch, const CtrParams& params);
   void CopyDense(const CtrBatch& batch);
   void FmForward(int32_t batch);
+  void BottomForward(const CtrBatch& batch, const CtrParams& params);
+  void InteractionForward(int32_t batch);
   void DeepForward(int32_t batch, const CtrParams& params);
+  // The deep part's input: inter_ with dot_interaction, else input_.
+  const float* DeepInput() const { return config_.dot_interaction ? inter_.data() : input_.data(); }
+  // Example e's v-th vector of the dot interaction (x0 first when there is
+  // one, then the field bags), and where its gradient goes.
+  const float* InteractionVector(int32_t e, int v) const;
+  float* InteractionGrad(int32_t e, int v);
   // Returns the summed loss; writes d(mean loss)/d(logit) to dlogits_.
   double Loss(const CtrBatch& batch);
 
@@ -194,6 +218,8 @@ class CtrModel {
   void LinearBackward(const CtrBatch& batch, const CtrGrads& grads);
   void DeepBackward(int32_t batch, const CtrParams& params, const CtrGrads& grads);
   void FmBackward(int32_t batch);
+  void InteractionBackward(int32_t batch);
+  void BottomBackward(const CtrBatch& batch, const CtrParams& params, const CtrGrads& grads);
   void EmbeddingBackward(const CtrBatch& batch, const CtrGrads& grads);
 
   void Report(const CtrBatch& batch, double loss_sum, CtrStats* stats, float* logits) const;
@@ -206,7 +232,10 @@ class CtrModel {
   int deep_tensor_ = -1;          // index of "deep0.weight", or -1
   int linear_table_ = -1;         // index of "linear" in tables_, or -1
   int embedding_table_ = -1;      // index of "embedding", or -1
+  int bottom_tensor_ = -1;        // index of "bottom0.weight", or -1
   std::vector<int> deep_dims_;    // deep input width, hidden..., 1; empty without a deep part
+  std::vector<int> bottom_dims_;  // num_dense, bottom..., embedding_dim; empty without a bottom MLP
+  int num_vectors_ = 0;           // dot interaction: x0 (with a bottom MLP) and the fields
   int bag_width_ = 0;             // num_fields * embedding_dim: the field bags of one example
   int input_width_ = 0;           // bag_width_, plus num_dense with a deep part
 
@@ -218,6 +247,10 @@ class CtrModel {
   std::vector<float> logits_, dlogits_;      // [batch]
   std::vector<float> delta_, next_delta_;    // [batch, widest hidden layer]: backpropagated error
   std::vector<float> dinput_;                // [batch, bag_width_]: d(loss)/d(field bags)
+  std::vector<std::vector<float>> bottom_out_;  // bottom layer i's activations; the last is x0
+  std::vector<float> inter_, dinter_;        // [batch, deep_dims_[0]]: the interaction and its gradient
+  std::vector<float> dx0_;                   // [batch, embedding_dim]
+  std::vector<float> bottom_delta_, bottom_next_;  // [batch, widest bottom layer]
 };
 
 }  // namespace kernels

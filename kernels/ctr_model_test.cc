@@ -184,6 +184,48 @@ double ReferenceFm(int fields, int k, const std::vector<double>& v) {
   return fm;
 }
 
+// The bottom MLP's output x0 for one example's dense features.
+std::vector<double> ReferenceBottom(const Problem& p, const DoubleParams& params, std::vector<double> h) {
+  const CtrModelConfig& c = p.config;
+  for (size_t i = 0; i <= c.bottom.size(); ++i) {
+    const std::vector<double>& w = params.dense[TensorIndex(c, "bottom" + std::to_string(i) + ".weight")];
+    const std::vector<double>& b = params.dense[TensorIndex(c, "bottom" + std::to_string(i) + ".bias")];
+    const size_t in = h.size(), out = b.size();
+    std::vector<double> next(out);
+    for (size_t o = 0; o < out; ++o) {
+      double sum = b[o];
+      for (size_t n = 0; n < in; ++n) sum += h[n] * w[n * out + o];
+      next[o] = ReferenceActivate(c.activation, sum);
+    }
+    h.swap(next);
+  }
+  return h;
+}
+
+// The dot interaction: x0 (with dense features), then x_i . x_j for i < j
+// over (x0, v_0, ..., v_{F-1}).
+std::vector<double> ReferenceInteraction(const Problem& p, const DoubleParams& params, int e,
+                                         const std::vector<double>& bags) {
+  const CtrModelConfig& c = p.config;
+  const int k = c.embedding_dim;
+  std::vector<std::vector<double>> vectors;
+  if (c.num_dense > 0) {
+    vectors.push_back(ReferenceBottom(
+        p, params, std::vector<double>(p.dense.begin() + e * c.num_dense, p.dense.begin() + (e + 1) * c.num_dense)));
+  }
+  for (int f = 0; f < c.num_fields; ++f) vectors.emplace_back(bags.begin() + f * k, bags.begin() + (f + 1) * k);
+  std::vector<double> out;
+  if (c.num_dense > 0) out = vectors[0];
+  for (size_t i = 0; i < vectors.size(); ++i) {
+    for (size_t j = i + 1; j < vectors.size(); ++j) {
+      double dot = 0;
+      for (int d = 0; d < k; ++d) dot += vectors[i][d] * vectors[j][d];
+      out.push_back(dot);
+    }
+  }
+  return out;
+}
+
 // The logit of example e.
 double ReferenceLogit(const Problem& p, const DoubleParams& params, int e) {
   const CtrModelConfig& c = p.config;
@@ -209,6 +251,7 @@ double ReferenceLogit(const Problem& p, const DoubleParams& params, int e) {
     if (c.linear) z += params.dense[TensorIndex(c, "dense.weight")][d] * p.dense[e * dense + d];
   }
   if (c.fm) z += ReferenceFm(fields, k, input);
+  if (c.dot_interaction) return z + ReferenceDeep(p, params, ReferenceInteraction(p, params, e, input));
   if (!c.hidden.empty()) z += ReferenceDeep(p, params, input);
   return z;
 }
@@ -365,8 +408,7 @@ Problem GradientProblem(BagCombiner combiner) {
   return p;
 }
 
-void ExpectGradientsMatchFiniteDifferences(BagCombiner combiner) {
-  const Problem p = GradientProblem(combiner);
+void ExpectGradientsMatchFiniteDifferences(const Problem& p) {
   Grads grads(p);
   CtrModel model(p.config);
   CtrStats stats;
@@ -400,11 +442,99 @@ void ExpectGradientsMatchFiniteDifferences(BagCombiner combiner) {
 }
 
 TEST(CtrModelTest, GradientsMatchFiniteDifferencesWithSumCombiner) {
-  ExpectGradientsMatchFiniteDifferences(BagCombiner::kSum);
+  ExpectGradientsMatchFiniteDifferences(GradientProblem(BagCombiner::kSum));
 }
 
 TEST(CtrModelTest, GradientsMatchFiniteDifferencesWithMeanCombiner) {
-  ExpectGradientsMatchFiniteDifferences(BagCombiner::kMean);
+  ExpectGradientsMatchFiniteDifferences(GradientProblem(BagCombiner::kMean));
+}
+
+// The same batch through a DLRM-style model: a bottom MLP of 2 -> 4 -> 3
+// over the dense features, the dot products of x0 and the 3 fields' bags
+// (6 pairs), an MLP of {5, 4} over them; and without dense features (no x0,
+// the fields' 3 pairs).
+Problem DlrmProblem(bool dense) {
+  Problem p = GradientProblem(BagCombiner::kSum);
+  p.config.linear = false;
+  p.config.fm = false;
+  p.config.dot_interaction = true;
+  if (dense) {
+    p.config.bottom = {4};
+  } else {
+    p.config.num_dense = 0;
+    p.dense.clear();
+  }
+  std::mt19937 rng(11);
+  RandomParams(p, rng, 0.5f);
+  return p;
+}
+
+TEST(CtrModelTest, DlrmGradientsMatchFiniteDifferences) {
+  ExpectGradientsMatchFiniteDifferences(DlrmProblem(/*dense=*/true));
+}
+
+TEST(CtrModelTest, DlrmWithoutDenseFeaturesPairsTheFieldsOnly) {
+  const Problem p = DlrmProblem(/*dense=*/false);
+  const std::vector<int64_t> deep = CtrDeepDims(p.config);
+  ASSERT_FALSE(deep.empty());
+  EXPECT_EQ(deep[0], 3) << "3 fields: 3 pairs, no x0";
+  EXPECT_TRUE(CtrBottomDims(p.config).empty());
+  ExpectGradientsMatchFiniteDifferences(p);
+}
+
+TEST(CtrModelTest, DlrmHasABottomMlpTheDeepLayersOverTheInteractionAndOnlyTheEmbeddingTable) {
+  const Problem p = DlrmProblem(/*dense=*/true);
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const TensorInfo& t : CtrDenseTensors(p.config)) {
+    names.push_back(t.name);
+    shapes.push_back(t.shape);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"bias", "bottom0.weight", "bottom0.bias", "bottom1.weight",
+                                             "bottom1.bias", "deep0.weight", "deep0.bias", "deep1.weight",
+                                             "deep1.bias", "deep2.weight", "deep2.bias"}));
+  EXPECT_EQ(shapes[1], (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(shapes[3], (std::vector<int64_t>{4, 3}));
+  EXPECT_EQ(shapes[5], (std::vector<int64_t>{3 + 6, 5})) << "x0 and the 6 pairs of 4 vectors";
+  const std::vector<CtrTableInfo> tables = CtrTables(p.config);
+  ASSERT_EQ(tables.size(), 1u);
+  EXPECT_EQ(tables[0].name, "embedding");
+}
+
+TEST(CtrModelTest, BadDlrmConfigsAreRefused) {
+  const CtrModelConfig good = DlrmProblem(/*dense=*/true).config;
+  ASSERT_TRUE(ValidateCtrModelConfig(good).ok()) << ValidateCtrModelConfig(good);
+  auto refused = [&](const std::function<void(CtrModelConfig*)>& mutate, const std::string& part) {
+    CtrModelConfig c = good;
+    mutate(&c);
+    const absl::Status status = ValidateCtrModelConfig(c);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << part;
+    EXPECT_NE(status.message().find(part), std::string::npos) << status;
+  };
+  refused([](CtrModelConfig* c) { c->hidden.clear(); }, "no term");
+  refused([](CtrModelConfig* c) { c->fm = true; }, "dot_interaction needs");
+  refused([](CtrModelConfig* c) { c->dot_interaction = false; }, "bottom applies to dot_interaction only");
+  refused([](CtrModelConfig* c) { c->bottom = {0}; }, "bottom[0] = 0");
+  refused([](CtrModelConfig* c) { c->bottom.assign(17, 2); }, "bottom has 17 layers");
+  refused(
+      [](CtrModelConfig* c) {
+        c->num_dense = 0;
+        c->bottom.clear();
+        c->num_fields = 1;
+      },
+      "pairs 1 vectors");
+  refused(
+      [](CtrModelConfig* c) {
+        c->num_dense = 0;
+        c->num_fields = 4096;
+      },
+      "bottom needs num_dense > 0");
+  refused(
+      [](CtrModelConfig* c) {
+        c->bottom.clear();
+        c->num_fields = 4096;
+      },
+      "at most 1048576 pairs");
 }
 
 // ---------------------------------------------------------------------------
@@ -892,7 +1022,7 @@ namespace {
 // the calls before it (scratch is reused, never accumulated into). Each
 // model kind, the same batch three times with another batch in between.
 TEST(CtrModelReuseTest, RepeatedCallsGiveTheSameGradientsForEveryModelKind) {
-  std::vector<CtrModelConfig> configs(4);
+  std::vector<CtrModelConfig> configs(5);
   for (CtrModelConfig& c : configs) {
     c.num_fields = 3;
     c.num_dense = 2;
@@ -903,8 +1033,13 @@ TEST(CtrModelReuseTest, RepeatedCallsGiveTheSameGradientsForEveryModelKind) {
   configs[2].hidden = {4};
   configs[3] = configs[2];  // DeepFM
   configs[3].fm = true;
+  configs[4] = configs[2];  // DLRM
+  configs[4].linear = false;
+  configs[4].dot_interaction = true;
+  configs[4].bottom = {3};
   for (const CtrModelConfig& config : configs) {
-    SCOPED_TRACE(absl::StrCat("fm ", config.fm, " hidden ", config.hidden.size(), " dim ", config.embedding_dim));
+    SCOPED_TRACE(absl::StrCat("fm ", config.fm, " hidden ", config.hidden.size(), " dim ", config.embedding_dim,
+                              " dot ", config.dot_interaction));
     CtrModel model(config);
     const std::vector<int32_t> first_rows = {0, 1, 2, 1, 3, 0}, second_rows = {3, 3, 2, 0, 1, 2};
     const std::vector<int64_t> offsets = {0, 1, 2, 3, 4, 5, 6};

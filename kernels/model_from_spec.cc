@@ -20,11 +20,14 @@ ModelLayout ClickLayout(const v1::JobSpec& spec) {
   kernels::CtrModelConfig& ctr = layout.ctr;
   ctr.num_fields = ClickFields(spec.data());
   ctr.num_dense = ClickDense(spec.data());
-  ctr.linear = true;
+  const bool dlrm = model.kind() == v1::ModelSpec::DLRM;
+  ctr.linear = !dlrm;
   ctr.fm = model.kind() == v1::ModelSpec::FM || model.kind() == v1::ModelSpec::DEEPFM;
-  if (model.kind() == v1::ModelSpec::WIDE_AND_DEEP || model.kind() == v1::ModelSpec::DEEPFM) {
+  if (model.kind() == v1::ModelSpec::WIDE_AND_DEEP || model.kind() == v1::ModelSpec::DEEPFM || dlrm) {
     ctr.hidden.assign(model.hidden_sizes().begin(), model.hidden_sizes().end());
   }
+  ctr.dot_interaction = dlrm;
+  if (dlrm) ctr.bottom.assign(model.bottom_sizes().begin(), model.bottom_sizes().end());
   if (model.kind() != v1::ModelSpec::LOGISTIC_REGRESSION) ctr.embedding_dim = model.embedding_dim();
   ctr.activation = ActivationOf(model.activation());
   ctr.combiner = model.combiner() == v1::ModelSpec::MEAN ? kernels::BagCombiner::kMean : kernels::BagCombiner::kSum;

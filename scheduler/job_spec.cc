@@ -86,7 +86,8 @@ absl::Status ValidateModel(const v1::ModelSpec& model) {
       return absl::OkStatus();
     default:
       return Invalid("model.kind",
-                     "must be SOFTMAX_REGRESSION, MLP, LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP or DEEPFM", "unset");
+                     "must be SOFTMAX_REGRESSION, MLP, LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP, DEEPFM or DLRM",
+                     "unset");
   }
 }
 

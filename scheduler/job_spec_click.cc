@@ -32,14 +32,14 @@ absl::Status CheckFloat(const std::string& field, double value, double lo, doubl
 }
 
 bool HasHidden(v1::ModelSpec::Kind kind) {
-  return kind == v1::ModelSpec::WIDE_AND_DEEP || kind == v1::ModelSpec::DEEPFM;
+  return kind == v1::ModelSpec::WIDE_AND_DEEP || kind == v1::ModelSpec::DEEPFM || kind == v1::ModelSpec::DLRM;
 }
 
 absl::Status ValidateClickShape(const v1::ModelSpec& model) {
   const std::string kind = v1::ModelSpec::Kind_Name(model.kind());
   if (model.kind() == v1::ModelSpec::LOGISTIC_REGRESSION) {
     if (model.embedding_dim() != 0) {
-      return Invalid("model.embeddingDim", "applies to FM, WIDE_AND_DEEP and DEEPFM only",
+      return Invalid("model.embeddingDim", "applies to FM, WIDE_AND_DEEP, DEEPFM and DLRM only",
                      absl::StrCat(model.embedding_dim()));
     }
   } else {
@@ -54,12 +54,24 @@ absl::Status ValidateClickShape(const v1::ModelSpec& model) {
       RETURN_IF_ERROR(CheckRange(absl::StrCat("model.hiddenSizes[", i, "]"), model.hidden_sizes(i), 1, 65536));
     }
   } else if (model.hidden_sizes_size() > 0) {
-    return Invalid("model.hiddenSizes", absl::StrCat("must be empty for ", kind, " (use WIDE_AND_DEEP or DEEPFM)"),
+    return Invalid("model.hiddenSizes",
+                   absl::StrCat("must be empty for ", kind, " (use WIDE_AND_DEEP, DEEPFM or DLRM)"),
                    absl::StrCat(model.hidden_sizes_size(), " sizes"));
   }
   if (!HasHidden(model.kind()) && model.activation() != v1::ACTIVATION_UNSPECIFIED) {
     return Invalid("model.activation", "applies to models with hidden layers only",
                    v1::Activation_Name(model.activation()));
+  }
+  if (model.kind() != v1::ModelSpec::DLRM && model.bottom_sizes_size() > 0) {
+    return Invalid("model.bottomSizes", absl::StrCat("applies to DLRM only, not ", kind),
+                   absl::StrCat(model.bottom_sizes_size(), " sizes"));
+  }
+  if (model.bottom_sizes_size() > 16) {
+    return Invalid("model.bottomSizes", "must list at most 16 layer sizes",
+                   absl::StrCat(model.bottom_sizes_size(), " sizes"));
+  }
+  for (int i = 0; i < model.bottom_sizes_size(); ++i) {
+    RETURN_IF_ERROR(CheckRange(absl::StrCat("model.bottomSizes[", i, "]"), model.bottom_sizes(i), 1, 65536));
   }
   return absl::OkStatus();
 }
@@ -230,12 +242,15 @@ absl::Status ValidateNotClick(const v1::JobSpec& spec) {
     return Invalid("model.combiner", "applies to click models only", v1::ModelSpec::Combiner_Name(model.combiner()));
   }
   if (model.tables_size() > 0) return Invalid("model.tables", "apply to click models only", "tables");
+  if (model.bottom_sizes_size() > 0) {
+    return Invalid("model.bottomSizes", "applies to DLRM only", absl::StrCat(model.bottom_sizes_size(), " sizes"));
+  }
   const v1::DataSpec& data = spec.data();
   if (data.dataset() == v1::DataSpec::SYNTHETIC_CTR || data.dataset() == v1::DataSpec::LIBSVM ||
       data.dataset() == v1::DataSpec::CSV || data.has_synthetic_ctr() || data.has_csv() || !data.test_path().empty() ||
       data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED) {
     return Invalid("data", "SYNTHETIC_CTR, LIBSVM and CSV are click data (with syntheticCtr, csv, testPath, "
-                   "onBadRecord): use a click model (LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP, DEEPFM)",
+                   "onBadRecord): use a click model (LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP, DEEPFM, DLRM)",
                    v1::DataSpec::Dataset_Name(data.dataset()));
   }
   return absl::OkStatus();

@@ -60,6 +60,20 @@ TEST(ClickSpecTest, EachClickModelIsValidAndRunsAsynchronouslyByDefault) {
   EXPECT_TRUE(ValidateJobSpec(wide).ok()) << ValidateJobSpec(wide);
 }
 
+TEST(ClickSpecTest, DlrmIsAClickModelWithABottomMlpAndOnlyAnEmbeddingTable) {
+  const v1::JobSpec dlrm = ClickSpec([](v1::JobSpec* s) {
+    s->mutable_model()->set_kind(v1::ModelSpec::DLRM);
+    s->mutable_model()->add_bottom_sizes(8);
+    s->mutable_model()->add_tables()->set_name("embedding");
+  });
+  ASSERT_TRUE(ValidateJobSpec(dlrm).ok()) << ValidateJobSpec(dlrm);
+  const ModelLayout layout = LayoutFor(dlrm, 0, 0);
+  EXPECT_TRUE(layout.click);
+  ASSERT_EQ(layout.tables.size(), 1u);
+  EXPECT_EQ(layout.tables[0].name, "embedding");
+  EXPECT_EQ(layout.tensors[1].name, "bottom0.weight");
+}
+
 TEST(ClickSpecTest, BspClickJobsTakeSynchronousOrAsynchronousTables) {
   const v1::JobSpec bsp = ClickSpec([](v1::JobSpec* s) { s->set_mode(v1::BSP); });
   EXPECT_TRUE(ValidateJobSpec(bsp).ok()) << ValidateJobSpec(bsp);
@@ -182,6 +196,26 @@ std::vector<ClickReject> ClickRejects() {
          table(s, "embedding")->set_consistency(v1::TableSpec::SYNC);
        },
        {"model.tables[0].consistency", "BSP jobs only"}},
+      {"BottomSizesOnFm", [](S* s) { s->mutable_model()->add_bottom_sizes(4); },
+       {"model.bottomSizes", "applies to DLRM only"}},
+      {"DlrmBottomSizeZero",
+       [](S* s) {
+         s->mutable_model()->set_kind(v1::ModelSpec::DLRM);
+         s->mutable_model()->add_bottom_sizes(0);
+       },
+       {"model.bottomSizes[0]"}},
+      {"DlrmWithoutHiddenSizes",
+       [](S* s) {
+         s->mutable_model()->set_kind(v1::ModelSpec::DLRM);
+         s->mutable_model()->clear_hidden_sizes();
+       },
+       {"model.hiddenSizes", "DLRM"}},
+      {"DlrmLinearTable",
+       [table](S* s) {
+         s->mutable_model()->set_kind(v1::ModelSpec::DLRM);
+         table(s, "linear");
+       },
+       {"model.tables[0].name", "embedding"}},
       {"UnknownConsistency",
        [table](S* s) { table(s, "linear")->set_consistency(static_cast<v1::TableSpec::Consistency>(9)); },
        {"model.tables[0].consistency", "SYNC or ASYNC", "9"}},

@@ -20,11 +20,13 @@ inline v1::JobSpec ClickSpec(v1::ModelSpec::Kind kind, int32_t fm_dim) {
   spec.set_name("click");
   spec.mutable_model()->set_kind(kind);
   if (kind != v1::ModelSpec::LOGISTIC_REGRESSION) spec.mutable_model()->set_embedding_dim(4);
-  if (kind == v1::ModelSpec::WIDE_AND_DEEP || kind == v1::ModelSpec::DEEPFM) {
+  if (kind == v1::ModelSpec::WIDE_AND_DEEP || kind == v1::ModelSpec::DEEPFM || kind == v1::ModelSpec::DLRM) {
     spec.mutable_model()->add_hidden_sizes(16);
   }
+  if (kind == v1::ModelSpec::DLRM) spec.mutable_model()->add_bottom_sizes(8);
   for (const char* name : {"linear", "embedding"}) {
     if (kind == v1::ModelSpec::LOGISTIC_REGRESSION && std::string(name) == "embedding") continue;
+    if (kind == v1::ModelSpec::DLRM && std::string(name) == "linear") continue;  // no linear terms
     v1::TableSpec* table = spec.mutable_model()->add_tables();
     table->set_name(name);
     table->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::ADAGRAD);

@@ -231,7 +231,8 @@ std::string TablesText(const v1::JobStatus& job) {
       async |= named.name() == table.name() && named.consistency() == v1::TableSpec::ASYNC;
     }
     absl::StrAppend(&text, text.empty() ? " + sparse tables " : ", ", Printable(table.name()), " (", table.dim(),
-                    table.dim() == 1 ? " float a row, " : " floats a row, ", table.buckets(), " buckets",
+                    table.dim() == 1 ? " float a row, " : " floats a row, ", table.buckets(),
+                    table.buckets() == 1 ? " bucket" : " buckets",
                     bsp ? (async ? ", asynchronous" : ", synchronous") : "", ")");
   }
   return text;

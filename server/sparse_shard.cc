@@ -115,6 +115,12 @@ SparseShard::SparseShard(std::vector<Table> tables, int32_t num_partitions, std:
       num_partitions_(num_partitions),
       room_(std::move(room)),
       has_sync_(std::any_of(tables_.begin(), tables_.end(), [](const Table& t) { return t.setup.synchronous; })),
+      holds_sync_(std::any_of(tables_.begin(), tables_.end(),
+                              [](const Table& t) {
+                                return t.setup.synchronous &&
+                                       std::any_of(t.buckets.begin(), t.buckets.end(),
+                                                   [](const auto& bucket) { return bucket != nullptr; });
+                              })),
       applied_(static_cast<size_t>(num_partitions)),
       restored_(static_cast<size_t>(num_partitions), 0),
       gather_(static_cast<size_t>(num_partitions)),
@@ -583,11 +589,11 @@ absl::Status SparseShard::ArmCapture(int64_t checkpoint_id, int64_t at_step) {
   Armed armed;
   armed.checkpoint_id = checkpoint_id;
   armed.at_step = at_step == 0 ? sync_step_ : at_step;
-  if (has_sync_ && armed.at_step < sync_step_) {
+  if (holds_sync_ && armed.at_step < sync_step_) {
     return absl::AbortedError(absl::StrCat("the synchronous sparse tables are at step ", sync_step_,
                                            ", past the checkpoint's ", armed.at_step));
   }
-  if (!has_sync_ || armed.at_step == sync_step_) {
+  if (!holds_sync_ || armed.at_step == sync_step_) {  // nothing synchronous here to wait for
     SnapshotTablesLocked(/*synchronous=*/true, &armed.snapshots);
     armed.taken = true;
   }

@@ -211,7 +211,8 @@ class SparseShard {
   const std::vector<Table> tables_;
   const int32_t num_partitions_;
   const std::function<int64_t()> room_;
-  const bool has_sync_;  // some table is synchronous
+  const bool has_sync_;   // some table is synchronous
+  const bool holds_sync_;  // and this server holds buckets of one (else its checkpoints never wait for a step)
 
   mutable Mutex push_mu_;  // serializes pushes; guards the members below
   // By partition: the last step applied, and which of its parts.

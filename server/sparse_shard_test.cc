@@ -597,5 +597,24 @@ TEST(SparseShardSyncTest, ACheckpointCutsTheTablesAtItsStepAndRestoresThere) {
   EXPECT_EQ(PullAll(*restored, 0, keys), PullAll(*shard, 0, keys)) << "the same step 1 on the same rows";
 }
 
+
+// A server that holds no bucket of the synchronous tables (a table of 1
+// bucket over 2 shards) has no step to cut at: its part of a checkpoint at
+// any step is taken at once, not waited for until the deadline.
+TEST(SparseShardSyncTest, AServerWithoutSynchronousBucketsCapturesAtOnce) {
+  std::vector<SparseTableSetup> tables = Tables();
+  for (SparseTableSetup& table : tables) {
+    table.synchronous = true;
+    table.bucket_shards = {0};  // one bucket, on shard 0
+  }
+  auto shard = SparseShard::Create(std::move(tables), {1}, /*num_partitions=*/2);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  ASSERT_TRUE((*shard)->ArmCapture(/*checkpoint_id=*/3, /*at_step=*/40).ok());
+  absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> cut =
+      (*shard)->TakeCapture(3, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_TRUE(cut->empty());
+}
+
 }  // namespace
 }  // namespace fulcrum

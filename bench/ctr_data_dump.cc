@@ -3,17 +3,46 @@
 // examples a click job sees. Usage:
 //   fulcrum-ctr-data-dump --out=FILE --examples=N --fields=F --vocabulary=V
 //                         --dense=D --fm_dim=K --fm_scale=S --seed=SEED
+//   fulcrum-ctr-data-dump --out=FILE --spec=JOB.yaml --start=START.safetensors
 // Format (little-endian): int64 train, int64 test, int32 fields, int32
 // dense; then train and test examples, each: float label, float truth (the
 // true click probability), D floats, F uint64 ids.
+//
+// With --spec (a job spec as `fulcrum submit -f` reads it, dataset
+// SYNTHETIC_CTR) the data is that job's, and --start writes, in the format of
+// `fulcrum export`, where the job starts: every dense tensor's initial values
+// (its name, as the layout names it), each table's initial rows for every id
+// of the data (`table.NAME.ids`, `table.NAME.rows`), and `order` (U64,
+// steps x global batch): the training examples of each step, partition after
+// partition, as the job's workers read them. Its metadata holds the spec
+// (`spec`, JSON after the scheduler's defaults). A reference that starts from
+// these values and reads this order computes the job's steps.
+#include <algorithm>
 #include <cstdio>
+#include <map>
+#include <set>
 #include <string>
+#include <vector>
+
+#include <google/protobuf/util/json_util.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "client/safetensors.h"
+#include "client/spec_file.h"
+#include "common/data_partition.h"
+#include "common/param_init.h"
+#include "common/table_spec.h"
+#include "kernels/model_from_spec.h"
+#include "scheduler/job_spec.h"
+#include "server/sparse_table.h"
 #include "worker/ctr_data.h"
+#include "worker/ctr_trainer.h"
 
 ABSL_FLAG(std::string, out, "", "file to write");
+ABSL_FLAG(std::string, spec, "", "a job spec (YAML or JSON) whose synthetic click data to write");
+ABSL_FLAG(std::string, start, "", "with --spec: the safetensors file of the job's initial values and order");
 ABSL_FLAG(int64_t, examples, 50000, "training examples (the test set is a fifth of it)");
 ABSL_FLAG(int32_t, fields, 4, "categorical fields");
 ABSL_FLAG(int64_t, vocabulary, 100, "ids per field");
@@ -22,38 +51,144 @@ ABSL_FLAG(int32_t, fm_dim, 2, "the true model's latent width");
 ABSL_FLAG(double, fm_scale, 0.5, "the latent values' standard deviation");
 ABSL_FLAG(uint64_t, seed, 5, "the job's seed");
 
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  fulcrum::SyntheticCtrSpec spec;
-  spec.seed = absl::GetFlag(FLAGS_seed);
-  spec.examples = absl::GetFlag(FLAGS_examples);
-  spec.fields = absl::GetFlag(FLAGS_fields);
-  spec.vocabulary = absl::GetFlag(FLAGS_vocabulary);
-  spec.dense = absl::GetFlag(FLAGS_dense);
-  spec.fm_dim = absl::GetFlag(FLAGS_fm_dim);
-  spec.fm_scale = static_cast<float>(absl::GetFlag(FLAGS_fm_scale));
-  if (absl::Status valid = fulcrum::ValidateSyntheticCtrSpec(spec); !valid.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(valid.message()).c_str());
-    return 2;
+namespace fulcrum {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "fulcrum-ctr-data-dump: %s\n", status.ToString().c_str());
+  return 2;
+}
+
+// The dense tensors' initial values, as the servers fill their chunks.
+void AddDenseStart(const v1::JobSpec& spec, const ModelLayout& layout, std::vector<SafetensorsTensor>* out) {
+  for (size_t t = 0; t < layout.tensors.size(); ++t) {
+    const kernels::TensorInfo& info = layout.tensors[t];
+    std::vector<float> values(info.size);
+    FillInit(info.init, info.init_scale, spec.seed(), static_cast<uint32_t>(t), 0, info.size, values.data());
+    out->emplace_back(info.name, info.shape, std::move(values));
   }
+}
+
+// Each table's initial rows of `ids`, as a server's table answers a pull of
+// keys it has no row of.
+absl::Status AddTableStart(const v1::JobSpec& spec, const ModelLayout& layout, const std::vector<uint64_t>& ids,
+                           std::vector<SafetensorsTensor>* out) {
+  for (size_t t = 0; t < layout.tables.size(); ++t) {
+    const kernels::CtrTableInfo& info = layout.tables[t];
+    SparseTableConfig config;
+    config.name = info.name;
+    config.dim = info.dim;
+    float scale = DefaultTableInitScale(info.name);
+    for (const v1::TableSpec& table : spec.model().tables()) {
+      if (table.name() == info.name && table.has_init_scale()) scale = table.init_scale();
+    }
+    config.init = scale > 0 ? InitKind::kUniform : InitKind::kZeros;
+    config.init_scale = scale;
+    config.seed = spec.seed();
+    config.table_index = static_cast<uint32_t>(t);
+    absl::StatusOr<std::unique_ptr<SparseTable>> table = SparseTable::Create(config);
+    if (!table.ok()) return table.status();
+    std::vector<float> rows(ids.size() * static_cast<size_t>(info.dim));
+    (*table)->Pull(ids, rows.data());
+    out->push_back(SafetensorsTensor::Ids(absl::StrCat("table.", info.name, ".ids"),
+                                          {static_cast<int64_t>(ids.size())}, ids));
+    out->emplace_back(absl::StrCat("table.", info.name, ".rows"),
+                      std::vector<int64_t>{static_cast<int64_t>(ids.size()), info.dim}, std::move(rows));
+  }
+  return absl::OkStatus();
+}
+
+// The examples of every step, partition after partition (ClickRun::MakeBatch).
+SafetensorsTensor Order(const v1::JobSpec& spec, int64_t examples) {
+  const DataPartitioning partitioning = DataPartitioning::For(spec, examples);
+  const int64_t steps = partitioning.TotalSteps(spec.data().epochs(), spec.data().max_steps());
+  const int64_t batch = partitioning.batch_size();
+  std::vector<uint64_t> order;
+  order.reserve(static_cast<size_t>(steps * partitioning.global_batch()));
+  for (int64_t step = 0; step < steps; ++step) {
+    const AffineOrder epoch(spec.data().shuffle_seed(), partitioning.EpochOf(step), examples);
+    for (int32_t p = 0; p < partitioning.num_partitions(); ++p) {
+      const int64_t first = partitioning.FirstRow(step, static_cast<int32_t>(p));
+      for (int64_t i = 0; i < batch; ++i) order.push_back(static_cast<uint64_t>(epoch[first + i]));
+    }
+  }
+  return SafetensorsTensor::Ids("order", {steps, partitioning.global_batch()}, std::move(order));
+}
+
+int Main() {
+  SyntheticCtrSpec data;
+  v1::JobSpec spec;
+  const bool from_spec = !absl::GetFlag(FLAGS_spec).empty();
+  if (from_spec) {
+    absl::StatusOr<v1::JobSpec> read = ReadJobSpecFile(absl::GetFlag(FLAGS_spec));
+    if (!read.ok()) return Fail(read.status());
+    spec = *std::move(read);
+    ApplyJobSpecDefaults(&spec);
+    if (absl::Status valid = ValidateJobSpec(spec); !valid.ok()) return Fail(valid);
+    if (spec.data().dataset() != v1::DataSpec::SYNTHETIC_CTR) {
+      return Fail(absl::InvalidArgumentError("--spec: data.dataset must be SYNTHETIC_CTR"));
+    }
+    data = SyntheticCtrOf(spec);
+  } else {
+    if (!absl::GetFlag(FLAGS_start).empty()) return Fail(absl::InvalidArgumentError("--start needs --spec"));
+    data.seed = absl::GetFlag(FLAGS_seed);
+    data.examples = absl::GetFlag(FLAGS_examples);
+    data.fields = absl::GetFlag(FLAGS_fields);
+    data.vocabulary = absl::GetFlag(FLAGS_vocabulary);
+    data.dense = absl::GetFlag(FLAGS_dense);
+    data.fm_dim = absl::GetFlag(FLAGS_fm_dim);
+    data.fm_scale = static_cast<float>(absl::GetFlag(FLAGS_fm_scale));
+  }
+  if (absl::Status valid = ValidateSyntheticCtrSpec(data); !valid.ok()) return Fail(valid);
   FILE* out = std::fopen(absl::GetFlag(FLAGS_out).c_str(), "wb");
   if (out == nullptr) {
     std::perror("--out");
     return 2;
   }
-  const int64_t counts[2] = {spec.examples, spec.examples / 5};
-  const int32_t shape[2] = {spec.fields, spec.dense};
+  // The test set as the job's evaluating worker makes it.
+  const int64_t counts[2] = {data.examples, std::clamp<int64_t>(data.examples / 5, 1, 1000000)};
+  const int32_t shape[2] = {data.fields, data.dense};
   std::fwrite(counts, sizeof(counts), 1, out);
   std::fwrite(shape, sizeof(shape), 1, out);
+  std::set<uint64_t> ids;
   for (int split = 0; split < 2; ++split) {
     std::vector<float> truth;
-    const fulcrum::SparseDataset data = fulcrum::MakeSyntheticCtr(spec, split, 0, counts[split], &truth);
+    const SparseDataset examples = MakeSyntheticCtr(data, split, 0, counts[split], &truth);
     for (int64_t e = 0; e < counts[split]; ++e) {
-      std::fwrite(&data.labels[e], sizeof(float), 1, out);
+      std::fwrite(&examples.labels[e], sizeof(float), 1, out);
       std::fwrite(&truth[e], sizeof(float), 1, out);
-      std::fwrite(data.dense.data() + e * spec.dense, sizeof(float), spec.dense, out);
-      std::fwrite(data.ids.data() + e * spec.fields, sizeof(uint64_t), spec.fields, out);
+      std::fwrite(examples.dense.data() + e * data.dense, sizeof(float), data.dense, out);
+      std::fwrite(examples.ids.data() + e * data.fields, sizeof(uint64_t), data.fields, out);
     }
+    ids.insert(examples.ids.begin(), examples.ids.end());
   }
-  return std::fclose(out) == 0 ? 0 : 1;
+  if (std::fclose(out) != 0) return 1;
+  if (absl::GetFlag(FLAGS_start).empty()) return 0;
+  const ModelLayout layout = LayoutFor(spec, 0, 0);
+  std::vector<SafetensorsTensor> start;
+  AddDenseStart(spec, layout, &start);
+  if (absl::Status tables = AddTableStart(spec, layout, std::vector<uint64_t>(ids.begin(), ids.end()), &start);
+      !tables.ok()) {
+    return Fail(tables);
+  }
+  start.push_back(Order(spec, data.examples));
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(spec, &json, options).ok()) {
+    return Fail(absl::InternalError("the spec does not print as JSON"));
+  }
+  if (absl::Status written = WriteSafetensorsFile(absl::GetFlag(FLAGS_start), start, {{"spec", json}});
+      !written.ok()) {
+    return Fail(written);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace fulcrum
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return fulcrum::Main();
 }

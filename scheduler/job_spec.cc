@@ -155,7 +155,8 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& opt) {
   RETURN_IF_ERROR(CheckFloat("optimizer.initialAccumulator", opt.initial_accumulator(), 0, 1e6, false, false));
   RETURN_IF_ERROR(CheckFloat("optimizer.alpha", opt.alpha(), 0, 1, false, true));
   bool sgd = opt.kind() == v1::OptimizerSpec::SGD;
-  bool adam = opt.kind() == v1::OptimizerSpec::ADAM || opt.kind() == v1::OptimizerSpec::ADAMW;
+  bool adam = opt.kind() == v1::OptimizerSpec::ADAM || opt.kind() == v1::OptimizerSpec::ADAMW ||
+              opt.kind() == v1::OptimizerSpec::LAMB;
   bool rmsprop = opt.kind() == v1::OptimizerSpec::RMSPROP;
   if (!sgd && !rmsprop && opt.momentum() != 0) {
     return Invalid("optimizer.momentum", "applies to SGD and RMSPROP only", absl::StrCat(opt.momentum()));
@@ -166,10 +167,10 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& opt) {
   if (opt.nesterov() && opt.momentum() <= 0) {
     return Invalid("optimizer.nesterov", "needs optimizer.momentum > 0", "momentum 0");
   }
-  if (!adam && opt.has_beta1()) return Invalid("optimizer.beta1", "applies to ADAM and ADAMW only", "a value");
-  if (!adam && opt.has_beta2()) return Invalid("optimizer.beta2", "applies to ADAM and ADAMW only", "a value");
+  if (!adam && opt.has_beta1()) return Invalid("optimizer.beta1", "applies to ADAM, ADAMW and LAMB only", "a value");
+  if (!adam && opt.has_beta2()) return Invalid("optimizer.beta2", "applies to ADAM, ADAMW and LAMB only", "a value");
   if (sgd && opt.has_epsilon()) {
-    return Invalid("optimizer.epsilon", "applies to ADAM, ADAMW, ADAGRAD and RMSPROP only", "a value");
+    return Invalid("optimizer.epsilon", "applies to ADAM, ADAMW, LAMB, ADAGRAD and RMSPROP only", "a value");
   }
   if (opt.kind() != v1::OptimizerSpec::ADAGRAD && opt.initial_accumulator() != 0) {
     return Invalid("optimizer.initialAccumulator", "applies to ADAGRAD only", "a value");
@@ -324,6 +325,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
   RETURN_IF_ERROR(ValidateSchedule(spec.lr_schedule(), spec.optimizer().lr()));
   RETURN_IF_ERROR(ValidateLrScaling(spec));
+  if (spec.optimizer().kind() == v1::OptimizerSpec::LAMB && spec.mode() != v1::BSP) {
+    // Each chunk applies its own pushes in ASP and SSP: no step is ever one
+    // whole update of a tensor.
+    return Invalid("optimizer.kind", "LAMB needs mode BSP: its trust ratio is a norm of each tensor's whole update "
+                   "of one step, which ASP and SSP never have",
+                   absl::StrCat("mode ", v1::Mode_Name(spec.mode())));
+  }
   if (spec.mode() == v1::SSP) {
     RETURN_IF_ERROR(CheckRange("staleness", spec.staleness(), 0, 10000));
   } else if (spec.staleness() != 0) {

@@ -75,6 +75,14 @@ TEST(JobSpecTest, OtherValidVariantsPass) {
         s->mutable_optimizer()->set_initial_accumulator(0.1f);
       },
       [](v1::JobSpec* s) {
+        s->set_mode(v1::BSP);
+        s->mutable_optimizer()->set_kind(v1::OptimizerSpec::LAMB);
+        s->mutable_optimizer()->set_beta1(0.8f);
+        s->mutable_optimizer()->set_beta2(0.99f);
+        s->mutable_optimizer()->set_epsilon(1e-6f);
+        s->mutable_optimizer()->set_weight_decay(0.01f);
+      },
+      [](v1::JobSpec* s) {
         s->mutable_optimizer()->set_momentum(0.9f);
         s->mutable_optimizer()->set_nesterov(true);
       },
@@ -421,6 +429,25 @@ std::vector<RejectCase> RejectCases() {
       {"MomentumWithAdam",
        [](S* s) {
          s->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+         s->mutable_optimizer()->set_momentum(0.9f);
+       },
+       {"optimizer.momentum", "SGD and RMSPROP only"}},
+      {"LambInAsp",
+       [](S* s) {
+         s->set_mode(v1::ASP);
+         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::LAMB);
+       },
+       {"optimizer.kind", "LAMB needs mode BSP", "mode ASP"}},
+      {"LambInSsp",
+       [](S* s) {
+         s->set_mode(v1::SSP);
+         s->set_staleness(2);
+         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::LAMB);
+       },
+       {"optimizer.kind", "LAMB needs mode BSP", "mode SSP"}},
+      {"MomentumWithLamb",
+       [](S* s) {
+         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::LAMB);
          s->mutable_optimizer()->set_momentum(0.9f);
        },
        {"optimizer.momentum", "SGD and RMSPROP only"}},

@@ -11,6 +11,13 @@
 
 namespace fulcrum {
 
+// LAMB: the squared norms of the last step a chunk applied (step -1: none).
+struct LambLastNorms {
+  int64_t step = -1;
+  double weight_sq = 0;
+  double update_sq = 0;
+};
+
 // Everything a replica of a chunk holds: what a new backup copies from the
 // primary before it joins the replica group.
 struct ChunkSnapshot {
@@ -26,6 +33,7 @@ struct ChunkSnapshot {
   // Examples behind the accepted gradients, and the sum of their digests.
   int64_t examples_seen = 0;
   uint64_t examples_digest = 0;
+  LambLastNorms lamb_last;
   // A table bucket's checkpoint (SparseTable::AppendState); empty for a
   // dense chunk.
   std::string table_state;

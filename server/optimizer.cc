@@ -129,6 +129,44 @@ void ApplyAdagrad(const OptimizerConfig& c, float lr, int64_t n,
   AdagradLoop(lr, c.weight_decay, c.epsilon, n, grad, param, state[0]);
 }
 
+// LAMB's per-element coefficients of one step.
+struct LambStep {
+  float beta1, beta2, one_minus_b1, one_minus_b2, bias1, bias2, epsilon, wd;
+};
+
+LambStep LambStepOf(const OptimizerConfig& c, int64_t step) {
+  if (step < 1) step = 1;
+  return {c.beta1,
+          c.beta2,
+          1.0f - c.beta1,
+          1.0f - c.beta2,
+          static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), step)),
+          static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), step)),
+          c.epsilon,
+          c.weight_decay};
+}
+
+// The new moments and the update r of one element: the same arithmetic for
+// the norms and for the update, so that both see the same r.
+inline float LambElement(const LambStep& s, float g, float w, float m, float v, float* m_out, float* v_out) {
+  const float mi = s.beta1 * m + s.one_minus_b1 * g;
+  const float vi = s.beta2 * v + s.one_minus_b2 * (g * g);
+  *m_out = mi;
+  *v_out = vi;
+  return (mi / s.bias1) / (std::sqrt(vi / s.bias2) + s.epsilon) + s.wd * w;
+}
+
+FULCRUM_VECTOR_CLONES void LambLoop(LambStep s, float step_size, int64_t n, const float* __restrict grad,
+                                    float* __restrict param, float* __restrict m, float* __restrict v) {
+  for (int64_t i = 0; i < n; ++i) {
+    float mi, vi;
+    const float r = LambElement(s, grad[i], param[i], m[i], v[i], &mi, &vi);
+    m[i] = mi;
+    v[i] = vi;
+    param[i] -= step_size * r;
+  }
+}
+
 // PyTorch's single-tensor RMSprop, operation by operation (see ApplyOptimizer).
 // `average` (centered) and `buffer` (momentum) are null when not used.
 FULCRUM_VECTOR_CLONES void RmspropLoop(float lr, float wd, float alpha, float one_minus_alpha, float epsilon,
@@ -205,6 +243,7 @@ int OptimizerStateSlots(const OptimizerConfig& config) {
       return config.momentum > 0 ? 1 : 0;
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdamW:
+    case OptimizerKind::kLamb:
       return 2;
     case OptimizerKind::kAdagrad:
       return 1;
@@ -248,7 +287,37 @@ void ApplyOptimizer(const OptimizerConfig& config, float lr, int64_t step,
     case OptimizerKind::kRmsprop:
       ApplyRmsprop(config, lr, n, grad, param, state);
       return;
+    case OptimizerKind::kLamb:
+      ApplyLamb(config, lr, step, n, grad, param, state, LambBlockNorms(config, step, n, grad, param, state));
+      return;
   }
+}
+
+LambNorms LambBlockNorms(const OptimizerConfig& config, int64_t step, int64_t n, const float* grad,
+                         const float* param, const float* const* state) {
+  const LambStep s = LambStepOf(config, step);
+  LambNorms norms;
+  for (int64_t i = 0; i < n; ++i) {
+    float mi, vi;
+    const float r = LambElement(s, grad[i], param[i], state[0][i], state[1][i], &mi, &vi);
+    norms.weight_sq += static_cast<double>(param[i]) * static_cast<double>(param[i]);
+    norms.update_sq += static_cast<double>(r) * static_cast<double>(r);
+  }
+  return norms;
+}
+
+float LambTrustRatio(const LambNorms& tensor) {
+  if (!(tensor.weight_sq > 0) || !(tensor.update_sq > 0) || !std::isfinite(tensor.weight_sq) ||
+      !std::isfinite(tensor.update_sq)) {
+    return 1.0f;
+  }
+  return static_cast<float>(std::sqrt(tensor.weight_sq) / std::sqrt(tensor.update_sq));
+}
+
+void ApplyLamb(const OptimizerConfig& config, float lr, int64_t step, int64_t n, const float* grad, float* param,
+               float* const* state, const LambNorms& tensor) {
+  if (n <= 0) return;
+  LambLoop(LambStepOf(config, step), lr * LambTrustRatio(tensor), n, grad, param, state[0], state[1]);
 }
 
 }  // namespace fulcrum

@@ -14,7 +14,7 @@
 
 namespace fulcrum {
 
-enum class OptimizerKind { kSgd, kAdam, kAdamW, kAdagrad, kRmsprop };
+enum class OptimizerKind { kSgd, kAdam, kAdamW, kAdagrad, kRmsprop, kLamb };
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;
@@ -22,7 +22,7 @@ struct OptimizerConfig {
   float momentum = 0;
   // SGD only. Nesterov momentum; requires momentum > 0.
   bool nesterov = false;
-  // Adam/AdamW moment decay rates.
+  // Adam/AdamW/LAMB moment decay rates.
   float beta1 = 0.9f, beta2 = 0.999f;
   // Adam/AdamW/Adagrad denominator epsilon. Note that Adagrad uses this same
   // field, so its default here is 1e-8 rather than PyTorch's Adagrad default
@@ -30,6 +30,7 @@ struct OptimizerConfig {
   float epsilon = 1e-8f;
   // SGD/Adam/Adagrad: L2 penalty folded into the gradient (g += wd * w).
   // AdamW: decoupled decay applied before the Adam step (w -= lr * wd * w).
+  // LAMB: decoupled, added to the update before its trust ratio.
   float weight_decay = 0;
   // Adagrad only. Initial value of the squared-gradient accumulator.
   float initial_accumulator = 0;
@@ -47,7 +48,7 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
 
 // Number of float state slots per parameter:
 //   SGD: 1 (momentum buffer) if momentum > 0, else 0.
-//   Adam/AdamW: 2 (slot 0: first moment m, slot 1: second moment v).
+//   Adam/AdamW/LAMB: 2 (slot 0: first moment m, slot 1: second moment v).
 //   Adagrad: 1 (squared-gradient accumulator).
 //   RMSprop: 1 (squared-gradient average), + 1 (gradient average) if
 //            centered, + 1 (momentum buffer) if momentum > 0, in that order.
@@ -84,9 +85,39 @@ void InitOptimizerState(const OptimizerConfig& config, int64_t n,
 //            else d = sqrt(s) + eps;
 //            momentum: b = mu*b + g/d, w -= lr*b; else w -= lr * (g/d)
 //            (PyTorch's single-tensor RMSprop, operation by operation).
+//   LAMB:    (You et al. 2019, with Adam's bias correction, trust ratio
+//            unclipped) m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+//            r = (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps) + wd*w;
+//            w -= lr * trust * r, trust = |w| / |r| over the whole tensor
+//            (1 when either norm is 0). ApplyOptimizer takes the block as
+//            the whole tensor; a tensor cut into blocks (chunks on several
+//            servers) sums the blocks' LambBlockNorms and applies each block
+//            with ApplyLamb and the sums.
 void ApplyOptimizer(const OptimizerConfig& config, float lr, int64_t step,
                     int64_t n, const float* grad, float* param,
                     float* const* state);
+
+// LAMB's squared norms of a tensor, or of a block of it: sum(w*w) and
+// sum(r*r), each accumulated in double element by element in order.
+struct LambNorms {
+  double weight_sq = 0;
+  double update_sq = 0;
+};
+
+// The squared norms of a block's weights and of its LAMB update r at `step`
+// (see ApplyOptimizer) for gradient `grad`, changing nothing.
+LambNorms LambBlockNorms(const OptimizerConfig& config, int64_t step, int64_t n, const float* grad,
+                         const float* param, const float* const* state);
+
+// |w| / |r| from a whole tensor's squared norms, rounded to float; 1 when
+// either is 0 (or not finite).
+float LambTrustRatio(const LambNorms& tensor);
+
+// One LAMB update of a block of a tensor whose squared norms, summed over
+// all its blocks, are `tensor`: the moments and weights of the block change
+// as ApplyOptimizer describes.
+void ApplyLamb(const OptimizerConfig& config, float lr, int64_t step, int64_t n, const float* grad, float* param,
+               float* const* state, const LambNorms& tensor);
 
 // The index of the first infinity or NaN among n values; -1 when all are
 // finite (checked vectorized first: a gradient's check costs a fraction of

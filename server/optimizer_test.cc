@@ -250,6 +250,91 @@ TEST(OptimizerTest, RmspropCenteredWithMomentumAndWeightDecay) {
   ExpectTrajectory(RunThreeSteps(c), expected);
 }
 
+// LAMB (Adam's bias-corrected step, decoupled decay, trust ratio |w| / |r|
+// over the block), transcribed in double precision from the paper's update.
+TEST(OptimizerTest, Lamb) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kLamb;
+  c.epsilon = 1e-6f;
+  EXPECT_EQ(OptimizerStateSlots(c), 2);
+  const float expected[3][kN] = {
+      {0.867712949f, -1.86771229f, 0.367712067f},
+      {0.71085948f, -1.74887084f, 0.296729169f},
+      {0.659108559f, -1.80031364f, 0.120109049f},
+  };
+  ExpectTrajectory(RunThreeSteps(c), expected);
+}
+
+TEST(OptimizerTest, LambWithWeightDecay) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kLamb;
+  c.epsilon = 1e-6f;
+  c.weight_decay = 0.01f;
+  const float expected[3][kN] = {
+      {0.86793339f, -1.86662513f, 0.36858632f},
+      {0.712028014f, -1.74639135f, 0.298074706f},
+      {0.658259107f, -1.79266175f, 0.120803426f},
+  };
+  ExpectTrajectory(RunThreeSteps(c), expected);
+}
+
+// A tensor cut into blocks (chunks on several servers): each block's norms,
+// summed, then each block applied with the sums, is the update of the whole
+// tensor; bit for bit when the sums are added in the same order.
+TEST(OptimizerTest, LambOverBlocksIsTheWholeTensorsUpdate) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kLamb;
+  c.weight_decay = 0.01f;
+  constexpr int kLen = 1000, kCut = 377;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> whole(kLen), blocks(kLen);
+  for (float& w : whole) w = normal(rng);
+  blocks = whole;
+  std::vector<std::vector<float>> whole_state(2, std::vector<float>(kLen, 0.0f)), block_state = whole_state;
+  for (int step = 1; step <= 4; ++step) {
+    std::vector<float> grad(kLen);
+    for (float& g : grad) g = normal(rng);
+    // The whole tensor, its norms summed as two blocks would sum them.
+    float* ws[2] = {whole_state[0].data(), whole_state[1].data()};
+    const float* cws[2] = {ws[0], ws[1]};
+    LambNorms first = LambBlockNorms(c, step, kCut, grad.data(), whole.data(), cws);
+    const float* cws2[2] = {ws[0] + kCut, ws[1] + kCut};
+    LambNorms second = LambBlockNorms(c, step, kLen - kCut, grad.data() + kCut, whole.data() + kCut, cws2);
+    const LambNorms sums{first.weight_sq + second.weight_sq, first.update_sq + second.update_sq};
+    ApplyLamb(c, kLr, step, kLen, grad.data(), whole.data(), ws, sums);
+    // Two blocks, each with the sums.
+    float* bs1[2] = {block_state[0].data(), block_state[1].data()};
+    float* bs2[2] = {block_state[0].data() + kCut, block_state[1].data() + kCut};
+    ApplyLamb(c, kLr, step, kCut, grad.data(), blocks.data(), bs1, sums);
+    ApplyLamb(c, kLr, step, kLen - kCut, grad.data() + kCut, blocks.data() + kCut, bs2, sums);
+    for (int i = 0; i < kLen; ++i) {
+      ASSERT_EQ(std::memcmp(&whole[i], &blocks[i], sizeof(float)), 0) << "step " << step << " element " << i;
+    }
+  }
+  // And it is a trust-ratio update: one block applied with its own norms
+  // only (what a chunk alone would do) moves differently.
+  std::vector<float> alone = blocks;
+  std::vector<std::vector<float>> alone_state = block_state;
+  std::vector<float> grad(kLen, 0.5f);
+  float* as[2] = {alone_state[0].data(), alone_state[1].data()};
+  ApplyOptimizer(c, kLr, 5, kCut, grad.data(), alone.data(), as);
+  float* bs[2] = {block_state[0].data(), block_state[1].data()};
+  const float* cbs[2] = {bs[0], bs[1]};
+  const float* cbs2[2] = {bs[0] + kCut, bs[1] + kCut};
+  LambNorms a = LambBlockNorms(c, 5, kCut, grad.data(), blocks.data(), cbs);
+  LambNorms b = LambBlockNorms(c, 5, kLen - kCut, grad.data() + kCut, blocks.data() + kCut, cbs2);
+  ApplyLamb(c, kLr, 5, kCut, grad.data(), blocks.data(), bs, {a.weight_sq + b.weight_sq, a.update_sq + b.update_sq});
+  EXPECT_NE(alone[0], blocks[0]);
+}
+
+TEST(OptimizerTest, LambTrustRatioIsOneWhenANormIsZero) {
+  EXPECT_EQ(LambTrustRatio({0, 4}), 1.0f);
+  EXPECT_EQ(LambTrustRatio({4, 0}), 1.0f);
+  EXPECT_EQ(LambTrustRatio({std::numeric_limits<double>::infinity(), 4}), 1.0f);
+  EXPECT_FLOAT_EQ(LambTrustRatio({16, 4}), 2.0f);
+}
+
 TEST(OptimizerTest, DeterministicBitForBit) {
   for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam,
                              OptimizerKind::kAdamW, OptimizerKind::kAdagrad}) {
@@ -366,6 +451,47 @@ void ReferenceStep(const OptimizerConfig& c, float lr, int64_t step, float g, fl
       }
       return;
     }
+    case OptimizerKind::kLamb:  // not per element: LambLoopAgreesBitForBitWithTheScalarRule
+      ADD_FAILURE() << "LAMB has a per-tensor trust ratio";
+      return;
+  }
+}
+
+// LAMB's scalar rule: norms in double in order, the trust ratio rounded to
+// float once, then each element.
+TEST(OptimizerTest, LambLoopAgreesBitForBitWithTheScalarRule) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kLamb;
+  c.weight_decay = 0.01f;
+  c.epsilon = 1e-6f;
+  constexpr int64_t n = 1003;
+  std::mt19937 random(9);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> param(n), ref(n);
+  for (int64_t i = 0; i < n; ++i) ref[i] = param[i] = uniform(random);
+  std::vector<std::vector<float>> state(2, std::vector<float>(n, 0.0f)), ref_state = state;
+  std::vector<float*> slots = {state[0].data(), state[1].data()};
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::vector<float> grad(n);
+    for (float& g : grad) g = uniform(random);
+    ApplyOptimizer(c, kLr, step, n, grad.data(), param.data(), slots.data());
+    const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), step));
+    const float bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), step));
+    std::vector<float> r(n);
+    double w_sq = 0, r_sq = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = grad[i];
+      ref_state[0][i] = c.beta1 * ref_state[0][i] + (1.0f - c.beta1) * g;
+      ref_state[1][i] = c.beta2 * ref_state[1][i] + (1.0f - c.beta2) * (g * g);
+      r[i] = (ref_state[0][i] / bias1) / (std::sqrt(ref_state[1][i] / bias2) + c.epsilon) + c.weight_decay * ref[i];
+      w_sq += static_cast<double>(ref[i]) * ref[i];
+      r_sq += static_cast<double>(r[i]) * r[i];
+    }
+    const float step_size = kLr * static_cast<float>(std::sqrt(w_sq) / std::sqrt(r_sq));
+    for (int64_t i = 0; i < n; ++i) ref[i] -= step_size * r[i];
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(FloatBits(param[i]), FloatBits(ref[i])) << "element " << i << ": " << param[i] << " vs " << ref[i];
   }
 }
 

@@ -48,6 +48,7 @@ OptimizerConfig ToOptimizerConfig(const v1::OptimizerSpec& spec) {
     case v1::OptimizerSpec::ADAMW: config.kind = OptimizerKind::kAdamW; break;
     case v1::OptimizerSpec::ADAGRAD: config.kind = OptimizerKind::kAdagrad; break;
     case v1::OptimizerSpec::RMSPROP: config.kind = OptimizerKind::kRmsprop; break;
+    case v1::OptimizerSpec::LAMB: config.kind = OptimizerKind::kLamb; break;
     default: config.kind = OptimizerKind::kSgd; break;
   }
   config.momentum = spec.momentum();
@@ -59,6 +60,8 @@ OptimizerConfig ToOptimizerConfig(const v1::OptimizerSpec& spec) {
     config.epsilon = spec.epsilon();
   } else if (config.kind == OptimizerKind::kAdagrad) {
     config.epsilon = 1e-10f;
+  } else if (config.kind == OptimizerKind::kLamb) {
+    config.epsilon = 1e-6f;  // the LAMB paper's
   }
   config.initial_accumulator = spec.initial_accumulator();
   if (spec.has_alpha()) config.alpha = spec.alpha();
@@ -413,6 +416,7 @@ absl::Status ParameterServiceImpl::HandlePush(const grpc::ByteBuffer& request, b
   RETURN_IF_ERROR(chunks.Parse(request, v1::PushRequest::kChunksFieldNumber, &header));
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(header.job_id()));
   RETURN_IF_ERROR(replicator_->CheckWrite(*shard, header, chunks, /*as_primary=*/from_worker));
+  if (header.lamb_norms_size() > 0) return HandleLambNorms(*shard, header, chunks, from_worker, response);
   // Validate everything first: a bad push must reach no replica. Each
   // gradient is decoded once, from the received bytes into a pooled buffer,
   // and applied from there.
@@ -448,6 +452,53 @@ absl::Status ParameterServiceImpl::HandlePush(const grpc::ByteBuffer& request, b
     args.values = decoded[i].data();
     if (args.values == nullptr) args.gradient = chunks.ContiguousPayload(i, &scratch);
     ASSIGN_OR_RETURN(PushOutcome outcome, shard->Push(args));
+    if (outcome == PushOutcome::kDuplicate) {
+      response->set_duplicates(response->duplicates() + 1);
+      duplicates_->Increment();
+    } else {
+      response->set_applied(response->applied() + 1);
+      updates_applied_->Increment();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServiceImpl::HandleLambNorms(JobShard& shard, const v1::PushRequest& header,
+                                                   const PayloadReader& chunks, bool from_worker,
+                                                   v1::PushResponse* response) {
+  // Validate everything first, as for gradients: a bad push reaches no replica.
+  std::map<int32_t, LambNorms> norms;
+  for (const v1::LambNorm& norm : header.lamb_norms()) {
+    if (!(norm.weight_sq() >= 0) || !(norm.update_sq() >= 0) || !std::isfinite(norm.weight_sq()) ||
+        !std::isfinite(norm.update_sq())) {
+      return absl::InvalidArgumentError(absl::StrCat("job ", header.job_id(), ": LAMB norms of tensor ", norm.tensor(),
+                                                     " must be finite and >= 0, got ", norm.weight_sq(), " and ",
+                                                     norm.update_sq()));
+    }
+    if (!norms.emplace(norm.tensor(), LambNorms{norm.weight_sq(), norm.update_sq()}).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job ", header.job_id(), ": LAMB norms list tensor ", norm.tensor(), " more than once"));
+    }
+  }
+  std::vector<std::pair<int32_t, LambNorms>> applies;
+  for (int i = 0; i < chunks.chunks(); ++i) {
+    const int32_t chunk_id = chunks.chunk(i).chunk_id();
+    if (chunks.payload_size(i) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("job ", header.job_id(), ": a push of LAMB norms carries no ",
+                                                     "gradients, but chunk ", chunk_id, " has ",
+                                                     chunks.payload_size(i), " bytes"));
+    }
+    const int32_t tensor = shard.ChunkTensor(chunk_id);
+    auto it = norms.find(tensor);
+    if (it == norms.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("job ", header.job_id(), ": push of LAMB norms names chunk ",
+                                                     chunk_id, " but no norms of its tensor ", tensor));
+    }
+    applies.emplace_back(chunk_id, it->second);
+  }
+  if (from_worker) RETURN_IF_ERROR(replicator_->Forward(shard, header, chunks));
+  for (const auto& [chunk_id, tensor] : applies) {
+    ASSIGN_OR_RETURN(PushOutcome outcome, shard.ApplyLambNorms(chunk_id, header.step(), tensor));
     if (outcome == PushOutcome::kDuplicate) {
       response->set_duplicates(response->duplicates() + 1);
       duplicates_->Increment();
@@ -518,6 +569,10 @@ absl::Status ParameterServiceImpl::CheckPull(const JobShard& shard, const v1::Pu
                                            request.map_version(), ", this server is at ", shard.map_version(),
                                            ": refresh the map"));
   }
+  if (request.has_lamb_step() && request.lamb_step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", request.job_id(), ": pull of LAMB norms of step ", request.lamb_step(), " (must be >= 0)"));
+  }
   const int bytes_per_value = WireBytes(request.format());
   if (bytes_per_value == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -567,6 +622,7 @@ class PendingPull final : public HeldPull {
         min_version_(request.min_version()),
         min_clock_(request.min_clock()),
         exact_version_(request.exact_version() ? request.min_version() : -1),
+        lamb_step_(request.has_lamb_step() ? request.lamb_step() : -1),
         format_(request.format()),
         response_(response),
         lent_(lent),
@@ -575,12 +631,15 @@ class PendingPull final : public HeldPull {
 
   bool Ready() override {
     for (int32_t chunk_id : chunk_ids_) {
-      if (!shard_->Ready(chunk_id, min_version_, min_clock_)) return false;
+      const bool ready =
+          lamb_step_ >= 0 ? shard_->LambReady(chunk_id, lamb_step_) : shard_->Ready(chunk_id, min_version_, min_clock_);
+      if (!ready) return false;
     }
     return true;
   }
 
   void Complete() override {
+    if (lamb_step_ >= 0) return CompleteLamb();
     for (int32_t chunk_id : chunk_ids_) {
       v1::ChunkData* chunk = response_->add_chunks();
       chunk->set_chunk_id(chunk_id);
@@ -601,11 +660,31 @@ class PendingPull final : public HeldPull {
     End(absl::OkStatus());
   }
 
+  // The chunks' squared norms of LAMB step lamb_step_, no values.
+  void CompleteLamb() {
+    for (int32_t chunk_id : chunk_ids_) {
+      v1::ChunkData* chunk = response_->add_chunks();
+      chunk->set_chunk_id(chunk_id);
+      int64_t version = 0;
+      absl::Status read = shard_->LambPartialOf(chunk_id, lamb_step_, chunk->mutable_lamb(), &version);
+      if (!read.ok()) {
+        response_->Clear();
+        if (lent_ != nullptr) lent_->clear();
+        return Fail(read);
+      }
+      chunk->set_version(version);
+      if (lent_ != nullptr) lent_->push_back(grpc::Slice());
+    }
+    End(absl::OkStatus());
+  }
+
   void Fail(const absl::Status& status) override {
     if (absl::IsDeadlineExceeded(status)) {
       return End(absl::DeadlineExceededError(absl::StrCat("pull of ", chunk_ids_.size(), " chunks of job ",
                                                           shard_->config().job_id, " waited for step ",
-                                                          std::max(min_version_, min_clock_), ": ", status.message())));
+                                                          lamb_step_ >= 0 ? lamb_step_ : std::max(min_version_, min_clock_),
+                                                          lamb_step_ >= 0 ? " (LAMB norms)" : "", ": ",
+                                                          status.message())));
     }
     End(status);
   }
@@ -624,6 +703,7 @@ class PendingPull final : public HeldPull {
   const int64_t min_version_;
   const int64_t min_clock_;
   const int64_t exact_version_;  // -1: the latest values
+  const int64_t lamb_step_;      // -1: values; else the chunks' LAMB norms of that step
   const v1::WireFormat format_;
   v1::PullResponse* const response_;  // gRPC's, valid until the call is done
   std::vector<grpc::Slice>* const lent_;  // optional, as long as response_

@@ -158,18 +158,18 @@ absl::StatusOr<PushOutcome> Chunk::Push(const PushArgs& args) {
   return PushOutcome::kBuffered;
 }
 
-void Chunk::MaybeCompleteStepLocked() {
-  if (pending_count_ < job_.num_partitions) return;
+void Chunk::SumPendingLocked() {
   // Sum in partition order, never arrival order, so a seeded BSP job is
   // bit-for-bit reproducible.
   scratch_.assign(config_.length, 0.0f);
-  for (auto& gradient : pending_) {
+  for (const auto& gradient : pending_) {
     for (int64_t i = 0; i < config_.length; ++i) scratch_[i] += gradient[i];
-    gradient.clear();
   }
   const float scale = 1.0f / static_cast<float>(job_.num_partitions);
   for (float& g : scratch_) g *= scale;
-  pending_count_ = 0;
+}
+
+void Chunk::KeepPreviousLocked() {
   // The values before this step become previous_ as they are (pull answers
   // may be sending them); the step is applied to a copy, in the buffer the
   // step before used unless a pull still sends from that one.
@@ -177,7 +177,95 @@ void Chunk::MaybeCompleteStepLocked() {
       previous_ != nullptr && !Leased(*previous_) ? std::move(previous_) : std::make_shared<ChunkValues>();
   next->data.assign(values_->data.begin(), values_->data.end());
   previous_ = std::exchange(values_, std::move(next));
+}
+
+void Chunk::MaybeCompleteStepLocked() {
+  if (pending_count_ < job_.num_partitions || lamb_waiting_) return;
+  SumPendingLocked();
+  if (lamb()) {
+    // The first half of a LAMB step: this chunk's norms, then wait for the
+    // tensor's (ApplyLambNorms). The gradients stay in pending_, so a copy
+    // or a snapshot of the chunk holds the step.
+    std::vector<const float*> slots;
+    for (const auto& slot : state_) slots.push_back(slot.data());
+    lamb_partial_ = LambBlockNorms(job_.optimizer, version_ + 1, config_.length, scratch_.data(),
+                                   values_->data.data(), slots.data());
+    lamb_waiting_ = true;
+    ChangedLocked();
+    return;
+  }
+  for (auto& gradient : pending_) gradient.clear();
+  pending_count_ = 0;
+  KeepPreviousLocked();
   ApplyLocked(scratch_.data(), version_);
+}
+
+bool Chunk::LambReady(int64_t step) const {
+  MutexLock lock(&mu_);
+  return version_ > step || (version_ == step && lamb_waiting_) || !dropped_reason_.empty() ||
+         !frozen_reason_.empty();
+}
+
+absl::Status Chunk::LambPartialOf(int64_t step, v1::LambPartial* partial, int64_t* version) const {
+  MutexLock lock(&mu_);
+  if (!dropped_reason_.empty()) return DroppedError();
+  *version = version_;
+  partial->set_step(step);
+  if (!lamb()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id, " does not run LAMB in BSP"));
+  }
+  if (version_ >= step + 2) {
+    partial->set_settled(true);
+    return absl::OkStatus();
+  }
+  if (version_ == step && lamb_waiting_) {
+    partial->set_weight_sq(lamb_partial_.weight_sq);
+    partial->set_update_sq(lamb_partial_.update_sq);
+    return absl::OkStatus();
+  }
+  if (version_ == step + 1 && lamb_last_.step == step) {
+    partial->set_weight_sq(lamb_last_.weight_sq);
+    partial->set_update_sq(lamb_last_.update_sq);
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "chunk ", config_.chunk_id, " of job ", job_.job_id, " is at version ", version_,
+      version_ <= step ? absl::StrCat(" and has not every partition's gradient of step ", step)
+                       : absl::StrCat(" and keeps no norms of step ", step),
+      frozen_reason_.empty() ? "" : absl::StrCat(" (the job takes no more pushes: ", frozen_reason_, ")")));
+}
+
+absl::StatusOr<PushOutcome> Chunk::ApplyLambNorms(int64_t step, const LambNorms& tensor) {
+  if (!(tensor.weight_sq >= 0) || !(tensor.update_sq >= 0) || !std::isfinite(tensor.weight_sq) ||
+      !std::isfinite(tensor.update_sq)) {
+    return absl::InvalidArgumentError(absl::StrCat("LAMB norms for chunk ", config_.chunk_id, " of job ",
+                                                   job_.job_id, " must be finite and >= 0, got ", tensor.weight_sq,
+                                                   " and ", tensor.update_sq));
+  }
+  MutexLock lock(&mu_);
+  if (!dropped_reason_.empty()) return DroppedError();
+  if (!lamb()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id, " does not run LAMB in BSP"));
+  }
+  if (version_ > step) return PushOutcome::kDuplicate;
+  if (!frozen_reason_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_.job_id, " takes no more pushes: ", frozen_reason_));
+  }
+  if (version_ < step || !lamb_waiting_) {
+    return absl::FailedPreconditionError(absl::StrCat("LAMB norms of step ", step, " for chunk ", config_.chunk_id,
+                                                      " of job ", job_.job_id, " which is at step ", version_,
+                                                      " without every partition's gradient of it"));
+  }
+  for (auto& gradient : pending_) gradient.clear();
+  pending_count_ = 0;
+  lamb_waiting_ = false;
+  lamb_last_ = {step, lamb_partial_.weight_sq, lamb_partial_.update_sq};
+  KeepPreviousLocked();
+  ApplyLocked(scratch_.data(), version_, &tensor);
+  return PushOutcome::kApplied;
 }
 
 float* Chunk::WritableValuesLocked() {
@@ -189,13 +277,17 @@ float* Chunk::WritableValuesLocked() {
   return values_->data.data();
 }
 
-void Chunk::ApplyLocked(const float* grad, int64_t lr_step) {
+void Chunk::ApplyLocked(const float* grad, int64_t lr_step, const LambNorms* lamb) {
   float lr = LearningRate(job_.schedule, job_.lr, lr_step);
   std::vector<float*> slots;
   for (auto& slot : state_) slots.push_back(slot.data());
   ++version_;
   const absl::Time start = job_.observe_apply ? absl::Now() : absl::InfinitePast();
-  ApplyOptimizer(job_.optimizer, lr, version_, config_.length, grad, WritableValuesLocked(), slots.data());
+  if (lamb != nullptr) {
+    ApplyLamb(job_.optimizer, lr, version_, config_.length, grad, WritableValuesLocked(), slots.data(), *lamb);
+  } else {
+    ApplyOptimizer(job_.optimizer, lr, version_, config_.length, grad, WritableValuesLocked(), slots.data());
+  }
   if (job_.observe_apply) job_.observe_apply(absl::ToDoubleSeconds(absl::Now() - start));
   if (!captures_.empty()) CaptureLocked();
   ChangedLocked();
@@ -301,6 +393,7 @@ ChunkSnapshot Chunk::SnapshotLocked() const {
   snapshot.partition_steps = partition_steps_;
   snapshot.examples_seen = examples_seen_;
   snapshot.examples_digest = examples_digest_;
+  snapshot.lamb_last = lamb_last_;
   return snapshot;
 }
 
@@ -327,11 +420,14 @@ absl::Status Chunk::Restore(const ChunkSnapshot& snapshot) {
   }
   pending_count_ = 0;
   for (const auto& p : pending_) pending_count_ += p.empty() ? 0 : 1;
+  lamb_waiting_ = false;
+  lamb_last_ = snapshot.lamb_last;
   watermarks_.clear();
   for (const auto& [worker, seq] : snapshot.watermarks) watermarks_[worker] = seq;
   partition_steps_ = snapshot.partition_steps;
   examples_seen_ = snapshot.examples_seen;
   examples_digest_ = snapshot.examples_digest;
+  if (lamb()) MaybeCompleteStepLocked();  // a whole step waits for its norms again
   ChangedLocked();
   return absl::OkStatus();
 }
@@ -504,6 +600,27 @@ absl::Status JobShard::Pull(int32_t chunk_id, int64_t min_version, int64_t min_c
 int64_t JobShard::ChunkLength(int32_t chunk_id) const {
   absl::StatusOr<Chunk*> chunk = Find(chunk_id);
   return chunk.ok() ? (*chunk)->length() : 0;
+}
+
+int32_t JobShard::ChunkTensor(int32_t chunk_id) const {
+  absl::StatusOr<Chunk*> chunk = Find(chunk_id);
+  return chunk.ok() ? (*chunk)->tensor() : -1;
+}
+
+bool JobShard::LambReady(int32_t chunk_id, int64_t step) const {
+  absl::StatusOr<Chunk*> chunk = Find(chunk_id);
+  return !chunk.ok() || (*chunk)->LambReady(step);
+}
+
+absl::Status JobShard::LambPartialOf(int32_t chunk_id, int64_t step, v1::LambPartial* partial,
+                                     int64_t* version) const {
+  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  return chunk->LambPartialOf(step, partial, version);
+}
+
+absl::StatusOr<PushOutcome> JobShard::ApplyLambNorms(int32_t chunk_id, int64_t step, const LambNorms& tensor) {
+  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  return chunk->ApplyLambNorms(step, tensor);
 }
 
 bool JobShard::Ready(int32_t chunk_id, int64_t min_version, int64_t min_clock) const {

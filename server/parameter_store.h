@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/param_init.h"
 #include "fulcrum/v1/job.pb.h"
+#include "fulcrum/v1/parameter.pb.h"
 #include "server/lr_schedule.h"
 #include "server/optimizer.h"
 #include "server/chunk_snapshot.h"
@@ -156,6 +157,23 @@ class Chunk {
   absl::Status Read(v1::WireFormat format, std::string* data, int64_t* version, int64_t* clock,
                     int64_t exact_version = -1, ValuesLease* lease = nullptr) const;
 
+  // LAMB (BSP): once every partition's gradient of step `version()` is in,
+  // the chunk computes its squared norms of the step (LambBlockNorms) and
+  // waits for its tensor's sums. LambReady: whether LambPartialOf(step)
+  // answers now (the chunk waits at `step`, is past it, or the job is
+  // dropped or frozen). LambPartialOf: the norms of `step` while it waits at
+  // it or once it applied it; `settled` when two or more steps past;
+  // *version gets the chunk's version. FAILED_PRECONDITION for a chunk that
+  // is not LAMB, behind `step`, or one step past it without its norms (a
+  // copy made before the step); ABORTED once dropped.
+  bool LambReady(int64_t step) const;
+  absl::Status LambPartialOf(int64_t step, v1::LambPartial* partial, int64_t* version) const;
+  // Applies LAMB step `step` with its tensor's squared norms: kApplied, or
+  // kDuplicate for a chunk past it. FAILED_PRECONDITION while the step is
+  // not whole here (or the chunk is behind it); INVALID_ARGUMENT for norms
+  // that are negative or not finite; errors of a dropped or frozen job as Push.
+  absl::StatusOr<PushOutcome> ApplyLambNorms(int64_t step, const LambNorms& tensor);
+
   ChunkSnapshot Snapshot() const;
   // Replaces this replica's state. INVALID_ARGUMENT if the shapes differ.
   absl::Status Restore(const ChunkSnapshot& snapshot);
@@ -181,10 +199,18 @@ class Chunk {
   void Freeze(const std::string& reason);
   int64_t version() const;
   int64_t length() const { return config_.length; }
+  int32_t tensor() const { return config_.tensor; }
 
  private:
   absl::Status CheckPush(const PushArgs& args) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyLocked(const float* grad, int64_t lr_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `lamb`: the tensor's norms of a LAMB step (null for the other optimizers).
+  void ApplyLocked(const float* grad, int64_t lr_step, const LambNorms* lamb = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BSP: the mean of the partitions' gradients, in partition order, into scratch_.
+  void SumPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BSP: values_ becomes previous_ and the step applies to a copy.
+  void KeepPreviousLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool lamb() const { return job_.synchronous && job_.optimizer.kind == OptimizerKind::kLamb; }
   // The values to update in place: values_ itself, or a copy of them in
   // their place when a pull answer still sends them.
   float* WritableValuesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -218,6 +244,12 @@ class Chunk {
   std::vector<std::vector<float>> pending_ ABSL_GUARDED_BY(mu_);
   int32_t pending_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<float> scratch_ ABSL_GUARDED_BY(mu_);
+  // LAMB: the step is whole (pending_ keeps its gradients, scratch_ their
+  // mean) and waits for its tensor's norms; this chunk's norms of it; and
+  // those of the last step applied.
+  bool lamb_waiting_ ABSL_GUARDED_BY(mu_) = false;
+  LambNorms lamb_partial_ ABSL_GUARDED_BY(mu_);
+  LambLastNorms lamb_last_ ABSL_GUARDED_BY(mu_);
   // Highest sequence number accepted per worker (retry deduplication).
   absl::flat_hash_map<std::string, int64_t> watermarks_ ABSL_GUARDED_BY(mu_);
   // ASP and SSP: steps applied per partition (a partition's step is applied
@@ -263,6 +295,13 @@ class JobShard {
                     std::string* data, int64_t* version, int64_t* clock = nullptr,
                     v1::WireFormat format = v1::WIRE_FP32, const std::function<bool()>& cancelled = nullptr);
   // The length of `chunk_id` (0 for a chunk not held).
+  // The tensor a chunk held here is of (-1: not held).
+  int32_t ChunkTensor(int32_t chunk_id) const;
+  // Chunk::LambReady (true for a chunk not held: the answer says why),
+  // LambPartialOf and ApplyLambNorms of a chunk held here.
+  bool LambReady(int32_t chunk_id, int64_t step) const;
+  absl::Status LambPartialOf(int32_t chunk_id, int64_t step, v1::LambPartial* partial, int64_t* version) const;
+  absl::StatusOr<PushOutcome> ApplyLambNorms(int32_t chunk_id, int64_t step, const LambNorms& tensor);
   int64_t ChunkLength(int32_t chunk_id) const;
   // Chunk::Ready / Chunk::Read of `chunk_id` (Ready is true, and Read
   // NOT_FOUND, for a chunk this server does not hold).

@@ -351,6 +351,134 @@ TEST_F(ParameterStoreTest, BspWaitsForEveryRankThenAppliesTheMean) {
   }
 }
 
+// LAMB over two chunks of one tensor: a whole step waits for the tensor's
+// norms, each chunk gives its part of them, and the step applied with their
+// sums is LAMB's update of the whole tensor.
+TEST_F(ParameterStoreTest, LambStepWaitsForItsTensorsNormsThenAppliesTheWholeTensorsUpdate) {
+  JobShardConfig config = TestJob(/*synchronous=*/true, 2);
+  config.optimizer.kind = OptimizerKind::kLamb;
+  ChunkConfig second = TestChunk();
+  second.chunk_id = kChunkId + 1;
+  second.offset = kOffset + kLength;
+  config.chunks.push_back(second);
+  std::shared_ptr<JobShard> shard = SetUpJob(config);
+  ASSERT_NE(shard, nullptr);
+  const std::vector<float> g0 = Grad(1.0f), g1 = Grad(3.0f);
+  for (int32_t chunk : {kChunkId, kChunkId + 1}) {
+    ASSERT_TRUE(shard->Push(Args("w0", 0, chunk, 0, Encode(g0), chunk)).ok());
+    EXPECT_FALSE(shard->LambReady(chunk, 0)) << "one partition of two is in";
+  }
+  v1::LambPartial partial;
+  int64_t version = -1;
+  EXPECT_EQ(shard->LambPartialOf(kChunkId, 0, &partial, &version).code(), absl::StatusCode::kFailedPrecondition);
+  // An early norms push is refused: the step is not whole.
+  EXPECT_EQ(shard->ApplyLambNorms(kChunkId, 0, {1, 1}).status().code(), absl::StatusCode::kFailedPrecondition);
+  for (int32_t chunk : {kChunkId, kChunkId + 1}) {
+    ASSERT_TRUE(shard->Push(Args("w1", 1, chunk, 0, Encode(g1), chunk)).ok());
+    EXPECT_TRUE(shard->LambReady(chunk, 0));
+  }
+  // Whole, but not applied: the values and version are the step's start,
+  // and the partitions' pushes of it are duplicates.
+  std::string values;
+  int64_t clock = 0;
+  ASSERT_TRUE(shard->Read(kChunkId, v1::WIRE_FP32, &values, &version, &clock).ok());
+  EXPECT_EQ(version, 0);
+  EXPECT_EQ(Decode(values), InitValues());
+  EXPECT_EQ(*shard->Push(Args("w1", 1, 9, 0, Encode(g1))), PushOutcome::kDuplicate);
+
+  // The reference: the whole tensor's mean gradient, norms summed over the
+  // two chunks in order, each chunk applied with the sums.
+  std::vector<float> mean(kLength);
+  for (int64_t i = 0; i < kLength; ++i) mean[i] = (g0[i] + g1[i]) * 0.5f;
+  std::vector<float> init2(kLength);
+  FillInit(InitKind::kUniform, kScale, kSeed, kTensor, kOffset + kLength, kLength, init2.data());
+  const std::vector<std::vector<float>> inits = {InitValues(), init2};
+  std::vector<std::vector<float>> zero(2, std::vector<float>(kLength, 0.0f));
+  const float* state[2] = {zero[0].data(), zero[1].data()};
+  LambNorms sums;
+  for (int c = 0; c < 2; ++c) {
+    const LambNorms part = LambBlockNorms(config.optimizer, 1, kLength, mean.data(), inits[c].data(), state);
+    ASSERT_TRUE(shard->LambPartialOf(kChunkId + c, 0, &partial, &version).ok());
+    EXPECT_EQ(version, 0);
+    EXPECT_FALSE(partial.settled());
+    EXPECT_EQ(partial.weight_sq(), part.weight_sq) << "chunk " << c;
+    EXPECT_EQ(partial.update_sq(), part.update_sq) << "chunk " << c;
+    sums.weight_sq += partial.weight_sq();
+    sums.update_sq += partial.update_sq();
+  }
+  EXPECT_EQ(shard->ApplyLambNorms(kChunkId, 0, {-1, 1}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->ApplyLambNorms(kChunkId, 0, {std::nan(""), 1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (int c = 0; c < 2; ++c) {
+    absl::StatusOr<PushOutcome> applied = shard->ApplyLambNorms(kChunkId + c, 0, sums);
+    ASSERT_TRUE(applied.ok()) << applied.status();
+    EXPECT_EQ(*applied, PushOutcome::kApplied);
+    EXPECT_EQ(*shard->ApplyLambNorms(kChunkId + c, 0, sums), PushOutcome::kDuplicate);
+    std::vector<float> expected = inits[c];
+    std::vector<std::vector<float>> moments(2, std::vector<float>(kLength, 0.0f));
+    float* slots[2] = {moments[0].data(), moments[1].data()};
+    ApplyLamb(config.optimizer, kLr, 1, kLength, mean.data(), expected.data(), slots, sums);
+    values.clear();
+    ASSERT_TRUE(shard->Read(kChunkId + c, v1::WIRE_FP32, &values, &version, &clock).ok());
+    EXPECT_EQ(version, 1);
+    const std::vector<float> got = Decode(values);
+    for (int64_t i = 0; i < kLength; ++i) EXPECT_EQ(Bits(got[i]), Bits(expected[i])) << "chunk " << c << " " << i;
+    // One step past, the chunk still answers for the step it applied.
+    ASSERT_TRUE(shard->LambPartialOf(kChunkId + c, 0, &partial, &version).ok());
+    EXPECT_EQ(version, 1);
+    EXPECT_FALSE(partial.settled());
+    EXPECT_GT(partial.weight_sq(), 0);
+  }
+  // A copy of the chunk carries the norms of its last step.
+  absl::StatusOr<ChunkSnapshot> snapshot = shard->Snapshot(kChunkId);
+  ASSERT_TRUE(snapshot.ok());
+  EXPECT_EQ(snapshot->lamb_last.step, 0);
+  EXPECT_GT(snapshot->lamb_last.weight_sq, 0);
+  v1::ChunkState state_proto;
+  ToChunkState(*snapshot, kChunkId, &state_proto);
+  absl::StatusOr<ChunkSnapshot> back = FromChunkState(state_proto);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->lamb_last.step, 0);
+  EXPECT_EQ(back->lamb_last.update_sq, snapshot->lamb_last.update_sq);
+}
+
+// A copy taken while a LAMB step waits for its norms (every partition's
+// gradient in) waits for them as well, with the same norms.
+TEST_F(ParameterStoreTest, ACopyOfAWaitingLambStepWaitsWithTheSameNorms) {
+  JobShardConfig config = TestJob(/*synchronous=*/true, 1);
+  config.optimizer.kind = OptimizerKind::kLamb;
+  std::shared_ptr<JobShard> shard = SetUpJob(config);
+  ASSERT_NE(shard, nullptr);
+  ASSERT_TRUE(shard->Push(Args("w0", 0, 1, 0, Encode(Grad(1.0f)))).ok());
+  v1::LambPartial original;
+  int64_t version = 0;
+  ASSERT_TRUE(shard->LambPartialOf(kChunkId, 0, &original, &version).ok());
+  absl::StatusOr<ChunkSnapshot> snapshot = shard->Snapshot(kChunkId);
+  ASSERT_TRUE(snapshot.ok());
+  JobShardConfig lamb_copy = TestJob(true, 1, "job-lamb-copy");
+  lamb_copy.optimizer.kind = OptimizerKind::kLamb;
+  std::shared_ptr<JobShard> copy = SetUpJob(lamb_copy);
+  ASSERT_NE(copy, nullptr);
+  ASSERT_TRUE(copy->Restore(kChunkId, *snapshot).ok());
+  EXPECT_TRUE(copy->LambReady(kChunkId, 0));
+  v1::LambPartial copied;
+  ASSERT_TRUE(copy->LambPartialOf(kChunkId, 0, &copied, &version).ok());
+  EXPECT_EQ(version, 0);
+  EXPECT_EQ(copied.weight_sq(), original.weight_sq());
+  EXPECT_EQ(copied.update_sq(), original.update_sq());
+  // Two steps on, a chunk says the step is settled.
+  const LambNorms norms{original.weight_sq(), original.update_sq()};
+  ASSERT_TRUE(shard->ApplyLambNorms(kChunkId, 0, norms).ok());
+  ASSERT_TRUE(shard->Push(Args("w0", 0, 2, 1, Encode(Grad(2.0f)))).ok());
+  v1::LambPartial next;
+  ASSERT_TRUE(shard->LambPartialOf(kChunkId, 1, &next, &version).ok());
+  ASSERT_TRUE(shard->ApplyLambNorms(kChunkId, 1, {next.weight_sq(), next.update_sq()}).ok());
+  v1::LambPartial old;
+  ASSERT_TRUE(shard->LambPartialOf(kChunkId, 0, &old, &version).ok());
+  EXPECT_EQ(version, 2);
+  EXPECT_TRUE(old.settled());
+}
+
 // A worker that gives up a held pull (it cancels the RPC) frees the server
 // thread waiting for the step, long before the pull's deadline.
 TEST_F(ParameterStoreTest, AWaitingPullEndsOnceItsCallerGivesUp) {
@@ -715,7 +843,8 @@ TEST(ToJobShardConfigTest, MapsOptimizerKinds) {
                         Case{v1::OptimizerSpec::ADAM, OptimizerKind::kAdam},
                         Case{v1::OptimizerSpec::ADAMW, OptimizerKind::kAdamW},
                         Case{v1::OptimizerSpec::ADAGRAD, OptimizerKind::kAdagrad},
-                        Case{v1::OptimizerSpec::RMSPROP, OptimizerKind::kRmsprop}}) {
+                        Case{v1::OptimizerSpec::RMSPROP, OptimizerKind::kRmsprop},
+                        Case{v1::OptimizerSpec::LAMB, OptimizerKind::kLamb}}) {
     v1::SetupJobRequest request = BaseRequest();
     request.mutable_spec()->mutable_optimizer()->set_kind(c.proto);
     EXPECT_EQ(ToJobShardConfig(request).optimizer.kind, c.expected)

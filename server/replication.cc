@@ -26,6 +26,12 @@ void ToChunkState(const ChunkSnapshot& snapshot, int32_t chunk_id, v1::ChunkStat
   for (int64_t s : snapshot.partition_steps) state->add_partition_steps(s);
   state->set_examples_seen(snapshot.examples_seen);
   state->set_examples_digest(snapshot.examples_digest);
+  if (snapshot.lamb_last.step >= 0) {
+    v1::LambPartial* last = state->mutable_lamb_last();
+    last->set_step(snapshot.lamb_last.step);
+    last->set_weight_sq(snapshot.lamb_last.weight_sq);
+    last->set_update_sq(snapshot.lamb_last.update_sq);
+  }
 }
 
 absl::StatusOr<ChunkSnapshot> FromChunkState(const v1::ChunkState& state) {
@@ -45,6 +51,9 @@ absl::StatusOr<ChunkSnapshot> FromChunkState(const v1::ChunkState& state) {
   snapshot.partition_steps.assign(state.partition_steps().begin(), state.partition_steps().end());
   snapshot.examples_seen = state.examples_seen();
   snapshot.examples_digest = state.examples_digest();
+  if (state.has_lamb_last()) {
+    snapshot.lamb_last = {state.lamb_last().step(), state.lamb_last().weight_sq(), state.lamb_last().update_sq()};
+  }
   return snapshot;
 }
 

@@ -812,15 +812,15 @@ class ServerFailoverTest : public WorkerLossTest {
   // Runs the reference job, then the same job with `disturb` applied to the
   // shard's primary or backup mid-job, and checks the two end bit-identical.
   static void RunDisturbed(bool primary, const std::function<void(const std::string&)>& disturb,
-                           v1::JobStatus* disturbed = nullptr) {
+                           v1::JobStatus* disturbed = nullptr, const v1::JobSpec& spec = OneShardSpec()) {
     // A server killed by an earlier test of this suite is replaced.
     for (; killed_ > 0; --killed_) ASSERT_TRUE(cluster_->AddServer().ok());
     v1::JobStatus reference_done;
-    ASSERT_NO_FATAL_FAILURE(RunToSuccess(OneShardSpec(), &reference_done));
+    ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference_done));
     ASSERT_EQ(reference_done.shards(0).backup_ids_size(), 1);
     std::vector<float> a = FinalParameters(reference_done);  // before any server goes away
 
-    auto id = Submit(OneShardSpec());
+    auto id = Submit(spec);
     ASSERT_TRUE(id.ok());
     v1::JobStatus running = WaitForStep(*id, 50);
     ASSERT_EQ(running.state(), v1::RUNNING);
@@ -855,6 +855,27 @@ TEST_F(ServerFailoverTest, KilledBackupLosesNoUpdate) {
     ASSERT_TRUE(cluster_->Signal(victim, SIGKILL).ok());
     ++killed_;
   });
+}
+
+// LAMB with replicas: the norms that complete each step are a push too,
+// forwarded to the backup; a primary killed mid-job leaves a backup that
+// holds every step (whole, waiting for its norms, or applied) and the job
+// ends bit-identical to an undisturbed one.
+TEST_F(ServerFailoverTest, KilledPrimaryOfALambJobLosesNoUpdate) {
+  v1::JobSpec spec = OneShardSpec();
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::LAMB);
+  spec.mutable_optimizer()->set_lr(0.01f);
+  spec.mutable_optimizer()->set_momentum(0);
+  spec.mutable_optimizer()->set_weight_decay(0.01f);
+  v1::JobStatus done;
+  RunDisturbed(
+      /*primary=*/true,
+      [](const std::string& victim) {
+        ASSERT_TRUE(cluster_->Signal(victim, SIGKILL).ok());
+        ++killed_;
+      },
+      &done, spec);
+  EXPECT_EQ(done.spec().optimizer().kind(), v1::OptimizerSpec::LAMB);
 }
 
 // ASP with replicas: the primary forwards and applies each push under one

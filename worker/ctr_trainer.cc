@@ -307,6 +307,7 @@ class ClickRun {
       return hooks_.latest_assignment().shard_map().version() > version;
     };
     client_ = std::make_unique<ParameterClient>(map, job_id_, writer_id_, superseded, v1::WIRE_FP32, transport_);
+    client_->set_lamb(spec_.optimizer().kind() == v1::OptimizerSpec::LAMB);
     sparse_ = std::make_unique<SparseClient>(map, job_id_, writer_id_, transport_);
     // In a BSP job a table is synchronous unless its spec says ASYNC (as the
     // servers read it: server/parameter_service_sparse.cc TableSetupsOf).

@@ -524,6 +524,7 @@ absl::Status ParameterClient::PullInto(int64_t min_version, absl::Duration timeo
                                        std::vector<std::vector<T>>* params, Versions* versions, int64_t min_clock,
                                        bool exact) {
   RETURN_IF_ERROR(CheckBufferType<T>(format_, "pull"));
+  if (lamb_ && min_version > 0 && min_clock == 0) RETURN_IF_ERROR(SettleLamb(min_version - 1, timeout));
   std::vector<grpc::ByteBuffer> requests;
   std::vector<std::string> addresses;
   for (const Batch& batch : batches_) {
@@ -536,6 +537,75 @@ absl::Status ParameterClient::PullInto(int64_t min_version, absl::Duration timeo
   for (size_t i = 0; i < batches_.size(); ++i) RETURN_IF_ERROR(DecodePull(batches_[i], responses[i], params, &seen));
   if (versions != nullptr) *versions = batches_.empty() ? Versions() : seen;
   return absl::OkStatus();
+}
+
+absl::Status ParameterClient::SettleLamb(int64_t step, absl::Duration timeout) {
+  // Every chunk's norms of the step (or that it is settled).
+  std::vector<grpc::ByteBuffer> requests;
+  std::vector<std::string> addresses;
+  for (const Batch& batch : batches_) {
+    v1::PullRequest request = MakePullRequest(batch, 0, 0, /*exact=*/false);
+    request.set_lamb_step(step);
+    requests.push_back(SerializeMessage(request));
+    addresses.push_back(batch.address);
+  }
+  std::vector<grpc::ByteBuffer> responses;
+  RETURN_IF_ERROR(RunAll(requests, addresses, &responses, /*pull=*/true, timeout));
+  std::vector<v1::ChunkData> seen(map_.chunks_size());
+  for (size_t b = 0; b < batches_.size(); ++b) {
+    v1::PullResponse response;
+    RETURN_IF_ERROR(ParseMessage(responses[b], &response));
+    const Batch& batch = batches_[b];
+    if (response.chunks_size() != static_cast<int>(batch.chunks.size())) {
+      return absl::InternalError(absl::StrCat("LAMB norms from ", batch.address, ": ", response.chunks_size(),
+                                              " chunks for ", batch.chunks.size(), " asked"));
+    }
+    for (size_t k = 0; k < batch.chunks.size(); ++k) {
+      const v1::ChunkData& chunk = response.chunks(static_cast<int>(k));
+      if (chunk.chunk_id() != map_.chunks(batch.chunks[k]).chunk_id()) {
+        return absl::InternalError(absl::StrCat("LAMB norms from ", batch.address, ": chunk ", chunk.chunk_id(),
+                                                " where ", map_.chunks(batch.chunks[k]).chunk_id(), " was asked"));
+      }
+      seen[batch.chunks[k]] = chunk;
+    }
+  }
+  // Per tensor whose chunks wait: the sums over its chunks by offset.
+  v1::PushRequest norms;
+  std::vector<int> waiting;
+  for (size_t t = 0; t < tensor_chunks_.size(); ++t) {
+    std::vector<int> chunks = tensor_chunks_[t];
+    std::sort(chunks.begin(), chunks.end(),
+              [this](int a, int b) { return map_.chunks(a).offset() < map_.chunks(b).offset(); });
+    bool settled = false;
+    std::vector<int> wait;
+    double weight_sq = 0, update_sq = 0;
+    for (int c : chunks) {
+      settled |= seen[c].lamb().settled();
+      weight_sq += seen[c].lamb().weight_sq();
+      update_sq += seen[c].lamb().update_sq();
+      if (seen[c].version() == step) wait.push_back(c);
+    }
+    if (settled || wait.empty()) continue;
+    v1::LambNorm* norm = norms.add_lamb_norms();
+    norm->set_tensor(static_cast<int32_t>(t));
+    norm->set_weight_sq(weight_sq);
+    norm->set_update_sq(update_sq);
+    waiting.insert(waiting.end(), wait.begin(), wait.end());
+  }
+  if (waiting.empty()) return absl::OkStatus();
+  norms.set_job_id(job_id_);
+  norms.set_worker_id(worker_id_);
+  norms.set_step(step);
+  norms.set_map_version(map_.version());
+  requests.clear();
+  addresses.clear();
+  for (const Batch& batch : GroupByServer(map_, waiting, /*element_bytes=*/0)) {
+    v1::PushRequest request = norms;
+    for (int c : batch.chunks) request.add_chunks()->set_chunk_id(map_.chunks(c).chunk_id());
+    requests.push_back(SerializeMessage(request));
+    addresses.push_back(batch.address);
+  }
+  return RunAll(requests, addresses, &responses, /*pull=*/false, timeout);
 }
 
 // --- PullStream ----------------------------------------------------------------

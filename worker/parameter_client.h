@@ -75,6 +75,9 @@ class ParameterClient {
   // unpack; FAILED_PRECONDITION with a float32 format).
   // `exact` (BSP): the values at exactly `min_version`, also from chunks one
   // step past it (PullRequest.exact_version).
+  //
+  // LAMB (set_lamb): a pull of min_version v > 0 first settles step v - 1
+  // (SettleLamb).
   absl::Status Pull(int64_t min_version, absl::Duration timeout, std::vector<std::vector<float>>* params,
                     Versions* versions = nullptr, int64_t min_clock = 0, bool exact = false);
   absl::Status Pull(int64_t min_version, absl::Duration timeout, std::vector<std::vector<uint16_t>>* params,
@@ -209,6 +212,18 @@ class ParameterClient {
   std::unique_ptr<PullStream> StartPull(int64_t min_version, absl::Duration timeout,
                                         std::vector<std::vector<uint16_t>>* params);
 
+  // LAMB (OptimizerSpec.LAMB, BSP): each chunk applies a step only once it
+  // has its tensor's norms (v1::LambPartial). SettleLamb asks every chunk
+  // for its squared norms of `step` (servers hold the request until the
+  // chunk has every partition's gradient of it: DEADLINE_EXCEEDED after
+  // `timeout`, as a pull), sums them per tensor in chunk order (offsets
+  // ascending), and pushes the sums to the chunks that wait for them. Any
+  // worker may do it, and each computes the same sums: chunks that applied
+  // the step already take them as duplicates. OK at once when no chunk
+  // waits.
+  absl::Status SettleLamb(int64_t step, absl::Duration timeout);
+  void set_lamb(bool lamb) { lamb_ = lamb; }
+  bool lamb() const { return lamb_; }
   // The shard map this client routes by is superseded (a failover moved a
   // shard): cancels every request in flight (one held by a stopped server
   // would otherwise run to its deadline) and makes later ones fail at once.
@@ -280,6 +295,7 @@ class ParameterClient {
   const std::string worker_id_;
   std::vector<Batch> batches_;               // every chunk: by server, split at kMaxBatchBytes
   std::vector<std::vector<int>> tensor_chunks_;  // indices into map_.chunks() by tensor
+  bool lamb_ = false;
   std::unique_ptr<ParameterTransport> own_transport_;  // gRPC, when none was given
   ParameterTransport* const transport_;
   int64_t total_bytes_ = 0;

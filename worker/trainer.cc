@@ -368,6 +368,7 @@ class TrainingRun {
     auto client =
         std::make_unique<ParameterClient>(map, trainer_.job_id_, writer_id_, superseded, wire_, trainer_.transport_);
     client->set_compressor(compressor_.get());
+    client->set_lamb(spec_.optimizer().kind() == v1::OptimizerSpec::LAMB);
     // From now on a heartbeat bringing a newer map cancels its requests.
     if (trainer_.hooks_.watch_client) trainer_.hooks_.watch_client(client.get(), trainer_.job_id_);
     return client;
@@ -432,7 +433,11 @@ class TrainingRun {
       if (pushed->count(p) == 0) missing.push_back(p);
     }
     for (size_t i = 0; i < missing.size(); ++i) {
-      if (i + 1 == missing.size() && prefetch_next && trainer_.transfer_.prefetch_pull) StartPrefetch(step + 1);
+      // Not with LAMB: the next step's values wait for its norms, which this
+      // worker settles as it pulls (ParameterClient::SettleLamb).
+      if (i + 1 == missing.size() && prefetch_next && trainer_.transfer_.prefetch_pull && !client_->lamb()) {
+        StartPrefetch(step + 1);
+      }
       RETURN_IF_ERROR(ComputeAndPush(missing[i], step));
       pushed->insert(missing[i]);
     }

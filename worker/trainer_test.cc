@@ -709,6 +709,93 @@ TEST(TrainerTest, AStepHalfPushedByAWorkerThatDiedIsFinishedByAnother) {
   }
 }
 
+v1::JobSpec LambSpec() {
+  v1::JobSpec spec = Spec(v1::BSP, 2);
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::LAMB);
+  spec.mutable_optimizer()->set_lr(0.05f);
+  spec.mutable_optimizer()->set_momentum(0);
+  spec.mutable_optimizer()->set_weight_decay(0.01f);
+  return spec;
+}
+
+// LAMB's trust ratio is a norm over each whole tensor. With the tensors cut
+// into chunks of 9 on two servers, each step's norms are summed over the
+// chunks by the workers and applied on every chunk: the run equals one
+// whose tensors are single chunks on one server (up to the order of the
+// norms' double sums), and is bit-identical whoever computes the partitions.
+// A trust ratio per chunk would be far from it.
+TEST(TrainerTest, LambOverChunksOnSeveralServersIsTheWholeTensorsUpdate) {
+  const v1::JobSpec spec = LambSpec();
+  auto run = [&spec](int servers, int64_t chunk_elems, const std::map<std::string, std::vector<int32_t>>& workers) {
+    InProcessCluster cluster(servers, spec, 2, chunk_elems);
+    EXPECT_TRUE(cluster.Setup().ok());
+    JobHarness harness(&cluster);
+    for (const auto& [worker, status] : harness.Run(workers)) EXPECT_TRUE(status.ok()) << worker << ": " << status;
+    ExpectEveryExampleOnce(spec, cluster.Audits());
+    auto params = cluster.Params(cluster.total_steps());
+    EXPECT_TRUE(params.ok()) << params.status();
+    return params.ok() ? *params : std::vector<std::vector<float>>();
+  };
+  // Chunks of 9: 11 chunks; both weight matrices have chunks on both
+  // servers (rendezvous hashing; with chunks of 8 or 40 every chunk lands on
+  // one shard).
+  const auto chunked = run(2, 9, {{"w0", {0, 1}}});
+  const auto chunked_two_workers = run(2, 9, {{"w0", {0}}, {"w1", {1}}});
+  const auto whole = run(1, int64_t{1} << 20, {{"w0", {0, 1}}});
+  ASSERT_FALSE(chunked.empty());
+  EXPECT_EQ(chunked, chunked_two_workers);
+  ExpectParamsNear(chunked, whole, 1e-4);
+  // It trained: the weights moved from their initial values.
+  InProcessCluster fresh(1, spec, 2, int64_t{1} << 20);
+  ASSERT_TRUE(fresh.Setup().ok());
+  auto initial = fresh.Params(0);
+  ASSERT_TRUE(initial.ok());
+  EXPECT_NE(*initial, whole);
+}
+
+// As AStepHalfPushedByAWorkerThatDiedIsFinishedByAnother, with LAMB: a
+// worker dies after any of 12 consecutive push requests (two steps of
+// chunks on both servers: gradients, or a step's norms, where one server's
+// chunks applied the step and the other's still wait for its norms); the newcomer settles what is open and the job ends bit-identical.
+TEST(TrainerTest, ALambStepLeftHalfDoneByAWorkerThatDiedIsFinishedByAnother) {
+  const v1::JobSpec spec = LambSpec();
+  InProcessCluster reference(2, spec, 2, /*chunk_elems=*/9);
+  ASSERT_TRUE(reference.Setup().ok());
+  JobHarness clean(&reference);
+  ASSERT_TRUE(clean.Run({{"w0", {0, 1}}})["w0"].ok());
+  auto expected = reference.Params(reference.total_steps());
+  ASSERT_TRUE(expected.ok());
+  for (int kill_at = 40; kill_at < 52; ++kill_at) {
+    SCOPED_TRACE(absl::StrCat("killed after push request ", kill_at));
+    InProcessCluster cluster(2, spec, 2, /*chunk_elems=*/9);
+    ASSERT_TRUE(cluster.Setup().ok());
+    JobHarness dying(&cluster);
+    std::atomic<int> pushes{0};
+    std::atomic<bool> dead{false};
+    cluster.transport()->set_fault([&](const std::string&, ParameterTransport::Method method,
+                                       InProcessTransport::Stage stage) {
+      if (dead.load()) return absl::UnavailableError("the worker is dead");
+      if (method == ParameterTransport::Method::kPush && stage == InProcessTransport::Stage::kAfterServer &&
+          ++pushes == kill_at) {
+        dead = true;
+        EXPECT_TRUE(cluster.BumpMapVersion().ok());
+        dying.Assign("w0", cluster.AssignmentFor({0, 1}, /*membership_epoch=*/2));
+        dying.Withdraw();
+        return absl::UnavailableError("the worker died after the server applied this");
+      }
+      return absl::OkStatus();
+    });
+    auto died = dying.Run({{"w0", {0, 1}}});
+    cluster.transport()->set_fault(nullptr);
+    ASSERT_TRUE(dead.load());
+    EXPECT_TRUE(absl::IsCancelled(died["w0"])) << died["w0"];
+    JobHarness harness(&cluster);
+    auto statuses = harness.Run({{"w1", {0, 1}}});
+    EXPECT_TRUE(statuses["w1"].ok()) << statuses["w1"];
+    ExpectFinishedAs(&cluster, *expected);
+  }
+}
+
 TEST(TrainerTest, AspRunsEveryPartitionStepOnce) {
   InProcessCluster cluster(2, Spec(v1::ASP, 3), 3);
   ASSERT_TRUE(cluster.Setup().ok());

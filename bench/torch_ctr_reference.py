@@ -237,7 +237,7 @@ def main():
             opt.step()
     with torch.no_grad():
         scores = model(test_ids, torch.from_numpy(np.array(test['dense']))).numpy()
-    print('model %s: test AUC %.4f; best reachable (true probabilities) %.4f' %
+    print('model %s: test AUC %.6f; best reachable (true probabilities) %.4f' %
           (a.model, auc(scores, test['label']), auc(test['truth'], test['label'])))
 
 

@@ -309,7 +309,7 @@ TEST(OptimizerTest, LambOverBlocksIsTheWholeTensorsUpdate) {
     ApplyLamb(c, kLr, step, kCut, grad.data(), blocks.data(), bs1, sums);
     ApplyLamb(c, kLr, step, kLen - kCut, grad.data() + kCut, blocks.data() + kCut, bs2, sums);
     for (int i = 0; i < kLen; ++i) {
-      ASSERT_EQ(std::memcmp(&whole[i], &blocks[i], sizeof(float)), 0) << "step " << step << " element " << i;
+      ASSERT_EQ(FloatBits(whole[i]), FloatBits(blocks[i])) << "step " << step << " element " << i;
     }
   }
   // And it is a trust-ratio update: one block applied with its own norms

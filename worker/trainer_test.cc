@@ -45,7 +45,7 @@ constexpr int kFeatures = 6;
 constexpr int kClasses = 3;
 constexpr int kBatch = 16;
 constexpr int kEpochs = 2;
-constexpr int64_t kChunkElems = 40;  // several chunks per tensor, spread over the servers
+constexpr int64_t kChunkElems = 9;  // several chunks per tensor, on both servers (of 40, all lie on one)
 constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 
 // The services' metrics families live in one endpoint for the whole binary

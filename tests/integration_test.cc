@@ -333,6 +333,26 @@ TEST_F(ClusterTest, ClickJobGradientAccumulationTrainsAsOneBatchOfItsSize) {
   EXPECT_GT(micro.progress().test_auc(), 0.7);
 }
 
+// LAMB on a click model's dense tensors (BSP; the tables keep their own
+// optimizers): the norms' half of each step runs beside the tables' pushes
+// and the job learns; in ASP it is refused naming the field.
+TEST_F(ClusterTest, ClickJobTrainsItsDenseTensorsWithLambInBsp) {
+  v1::JobSpec spec = ClickSpec(v1::ModelSpec::DEEPFM, 2);
+  spec.set_mode(v1::BSP);
+  spec.mutable_data()->set_epochs(1);
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::LAMB);
+  spec.mutable_optimizer()->set_lr(0.01f);
+  v1::JobStatus done;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &done));
+  ASSERT_TRUE(done.progress().has_test_auc());
+  EXPECT_GT(done.progress().test_auc(), 0.7);
+  spec.set_mode(v1::ASP);
+  absl::StatusOr<std::string> refused = Submit(spec);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("optimizer.kind"), std::string::npos) << refused.status();
+}
+
 TEST_F(ClusterTest, ClickJobsRefuseWhatTheyCannotDoYet) {
   v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
   spec.set_replicas(2);

@@ -15,7 +15,8 @@ print the test AUC of the same test set; what can differ is float rounding
 PyTorch: Debian's python3-torch (apt-get install python3-torch).
 
 The data: 4 fields of 100 ids, 2 dense features, true FM interactions of
-width 2 and scale 0.5 (the true click probabilities' AUC is the best
+width 2 and scale 0.5 (mf: 2 fields, users and items, of 500 ids, no dense
+features, true interactions of width 4) (the true click probabilities' AUC is the best
 reachable). AUCs are printed to 6 places: the test set has 10,000 examples.
 """
 import argparse
@@ -28,7 +29,7 @@ import sys
 import tempfile
 
 KINDS = {'lr': 'LOGISTIC_REGRESSION', 'fm': 'FM', 'wide_and_deep': 'WIDE_AND_DEEP', 'deepfm': 'DEEPFM',
-         'dlrm': 'DLRM'}
+         'dlrm': 'DLRM', 'mf': 'FM'}
 
 
 def run(cmd, **kw):
@@ -63,6 +64,11 @@ def spec_for(model, a):
         spec['model']['tables'].append({'name': table, 'optimizer': {'kind': 'ADAGRAD', 'lr': 0.1}})
     if model != 'lr':
         spec['model']['embeddingDim'] = 4
+    if model == 'mf':
+        # Matrix factorization: FM over two fields (user, item) and no dense
+        # features is bias + b_user + b_item + <p_user, q_item>; the data's
+        # true model is one too (latent width 4).
+        spec['data']['syntheticCtr'].update({'fields': 2, 'vocabulary': 500, 'dense': 0, 'fmDim': 4})
     if model in ('wide_and_deep', 'deepfm', 'dlrm'):
         spec['model']['hiddenSizes'] = [16]
     if model == 'dlrm':
@@ -88,7 +94,7 @@ def fulcrum_auc(fulcrum, spec_path, a):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument('--models', default='lr,fm,wide_and_deep,deepfm,dlrm')
+    p.add_argument('--models', default='lr,fm,wide_and_deep,deepfm,dlrm,mf')
     p.add_argument('--examples', type=int, default=50000)
     p.add_argument('--epochs', type=int, default=2)
     p.add_argument('--batch', type=int, default=64, help='the global batch (split over the workers)')

@@ -467,6 +467,15 @@ absl::Status ParameterServiceImpl::HandleLambNorms(JobShard& shard, const v1::Pu
                                                    const PayloadReader& chunks, bool from_worker,
                                                    v1::PushResponse* response) {
   // Validate everything first, as for gradients: a bad push reaches no replica.
+  if (!shard.config().synchronous || shard.config().optimizer.kind != OptimizerKind::kLamb) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", header.job_id(),
+                                                      " does not run LAMB in BSP: a push of LAMB norms has "
+                                                      "nothing to apply"));
+  }
+  if (header.step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", header.job_id(), ": push of LAMB norms of step ", header.step(), " (must be >= 0)"));
+  }
   std::map<int32_t, LambNorms> norms;
   for (const v1::LambNorm& norm : header.lamb_norms()) {
     if (!(norm.weight_sq() >= 0) || !(norm.update_sq() >= 0) || !std::isfinite(norm.weight_sq()) ||
@@ -489,6 +498,10 @@ absl::Status ParameterServiceImpl::HandleLambNorms(JobShard& shard, const v1::Pu
                                                      chunks.payload_size(i), " bytes"));
     }
     const int32_t tensor = shard.ChunkTensor(chunk_id);
+    if (tensor < 0) {
+      return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " of job ", header.job_id(),
+                                              " is not on this server (stale shard map?)"));
+    }
     auto it = norms.find(tensor);
     if (it == norms.end()) {
       return absl::InvalidArgumentError(absl::StrCat("job ", header.job_id(), ": push of LAMB norms names chunk ",

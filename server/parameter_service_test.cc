@@ -537,6 +537,102 @@ TEST_F(ParameterServiceTest, RepeatedChunksAndOversizedPullsAreRefused) {
 // Pull's messages are handled as bytes on the server (common/payload_wire.h):
 // bytes that are not a PullRequest get INVALID_ARGUMENT naming the message,
 // and the answer, read by an ordinary protobuf client, holds the values.
+// LAMB over gRPC: a whole step waits; a pull with lamb_step gets each
+// chunk's norms; a push of their sums applies the step as LAMB over the whole
+// tensor. Requests that do not fit are refused before any chunk changes, and
+// LAMB requests to a job that does not run LAMB are answered at once.
+TEST_F(ParameterServiceTest, LambNormsTravelAsPullsAndPushesAndBadOnesAreRefused) {
+  v1::SetupJobRequest setup = MakeSetup("lamb", v1::BSP, AloneMap(server_.get(), 1), server_->id());
+  setup.mutable_spec()->mutable_optimizer()->set_kind(v1::OptimizerSpec::LAMB);
+  for (v1::ChunkSetup& chunk : *setup.mutable_chunks()) {
+    chunk.set_init(v1::ChunkSetup::UNIFORM);
+    chunk.set_init_scale(0.5f);
+  }
+  ASSERT_TRUE(IsOk(SetupJob(server_->stub(), setup)));
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "sgd", v1::ASP)));
+  auto lamb_pull = [&](const std::string& job, int64_t step, v1::PullResponse* response) {
+    v1::PullRequest request;
+    request.set_job_id(job);
+    for (int c = 0; c < kNumChunks; ++c) request.add_chunk_ids(c);
+    request.set_map_version(1);
+    request.set_lamb_step(step);
+    grpc::ClientContext context;
+    SetDeadline(&context, 2.0);
+    return server_->stub()->Pull(&context, request, response);
+  };
+  auto norms_push = [&](const std::string& job, int64_t step, std::vector<v1::LambNorm> norms,
+                        const std::string& data = "", int32_t chunk = 0) {
+    v1::PushRequest request = MakePush(job, 100 + step, step, 1, {});
+    for (int c = 0; c < kNumChunks; ++c) request.add_chunks()->set_chunk_id(c == 0 ? chunk : c);
+    request.mutable_chunks(0)->set_data(data);
+    for (const v1::LambNorm& norm : norms) *request.add_lamb_norms() = norm;
+    v1::PushResponse response;
+    grpc::Status status = Push(server_->stub(), request, &response);
+    return std::make_pair(status, response);
+  };
+  auto norm = [](int32_t tensor, double w, double r) {
+    v1::LambNorm n;
+    n.set_tensor(tensor);
+    n.set_weight_sq(w);
+    n.set_update_sq(r);
+    return n;
+  };
+  // Not LAMB: refused at once, not held until the deadline.
+  v1::PullResponse response;
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(HasError(lamb_pull("sgd", 0, &response), grpc::StatusCode::FAILED_PRECONDITION, "does not run LAMB"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_TRUE(HasError(norms_push("sgd", 0, {norm(0, 1, 1)}).first, grpc::StatusCode::FAILED_PRECONDITION,
+                       "does not run LAMB"));
+  EXPECT_TRUE(HasError(lamb_pull("lamb", -1, &response), grpc::StatusCode::INVALID_ARGUMENT, "must be >= 0"));
+
+  const std::vector<float> before = Pull(server_->stub(), "lamb", 0, 1).values;
+  const std::vector<float> before1 = Pull(server_->stub(), "lamb", 1, 1).values;
+  const std::vector<float> gradient = {0.5f, -1.0f, 0.25f, 2.0f};
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("lamb", 1, 0, 1, {{0, gradient}, {1, gradient}}))));
+  ASSERT_TRUE(IsOk(lamb_pull("lamb", 0, &response)));
+  ASSERT_EQ(response.chunks_size(), kNumChunks);
+  double w_sq = 0, r_sq = 0;
+  for (const v1::ChunkData& chunk : response.chunks()) {
+    EXPECT_EQ(chunk.version(), 0);
+    EXPECT_TRUE(chunk.data().empty());
+    w_sq += chunk.lamb().weight_sq();
+    r_sq += chunk.lamb().update_sq();
+  }
+  EXPECT_GT(w_sq, 0);
+  // Bad norms pushes change nothing.
+  EXPECT_TRUE(HasError(norms_push("lamb", 0, {norm(0, -1, r_sq)}).first, grpc::StatusCode::INVALID_ARGUMENT,
+                       "finite and >= 0"));
+  EXPECT_TRUE(HasError(norms_push("lamb", 0, {norm(0, w_sq, r_sq), norm(0, w_sq, r_sq)}).first,
+                       grpc::StatusCode::INVALID_ARGUMENT, "more than once"));
+  EXPECT_TRUE(HasError(norms_push("lamb", 0, {norm(3, w_sq, r_sq)}).first, grpc::StatusCode::INVALID_ARGUMENT,
+                       "no norms of its tensor 0"));
+  EXPECT_TRUE(HasError(norms_push("lamb", 0, {norm(0, w_sq, r_sq)}, "abcd").first,
+                       grpc::StatusCode::INVALID_ARGUMENT, "carries no gradients"));
+  EXPECT_TRUE(HasError(norms_push("lamb", 0, {norm(0, w_sq, r_sq)}, "", 7).first, grpc::StatusCode::NOT_FOUND,
+                       "chunk 7"));
+  EXPECT_TRUE(HasError(norms_push("lamb", -2, {norm(0, w_sq, r_sq)}).first, grpc::StatusCode::INVALID_ARGUMENT,
+                       "must be >= 0"));
+  ExpectChunk(server_.get(), "lamb", 0, 1, before, 0);
+  // The sums apply the step, once.
+  auto [status, applied] = norms_push("lamb", 0, {norm(0, w_sq, r_sq)});
+  ASSERT_TRUE(IsOk(status));
+  EXPECT_EQ(applied.applied(), kNumChunks);
+  auto [again, duplicate] = norms_push("lamb", 0, {norm(0, w_sq, r_sq)});
+  ASSERT_TRUE(IsOk(again));
+  EXPECT_EQ(duplicate.duplicates(), kNumChunks);
+  OptimizerConfig config;
+  config.kind = OptimizerKind::kLamb;
+  config.epsilon = 1e-6f;
+  for (int c = 0; c < kNumChunks; ++c) {
+    std::vector<float> expected = c == 0 ? before : before1;
+    std::vector<std::vector<float>> moments(2, std::vector<float>(kChunkLength, 0.0f));
+    float* slots[2] = {moments[0].data(), moments[1].data()};
+    ApplyLamb(config, kLr, 1, kChunkLength, gradient.data(), expected.data(), slots, {w_sq, r_sq});
+    ExpectChunk(server_.get(), "lamb", c, 1, expected, 1);
+  }
+}
+
 TEST_F(ParameterServiceTest, PullIsServedAsBytesAndGarbageIsInvalidArgument) {
   ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
   grpc::GenericStub generic(MakeChannel(server_->address()));

@@ -202,7 +202,8 @@ void Chunk::MaybeCompleteStepLocked() {
 
 bool Chunk::LambReady(int64_t step) const {
   MutexLock lock(&mu_);
-  return version_ > step || (version_ == step && lamb_waiting_) || !dropped_reason_.empty() ||
+  // Not LAMB: answered at once (LambPartialOf says why), not held.
+  return !lamb() || version_ > step || (version_ == step && lamb_waiting_) || !dropped_reason_.empty() ||
          !frozen_reason_.empty();
 }
 

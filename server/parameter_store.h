@@ -160,8 +160,8 @@ class Chunk {
   // LAMB (BSP): once every partition's gradient of step `version()` is in,
   // the chunk computes its squared norms of the step (LambBlockNorms) and
   // waits for its tensor's sums. LambReady: whether LambPartialOf(step)
-  // answers now (the chunk waits at `step`, is past it, or the job is
-  // dropped or frozen). LambPartialOf: the norms of `step` while it waits at
+  // answers now (the chunk waits at `step`, is past it, the job is dropped
+  // or frozen, or it does not run LAMB). LambPartialOf: the norms of `step` while it waits at
   // it or once it applied it; `settled` when two or more steps past;
   // *version gets the chunk's version. FAILED_PRECONDITION for a chunk that
   // is not LAMB, behind `step`, or one step past it without its norms (a

@@ -230,10 +230,16 @@ absl::Status Chunk::LambPartialOf(int64_t step, v1::LambPartial* partial, int64_
     partial->set_update_sq(lamb_last_.update_sq);
     return absl::OkStatus();
   }
+  if (version_ == step + 1) {
+    // Applied, its norms not kept: restored from a checkpoint cut at this
+    // version, where every chunk of the job was cut at once, so no chunk of
+    // its tensor waits for the step.
+    partial->set_settled(true);
+    return absl::OkStatus();
+  }
   return absl::FailedPreconditionError(absl::StrCat(
       "chunk ", config_.chunk_id, " of job ", job_.job_id, " is at version ", version_,
-      version_ <= step ? absl::StrCat(" and has not every partition's gradient of step ", step)
-                       : absl::StrCat(" and keeps no norms of step ", step),
+      " and has not every partition's gradient of step ", step,
       frozen_reason_.empty() ? "" : absl::StrCat(" (the job takes no more pushes: ", frozen_reason_, ")")));
 }
 

@@ -161,11 +161,12 @@ class Chunk {
   // the chunk computes its squared norms of the step (LambBlockNorms) and
   // waits for its tensor's sums. LambReady: whether LambPartialOf(step)
   // answers now (the chunk waits at `step`, is past it, the job is dropped
-  // or frozen, or it does not run LAMB). LambPartialOf: the norms of `step` while it waits at
-  // it or once it applied it; `settled` when two or more steps past;
-  // *version gets the chunk's version. FAILED_PRECONDITION for a chunk that
-  // is not LAMB, behind `step`, or one step past it without its norms (a
-  // copy made before the step); ABORTED once dropped.
+  // or frozen, or it does not run LAMB). LambPartialOf: the norms of `step`
+  // while it waits at it or once it applied it; `settled` when two or more
+  // steps past, or one step past without its norms (restored from a
+  // checkpoint cut there, which cut every chunk at once); *version gets the
+  // chunk's version. FAILED_PRECONDITION for a chunk that is not LAMB or
+  // has not every partition's gradient of `step`; ABORTED once dropped.
   bool LambReady(int64_t step) const;
   absl::Status LambPartialOf(int64_t step, v1::LambPartial* partial, int64_t* version) const;
   // Applies LAMB step `step` with its tensor's squared norms: kApplied, or

@@ -142,6 +142,35 @@ TEST_F(CheckpointTest, WholeClusterKillResumesBitIdentical) {
   ExpectSameParameters(expected, done);
 }
 
+// The same with LAMB: a checkpoint cuts every chunk after a step applied
+// (never between a step's gradients and its norms), and the resumed job
+// settles its steps as before; it ends bit-identical to an undisturbed run.
+TEST_F(CheckpointTest, LambJobResumesBitIdenticalAfterAWholeClusterKill) {
+  auto lamb = [](int64_t every_steps) {
+    v1::JobSpec spec = Spec(every_steps);
+    spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::LAMB);
+    spec.mutable_optimizer()->set_lr(0.01f);
+    spec.mutable_optimizer()->set_momentum(0);
+    spec.mutable_optimizer()->set_weight_decay(0.01f);
+    return spec;
+  };
+  v1::JobStatus reference;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(lamb(0), &reference));
+  const std::vector<float> expected = FinalParameters(reference);
+  auto id = Submit(lamb(300));
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitForCheckpoints(*id, 1);
+  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
+
+  KillAndRestartWholeCluster();
+
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  EXPECT_GT(RestoredFrom(done), 0) << "no event says the job was restored";
+  ExpectEveryExampleUsedOncePerEpoch(done, kExamples);
+  ExpectSameParameters(expected, done);
+}
+
 // A flipped byte in a stored chunk of the latest checkpoint: the restore
 // detects it, names the chunk and the checkpoint, marks it CORRUPT and falls
 // back to the previous one; the result is still the uninterrupted run's.

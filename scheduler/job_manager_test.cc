@@ -292,6 +292,42 @@ TEST_F(JobManagerTest, SubmittedJobIsPendingWaitingForWorkers) {
   EXPECT_TRUE(Contains(GetOk(first).reason(), "0 of 1 workers idle")) << GetOk(first).reason();
 }
 
+// On a cluster whose jobs get 2 replicas by default, a click job that names
+// none runs with one (its tables are not replicated yet) and says so; one
+// that asks for 2 is refused naming the field.
+TEST_F(JobManagerTest, ClickJobWithoutReplicasGetsOneWhereTheDefaultIsMore) {
+  SchedulerOptions options = options_;
+  options.default_replicas = 2;
+  std::unique_ptr<KvStore> store = NewMemoryStore();
+  JobManager manager(options, &servers_, [this] { return now_; }, store.get());
+  v1::JobSpec spec;
+  spec.set_name("click");
+  spec.mutable_model()->set_kind(v1::ModelSpec::FM);
+  spec.mutable_model()->set_embedding_dim(4);
+  v1::DataSpec* data = spec.mutable_data();
+  data->set_dataset(v1::DataSpec::SYNTHETIC_CTR);
+  data->mutable_synthetic_ctr()->set_examples(1000);
+  data->set_batch_size(10);
+  data->set_epochs(1);
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+  spec.mutable_optimizer()->set_lr(0.01f);
+  spec.set_num_workers(1);
+  absl::StatusOr<v1::JobStatus> submitted = manager.Submit(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  EXPECT_EQ(submitted->spec().replicas(), 1);
+  bool said = false;
+  for (const auto& event : submitted->events()) said |= Contains(event.message(), "not replicated yet");
+  EXPECT_TRUE(said);
+  // A dense job keeps the cluster's default.
+  absl::StatusOr<v1::JobStatus> dense = manager.Submit(MlpSpec(1));
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_EQ(dense->spec().replicas(), 2);
+  spec.set_replicas(2);
+  absl::StatusOr<v1::JobStatus> refused = manager.Submit(spec);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(Contains(std::string(refused.status().message()), "replicas")) << refused.status();
+}
+
 TEST_F(JobManagerTest, AssignsLoadToWorkersWithDistinctRanks) {
   const std::string job_id = StartJob();
   v1::JobStatus status = GetOk(job_id);

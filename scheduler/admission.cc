@@ -19,7 +19,7 @@ int64_t ExamplesBytes(int64_t examples, int64_t features) { return examples * (f
 int OptimizerSlots(const v1::OptimizerSpec& optimizer) {
   switch (optimizer.kind()) {
     case v1::OptimizerSpec::ADAM:
-    case v1::OptimizerSpec::ADAMW: return 2;
+    case v1::OptimizerSpec::ADAMW:
     case v1::OptimizerSpec::LAMB: return 2;
     case v1::OptimizerSpec::ADAGRAD: return 1;
     case v1::OptimizerSpec::RMSPROP: return 1 + (optimizer.centered() ? 1 : 0) + (optimizer.momentum() > 0 ? 1 : 0);

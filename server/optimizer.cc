@@ -306,6 +306,15 @@ LambNorms LambBlockNorms(const OptimizerConfig& config, int64_t step, int64_t n,
   return norms;
 }
 
+absl::Status CheckLambNorms(const LambNorms& tensor, const std::string& what) {
+  if (tensor.weight_sq >= 0 && tensor.update_sq >= 0 && std::isfinite(tensor.weight_sq) &&
+      std::isfinite(tensor.update_sq)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("LAMB norms ", what, " must be finite and >= 0, got ",
+                                                 tensor.weight_sq, " and ", tensor.update_sq));
+}
+
 float LambTrustRatio(const LambNorms& tensor) {
   if (!(tensor.weight_sq > 0) || !(tensor.update_sq > 0) || !std::isfinite(tensor.weight_sq) ||
       !std::isfinite(tensor.update_sq)) {

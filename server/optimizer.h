@@ -9,6 +9,7 @@
 #define FULCRUM_SERVER_OPTIMIZER_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 
@@ -108,6 +109,10 @@ struct LambNorms {
 // (see ApplyOptimizer) for gradient `grad`, changing nothing.
 LambNorms LambBlockNorms(const OptimizerConfig& config, int64_t step, int64_t n, const float* grad,
                          const float* param, const float* const* state);
+
+// INVALID_ARGUMENT (`what` names whose norms) unless both sums are finite
+// and >= 0.
+absl::Status CheckLambNorms(const LambNorms& tensor, const std::string& what);
 
 // |w| / |r| from a whole tensor's squared norms, rounded to float; 1 when
 // either is 0 (or not finite).

@@ -452,15 +452,19 @@ absl::Status ParameterServiceImpl::HandlePush(const grpc::ByteBuffer& request, b
     args.values = decoded[i].data();
     if (args.values == nullptr) args.gradient = chunks.ContiguousPayload(i, &scratch);
     ASSIGN_OR_RETURN(PushOutcome outcome, shard->Push(args));
-    if (outcome == PushOutcome::kDuplicate) {
-      response->set_duplicates(response->duplicates() + 1);
-      duplicates_->Increment();
-    } else {
-      response->set_applied(response->applied() + 1);
-      updates_applied_->Increment();
-    }
+    CountOutcome(outcome, response);
   }
   return absl::OkStatus();
+}
+
+void ParameterServiceImpl::CountOutcome(PushOutcome outcome, v1::PushResponse* response) {
+  if (outcome == PushOutcome::kDuplicate) {
+    response->set_duplicates(response->duplicates() + 1);
+    duplicates_->Increment();
+  } else {
+    response->set_applied(response->applied() + 1);
+    updates_applied_->Increment();
+  }
 }
 
 absl::Status ParameterServiceImpl::HandleLambNorms(JobShard& shard, const v1::PushRequest& header,
@@ -478,13 +482,9 @@ absl::Status ParameterServiceImpl::HandleLambNorms(JobShard& shard, const v1::Pu
   }
   std::map<int32_t, LambNorms> norms;
   for (const v1::LambNorm& norm : header.lamb_norms()) {
-    if (!(norm.weight_sq() >= 0) || !(norm.update_sq() >= 0) || !std::isfinite(norm.weight_sq()) ||
-        !std::isfinite(norm.update_sq())) {
-      return absl::InvalidArgumentError(absl::StrCat("job ", header.job_id(), ": LAMB norms of tensor ", norm.tensor(),
-                                                     " must be finite and >= 0, got ", norm.weight_sq(), " and ",
-                                                     norm.update_sq()));
-    }
-    if (!norms.emplace(norm.tensor(), LambNorms{norm.weight_sq(), norm.update_sq()}).second) {
+    const LambNorms sums{norm.weight_sq(), norm.update_sq()};
+    RETURN_IF_ERROR(CheckLambNorms(sums, absl::StrCat("of tensor ", norm.tensor(), " of job ", header.job_id())));
+    if (!norms.emplace(norm.tensor(), sums).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("job ", header.job_id(), ": LAMB norms list tensor ", norm.tensor(), " more than once"));
     }
@@ -497,11 +497,7 @@ absl::Status ParameterServiceImpl::HandleLambNorms(JobShard& shard, const v1::Pu
                                                      "gradients, but chunk ", chunk_id, " has ",
                                                      chunks.payload_size(i), " bytes"));
     }
-    const int32_t tensor = shard.ChunkTensor(chunk_id);
-    if (tensor < 0) {
-      return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " of job ", header.job_id(),
-                                              " is not on this server (stale shard map?)"));
-    }
+    ASSIGN_OR_RETURN(const int32_t tensor, shard.ChunkTensor(chunk_id));
     auto it = norms.find(tensor);
     if (it == norms.end()) {
       return absl::InvalidArgumentError(absl::StrCat("job ", header.job_id(), ": push of LAMB norms names chunk ",
@@ -512,13 +508,7 @@ absl::Status ParameterServiceImpl::HandleLambNorms(JobShard& shard, const v1::Pu
   if (from_worker) RETURN_IF_ERROR(replicator_->Forward(shard, header, chunks));
   for (const auto& [chunk_id, tensor] : applies) {
     ASSIGN_OR_RETURN(PushOutcome outcome, shard.ApplyLambNorms(chunk_id, header.step(), tensor));
-    if (outcome == PushOutcome::kDuplicate) {
-      response->set_duplicates(response->duplicates() + 1);
-      duplicates_->Increment();
-    } else {
-      response->set_applied(response->applied() + 1);
-      updates_applied_->Increment();
-    }
+    CountOutcome(outcome, response);
   }
   return absl::OkStatus();
 }

@@ -100,6 +100,8 @@ class ParameterServiceImpl final
   // A Push (`from_worker`) or Replicate without gRPC: `request` holds a
   // serialized PushRequest.
   absl::Status HandlePush(const grpc::ByteBuffer& request, bool from_worker, v1::PushResponse* response);
+  // One chunk's outcome of a push in its answer and the metrics.
+  void CountOutcome(PushOutcome outcome, v1::PushResponse* response);
   // A push of LAMB norms (PushRequest.lamb_norms), after HandlePush's fencing.
   absl::Status HandleLambNorms(JobShard& shard, const v1::PushRequest& header, const PayloadReader& chunks,
                                bool from_worker, v1::PushResponse* response);

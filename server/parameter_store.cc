@@ -194,10 +194,19 @@ void Chunk::MaybeCompleteStepLocked() {
     ChangedLocked();
     return;
   }
+  ApplyStepLocked(nullptr);
+}
+
+void Chunk::ApplyStepLocked(const LambNorms* lamb) {
   for (auto& gradient : pending_) gradient.clear();
   pending_count_ = 0;
   KeepPreviousLocked();
-  ApplyLocked(scratch_.data(), version_);
+  ApplyLocked(scratch_.data(), version_, lamb);
+}
+
+absl::Status Chunk::NotLambError() const {
+  return absl::FailedPreconditionError(
+      absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id, " does not run LAMB in BSP"));
 }
 
 bool Chunk::LambReady(int64_t step) const {
@@ -212,10 +221,7 @@ absl::Status Chunk::LambPartialOf(int64_t step, v1::LambPartial* partial, int64_
   if (!dropped_reason_.empty()) return DroppedError();
   *version = version_;
   partial->set_step(step);
-  if (!lamb()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id, " does not run LAMB in BSP"));
-  }
+  if (!lamb()) return NotLambError();
   if (version_ >= step + 2) {
     partial->set_settled(true);
     return absl::OkStatus();
@@ -244,18 +250,10 @@ absl::Status Chunk::LambPartialOf(int64_t step, v1::LambPartial* partial, int64_
 }
 
 absl::StatusOr<PushOutcome> Chunk::ApplyLambNorms(int64_t step, const LambNorms& tensor) {
-  if (!(tensor.weight_sq >= 0) || !(tensor.update_sq >= 0) || !std::isfinite(tensor.weight_sq) ||
-      !std::isfinite(tensor.update_sq)) {
-    return absl::InvalidArgumentError(absl::StrCat("LAMB norms for chunk ", config_.chunk_id, " of job ",
-                                                   job_.job_id, " must be finite and >= 0, got ", tensor.weight_sq,
-                                                   " and ", tensor.update_sq));
-  }
+  RETURN_IF_ERROR(CheckLambNorms(tensor, absl::StrCat("for chunk ", config_.chunk_id, " of job ", job_.job_id)));
   MutexLock lock(&mu_);
   if (!dropped_reason_.empty()) return DroppedError();
-  if (!lamb()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id, " does not run LAMB in BSP"));
-  }
+  if (!lamb()) return NotLambError();
   if (version_ > step) return PushOutcome::kDuplicate;
   if (!frozen_reason_.empty()) {
     return absl::FailedPreconditionError(
@@ -266,12 +264,9 @@ absl::StatusOr<PushOutcome> Chunk::ApplyLambNorms(int64_t step, const LambNorms&
                                                       " of job ", job_.job_id, " which is at step ", version_,
                                                       " without every partition's gradient of it"));
   }
-  for (auto& gradient : pending_) gradient.clear();
-  pending_count_ = 0;
   lamb_waiting_ = false;
   lamb_last_ = {step, lamb_partial_.weight_sq, lamb_partial_.update_sq};
-  KeepPreviousLocked();
-  ApplyLocked(scratch_.data(), version_, &tensor);
+  ApplyStepLocked(&tensor);
   return PushOutcome::kApplied;
 }
 
@@ -609,9 +604,9 @@ int64_t JobShard::ChunkLength(int32_t chunk_id) const {
   return chunk.ok() ? (*chunk)->length() : 0;
 }
 
-int32_t JobShard::ChunkTensor(int32_t chunk_id) const {
-  absl::StatusOr<Chunk*> chunk = Find(chunk_id);
-  return chunk.ok() ? (*chunk)->tensor() : -1;
+absl::StatusOr<int32_t> JobShard::ChunkTensor(int32_t chunk_id) const {
+  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  return chunk->tensor();
 }
 
 bool JobShard::LambReady(int32_t chunk_id, int64_t step) const {

@@ -211,6 +211,10 @@ class Chunk {
   void SumPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // BSP: values_ becomes previous_ and the step applies to a copy.
   void KeepPreviousLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BSP: applies the whole step summed in scratch_ (`lamb`: its tensor's
+  // norms) and empties the partitions' buffers.
+  void ApplyStepLocked(const LambNorms* lamb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status NotLambError() const;
   bool lamb() const { return job_.synchronous && job_.optimizer.kind == OptimizerKind::kLamb; }
   // The values to update in place: values_ itself, or a copy of them in
   // their place when a pull answer still sends them.
@@ -296,8 +300,8 @@ class JobShard {
                     std::string* data, int64_t* version, int64_t* clock = nullptr,
                     v1::WireFormat format = v1::WIRE_FP32, const std::function<bool()>& cancelled = nullptr);
   // The length of `chunk_id` (0 for a chunk not held).
-  // The tensor a chunk held here is of (-1: not held).
-  int32_t ChunkTensor(int32_t chunk_id) const;
+  // The tensor a chunk held here is of; Find's errors for one not held.
+  absl::StatusOr<int32_t> ChunkTensor(int32_t chunk_id) const;
   // Chunk::LambReady (true for a chunk not held: the answer says why),
   // LambPartialOf and ApplyLambNorms of a chunk held here.
   bool LambReady(int32_t chunk_id, int64_t step) const;

@@ -110,6 +110,25 @@ class CheckpointTest : public ClusterTest {
     ASSERT_TRUE(restarted.ok()) << restarted.status();
   }
 
+  // Runs `spec` (with checkpoints), kills -9 every process after its first
+  // checkpoint and starts the cluster again on the same folders: the job
+  // must resume from a checkpoint and end with `expected`, every example
+  // used once per epoch.
+  static void ExpectWholeClusterKillResumesTo(const v1::JobSpec& spec, const std::vector<float>& expected) {
+    auto id = Submit(spec);
+    ASSERT_TRUE(id.ok()) << id.status();
+    v1::JobStatus running = WaitForCheckpoints(*id, 1);
+    ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
+
+    KillAndRestartWholeCluster();
+
+    v1::JobStatus done = WaitForEnd(*id);
+    ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+    EXPECT_GT(RestoredFrom(done), 0) << "no event says the job was restored";
+    ExpectEveryExampleUsedOncePerEpoch(done, kExamples);
+    ExpectSameParameters(expected, done);
+  }
+
   static absl::StatusOr<v1::CheckpointInfo> CheckpointNow(const std::string& job_id) {
     grpc::ClientContext context;
     SetDeadline(&context, 120);
@@ -126,20 +145,7 @@ class CheckpointTest : public ClusterTest {
 // folders: the job resumes from its latest complete checkpoint and ends with
 // the parameters of an uninterrupted run, every example used once per epoch.
 TEST_F(CheckpointTest, WholeClusterKillResumesBitIdentical) {
-  const std::vector<float> expected = Reference();
-  auto id = Submit(Spec(300));
-  ASSERT_TRUE(id.ok()) << id.status();
-  v1::JobStatus running = WaitForCheckpoints(*id, 1);
-  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
-
-  KillAndRestartWholeCluster();
-
-  v1::JobStatus done = WaitForEnd(*id);
-  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
-  const int64_t from = RestoredFrom(done);
-  EXPECT_GT(from, 0) << "no event says the job was restored";
-  ExpectEveryExampleUsedOncePerEpoch(done, kExamples);
-  ExpectSameParameters(expected, done);
+  ExpectWholeClusterKillResumesTo(Spec(300), Reference());
 }
 
 // The same with LAMB: a checkpoint cuts every chunk after a step applied
@@ -156,19 +162,7 @@ TEST_F(CheckpointTest, LambJobResumesBitIdenticalAfterAWholeClusterKill) {
   };
   v1::JobStatus reference;
   ASSERT_NO_FATAL_FAILURE(RunToSuccess(lamb(0), &reference));
-  const std::vector<float> expected = FinalParameters(reference);
-  auto id = Submit(lamb(300));
-  ASSERT_TRUE(id.ok()) << id.status();
-  v1::JobStatus running = WaitForCheckpoints(*id, 1);
-  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
-
-  KillAndRestartWholeCluster();
-
-  v1::JobStatus done = WaitForEnd(*id);
-  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
-  EXPECT_GT(RestoredFrom(done), 0) << "no event says the job was restored";
-  ExpectEveryExampleUsedOncePerEpoch(done, kExamples);
-  ExpectSameParameters(expected, done);
+  ExpectWholeClusterKillResumesTo(lamb(300), FinalParameters(reference));
 }
 
 // A flipped byte in a stored chunk of the latest checkpoint: the restore

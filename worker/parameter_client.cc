@@ -85,6 +85,11 @@ ParameterClient::ParameterClient(const v1::ShardMap& map, std::string job_id, st
     if (tensor >= 0 && tensor < map_.tensors_size()) tensor_chunks_[tensor].push_back(i);
     total_bytes_ += map_.chunks(i).length() * element_bytes;
   }
+  // By offset: SettleLamb sums a tensor's norms in this order.
+  for (std::vector<int>& chunks : tensor_chunks_) {
+    std::sort(chunks.begin(), chunks.end(),
+              [this](int a, int b) { return map_.chunks(a).offset() < map_.chunks(b).offset(); });
+  }
   batches_ = GroupByServer(map_, all, element_bytes);
 }
 
@@ -573,9 +578,7 @@ absl::Status ParameterClient::SettleLamb(int64_t step, absl::Duration timeout) {
   v1::PushRequest norms;
   std::vector<int> waiting;
   for (size_t t = 0; t < tensor_chunks_.size(); ++t) {
-    std::vector<int> chunks = tensor_chunks_[t];
-    std::sort(chunks.begin(), chunks.end(),
-              [this](int a, int b) { return map_.chunks(a).offset() < map_.chunks(b).offset(); });
+    const std::vector<int>& chunks = tensor_chunks_[t];  // by offset
     bool settled = false;
     std::vector<int> wait;
     double weight_sq = 0, update_sq = 0;

@@ -294,7 +294,7 @@ class ParameterClient {
   const std::string job_id_;
   const std::string worker_id_;
   std::vector<Batch> batches_;               // every chunk: by server, split at kMaxBatchBytes
-  std::vector<std::vector<int>> tensor_chunks_;  // indices into map_.chunks() by tensor
+  std::vector<std::vector<int>> tensor_chunks_;  // indices into map_.chunks() by tensor, by offset
   bool lamb_ = false;
   std::unique_ptr<ParameterTransport> own_transport_;  // gRPC, when none was given
   ParameterTransport* const transport_;

@@ -664,10 +664,45 @@ TEST(TrainerTest, BspFollowsANewShardMapAndLosesNothing) {
   ExpectFinishedAs(&cluster, clean.params);
 }
 
+// Runs `spec` with worker w0 killed right after push request `kill_at` (its
+// last request applied, its answer and everything after lost), then w1 on
+// every partition; the job must end with `expected`, every example once.
+void KillAfterPushThenFinish(const v1::JobSpec& spec, int kill_at, const std::vector<std::vector<float>>& expected) {
+  SCOPED_TRACE(absl::StrCat("killed after push request ", kill_at));
+  InProcessCluster cluster(2, spec, 2);
+  ASSERT_TRUE(cluster.Setup().ok());
+  JobHarness dying(&cluster);
+  std::atomic<int> pushes{0};
+  std::atomic<bool> dead{false};
+  cluster.transport()->set_fault([&](const std::string&, ParameterTransport::Method method,
+                                     InProcessTransport::Stage stage) {
+    if (dead.load()) return absl::UnavailableError("the worker is dead");
+    if (method == ParameterTransport::Method::kPush && stage == InProcessTransport::Stage::kAfterServer &&
+        ++pushes == kill_at) {
+      dead = true;
+      // The dead trainer must notice that it is out (it would otherwise
+      // retry for seconds): a new map and a withdrawn assignment.
+      EXPECT_TRUE(cluster.BumpMapVersion().ok());
+      dying.Assign("w0", cluster.AssignmentFor({0, 1}, /*membership_epoch=*/2));
+      dying.Withdraw();
+      return absl::UnavailableError("the worker died after the server applied this");
+    }
+    return absl::OkStatus();
+  });
+  auto died = dying.Run({{"w0", {0, 1}}});
+  cluster.transport()->set_fault(nullptr);
+  ASSERT_TRUE(dead.load());
+  EXPECT_TRUE(absl::IsCancelled(died["w0"])) << died["w0"];
+  JobHarness harness(&cluster);
+  auto statuses = harness.Run({{"w1", {0, 1}}});
+  EXPECT_TRUE(statuses["w1"].ok()) << statuses["w1"];
+  ExpectFinishedAs(&cluster, expected);
+}
+
 // A worker dies halfway through its pushes of a step (its last request
 // applied, its answer and everything after lost); another takes over its
-// partitions. Killed at each of 8 consecutive push requests (one step's
-// worth), this covers both takeovers: a partition's push cut short before
+// partitions. Killed at each of 8 consecutive push requests, this covers
+// both takeovers: a partition's push cut short before
 // any chunk could complete the step (the newcomer pushes what is missing),
 // and one cut short after some chunks completed it while others wait, where
 // the newcomer has no parameters of that step and must compute it from the
@@ -676,37 +711,7 @@ TEST(TrainerTest, BspFollowsANewShardMapAndLosesNothing) {
 TEST(TrainerTest, AStepHalfPushedByAWorkerThatDiedIsFinishedByAnother) {
   BspResult clean = RunBsp({{"w0", {0, 1}}});
   ASSERT_FALSE(clean.params.empty());
-  for (int kill_at = 40; kill_at < 48; ++kill_at) {
-    SCOPED_TRACE(absl::StrCat("killed after push request ", kill_at));
-    InProcessCluster cluster(2, Spec(v1::BSP, 2), 2);
-    ASSERT_TRUE(cluster.Setup().ok());
-    JobHarness dying(&cluster);
-    std::atomic<int> pushes{0};
-    std::atomic<bool> dead{false};
-    cluster.transport()->set_fault([&](const std::string&, ParameterTransport::Method method,
-                                       InProcessTransport::Stage stage) {
-      if (dead.load()) return absl::UnavailableError("the worker is dead");
-      if (method == ParameterTransport::Method::kPush && stage == InProcessTransport::Stage::kAfterServer &&
-          ++pushes == kill_at) {
-        dead = true;
-        // The dead trainer must notice that it is out (it would otherwise
-        // retry for seconds): a new map and a withdrawn assignment.
-        EXPECT_TRUE(cluster.BumpMapVersion().ok());
-        dying.Assign("w0", cluster.AssignmentFor({0, 1}, /*membership_epoch=*/2));
-        dying.Withdraw();
-        return absl::UnavailableError("the worker died after the server applied this");
-      }
-      return absl::OkStatus();
-    });
-    auto died = dying.Run({{"w0", {0, 1}}});
-    cluster.transport()->set_fault(nullptr);
-    ASSERT_TRUE(dead.load());
-    EXPECT_TRUE(absl::IsCancelled(died["w0"])) << died["w0"];
-    JobHarness harness(&cluster);
-    auto statuses = harness.Run({{"w1", {0, 1}}});
-    EXPECT_TRUE(statuses["w1"].ok()) << statuses["w1"];
-    ExpectFinishedAs(&cluster, clean.params);
-  }
+  for (int kill_at = 40; kill_at < 48; ++kill_at) KillAfterPushThenFinish(Spec(v1::BSP, 2), kill_at, clean.params);
 }
 
 v1::JobSpec LambSpec() {
@@ -719,7 +724,7 @@ v1::JobSpec LambSpec() {
 }
 
 // LAMB's trust ratio is a norm over each whole tensor. With the tensors cut
-// into chunks of 9 on two servers, each step's norms are summed over the
+// into chunks of kChunkElems on two servers, each step's norms are summed over the
 // chunks by the workers and applied on every chunk: the run equals one
 // whose tensors are single chunks on one server (up to the order of the
 // norms' double sums), and is bit-identical whoever computes the partitions.
@@ -736,11 +741,9 @@ TEST(TrainerTest, LambOverChunksOnSeveralServersIsTheWholeTensorsUpdate) {
     EXPECT_TRUE(params.ok()) << params.status();
     return params.ok() ? *params : std::vector<std::vector<float>>();
   };
-  // Chunks of 9: 11 chunks; both weight matrices have chunks on both
-  // servers (rendezvous hashing; with chunks of 8 or 40 every chunk lands on
-  // one shard).
-  const auto chunked = run(2, 9, {{"w0", {0, 1}}});
-  const auto chunked_two_workers = run(2, 9, {{"w0", {0}}, {"w1", {1}}});
+  // kChunkElems: 11 chunks; both weight matrices have chunks on both servers.
+  const auto chunked = run(2, kChunkElems, {{"w0", {0, 1}}});
+  const auto chunked_two_workers = run(2, kChunkElems, {{"w0", {0}}, {"w1", {1}}});
   const auto whole = run(1, int64_t{1} << 20, {{"w0", {0, 1}}});
   ASSERT_FALSE(chunked.empty());
   EXPECT_EQ(chunked, chunked_two_workers);
@@ -754,46 +757,15 @@ TEST(TrainerTest, LambOverChunksOnSeveralServersIsTheWholeTensorsUpdate) {
 }
 
 // As AStepHalfPushedByAWorkerThatDiedIsFinishedByAnother, with LAMB: a
-// worker dies after any of 12 consecutive push requests (two steps of
-// chunks on both servers: gradients, or a step's norms, where one server's
-// chunks applied the step and the other's still wait for its norms); the newcomer settles what is open and the job ends bit-identical.
+// worker dies after any of 12 consecutive push requests (gradients, or a
+// step's norms, where one server's chunks applied the step and the other's
+// still wait for its norms); the newcomer settles what is open and the job
+// ends bit-identical.
 TEST(TrainerTest, ALambStepLeftHalfDoneByAWorkerThatDiedIsFinishedByAnother) {
   const v1::JobSpec spec = LambSpec();
-  InProcessCluster reference(2, spec, 2, /*chunk_elems=*/9);
-  ASSERT_TRUE(reference.Setup().ok());
-  JobHarness clean(&reference);
-  ASSERT_TRUE(clean.Run({{"w0", {0, 1}}})["w0"].ok());
-  auto expected = reference.Params(reference.total_steps());
-  ASSERT_TRUE(expected.ok());
-  for (int kill_at = 40; kill_at < 52; ++kill_at) {
-    SCOPED_TRACE(absl::StrCat("killed after push request ", kill_at));
-    InProcessCluster cluster(2, spec, 2, /*chunk_elems=*/9);
-    ASSERT_TRUE(cluster.Setup().ok());
-    JobHarness dying(&cluster);
-    std::atomic<int> pushes{0};
-    std::atomic<bool> dead{false};
-    cluster.transport()->set_fault([&](const std::string&, ParameterTransport::Method method,
-                                       InProcessTransport::Stage stage) {
-      if (dead.load()) return absl::UnavailableError("the worker is dead");
-      if (method == ParameterTransport::Method::kPush && stage == InProcessTransport::Stage::kAfterServer &&
-          ++pushes == kill_at) {
-        dead = true;
-        EXPECT_TRUE(cluster.BumpMapVersion().ok());
-        dying.Assign("w0", cluster.AssignmentFor({0, 1}, /*membership_epoch=*/2));
-        dying.Withdraw();
-        return absl::UnavailableError("the worker died after the server applied this");
-      }
-      return absl::OkStatus();
-    });
-    auto died = dying.Run({{"w0", {0, 1}}});
-    cluster.transport()->set_fault(nullptr);
-    ASSERT_TRUE(dead.load());
-    EXPECT_TRUE(absl::IsCancelled(died["w0"])) << died["w0"];
-    JobHarness harness(&cluster);
-    auto statuses = harness.Run({{"w1", {0, 1}}});
-    EXPECT_TRUE(statuses["w1"].ok()) << statuses["w1"];
-    ExpectFinishedAs(&cluster, *expected);
-  }
+  BspResult clean = RunBsp({{"w0", {0, 1}}}, {}, nullptr, spec);
+  ASSERT_FALSE(clean.params.empty());
+  for (int kill_at = 40; kill_at < 52; ++kill_at) KillAfterPushThenFinish(spec, kill_at, clean.params);
 }
 
 TEST(TrainerTest, AspRunsEveryPartitionStepOnce) {

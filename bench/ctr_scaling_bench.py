@@ -21,18 +21,12 @@ The machine's cores bound what more processes can add: on the 2-core
 development machine, 4 workers and 4 servers share 2 cores.
 """
 import argparse
-import json
 import os
 import re
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 
-
-def run(cmd, **kw):
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
+from local_job import run_job
 
 
 def fmt(values, spec):
@@ -51,24 +45,12 @@ def spec_for(base, workers, examples, mode="ASP"):
 
 
 def one_run(fulcrum, base, servers, workers, examples, mode):
-    work = tempfile.mkdtemp(prefix="fulcrum-ctr-scaling-")
-    try:
-        run([fulcrum, "local", "up", "--servers", str(servers), "--workers", str(workers), "--dir", work, "--detach"])
-        spec_path = os.path.join(work, "spec.yaml")
-        with open(spec_path, "w") as f:
-            f.write(spec_for(base, workers, examples, mode))
-        job = run([fulcrum, "submit", "-f", spec_path, "--dir", work]).strip()
-        subprocess.run([fulcrum, "watch", job, "--dir", work], check=True, capture_output=True)
-        status = json.loads(run([fulcrum, "get", job, "-o", "json", "--dir", work]))
-        if status["state"] != "SUCCEEDED":
-            raise RuntimeError(f"{servers} servers, {workers} workers: {status['state']}: {status.get('reason')}")
-        progress, spec = status["progress"], status["spec"]
-        step_examples = int(spec["data"]["batchSize"]) * max(1, int(spec["data"].get("gradientAccumulation", 1)))
-        covered = int(progress["step"]) * step_examples * int(spec.get("maxWorkers", workers))
-        return covered / float(progress["elapsedSeconds"]), float(progress.get("testAuc", 0.0))
-    finally:
-        subprocess.run([fulcrum, "local", "down", "--dir", work], capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
+    status = run_job(fulcrum, spec_for(base, workers, examples, mode), servers, workers,
+                     prefix="fulcrum-ctr-scaling-")
+    progress, spec = status["progress"], status["spec"]
+    step_examples = int(spec["data"]["batchSize"]) * max(1, int(spec["data"].get("gradientAccumulation", 1)))
+    covered = int(progress["step"]) * step_examples * int(spec.get("maxWorkers", workers))
+    return covered / float(progress["elapsedSeconds"]), float(progress.get("testAuc", 0.0))
 
 
 def main():

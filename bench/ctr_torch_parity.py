@@ -24,19 +24,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 
+from local_job import run, run_job
+
 KINDS = {'lr': 'LOGISTIC_REGRESSION', 'fm': 'FM', 'wide_and_deep': 'WIDE_AND_DEEP', 'deepfm': 'DEEPFM',
          'dlrm': 'DLRM', 'mf': 'FM'}
-
-
-def run(cmd, **kw):
-    done = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if done.returncode != 0:
-        raise RuntimeError('%s: exit %d: %s' % (' '.join(cmd), done.returncode, done.stderr.strip()))
-    return done.stdout
 
 
 def spec_for(model, a):
@@ -77,19 +71,9 @@ def spec_for(model, a):
 
 
 def fulcrum_auc(fulcrum, spec_path, a):
-    work = tempfile.mkdtemp(prefix='fulcrum-parity-')
-    try:
-        run([fulcrum, 'local', 'up', '--servers', str(a.servers), '--workers', str(a.workers), '--dir', work,
-             '--detach'])
-        job = run([fulcrum, 'submit', '-f', spec_path, '--dir', work]).strip()
-        subprocess.run([fulcrum, 'watch', job, '--dir', work], check=True, capture_output=True)
-        status = json.loads(run([fulcrum, 'get', job, '-o', 'json', '--dir', work]))
-        if status['state'] != 'SUCCEEDED':
-            raise RuntimeError('%s: %s: %s' % (spec_path, status['state'], status.get('reason')))
-        return float(status['progress']['testAuc'])
-    finally:
-        subprocess.run([fulcrum, 'local', 'down', '--dir', work], capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
+    with open(spec_path) as f:
+        status = run_job(fulcrum, f.read(), a.servers, a.workers, prefix='fulcrum-parity-')
+    return float(status['progress']['testAuc'])
 
 
 def main():

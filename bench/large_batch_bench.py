@@ -12,14 +12,12 @@ is what LAMB's second round trip per step (its norms) costs.
         [--spec examples/fashion-mnist-lamb.yaml]
 """
 import argparse
-import json
 import os
 import re
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
+
+from local_job import run_job
 
 # (label, optimizer block of the spec)
 CONFIGS = [
@@ -30,35 +28,15 @@ CONFIGS = [
 ]
 
 
-def run(cmd):
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError('%s: exit %d: %s' % (' '.join(cmd), done.returncode, done.stderr.strip()))
-    return done.stdout
-
-
 def one_run(fulcrum, base, optimizer):
     text = re.sub(r'(?m)^optimizer:\n(?:  .*\n)+', optimizer, base)
     # The schedule's minLr must stay below the rate.
     lr = float(re.search(r'lr: ([0-9.]+)', optimizer).group(1))
     text = re.sub(r'(?m)^  minLr: .*$', '  minLr: %g' % (lr / 20), text)
-    work = tempfile.mkdtemp(prefix='fulcrum-large-batch-')
-    try:
-        run([fulcrum, 'local', 'up', '--servers', '2', '--workers', '2', '--dir', work, '--detach'])
-        spec = os.path.join(work, 'spec.yaml')
-        with open(spec, 'w') as f:
-            f.write(text)
-        job = run([fulcrum, 'submit', '-f', spec, '--dir', work]).strip()
-        subprocess.run([fulcrum, 'watch', job, '--dir', work], capture_output=True)
-        status = json.loads(run([fulcrum, 'get', job, '-o', 'json', '--dir', work]))
-        if status['state'] != 'SUCCEEDED':
-            raise RuntimeError('%s: %s' % (status['state'], status.get('reason')))
-        progress = status['progress']
-        examples = int(progress['step']) * int(status['spec']['data']['batchSize']) * 2
-        return float(progress['testAccuracy']), examples / float(progress['elapsedSeconds'])
-    finally:
-        subprocess.run([fulcrum, 'local', 'down', '--dir', work], capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
+    status = run_job(fulcrum, text, 2, 2, prefix='fulcrum-large-batch-')
+    progress = status['progress']
+    examples = int(progress['step']) * int(status['spec']['data']['batchSize']) * 2
+    return float(progress['testAccuracy']), examples / float(progress['elapsedSeconds'])
 
 
 def main():

@@ -51,7 +51,7 @@ def spec_for(model, a):
         'optimizer': {'kind': 'ADAM', 'lr': 0.01},
         'mode': 'BSP',
         'numWorkers': a.workers,
-        'replicas': 1,  # sparse tables are not replicated yet
+        'replicas': 1,
         'seed': 5,
     }
     for table in (['linear'] if model != 'dlrm' else []) + (['embedding'] if model != 'lr' else []):

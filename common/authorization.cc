@@ -55,6 +55,7 @@ std::map<std::string, uint32_t> BuildTable() {
       {"/fulcrum.v1.ParameterService/Pull", member},
       {"/fulcrum.v1.ParameterService/SparsePull", member},
       {"/fulcrum.v1.ParameterService/SparsePush", member},
+      {"/fulcrum.v1.ParameterService/SparseReplicate", member},
       {"/fulcrum.v1.ParameterService/Replicate", member},
       {"/fulcrum.v1.ParameterService/Reconfigure", member},
       {"/fulcrum.v1.ParameterService/CopyChunk", member},

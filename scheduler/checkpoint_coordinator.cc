@@ -62,8 +62,9 @@ absl::Status AssembleManifest(bool synchronous, int64_t cut,
       positions[p] = std::min(positions[p], chunk->partition_steps(p));
     }
   }
-  // Table buckets: each on the primary of its shard, with the steps from
-  // which each partition must run again for its pushes to be in.
+  // Table buckets: each on the primary of its shard (and on the backups
+  // whose copy is the same), with the steps from which each partition must
+  // run again for its pushes to be in.
   std::map<int32_t, std::string> primary_of_shard;
   for (const v1::ShardLocation& shard : manifest->shard_map().shards()) primary_of_shard[shard.shard()] = shard.server_id();
   for (int t = 0; t < manifest->shard_map().tables_size(); ++t) {
@@ -80,6 +81,12 @@ absl::Status AssembleManifest(bool synchronous, int64_t cut,
       *chunk = *found->second;
       chunk->clear_server_ids();
       chunk->add_server_ids(primary);
+      for (const auto& [server, chunks] : by_server) {
+        auto other = chunks.find(chunk_id);
+        if (server != primary && other != chunks.end() && other->second->checksum() == chunk->checksum()) {
+          chunk->add_server_ids(server);
+        }
+      }
       for (int p = 0; !synchronous && p < chunk->partition_steps_size() && p < partitions; ++p) {
         positions[p] = std::min(positions[p], chunk->partition_steps(p));
       }

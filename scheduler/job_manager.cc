@@ -166,12 +166,7 @@ absl::Status JobManager::Report(const v1::WorkReport& report) {
 
 absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::string& resume_from) {
   ApplyJobSpecDefaults(&spec);
-  // A click model's sparse tables are not replicated yet: a click job that
-  // names no replica count runs with one (and says so in its events) rather
-  // than being refused for the cluster's default; replicas > 1 asked for is
-  // still refused.
-  const bool click_alone = spec.replicas() == 0 && IsClickModel(spec.model()) && options_.default_replicas > 1;
-  if (spec.replicas() == 0) spec.set_replicas(click_alone ? 1 : options_.default_replicas);
+  if (spec.replicas() == 0) spec.set_replicas(options_.default_replicas);
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   const JobClaims claims = ClaimsOf(spec);
   MutexLock lock(&mu_);
@@ -218,10 +213,6 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
   if (resume != nullptr) {
     PlanRestore(job.get(), *resume);
     job->status.set_resumed_from(absl::StrCat(resume->job_id(), "/", resume->info().id()));
-  }
-  if (click_alone) {
-    AddEvent(job.get(), absl::StrCat("replicas: 1, not the cluster's default ", options_.default_replicas,
-                                     ": a click model's sparse tables are not replicated yet"));
   }
   v1::JobStatus status = Render(*job);
   jobs_[id] = std::move(job);

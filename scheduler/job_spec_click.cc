@@ -205,10 +205,6 @@ absl::Status ValidateClickData(const v1::DataSpec& data) {
 // What a job with sparse tables cannot use yet: refused by name rather than
 // run without it.
 absl::Status ValidateClickLimits(const v1::JobSpec& spec) {
-  if (spec.replicas() > 1) {
-    return Invalid("replicas", "must be 1 for a click model (sparse tables are not replicated yet)",
-                   absl::StrCat(spec.replicas()));
-  }
   if (spec.local_sgd().steps() > 1) {
     return Invalid("localSgd.steps", "applies to dense models only (not to click models)",
                    absl::StrCat(spec.local_sgd().steps()));

@@ -46,6 +46,7 @@ TEST(ClickSpecTest, EachClickModelIsValidAndRunsAsynchronouslyByDefault) {
     s->mutable_model()->clear_hidden_sizes();
     s->set_mode(v1::SSP);
     s->set_staleness(2);
+    s->set_replicas(2);  // tables are replicated like the dense chunks
   });
   EXPECT_TRUE(ValidateJobSpec(fm).ok()) << ValidateJobSpec(fm);
   const v1::JobSpec wide = ClickSpec([](v1::JobSpec* s) {
@@ -219,7 +220,6 @@ std::vector<ClickReject> ClickRejects() {
       {"UnknownConsistency",
        [table](S* s) { table(s, "linear")->set_consistency(static_cast<v1::TableSpec::Consistency>(9)); },
        {"model.tables[0].consistency", "SYNC or ASYNC", "9"}},
-      {"Replicated", [](S* s) { s->set_replicas(2); }, {"replicas", "not replicated yet"}},
       {"Bf16Compute", [](S* s) { s->set_precision(v1::BF16); }, {"precision"}},
       {"Compressed", [](S* s) { s->mutable_compression()->set_kind(v1::CompressionSpec::INT8); }, {"wireFormat"}},
       {"LibsvmWithoutPath",

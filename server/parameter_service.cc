@@ -118,9 +118,8 @@ JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request) {
     config.chunks.push_back(c);
   }
   config.tables = TableSetupsOf(request.spec(), request.shard_map());
-  for (const auto& [shard, role] : RolesFor(request.shard_map(), request.server_id())) {
-    if (role.primary) config.table_shards.insert(shard);
-  }
+  // Every shard this server is a replica of (primary or backup).
+  for (const auto& [shard, role] : RolesFor(request.shard_map(), request.server_id())) config.table_shards.insert(shard);
   return config;
 }
 
@@ -208,7 +207,6 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                      .Register(registry)
                      .Add({});
   Replicator::Options replication;
-  lease_valid_ = lease_valid;
   replication.lease_valid = std::move(lease_valid);
   replication.refused = &prometheus::BuildCounter()
                   .Name("fulcrum_server_writes_refused_total")
@@ -383,15 +381,18 @@ GrpcReplicaPeers::Peer& GrpcReplicaPeers::At(const std::string& address) {
   return peer;
 }
 
-std::unique_ptr<ReplicaPeers::Forward> GrpcReplicaPeers::Replicate(const std::string& address,
+std::unique_ptr<ReplicaPeers::Forward> GrpcReplicaPeers::Replicate(const std::string& address, Method method,
                                                                     grpc::ByteBuffer request, absl::Duration timeout) {
   static const std::string* const kReplicate =
       new std::string(absl::StrCat("/", v1::ParameterService::service_full_name(), "/Replicate"));
+  static const std::string* const kSparseReplicate =
+      new std::string(absl::StrCat("/", v1::ParameterService::service_full_name(), "/SparseReplicate"));
   auto forward = std::make_unique<GrpcForward>();
   SetDeadline(&forward->context_, absl::ToDoubleSeconds(timeout));
   forward->request_ = std::move(request);
   GrpcForward* raw = forward.get();
-  At(address).raw->UnaryCall(&raw->context_, *kReplicate, grpc::StubOptions(), &raw->request_, &raw->response_,
+  At(address).raw->UnaryCall(&raw->context_, method == Method::kReplicate ? *kReplicate : *kSparseReplicate,
+                             grpc::StubOptions(), &raw->request_, &raw->response_,
                              [raw](grpc::Status status) {
                                raw->status_ = std::move(status);
                                raw->done_.Notify();
@@ -443,8 +444,11 @@ absl::Status ParameterServiceImpl::HandlePush(const grpc::ByteBuffer& request, b
   // Backups have it before the primary applies and acknowledges it, so an
   // acknowledged update survives the primary's death. Retries are safe: every
   // replica deduplicates.
-  // ASP/SSP: one push at a time from forward to apply (see replication_order).
-  MutexLockMaybe order(shard->config().synchronous ? nullptr : &shard->replication_order());
+  // ASP/SSP: one push at a time from forward to apply (see replication_order),
+  // on the primary only: its backups get the pushes in that order, and a
+  // backup taking the lock could wait for a push it forwards itself (two
+  // servers each primary of a shard the other backs).
+  MutexLockMaybe order(shard->config().synchronous || !from_worker ? nullptr : &shard->replication_order());
   if (from_worker) RETURN_IF_ERROR(replicator_->Forward(*shard, header, chunks));
   for (int i = 0; i < chunks.chunks(); ++i) {
     args.chunk_id = chunks.chunk(i).chunk_id();

@@ -54,7 +54,7 @@ std::map<int32_t, JobShard::ShardRole> RolesFor(const v1::ShardMap& map, const s
 // process's life (a cluster has a handful of servers).
 class GrpcReplicaPeers final : public ReplicaPeers {
  public:
-  std::unique_ptr<Forward> Replicate(const std::string& address, grpc::ByteBuffer request,
+  std::unique_ptr<Forward> Replicate(const std::string& address, Method method, grpc::ByteBuffer request,
                                      absl::Duration timeout) override;
   absl::StatusOr<v1::ChunkState> CopyChunk(const std::string& address, const v1::CopyChunkRequest& request,
                                            absl::Duration timeout) override;
@@ -157,7 +157,13 @@ class ParameterServiceImpl final
   grpc::Status SparsePush(grpc::ServerContext* context, const v1::SparsePushRequest* request,
                           v1::SparsePushResponse* response) override;
   absl::Status HandleSparsePull(const v1::SparsePullRequest& request, v1::SparsePullResponse* response);
-  absl::Status HandleSparsePush(const v1::SparsePushRequest& request, v1::SparsePushResponse* response);
+  grpc::Status SparseReplicate(grpc::ServerContext* context, const v1::SparsePushRequest* request,
+                               v1::SparsePushResponse* response) override;
+  // A SparsePush (`from_worker`: this server must lead the request's
+  // shard, and forwards it to the shard's backups before applying it) or a
+  // SparseReplicate (this server must be a backup of the shard).
+  absl::Status HandleSparsePush(const v1::SparsePushRequest& request, bool from_worker,
+                                v1::SparsePushResponse* response);
   // CopyChunk of a table bucket: a live capture served in slices.
   absl::Status CopyTableBucket(const v1::CopyChunkRequest& request, v1::ChunkState* response);
 
@@ -191,7 +197,6 @@ class ParameterServiceImpl final
   // Reconfigure holds it exclusively, so no push straddles a role change
   // (a new backup then copies a state no push can change unseen).
   Mutex writes_mu_;
-  std::function<bool()> lease_valid_;  // see the constructor (null: always)
   GrpcReplicaPeers peers_;
   std::unique_ptr<Replicator> replicator_;  // fencing, forwards to backups, copies from replicas
   FloatBufferPool gradients_;  // decoded pushes

@@ -160,20 +160,24 @@ absl::Status ParameterServiceImpl::HandleSparsePull(const v1::SparsePullRequest&
   return absl::OkStatus();
 }
 
-absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest& request,
+absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest& request, bool from_worker,
                                                     v1::SparsePushResponse* response) {
   ReaderMutexLock writes(&writes_mu_);
-  if (lease_valid_ && !lease_valid_()) {
-    return absl::UnavailableError("this server lost its lease with the scheduler: it takes no writes until it has one");
-  }
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
   RETURN_IF_ERROR(CheckSparseRequest(request.job_id(), *shard, request.map_version(), request.tables()));
+  SparseShard& sparse = *shard->sparse();
+  // Fencing as for the dense chunks: the lease, the map, this server's role
+  // in the request's shard.
+  ASSIGN_OR_RETURN(const int32_t shard_id, sparse.ShardOfPush(request.has_shard() ? request.shard() : -1));
+  RETURN_IF_ERROR(
+      replicator_->CheckSparseWrite(*shard, request.job_id(), request.map_version(), shard_id, from_worker));
   // Keys and gradients are read where they arrived when they can be (an
   // aligned little-endian host), else from copies.
   std::vector<std::vector<uint64_t>> key_copies(static_cast<size_t>(request.tables_size()));
   std::vector<std::vector<float>> grad_copies(static_cast<size_t>(request.tables_size()));
   SparsePushArgs args;
   args.partition = request.partition();
+  args.shard = shard_id;
   args.step = request.step();
   args.part = request.part();
   args.parts = request.parts();
@@ -197,7 +201,19 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest&
     args.tables.push_back(SparseRows{table.table(), keys, grads});
     rows += static_cast<int64_t>(keys.size());
   }
-  ASSIGN_OR_RETURN(SparsePushOutcome outcome, shard->sparse()->Push(args));
+  // A primary with backups: checked whole first (a bad push reaches no
+  // replica), then on every backup before it is applied here, so an
+  // acknowledged push survives the primary's death; retries are safe, since
+  // every replica applies a (partition, step, shard, part) once. Pushes of
+  // asynchronous tables go out one at a time from forward to apply, so the
+  // replicas apply them in one order (the synchronous ones sum each step in
+  // partition order anyway).
+  ASSIGN_OR_RETURN(const JobShard::ShardRole role, shard->RoleOfShard(shard_id));
+  const bool forwards = from_worker && !role.backup_addresses.empty();
+  if (forwards) RETURN_IF_ERROR(sparse.Validate(args));
+  MutexLockMaybe order(forwards && sparse.has_asynchronous() ? &shard->sparse_replication_order() : nullptr);
+  if (forwards) RETURN_IF_ERROR(replicator_->ForwardSparse(*shard, shard_id, request));
+  ASSIGN_OR_RETURN(SparsePushOutcome outcome, sparse.Push(args));
   response->set_duplicate(outcome == SparsePushOutcome::kDuplicate);
   response->set_rows(rows);
   if (outcome == SparsePushOutcome::kApplied) {
@@ -293,8 +309,14 @@ grpc::Status ParameterServiceImpl::SparsePull(grpc::ServerContext*, const v1::Sp
 
 grpc::Status ParameterServiceImpl::SparsePush(grpc::ServerContext*, const v1::SparsePushRequest* request,
                                               v1::SparsePushResponse* response) {
-  const absl::Status status = HandleSparsePush(*request, response);
+  const absl::Status status = HandleSparsePush(*request, /*from_worker=*/true, response);
   return Finish("SparsePush", status, request->ByteSizeLong(), 0);
+}
+
+grpc::Status ParameterServiceImpl::SparseReplicate(grpc::ServerContext*, const v1::SparsePushRequest* request,
+                                                   v1::SparsePushResponse* response) {
+  const absl::Status status = HandleSparsePush(*request, /*from_worker=*/false, response);
+  return Finish("SparseReplicate", status, request->ByteSizeLong(), 0);
 }
 
 }  // namespace fulcrum

@@ -1014,9 +1014,11 @@ namespace fulcrum {
 namespace {
 
 // A job with table "linear" (dim 1, SGD lr 0.5) and table "embedding"
-// (dim 16) in 4 buckets each, all on shard 0.
-v1::SetupJobRequest MakeTableSetup(const std::string& job_id, const TestServer& server) {
-  v1::ShardMap map = MakeShardMap(1, ReplicaGroup{{server.id(), server.address()}, {}});
+// (dim 16) in 4 buckets each, all on shard 0, led by `group` (as `server_id`
+// sets it up).
+v1::SetupJobRequest MakeTableSetupOn(const std::string& job_id, const ReplicaGroup& group, const std::string& server_id,
+                                     int64_t version = 1) {
+  v1::ShardMap map = MakeShardMap(version, group);
   for (auto [name, dim] : {std::pair<const char*, int>{"linear", 1}, {"embedding", 16}}) {
     v1::TableLayout* table = map.add_tables();
     table->set_name(name);
@@ -1024,12 +1026,16 @@ v1::SetupJobRequest MakeTableSetup(const std::string& job_id, const TestServer& 
     table->set_buckets(4);
     for (int b = 0; b < 4; ++b) table->add_bucket_shards(0);
   }
-  v1::SetupJobRequest setup = MakeSetup(job_id, v1::ASP, map, server.id());
+  v1::SetupJobRequest setup = MakeSetup(job_id, v1::ASP, map, server_id);
   v1::TableSpec* linear = setup.mutable_spec()->mutable_model()->add_tables();
   linear->set_name("linear");
   linear->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::SGD);
   linear->mutable_optimizer()->set_lr(0.5f);
   return setup;
+}
+
+v1::SetupJobRequest MakeTableSetup(const std::string& job_id, const TestServer& server) {
+  return MakeTableSetupOn(job_id, ReplicaGroup{{server.id(), server.address()}, {}}, server.id());
 }
 
 std::string Keys(const std::vector<uint64_t>& keys) {
@@ -1092,6 +1098,78 @@ TEST(ParameterServiceSparseTest, PushedRowsAreWhatLaterPullsRead) {
   ASSERT_TRUE((*server)->stub()->SparsePull(&after_context, pull, &after).ok());
   EXPECT_EQ(RowsOf(after.tables(0).rows()), (std::vector<float>{-0.5f, -1.0f, 2.0f})) << "applied once";
   EXPECT_EQ(after.tables(1).rows(), before.tables(1).rows()) << "the embedding table was not pushed";
+}
+
+// Replicated tables over gRPC: a push to the shard's primary is on its
+// backup before it is acknowledged, and applied once on both; only the
+// primary takes pushes and only a backup takes forwards; a bad push reaches
+// no replica; a primary behind its backup's map applies nothing.
+TEST(ParameterServiceSparseTest, APushIsOnTheShardsBackupBeforeItIsAcknowledged) {
+  auto primary = TestServer::Start("ps-0", /*with_checkpoints=*/false);
+  auto backup = TestServer::Start("ps-1", /*with_checkpoints=*/false);
+  ASSERT_TRUE(primary.ok() && backup.ok());
+  const ReplicaGroup group{{(*primary)->id(), (*primary)->address()}, {{(*backup)->id(), (*backup)->address()}}};
+  for (TestServer* server : {backup->get(), primary->get()}) {
+    ASSERT_TRUE(IsOk(SetupJob(server->stub(), MakeTableSetupOn("job-r", group, server->id()))));
+  }
+  const std::vector<uint64_t> keys = {3, 1ULL << 63, 77};
+  auto rows_on = [&](TestServer* server) {
+    v1::SparsePullRequest pull;
+    pull.set_job_id("job-r");
+    pull.set_map_version(1);
+    v1::SparseKeys* table = pull.add_tables();
+    table->set_table(0);
+    table->set_keys(Keys(keys));
+    grpc::ClientContext context;
+    v1::SparsePullResponse answer;
+    EXPECT_TRUE(server->stub()->SparsePull(&context, pull, &answer).ok());
+    return answer.tables_size() == 1 ? RowsOf(answer.tables(0).rows()) : std::vector<float>();
+  };
+  auto push_of = [&](int64_t step, std::vector<float> grads) {
+    v1::SparsePushRequest push;
+    push.set_job_id("job-r");
+    push.set_worker_id("w0");
+    push.set_partition(0);
+    push.set_step(step);
+    push.set_shard(0);
+    push.set_map_version(1);
+    v1::SparseKeys* table = push.add_tables();
+    table->set_table(0);
+    table->set_keys(Keys(keys));
+    table->set_rows(Floats(grads));
+    return push;
+  };
+  auto send = [](TestServer* server, const v1::SparsePushRequest& push, bool replicate,
+                 v1::SparsePushResponse* answer) {
+    grpc::ClientContext context;
+    SetDeadline(&context, kRpcSeconds);
+    return replicate ? server->stub()->SparseReplicate(&context, push, answer)
+                     : server->stub()->SparsePush(&context, push, answer);
+  };
+  v1::SparsePushResponse answer;
+  ASSERT_TRUE(IsOk(send(primary->get(), push_of(1, {1.0f, 2.0f, -4.0f}), false, &answer)));
+  EXPECT_FALSE(answer.duplicate());
+  const std::vector<float> once = {-0.5f, -1.0f, 2.0f};
+  EXPECT_EQ(rows_on(backup->get()), once) << "on the backup when acknowledged";
+  EXPECT_EQ(rows_on(primary->get()), once);
+  ASSERT_TRUE(IsOk(send(primary->get(), push_of(1, {1.0f, 2.0f, -4.0f}), false, &answer)));
+  EXPECT_TRUE(answer.duplicate());
+  EXPECT_EQ(rows_on(backup->get()), once) << "a retry applies nowhere twice";
+  // Roles: the backup takes no pushes, the primary no forwards.
+  EXPECT_TRUE(HasError(send(backup->get(), push_of(2, {1, 1, 1}), false, &answer), grpc::StatusCode::ABORTED,
+                       "this server is not its primary"));
+  EXPECT_TRUE(HasError(send(primary->get(), push_of(2, {1, 1, 1}), true, &answer), grpc::StatusCode::ABORTED,
+                       "this server is not its backup"));
+  // A non-finite gradient is refused by the primary before any forward.
+  EXPECT_TRUE(HasError(send(primary->get(), push_of(2, {1.0f, std::nanf(""), 0.0f}), false, &answer),
+                       grpc::StatusCode::INVALID_ARGUMENT, "non-finite"));
+  EXPECT_EQ(rows_on(backup->get()), once);
+  // A backup on a newer map fences its old primary: nothing applies.
+  v1::ShardMap newer = MakeTableSetupOn("job-r", group, (*backup)->id(), /*version=*/2).shard_map();
+  ASSERT_TRUE(IsOk(Reconfigure((*backup)->stub(), "job-r", newer)));
+  EXPECT_TRUE(HasError(send(primary->get(), push_of(2, {1, 1, 1}), false, &answer), grpc::StatusCode::ABORTED,
+                       "replicating to backup"));
+  EXPECT_EQ(rows_on(primary->get()), once);
 }
 
 TEST(ParameterServiceSparseTest, MalformedSparseRequestsAreRefusedWithReasons) {

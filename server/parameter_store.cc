@@ -788,6 +788,18 @@ absl::StatusOr<JobShard::ShardRole> JobShard::RoleOf(int32_t chunk_id) const {
   return role->second;
 }
 
+absl::StatusOr<JobShard::ShardRole> JobShard::RoleOfShard(int32_t shard) const {
+  MutexLock lock(&roles_mu_);
+  auto role = roles_.find(shard);
+  if (role == roles_.end()) {
+    if (!configured_) return ShardRole{/*primary=*/true, {}};  // never configured: a lone replica
+    return absl::AbortedError(absl::StrCat("shard ", shard, " of job ", config_.job_id,
+                                           " is not held by this server in shard map version ", map_version_,
+                                           ": refresh the map"));
+  }
+  return role->second;
+}
+
 void JobShard::Drop(const std::string& reason) {
   if (sparse_ != nullptr) sparse_->Freeze(reason);
   MutexLock lock(&chunks_mu_);

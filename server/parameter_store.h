@@ -332,6 +332,8 @@ class JobShard {
   // they have applied it, so every replica applies pushes in one order and
   // replicas stay bit-identical (BSP sums in partition order anyway).
   Mutex& replication_order() { return replication_order_; }
+  // The same for the pushes of asynchronous sparse tables.
+  Mutex& sparse_replication_order() { return sparse_replication_order_; }
   // The job's sparse tables on this server (null when the job has none).
   SparseShard* sparse() const { return sparse_.get(); }
 
@@ -349,6 +351,9 @@ class JobShard {
   int64_t map_version() const;
   // The role of the shard holding `chunk_id`; NOT_FOUND for an unknown chunk.
   absl::StatusOr<ShardRole> RoleOf(int32_t chunk_id) const;
+  // The role of shard `shard`; ABORTED when this server does not hold it in
+  // the map it has (a server never configured holds every shard as primary).
+  absl::StatusOr<ShardRole> RoleOfShard(int32_t shard) const;
 
  private:
   explicit JobShard(JobShardConfig config);
@@ -358,6 +363,7 @@ class JobShard {
   const JobShardConfig config_;
   std::unique_ptr<SparseShard> sparse_;  // set by Create, then constant
   Mutex replication_order_;
+  Mutex sparse_replication_order_;
   mutable Mutex chunks_mu_ ABSL_ACQUIRED_BEFORE(roles_mu_);  // guards chunks_ (chunks are never removed)
   std::map<int32_t, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(chunks_mu_);
   std::set<int32_t> copying_ ABSL_GUARDED_BY(chunks_mu_);  // see BeginCopy

@@ -7,6 +7,7 @@
 
 #include <prometheus/counter.h>
 #include <prometheus/histogram.h>
+#include <grpcpp/support/slice.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -63,23 +64,27 @@ void Replicator::Refused() const {
   if (options_.refused != nullptr) options_.refused->Increment();
 }
 
-absl::Status Replicator::CheckWrite(const JobShard& shard, const v1::PushRequest& header, const PayloadReader& chunks,
-                                    bool as_primary) const {
+absl::Status Replicator::CheckFence(const std::string& job_id, int64_t request_version, int64_t held) const {
   if (options_.lease_valid && !options_.lease_valid()) {
     Refused();
     return absl::UnavailableError("this server lost its lease with the scheduler: it takes no writes until it has one");
   }
-  const int64_t held = shard.map_version();
-  if (header.map_version() < held) {
+  if (request_version < held) {
     Refused();
-    return absl::AbortedError(absl::StrCat("job ", header.job_id(), ": request made with shard map version ",
-                                           header.map_version(), ", this server is at ", held,
-                                           ": refresh the map and retry"));
+    return absl::AbortedError(absl::StrCat("job ", job_id, ": request made with shard map version ", request_version,
+                                           ", this server is at ", held, ": refresh the map and retry"));
   }
-  if (header.map_version() > held) {
-    return absl::UnavailableError(absl::StrCat("job ", header.job_id(), ": this server has not received shard map version ",
-                                               header.map_version(), " yet (at ", held, "): retry"));
+  if (request_version > held) {
+    return absl::UnavailableError(absl::StrCat("job ", job_id, ": this server has not received shard map version ",
+                                               request_version, " yet (at ", held, "): retry"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Replicator::CheckWrite(const JobShard& shard, const v1::PushRequest& header, const PayloadReader& chunks,
+                                    bool as_primary) const {
+  const int64_t held = shard.map_version();
+  RETURN_IF_ERROR(CheckFence(header.job_id(), header.map_version(), held));
   std::set<int32_t> seen;
   for (int i = 0; i < chunks.chunks(); ++i) {
     const int32_t chunk = chunks.chunk(i).chunk_id();
@@ -110,6 +115,39 @@ absl::Status Replicator::Forward(const JobShard& shard, const v1::PushRequest& h
       message->second.AddChunk(chunks.chunk(i), std::move(payload));
     }
   }
+  std::map<std::string, grpc::ByteBuffer> finished;
+  for (auto& [address, message] : messages) finished.emplace(address, message.Finish());
+  return SendAll(header.job_id(), ReplicaPeers::Method::kReplicate, std::move(finished));
+}
+
+absl::Status Replicator::CheckSparseWrite(const JobShard& shard, const std::string& job_id, int64_t map_version,
+                                          int32_t shard_id, bool as_primary) const {
+  const int64_t held = shard.map_version();
+  RETURN_IF_ERROR(CheckFence(job_id, map_version, held));
+  ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOfShard(shard_id));
+  if (role.primary != as_primary) {
+    return absl::AbortedError(absl::StrCat("shard ", shard_id, " of job ", job_id,
+                                           as_primary ? ": this server is not its primary"
+                                                      : ": this server is not its backup",
+                                           " in shard map version ", held));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Replicator::ForwardSparse(const JobShard& shard, int32_t shard_id, const v1::SparsePushRequest& request) {
+  ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOfShard(shard_id));
+  if (role.backup_addresses.empty()) return absl::OkStatus();
+  // Serialized once; every backup's message shares the bytes.
+  auto* bytes = new std::string(request.SerializeAsString());
+  const grpc::Slice slice(bytes->data(), bytes->size(), [](void* owned) { delete static_cast<std::string*>(owned); },
+                          bytes);
+  std::map<std::string, grpc::ByteBuffer> messages;
+  for (const std::string& backup : role.backup_addresses) messages.emplace(backup, grpc::ByteBuffer(&slice, 1));
+  return SendAll(request.job_id(), ReplicaPeers::Method::kSparseReplicate, std::move(messages));
+}
+
+absl::Status Replicator::SendAll(const std::string& job_id, ReplicaPeers::Method method,
+                                 std::map<std::string, grpc::ByteBuffer> messages) {
   if (messages.empty()) return absl::OkStatus();
   const absl::Time start = absl::Now();
   std::map<std::string, std::unique_ptr<ReplicaPeers::Forward>> forwards;
@@ -119,15 +157,15 @@ absl::Status Replicator::Forward(const JobShard& shard, const v1::PushRequest& h
     MutexLock lock(&mu_);
     for (auto& [address, message] : messages) {
       auto& forward = forwards[address];
-      forward = peers_->Replicate(address, message.Finish(), options_.forward_timeout);
-      in_flight_.emplace(header.job_id(), forward.get());
+      forward = peers_->Replicate(address, method, std::move(message), options_.forward_timeout);
+      in_flight_.emplace(job_id, forward.get());
     }
   }
   std::map<std::string, absl::Status> outcomes;
   for (auto& [address, forward] : forwards) outcomes[address] = forward->Wait();
   {
     MutexLock lock(&mu_);
-    auto [begin, end] = in_flight_.equal_range(header.job_id());
+    auto [begin, end] = in_flight_.equal_range(job_id);
     for (auto it = begin; it != end;) {
       const bool ours = std::any_of(forwards.begin(), forwards.end(),
                                     [&](const auto& forward) { return forward.second.get() == it->second; });
@@ -140,9 +178,11 @@ absl::Status Replicator::Forward(const JobShard& shard, const v1::PushRequest& h
   for (const auto& [address, status] : outcomes) {
     if (status.ok()) continue;
     // A backup that moved to a newer map fences this primary: ABORTED makes
-    // the worker refresh its map. Anything else is retried.
-    const auto code = status.code() == absl::StatusCode::kAborted ? absl::StatusCode::kAborted
-                                                                  : absl::StatusCode::kUnavailable;
+    // the worker refresh its map. A backup whose tables are full cannot
+    // take the push, however often it is sent. Anything else is retried.
+    const auto code = status.code() == absl::StatusCode::kAborted || status.code() == absl::StatusCode::kResourceExhausted
+                          ? status.code()
+                          : absl::StatusCode::kUnavailable;
     return absl::Status(code, absl::StrCat("replicating to backup ", address, ": ", status.message()));
   }
   return absl::OkStatus();

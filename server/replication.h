@@ -47,10 +47,13 @@ class ReplicaPeers {
     virtual absl::Status Wait() = 0;
   };
 
+  // Replicate carries a PushRequest's bytes, SparseReplicate a
+  // SparsePushRequest's.
+  enum class Method { kReplicate, kSparseReplicate };
+
   virtual ~ReplicaPeers() = default;
-  // Starts sending `request` (a PushRequest's bytes) to the server at
-  // `address` as a Replicate.
-  virtual std::unique_ptr<Forward> Replicate(const std::string& address, grpc::ByteBuffer request,
+  // Starts sending `request` to the server at `address` as `method`.
+  virtual std::unique_ptr<Forward> Replicate(const std::string& address, Method method, grpc::ByteBuffer request,
                                              absl::Duration timeout) = 0;
   // The state of a chunk as the server at `address` holds it (CopyChunk).
   virtual absl::StatusOr<v1::ChunkState> CopyChunk(const std::string& address, const v1::CopyChunkRequest& request,
@@ -88,6 +91,15 @@ class Replicator {
   // (retried: every replica deduplicates).
   absl::Status Forward(const JobShard& shard, const v1::PushRequest& header, const PayloadReader& chunks);
 
+  // The same for the sparse tables: fencing of a SparsePush to shard
+  // `shard_id` (the lease, the request's map version against the server's,
+  // this server's role in the shard), and the forward of an accepted one to
+  // the shard's backups (the whole request: every key is in the shard).
+  // A backup's RESOURCE_EXHAUSTED (its tables full) comes back as such.
+  absl::Status CheckSparseWrite(const JobShard& shard, const std::string& job_id, int64_t map_version,
+                                int32_t shard_id, bool as_primary) const;
+  absl::Status ForwardSparse(const JobShard& shard, int32_t shard_id, const v1::SparsePushRequest& request);
+
   // Cancels the forwards of `job_id` in flight (a role change must not wait
   // for a backup that stopped); their pushes fail and are retried.
   void CancelForwards(const std::string& job_id);
@@ -110,6 +122,11 @@ class Replicator {
 
  private:
   void Refused() const;
+  // The lease and map-version checks every write passes.
+  absl::Status CheckFence(const std::string& job_id, int64_t request_version, int64_t held) const;
+  // Sends every message at once, waits for all, and reduces the outcomes.
+  absl::Status SendAll(const std::string& job_id, ReplicaPeers::Method method,
+                       std::map<std::string, grpc::ByteBuffer> messages);
 
   ReplicaPeers* const peers_;
   const Options options_;

@@ -93,9 +93,16 @@ class FakePeers final : public ReplicaPeers {
     bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   };
 
-  std::unique_ptr<Forward> Replicate(const std::string& address, grpc::ByteBuffer request,
+  std::unique_ptr<Forward> Replicate(const std::string& address, Method method, grpc::ByteBuffer request,
                                      absl::Duration) override {
     MutexLock lock(&mu_);
+    if (method == Method::kSparseReplicate) {
+      EXPECT_TRUE(ParseMessage(request, &sparse_sent_[address]).ok());
+      ++started_;
+      auto outcome = outcomes_.find(address);
+      return std::make_unique<FakeForward>(outcome != outcomes_.end() ? outcome->second : absl::OkStatus(),
+                                           held_.count(address) > 0);
+    }
     v1::PushRequest header;
     PayloadReader chunks;
     EXPECT_TRUE(chunks.Parse(request, v1::PushRequest::kChunksFieldNumber, &header).ok());
@@ -129,6 +136,7 @@ class FakePeers final : public ReplicaPeers {
   };
   Mutex mu_;
   std::map<std::string, Sent> sent_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, v1::SparsePushRequest> sparse_sent_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status> outcomes_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> held_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int32_t>, v1::ChunkState> states_ ABSL_GUARDED_BY(mu_);
@@ -233,6 +241,57 @@ TEST_F(ReplicationTest, ABackupAtANewerMapFencesThePrimaryAndOtherFailuresAreRet
   auto lone = Received("job", 5, {0, 1});
   const int started = [&] { MutexLock lock(&peers_.mu_); return peers_.started_; }();
   EXPECT_TRUE(replicator_->Forward(*shard_, lone->header, lone->chunks).ok());
+  MutexLock lock(&peers_.mu_);
+  EXPECT_EQ(peers_.started_, started);
+}
+
+// Sparse pushes: fenced by the lease, the map and the role in the shard the
+// push names; forwarded whole to that shard's backups only; a backup whose
+// tables are full answers RESOURCE_EXHAUSTED through the primary.
+TEST_F(ReplicationTest, SparseWritesAreFencedByTheirShardAndForwardedToItsBackups) {
+  EXPECT_TRUE(replicator_->CheckSparseWrite(*shard_, "job", 3, /*shard_id=*/0, /*as_primary=*/true).ok());
+  EXPECT_TRUE(replicator_->CheckSparseWrite(*shard_, "job", 3, /*shard_id=*/1, /*as_primary=*/false).ok());
+  auto expect = [&](int64_t version, int32_t shard, bool as_primary, absl::StatusCode code, const std::string& says) {
+    absl::Status status = replicator_->CheckSparseWrite(*shard_, "job", version, shard, as_primary);
+    EXPECT_EQ(status.code(), code) << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), says)) << status;
+  };
+  expect(2, 0, true, absl::StatusCode::kAborted, "shard map version 2, this server is at 3");
+  expect(4, 0, true, absl::StatusCode::kUnavailable, "has not received shard map version 4");
+  expect(3, 1, true, absl::StatusCode::kAborted, "this server is not its primary");
+  expect(3, 0, false, absl::StatusCode::kAborted, "this server is not its backup");
+  expect(3, 7, true, absl::StatusCode::kAborted, "shard 7 of job job is not held by this server");
+
+  v1::SparsePushRequest push;
+  push.set_job_id("job");
+  push.set_partition(1);
+  push.set_step(4);
+  push.set_shard(0);
+  push.set_part(1);
+  push.set_parts(2);
+  v1::SparseKeys* table = push.add_tables();
+  table->set_keys(std::string(16, 'k'));
+  table->set_rows(std::string(8, 'r'));
+  ASSERT_TRUE(replicator_->ForwardSparse(*shard_, 0, push).ok());
+  {
+    MutexLock lock(&peers_.mu_);
+    ASSERT_EQ(peers_.sparse_sent_.size(), 2u);
+    for (const char* backup : {"b1", "b2"}) {
+      EXPECT_EQ(peers_.sparse_sent_[backup].SerializeAsString(), push.SerializeAsString()) << backup;
+    }
+    peers_.sparse_sent_.clear();
+    peers_.outcomes_["b1"] = absl::ResourceExhaustedError("sparse table embedding is full on this server");
+  }
+  const absl::Status full = replicator_->ForwardSparse(*shard_, 0, push);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_TRUE(absl::StrContains(full.message(), "replicating to backup b1")) << full;
+  // A shard without backups (this server backs shard 1 up; its primary
+  // forwards): nothing is sent.
+  std::map<int32_t, JobShard::ShardRole> alone;
+  alone[0] = {true, {}};
+  ASSERT_TRUE(shard_->Configure(4, alone).ok());
+  const int started = [&] { MutexLock lock(&peers_.mu_); return peers_.started_; }();
+  EXPECT_TRUE(replicator_->ForwardSparse(*shard_, 0, push).ok());
   MutexLock lock(&peers_.mu_);
   EXPECT_EQ(peers_.started_, started);
 }

@@ -107,24 +107,41 @@ absl::StatusOr<std::unique_ptr<SparseShard>> SparseShard::Create(std::vector<Spa
     table.setup = std::move(setup);
     built.push_back(std::move(table));
   }
-  return std::unique_ptr<SparseShard>(new SparseShard(std::move(built), num_partitions, std::move(room)));
+  return std::unique_ptr<SparseShard>(
+      new SparseShard(std::move(built), held_shards, num_partitions, std::move(room)));
 }
 
-SparseShard::SparseShard(std::vector<Table> tables, int32_t num_partitions, std::function<int64_t()> room)
+std::vector<int32_t> SparseShard::BucketShardsOf(const std::vector<Table>& tables, const std::set<int32_t>& held) {
+  std::set<int32_t> shards;
+  for (const Table& table : tables) {
+    for (int32_t shard : table.setup.bucket_shards) {
+      if (held.count(shard) > 0) shards.insert(shard);
+    }
+  }
+  return std::vector<int32_t>(shards.begin(), shards.end());
+}
+
+SparseShard::SparseShard(std::vector<Table> tables, std::set<int32_t> held_shards, int32_t num_partitions,
+                         std::function<int64_t()> room)
     : tables_(std::move(tables)),
+      held_shards_(std::move(held_shards)),
+      bucket_shards_(BucketShardsOf(tables_, held_shards_)),
       num_partitions_(num_partitions),
       room_(std::move(room)),
       has_sync_(std::any_of(tables_.begin(), tables_.end(), [](const Table& t) { return t.setup.synchronous; })),
+      has_async_(std::any_of(tables_.begin(), tables_.end(), [](const Table& t) { return !t.setup.synchronous; })),
       holds_sync_(std::any_of(tables_.begin(), tables_.end(),
                               [](const Table& t) {
                                 return t.setup.synchronous &&
                                        std::any_of(t.buckets.begin(), t.buckets.end(),
                                                    [](const auto& bucket) { return bucket != nullptr; });
                               })),
-      applied_(static_cast<size_t>(num_partitions)),
+      applied_(static_cast<size_t>(num_partitions), std::vector<Applied>(bucket_shards_.size())),
       restored_(static_cast<size_t>(num_partitions), 0),
       gather_(static_cast<size_t>(num_partitions)),
-      undo_(tables_.size()) {}
+      undo_(tables_.size()) {
+  for (PartitionGather& partition : gather_) partition.shards.resize(bucket_shards_.size());
+}
 
 int64_t SparseShard::EmptyBytes(const std::vector<SparseTableSetup>& tables, const std::set<int32_t>& held_shards) {
   int64_t buckets = 0;
@@ -149,6 +166,59 @@ absl::StatusOr<SparseTable*> SparseShard::BucketFor(const Table& table, uint64_t
                                            ", which this server does not hold (refresh the shard map)"));
   }
   return held;
+}
+
+absl::StatusOr<SparseTable*> SparseShard::BucketOfShard(const Table& table, uint64_t key, int32_t shard) const {
+  absl::StatusOr<SparseTable*> bucket = BucketFor(table, key);
+  if (!bucket.ok()) return bucket;
+  const int32_t b = BucketOf(key, static_cast<int32_t>(table.buckets.size()));
+  const int32_t of = table.setup.bucket_shards[static_cast<size_t>(b)];
+  if (of != shard) {
+    return absl::AbortedError(absl::StrCat("key ", key, " of table ", table.setup.config.name, " is in bucket ", b,
+                                           " of shard ", of, ", not of shard ", shard,
+                                           " that the push names (refresh the shard map)"));
+  }
+  return bucket;
+}
+
+absl::StatusOr<int32_t> SparseShard::ShardOfPush(int32_t named) const {
+  absl::StatusOr<size_t> slot = SlotOf(named);
+  if (!slot.ok()) return slot.status();
+  return bucket_shards_[*slot];
+}
+
+absl::StatusOr<size_t> SparseShard::SlotOf(int32_t named) const {
+  if (named < 0) {
+    if (bucket_shards_.size() == 1) return 0;
+    return absl::InvalidArgumentError(absl::StrCat("sparse push names no shard, and this server holds buckets of ",
+                                                   bucket_shards_.size(),
+                                                   " shards of the job (set SparsePushRequest.shard)"));
+  }
+  auto it = std::lower_bound(bucket_shards_.begin(), bucket_shards_.end(), named);
+  if (it != bucket_shards_.end() && *it == named) return static_cast<size_t>(it - bucket_shards_.begin());
+  if (held_shards_.count(named) > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse push to shard ", named, ", which holds no bucket of the job's tables"));
+  }
+  return absl::AbortedError(absl::StrCat("sparse push to shard ", named,
+                                         ", which this server does not hold (refresh the shard map)"));
+}
+
+absl::Status SparseShard::Validate(const SparsePushArgs& args) const {
+  if (absl::Status valid = CheckPushArgs(args); !valid.ok()) return valid;
+  absl::StatusOr<size_t> slot = SlotOf(args.shard);
+  if (!slot.ok()) return slot.status();
+  const int32_t shard = bucket_shards_[*slot];
+  for (const SparseRows& rows : args.tables) {
+    const Table& table = tables_[static_cast<size_t>(rows.table)];
+    for (BucketPart& part : SplitByBucket(rows.keys, rows.grads, table.setup.config.dim,
+                                          static_cast<int32_t>(table.buckets.size()))) {
+      absl::StatusOr<SparseTable*> bucket = BucketOfShard(table, part.keys.front(), shard);
+      if (!bucket.ok()) return bucket.status();
+      if (absl::Status checked = (*bucket)->CheckPush(part.keys, part.grads); !checked.ok()) return checked;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SparseShard::Pull(int32_t table, absl::Span<const uint64_t> keys, float* out) const {
@@ -242,6 +312,9 @@ absl::Status SparseShard::CheckPushArgs(const SparsePushArgs& args) const {
 
 absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) {
   if (absl::Status valid = CheckPushArgs(args); !valid.ok()) return valid;
+  absl::StatusOr<size_t> slot = SlotOf(args.shard);
+  if (!slot.ok()) return slot.status();
+  const int32_t shard = bucket_shards_[*slot];
   struct Planned {
     const Table* table;
     SparseTable* bucket;
@@ -251,10 +324,11 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
   if (!frozen_reason_.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("sparse tables take no pushes: ", frozen_reason_));
   }
-  Applied& applied = applied_[static_cast<size_t>(args.partition)];
+  Applied& applied = applied_[static_cast<size_t>(args.partition)][*slot];
   PartitionGather& gather = gather_[static_cast<size_t>(args.partition)];
+  ShardGather& shard_gather = gather.shards[*slot];
   if (has_sync_) {
-    if (args.step < sync_step_ || (args.step == sync_step_ && gather.seen.count(args.part) > 0)) {
+    if (args.step < sync_step_ || (args.step == sync_step_ && shard_gather.seen.count(args.part) > 0)) {
       return SparsePushOutcome::kDuplicate;
     }
     if (args.step > sync_step_) {
@@ -262,10 +336,11 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
                                              " arrived while this server gathers step ", sync_step_,
                                              " of the synchronous tables (run the step again)"));
     }
-    if (gather.parts != 0 && gather.parts != args.parts) {
+    if (shard_gather.parts != 0 && shard_gather.parts != args.parts) {
       return absl::InvalidArgumentError(absl::StrCat("sparse push of partition ", args.partition, "'s step ",
                                                      args.step, " says it takes ", args.parts,
-                                                     " requests here; an earlier part said ", gather.parts));
+                                                     " requests to shard ", shard, "; an earlier part said ",
+                                                     shard_gather.parts));
     }
   } else if (args.step < applied.step || (args.step == applied.step && applied.parts.count(args.part) > 0)) {
     return SparsePushOutcome::kDuplicate;
@@ -281,7 +356,7 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
     const Table& table = tables_[static_cast<size_t>(rows.table)];
     const int32_t dim = table.setup.config.dim;
     for (BucketPart& part : SplitByBucket(rows.keys, rows.grads, dim, static_cast<int32_t>(table.buckets.size()))) {
-      absl::StatusOr<SparseTable*> bucket = BucketFor(table, part.keys.front());
+      absl::StatusOr<SparseTable*> bucket = BucketOfShard(table, part.keys.front(), shard);
       if (!bucket.ok()) return bucket.status();
       if (table.setup.synchronous) {
         if (absl::Status checked = (*bucket)->CheckPush(part.keys, part.grads); !checked.ok()) return checked;
@@ -343,7 +418,10 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
   if (has_sync_) {
     const size_t kept_before = gather.rows.size();
     for (Gathered& kept : gathered) gather.rows.push_back(std::move(kept));
-    const bool whole = static_cast<int32_t>(gather.seen.size()) + 1 == args.parts;
+    // The partition is whole here once every shard holding buckets here
+    // has all its parts.
+    const bool shard_whole = static_cast<int32_t>(shard_gather.seen.size()) + 1 == args.parts;
+    const bool whole = shard_whole && gather.whole_shards + 1 == static_cast<int32_t>(bucket_shards_.size());
     if (whole && whole_partitions_ + 1 == num_partitions_) {
       absl::StatusOr<GatheredStep> summed = SumGatheredStepLocked();
       if (!summed.ok()) {
@@ -352,8 +430,9 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
       }
       step = *std::move(summed);
     }
-    gather.parts = args.parts;
-    gather.seen.insert(args.part);
+    shard_gather.parts = args.parts;
+    shard_gather.seen.insert(args.part);
+    if (shard_whole) ++gather.whole_shards;
     gather.bytes += gathered_bytes;
     held_bytes_ += gathered_bytes;
     if (whole) ++whole_partitions_;
@@ -481,7 +560,10 @@ void SparseShard::ApplyGatheredStepLocked(GatheredStep step) {
     // Cannot fail: checked whole by SumGatheredStepLocked, pushes serialized.
     (void)piece.bucket->PushChecked(sync_step_, run, step.grads[static_cast<size_t>(piece.table)].data() + piece.begin * dim);
   }
-  for (PartitionGather& partition : gather_) partition = PartitionGather();
+  for (PartitionGather& partition : gather_) {
+    partition = PartitionGather();
+    partition.shards.resize(bucket_shards_.size());
+  }
   whole_partitions_ = 0;
   held_bytes_ = undo_bytes;
   undo_step_ = sync_step_;
@@ -523,7 +605,9 @@ std::vector<int64_t> SparseShard::CapturePositionsLocked() const {
   std::vector<int64_t> positions(applied_.size());
   for (size_t p = 0; p < applied_.size(); ++p) {
     // The last step pushed here runs again (it may have more parts to come).
-    positions[p] = std::max(restored_[p], std::max<int64_t>(0, applied_[p].step));
+    int64_t last = 0;
+    for (const Applied& shard : applied_[p]) last = std::max(last, shard.step);
+    positions[p] = std::max(restored_[p], last);
   }
   return positions;
 }

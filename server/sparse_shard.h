@@ -15,10 +15,14 @@
 //    A pull may name its step: the rows that step reads, also once the step
 //    was applied (a re-run of a partition's step after a worker died reads
 //    what the first run read).
-// Each part of a data partition's step is applied at most once: a repeat of
-// (partition, step, part), or a push of an older step than the partition's
-// last (synchronous: than the step being gathered), is acknowledged as a
-// duplicate.
+// Pushes come per shard (a server may hold buckets of several: as primary of
+// one and backup of another), numbered in parts per (partition, step,
+// shard). Each part is applied at most once: a repeat of (partition, step,
+// shard, part), or a push of an older step than the partition's last to
+// that shard (synchronous: than the step being gathered), is acknowledged
+// as a duplicate. So every replica of a shard, whoever forwards to it,
+// applies the same pushes, and a worker that sends a step again after a
+// failover numbers its parts as before.
 #ifndef FULCRUM_SERVER_SPARSE_SHARD_H_
 #define FULCRUM_SERVER_SPARSE_SHARD_H_
 
@@ -60,10 +64,14 @@ struct SparseRows {
 struct SparsePushArgs {
   int32_t partition = 0;
   int64_t step = 0;
-  int32_t part = 0;  // which of the step's requests to this server
-  // How many requests the partition's step sends this server, in [1,
-  // kMaxPushParts] (synchronous tables: its step is whole here once all are
-  // in); 0: not said (refused when a table is synchronous).
+  // The shard every key is in; -1: not said (allowed where this server
+  // holds buckets of one shard only, which it then is).
+  int32_t shard = -1;
+  int32_t part = 0;  // which of the step's requests to this shard
+  // How many requests the partition's step sends this shard, in [1,
+  // kMaxPushParts] (synchronous tables: its step is whole here once all
+  // parts of every shard holding buckets here are in); 0: not said
+  // (refused when a table is synchronous).
   int32_t parts = 0;
   std::vector<SparseRows> tables;
 };
@@ -114,9 +122,13 @@ class SparseShard {
   // when `step` is older than the last applied (its rows are gone).
   absl::Status PullAtStep(int32_t table, absl::Span<const uint64_t> keys, int64_t step, float* out) const;
 
+  // The checks of Push that need no state: a primary makes them before it
+  // forwards a push to its backups (a bad push reaches no replica).
+  absl::Status Validate(const SparsePushArgs& args) const;
   // Applies a push whole or not at all. INVALID_ARGUMENT for a bad
   // partition or table, a key listed twice in a table, a non-finite
-  // gradient; ABORTED for a key of a bucket held elsewhere;
+  // gradient, no shard named where it must be; ABORTED for a key of a
+  // bucket held elsewhere or of another shard than the push names;
   // RESOURCE_EXHAUSTED naming the table when the rows it would add do not
   // fit the budget; FAILED_PRECONDITION once frozen.
   absl::StatusOr<SparsePushOutcome> Push(const SparsePushArgs& args);
@@ -166,6 +178,10 @@ class SparseShard {
   // gathered and of the step before (for re-runs' pulls).
   int64_t bytes() const;
   bool has_synchronous() const { return has_sync_; }
+  bool has_asynchronous() const { return has_async_; }
+  // The shard a push names, or (-1) the one shard holding buckets here;
+  // SlotOf's errors.
+  absl::StatusOr<int32_t> ShardOfPush(int32_t named) const;
 
  private:
   struct Table {
@@ -173,11 +189,19 @@ class SparseShard {
     // By bucket; null for a bucket held elsewhere.
     std::vector<std::unique_ptr<SparseTable>> buckets;
   };
-  SparseShard(std::vector<Table> tables, int32_t num_partitions, std::function<int64_t()> room);
+  SparseShard(std::vector<Table> tables, std::set<int32_t> held_shards, int32_t num_partitions,
+              std::function<int64_t()> room);
+  // The shards of `held` that hold buckets of `tables`, ascending.
+  static std::vector<int32_t> BucketShardsOf(const std::vector<Table>& tables, const std::set<int32_t>& held);
 
   // The bucket table of `key`; ABORTED when it is not held here.
   absl::StatusOr<SparseTable*> BucketFor(const Table& table, uint64_t key) const;
   absl::Status CheckPushArgs(const SparsePushArgs& args) const;
+  // The index in bucket_shards_ of the shard a push names (or implies).
+  absl::StatusOr<size_t> SlotOf(int32_t named) const;
+  // The bucket table of `key`, checked to be of `shard`; ABORTED when it
+  // is not held here or is another shard's.
+  absl::StatusOr<SparseTable*> BucketOfShard(const Table& table, uint64_t key, int32_t shard) const;
   // The held bucket of a table chunk id; null when there is none here.
   const SparseTable* HeldBucket(int32_t chunk_id) const;
   // The steps each partition runs again from, for a capture now.
@@ -209,18 +233,23 @@ class SparseShard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
 
   const std::vector<Table> tables_;
+  const std::set<int32_t> held_shards_;
+  // The held shards that hold buckets, ascending: the slots of the
+  // per-shard bookkeeping below.
+  const std::vector<int32_t> bucket_shards_;
   const int32_t num_partitions_;
   const std::function<int64_t()> room_;
   const bool has_sync_;   // some table is synchronous
+  const bool has_async_;  // some table is asynchronous
   const bool holds_sync_;  // and this server holds buckets of one (else its checkpoints never wait for a step)
 
   mutable Mutex push_mu_;  // serializes pushes; guards the members below
-  // By partition: the last step applied, and which of its parts.
+  // By partition, then slot: the last step applied, and which of its parts.
   struct Applied {
     int64_t step = -1;
     std::set<int32_t> parts;
   };
-  std::vector<Applied> applied_ ABSL_GUARDED_BY(push_mu_);
+  std::vector<std::vector<Applied>> applied_ ABSL_GUARDED_BY(push_mu_);
   // By partition: the step a restore says it runs again from.
   std::vector<int64_t> restored_ ABSL_GUARDED_BY(push_mu_);
   int64_t restored_bytes_ ABSL_GUARDED_BY(push_mu_) = 0;  // what restores added
@@ -241,9 +270,13 @@ class SparseShard {
     std::vector<uint64_t> keys;
     std::vector<float> grads;
   };
-  struct PartitionGather {
+  struct ShardGather {
     int32_t parts = 0;  // 0: nothing of the step yet
     std::set<int32_t> seen;
+  };
+  struct PartitionGather {
+    std::vector<ShardGather> shards;  // by slot
+    int32_t whole_shards = 0;         // slots with every part in
     std::vector<Gathered> rows;
     int64_t bytes = 0;
   };

@@ -18,8 +18,8 @@ namespace {
 constexpr int32_t kBuckets = 8;
 
 // Two tables: "linear" (dim 1, SGD) and "embedding" (dim 4, Adagrad), each
-// of kBuckets buckets over two shards.
-std::vector<SparseTableSetup> Tables(int64_t expire_after = 0) {
+// of kBuckets buckets over `shards` shards.
+std::vector<SparseTableSetup> Tables(int64_t expire_after = 0, int32_t shards = 2) {
   std::vector<SparseTableSetup> tables(2);
   tables[0].config.name = "linear";
   tables[0].config.dim = 1;
@@ -34,21 +34,28 @@ std::vector<SparseTableSetup> Tables(int64_t expire_after = 0) {
   tables[1].config.expire_after = expire_after;
   for (SparseTableSetup& table : tables) {
     table.config.seed = 7;
-    table.bucket_shards = AssignBucketsToShards(kBuckets, 2);
+    table.bucket_shards = AssignBucketsToShards(kBuckets, shards);
   }
   return tables;
 }
 
-// `budget`: the bytes the tables may take (0: no limit).
-std::unique_ptr<SparseShard> Make(const std::set<int32_t>& shards, int64_t budget = 0, int64_t expire_after = 0) {
+// The shards `shards` of tables over `layout_shards`; `budget`: the bytes
+// the tables may take (0: no limit).
+std::unique_ptr<SparseShard> Make(const std::set<int32_t>& shards, int64_t budget = 0, int64_t expire_after = 0,
+                                  int32_t layout_shards = 2) {
   auto self = std::make_shared<SparseShard*>(nullptr);
   std::function<int64_t()> room;
   if (budget > 0) room = [self, budget] { return budget - (*self)->bytes(); };
-  auto shard = SparseShard::Create(Tables(expire_after), shards, /*num_partitions=*/2, room);
+  auto shard = SparseShard::Create(Tables(expire_after, layout_shards), shards, /*num_partitions=*/2, room);
   EXPECT_TRUE(shard.ok()) << shard.status();
   if (!shard.ok()) return nullptr;
   *self = shard->get();
   return *std::move(shard);
+}
+
+// A server holding the one shard of its tables.
+std::unique_ptr<SparseShard> MakeOne(int64_t budget = 0, int64_t expire_after = 0) {
+  return Make({0}, budget, expire_after, /*layout_shards=*/1);
 }
 
 std::vector<float> Grads(size_t keys, int32_t dim, float scale) {
@@ -103,6 +110,23 @@ ShardPart PartOnShard(const std::vector<uint64_t>& keys, const std::vector<float
   return part;
 }
 
+// A push of `keys` to a server holding both shards: one push per shard, as
+// workers send them (the first error, or whether any applied).
+absl::StatusOr<SparsePushOutcome> PushBothShards(SparseShard* shard, int32_t partition, int64_t step,
+                                                 const std::vector<uint64_t>& keys, const std::vector<float>& linear,
+                                                 const std::vector<float>& embedding) {
+  SparsePushOutcome outcome = SparsePushOutcome::kDuplicate;
+  for (int32_t s = 0; s < 2; ++s) {
+    const ShardPart part = PartOnShard(keys, linear, embedding, s);
+    SparsePushArgs args = PushOf(partition, step, part.keys, part.linear, part.embedding);
+    args.shard = s;
+    absl::StatusOr<SparsePushOutcome> pushed = shard->Push(args);
+    if (!pushed.ok()) return pushed;
+    if (*pushed == SparsePushOutcome::kApplied) outcome = SparsePushOutcome::kApplied;
+  }
+  return outcome;
+}
+
 TEST(SparseShardTest, KeysSplitOverTwoServersTrainAsOnOne) {
   auto whole = Make({0, 1});
   auto first = Make({0});
@@ -112,7 +136,7 @@ TEST(SparseShardTest, KeysSplitOverTwoServersTrainAsOnOne) {
   for (int64_t step = 0; step < 3; ++step) {
     const std::vector<float> linear = Grads(keys.size(), 1, 0.1f * static_cast<float>(step + 1));
     const std::vector<float> embedding = Grads(keys.size(), 4, 0.01f);
-    ASSERT_EQ(*whole->Push(PushOf(0, step, keys, linear, embedding)), SparsePushOutcome::kApplied);
+    ASSERT_EQ(*PushBothShards(whole.get(), 0, step, keys, linear, embedding), SparsePushOutcome::kApplied);
     for (int32_t s = 0; s < 2; ++s) {
       // Each server gets its keys' rows, as a worker splits a push.
       const ShardPart part = PartOnShard(keys, linear, embedding, s);
@@ -131,8 +155,8 @@ TEST(SparseShardTest, KeysSplitOverTwoServersTrainAsOnOne) {
 }
 
 TEST(SparseShardTest, KeysInAnyOrderGoToTheirBuckets) {
-  auto grouped = Make({0, 1});
-  auto shuffled = Make({0, 1});
+  auto grouped = MakeOne();
+  auto shuffled = MakeOne();
   std::vector<uint64_t> keys;
   for (uint64_t k = 0; k < 40; ++k) keys.push_back(k);
   // Sorted by bucket (as workers send them) and as they come.
@@ -173,7 +197,7 @@ TEST(SparseShardTest, KeysOfBucketsHeldElsewhereAreRefusedAndNothingApplies) {
 }
 
 TEST(SparseShardTest, APartitionStepAppliesOnce) {
-  auto shard = Make({0, 1});
+  auto shard = MakeOne();
   const std::vector<uint64_t> keys = {5, 6};
   const std::vector<float> linear = {1.0f, 2.0f}, embedding = Grads(2, 4, 0.1f);
   ASSERT_EQ(*shard->Push(PushOf(1, 4, keys, linear, embedding)), SparsePushOutcome::kApplied);
@@ -201,7 +225,7 @@ TEST(SparseShardTest, APartitionStepAppliesOnce) {
 }
 
 TEST(SparseShardTest, AFaultInOneTableRefusesTheWholePush) {
-  auto shard = Make({0, 1});
+  auto shard = MakeOne();
   const std::vector<uint64_t> keys = {5, 6, 7};
   const std::vector<float> linear = {1.0f, 2.0f, 3.0f};
   std::vector<float> embedding = Grads(3, 4, 0.1f);
@@ -229,9 +253,9 @@ TEST(SparseShardTest, AFaultInOneTableRefusesTheWholePush) {
 }
 
 TEST(SparseShardTest, APushBeyondTheBudgetIsRefusedNamingTheTable) {
-  auto probe = Make({0, 1});
+  auto probe = MakeOne();
   const int64_t empty_bytes = probe->bytes();
-  auto shard = Make({0, 1}, /*budget=*/empty_bytes + (int64_t{8} << 20));
+  auto shard = MakeOne(/*budget=*/empty_bytes + (int64_t{8} << 20));
   std::vector<uint64_t> keys;
   int64_t step = 0;
   absl::Status refused;
@@ -256,7 +280,7 @@ TEST(SparseShardTest, APushBeyondTheBudgetIsRefusedNamingTheTable) {
 }
 
 TEST(SparseShardTest, RowsNotPushedForExpireAfterStepsAreDropped) {
-  auto shard = Make({0, 1}, 0, /*expire_after=*/8);
+  auto shard = MakeOne(0, /*expire_after=*/8);
   const std::vector<uint64_t> stale = {100, 101}, live = {200};
   const std::vector<float> two_linear = {1, 1}, two_embedding = Grads(2, 4, 0.1f);
   const std::vector<float> one_linear = {1}, one_embedding = Grads(1, 4, 0.1f);
@@ -270,7 +294,7 @@ TEST(SparseShardTest, RowsNotPushedForExpireAfterStepsAreDropped) {
 }
 
 TEST(SparseShardTest, FrozenShardsAnswerPullsButTakeNoPushes) {
-  auto shard = Make({0, 1});
+  auto shard = MakeOne();
   shard->Freeze("the job succeeded");
   const std::vector<uint64_t> keys = {1};
   const std::vector<float> linear = {1}, embedding = Grads(1, 4, 0.1f);
@@ -314,9 +338,9 @@ TEST(SparseShardTest, ACaptureRestoredElsewhereTrainsOnExactlyAsTheOriginal) {
   std::vector<uint64_t> keys;
   for (uint64_t k = 1; k <= 96; ++k) keys.push_back(k * 7919);
   for (int64_t step = 0; step < 3; ++step) {
-    ASSERT_TRUE(original->Push(PushOf(0, step, keys, Grads(keys.size(), 1, 0.2f), Grads(keys.size(), 4, 0.01f))).ok());
+    ASSERT_TRUE(PushBothShards(original.get(), 0, step, keys, Grads(keys.size(), 1, 0.2f), Grads(keys.size(), 4, 0.01f)).ok());
   }
-  ASSERT_TRUE(original->Push(PushOf(1, 1, keys, Grads(keys.size(), 1, 0.1f), Grads(keys.size(), 4, 0.02f))).ok());
+  ASSERT_TRUE(PushBothShards(original.get(), 1, 1, keys, Grads(keys.size(), 1, 0.1f), Grads(keys.size(), 4, 0.02f)).ok());
   const std::vector<std::pair<int32_t, ChunkSnapshot>> captured = original->Capture();
   ASSERT_EQ(captured.size(), 2u * kBuckets);
   for (const auto& [chunk_id, snapshot] : captured) {
@@ -340,7 +364,7 @@ TEST(SparseShardTest, ACaptureRestoredElsewhereTrainsOnExactlyAsTheOriginal) {
   // the restored buckets skip it (the original takes it as a duplicate).
   const std::vector<float> ones_linear(keys.size(), 1.0f);
   const std::vector<float> ones_embedding(keys.size() * 4, 1.0f);
-  ASSERT_TRUE(original->Push(PushOf(0, 1, keys, ones_linear, ones_embedding)).ok());
+  ASSERT_TRUE(PushBothShards(original.get(), 0, 1, keys, ones_linear, ones_embedding).ok());
   for (int32_t s = 0; s < 2; ++s) {
     const ShardPart part = PartOnShard(keys, ones_linear, ones_embedding, s);
     ASSERT_TRUE((s == 0 ? first : second)->Push(PushOf(0, 1, part.keys, part.linear, part.embedding)).ok());
@@ -348,7 +372,7 @@ TEST(SparseShardTest, ACaptureRestoredElsewhereTrainsOnExactlyAsTheOriginal) {
   // One more step on both: the same rows (Adagrad's accumulators came along).
   const std::vector<float> linear = Grads(keys.size(), 1, 0.3f);
   const std::vector<float> embedding = Grads(keys.size(), 4, 0.03f);
-  ASSERT_TRUE(original->Push(PushOf(0, 3, keys, linear, embedding)).ok());
+  ASSERT_TRUE(PushBothShards(original.get(), 0, 3, keys, linear, embedding).ok());
   for (int32_t s = 0; s < 2; ++s) {
     const ShardPart part = PartOnShard(keys, linear, embedding, s);
     SparseShard* shard = s == 0 ? first.get() : second.get();
@@ -367,7 +391,7 @@ TEST(SparseShardTest, ARestoreBeyondTheBudgetIsRefusedNamingTheTable) {
   auto original = Make({0, 1});
   std::vector<uint64_t> keys;
   for (uint64_t k = 1; k <= 4000; ++k) keys.push_back(k);
-  ASSERT_TRUE(original->Push(PushOf(0, 0, keys, Grads(keys.size(), 1, 0.2f), Grads(keys.size(), 4, 0.01f))).ok());
+  ASSERT_TRUE(PushBothShards(original.get(), 0, 0, keys, Grads(keys.size(), 1, 0.2f), Grads(keys.size(), 4, 0.01f)).ok());
   auto small = Make({0, 1}, /*budget=*/original->bytes() / 4);
   absl::Status refused = absl::OkStatus();
   for (const auto& [chunk_id, snapshot] : original->Capture()) {
@@ -379,15 +403,15 @@ TEST(SparseShardTest, ARestoreBeyondTheBudgetIsRefusedNamingTheTable) {
 }
 
 
-// Synchronous (BSP) tables: both tables of Tables(), on both shards.
+// Synchronous (BSP) tables: both tables of Tables(), on one shard.
 std::unique_ptr<SparseShard> MakeSync(int64_t budget = 0, bool async_embedding = false) {
-  std::vector<SparseTableSetup> tables = Tables();
+  std::vector<SparseTableSetup> tables = Tables(/*expire_after=*/0, /*shards=*/1);
   tables[0].synchronous = true;
   tables[1].synchronous = !async_embedding;
   auto self = std::make_shared<SparseShard*>(nullptr);
   std::function<int64_t()> room;
   if (budget > 0) room = [self, budget] { return budget - (*self)->bytes(); };
-  auto shard = SparseShard::Create(std::move(tables), {0, 1}, /*num_partitions=*/2, room);
+  auto shard = SparseShard::Create(std::move(tables), {0}, /*num_partitions=*/2, room);
   EXPECT_TRUE(shard.ok()) << shard.status();
   if (!shard.ok()) return nullptr;
   *self = shard->get();
@@ -597,6 +621,99 @@ TEST(SparseShardSyncTest, ACheckpointCutsTheTablesAtItsStepAndRestoresThere) {
   EXPECT_EQ(PullAll(*restored, 0, keys), PullAll(*shard, 0, keys)) << "the same step 1 on the same rows";
 }
 
+
+// Synchronous tables over two shards, of which a server holds `held` (a
+// primary of one shard and a backup of the other holds both).
+std::unique_ptr<SparseShard> MakeSyncOn(const std::set<int32_t>& held) {
+  std::vector<SparseTableSetup> tables = Tables();
+  for (SparseTableSetup& table : tables) table.synchronous = true;
+  auto shard = SparseShard::Create(std::move(tables), held, /*num_partitions=*/2);
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  return shard.ok() ? *std::move(shard) : nullptr;
+}
+
+// Pushes come per shard, numbered in parts per shard: a server holding two
+// shards (its own and one it backs up, whose pushes its primary forwards)
+// applies a step once every shard's parts of every partition are in, and
+// ends bit-identical to two servers holding one shard each. A part is
+// counted per shard (the same part number of another shard is its own),
+// and a key must be of the shard its push names.
+TEST(SparseShardSyncTest, AServerHoldingTwoShardsCountsEachShardsParts) {
+  auto both = MakeSyncOn({0, 1});
+  auto first = MakeSyncOn({0});
+  auto second = MakeSyncOn({1});
+  ASSERT_TRUE(both && first && second);
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 1; k <= 24; ++k) keys.push_back(k * 7919);
+  // Each shard's pushes: shard 0 in one part, shard 1 in two.
+  struct Sent {
+    int32_t shard, part, parts;
+    ShardPart rows;
+  };
+  auto pushes_of = [&](float scale) {
+    const std::vector<float> linear = Grads(keys.size(), 1, scale), embedding = Grads(keys.size(), 4, scale);
+    std::vector<Sent> sent;
+    sent.push_back({0, 0, 1, PartOnShard(keys, linear, embedding, 0)});
+    ShardPart rest = PartOnShard(keys, linear, embedding, 1);
+    const size_t half = rest.keys.size() / 2;
+    ShardPart a, b;
+    a.keys.assign(rest.keys.begin(), rest.keys.begin() + static_cast<std::ptrdiff_t>(half));
+    b.keys.assign(rest.keys.begin() + static_cast<std::ptrdiff_t>(half), rest.keys.end());
+    a.linear.assign(rest.linear.begin(), rest.linear.begin() + static_cast<std::ptrdiff_t>(half));
+    b.linear.assign(rest.linear.begin() + static_cast<std::ptrdiff_t>(half), rest.linear.end());
+    a.embedding.assign(rest.embedding.begin(), rest.embedding.begin() + static_cast<std::ptrdiff_t>(half * 4));
+    b.embedding.assign(rest.embedding.begin() + static_cast<std::ptrdiff_t>(half * 4), rest.embedding.end());
+    sent.push_back({1, 0, 2, a});
+    sent.push_back({1, 1, 2, b});
+    return sent;
+  };
+  auto args_of = [](int32_t partition, int64_t step, const Sent& sent) {
+    SparsePushArgs args =
+        SyncPushOf(partition, step, sent.part, sent.parts, sent.rows.keys, sent.rows.linear, sent.rows.embedding);
+    args.shard = sent.shard;
+    return args;
+  };
+  for (int64_t step = 0; step < 2; ++step) {
+    const std::vector<float> at_start = PullAll(*both, 1, keys);
+    const std::vector<Sent> p0 = pushes_of(0.3f * static_cast<float>(step + 1));
+    const std::vector<Sent> p1 = pushes_of(-0.2f);
+    for (int32_t partition : {0, 1}) {
+      for (const Sent& sent : partition == 0 ? p0 : p1) {
+        SparseShard* alone = sent.shard == 0 ? first.get() : second.get();
+        ASSERT_EQ(*alone->Push(args_of(partition, step, sent)), SparsePushOutcome::kApplied);
+        EXPECT_EQ(PullAll(*both, 1, keys), at_start) << "step " << step << " applied before its last part";
+        ASSERT_EQ(*both->Push(args_of(partition, step, sent)), SparsePushOutcome::kApplied);
+        // A repeat is a duplicate of its own shard's part only.
+        EXPECT_EQ(*both->Push(args_of(partition, step, sent)), SparsePushOutcome::kDuplicate);
+      }
+    }
+    EXPECT_NE(PullAll(*both, 1, keys), at_start) << "step " << step << " applied once whole";
+  }
+  for (int32_t table : {0, 1}) {
+    for (int32_t s : {0, 1}) {
+      const std::vector<uint64_t> part = OnShard(keys, s);
+      const std::vector<float> x = PullAll(*both, table, part), y = PullAll(s == 0 ? *first : *second, table, part);
+      ASSERT_EQ(x.size(), y.size());
+      EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float))) << "table " << table << " shard " << s;
+    }
+  }
+  // A push that names no shard, or a shard not held, or holds a key of
+  // another shard than it names, is refused.
+  const std::vector<Sent> next = pushes_of(1.0f);
+  SparsePushArgs unnamed = args_of(0, 2, next[0]);
+  unnamed.shard = -1;
+  const absl::Status no_shard = both->Push(unnamed).status();
+  EXPECT_EQ(no_shard.code(), absl::StatusCode::kInvalidArgument) << no_shard;
+  EXPECT_NE(no_shard.message().find("SparsePushRequest.shard"), std::string::npos) << no_shard;
+  EXPECT_TRUE(first->Validate(unnamed).ok()) << "a server holding one shard takes it as the push's";
+  SparsePushArgs elsewhere = args_of(0, 2, next[0]);
+  elsewhere.shard = 1;
+  EXPECT_EQ(both->Push(elsewhere).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(both->Validate(elsewhere).code(), absl::StatusCode::kAborted);
+  elsewhere.shard = 5;
+  EXPECT_EQ(both->Push(elsewhere).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(first->Push(args_of(0, 2, next[1])).status().code(), absl::StatusCode::kAborted) << "shard 1 not held";
+}
 
 // A server that holds no bucket of the synchronous tables (a table of 1
 // bucket over 2 shards) has no step to cut at: its part of a checkpoint at

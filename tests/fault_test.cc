@@ -169,6 +169,49 @@ TEST_F(ClickHalfPushTest, AStepWhoseRowsWereAppliedIsRecomputedFromTheRowsBefore
   ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
 }
 
+// Three servers, two workers, two replicas of every shard (tables included).
+class ReplicatedTablesTest : public ClusterTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(3, 2, /*replicas=*/2); }
+};
+
+// A BSP click job loses the primary of a shard holding table buckets
+// (kill -9, mid-job): its backup, which had every push the primary
+// acknowledged, takes over without a checkpoint (the job takes none), and
+// the job ends bit-identical to an undisturbed run, tables included.
+TEST_F(ReplicatedTablesTest, KilledPrimaryOfAClickJobLosesNoRow) {
+  v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
+  spec.set_mode(v1::BSP);
+  spec.mutable_data()->set_epochs(1);
+  spec.set_replicas(2);
+  v1::JobStatus reference;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference));
+  // Exported now: the server killed below may hold some of its buckets.
+  const std::map<std::string, SafetensorsTensor> expected =
+      LiveExport(reference.job_id(), cluster_->scheduler_address());
+  ASSERT_EQ(expected.count("table.embedding.rows"), 1u);
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitForStep(*id, 150);
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.reason();
+  ASSERT_GT(running.shard_map().tables_size(), 0);
+  const int32_t bucket_shard = running.shard_map().tables(0).bucket_shards(0);
+  std::string victim;
+  for (const auto& shard : running.shard_map().shards()) {
+    if (shard.shard() == bucket_shard) victim = shard.server_id();
+  }
+  ASSERT_FALSE(victim.empty());
+  ASSERT_TRUE(cluster_->Signal(victim, SIGKILL).ok());
+  v1::JobStatus done = WaitForEnd(*id, absl::Seconds(120));
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason() << Events(done);
+  EXPECT_TRUE(AnyEventHas(done, victim)) << "no event names the killed server" << Events(done);
+  EXPECT_FALSE(AnyEventHas(done, "restored from checkpoint")) << Events(done);
+  EXPECT_TRUE(AnyEventHas(done, "its table buckets are not copied to a new backup yet")) << Events(done);
+  for (const auto& shard : done.shard_map().shards()) EXPECT_NE(shard.server_id(), victim);
+  EXPECT_EQ(done.progress().test_auc(), reference.progress().test_auc());
+  ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
+}
+
 // Two servers, every shard on both.
 class StoppedPrimaryTest : public ClusterTest {
  protected:

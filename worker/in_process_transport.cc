@@ -78,7 +78,7 @@ class InProcessTransport::InProcessCall final : public ParameterTransport::Call 
     if constexpr (std::is_same_v<Request, v1::SparsePullRequest>) {
       status = service->HandleSparsePull(request, &answer);
     } else {
-      status = service->HandleSparsePush(request, &answer);
+      status = service->HandleSparsePush(request, /*from_worker=*/true, &answer);
     }
     if (status.ok()) *response = SerializeMessage(answer);
     return status;

@@ -36,26 +36,21 @@ SparseClient::SparseClient(const v1::ShardMap& map, std::string job_id, std::str
       transport_(transport == nullptr ? own_transport_.get() : transport) {}
 
 std::vector<SparseClient::Request> SparseClient::Plan(const std::vector<std::vector<uint64_t>>& keys,
-                                                     bool every_server) const {
-  // The servers in address order (a server's shards share its requests).
-  std::map<std::string, size_t> server_of_address;
-  for (const v1::ShardLocation& shard : map_.shards()) server_of_address.emplace(shard.address(), 0);
-  std::vector<std::string> addresses;
-  for (auto& [address, index] : server_of_address) {
-    index = addresses.size();
-    addresses.push_back(address);
-  }
-  std::vector<size_t> server_of_shard(static_cast<size_t>(map_.shards_size()));
-  for (int s = 0; s < map_.shards_size(); ++s) server_of_shard[static_cast<size_t>(s)] = server_of_address[map_.shards(s).address()];
-  // By server, then table: the positions of its keys, by bucket (a counting
+                                                     bool every_shard) const {
+  // By shard, then table: the positions of its keys, by bucket (a counting
   // sort; runs of a bucket the server reads in place), ascending within one.
-  std::vector<std::vector<std::vector<uint32_t>>> by_server(
-      addresses.size(), std::vector<std::vector<uint32_t>>(static_cast<size_t>(num_tables())));
+  const auto shards = static_cast<size_t>(map_.shards_size());
+  std::vector<std::vector<std::vector<uint32_t>>> by_shard(
+      shards, std::vector<std::vector<uint32_t>>(static_cast<size_t>(num_tables())));
+  std::vector<bool> holds_buckets(shards, false);
   std::vector<int32_t> bucket_of;
   std::vector<uint32_t> next;
   std::vector<uint32_t> sorted;
   for (int t = 0; t < num_tables(); ++t) {
     const v1::TableLayout& table = map_.tables(t);
+    for (int32_t shard : table.bucket_shards()) {
+      if (shard >= 0 && static_cast<size_t>(shard) < shards) holds_buckets[static_cast<size_t>(shard)] = true;
+    }
     const std::vector<uint64_t>& table_keys = keys[static_cast<size_t>(t)];
     const auto buckets = static_cast<size_t>(table.buckets());
     bucket_of.resize(table_keys.size());
@@ -68,23 +63,20 @@ std::vector<SparseClient::Request> SparseClient::Plan(const std::vector<std::vec
     sorted.resize(table_keys.size());
     for (size_t i = 0; i < table_keys.size(); ++i) sorted[next[static_cast<size_t>(bucket_of[i])]++] = static_cast<uint32_t>(i);
     for (uint32_t i : sorted) {
-      const size_t server = server_of_shard[static_cast<size_t>(table.bucket_shards(bucket_of[i]))];
-      by_server[server][static_cast<size_t>(t)].push_back(i);
+      by_shard[static_cast<size_t>(table.bucket_shards(bucket_of[i]))][static_cast<size_t>(t)].push_back(i);
     }
   }
-  std::vector<bool> holds_buckets(addresses.size(), false);
-  for (const v1::TableLayout& table : map_.tables()) {
-    for (int32_t shard : table.bucket_shards()) {
-      if (shard >= 0 && shard < map_.shards_size()) holds_buckets[server_of_shard[static_cast<size_t>(shard)]] = true;
-    }
-  }
+  // Requests per shard, to its primary (a server leading two shards gets
+  // two): a shard's replicas each count the shard's parts, whoever leads it.
   std::vector<Request> requests;
-  for (size_t server = 0; server < addresses.size(); ++server) {
-    Request request{addresses[server], std::vector<std::vector<uint32_t>>(static_cast<size_t>(num_tables()))};
+  for (size_t shard = 0; shard < shards; ++shard) {
+    Request request{map_.shards(static_cast<int>(shard)).address(), static_cast<int32_t>(shard),
+                    std::vector<std::vector<uint32_t>>(static_cast<size_t>(num_tables()))};
+    const size_t first = requests.size();
     int64_t bytes = 0;
     for (int t = 0; t < num_tables(); ++t) {
       const int64_t row_bytes = int64_t{dim(t)} * static_cast<int64_t>(sizeof(float));
-      for (uint32_t position : by_server[server][static_cast<size_t>(t)]) {
+      for (uint32_t position : by_shard[shard][static_cast<size_t>(t)]) {
         if (bytes + row_bytes > kMaxRequestBytes && bytes > 0) {
           requests.push_back(request);
           for (auto& positions : request.positions) positions.clear();
@@ -94,8 +86,9 @@ std::vector<SparseClient::Request> SparseClient::Plan(const std::vector<std::vec
         bytes += row_bytes;
       }
     }
-    const bool none_yet = requests.empty() || requests.back().address != addresses[server];
-    if (bytes > 0 || (every_server && holds_buckets[server] && none_yet)) requests.push_back(std::move(request));
+    if (bytes > 0 || (every_shard && holds_buckets[shard] && requests.size() == first)) {
+      requests.push_back(std::move(request));
+    }
   }
   return requests;
 }
@@ -162,7 +155,7 @@ absl::Status SparseClient::PullRows(const std::vector<std::vector<uint64_t>>& ke
   for (int t = 0; t < num_tables(); ++t) {
     (*rows)[static_cast<size_t>(t)].resize(keys[static_cast<size_t>(t)].size() * static_cast<size_t>(dim(t)));
   }
-  const std::vector<Request> requests = Plan(keys, /*every_server=*/false);
+  const std::vector<Request> requests = Plan(keys, /*every_shard=*/false);
   std::vector<std::string> payloads;
   for (const Request& request : requests) {
     v1::SparsePullRequest pull;
@@ -201,13 +194,14 @@ absl::Status SparseClient::Push(int32_t partition, int64_t step, const std::vect
   }
   const std::vector<Request> requests = Plan(keys, synchronous_);
   std::vector<std::string> payloads;
-  std::map<std::string, int32_t> parts;  // requests by server
-  for (const Request& request : requests) ++parts[request.address];
-  std::map<std::string, int32_t> sent;
+  std::map<int32_t, int32_t> parts;  // requests by shard
+  for (const Request& request : requests) ++parts[request.shard];
+  std::map<int32_t, int32_t> sent;
   for (const Request& request : requests) {
     v1::SparsePushRequest push;
-    push.set_part(sent[request.address]++);
-    push.set_parts(parts[request.address]);
+    push.set_shard(request.shard);
+    push.set_part(sent[request.shard]++);
+    push.set_parts(parts[request.shard]);
     push.set_job_id(job_id_);
     push.set_worker_id(worker_id_);
     push.set_partition(partition);

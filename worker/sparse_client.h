@@ -1,8 +1,9 @@
-// A worker's view of a job's sparse tables. A key's row lives on the server
-// that leads the shard of its bucket (ShardMap.tables, common/shard_map.h
-// BucketOf). Pull and Push split every table's keys by server, sorted by
-// bucket (the order servers read them in without copying), into requests
-// whose rows stay below kMaxRequestBytes, and send them all at once.
+// A worker's view of a job's sparse tables. A key's row lives on the
+// replicas of the shard of its bucket (ShardMap.tables, common/shard_map.h
+// BucketOf); requests go to the shard's primary. Pull and Push split every
+// table's keys by shard, sorted by bucket (the order servers read them in
+// without copying), into requests whose rows stay below kMaxRequestBytes,
+// and send them all at once.
 #ifndef FULCRUM_WORKER_SPARSE_CLIENT_H_
 #define FULCRUM_WORKER_SPARSE_CLIENT_H_
 
@@ -43,8 +44,8 @@ class SparseClient {
   absl::Status PullAtStep(const std::vector<std::vector<uint64_t>>& keys, std::vector<std::vector<float>>* rows,
                           int64_t step, absl::Duration timeout);
 
-  // A BSP job's synchronous tables: every push sends each server that holds
-  // buckets at least one request (empty if need be), so each server knows
+  // A BSP job's synchronous tables: every push sends each shard that holds
+  // buckets at least one request (empty if need be), so each replica knows
   // when a partition's step is whole. Off by default.
   void set_synchronous(bool synchronous) { synchronous_ = synchronous; }
 
@@ -55,13 +56,15 @@ class SparseClient {
                     const std::vector<std::vector<float>>& grads, absl::Duration timeout);
 
  private:
-  // One request: a server and, per table, the positions of its keys.
+  // One request: a shard, its primary's address and, per table, the
+  // positions of its keys.
   struct Request {
     std::string address;
+    int32_t shard = 0;
     std::vector<std::vector<uint32_t>> positions;  // by table
   };
-  // `every_server`: one request at least for each server holding buckets.
-  std::vector<Request> Plan(const std::vector<std::vector<uint64_t>>& keys, bool every_server) const;
+  // `every_shard`: one request at least for each shard holding buckets.
+  std::vector<Request> Plan(const std::vector<std::vector<uint64_t>>& keys, bool every_shard) const;
   absl::Status PullRows(const std::vector<std::vector<uint64_t>>& keys, std::vector<std::vector<float>>* rows,
                         std::optional<int64_t> step, absl::Duration timeout);
   // Sends every request; `answer(i, bytes)` takes request i's answer.

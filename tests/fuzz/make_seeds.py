@@ -130,7 +130,7 @@ setup_asp = msg((1, 'job-b'), (2, spec_asp), (3, 2), (4, 10), (5, msg((1, 0), (2
 write('parameter_service_fuzz', 'asp',
       command(0, setup_asp) + command(3, push.replace(b'job-a', b'job-b')) + command(4, pull.replace(b'job-a', b'job-b')))
 # Sparse tables: a job with table "linear" (dim 1, 4 buckets on shard 0),
-# then 240 SparsePull and 241 SparsePush.
+# then 240 SparsePull, 241 SparsePush and 243 SparseReplicate.
 table_map = shard_map + msg((6, msg((1, 'linear'), (2, 1), (3, 4), (4, 0), (4, 0), (4, 0), (4, 0))))
 spec_tables = msg((2, msg((1, 3), (6, msg((1, 'linear'), (2, msg((1, 1), (2, 0.5))))))),
                   (4, msg((1, 1), (2, 0.5))), (6, 2))
@@ -141,7 +141,8 @@ sparse_pull = msg((1, 'job-c'), (2, 1), (3, msg((1, 0), (2, keys))))
 sparse_push = msg((1, 'job-c'), (2, 'w0'), (3, 0), (4, 1), (5, 1),
                   (6, msg((1, 0), (2, keys), (3, struct.pack('<3f', 0.5, -1, 2)))))
 write('parameter_service_fuzz', 'sparse',
-      command(0, setup_tables) + command(241, sparse_push) + command(240, sparse_pull) + command(241, sparse_push))
+      command(0, setup_tables) + command(241, sparse_push) + command(240, sparse_pull) + command(241, sparse_push) +
+      command(243, sparse_push))
 
 # --- cluster_service_fuzz: 0 Register, 1 Heartbeat, 2 ReportWork, 3 Leave,
 # 4 ListMembers, 5 SubmitJob, 6 CancelJob, 7 GetJob, 8 advance clock, 9 tick

@@ -74,7 +74,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         v1::SparsePushRequest request;
         if (!Parse(bytes, &request)) continue;
         v1::SparsePushResponse response;
-        (void)service.SparsePush(&context, &request, &response);
+        // 241, 245, ...: a worker's push; 243, 247, ...: a primary's forward.
+        if (command % 4 == 1) {
+          (void)service.SparsePush(&context, &request, &response);
+        } else {
+          (void)service.SparseReplicate(&context, &request, &response);
+        }
       }
       if (server->store.bytes() > server->store.memory_budget()) std::abort();
       continue;

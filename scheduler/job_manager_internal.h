@@ -70,9 +70,6 @@ struct JobManager::Job {
   // Servers whose handover was abandoned recently are not picked again
   // before the time given.
   std::map<std::string, absl::Time> handover_declined;
-  // Shards holding table buckets that ReplenishReplicas said it cannot give
-  // a new backup (buckets are not copied between live servers yet).
-  std::set<int32_t> tables_not_replenished;
   // Checkpoints: committed manifests by id (COMPLETE or CORRUPT), the next
   // id, whether one is in flight and when/where the last one was started.
   std::map<int64_t, v1::CheckpointManifest> manifests;

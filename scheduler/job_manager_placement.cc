@@ -286,16 +286,6 @@ void JobManager::ReplenishReplicas() {
       // Short of replicas, or led by a leaving server with no staying backup.
       bool needs = 1 + shard.backup_ids_size() < replicas || (draining(shard.server_id()) && staying == 0);
       if (!needs) continue;
-      if (HoldsTableBuckets(map, shard.shard())) {
-        // Its buckets cannot be copied to a newcomer yet: the shard goes on
-        // with the replicas it has (a loss of the last one restores the job
-        // from its latest checkpoint).
-        if (job->tables_not_replenished.insert(shard.shard()).second) {
-          AddEvent(job.get(), absl::StrCat("shard ", shard.shard(), " runs with ", 1 + shard.backup_ids_size(), " of ",
-                                           replicas, " replicas: its table buckets are not copied to a new backup yet"));
-        }
-        continue;
-      }
       // The live server that rendezvous hashing ranks highest for this shard
       // among those not in its group.
       std::vector<ServerRef> candidates;

@@ -94,15 +94,6 @@ std::set<int32_t> HoldingShards(const v1::ShardMap& map, const std::optional<v1:
   return holding;
 }
 
-bool HoldsTableBuckets(const v1::ShardMap& map, int32_t shard) {
-  for (const v1::TableLayout& table : map.tables()) {
-    if (std::find(table.bucket_shards().begin(), table.bucket_shards().end(), shard) != table.bucket_shards().end()) {
-      return true;
-    }
-  }
-  return false;
-}
-
 std::vector<std::string> RemoveServer(v1::ShardMap* map, const std::string& server_id,
                                       const std::set<int32_t>& holding, const std::string& copying,
                                       std::optional<int32_t>* lost) {

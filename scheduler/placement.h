@@ -54,9 +54,6 @@ void AddChunkSetup(const v1::ChunkLocation& chunk, const ModelLayout& layout, v1
 // nothing until its copy is done).
 std::set<int32_t> HoldingShards(const v1::ShardMap& map, const std::optional<v1::HandoverRecord>& handover);
 
-// Whether shard `shard` holds buckets of one of the map's tables.
-bool HoldsTableBuckets(const v1::ShardMap& map, int32_t shard);
-
 // The map without server `server_id`: every shard it led is led by its first
 // backup that is not `copying` (a backup still copying its state is never
 // promoted), and it leaves every group it backed up. An empty shard it led

@@ -37,6 +37,9 @@ struct ChunkSnapshot {
   // A table bucket's checkpoint (SparseTable::AppendState); empty for a
   // dense chunk.
   std::string table_state;
+  // A live capture of a bucket or a shard's tables: the changes of its
+  // shard's rows on the server so far (SparseShard::CaptureShardState).
+  int64_t table_changes = 0;
 };
 
 }  // namespace fulcrum

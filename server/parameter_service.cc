@@ -288,7 +288,10 @@ absl::Status ParameterServiceImpl::SetupFresh(const v1::SetupJobRequest& request
 absl::Status ParameterServiceImpl::SetupCopies(const v1::SetupJobRequest& request, JobShardConfig config,
                                                const std::map<int32_t, std::string>& sources) {
   // Chunks copied from their primaries (a new backup, or chunks moving to a
-  // new shard).
+  // new shard); tables from the primary of their shard.
+  if (store_->memory_budget() > 0 && !config.tables.empty()) {
+    config.tables_room = [store = store_] { return store->memory_budget() - store->bytes(); };
+  }
   return replicator_->AdoptCopies(store_, std::move(config), request.shard_map().version(),
                                  RolesFor(request.shard_map(), request.server_id()), ChunkShards(request.shard_map()),
                                  request.copy_from(), sources);
@@ -304,9 +307,9 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::Setu
   try {  // an allocation that fails fails the setup, not the process
     JobShardConfig config = ConfigFor(*request);
     status = CheckChunkStatesFit(*request, config);
-    if (status.ok() && !config.tables.empty() && (!request->copy_from().empty() || !sources.empty())) {
+    if (status.ok() && !config.tables.empty() && !sources.empty()) {
       status = absl::FailedPreconditionError(absl::StrCat(
-          "job ", request->job_id(), " has sparse tables, which are not copied between servers yet"));
+          "job ", request->job_id(), " has sparse tables, whose shards do not move to joining servers yet"));
     }
     if (status.ok()) {
       status = request->copy_from().empty() && sources.empty() ? SetupFresh(*request, std::move(config))
@@ -558,7 +561,7 @@ grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext* /*context*/,
 
 grpc::Status ParameterServiceImpl::CopyChunk(grpc::ServerContext* /*context*/, const v1::CopyChunkRequest* request,
                                              v1::ChunkState* response) {
-  if (request->chunk_id() >= kTableChunkBase) {
+  if (request->chunk_id() >= kTableChunkBase || request->has_table_shard()) {
     const absl::Status status = CopyTableBucket(*request, response);
     return Finish("CopyChunk", status, request->ByteSizeLong(), status.ok() ? response->ByteSizeLong() : 0);
   }

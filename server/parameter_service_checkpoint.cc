@@ -215,7 +215,7 @@ absl::Status ParameterServiceImpl::RestoreChunks(JobShard* shard, const v1::Rest
                                              restore.version()));
   }
   int64_t buckets = 0;
-  if (SparseShard* sparse = shard->sparse(); sparse != nullptr) {
+  if (SparseTables* sparse = shard->sparse(); sparse != nullptr) {
     for (int32_t chunk_id : sparse->chunk_ids()) {
       auto it = stored.find(chunk_id);
       if (it == stored.end()) {

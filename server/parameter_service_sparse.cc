@@ -70,7 +70,7 @@ float* FloatsIn(std::string* bytes) { return const_cast<float*>(FloatsIn(static_
 // map is this server's, each table named once, keys whole uint64s.
 absl::Status CheckSparseRequest(const std::string& job_id, const JobShard& shard, int64_t map_version,
                                 const google::protobuf::RepeatedPtrField<v1::SparseKeys>& tables) {
-  const SparseShard* sparse = shard.sparse();
+  const SparseTables* sparse = shard.sparse();
   if (sparse == nullptr) return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has no sparse tables"));
   if (map_version < shard.map_version()) {
     return absl::AbortedError(absl::StrCat("job ", job_id, ": request made with shard map version ", map_version,
@@ -165,10 +165,12 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest&
   ReaderMutexLock writes(&writes_mu_);
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
   RETURN_IF_ERROR(CheckSparseRequest(request.job_id(), *shard, request.map_version(), request.tables()));
-  SparseShard& sparse = *shard->sparse();
+  SparseTables& sparse = *shard->sparse();
   // Fencing as for the dense chunks: the lease, the map, this server's role
-  // in the request's shard.
-  ASSIGN_OR_RETURN(const int32_t shard_id, sparse.ShardOfPush(request.has_shard() ? request.shard() : -1));
+  // in the request's shard (whose tables it may still be copying: then
+  // Validate and Push answer UNAVAILABLE).
+  ASSIGN_OR_RETURN(const int32_t shard_id,
+                   request.has_shard() ? absl::StatusOr<int32_t>(request.shard()) : sparse.OnlyShard());
   RETURN_IF_ERROR(
       replicator_->CheckSparseWrite(*shard, request.job_id(), request.map_version(), shard_id, from_worker));
   // Keys and gradients are read where they arrived when they can be (an
@@ -249,12 +251,15 @@ absl::Status ParameterServiceImpl::KeepCaptureLocked(LiveCapture capture) {
 }
 
 absl::Status ParameterServiceImpl::CopyTableBucket(const v1::CopyChunkRequest& request, v1::ChunkState* response) {
+  // What a capture is kept under: the bucket's chunk id, or (a shard's
+  // bookkeeping) -1 - the shard.
+  const int32_t key = request.has_table_shard() ? -1 - request.table_shard() : request.chunk_id();
   std::shared_ptr<const ChunkSnapshot> snapshot;
   uint64_t capture = 0;
   if (request.table_state_offset() > 0) {
     MutexLock lock(&captures_mu_);
     for (const LiveCapture& kept : captures_) {
-      if (kept.job_id == request.job_id() && kept.chunk_id == request.chunk_id() && kept.id == request.capture() &&
+      if (kept.job_id == request.job_id() && kept.chunk_id == key && kept.id == request.capture() &&
           absl::Now() - kept.taken <= kKeptCaptureTime) {
         snapshot = kept.snapshot;
         capture = kept.id;
@@ -270,6 +275,10 @@ absl::Status ParameterServiceImpl::CopyTableBucket(const v1::CopyChunkRequest& r
     if (shard->sparse() == nullptr) {
       return absl::NotFoundError(absl::StrCat("job ", request.job_id(), " has no sparse tables here"));
     }
+    if (request.has_table_shard() && !shard->sparse()->Holds(request.table_shard())) {
+      return absl::NotFoundError(absl::StrCat("job ", request.job_id(), ": this server holds no bucket of shard ",
+                                              request.table_shard()));
+    }
     {
       MutexLock lock(&captures_mu_);
       if (captures_in_progress_ >= kCapturesAtOnce) {
@@ -278,19 +287,21 @@ absl::Status ParameterServiceImpl::CopyTableBucket(const v1::CopyChunkRequest& r
       }
       ++captures_in_progress_;
     }
-    absl::StatusOr<ChunkSnapshot> captured = shard->sparse()->CaptureBucket(request.chunk_id());
+    absl::StatusOr<ChunkSnapshot> captured = request.has_table_shard()
+                                                 ? shard->sparse()->CaptureShardState(request.table_shard())
+                                                 : shard->sparse()->CaptureBucket(request.chunk_id());
     MutexLock lock(&captures_mu_);
     --captures_in_progress_;
     if (!captured.ok()) return captured.status();
     snapshot = std::make_shared<const ChunkSnapshot>(*std::move(captured));
     capture = next_capture_++;
     if (snapshot->table_state.size() > kTableStateSlice) {
-      RETURN_IF_ERROR(
-          KeepCaptureLocked(LiveCapture{request.job_id(), request.chunk_id(), capture, absl::Now(), snapshot}));
+      RETURN_IF_ERROR(KeepCaptureLocked(LiveCapture{request.job_id(), key, capture, absl::Now(), snapshot}));
     }
   }
   ASSIGN_OR_RETURN(const bool last, AnswerTableStateSlice(*snapshot, request.chunk_id(), request.table_state_offset(),
-                                                         "bucket", response));
+                                                         request.has_table_shard() ? "shard's table state" : "bucket",
+                                                         response));
   response->set_capture(capture);
   if (last) {
     MutexLock lock(&captures_mu_);  // its last slice: not kept any longer

@@ -1172,6 +1172,81 @@ TEST(ParameterServiceSparseTest, APushIsOnTheShardsBackupBeforeItIsAcknowledged)
   EXPECT_EQ(rows_on(primary->get()), once);
 }
 
+// A new backup of a shard with tables (a server holding nothing of the job)
+// copies the shard's buckets and bookkeeping live from its primary: it then
+// holds the same rows, takes every forwarded push, and treats a push the
+// primary applied before the copy as the duplicate it is.
+TEST(ParameterServiceSparseTest, ANewBackupCopiesTheShardsTablesLive) {
+  auto primary = TestServer::Start("ps-0", /*with_checkpoints=*/false);
+  auto newcomer = TestServer::Start("ps-1", /*with_checkpoints=*/false);
+  ASSERT_TRUE(primary.ok() && newcomer.ok());
+  const ReplicaGroup alone{{(*primary)->id(), (*primary)->address()}, {}};
+  ASSERT_TRUE(IsOk(SetupJob((*primary)->stub(), MakeTableSetupOn("job-c", alone, (*primary)->id()))));
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 1; k <= 300; ++k) keys.push_back(k * 7919);
+  auto push_of = [&](int64_t version, int64_t step, float scale) {
+    v1::SparsePushRequest push;
+    push.set_job_id("job-c");
+    push.set_worker_id("w0");
+    push.set_partition(0);
+    push.set_step(step);
+    push.set_shard(0);
+    push.set_map_version(version);
+    v1::SparseKeys* table = push.add_tables();
+    table->set_table(1);
+    table->set_keys(Keys(keys));
+    std::vector<float> grads(keys.size() * 16);
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = scale * static_cast<float>(static_cast<int>(i % 5) - 2);
+    table->set_rows(Floats(grads));
+    return push;
+  };
+  auto push = [&](const v1::SparsePushRequest& request, v1::SparsePushResponse* answer) {
+    grpc::ClientContext context;
+    SetDeadline(&context, kRpcSeconds);
+    return (*primary)->stub()->SparsePush(&context, request, answer);
+  };
+  auto rows_on = [&](TestServer* server, int64_t version) {
+    v1::SparsePullRequest pull;
+    pull.set_job_id("job-c");
+    pull.set_map_version(version);
+    v1::SparseKeys* table = pull.add_tables();
+    table->set_table(1);
+    table->set_keys(Keys(keys));
+    grpc::ClientContext context;
+    v1::SparsePullResponse answer;
+    EXPECT_TRUE(server->stub()->SparsePull(&context, pull, &answer).ok());
+    return answer.tables_size() == 1 ? answer.tables(0).rows() : std::string();
+  };
+  v1::SparsePushResponse answer;
+  for (int64_t step = 0; step < 3; ++step) ASSERT_TRUE(IsOk(push(push_of(1, step, 0.1f), &answer)));
+  // Map version 2: ps-1 backs the shard up. The primary takes the map
+  // first, then the newcomer is set up as a copy of it.
+  const ReplicaGroup group{{(*primary)->id(), (*primary)->address()}, {{(*newcomer)->id(), (*newcomer)->address()}}};
+  v1::SetupJobRequest copy = MakeTableSetupOn("job-c", group, (*newcomer)->id(), /*version=*/2);
+  ASSERT_TRUE(IsOk(Reconfigure((*primary)->stub(), "job-c", copy.shard_map())));
+  EXPECT_TRUE(HasError(push(push_of(2, 3, 0.1f), &answer), grpc::StatusCode::UNAVAILABLE, "replicating to backup"))
+      << "the newcomer refuses until it holds its copy";
+  copy.set_copy_from((*primary)->address());
+  ASSERT_TRUE(IsOk(SetupJob((*newcomer)->stub(), copy)));
+  const std::string copied = rows_on(newcomer->get(), 2);
+  EXPECT_EQ(copied, rows_on(primary->get(), 2));
+  EXPECT_EQ(copied.size(), keys.size() * 16 * 4);
+  // Step 2 again: a duplicate on both (the copy knows what was applied).
+  ASSERT_TRUE(IsOk(push(push_of(2, 2, 0.1f), &answer)));
+  EXPECT_TRUE(answer.duplicate());
+  EXPECT_EQ(rows_on(newcomer->get(), 2), copied);
+  // Step 3 reaches both.
+  ASSERT_TRUE(IsOk(push(push_of(2, 3, 0.1f), &answer)));
+  EXPECT_FALSE(answer.duplicate());
+  EXPECT_NE(rows_on(newcomer->get(), 2), copied);
+  EXPECT_EQ(rows_on(newcomer->get(), 2), rows_on(primary->get(), 2));
+  // The same setup again (a scheduler that restarted mid-handover): the
+  // shard's tables are held already and stay as they are.
+  const std::string now = rows_on(newcomer->get(), 2);
+  ASSERT_TRUE(IsOk(SetupJob((*newcomer)->stub(), copy)));
+  EXPECT_EQ(rows_on(newcomer->get(), 2), now);
+}
+
 TEST(ParameterServiceSparseTest, MalformedSparseRequestsAreRefusedWithReasons) {
   auto server = TestServer::Start("ps-0", /*with_checkpoints=*/false);
   ASSERT_TRUE(server.ok()) << server.status();

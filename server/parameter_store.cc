@@ -552,8 +552,8 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(JobShardConfig config
 absl::StatusOr<std::unique_ptr<JobShard>> JobShard::CreateChunks(JobShardConfig config) {
   std::unique_ptr<JobShard> shard(new JobShard(std::move(config)));
   if (!shard->config_.tables.empty()) {
-    ASSIGN_OR_RETURN(shard->sparse_, SparseShard::Create(shard->config_.tables, shard->config_.table_shards,
-                                                         shard->config_.num_partitions, shard->config_.tables_room));
+    ASSIGN_OR_RETURN(shard->sparse_, SparseTables::Create(shard->config_.tables, shard->config_.table_shards,
+                                                          shard->config_.num_partitions, shard->config_.tables_room));
   }
   for (const ChunkConfig& chunk : shard->config_.chunks) {
     {

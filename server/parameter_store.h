@@ -27,6 +27,7 @@
 #include "server/optimizer.h"
 #include "server/chunk_snapshot.h"
 #include "server/sparse_shard.h"
+#include "server/sparse_tables.h"
 #include "common/sync.h"
 
 namespace fulcrum {
@@ -335,7 +336,7 @@ class JobShard {
   // The same for the pushes of asynchronous sparse tables.
   Mutex& sparse_replication_order() { return sparse_replication_order_; }
   // The job's sparse tables on this server (null when the job has none).
-  SparseShard* sparse() const { return sparse_.get(); }
+  SparseTables* sparse() const { return sparse_.get(); }
 
   // Replication roles, per shard of the job, under a shard-map version.
   struct ShardRole {
@@ -361,7 +362,7 @@ class JobShard {
   absl::StatusOr<Chunk*> Find(int32_t chunk_id) const;
 
   const JobShardConfig config_;
-  std::unique_ptr<SparseShard> sparse_;  // set by Create, then constant
+  std::unique_ptr<SparseTables> sparse_;  // set by Create, then constant
   Mutex replication_order_;
   Mutex sparse_replication_order_;
   mutable Mutex chunks_mu_ ABSL_ACQUIRED_BEFORE(roles_mu_);  // guards chunks_ (chunks are never removed)

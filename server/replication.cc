@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/checkpoint_read.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 
@@ -27,6 +28,7 @@ void ToChunkState(const ChunkSnapshot& snapshot, int32_t chunk_id, v1::ChunkStat
   for (int64_t s : snapshot.partition_steps) state->add_partition_steps(s);
   state->set_examples_seen(snapshot.examples_seen);
   state->set_examples_digest(snapshot.examples_digest);
+  state->set_table_changes(snapshot.table_changes);
   if (snapshot.lamb_last.step >= 0) {
     v1::LambPartial* last = state->mutable_lamb_last();
     last->set_step(snapshot.lamb_last.step);
@@ -52,6 +54,7 @@ absl::StatusOr<ChunkSnapshot> FromChunkState(const v1::ChunkState& state) {
   snapshot.partition_steps.assign(state.partition_steps().begin(), state.partition_steps().end());
   snapshot.examples_seen = state.examples_seen();
   snapshot.examples_digest = state.examples_digest();
+  snapshot.table_changes = state.table_changes();
   if (state.has_lamb_last()) {
     snapshot.lamb_last = {state.lamb_last().step(), state.lamb_last().weight_sq(), state.lamb_last().update_sq()};
   }
@@ -215,12 +218,79 @@ absl::StatusOr<std::vector<ChunkSnapshot>> Replicator::FetchChunks(const JobShar
   return snapshots;
 }
 
+absl::StatusOr<v1::ChunkState> Replicator::CopySliced(const std::string& address, v1::CopyChunkRequest request) {
+  return ReadSlicedChunk(request.chunk_id(), [&](int64_t offset, uint64_t capture) {
+    request.set_table_state_offset(offset);
+    request.set_capture(capture);
+    return peers_->CopyChunk(address, request, options_.copy_timeout);
+  });
+}
+
+absl::Status Replicator::CopyTables(SparseShard* dest, const std::string& job_id, int32_t shard,
+                                    const std::string& address) {
+  const std::vector<int32_t> buckets = dest->chunk_ids();
+  // The bookkeeping, every bucket, the bookkeeping again: consistent when
+  // the source's rows of the shard did not change meanwhile (its pushes
+  // fail while this server refuses them; an expiry can still change them:
+  // copied again).
+  for (int attempt = 0; attempt < kCopyAttempts; ++attempt) {
+    v1::CopyChunkRequest request;
+    request.set_job_id(job_id);
+    request.set_table_shard(shard);
+    ASSIGN_OR_RETURN(v1::ChunkState first, CopySliced(address, request));
+    bool consistent = true;
+    for (int32_t chunk_id : buckets) {
+      v1::CopyChunkRequest bucket;
+      bucket.set_job_id(job_id);
+      bucket.set_chunk_id(chunk_id);
+      ASSIGN_OR_RETURN(v1::ChunkState state, CopySliced(address, bucket));
+      if (state.table_changes() != first.table_changes()) {
+        consistent = false;
+        break;
+      }
+      RETURN_IF_ERROR(dest->AdoptBucket(chunk_id, state.table_state()));
+    }
+    if (!consistent) continue;
+    ASSIGN_OR_RETURN(v1::ChunkState last, CopySliced(address, request));
+    if (last.table_changes() != first.table_changes()) continue;
+    return dest->AdoptShardState(first.table_state());
+  }
+  return absl::UnavailableError(absl::StrCat("the tables of shard ", shard, " kept changing on ", address,
+                                             " while they were copied (", kCopyAttempts, " attempts)"));
+}
+
+absl::Status Replicator::AdoptTables(SparseTables* tables, const std::set<int32_t>& shards, const std::string& job_id,
+                                     const std::string& address) {
+  for (int32_t shard : shards) {
+    if (tables->Holds(shard)) continue;
+    absl::StatusOr<std::unique_ptr<SparseShard>> copy = tables->NewShard(shard);
+    if (absl::IsFailedPrecondition(copy.status())) continue;  // no bucket of it
+    RETURN_IF_ERROR(copy.status());
+    absl::Status copied = CopyTables(copy->get(), job_id, shard, address);
+    if (!copied.ok()) {
+      // A source gone or slow is retried (by the scheduler, from the shard's
+      // primary then); a copy that does not fit is not.
+      const auto code = copied.code() == absl::StatusCode::kResourceExhausted ? copied.code()
+                                                                              : absl::StatusCode::kUnavailable;
+      return absl::Status(code, absl::StrCat("copying the tables of shard ", shard, " of job ", job_id, " from ",
+                                             address, ": ", copied.message()));
+    }
+    RETURN_IF_ERROR(tables->AddShard(shard, *std::move(copy)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Replicator::AdoptCopies(ParameterStore* store, JobShardConfig config, int64_t map_version,
                                      std::map<int32_t, JobShard::ShardRole> roles,
                                      std::map<int32_t, int32_t> chunk_shards, const std::string& default_source,
                                      const std::map<int32_t, std::string>& sources) {
   RETURN_IF_ERROR(store->CheckFits(config.job_id, JobShard::ConfigBytes(config), /*replacing=*/false));
   auto existing = store->Find(config.job_id);
+  // The shards whose tables this server holds in the new map: those it does
+  // not hold yet are copied from `default_source` (the primary of the shard
+  // it joins), into tables built aside and added when whole.
+  const std::set<int32_t> table_shards = std::move(config.table_shards);
+  config.table_shards.clear();
   if (existing.ok()) {
     std::vector<int32_t> ids;
     for (const ChunkConfig& chunk : config.chunks) ids.push_back(chunk.chunk_id);
@@ -229,11 +299,16 @@ absl::Status Replicator::AdoptCopies(ParameterStore* store, JobShardConfig confi
   ASSIGN_OR_RETURN(std::vector<ChunkSnapshot> snapshots, FetchChunks(config, default_source, sources));
   if (existing.ok()) {
     RETURN_IF_ERROR((*existing)->AdoptChunks(config.chunks, snapshots));
+    if ((*existing)->sparse() != nullptr) {
+      RETURN_IF_ERROR(AdoptTables((*existing)->sparse(), table_shards, config.job_id, default_source));
+    }
     return (*existing)->Configure(map_version, std::move(roles), std::move(chunk_shards));
   }
   std::vector<ChunkConfig> chunks = config.chunks;
+  const std::string job_id = config.job_id;
   ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(std::move(config)));
   RETURN_IF_ERROR(shard->AdoptChunks(chunks, snapshots));
+  if (shard->sparse() != nullptr) RETURN_IF_ERROR(AdoptTables(shard->sparse(), table_shards, job_id, default_source));
   RETURN_IF_ERROR(shard->Configure(map_version, std::move(roles)));
   store->Install(std::move(shard));
   return absl::OkStatus();

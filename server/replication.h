@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include <grpcpp/support/byte_buffer.h>
@@ -122,6 +123,19 @@ class Replicator {
 
  private:
   void Refused() const;
+  // Copies the tables of shard `shard` from `address` into `dest` (empty,
+  // aside): the source's bookkeeping (CopyChunkRequest.table_shard), each
+  // bucket, the bookkeeping again, at most kCopyAttempts times until the
+  // source did not change in between. UNAVAILABLE when it kept changing.
+  static constexpr int kCopyAttempts = 5;
+  absl::Status CopyTables(SparseShard* dest, const std::string& job_id, int32_t shard, const std::string& address);
+  // The tables of each of `shards` that `tables` does not hold yet, copied
+  // from `address` and added. UNAVAILABLE (retry) or RESOURCE_EXHAUSTED
+  // naming the shard.
+  absl::Status AdoptTables(SparseTables* tables, const std::set<int32_t>& shards, const std::string& job_id,
+                           const std::string& address);
+  // CopyChunk of `request` slice by slice (ReadSlicedChunk).
+  absl::StatusOr<v1::ChunkState> CopySliced(const std::string& address, v1::CopyChunkRequest request);
   // The lease and map-version checks every write passes.
   absl::Status CheckFence(const std::string& job_id, int64_t request_version, int64_t held) const;
   // Sends every message at once, waits for all, and reduces the outcomes.

@@ -6,10 +6,13 @@
 #include <numeric>
 #include <utility>
 
+#include "absl/base/internal/endian.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/shard_map.h"
+#include "common/status_macros.h"
 #include "common/table_spec.h"
+#include "fulcrum/v1/parameter.pb.h"
 
 namespace fulcrum {
 namespace {
@@ -78,7 +81,8 @@ std::vector<BucketPart> SplitByBucket(absl::Span<const uint64_t> keys, const flo
 absl::StatusOr<std::unique_ptr<SparseShard>> SparseShard::Create(std::vector<SparseTableSetup> tables,
                                                                  const std::set<int32_t>& held_shards,
                                                                  int32_t num_partitions,
-                                                                 std::function<int64_t()> room) {
+                                                                 std::function<int64_t()> room,
+                                                                 std::shared_ptr<std::atomic<int64_t>> aside) {
   if (num_partitions < 1) return absl::InvalidArgumentError("sparse tables need at least one data partition");
   if (tables.size() > static_cast<size_t>(kMaxTables)) {
     return absl::InvalidArgumentError(absl::StrCat("a job has at most ", kMaxTables, " sparse tables (got ",
@@ -107,8 +111,9 @@ absl::StatusOr<std::unique_ptr<SparseShard>> SparseShard::Create(std::vector<Spa
     table.setup = std::move(setup);
     built.push_back(std::move(table));
   }
-  return std::unique_ptr<SparseShard>(
-      new SparseShard(std::move(built), held_shards, num_partitions, std::move(room)));
+  return std::unique_ptr<SparseShard>(new SparseShard(
+      std::move(built), held_shards, num_partitions, std::move(room),
+      aside != nullptr ? std::move(aside) : std::make_shared<std::atomic<int64_t>>(0)));
 }
 
 std::vector<int32_t> SparseShard::BucketShardsOf(const std::vector<Table>& tables, const std::set<int32_t>& held) {
@@ -122,12 +127,13 @@ std::vector<int32_t> SparseShard::BucketShardsOf(const std::vector<Table>& table
 }
 
 SparseShard::SparseShard(std::vector<Table> tables, std::set<int32_t> held_shards, int32_t num_partitions,
-                         std::function<int64_t()> room)
+                         std::function<int64_t()> room, std::shared_ptr<std::atomic<int64_t>> aside)
     : tables_(std::move(tables)),
       held_shards_(std::move(held_shards)),
       bucket_shards_(BucketShardsOf(tables_, held_shards_)),
       num_partitions_(num_partitions),
       room_(std::move(room)),
+      aside_(std::move(aside)),
       has_sync_(std::any_of(tables_.begin(), tables_.end(), [](const Table& t) { return t.setup.synchronous; })),
       has_async_(std::any_of(tables_.begin(), tables_.end(), [](const Table& t) { return !t.setup.synchronous; })),
       holds_sync_(std::any_of(tables_.begin(), tables_.end(),
@@ -138,6 +144,7 @@ SparseShard::SparseShard(std::vector<Table> tables, std::set<int32_t> held_shard
                               })),
       applied_(static_cast<size_t>(num_partitions), std::vector<Applied>(bucket_shards_.size())),
       restored_(static_cast<size_t>(num_partitions), 0),
+      changes_(bucket_shards_.size(), 0),
       gather_(static_cast<size_t>(num_partitions)),
       undo_(tables_.size()) {
   for (PartitionGather& partition : gather_) partition.shards.resize(bucket_shards_.size());
@@ -412,6 +419,7 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
           "admitAfter/expireAfter)"));
     }
   }
+  ++changes_[*slot];
   // Synchronous tables: the push joins its step; when it completes the step,
   // the step must apply before any of the push does.
   std::optional<GatheredStep> step;
@@ -569,6 +577,7 @@ void SparseShard::ApplyGatheredStepLocked(GatheredStep step) {
   undo_step_ = sync_step_;
   now_ = std::max(now_, sync_step_);
   ++sync_step_;
+  for (int64_t& changes : changes_) ++changes;
   if (armed_.has_value() && !armed_->taken && armed_->at_step == sync_step_) {
     SnapshotTablesLocked(/*synchronous=*/true, &armed_->snapshots);
     armed_->taken = true;
@@ -578,6 +587,7 @@ void SparseShard::ApplyGatheredStepLocked(GatheredStep step) {
 
 void SparseShard::MaybeExpireLocked(int64_t now) {
   if (now < next_expiry_) return;
+  for (int64_t& changes : changes_) ++changes;
   int64_t every = 0;
   for (const Table& table : tables_) {
     const int64_t after = table.setup.config.expire_after;
@@ -627,7 +637,242 @@ absl::StatusOr<ChunkSnapshot> SparseShard::CaptureBucket(int32_t chunk_id) const
   }
   const Table& table = tables_[static_cast<size_t>((chunk_id - kTableChunkBase) / kMaxTableBuckets)];
   MutexLock lock(&push_mu_);  // between pushes
-  return SnapshotLocked(table, *bucket, CapturePositionsLocked());
+  ChunkSnapshot snapshot = SnapshotLocked(table, *bucket, CapturePositionsLocked());
+  absl::StatusOr<size_t> slot = SlotOf(ShardOfBucket(chunk_id));
+  if (slot.ok()) snapshot.table_changes = changes_[*slot];
+  return snapshot;
+}
+
+int32_t SparseShard::ShardOfBucket(int32_t chunk_id) const {
+  if (HeldBucket(chunk_id) == nullptr) return -1;
+  const int32_t t = (chunk_id - kTableChunkBase) / kMaxTableBuckets;
+  const int32_t b = (chunk_id - kTableChunkBase) % kMaxTableBuckets;
+  return tables_[static_cast<size_t>(t)].setup.bucket_shards[static_cast<size_t>(b)];
+}
+
+namespace {
+
+std::string KeyBytes(const uint64_t* keys, size_t n) {
+  std::string bytes(n * sizeof(uint64_t), '\0');
+  for (size_t i = 0; i < n; ++i) absl::little_endian::Store64(bytes.data() + i * sizeof(uint64_t), keys[i]);
+  return bytes;
+}
+
+std::vector<uint64_t> KeysOf(const std::string& bytes) {
+  std::vector<uint64_t> keys(bytes.size() / sizeof(uint64_t));
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = absl::little_endian::Load64(bytes.data() + i * sizeof(uint64_t));
+  return keys;
+}
+
+std::string FloatBytes(const float* values, size_t n) {
+  std::string bytes(n * sizeof(float), '\0');
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, values + i, sizeof(bits));
+    absl::little_endian::Store32(bytes.data() + i * sizeof(float), bits);
+  }
+  return bytes;
+}
+
+std::vector<float> FloatsOf(const std::string& bytes) {
+  std::vector<float> values(bytes.size() / sizeof(float));
+  for (size_t i = 0; i < values.size(); ++i) {
+    const uint32_t bits = absl::little_endian::Load32(bytes.data() + i * sizeof(float));
+    std::memcpy(&values[i], &bits, sizeof(bits));
+  }
+  return values;
+}
+
+}  // namespace
+
+absl::StatusOr<ChunkSnapshot> SparseShard::CaptureShardState(int32_t shard) const {
+  auto it = std::lower_bound(bucket_shards_.begin(), bucket_shards_.end(), shard);
+  if (it == bucket_shards_.end() || *it != shard) {
+    return absl::NotFoundError(absl::StrCat("this server holds no bucket of shard ", shard));
+  }
+  const auto slot = static_cast<size_t>(it - bucket_shards_.begin());
+  auto of_shard = [&](int32_t table, uint64_t key) {
+    const Table& t = tables_[static_cast<size_t>(table)];
+    return t.setup.bucket_shards[static_cast<size_t>(BucketOf(key, static_cast<int32_t>(t.buckets.size())))] == shard;
+  };
+  // Rows of `keys` (width `dim`) whose keys are of the shard.
+  auto rows_of_shard = [&](int32_t table, int32_t partition, const std::vector<uint64_t>& keys,
+                           const std::vector<float>& values, v1::TableShardState::Rows* rows) {
+    const auto dim = static_cast<size_t>(tables_[static_cast<size_t>(table)].setup.config.dim);
+    std::vector<uint64_t> kept_keys;
+    std::vector<float> kept;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!of_shard(table, keys[i])) continue;
+      kept_keys.push_back(keys[i]);
+      kept.insert(kept.end(), values.begin() + static_cast<std::ptrdiff_t>(i * dim),
+                  values.begin() + static_cast<std::ptrdiff_t>((i + 1) * dim));
+    }
+    rows->set_table(table);
+    rows->set_partition(partition);
+    rows->set_keys(KeyBytes(kept_keys.data(), kept_keys.size()));
+    rows->set_values(FloatBytes(kept.data(), kept.size()));
+  };
+  v1::TableShardState state;
+  MutexLock lock(&push_mu_);  // between pushes: the bookkeeping of one moment
+  state.set_shard(shard);
+  state.set_sync_step(sync_step_);
+  state.set_now(now_);
+  state.set_next_expiry(next_expiry_);
+  state.set_undo_step(undo_step_);
+  for (int64_t step : restored_) state.add_restored(step);
+  for (size_t p = 0; p < applied_.size(); ++p) {
+    v1::TableShardState::Partition* partition = state.add_partitions();
+    partition->set_applied_step(applied_[p][slot].step);
+    for (int32_t part : applied_[p][slot].parts) partition->add_applied_parts(part);
+    const ShardGather& gathered = gather_[p].shards[slot];
+    partition->set_parts(gathered.parts);
+    for (int32_t part : gathered.seen) partition->add_seen(part);
+    for (const Gathered& rows : gather_[p].rows) {
+      rows_of_shard(rows.table, static_cast<int32_t>(p), rows.keys, rows.grads, state.add_gathered());
+    }
+  }
+  for (size_t t = 0; t < undo_.size(); ++t) {
+    rows_of_shard(static_cast<int32_t>(t), 0, undo_[t].keys, undo_[t].rows, state.add_undo());
+  }
+  for (size_t t = 0; !floors_.empty() && t < tables_.size(); ++t) {
+    for (size_t b = 0; b < tables_[t].buckets.size(); ++b) {
+      const std::vector<int64_t>& floor = floors_[t][b];
+      if (floor.empty() || tables_[t].setup.bucket_shards[b] != shard) continue;
+      v1::TableShardState::Floors* floors = state.add_floors();
+      floors->set_chunk_id(TableChunkId(static_cast<int32_t>(t), static_cast<int32_t>(b)));
+      floors->mutable_steps()->Assign(floor.begin(), floor.end());
+    }
+  }
+  ChunkSnapshot snapshot;
+  snapshot.version = sync_step_;
+  snapshot.table_changes = changes_[slot];
+  state.SerializeToString(&snapshot.table_state);
+  return snapshot;
+}
+
+absl::Status SparseShard::LoadBucketLocked(int32_t chunk_id, const std::string& table_state) {
+  if (HeldBucket(chunk_id) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
+  }
+  const int32_t t = (chunk_id - kTableChunkBase) / kMaxTableBuckets;
+  const int32_t b = (chunk_id - kTableChunkBase) % kMaxTableBuckets;
+  const Table& table = tables_[static_cast<size_t>(t)];
+  SparseTable* bucket = table.buckets[static_cast<size_t>(b)].get();
+  const int64_t before = bucket->bytes();
+  bucket->Clear();
+  const int64_t emptied = before - bucket->bytes();
+  *aside_ -= std::min(aside_->load(), emptied);
+  if (absl::Status loaded = bucket->LoadState(table_state); !loaded.ok()) return loaded;
+  // A shard is restored (or copied) aside, before it is installed: the room
+  // does not shrink as its buckets load, so their growth is summed here.
+  const int64_t growth = bucket->bytes() - (before - emptied);
+  if (room_ && *aside_ + growth > room_()) {
+    const int64_t room = room_();
+    bucket->Clear();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "sparse table ", table.setup.config.name, " does not fit this server: its rows take ",
+        *aside_ + growth, " bytes by bucket ", b, ", beyond the ", std::max<int64_t>(0, room),
+        " bytes left in the server's memory budget (use more servers, or raise --memory-budget)"));
+  }
+  *aside_ += growth;
+  return absl::OkStatus();
+}
+
+absl::Status SparseShard::AdoptBucket(int32_t chunk_id, const std::string& table_state) {
+  MutexLock lock(&push_mu_);
+  return LoadBucketLocked(chunk_id, table_state);
+}
+
+absl::Status SparseShard::AdoptShardState(const std::string& serialized) {
+  v1::TableShardState state;
+  if (!state.ParseFromString(serialized)) return absl::DataLossError("a shard's table state does not parse");
+  if (bucket_shards_.size() != 1 || bucket_shards_[0] != state.shard()) {
+    return absl::FailedPreconditionError(absl::StrCat("a copy of shard ", state.shard(),
+                                                      "'s tables goes to a server holding buckets of that shard "
+                                                      "only (this one holds ", bucket_shards_.size(), ")"));
+  }
+  if (state.partitions_size() != num_partitions_ || state.restored_size() != num_partitions_) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", state.shard(), "'s table state has ",
+                                                   state.partitions_size(), " partitions; the job has ",
+                                                   num_partitions_));
+  }
+  // Rows of the state, checked against the job's tables.
+  auto rows_of = [&](const v1::TableShardState::Rows& rows, std::vector<uint64_t>* keys,
+                     std::vector<float>* values) -> absl::Status {
+    if (rows.table() < 0 || rows.table() >= num_tables() || rows.partition() < 0 ||
+        rows.partition() >= num_partitions_ || rows.keys().size() % sizeof(uint64_t) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("shard ", state.shard(), "'s table state names table ",
+                                                     rows.table(), " partition ", rows.partition()));
+    }
+    *keys = KeysOf(rows.keys());
+    *values = FloatsOf(rows.values());
+    if (values->size() != keys->size() * static_cast<size_t>(dim(rows.table()))) {
+      return absl::InvalidArgumentError(absl::StrCat("shard ", state.shard(), "'s table state has ", values->size(),
+                                                     " floats for ", keys->size(), " keys of table ", rows.table()));
+    }
+    return absl::OkStatus();
+  };
+  MutexLock lock(&push_mu_);
+  sync_step_ = state.sync_step();
+  now_ = state.now();
+  next_expiry_ = state.next_expiry();
+  undo_step_ = state.undo_step();
+  restored_.assign(state.restored().begin(), state.restored().end());
+  int64_t held = 0;
+  whole_partitions_ = 0;
+  for (int p = 0; p < num_partitions_; ++p) {
+    const v1::TableShardState::Partition& partition = state.partitions(p);
+    Applied& applied = applied_[static_cast<size_t>(p)][0];
+    applied.step = partition.applied_step();
+    applied.parts = std::set<int32_t>(partition.applied_parts().begin(), partition.applied_parts().end());
+    PartitionGather& gather = gather_[static_cast<size_t>(p)];
+    gather = PartitionGather();
+    gather.shards.resize(1);
+    gather.shards[0].parts = partition.parts();
+    gather.shards[0].seen = std::set<int32_t>(partition.seen().begin(), partition.seen().end());
+    if (partition.parts() > 0 && static_cast<int32_t>(gather.shards[0].seen.size()) == partition.parts()) {
+      gather.whole_shards = 1;
+      ++whole_partitions_;
+    }
+  }
+  for (const v1::TableShardState::Rows& rows : state.gathered()) {
+    Gathered kept{rows.table(), {}, {}};
+    RETURN_IF_ERROR(rows_of(rows, &kept.keys, &kept.grads));
+    if (kept.keys.empty()) continue;
+    const auto bytes = static_cast<int64_t>(kept.keys.size() * sizeof(uint64_t) + kept.grads.size() * sizeof(float));
+    PartitionGather& gather = gather_[static_cast<size_t>(rows.partition())];
+    gather.bytes += bytes;
+    held += bytes;
+    gather.rows.push_back(std::move(kept));
+  }
+  for (Undo& undo : undo_) undo = Undo();
+  for (const v1::TableShardState::Rows& rows : state.undo()) {
+    Undo& undo = undo_[static_cast<size_t>(std::clamp(rows.table(), 0, num_tables() - 1))];
+    RETURN_IF_ERROR(rows_of(rows, &undo.keys, &undo.rows));
+    held += static_cast<int64_t>(undo.rows.size() * sizeof(float));
+  }
+  held_bytes_ = held;
+  for (const v1::TableShardState::Floors& floors : state.floors()) {
+    if (HeldBucket(floors.chunk_id()) == nullptr || floors.steps_size() != num_partitions_) {
+      return absl::InvalidArgumentError(absl::StrCat("shard ", state.shard(), "'s table state has floors of chunk ",
+                                                     floors.chunk_id()));
+    }
+    if (floors_.empty()) {
+      floors_.resize(tables_.size());
+      for (size_t i = 0; i < tables_.size(); ++i) floors_[i].resize(tables_[i].buckets.size());
+    }
+    const int32_t relative = floors.chunk_id() - kTableChunkBase;
+    floors_[static_cast<size_t>(relative / kMaxTableBuckets)][static_cast<size_t>(relative % kMaxTableBuckets)]
+        .assign(floors.steps().begin(), floors.steps().end());
+  }
+  // A step whose every part was in at the source applies here now: no push
+  // of it is coming.
+  if (has_sync_ && whole_partitions_ == num_partitions_) {
+    absl::StatusOr<GatheredStep> summed = SumGatheredStepLocked();
+    if (!summed.ok()) return summed.status();
+    ApplyGatheredStepLocked(*std::move(summed));
+  }
+  return absl::OkStatus();
 }
 
 ChunkSnapshot SparseShard::SnapshotLocked(const Table& table, const SparseTable& bucket,
@@ -727,22 +972,8 @@ absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapsho
                                                    num_partitions_));
   }
   const Table& table = tables_[static_cast<size_t>(t)];
-  SparseTable* bucket = table.buckets[static_cast<size_t>(b)].get();
   MutexLock lock(&push_mu_);
-  const int64_t before = bucket->bytes();
-  if (absl::Status loaded = bucket->LoadState(snapshot.table_state); !loaded.ok()) return loaded;
-  // A shard is restored aside, before it is installed: the room does not
-  // shrink as its buckets load, so their growth is summed here.
-  const int64_t growth = bucket->bytes() - before;
-  if (room_ && restored_bytes_ + growth > room_()) {
-    const int64_t room = room_();
-    bucket->Clear();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "sparse table ", table.setup.config.name, " does not fit this server: the checkpoint's rows take ",
-        restored_bytes_ + growth, " bytes by bucket ", b, ", beyond the ", std::max<int64_t>(0, room),
-        " bytes left in the server's memory budget (restore onto more servers, or raise --memory-budget)"));
-  }
-  restored_bytes_ += growth;
+  RETURN_IF_ERROR(LoadBucketLocked(chunk_id, snapshot.table_state));
   if (table.setup.synchronous) {
     int64_t at = repartitioned_at.value_or(0);
     for (int64_t step : snapshot.partition_steps) at = std::max(at, step);

@@ -97,10 +97,11 @@ class SparseShard {
   // the job's data partitions. `room` (null: no limit) says how many more
   // bytes the tables may take now (what the server's budget has left); a
   // push that would grow them by more is refused.
-  static absl::StatusOr<std::unique_ptr<SparseShard>> Create(std::vector<SparseTableSetup> tables,
-                                                             const std::set<int32_t>& held_shards,
-                                                             int32_t num_partitions,
-                                                             std::function<int64_t()> room = nullptr);
+  // `aside` (null: its own) counts what restores and copies load, with
+  // other shards built aside with it.
+  static absl::StatusOr<std::unique_ptr<SparseShard>> Create(
+      std::vector<SparseTableSetup> tables, const std::set<int32_t>& held_shards, int32_t num_partitions,
+      std::function<int64_t()> room = nullptr, std::shared_ptr<std::atomic<int64_t>> aside = nullptr);
 
   // What the tables of `held_shards` take before any row (setups count it
   // against the server's budget).
@@ -170,6 +171,28 @@ class SparseShard {
   absl::Status Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
                        std::optional<int64_t> repartitioned_at = std::nullopt);
 
+  // Live copies to a new replica of a shard (a fresh server holding that
+  // shard only). The source: CaptureBucket of each of the shard's buckets
+  // and CaptureShardState of its bookkeeping (a serialized
+  // v1::TableShardState: applied pushes per partition, the step being
+  // gathered with the shard's rows, the last step's undo rows, expiry and
+  // restore positions). Each capture's table_changes counts the changes of
+  // the shard's rows here: a copy is consistent when it did not move from
+  // the first capture to the last. NOT_FOUND for a shard not held here.
+  absl::StatusOr<ChunkSnapshot> CaptureShardState(int32_t shard) const;
+  // The copy: AdoptBucket for each bucket (its state replaces what the
+  // bucket held; RESOURCE_EXHAUSTED naming the table past the budget's
+  // room), then AdoptShardState, which applies the gathered step at once
+  // if every part of it is in. FAILED_PRECONDITION unless this server holds
+  // buckets of that one shard only; INVALID_ARGUMENT / DATA_LOSS for a
+  // state that does not fit the job.
+  absl::Status AdoptBucket(int32_t chunk_id, const std::string& table_state);
+  absl::Status AdoptShardState(const std::string& state);
+  // The held shards that hold buckets, ascending.
+  const std::vector<int32_t>& bucket_shards() const { return bucket_shards_; }
+  // The shard of a bucket's chunk id (-1: no bucket held here).
+  int32_t ShardOfBucket(int32_t chunk_id) const;
+
   // Refuses pushes from now on (pulls still answer).
   void Freeze(const std::string& reason);
 
@@ -190,7 +213,7 @@ class SparseShard {
     std::vector<std::unique_ptr<SparseTable>> buckets;
   };
   SparseShard(std::vector<Table> tables, std::set<int32_t> held_shards, int32_t num_partitions,
-              std::function<int64_t()> room);
+              std::function<int64_t()> room, std::shared_ptr<std::atomic<int64_t>> aside);
   // The shards of `held` that hold buckets of `tables`, ascending.
   static std::vector<int32_t> BucketShardsOf(const std::vector<Table>& tables, const std::set<int32_t>& held);
 
@@ -239,6 +262,9 @@ class SparseShard {
   const std::vector<int32_t> bucket_shards_;
   const int32_t num_partitions_;
   const std::function<int64_t()> room_;
+  // What restores and copies added to shards built aside (shared by the
+  // shards of a job's SparseTables): counted against the room.
+  const std::shared_ptr<std::atomic<int64_t>> aside_;
   const bool has_sync_;   // some table is synchronous
   const bool has_async_;  // some table is asynchronous
   const bool holds_sync_;  // and this server holds buckets of one (else its checkpoints never wait for a step)
@@ -252,7 +278,12 @@ class SparseShard {
   std::vector<std::vector<Applied>> applied_ ABSL_GUARDED_BY(push_mu_);
   // By partition: the step a restore says it runs again from.
   std::vector<int64_t> restored_ ABSL_GUARDED_BY(push_mu_);
-  int64_t restored_bytes_ ABSL_GUARDED_BY(push_mu_) = 0;  // what restores added
+  // By slot: how many times pushes, steps or expiries changed the shard's
+  // buckets or bookkeeping (see CaptureShardState).
+  std::vector<int64_t> changes_ ABSL_GUARDED_BY(push_mu_);
+  // Loads a bucket's state (emptied first), counting its growth against the
+  // room with aside_.
+  absl::Status LoadBucketLocked(int32_t chunk_id, const std::string& table_state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // By table, then bucket: per partition, the step from which a restored
   // bucket takes pushes again (the steps before are in its checkpointed
   // rows, replayed by a resumed job: skipped). Empty: not restored, or

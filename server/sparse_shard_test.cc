@@ -715,6 +715,96 @@ TEST(SparseShardSyncTest, AServerHoldingTwoShardsCountsEachShardsParts) {
   EXPECT_EQ(first->Push(args_of(0, 2, next[1])).status().code(), absl::StatusCode::kAborted) << "shard 1 not held";
 }
 
+// A live copy of shard 0's tables from a server holding shards 0 and 1
+// (mid-step: one partition's shard-0 part still to come, or every shard-0
+// part in while a shard-1 part is missing) onto a fresh server holding
+// shard 0 only: from then on both apply every push alike, bit for bit, and
+// the copy deduplicates what the source already applied.
+TEST(SparseShardSyncTest, ALiveCopyOfAShardMidStepTrainsOnAsItsSource) {
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 1; k <= 40; ++k) keys.push_back(k * 104729);
+  auto push = [&](SparseShard* shard, int32_t partition, int64_t step, int32_t on, float scale) {
+    const std::vector<float> linear = Grads(keys.size(), 1, scale), embedding = Grads(keys.size(), 4, scale);
+    const ShardPart part = PartOnShard(keys, linear, embedding, on);
+    SparsePushArgs args = SyncPushOf(partition, step, 0, 1, part.keys, part.linear, part.embedding);
+    args.shard = on;
+    return shard->Push(args);
+  };
+  auto copy = [](const SparseShard& source, SparseShard* dest) {
+    absl::StatusOr<ChunkSnapshot> first = source.CaptureShardState(0);
+    ASSERT_TRUE(first.ok()) << first.status();
+    for (int32_t chunk_id : dest->chunk_ids()) {
+      absl::StatusOr<ChunkSnapshot> bucket = source.CaptureBucket(chunk_id);
+      ASSERT_TRUE(bucket.ok()) << bucket.status();
+      EXPECT_EQ(bucket->table_changes, first->table_changes);
+      ASSERT_TRUE(dest->AdoptBucket(chunk_id, bucket->table_state).ok());
+    }
+    ASSERT_TRUE(dest->AdoptShardState(first->table_state).ok());
+  };
+  const std::vector<uint64_t> shard0 = OnShard(keys, 0);
+  auto expect_same = [&](const SparseShard& a, const SparseShard& b, const std::string& when) {
+    for (int32_t table : {0, 1}) {
+      const std::vector<float> x = PullAll(a, table, shard0), y = PullAll(b, table, shard0);
+      ASSERT_EQ(x.size(), y.size());
+      EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float))) << when << ", table " << table;
+    }
+  };
+  for (bool shard0_whole : {false, true}) {
+    SCOPED_TRACE(shard0_whole ? "every shard-0 part in" : "a shard-0 part to come");
+    auto source = MakeSyncOn({0, 1});
+    auto dest = MakeSyncOn({0});
+    ASSERT_TRUE(source && dest);
+    for (int64_t step = 0; step < 2; ++step) {
+      for (int32_t p : {0, 1}) {
+        for (int32_t on : {0, 1}) ASSERT_TRUE(push(source.get(), p, step, on, 0.1f * static_cast<float>(p + 1)).ok());
+      }
+    }
+    // Step 2, half in.
+    ASSERT_TRUE(push(source.get(), 0, 2, 0, 0.5f).ok());
+    ASSERT_TRUE(push(source.get(), 0, 2, 1, 0.5f).ok());
+    ASSERT_TRUE(push(source.get(), 1, 2, shard0_whole ? 0 : 1, -0.25f).ok());
+    const int64_t changes = source->CaptureShardState(0)->table_changes;
+    copy(*source, dest.get());
+    if (!shard0_whole) {
+      // Step 1's rows as step 1 read them came along (a re-run's pull).
+      std::vector<float> a(shard0.size() * 4), b(shard0.size() * 4);
+      ASSERT_TRUE(source->PullAtStep(1, shard0, 1, a.data()).ok());
+      ASSERT_TRUE(dest->PullAtStep(1, shard0, 1, b.data()).ok());
+      EXPECT_EQ(a, b);
+      EXPECT_NE(a, PullAll(*dest, 1, shard0)) << "step 1 changed them";
+    }
+    // The missing part arrives at the source (and, of shard 0, at the copy).
+    const int32_t missing = shard0_whole ? 1 : 0;
+    ASSERT_EQ(*push(source.get(), 1, 2, missing, -0.25f), SparsePushOutcome::kApplied);
+    if (missing == 0) {
+      ASSERT_EQ(*push(dest.get(), 1, 2, 0, -0.25f), SparsePushOutcome::kApplied);
+    }
+    EXPECT_GT(source->CaptureShardState(0)->table_changes, changes) << "the step changed shard 0's rows";
+    expect_same(*source, *dest, "after step 2");
+    // What the source applied is a duplicate on the copy.
+    EXPECT_EQ(*push(dest.get(), 0, 2, 0, 0.5f), SparsePushOutcome::kDuplicate);
+    // Step 3 on both, and its re-run's pull reads the rows before it.
+    for (int32_t p : {0, 1}) {
+      ASSERT_TRUE(push(source.get(), p, 3, 0, 0.3f).ok());
+      ASSERT_TRUE(push(source.get(), p, 3, 1, 0.3f).ok());
+      ASSERT_TRUE(push(dest.get(), p, 3, 0, 0.3f).ok());
+    }
+    expect_same(*source, *dest, "after step 3");
+    std::vector<float> a(shard0.size() * 4), b(shard0.size() * 4);
+    ASSERT_TRUE(source->PullAtStep(1, shard0, 3, a.data()).ok());
+    ASSERT_TRUE(dest->PullAtStep(1, shard0, 3, b.data()).ok());
+    EXPECT_EQ(a, b) << "the undo rows came along";
+  }
+  // A copy goes only to a server holding that one shard.
+  auto both = MakeSyncOn({0, 1});
+  absl::StatusOr<ChunkSnapshot> state = both->CaptureShardState(0);
+  ASSERT_TRUE(state.ok());
+  EXPECT_EQ(MakeSyncOn({0, 1})->AdoptShardState(state->table_state).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(MakeSyncOn({1})->AdoptShardState(state->table_state).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(MakeSyncOn({0})->AdoptShardState("garbage").code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(both->CaptureShardState(7).status().code(), absl::StatusCode::kNotFound);
+}
+
 // A server that holds no bucket of the synchronous tables (a table of 1
 // bucket over 2 shards) has no step to cut at: its part of a checkpoint at
 // any step is taken at once, not waited for until the deadline.

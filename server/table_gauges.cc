@@ -21,7 +21,7 @@ TableGauges::TableGauges(prometheus::Registry* registry)
       expired_(Gauge(registry, "fulcrum_server_table_expired_rows",
                      "Rows a sparse table dropped here for not being pushed for expireAfter steps")) {}
 
-void TableGauges::Update(const std::string& job_id, const SparseShard& tables, bool force) {
+void TableGauges::Update(const std::string& job_id, const SparseTables& tables, bool force) {
   const absl::Time now = absl::Now();
   MutexLock lock(&mu_);
   absl::Time& last = updated_[job_id];

@@ -16,7 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
 #include "common/sync.h"
-#include "server/sparse_shard.h"
+#include "server/sparse_tables.h"
 
 namespace fulcrum {
 
@@ -26,7 +26,7 @@ class TableGauges {
 
   // Sets the job's gauges from `tables` unless they were set less than half a
   // second ago (`force`: now anyway).
-  void Update(const std::string& job_id, const SparseShard& tables, bool force = false);
+  void Update(const std::string& job_id, const SparseTables& tables, bool force = false);
   // Removes the job's gauges.
   void Remove(const std::string& job_id);
 

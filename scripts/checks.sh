@@ -65,7 +65,7 @@ for check in "${CHECKS[@]}"; do
       # array; 36 s under ASan for nothing ASan could find).
       ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         run_ctest build-asan asan -L "unit|fuzz|integration" \
-          -E "^(HalfArray|Checkpoint|Observability|ServerFailover|ReReplication|ServerJoin|ServerLeave|Ssp|PushOverlap|WorkerJoin|SchedulerRestart|ReplacedServer|StoppedPrimary|Chaos)" \
+          -E "^(HalfArray|Checkpoint|Observability|ServerFailover|ReReplication|ServerJoin|ServerLeave|Ssp|PushOverlap|WorkerJoin|SchedulerRestart|ReplacedServer|ReplicatedTables|ReplacedTableServer|StoppedPrimary|Chaos)" \
           || rc=1
       ;;
     tsan)

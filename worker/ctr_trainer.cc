@@ -320,9 +320,14 @@ class ClickRun {
       synchronous |= bsp_ && !async;
     }
     sparse_->set_synchronous(synchronous);
-    params_ = client_->MakeBuffers();
-    pulled_ = client_->MakeBuffers();
-    grads_ = client_->MakeBuffers();
+    if (params_.empty()) {
+      // Once: a new map (a failover) keeps the tensors and the values
+      // params_ hold, which a BSP step computed after it may still read
+      // (a partition taken over once a pull slice ran out).
+      params_ = client_->MakeBuffers();
+      pulled_ = client_->MakeBuffers();
+      grads_ = client_->MakeBuffers();
+    }
     if (hooks_.watch_client) hooks_.watch_client(client_.get(), job_id_);
   }
   // Makes partition `partition`'s batch of `step` and its example audit.

@@ -188,12 +188,6 @@ absl::StatusOr<SparseTable*> SparseShard::BucketOfShard(const Table& table, uint
   return bucket;
 }
 
-absl::StatusOr<int32_t> SparseShard::ShardOfPush(int32_t named) const {
-  absl::StatusOr<size_t> slot = SlotOf(named);
-  if (!slot.ok()) return slot.status();
-  return bucket_shards_[*slot];
-}
-
 absl::StatusOr<size_t> SparseShard::SlotOf(int32_t named) const {
   if (named < 0) {
     if (bucket_shards_.size() == 1) return 0;

@@ -202,9 +202,6 @@ class SparseShard {
   int64_t bytes() const;
   bool has_synchronous() const { return has_sync_; }
   bool has_asynchronous() const { return has_async_; }
-  // The shard a push names, or (-1) the one shard holding buckets here;
-  // SlotOf's errors.
-  absl::StatusOr<int32_t> ShardOfPush(int32_t named) const;
 
  private:
   struct Table {

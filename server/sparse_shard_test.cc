@@ -1,4 +1,5 @@
 #include "server/sparse_shard.h"
+#include "server/sparse_tables.h"
 
 #include <cmath>
 #include <cstring>
@@ -803,6 +804,43 @@ TEST(SparseShardSyncTest, ALiveCopyOfAShardMidStepTrainsOnAsItsSource) {
   EXPECT_EQ(MakeSyncOn({1})->AdoptShardState(state->table_state).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(MakeSyncOn({0})->AdoptShardState("garbage").code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(both->CaptureShardState(7).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A server's tables of a job: a SparseShard per shard it holds. One holding
+// none (its shards hold only dense chunks, or a copy not added yet) refuses
+// keys naming the map (ABORTED) and pushes to a shard it does not hold yet
+// (UNAVAILABLE: being copied); an empty pull is answered.
+TEST(SparseTablesTest, ATableOfNoShardRefusesKeysAndPushes) {
+  auto none = SparseTables::Create(Tables(), {}, /*num_partitions=*/2);
+  ASSERT_TRUE(none.ok()) << none.status();
+  std::vector<float> out(4);
+  const std::vector<uint64_t> keys = {5, 6};
+  const absl::Status pulled = (*none)->Pull(1, keys, out.data());
+  EXPECT_EQ(pulled.code(), absl::StatusCode::kAborted) << pulled;
+  EXPECT_NE(pulled.message().find("refresh the shard map"), std::string::npos) << pulled;
+  EXPECT_TRUE((*none)->Pull(1, {}, out.data()).ok());
+  EXPECT_EQ((*none)->OnlyShard().status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<float> linear = {1, 1}, embedding = Grads(2, 4, 0.1f);
+  SparsePushArgs args = PushOf(0, 0, keys, linear, embedding);
+  args.shard = 0;
+  EXPECT_EQ((*none)->Push(args).status().code(), absl::StatusCode::kUnavailable);
+  // Both shards held: a pull of keys of both is answered row by row as each
+  // shard holds them.
+  auto both = SparseTables::Create(Tables(), {0, 1}, /*num_partitions=*/2);
+  ASSERT_TRUE(both.ok()) << both.status();
+  std::vector<uint64_t> many;
+  for (uint64_t k = 1; k <= 30; ++k) many.push_back(k * 7919);
+  std::vector<float> rows(many.size() * 4);
+  ASSERT_TRUE((*both)->Pull(1, many, rows.data()).ok());
+  auto first = Make({0});
+  auto second = Make({1});
+  for (size_t i = 0; i < many.size(); ++i) {
+    const std::vector<float> alone = PullAll(BucketOf(many[i], kBuckets) % 2 == 0 ? *first : *second, 1, {many[i]});
+    EXPECT_EQ(std::vector<float>(rows.begin() + static_cast<std::ptrdiff_t>(i * 4),
+                                 rows.begin() + static_cast<std::ptrdiff_t>(i * 4 + 4)),
+              alone)
+        << "key " << many[i];
+  }
 }
 
 // A server that holds no bucket of the synchronous tables (a table of 1

@@ -95,11 +95,13 @@ absl::Status SparseTables::PullSplit(
   if (table < 0 || table >= num_tables()) {
     return absl::InvalidArgumentError(absl::StrCat("the job has no sparse table ", table));
   }
+  if (keys.empty()) return absl::OkStatus();
   const std::vector<SparseShard*> all = All();
-  if (all.size() == 1 || keys.empty()) {  // one shard here: it checks the keys' buckets itself
-    if (all.empty()) return absl::AbortedError("this server holds no bucket of the job's tables (refresh the shard map)");
-    return pull(*all.front(), keys, out);
+  if (all.empty()) {
+    return absl::AbortedError(absl::StrCat("key ", keys.front(), " of table ", tables_[static_cast<size_t>(table)].config.name,
+                                           ": this server holds no bucket of the job's tables (refresh the shard map)"));
   }
+  if (all.size() == 1) return pull(*all.front(), keys, out);  // it checks the keys' buckets itself
   // By shard: the keys and where their rows go (a worker's request is of
   // one shard: one run).
   const auto dim = static_cast<size_t>(this->dim(table));

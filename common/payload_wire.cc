@@ -134,6 +134,32 @@ bool ReadLength(google::protobuf::io::CodedInputStream* in, uint32_t* length) {
   return in->ReadVarint32(length) && in->CurrentPosition() - before <= 5 && *length <= 0x7fffffffu;
 }
 
+// WireFormatLite::SkipField, except that a group's fields are read with
+// ReadTag's check: protobuf's parser refuses a tag longer than 5 bytes
+// anywhere, where WireFormatLite's group skipper reads it truncated (the
+// payload_wire fuzzer found a group holding such a tag accepted here and
+// refused by protobuf).
+bool SkipField(google::protobuf::io::CodedInputStream* in, uint32_t tag,
+               google::protobuf::io::CodedOutputStream* out) {
+  if (WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_START_GROUP) {
+    return WireFormatLite::SkipField(in, tag, out);
+  }
+  if (!in->IncrementRecursionDepth()) return false;
+  out->WriteVarint32(tag);
+  uint32_t field = 0;
+  bool bad = false;
+  while (ReadTag(in, &field, &bad)) {
+    if (WireFormatLite::GetTagWireType(field) == WireFormatLite::WIRETYPE_END_GROUP) {
+      in->DecrementRecursionDepth();
+      if (WireFormatLite::GetTagFieldNumber(field) != WireFormatLite::GetTagFieldNumber(tag)) return false;
+      out->WriteVarint32(field);
+      return true;
+    }
+    if (!SkipField(in, field, out)) return false;
+  }
+  return false;  // the input (or a valid tag) ended inside the group
+}
+
 absl::Status NotA(const google::protobuf::MessageLite& message) {
   return absl::InvalidArgumentError(
       absl::StrCat("the message is not a valid ", message.GetTypeName(), " (it does not parse)"));
@@ -188,7 +214,7 @@ absl::Status PayloadReader::Parse(const grpc::ByteBuffer& buffer, int chunks_fie
     while (ReadTag(&in, &tag, &bad)) {
       if (WireFormatLite::GetTagFieldNumber(tag) != chunks_field ||
           WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
-        if (!WireFormatLite::SkipField(&in, tag, &header_out)) return NotA(*header);
+        if (!SkipField(&in, tag, &header_out)) return NotA(*header);
         continue;
       }
       uint32_t length = 0;
@@ -208,7 +234,7 @@ absl::Status PayloadReader::Parse(const grpc::ByteBuffer& buffer, int chunks_fie
             chunk.offset = in.CurrentPosition();
             chunk.size = size;
             if (!in.Skip(static_cast<int>(size))) return NotA(*header);
-          } else if (!WireFormatLite::SkipField(&in, field, &fields_out)) {
+          } else if (!SkipField(&in, field, &fields_out)) {
             return NotA(*header);
           }
         }

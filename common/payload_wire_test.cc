@@ -110,6 +110,20 @@ TEST(PayloadWireTest, FieldsInAnyOrderAndRepeatedDataAsProtobufReadsThem) {
   EXPECT_EQ(out, wrapper.chunks(0).data());
 }
 
+// An unknown group is skipped as protobuf skips it, and kept in the header.
+TEST(PayloadWireTest, UnknownGroupsAreReadAsProtobufReadsThem) {
+  const std::string whole = SamplePush().SerializeAsString() + std::string("\x73\x08\x01\x74", 4);
+  v1::PushRequest expected;
+  ASSERT_TRUE(expected.ParseFromString(whole));
+  grpc::Slice slice(whole);
+  PayloadReader reader;
+  v1::PushRequest header;
+  ASSERT_TRUE(reader.Parse(grpc::ByteBuffer(&slice, 1), v1::PushRequest::kChunksFieldNumber, &header).ok());
+  EXPECT_EQ(reader.chunks(), expected.chunks_size());
+  expected.clear_chunks();
+  EXPECT_EQ(header.SerializeAsString(), expected.SerializeAsString());
+}
+
 TEST(PayloadWireTest, GarbageIsInvalidArgumentNamingTheMessage) {
   const std::string whole = SamplePush().SerializeAsString();
   for (const std::string& bad : {std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11),
@@ -118,7 +132,11 @@ TEST(PayloadWireTest, GarbageIsInvalidArgumentNamingTheMessage) {
                                  // A chunk whose length runs past the end (found by payload_wire_fuzz).
                                  std::string("\x32\x05\x08\x03", 4),
                                  // A tag encoded in 6 bytes (protobuf refuses it; found by the fuzzer).
-                                 std::string("\xf0\xf5\xe5\xfd\xcf\x2e\xff\xdf\x5d", 9)}) {
+                                 std::string("\xf0\xf5\xe5\xfd\xcf\x2e\xff\xdf\x5d", 9),
+                                 // The same inside an unknown group (field 14), and a group
+                                 // whose end names another field (found by the fuzzer too).
+                                 std::string("\x73\xf0\xf5\xe5\xfd\xcf\x2e\x00\x74", 9),
+                                 std::string("\x73\x08\x01\x7c", 4)}) {
     grpc::Slice slice(bad);
     PayloadReader reader;
     v1::PushRequest header;

@@ -12,6 +12,7 @@
 #include "common/shard_map.h"
 #include "common/status_macros.h"
 #include "common/table_spec.h"
+#include "common/tensor_codec.h"
 #include "fulcrum/v1/parameter.pb.h"
 
 namespace fulcrum {
@@ -658,25 +659,6 @@ std::vector<uint64_t> KeysOf(const std::string& bytes) {
   return keys;
 }
 
-std::string FloatBytes(const float* values, size_t n) {
-  std::string bytes(n * sizeof(float), '\0');
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits = 0;
-    std::memcpy(&bits, values + i, sizeof(bits));
-    absl::little_endian::Store32(bytes.data() + i * sizeof(float), bits);
-  }
-  return bytes;
-}
-
-std::vector<float> FloatsOf(const std::string& bytes) {
-  std::vector<float> values(bytes.size() / sizeof(float));
-  for (size_t i = 0; i < values.size(); ++i) {
-    const uint32_t bits = absl::little_endian::Load32(bytes.data() + i * sizeof(float));
-    std::memcpy(&values[i], &bits, sizeof(bits));
-  }
-  return values;
-}
-
 }  // namespace
 
 absl::StatusOr<ChunkSnapshot> SparseShard::CaptureShardState(int32_t shard) const {
@@ -704,7 +686,7 @@ absl::StatusOr<ChunkSnapshot> SparseShard::CaptureShardState(int32_t shard) cons
     rows->set_table(table);
     rows->set_partition(partition);
     rows->set_keys(KeyBytes(kept_keys.data(), kept_keys.size()));
-    rows->set_values(FloatBytes(kept.data(), kept.size()));
+    EncodeFloats(kept.data(), static_cast<int64_t>(kept.size()), rows->mutable_values());
   };
   v1::TableShardState state;
   MutexLock lock(&push_mu_);  // between pushes: the bookkeeping of one moment
@@ -799,12 +781,9 @@ absl::Status SparseShard::AdoptShardState(const std::string& serialized) {
                                                      rows.table(), " partition ", rows.partition()));
     }
     *keys = KeysOf(rows.keys());
-    *values = FloatsOf(rows.values());
-    if (values->size() != keys->size() * static_cast<size_t>(dim(rows.table()))) {
-      return absl::InvalidArgumentError(absl::StrCat("shard ", state.shard(), "'s table state has ", values->size(),
-                                                     " floats for ", keys->size(), " keys of table ", rows.table()));
-    }
-    return absl::OkStatus();
+    values->resize(keys->size() * static_cast<size_t>(dim(rows.table())));
+    return DecodeFloats(rows.values(), static_cast<int64_t>(values->size()), values->data(),
+                        absl::StrCat("shard ", state.shard(), "'s table state: rows of table ", rows.table()));
   };
   MutexLock lock(&push_mu_);
   sync_step_ = state.sync_step();

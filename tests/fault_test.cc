@@ -169,8 +169,38 @@ TEST_F(ClickHalfPushTest, AStepWhoseRowsWereAppliedIsRecomputedFromTheRowsBefore
   ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
 }
 
-// Three servers, two workers, two replicas of every shard (tables included).
-class ReplicatedTablesTest : public ClusterTest {
+// A BSP click job with two replicas of every shard (tables included),
+// killed servers and all: it runs undisturbed first (Reference), and a
+// disturbed run must end as that one did (ExpectLikeTheReference).
+class ReplicatedClickTest : public ClusterTest {
+ protected:
+  struct Reference {
+    v1::JobSpec spec;
+    v1::JobStatus status;
+    std::map<std::string, SafetensorsTensor> exported;  // read at once: killed servers may hold its buckets
+  };
+  static void RunReference(int epochs, Reference* reference) {
+    reference->spec = ClickSpec(v1::ModelSpec::FM, 2);
+    reference->spec.set_mode(v1::BSP);
+    reference->spec.mutable_data()->set_epochs(epochs);
+    reference->spec.set_replicas(2);
+    ASSERT_NO_FATAL_FAILURE(RunToSuccess(reference->spec, &reference->status));
+    reference->exported = LiveExport(reference->status.job_id(), cluster_->scheduler_address());
+    ASSERT_EQ(reference->exported.count("table.embedding.rows"), 1u);
+  }
+  // Succeeded without a checkpoint restore, with the reference's AUC,
+  // dense tensors and table rows.
+  static void ExpectLikeTheReference(const std::string& job_id, const v1::JobStatus& done,
+                                     const Reference& reference) {
+    ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason() << Events(done);
+    EXPECT_FALSE(AnyEventHas(done, "restored from checkpoint")) << Events(done);
+    EXPECT_EQ(done.progress().test_auc(), reference.status.progress().test_auc());
+    ExpectSameExport(reference.exported, LiveExport(job_id, cluster_->scheduler_address()));
+  }
+};
+
+// Three servers, two workers.
+class ReplicatedTablesTest : public ReplicatedClickTest {
  protected:
   static void SetUpTestSuite() { StartCluster(3, 2, /*replicas=*/2); }
 };
@@ -180,17 +210,9 @@ class ReplicatedTablesTest : public ClusterTest {
 // acknowledged, takes over without a checkpoint (the job takes none), and
 // the job ends bit-identical to an undisturbed run, tables included.
 TEST_F(ReplicatedTablesTest, KilledPrimaryOfAClickJobLosesNoRow) {
-  v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
-  spec.set_mode(v1::BSP);
-  spec.mutable_data()->set_epochs(1);
-  spec.set_replicas(2);
-  v1::JobStatus reference;
-  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference));
-  // Exported now: the server killed below may hold some of its buckets.
-  const std::map<std::string, SafetensorsTensor> expected =
-      LiveExport(reference.job_id(), cluster_->scheduler_address());
-  ASSERT_EQ(expected.count("table.embedding.rows"), 1u);
-  auto id = Submit(spec);
+  Reference reference;
+  ASSERT_NO_FATAL_FAILURE(RunReference(/*epochs=*/1, &reference));
+  auto id = Submit(reference.spec);
   ASSERT_TRUE(id.ok()) << id.status();
   v1::JobStatus running = WaitForStep(*id, 150);
   ASSERT_EQ(running.state(), v1::RUNNING) << running.reason();
@@ -203,16 +225,13 @@ TEST_F(ReplicatedTablesTest, KilledPrimaryOfAClickJobLosesNoRow) {
   ASSERT_FALSE(victim.empty());
   ASSERT_TRUE(cluster_->Signal(victim, SIGKILL).ok());
   v1::JobStatus done = WaitForEnd(*id, absl::Seconds(120));
-  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason() << Events(done);
+  ASSERT_NO_FATAL_FAILURE(ExpectLikeTheReference(*id, done, reference));
   EXPECT_TRUE(AnyEventHas(done, victim)) << "no event names the killed server" << Events(done);
-  EXPECT_FALSE(AnyEventHas(done, "restored from checkpoint")) << Events(done);
   for (const auto& shard : done.shard_map().shards()) EXPECT_NE(shard.server_id(), victim);
-  EXPECT_EQ(done.progress().test_auc(), reference.progress().test_auc());
-  ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
 }
 
 // Two servers, two workers, every shard (tables included) on both.
-class ReplacedTableServerTest : public ClusterTest {
+class ReplacedTableServerTest : public ReplicatedClickTest {
  protected:
   static void SetUpTestSuite() { StartCluster(2, 2, /*replicas=*/2); }
 };
@@ -230,16 +249,9 @@ int CountEvents(const v1::JobStatus& job, const std::string& text) {
 // The job never restores from a checkpoint (it takes none) and ends
 // bit-identical to an undisturbed run, tables included.
 TEST_F(ReplacedTableServerTest, ANewServerCopiesTheTablesAndSurvivesTheNextKill) {
-  v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
-  spec.set_mode(v1::BSP);
-  spec.mutable_data()->set_epochs(4);
-  spec.set_replicas(2);
-  v1::JobStatus reference;
-  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference));
-  const std::map<std::string, SafetensorsTensor> expected =
-      LiveExport(reference.job_id(), cluster_->scheduler_address());
-  ASSERT_EQ(expected.count("table.embedding.rows"), 1u);
-  auto id = Submit(spec);
+  Reference reference;
+  ASSERT_NO_FATAL_FAILURE(RunReference(/*epochs=*/4, &reference));
+  auto id = Submit(reference.spec);
   ASSERT_TRUE(id.ok()) << id.status();
   v1::JobStatus running = WaitForStep(*id, 100);
   ASSERT_EQ(running.state(), v1::RUNNING) << running.reason();
@@ -263,11 +275,8 @@ TEST_F(ReplacedTableServerTest, ANewServerCopiesTheTablesAndSurvivesTheNextKill)
   ASSERT_FALSE(second.empty());
   ASSERT_TRUE(cluster_->Signal(second, SIGKILL).ok());
   v1::JobStatus done = WaitForEnd(*id, absl::Seconds(120));
-  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason() << Events(done);
-  EXPECT_FALSE(AnyEventHas(done, "restored from checkpoint")) << Events(done);
+  ASSERT_NO_FATAL_FAILURE(ExpectLikeTheReference(*id, done, reference));
   for (const auto& shard : done.shard_map().shards()) EXPECT_EQ(shard.server_id(), newcomer);
-  EXPECT_EQ(done.progress().test_auc(), reference.progress().test_auc());
-  ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
 }
 
 // Two servers, every shard on both.

@@ -102,16 +102,17 @@ absl::Status SparseTables::PullSplit(
                                            ": this server holds no bucket of the job's tables (refresh the shard map)"));
   }
   if (all.size() == 1) return pull(*all.front(), keys, out);  // it checks the keys' buckets itself
-  // By shard: the keys and where their rows go (a worker's request is of
-  // one shard: one run).
+  // A worker's request is of one shard: the first key's shard answers it
+  // whole (checking every key's bucket as it reads it). Only when it
+  // refuses a key (ABORTED) are the keys split by shard.
+  if (SparseShard* first = Find(ShardOfKey(table, keys.front())); first != nullptr) {
+    absl::Status pulled = pull(*first, keys, out);
+    if (!absl::IsAborted(pulled)) return pulled;
+  }
+  // By shard: the keys and where their rows go.
   const auto dim = static_cast<size_t>(this->dim(table));
   std::map<int32_t, std::vector<uint32_t>> positions;
   for (size_t i = 0; i < keys.size(); ++i) positions[ShardOfKey(table, keys[i])].push_back(static_cast<uint32_t>(i));
-  if (positions.size() == 1) {
-    SparseShard* tables = Find(positions.begin()->first);
-    if (tables == nullptr) return pull(*all.front(), keys, out);  // refused naming the key
-    return pull(*tables, keys, out);
-  }
   std::vector<uint64_t> part;
   std::vector<float> rows;
   for (const auto& [shard, at] : positions) {

@@ -214,6 +214,29 @@ absl::StatusOr<ExportResult> ReadCheckpoint(const v1::CheckpointManifest& manife
   std::map<int32_t, const v1::ChunkLocation*> locations;
   for (const v1::ChunkLocation& chunk : manifest.shard_map().chunks()) locations[chunk.chunk_id()] = &chunk;
   Stubs stubs;
+  // A stored chunk of checkpoint `checkpoint_id` from the first holder that
+  // answers.
+  auto read = [&](int64_t checkpoint_id, const v1::CheckpointChunk& chunk) -> absl::StatusOr<v1::ChunkState> {
+    std::vector<std::string> failures;
+    for (const std::string& server : chunk.server_ids()) {
+      auto address = live.find(server);
+      if (address == live.end()) {
+        failures.push_back(absl::StrCat(server, ": not a live member"));
+        continue;
+      }
+      v1::ReadCheckpointRequest request;
+      request.set_job_id(manifest.job_id());
+      request.set_checkpoint_id(checkpoint_id);
+      request.set_chunk_id(chunk.chunk_id());
+      request.set_checksum(chunk.checksum());
+      absl::StatusOr<v1::ChunkState> state = ReadCheckpointChunkFrom(stubs.For(address->second), request, timeout);
+      if (state.ok()) return state;
+      failures.push_back(absl::StrCat(server, ": ", state.status().message()));
+    }
+    return absl::UnavailableError(absl::StrCat("checkpoint ", checkpoint_id, " of job ", manifest.job_id(),
+                                               ": chunk ", chunk.chunk_id(), " could not be read (",
+                                               absl::StrJoin(failures, "; "), ")"));
+  };
   std::vector<Gathered> gathered(static_cast<size_t>(manifest.shard_map().tables_size()));
   for (const v1::CheckpointChunk& chunk : manifest.chunks()) {
     const v1::TableLayout* table = nullptr;
@@ -229,37 +252,19 @@ absl::StatusOr<ExportResult> ReadCheckpoint(const v1::CheckpointManifest& manife
     } else if (location == locations.end()) {
       return absl::DataLossError(absl::StrCat("manifest: unknown chunk ", chunk.chunk_id()));
     }
-    std::vector<std::string> failures;
-    bool read = false;
-    for (const std::string& server : chunk.server_ids()) {
-      auto address = live.find(server);
-      if (address == live.end()) {
-        failures.push_back(absl::StrCat(server, ": not a live member"));
-        continue;
-      }
-      v1::ReadCheckpointRequest request;
-      request.set_job_id(manifest.job_id());
-      request.set_checkpoint_id(manifest.info().id());
-      request.set_chunk_id(chunk.chunk_id());
-      request.set_checksum(chunk.checksum());
-      absl::StatusOr<v1::ChunkState> state = ReadCheckpointChunkFrom(stubs.For(address->second), request, timeout);
-      if (!state.ok()) {
-        failures.push_back(absl::StrCat(server, ": ", state.status().message()));
-        continue;
-      }
-      if (table != nullptr) {
-        RETURN_IF_ERROR(AddTableRows(*table, state->table_state(), &into->ids, &into->rows));
-      } else {
-        RETURN_IF_ERROR(Place(*location->second, state->values(), &result.tensors));
-      }
-      read = true;
-      break;
+    ASSIGN_OR_RETURN(v1::ChunkState state, read(manifest.info().id(), chunk));
+    if (table == nullptr) {
+      RETURN_IF_ERROR(Place(*location->second, state.values(), &result.tensors));
+      continue;
     }
-    if (!read) {
-      return absl::UnavailableError(absl::StrCat("checkpoint ", manifest.info().id(), " of job ", manifest.job_id(),
-                                                 ": chunk ", chunk.chunk_id(), " could not be read (",
-                                                 absl::StrJoin(failures, "; "), ")"));
-    }
+    // A bucket stored incrementally is composed with the checkpoints it is on.
+    ASSIGN_OR_RETURN(std::string rows,
+                     WholeTableState(std::move(*state.mutable_table_state()), chunk,
+                                     [&](int64_t base, const v1::CheckpointChunk& entry) -> absl::StatusOr<std::string> {
+                                       ASSIGN_OR_RETURN(v1::ChunkState stored, read(base, entry));
+                                       return std::move(*stored.mutable_table_state());
+                                     }));
+    RETURN_IF_ERROR(AddTableRows(*table, rows, &into->ids, &into->rows));
   }
   result.tables = TableTensors(manifest.shard_map(), std::move(gathered));
   return result;

@@ -2,8 +2,13 @@
 
 #include <string>
 
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
+#include "common/status_macros.h"
+#include "common/table_state.h"
 
 namespace fulcrum {
 
@@ -50,6 +55,40 @@ absl::StatusOr<v1::ChunkState> ReadCheckpointChunkFrom(v1::ParameterService::Stu
     if (!status.ok()) return status;
     return state;
   });
+}
+
+absl::StatusOr<std::string> WholeTableState(
+    std::string state, const v1::CheckpointChunk& chunk,
+    const std::function<absl::StatusOr<std::string>(int64_t checkpoint_id, const v1::CheckpointChunk& entry)>&
+        read_base) {
+  const std::string name = absl::StrCat("bucket chunk ", chunk.chunk_id());
+  std::vector<std::string> changes;  // newest first
+  const v1::CheckpointChunk* entry = &chunk;
+  for (;;) {
+    ASSIGN_OR_RETURN(const int64_t base, TableStateBase(state, name));
+    if (base == 0) break;
+    if (entry->base_checkpoint_id() != base || !entry->has_base() || entry->base().chunk_id() != chunk.chunk_id()) {
+      return absl::DataLossError(absl::StrCat(name, " is stored as the changes since checkpoint ", base,
+                                              ", which its manifest entry does not name (it names ",
+                                              entry->base_checkpoint_id(), ")"));
+    }
+    if (changes.size() >= static_cast<size_t>(kMaxCheckpointChain)) {
+      return absl::DataLossError(absl::StrCat(name, ": a chain of more than ", kMaxCheckpointChain,
+                                              " incremental checkpoints"));
+    }
+    changes.push_back(std::move(state));
+    entry = &entry->base();
+    absl::StatusOr<std::string> read = read_base(base, *entry);
+    if (!read.ok()) {
+      return absl::Status(read.status().code(), absl::StrCat(name, ": reading its base, checkpoint ", base, ": ",
+                                                             read.status().message()));
+    }
+    state = *std::move(read);
+  }
+  for (auto it = changes.rbegin(); it != changes.rend(); ++it) {
+    ASSIGN_OR_RETURN(state, ComposeTableState(state, *it, name));
+  }
+  return state;
 }
 
 }  // namespace fulcrum

@@ -1,10 +1,13 @@
 #include "common/table_state.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "absl/base/internal/endian.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace fulcrum {
@@ -26,6 +29,19 @@ class StateReader {
     uint64_t u = 0;
     if (absl::Status read = U64(&u, field); !read.ok()) return read;
     *v = static_cast<int64_t>(u);
+    return absl::OkStatus();
+  }
+  absl::Status U8(uint8_t* v, absl::string_view field) {
+    if (absl::Status need = Need(1, field); !need.ok()) return need;
+    *v = static_cast<uint8_t>(bytes_[pos_]);
+    pos_ += 1;
+    return absl::OkStatus();
+  }
+  // The next n bytes as they are.
+  absl::Status Raw(size_t n, absl::string_view* v, absl::string_view field) {
+    if (absl::Status need = Need(n, field); !need.ok()) return need;
+    *v = bytes_.substr(pos_, n);
+    pos_ += n;
     return absl::OkStatus();
   }
   absl::Status U32(uint32_t* v, absl::string_view field) {
@@ -111,11 +127,136 @@ void AppendTableStateCandidate(uint64_t key, int32_t count, int64_t last_step, s
   PutU64(static_cast<uint64_t>(last_step), out);
 }
 
+void AppendTableDeltaHeader(int64_t base_checkpoint_id, int32_t stride, const TableStateCounters& counters,
+                            uint64_t rows, std::string* out) {
+  PutU32(kTableDeltaMark, out);
+  PutU64(static_cast<uint64_t>(base_checkpoint_id), out);
+  AppendTableStateHeader(stride, counters, rows, out);
+}
+
+void AppendTableDeltaRow(uint64_t key, int64_t last_step, absl::Span<const float> floats, std::string* out) {
+  PutU64(key, out);
+  out->push_back('\1');
+  PutU64(static_cast<uint64_t>(last_step), out);
+  for (float value : floats) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    PutU32(bits, out);
+  }
+}
+
+void AppendTableDeltaSame(uint64_t key, std::string* out) {
+  PutU64(key, out);
+  out->push_back('\0');
+}
+
+absl::StatusOr<int64_t> TableStateBase(absl::string_view bytes, const std::string& table) {
+  StateReader in(bytes, table);
+  uint32_t mark = 0;
+  if (absl::Status s = in.U32(&mark, "row width"); !s.ok()) return s;
+  if (mark != kTableDeltaMark) return 0;
+  int64_t base = 0;
+  if (absl::Status s = in.I64(&base, "base checkpoint"); !s.ok()) return s;
+  if (base <= 0) return in.Bad(absl::StrCat("incremental on checkpoint ", base, ", which cannot exist"));
+  return base;
+}
+
+absl::StatusOr<std::string> ComposeTableState(absl::string_view base, absl::string_view delta,
+                                              const std::string& table) {
+  // Where each of the base's rows (its step and floats) lies, by key.
+  StateReader b(base, table);
+  uint32_t width = 0;
+  if (absl::Status s = b.U32(&width, "base row width"); !s.ok()) return s;
+  if (width == kTableDeltaMark) return b.Bad("the base is itself incremental");
+  if (width == 0) return b.Bad("rows of 0 floats");
+  const size_t row_bytes = 8 + static_cast<size_t>(width) * 4;  // step and floats
+  for (int i = 0; i < 3; ++i) {
+    int64_t counter = 0;
+    if (absl::Status s = b.I64(&counter, "base counters"); !s.ok()) return s;
+  }
+  uint64_t base_rows = 0;
+  if (absl::Status s = b.Count(&base_rows, 8 + row_bytes, "base rows"); !s.ok()) return s;
+  absl::flat_hash_map<uint64_t, absl::string_view> rows_of;
+  rows_of.reserve(static_cast<size_t>(base_rows));
+  for (uint64_t i = 0; i < base_rows; ++i) {
+    uint64_t key = 0;
+    absl::string_view row;
+    if (absl::Status s = b.U64(&key, "base row key"); !s.ok()) return s;
+    if (absl::Status s = b.Raw(row_bytes, &row, "base row"); !s.ok()) return s;
+    if (!rows_of.emplace(key, row).second) return b.Bad(absl::StrCat("the base lists key ", key, " twice"));
+  }
+  uint64_t base_candidates = 0;
+  absl::string_view skipped;
+  if (absl::Status s = b.Count(&base_candidates, 20, "base filter counts"); !s.ok()) return s;
+  if (absl::Status s = b.Raw(static_cast<size_t>(base_candidates) * 20, &skipped, "base filter counts"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = b.Finish(); !s.ok()) return s;
+
+  StateReader d(delta, table);
+  uint32_t mark = 0, delta_width = 0;
+  int64_t base_id = 0;
+  if (absl::Status s = d.U32(&mark, "mark"); !s.ok()) return s;
+  if (mark != kTableDeltaMark) return d.Bad("not an incremental state");
+  if (absl::Status s = d.I64(&base_id, "base checkpoint"); !s.ok()) return s;
+  if (base_id <= 0) return d.Bad(absl::StrCat("incremental on checkpoint ", base_id, ", which cannot exist"));
+  if (absl::Status s = d.U32(&delta_width, "row width"); !s.ok()) return s;
+  if (delta_width != width) {
+    return d.Bad(absl::StrCat("rows of ", delta_width, " floats on a base whose rows take ", width));
+  }
+  TableStateCounters counters;
+  for (int64_t* counter : {&counters.pushes, &counters.admissions, &counters.expiries}) {
+    if (absl::Status s = d.I64(counter, "counters"); !s.ok()) return s;
+  }
+  uint64_t rows = 0;
+  if (absl::Status s = d.Count(&rows, 9, "rows"); !s.ok()) return s;
+  // Each output row is a distinct key, held by the base or written out in
+  // the delta: the output is at most the two inputs' size.
+  std::string out;
+  out.reserve(std::min(base.size() + delta.size(), 36 + static_cast<size_t>(rows) * (8 + row_bytes)));
+  AppendTableStateHeader(static_cast<int32_t>(width), counters, rows, &out);
+  absl::flat_hash_set<uint64_t> seen;
+  seen.reserve(static_cast<size_t>(rows));
+  for (uint64_t i = 0; i < rows; ++i) {
+    uint64_t key = 0;
+    uint8_t changed = 0;
+    absl::string_view row;
+    if (absl::Status s = d.U64(&key, "row key"); !s.ok()) return s;
+    if (!seen.insert(key).second) return d.Bad(absl::StrCat("key ", key, " is listed twice"));
+    if (absl::Status s = d.U8(&changed, "row flag"); !s.ok()) return s;
+    if (changed == 1) {
+      if (absl::Status s = d.Raw(row_bytes, &row, "row"); !s.ok()) return s;
+    } else if (changed == 0) {
+      auto it = rows_of.find(key);
+      if (it == rows_of.end()) {
+        return d.Bad(absl::StrCat("the row of key ", key, " is said to be as in checkpoint ", base_id,
+                                  ", which does not hold it"));
+      }
+      row = it->second;
+    } else {
+      return d.Bad(absl::StrCat("row flag ", int{changed}, " is neither 0 nor 1"));
+    }
+    PutU64(key, &out);
+    out.append(row.data(), row.size());
+  }
+  uint64_t candidates = 0;
+  absl::string_view counts;
+  if (absl::Status s = d.Count(&candidates, 20, "filter counts"); !s.ok()) return s;
+  if (absl::Status s = d.Raw(static_cast<size_t>(candidates) * 20, &counts, "filter counts"); !s.ok()) return s;
+  if (absl::Status s = d.Finish(); !s.ok()) return s;
+  AppendTableStateCandidates(candidates, &out);
+  out.append(counts.data(), counts.size());
+  return out;
+}
+
 absl::Status ParseTableState(absl::string_view bytes, const std::string& table, int32_t stride,
                              const TableStateVisitor& visit) {
   StateReader in(bytes, table);
   uint32_t width = 0;
   if (absl::Status s = in.U32(&width, "row width"); !s.ok()) return s;
+  if (width == kTableDeltaMark) {
+    return in.Bad("an incremental state, the changes since an earlier checkpoint (compose it on that one first)");
+  }
   if (stride < 1 || width != static_cast<uint32_t>(stride)) {
     return in.Bad(absl::StrCat("rows of ", width, " floats, this table's take ", stride,
                                " (another dim or optimizer?)"));

@@ -8,6 +8,18 @@
 //   u64 rows, then per row: u64 key, i64 last pushed step, the row's floats
 //     (its dim values, then each state slot's dim floats);
 //   u64 filter counts, then per count: u64 key, i32 count, i64 last step.
+//
+// An incremental state (a checkpoint of the bucket's changes since an
+// earlier checkpoint of the same job, its base) differs in its header and
+// rows:
+//   u32 0xFFFFFFFF (kTableDeltaMark: no row is that wide), i64 base
+//   checkpoint id (> 0), then the header above (floats per row, counters,
+//   rows), then per row, in the table's order: u64 key, u8 1 followed by the
+//   i64 last pushed step and floats of a row changed since the base, or u8 0
+//   for a row as the base holds it; then the filter counts, whole.
+// ComposeTableState turns a base (whole) and an incremental state into the
+// whole state the table had when the incremental one was taken, byte for
+// byte what AppendTableState* would have written then.
 #ifndef FULCRUM_COMMON_TABLE_STATE_H_
 #define FULCRUM_COMMON_TABLE_STATE_H_
 
@@ -16,6 +28,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
@@ -45,6 +58,29 @@ void AppendTableStateHeader(int32_t stride, const TableStateCounters& counters, 
 void AppendTableStateRow(uint64_t key, int64_t last_step, absl::Span<const float> floats, std::string* out);
 void AppendTableStateCandidates(uint64_t candidates, std::string* out);
 void AppendTableStateCandidate(uint64_t key, int32_t count, int64_t last_step, std::string* out);
+
+constexpr uint32_t kTableDeltaMark = 0xFFFFFFFFu;
+
+// An incremental state: its mark, base and the header of a whole one, then
+// per row AppendTableDeltaRow (changed: with its step and floats) or
+// AppendTableDeltaSame; then the filter counts as in a whole state.
+void AppendTableDeltaHeader(int64_t base_checkpoint_id, int32_t stride, const TableStateCounters& counters,
+                            uint64_t rows, std::string* out);
+void AppendTableDeltaRow(uint64_t key, int64_t last_step, absl::Span<const float> floats, std::string* out);
+void AppendTableDeltaSame(uint64_t key, std::string* out);
+
+// The base checkpoint id of an incremental state; 0 for a whole one.
+// DATA_LOSS naming `table` for bytes too short to say, or an incremental
+// state whose base is not positive.
+absl::StatusOr<int64_t> TableStateBase(absl::string_view bytes, const std::string& table);
+
+// The whole state of `delta` (incremental) applied on `base` (whole).
+// DATA_LOSS naming `table` for either one truncated, trailing or malformed,
+// rows of different widths, a key listed twice, or a row "as in the base"
+// that the base does not hold. Never allocates more than the two inputs
+// could hold.
+absl::StatusOr<std::string> ComposeTableState(absl::string_view base, absl::string_view delta,
+                                              const std::string& table);
 
 // Reads a table state whose rows must be `stride` floats. DATA_LOSS naming
 // `table`, the field and the offset for bytes that are truncated or

@@ -22,9 +22,23 @@ std::string CheckpointManifestKey(const std::string& job_id, int64_t id) {
   return absl::StrFormat("%s%s/%020d", kManifestPrefix, job_id, id);
 }
 
+std::map<std::string, std::vector<int32_t>> BaseChunksByServer(const v1::CheckpointManifest& base) {
+  std::map<std::string, std::vector<int32_t>> chunks;
+  for (const v1::CheckpointChunk& chunk : base.chunks()) {
+    if (chunk.chunk_id() < kTableChunkBase) continue;
+    for (const std::string& server : chunk.server_ids()) chunks[server].push_back(chunk.chunk_id());
+  }
+  return chunks;
+}
+
 absl::Status AssembleManifest(bool synchronous, int64_t cut,
                               const std::map<std::string, v1::CheckpointResponse>& responses,
-                              v1::CheckpointManifest* manifest) {
+                              v1::CheckpointManifest* manifest, const v1::CheckpointManifest* base) {
+  std::map<int32_t, const v1::CheckpointChunk*> base_entries;
+  if (base != nullptr) {
+    for (const v1::CheckpointChunk& chunk : base->chunks()) base_entries[chunk.chunk_id()] = &chunk;
+  }
+  bool incremental = false;
   std::map<int32_t, std::string> primary_of;
   for (const v1::ShardLocation& shard : manifest->shard_map().shards()) {
     for (const v1::ChunkLocation& chunk : manifest->shard_map().chunks()) {
@@ -90,7 +104,27 @@ absl::Status AssembleManifest(bool synchronous, int64_t cut,
       for (int p = 0; !synchronous && p < chunk->partition_steps_size() && p < partitions; ++p) {
         positions[p] = std::min(positions[p], chunk->partition_steps(p));
       }
+      if (chunk->base_checkpoint_id() != 0) {
+        // Stored as its changes since `base`: the entry says where that is.
+        auto entry = base_entries.find(chunk_id);
+        if (base == nullptr || chunk->base_checkpoint_id() != base->info().id() || entry == base_entries.end()) {
+          return absl::InternalError(absl::StrCat("bucket ", b, " of table ", table.name(), " is stored on ",
+                                                  primary, " as the changes since checkpoint ",
+                                                  chunk->base_checkpoint_id(), ", which is not this one's base"));
+        }
+        *chunk->mutable_base() = *entry->second;
+        incremental = true;
+      }
     }
+  }
+  if (incremental) {
+    // The base's holders may have left since: their addresses come along.
+    for (const auto& [id, address] : base->server_addresses()) manifest->mutable_server_addresses()->insert({id, address});
+    manifest->mutable_info()->set_base_id(base->info().id());
+    manifest->mutable_info()->set_chain(base->info().chain() + 1);
+  } else {
+    manifest->mutable_info()->set_base_id(0);
+    manifest->mutable_info()->set_chain(0);
   }
   for (int64_t& p : positions) p = p == INT64_MAX ? 0 : p;
   manifest->mutable_partition_steps()->Assign(positions.begin(), positions.end());
@@ -145,14 +179,22 @@ void CheckpointCoordinator::RunQueued() {
 
 absl::Status CheckpointCoordinator::CheckpointAll(const std::map<std::string, std::string>& servers,
                                                   const v1::CheckpointRequest& request,
-                                                  std::map<std::string, v1::CheckpointResponse>* responses) {
+                                                  std::map<std::string, v1::CheckpointResponse>* responses,
+                                                  const std::map<std::string, std::vector<int32_t>>* base_chunks) {
   std::vector<std::string> ids;
   for (const auto& [id, address] : servers) ids.push_back(id);
   std::vector<absl::StatusOr<v1::CheckpointResponse>> results(ids.size(), absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   threads.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    threads.emplace_back([&, i] { results[i] = servers_->Checkpoint(servers.at(ids[i]), request); });
+    threads.emplace_back([&, i] {
+      v1::CheckpointRequest mine = request;
+      if (base_chunks != nullptr) {
+        auto chunks = base_chunks->find(ids[i]);
+        if (chunks != base_chunks->end()) mine.mutable_base_chunks()->Assign(chunks->second.begin(), chunks->second.end());
+      }
+      results[i] = servers_->Checkpoint(servers.at(ids[i]), mine);
+    });
   }
   for (std::thread& t : threads) t.join();
   absl::Status first;
@@ -186,15 +228,21 @@ void CheckpointCoordinator::Take(const CheckpointTask& task) {
   request.set_job_id(task.job_id);
   request.set_checkpoint_id(task.id);
   request.set_timeout_ms(kCaptureTimeoutMs);
+  std::map<std::string, std::vector<int32_t>> base_chunks;
+  if (plan.base.has_value()) {
+    request.set_base_checkpoint_id(plan.base->info().id());
+    base_chunks = BaseChunksByServer(*plan.base);
+  }
   std::map<std::string, v1::CheckpointResponse> responses;
   absl::Status status;
   int64_t cut = 0;
   if (!plan.synchronous) {
-    status = CheckpointAll(plan.servers, request, &responses);
+    status = CheckpointAll(plan.servers, request, &responses, &base_chunks);
   } else {
     for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
       v1::CheckpointRequest probe = request;
       probe.set_at_version(-1);
+      probe.clear_base_checkpoint_id();
       std::map<std::string, v1::CheckpointResponse> versions;
       status = CheckpointAll(plan.servers, probe, &versions);
       if (!status.ok()) break;
@@ -208,13 +256,15 @@ void CheckpointCoordinator::Take(const CheckpointTask& task) {
       }
       request.set_at_version(cut);
       responses.clear();
-      status = CheckpointAll(plan.servers, request, &responses);
+      status = CheckpointAll(plan.servers, request, &responses, &base_chunks);
       if (!absl::IsAborted(status)) break;
       FLOG(INFO) << "job " << task.job_id << ": checkpoint " << task.id << " missed step " << cut << "; retrying";
       DeleteEverywhere(plan.servers, task.job_id, task.id);
     }
   }
-  if (status.ok()) status = AssembleManifest(plan.synchronous, cut, responses, &manifest);
+  if (status.ok()) {
+    status = AssembleManifest(plan.synchronous, cut, responses, &manifest, plan.base.has_value() ? &*plan.base : nullptr);
+  }
   if (status.ok()) {
     manifest.mutable_info()->set_state(v1::CheckpointInfo::COMPLETE);
     manifest.mutable_info()->set_duration_seconds(absl::ToDoubleSeconds(absl::Now() - started));

@@ -26,6 +26,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +55,9 @@ struct CheckpointPlan {
   v1::CheckpointManifest manifest;
   bool synchronous = false;  // BSP: a cut at one step
   int64_t total_steps = 0;
+  // The committed checkpoint the tables' buckets may be stored
+  // incrementally on (none: every bucket whole).
+  std::optional<v1::CheckpointManifest> base;
 };
 
 // A committed checkpoint that retention let go.
@@ -67,11 +71,18 @@ std::string CheckpointManifestKey(const std::string& job_id, int64_t id);
 
 // The manifest of a cut from the servers' answers (pure): the primary's copy
 // of each chunk is the checkpoint's, replicas with the same checksum are
-// further holders; the step and each partition's resume position. INTERNAL
-// when a primary's answer lacks one of its chunks.
+// further holders; the step and each partition's resume position. A bucket
+// stored incrementally on `base` gets base's entry of it (and base's
+// holders' addresses), and the manifest's info its base and chain. INTERNAL
+// when a primary's answer lacks one of its chunks, or names a base that is
+// not `base` or has no such bucket.
 absl::Status AssembleManifest(bool synchronous, int64_t cut,
                               const std::map<std::string, v1::CheckpointResponse>& responses,
-                              v1::CheckpointManifest* manifest);
+                              v1::CheckpointManifest* manifest, const v1::CheckpointManifest* base = nullptr);
+
+// The buckets of `base` each server holds the committed copy of (the
+// servers' CheckpointRequest.base_chunks).
+std::map<std::string, std::vector<int32_t>> BaseChunksByServer(const v1::CheckpointManifest& base);
 
 class CheckpointCoordinator {
  public:
@@ -107,8 +118,10 @@ class CheckpointCoordinator {
   void Take(const CheckpointTask& task);
   // Calls Checkpoint on every server at once (each call blocks until its cut
   // is durable; all must be armed before the job passes the cut).
+  // `base_chunks` (may be null): each server's CheckpointRequest.base_chunks.
   absl::Status CheckpointAll(const std::map<std::string, std::string>& servers, const v1::CheckpointRequest& request,
-                             std::map<std::string, v1::CheckpointResponse>* responses);
+                             std::map<std::string, v1::CheckpointResponse>* responses,
+                             const std::map<std::string, std::vector<int32_t>>* base_chunks = nullptr);
 
   ServerControl* const servers_;
   KvStore* const store_;

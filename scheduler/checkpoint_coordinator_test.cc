@@ -116,6 +116,67 @@ TEST(AssembleManifestTest, TableBucketsAreChunksOfTheirShardsPrimary) {
   EXPECT_TRUE(absl::StrContains(missing.message(), "bucket 1 of table embedding")) << missing;
 }
 
+// A bucket stored as its changes since the base checkpoint carries the
+// base's entry of it (which says where that copy is), the manifest the
+// base's holders' addresses and its chain; the servers are asked to build
+// on the buckets whose committed copy is theirs.
+TEST(AssembleManifestTest, IncrementalBucketsCarryTheirBasesEntry) {
+  v1::CheckpointManifest base = Skeleton(2);
+  v1::TableLayout* table = base.mutable_shard_map()->add_tables();
+  table->set_name("embedding");
+  table->set_buckets(2);
+  table->add_bucket_shards(0);
+  table->add_bucket_shards(1);
+  base.mutable_info()->set_id(4);
+  base.mutable_info()->set_chain(2);
+  (*base.mutable_server_addresses())["gone"] = "10.0.0.9:1";
+  v1::CheckpointChunk* bucket0 = base.add_chunks();
+  *bucket0 = Chunk(TableChunkId(0, 0), 3);
+  bucket0->add_server_ids("a");
+  bucket0->add_server_ids("gone");
+  v1::CheckpointChunk* bucket1 = base.add_chunks();
+  *bucket1 = Chunk(TableChunkId(0, 1), 5);
+  bucket1->add_server_ids("b");
+  v1::CheckpointChunk* dense = base.add_chunks();
+  *dense = Chunk(0, 1);
+  dense->add_server_ids("a");
+  EXPECT_EQ(BaseChunksByServer(base), (std::map<std::string, std::vector<int32_t>>{
+                                          {"a", {TableChunkId(0, 0)}},
+                                          {"b", {TableChunkId(0, 1)}},
+                                          {"gone", {TableChunkId(0, 0)}}}))
+      << "table buckets only";
+
+  std::map<std::string, v1::CheckpointResponse> responses;
+  *responses["a"].add_chunks() = Chunk(0, 1);
+  *responses["a"].add_chunks() = Chunk(TableChunkId(0, 0), 7);
+  responses["a"].mutable_chunks(1)->set_base_checkpoint_id(4);
+  *responses["b"].add_chunks() = Chunk(1, 2);
+  *responses["b"].add_chunks() = Chunk(TableChunkId(0, 1), 8);  // stored whole
+  v1::CheckpointManifest manifest = Skeleton(2);
+  *manifest.mutable_shard_map()->add_tables() = *table;
+  ASSERT_TRUE(AssembleManifest(true, 12, responses, &manifest, &base).ok());
+  ASSERT_EQ(manifest.chunks_size(), 4);
+  EXPECT_EQ(manifest.chunks(2).base_checkpoint_id(), 4);
+  EXPECT_EQ(manifest.chunks(2).base().checksum(), 3u);
+  EXPECT_EQ(manifest.chunks(2).base().server_ids_size(), 2);
+  EXPECT_EQ(manifest.chunks(3).base_checkpoint_id(), 0);
+  EXPECT_FALSE(manifest.chunks(3).has_base());
+  EXPECT_EQ(manifest.info().base_id(), 4);
+  EXPECT_EQ(manifest.info().chain(), 3);
+  EXPECT_EQ(manifest.server_addresses().at("gone"), "10.0.0.9:1") << "the base's holder can still be read";
+
+  // A bucket on a base that is not this checkpoint's fails it.
+  responses["a"].mutable_chunks(1)->set_base_checkpoint_id(3);
+  v1::CheckpointManifest wrong = Skeleton(2);
+  *wrong.mutable_shard_map()->add_tables() = *table;
+  const absl::Status status = AssembleManifest(true, 12, responses, &wrong, &base);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(absl::StrContains(status.message(), "since checkpoint 3")) << status;
+  v1::CheckpointManifest no_base = Skeleton(2);
+  *no_base.mutable_shard_map()->add_tables() = *table;
+  EXPECT_EQ(AssembleManifest(true, 12, responses, &no_base).code(), absl::StatusCode::kInternal);
+}
+
 TEST(AssembleManifestTest, AChunkMissingFromItsPrimaryFailsTheCheckpoint) {
   std::map<std::string, v1::CheckpointResponse> responses;
   *responses["a"].add_chunks() = Chunk(0, 1);

@@ -137,6 +137,16 @@ absl::StatusOr<CheckpointPlan> JobManager::PlanCheckpoint(const CheckpointTask& 
   *manifest.mutable_progress() = job->status.progress();
   *manifest.mutable_spec() = job->status.spec();
   if (const v1::CheckpointInfo* info = FindCheckpointInfo(job, task.id)) *manifest.mutable_info() = *info;
+  // Tables are stored incrementally on the latest committed checkpoint
+  // while its chain is shorter than full_every.
+  const int full_every = std::max(1, job->status.spec().checkpoint().full_every());
+  if (job->shard_map.tables_size() > 0 && full_every > 1) {
+    for (auto it = job->manifests.rbegin(); it != job->manifests.rend(); ++it) {
+      if (it->first >= task.id || it->second.info().state() != v1::CheckpointInfo::COMPLETE) continue;
+      if (it->second.info().chain() + 1 < full_every) plan.base = it->second;
+      break;
+    }
+  }
   return plan;
 }
 
@@ -167,17 +177,26 @@ std::vector<ExpiredCheckpoint> JobManager::FinishCheckpoint(const CheckpointTask
       job->manifests[task.id] = manifest;
       FLOG(INFO) << "job " << task.job_id << ": checkpoint " << task.id << " complete at step " << info->step()
                  << " (" << info->bytes() << " bytes, " << info->duration_seconds() << " s)";
-      // Retention: the newest keep_last complete ones stay; older ones go.
+      // Retention: the newest keep_last complete ones stay, with the ones
+      // their tables are stored incrementally on; older ones go.
       int keep = job->status.spec().checkpoint().keep_last();
       if (keep <= 0) keep = kDefaultKeepLast;
       std::vector<int64_t> complete;
       for (const auto& [id, m] : job->manifests) {
         if (m.info().state() == v1::CheckpointInfo::COMPLETE) complete.push_back(id);
       }
-      for (size_t i = 0; i + keep < complete.size(); ++i) {
-        const v1::CheckpointManifest& old = job->manifests[complete[i]];
-        expired.push_back({complete[i], {old.server_addresses().begin(), old.server_addresses().end()}});
-        job->manifests.erase(complete[i]);
+      std::set<int64_t> needed;
+      for (size_t i = complete.size() > static_cast<size_t>(keep) ? complete.size() - keep : 0; i < complete.size(); ++i) {
+        for (int64_t id = complete[i]; id != 0 && needed.insert(id).second;) {
+          auto m = job->manifests.find(id);
+          id = m == job->manifests.end() ? 0 : m->second.info().base_id();
+        }
+      }
+      for (int64_t id : complete) {
+        if (needed.count(id) > 0) continue;
+        const v1::CheckpointManifest& old = job->manifests[id];
+        expired.push_back({id, {old.server_addresses().begin(), old.server_addresses().end()}});
+        job->manifests.erase(id);
       }
     }
     // The status keeps the kept checkpoints and the latest failures.

@@ -226,6 +226,7 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
       (spec->checkpoint().every_steps() > 0 || spec->checkpoint().every_seconds() > 0)) {
     spec->mutable_checkpoint()->set_keep_last(3);
   }
+  if (spec->checkpoint().full_every() == 0) spec->mutable_checkpoint()->set_full_every(8);
   if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(IsClickModel(spec->model()) ? v1::ASP : v1::BSP);
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP32);
   if (spec->wire_format() == v1::WIRE_FORMAT_UNSPECIFIED) spec->set_wire_format(v1::WIRE_FP32);
@@ -345,6 +346,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckRange<int64_t>("checkpoint.everySteps", spec.checkpoint().every_steps(), 0, int64_t{1} << 40));
   RETURN_IF_ERROR(CheckRange<int64_t>("checkpoint.everySeconds", spec.checkpoint().every_seconds(), 0, int64_t{86400} * 365));
   RETURN_IF_ERROR(CheckRange("checkpoint.keepLast", spec.checkpoint().keep_last(), 0, 1000));
+  RETURN_IF_ERROR(CheckRange("checkpoint.fullEvery", spec.checkpoint().full_every(), 0, 64));
   RETURN_IF_ERROR(ValidateCompression(spec));
   RETURN_IF_ERROR(ValidateEarlyStopping(spec));
   return absl::OkStatus();

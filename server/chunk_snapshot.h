@@ -37,6 +37,10 @@ struct ChunkSnapshot {
   // A table bucket's checkpoint (SparseTable::AppendState); empty for a
   // dense chunk.
   std::string table_state;
+  // A table bucket's checkpoint that is incremental (only what changed
+  // since an earlier checkpoint of the job): that checkpoint's id; 0 for a
+  // whole state.
+  int64_t table_base = 0;
   // A live capture of a bucket or a shard's tables: the changes of its
   // shard's rows on the server so far (SparseShard::CaptureShardState).
   int64_t table_changes = 0;

@@ -182,7 +182,9 @@ class ParameterServiceImpl final
   // A job starting from a checkpoint: each chunk's state, read from this
   // server's store or from a server that wrote it, checksum verified.
   absl::Status RestoreChunks(JobShard* shard, const v1::RestoreSource& restore);
-  absl::StatusOr<ChunkSnapshot> ReadCheckpointChunk(const v1::RestoreSource& restore,
+  // One stored chunk as it is (a table bucket possibly incremental) of
+  // checkpoint `checkpoint_id` of the restore's job.
+  absl::StatusOr<ChunkSnapshot> ReadCheckpointChunk(const v1::RestoreSource& restore, int64_t checkpoint_id,
                                                     const v1::CheckpointChunk& chunk);
 
   grpc::Status Finish(const char* method, const absl::Status& status, int64_t received,

@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "common/table_spec.h"
 #include "server/parameter_service.h"
 
 #include <algorithm>
@@ -42,18 +43,32 @@ grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* /*context*/, 
   response->set_max_version(high);
   if (request->at_version() < 0) return Finish("Checkpoint", absl::OkStatus(), received, response->ByteSizeLong());
   if (checkpoints_ == nullptr) return Finish("Checkpoint", NoStore(), received, 0);
+  if (request->base_checkpoint_id() < 0 ||
+      (request->base_checkpoint_id() > 0 && request->base_checkpoint_id() >= request->checkpoint_id()) ||
+      request->base_chunks_size() > kMaxTables * kMaxTableBuckets) {
+    return Finish("Checkpoint",
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "checkpoint ", request->checkpoint_id(), " cannot be incremental on checkpoint ",
+                      request->base_checkpoint_id(), " for ", request->base_chunks_size(),
+                      " buckets (an earlier checkpoint, at most ", kMaxTables * kMaxTableBuckets, " buckets)")),
+                  received, 0);
+  }
+  IncrementalBase base;
+  base.checkpoint_id = request->base_checkpoint_id();
+  base.chunks.insert(request->base_chunks().begin(), request->base_chunks().end());
 
   const absl::Time start = absl::Now();
   // A request may not hold this thread longer than kDefaultCaptureWait.
   const absl::Duration wait =
       request->timeout_ms() > 0 ? std::min(absl::Milliseconds(request->timeout_ms()), kDefaultCaptureWait)
                                 : kDefaultCaptureWait;
-  auto snapshots = (*shard)->CaptureAll(request->checkpoint_id(), request->at_version(), start + wait);
+  auto snapshots = (*shard)->CaptureAll(request->checkpoint_id(), request->at_version(), start + wait, base);
   if (!snapshots.ok()) return Finish("Checkpoint", snapshots.status(), received, 0);
   for (const auto& [chunk_id, snapshot] : *snapshots) {
     v1::CheckpointChunk* chunk = response->add_chunks();
     chunk->set_chunk_id(chunk_id);
     chunk->set_version(snapshot.version);
+    chunk->set_base_checkpoint_id(snapshot.table_base);
     for (int64_t s : snapshot.partition_steps) chunk->add_partition_steps(s);
   }
   // The request path only waits here; the write itself runs on the writer
@@ -160,6 +175,7 @@ grpc::Status ParameterServiceImpl::DeleteCheckpoint(grpc::ServerContext* /*conte
 }
 
 absl::StatusOr<ChunkSnapshot> ParameterServiceImpl::ReadCheckpointChunk(const v1::RestoreSource& restore,
+                                                                         int64_t checkpoint_id,
                                                                          const v1::CheckpointChunk& chunk) {
   std::vector<std::string> failures;
   bool data_loss = false;
@@ -168,7 +184,7 @@ absl::StatusOr<ChunkSnapshot> ParameterServiceImpl::ReadCheckpointChunk(const v1
     failures.push_back(absl::StrCat(where, ": ", status.message()));
   };
   if (checkpoints_ != nullptr) {
-    auto local = checkpoints_->Read(restore.job_id(), restore.checkpoint_id(), chunk.chunk_id(), chunk.checksum());
+    auto local = checkpoints_->Read(restore.job_id(), checkpoint_id, chunk.chunk_id(), chunk.checksum());
     if (local.ok()) return local;
     if (!absl::IsNotFound(local.status())) note("this server", local.status());
   }
@@ -177,7 +193,7 @@ absl::StatusOr<ChunkSnapshot> ParameterServiceImpl::ReadCheckpointChunk(const v1
     if (address == restore.server_addresses().end()) continue;
     v1::ReadCheckpointRequest request;
     request.set_job_id(restore.job_id());
-    request.set_checkpoint_id(restore.checkpoint_id());
+    request.set_checkpoint_id(checkpoint_id);
     request.set_chunk_id(chunk.chunk_id());
     request.set_checksum(chunk.checksum());
     absl::StatusOr<v1::ChunkState> state =
@@ -189,7 +205,7 @@ absl::StatusOr<ChunkSnapshot> ParameterServiceImpl::ReadCheckpointChunk(const v1
     }
     note(absl::StrCat(server_id, " (", address->second, ")"), read.status());
   }
-  std::string what = absl::StrCat("checkpoint ", restore.checkpoint_id(), " of job ", restore.job_id(), ": chunk ",
+  std::string what = absl::StrCat("checkpoint ", checkpoint_id, " of job ", restore.job_id(), ": chunk ",
                                   chunk.chunk_id(), " ");
   if (failures.empty()) {
     return absl::NotFoundError(absl::StrCat(what, "is on no reachable server (written by ",
@@ -210,7 +226,7 @@ absl::Status ParameterServiceImpl::RestoreChunks(JobShard* shard, const v1::Rest
                                                      restore.job_id(), " has no chunk ", chunk_id,
                                                      " (a different model?)"));
     }
-    ASSIGN_OR_RETURN(ChunkSnapshot snapshot, ReadCheckpointChunk(restore, *it->second));
+    ASSIGN_OR_RETURN(ChunkSnapshot snapshot, ReadCheckpointChunk(restore, restore.checkpoint_id(), *it->second));
     RETURN_IF_ERROR(shard->RestoreCheckpoint(chunk_id, std::move(snapshot), restore.repartition(), restore.version(),
                                              restore.version()));
   }
@@ -223,10 +239,20 @@ absl::Status ParameterServiceImpl::RestoreChunks(JobShard* shard, const v1::Rest
                                                        restore.job_id(), " has no table bucket chunk ", chunk_id,
                                                        " (other tables or bucket counts?)"));
       }
-      ASSIGN_OR_RETURN(ChunkSnapshot snapshot, ReadCheckpointChunk(restore, *it->second));
+      ASSIGN_OR_RETURN(ChunkSnapshot snapshot, ReadCheckpointChunk(restore, restore.checkpoint_id(), *it->second));
+      // Stored incrementally: composed with the chain of checkpoints it is on.
+      ASSIGN_OR_RETURN(snapshot.table_state,
+                       WholeTableState(std::move(snapshot.table_state), *it->second,
+                                       [&](int64_t base, const v1::CheckpointChunk& entry) -> absl::StatusOr<std::string> {
+                                         ASSIGN_OR_RETURN(ChunkSnapshot read, ReadCheckpointChunk(restore, base, entry));
+                                         return std::move(read.table_state);
+                                       }));
+      // A checkpoint of this same job: the next ones may build on it.
+      const int64_t loaded = restore.job_id() == shard->config().job_id ? restore.checkpoint_id() : 0;
       RETURN_IF_ERROR(sparse->Restore(chunk_id, snapshot,
                                       restore.repartition() ? std::optional<int64_t>(restore.version())
-                                                            : std::nullopt));
+                                                            : std::nullopt,
+                                      loaded));
       ++buckets;
     }
   }

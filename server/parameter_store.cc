@@ -675,7 +675,8 @@ absl::Status JobShard::AdoptChunks(const std::vector<ChunkConfig>& chunks,
 
 absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> JobShard::CaptureAll(int64_t checkpoint_id,
                                                                                     int64_t at_version,
-                                                                                    absl::Time deadline) {
+                                                                                    absl::Time deadline,
+                                                                                    const IncrementalBase& base) {
   std::vector<std::pair<int32_t, Chunk*>> chunks;
   {
     MutexLock lock(&chunks_mu_);
@@ -694,7 +695,7 @@ absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> JobShard::Capture
   // Synchronous tables are cut at the same step as the chunks; asynchronous
   // ones once the chunks are (every push of the steps before the cut is in).
   if (sparse_ != nullptr) {
-    if (absl::Status armed = sparse_->ArmCapture(checkpoint_id, at_version); !armed.ok()) {
+    if (absl::Status armed = sparse_->ArmCapture(checkpoint_id, at_version, base); !armed.ok()) {
       disarm();
       return armed;
     }

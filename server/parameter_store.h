@@ -317,10 +317,12 @@ class JobShard {
   // Snapshots every chunk for a checkpoint at `at_version` (see
   // Chunk::ArmCapture), and the sparse tables' buckets (SparseShard::
   // ArmCapture): all are armed before any is waited for, so each is cut at
-  // the same step. On error nothing stays armed.
+  // the same step. On error nothing stays armed. `base`: what the buckets'
+  // captures may be incremental on.
   absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> CaptureAll(int64_t checkpoint_id,
                                                                             int64_t at_version,
-                                                                            absl::Time deadline);
+                                                                            absl::Time deadline,
+                                                                            const IncrementalBase& base = {});
   // The lowest and highest version over the chunks (0, 0 with none).
   std::pair<int64_t, int64_t> VersionRange() const;
   // Puts checkpointed state into chunk `chunk_id` (see Chunk::RestoreCheckpoint).

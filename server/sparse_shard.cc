@@ -574,7 +574,7 @@ void SparseShard::ApplyGatheredStepLocked(GatheredStep step) {
   ++sync_step_;
   for (int64_t& changes : changes_) ++changes;
   if (armed_.has_value() && !armed_->taken && armed_->at_step == sync_step_) {
-    SnapshotTablesLocked(/*synchronous=*/true, &armed_->snapshots);
+    SnapshotTablesLocked(/*synchronous=*/true, CaptureOf{armed_->checkpoint_id, &armed_->base}, &armed_->snapshots);
     armed_->taken = true;
     captured_cv_.SignalAll();
   }
@@ -617,7 +617,7 @@ std::vector<int64_t> SparseShard::CapturePositionsLocked() const {
   return positions;
 }
 
-const SparseTable* SparseShard::HeldBucket(int32_t chunk_id) const {
+SparseTable* SparseShard::HeldBucket(int32_t chunk_id) const {
   const int32_t relative = chunk_id - kTableChunkBase;
   if (relative < 0) return nullptr;
   const int32_t t = relative / kMaxTableBuckets, b = relative % kMaxTableBuckets;
@@ -626,13 +626,13 @@ const SparseTable* SparseShard::HeldBucket(int32_t chunk_id) const {
 }
 
 absl::StatusOr<ChunkSnapshot> SparseShard::CaptureBucket(int32_t chunk_id) const {
-  const SparseTable* bucket = HeldBucket(chunk_id);
+  SparseTable* bucket = HeldBucket(chunk_id);
   if (bucket == nullptr) {
     return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
   }
   const Table& table = tables_[static_cast<size_t>((chunk_id - kTableChunkBase) / kMaxTableBuckets)];
   MutexLock lock(&push_mu_);  // between pushes
-  ChunkSnapshot snapshot = SnapshotLocked(table, *bucket, CapturePositionsLocked());
+  ChunkSnapshot snapshot = SnapshotLocked(table, chunk_id, *bucket, CapturePositionsLocked(), CaptureOf());
   absl::StatusOr<size_t> slot = SlotOf(ShardOfBucket(chunk_id));
   if (slot.ok()) snapshot.table_changes = changes_[*slot];
   return snapshot;
@@ -848,8 +848,8 @@ absl::Status SparseShard::AdoptShardState(const std::string& serialized) {
   return absl::OkStatus();
 }
 
-ChunkSnapshot SparseShard::SnapshotLocked(const Table& table, const SparseTable& bucket,
-                                          const std::vector<int64_t>& positions) const {
+ChunkSnapshot SparseShard::SnapshotLocked(const Table& table, int32_t chunk_id, SparseTable& bucket,
+                                          const std::vector<int64_t>& positions, CaptureOf of) const {
   ChunkSnapshot snapshot;
   if (table.setup.synchronous) {
     // Every step before the one being gathered is in; that one runs again.
@@ -859,19 +859,26 @@ ChunkSnapshot SparseShard::SnapshotLocked(const Table& table, const SparseTable&
     snapshot.version = now_;
     snapshot.partition_steps = positions;
   }
-  bucket.AppendState(&snapshot.table_state);
+  if (of.checkpoint_id > 0) {
+    const int64_t base = of.base == nullptr ? 0 : of.base->checkpoint_id;
+    const bool stored = of.base != nullptr && of.base->chunks.count(chunk_id) > 0;
+    snapshot.table_base = bucket.AppendCheckpointState(of.checkpoint_id, base, stored, &snapshot.table_state);
+  } else {
+    bucket.AppendState(&snapshot.table_state);
+  }
   return snapshot;
 }
 
-void SparseShard::SnapshotTablesLocked(bool synchronous, std::vector<std::pair<int32_t, ChunkSnapshot>>* out) const {
+void SparseShard::SnapshotTablesLocked(bool synchronous, CaptureOf of,
+                                       std::vector<std::pair<int32_t, ChunkSnapshot>>* out) const {
   const std::vector<int64_t> positions = CapturePositionsLocked();
   for (size_t t = 0; t < tables_.size(); ++t) {
     if (tables_[t].setup.synchronous != synchronous) continue;
     for (size_t b = 0; b < tables_[t].buckets.size(); ++b) {
-      const SparseTable* bucket = tables_[t].buckets[b].get();
+      SparseTable* bucket = tables_[t].buckets[b].get();
       if (bucket == nullptr) continue;
-      out->emplace_back(TableChunkId(static_cast<int32_t>(t), static_cast<int32_t>(b)),
-                        SnapshotLocked(tables_[t], *bucket, positions));
+      const int32_t chunk_id = TableChunkId(static_cast<int32_t>(t), static_cast<int32_t>(b));
+      out->emplace_back(chunk_id, SnapshotLocked(tables_[t], chunk_id, *bucket, positions, of));
     }
   }
 }
@@ -879,24 +886,25 @@ void SparseShard::SnapshotTablesLocked(bool synchronous, std::vector<std::pair<i
 std::vector<std::pair<int32_t, ChunkSnapshot>> SparseShard::Capture() const {
   MutexLock lock(&push_mu_);  // between pushes: every bucket at the same point
   std::vector<std::pair<int32_t, ChunkSnapshot>> captured;
-  SnapshotTablesLocked(/*synchronous=*/true, &captured);
-  SnapshotTablesLocked(/*synchronous=*/false, &captured);
+  SnapshotTablesLocked(/*synchronous=*/true, CaptureOf(), &captured);
+  SnapshotTablesLocked(/*synchronous=*/false, CaptureOf(), &captured);
   std::sort(captured.begin(), captured.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   return captured;
 }
 
-absl::Status SparseShard::ArmCapture(int64_t checkpoint_id, int64_t at_step) {
+absl::Status SparseShard::ArmCapture(int64_t checkpoint_id, int64_t at_step, IncrementalBase base) {
   MutexLock lock(&push_mu_);
   Armed armed;
   armed.checkpoint_id = checkpoint_id;
+  armed.base = std::move(base);
   armed.at_step = at_step == 0 ? sync_step_ : at_step;
   if (holds_sync_ && armed.at_step < sync_step_) {
     return absl::AbortedError(absl::StrCat("the synchronous sparse tables are at step ", sync_step_,
                                            ", past the checkpoint's ", armed.at_step));
   }
   if (!holds_sync_ || armed.at_step == sync_step_) {  // nothing synchronous here to wait for
-    SnapshotTablesLocked(/*synchronous=*/true, &armed.snapshots);
+    SnapshotTablesLocked(/*synchronous=*/true, CaptureOf{checkpoint_id, &armed.base}, &armed.snapshots);
     armed.taken = true;
   }
   armed_ = std::move(armed);
@@ -922,8 +930,9 @@ absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> SparseShard::Take
                                                     " (they are at ", sync_step_, ")"));
   }
   std::vector<std::pair<int32_t, ChunkSnapshot>> captured = std::move(armed_->snapshots);
+  const IncrementalBase base = std::move(armed_->base);
   armed_.reset();
-  SnapshotTablesLocked(/*synchronous=*/false, &captured);  // the asynchronous ones as they are now
+  SnapshotTablesLocked(/*synchronous=*/false, CaptureOf{checkpoint_id, &base}, &captured);  // the asynchronous ones as they are now
   return captured;
 }
 
@@ -933,7 +942,7 @@ void SparseShard::Disarm(int64_t checkpoint_id) {
 }
 
 absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
-                                  std::optional<int64_t> repartitioned_at) {
+                                  std::optional<int64_t> repartitioned_at, int64_t loaded_checkpoint) {
   if (HeldBucket(chunk_id) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
   }
@@ -947,6 +956,7 @@ absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapsho
   const Table& table = tables_[static_cast<size_t>(t)];
   MutexLock lock(&push_mu_);
   RETURN_IF_ERROR(LoadBucketLocked(chunk_id, snapshot.table_state));
+  if (loaded_checkpoint > 0) HeldBucket(chunk_id)->MarkCheckpoint(loaded_checkpoint);
   if (table.setup.synchronous) {
     int64_t at = repartitioned_at.value_or(0);
     for (int64_t step : snapshot.partition_steps) at = std::max(at, step);

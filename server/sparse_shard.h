@@ -78,6 +78,15 @@ struct SparsePushArgs {
 
 enum class SparsePushOutcome { kApplied, kDuplicate };
 
+// What a checkpoint's bucket captures may be incremental on: an earlier
+// checkpoint of the job (SparseTable::AppendCheckpointState decides whether
+// each bucket can), and the buckets whose committed copy of it is this
+// server's own capture (a bucket loaded from it can anyway).
+struct IncrementalBase {
+  int64_t checkpoint_id = 0;  // 0: none, every capture whole
+  std::set<int32_t> chunks;   // bucket chunk ids (TableChunkId)
+};
+
 // What a table of the job holds on this server, summed over its buckets.
 struct SparseTableStats {
   std::string name;
@@ -145,11 +154,13 @@ class SparseShard {
   // waited for, TakeCapture after. The synchronous tables are captured when
   // their applied steps reach `at_step` (0: now); ABORTED when they are past
   // it already. The asynchronous ones are captured by TakeCapture (after the
-  // dense cut, so every push of the steps before it is in). TakeCapture:
+  // dense cut, so every push of the steps before it is in). `base`: what
+  // each bucket's capture may be incremental on (each snapshot's table_base
+  // says whether it is). TakeCapture:
   // DEADLINE_EXCEEDED when the synchronous tables did not reach the step by
   // `deadline`; ABORTED when another capture was armed since. Disarm drops
   // an armed capture.
-  absl::Status ArmCapture(int64_t checkpoint_id, int64_t at_step);
+  absl::Status ArmCapture(int64_t checkpoint_id, int64_t at_step, IncrementalBase base = {});
   absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> TakeCapture(int64_t checkpoint_id,
                                                                             absl::Time deadline);
   void Disarm(int64_t checkpoint_id);
@@ -167,9 +178,11 @@ class SparseShard {
   // partition twice, never lose one.
   // INVALID_ARGUMENT for a chunk id not held here; the table's LoadState
   // errors; RESOURCE_EXHAUSTED naming the table when the rows do not fit the
-  // budget's room.
+  // budget's room. `loaded_checkpoint`: the id of the checkpoint, when it
+  // is one of this job's (0 otherwise), so that later checkpoints may be
+  // incremental on it. The snapshot's table state must be whole.
   absl::Status Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
-                       std::optional<int64_t> repartitioned_at = std::nullopt);
+                       std::optional<int64_t> repartitioned_at = std::nullopt, int64_t loaded_checkpoint = 0);
 
   // Live copies to a new replica of a shard (a fresh server holding that
   // shard only). The source: CaptureBucket of each of the shard's buckets
@@ -223,13 +236,19 @@ class SparseShard {
   // is not held here or is another shard's.
   absl::StatusOr<SparseTable*> BucketOfShard(const Table& table, uint64_t key, int32_t shard) const;
   // The held bucket of a table chunk id; null when there is none here.
-  const SparseTable* HeldBucket(int32_t chunk_id) const;
+  SparseTable* HeldBucket(int32_t chunk_id) const;
   // The steps each partition runs again from, for a capture now.
   std::vector<int64_t> CapturePositionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+  // Which checkpoint a capture is of (id 0: a live copy, not a checkpoint),
+  // and what it may be incremental on.
+  struct CaptureOf {
+    int64_t checkpoint_id = 0;
+    const IncrementalBase* base = nullptr;
+  };
   // A held bucket's state as a checkpoint chunk: with those positions
   // (asynchronous), or at the step being gathered (synchronous).
-  ChunkSnapshot SnapshotLocked(const Table& table, const SparseTable& bucket,
-                               const std::vector<int64_t>& positions) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+  ChunkSnapshot SnapshotLocked(const Table& table, int32_t chunk_id, SparseTable& bucket, const std::vector<int64_t>& positions,
+                               CaptureOf of) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // Expires rows of tables with expire_after once the job's step passes the
   // next expiry point.
   void MaybeExpireLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
@@ -249,7 +268,7 @@ class SparseShard {
   absl::StatusOr<GatheredStep> SumGatheredStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   void ApplyGatheredStepLocked(GatheredStep step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // The snapshots of the synchronous (or the asynchronous) tables' buckets now.
-  void SnapshotTablesLocked(bool synchronous, std::vector<std::pair<int32_t, ChunkSnapshot>>* out) const
+  void SnapshotTablesLocked(bool synchronous, CaptureOf of, std::vector<std::pair<int32_t, ChunkSnapshot>>* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
 
   const std::vector<Table> tables_;
@@ -325,6 +344,7 @@ class SparseShard {
   struct Armed {
     int64_t checkpoint_id = 0;
     int64_t at_step = 0;
+    IncrementalBase base;
     bool taken = false;
     std::vector<std::pair<int32_t, ChunkSnapshot>> snapshots;
   };

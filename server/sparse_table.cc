@@ -109,6 +109,8 @@ char* SparseTable::RowAt(uint32_t r) const {
   return blocks_[r >> block_shift_].get() + (r & (rows_per_block_ - 1)) * row_bytes_;
 }
 
+uint32_t& SparseTable::GenAt(uint32_t r) const { return gens_[r >> block_shift_][r & (rows_per_block_ - 1)]; }
+
 size_t SparseTable::Probe(uint64_t key) const {
   const uint64_t hash = SplitMix64(key);
   const uint32_t tag = Tag(hash);
@@ -142,7 +144,9 @@ uint32_t SparseTable::AddRow(uint64_t key, int64_t step) {
   const uint32_t r = rows_++;
   if ((r >> block_shift_) >= blocks_.size()) {
     blocks_.push_back(std::make_unique<char[]>(rows_per_block_ * row_bytes_));
+    gens_.push_back(std::make_unique<uint32_t[]>(rows_per_block_));
   }
+  GenAt(r) = generation_;
   char* row = RowAt(r);
   Header(row)->key = key;
   Header(row)->last_step = step;
@@ -168,11 +172,15 @@ void SparseTable::RemoveRow(uint32_t r) {
   const uint32_t last = rows_ - 1;
   if (r != last) {
     std::memcpy(RowAt(r), RowAt(last), row_bytes_);
+    GenAt(r) = GenAt(last);
     const uint64_t key = Header(RowAt(r))->key;
     index_[Probe(key)] = Entry(SplitMix64(key), r);
   }
   --rows_;
-  if (rows_ == 0 || ((rows_ - 1) >> block_shift_) + 1 < blocks_.size()) blocks_.pop_back();
+  if (rows_ == 0 || ((rows_ - 1) >> block_shift_) + 1 < blocks_.size()) {
+    blocks_.pop_back();
+    gens_.pop_back();
+  }
 }
 
 void SparseTable::InitValues(uint64_t key, float* values) const {
@@ -266,12 +274,13 @@ int64_t SparseTable::BytesFor(int64_t rows, size_t index_slots, size_t candidate
   // A flat_hash_map keeps a control byte beside every slot and stays at most 7/8 full.
   const int64_t candidate_bytes =
       static_cast<int64_t>(candidates) * static_cast<int64_t>(sizeof(std::pair<const uint64_t, Sightings>) + 1) * 8 / 7;
-  return blocks * static_cast<int64_t>(rows_per_block_ * row_bytes_) +
+  return blocks * static_cast<int64_t>(rows_per_block_ * (row_bytes_ + sizeof(uint32_t))) +
          static_cast<int64_t>(index_slots * sizeof(uint32_t)) + candidate_bytes;
 }
 
 int64_t SparseTable::BytesLocked() const {
-  return static_cast<int64_t>(blocks_.size() * rows_per_block_ * row_bytes_ + index_.size() * sizeof(uint32_t) +
+  return static_cast<int64_t>(blocks_.size() * rows_per_block_ * (row_bytes_ + sizeof(uint32_t)) +
+                              index_.size() * sizeof(uint32_t) +
                               candidates_.capacity() * (sizeof(std::pair<const uint64_t, Sightings>) + 1));
 }
 
@@ -407,6 +416,7 @@ absl::Status SparseTable::PushChecked(int64_t step, absl::Span<const uint64_t> k
     }
     char* row = RowAt(static_cast<uint32_t>(r));
     Header(row)->last_step = step;
+    GenAt(static_cast<uint32_t>(r)) = generation_;
     Apply(Floats(row), grads + static_cast<int64_t>(i) * config_.dim);
   }
   return absl::OkStatus();
@@ -431,6 +441,10 @@ int64_t SparseTable::Expire(int64_t now) {
 
 void SparseTable::AppendState(std::string* out) const {
   ReaderMutexLock lock(&mu_);
+  AppendStateLocked(out);
+}
+
+void SparseTable::AppendStateLocked(std::string* out) const {
   out->reserve(out->size() + 40 + static_cast<size_t>(rows_) * (16 + static_cast<size_t>(stride_) * 4) +
                candidates_.size() * 20);
   AppendTableStateHeader(stride_, TableStateCounters{pushes_, admissions_, expiries_}, rows_, out);
@@ -445,6 +459,54 @@ void SparseTable::AppendState(std::string* out) const {
   }
 }
 
+void SparseTable::MarkLocked(int64_t checkpoint_id, bool loaded) {
+  auto it = std::find_if(marks_.begin(), marks_.end(),
+                         [&](const Mark& mark) { return mark.checkpoint_id == checkpoint_id; });
+  if (it != marks_.end()) marks_.erase(it);  // taken again: the new capture counts
+  if (marks_.size() == kMaxCheckpointMarks) marks_.erase(marks_.begin());
+  marks_.push_back(Mark{checkpoint_id, generation_, loaded});
+  ++generation_;
+}
+
+void SparseTable::MarkCheckpoint(int64_t checkpoint_id) {
+  MutexLock lock(&mu_);
+  MarkLocked(checkpoint_id, /*loaded=*/true);
+}
+
+int64_t SparseTable::AppendCheckpointState(int64_t checkpoint_id, int64_t base, bool captured_is_stored,
+                                           std::string* out) {
+  MutexLock lock(&mu_);
+  auto mark = std::find_if(marks_.begin(), marks_.end(), [&](const Mark& m) {
+    return base > 0 && m.checkpoint_id == base && (m.loaded || captured_is_stored);
+  });
+  if (mark == marks_.end()) {
+    AppendStateLocked(out);
+    MarkLocked(checkpoint_id, /*loaded=*/false);
+    return 0;
+  }
+  const uint32_t since = mark->generation;
+  size_t changed = 0;
+  for (uint32_t r = 0; r < rows_; ++r) changed += GenAt(r) > since ? 1 : 0;
+  out->reserve(out->size() + 52 + static_cast<size_t>(rows_) * 9 + changed * (8 + static_cast<size_t>(stride_) * 4) +
+               candidates_.size() * 20);
+  AppendTableDeltaHeader(base, stride_, TableStateCounters{pushes_, admissions_, expiries_}, rows_, out);
+  for (uint32_t r = 0; r < rows_; ++r) {
+    char* row = RowAt(r);
+    if (GenAt(r) > since) {
+      AppendTableDeltaRow(Header(row)->key, Header(row)->last_step,
+                          absl::Span<const float>(Floats(row), static_cast<size_t>(stride_)), out);
+    } else {
+      AppendTableDeltaSame(Header(row)->key, out);
+    }
+  }
+  AppendTableStateCandidates(candidates_.size(), out);
+  for (const auto& [key, sightings] : candidates_) {
+    AppendTableStateCandidate(key, sightings.count, sightings.last_step, out);
+  }
+  MarkLocked(checkpoint_id, /*loaded=*/false);
+  return base;
+}
+
 absl::Status SparseTable::LoadState(absl::string_view bytes) {
   MutexLock lock(&mu_);
   if (rows_ != 0 || !candidates_.empty()) {
@@ -456,6 +518,7 @@ absl::Status SparseTable::LoadState(absl::string_view bytes) {
 }
 
 absl::Status SparseTable::LoadStateLocked(absl::string_view bytes) {
+  marks_.clear();  // what it held is gone: no capture of it is a base any longer
   auto bad = [this](const std::string& what) {
     return absl::DataLossError(absl::StrCat("table ", config_.name, " state: ", what));
   };
@@ -479,7 +542,9 @@ absl::Status SparseTable::LoadStateLocked(absl::string_view bytes) {
   visit.row = [&](uint64_t key, int64_t last_step, absl::Span<const float> floats) {
     mu_.AssertHeld();
     if (Find(key) >= 0) return bad(absl::StrCat("key ", key, " is listed twice"));
-    std::memcpy(Floats(RowAt(AddRow(key, last_step))), floats.data(), floats.size() * sizeof(float));
+    const uint32_t r = AddRow(key, last_step);
+    std::memcpy(Floats(RowAt(r)), floats.data(), floats.size() * sizeof(float));
+    GenAt(r) = 0;  // as loaded: older than any capture
     return absl::OkStatus();
   };
   visit.candidate = [&](uint64_t key, int32_t count, int64_t last_step) {
@@ -503,6 +568,8 @@ void SparseTable::Clear() {
 
 void SparseTable::ClearLocked() {
   blocks_.clear();
+  gens_.clear();
+  marks_.clear();
   rows_ = 0;
   index_.assign(kMinIndexSlots, 0);
   candidates_ = {};

@@ -7,10 +7,12 @@
 // initial values. No gRPC here.
 //
 // Storage is an open-addressing index (linear probing; 32-bit entries of a
-// row number and 6 bits of the key's hash) over rows kept in fixed-size blocks, each row its key, the step it was last
-// pushed, its values and its optimizer state, side by side: about 8 + 8 + 5
-// bytes of overhead a row beside its values and state, and no reallocation
-// of rows as the table grows.
+// row number and 6 bits of the key's hash) over rows kept in fixed-size
+// blocks, each row its key, the step it was last pushed, its values and its
+// optimizer state, side by side, and beside each block the generation of
+// each row (what changed since a checkpoint): about 8 + 8 + 4 + 5 bytes of
+// overhead a row beside its values and state, and no reallocation of rows
+// as the table grows.
 #ifndef FULCRUM_SERVER_SPARSE_TABLE_H_
 #define FULCRUM_SERVER_SPARSE_TABLE_H_
 
@@ -127,6 +129,22 @@ class SparseTable {
   // pushed step, values and optimizer state, the frequency filter's counts
   // and the counters, laid out as common/table_state.h says.
   void AppendState(std::string* out) const;
+  // AppendState as checkpoint `checkpoint_id` of the job (> 0) takes it:
+  // when this table holds what checkpoint `base` (> 0) stored, only what
+  // changed since, as an incremental state (common/table_state.h);
+  // otherwise the whole state. It does when it was loaded from `base`
+  // (MarkCheckpoint), or captured it and `captured_is_stored` (the caller
+  // knows this capture is the committed copy), and is one of its last
+  // kMaxCheckpointMarks checkpoints, loaded or cleared nothing since.
+  // Returns the base of what it wrote (0: whole). Remembers the checkpoint
+  // as a base for the next ones.
+  int64_t AppendCheckpointState(int64_t checkpoint_id, int64_t base, bool captured_is_stored, std::string* out);
+  // Says that the table holds what checkpoint `checkpoint_id` of the job
+  // holds (it was just loaded from it), so later checkpoints may be
+  // incremental on it.
+  void MarkCheckpoint(int64_t checkpoint_id);
+  static constexpr size_t kMaxCheckpointMarks = 8;
+
   // Puts AppendState's bytes back into this table, which must be empty
   // (FAILED_PRECONDITION otherwise). DATA_LOSS naming the table for bytes
   // that are truncated or trailing, of another row width, with a key twice,
@@ -158,6 +176,8 @@ class SparseTable {
     int64_t last_step;
   };
   char* RowAt(uint32_t r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The capture generation in which row r last changed (see gens_).
+  uint32_t& GenAt(uint32_t r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   static float* Floats(char* row) { return reinterpret_cast<float*>(row + sizeof(RowHeader)); }
   static RowHeader* Header(char* row) { return reinterpret_cast<RowHeader*>(row); }
   // The index slot holding `key`, or the empty slot where it would go.
@@ -199,6 +219,22 @@ class SparseTable {
 
   mutable Mutex mu_;
   std::vector<std::unique_ptr<char[]>> blocks_ ABSL_GUARDED_BY(mu_);  // kRowsPerBlock rows each
+  // Beside each block, the generation of each of its rows: the value of
+  // generation_ when the row was last pushed (or created); 0 for rows as
+  // loaded. A checkpoint capture records generation_ and then advances it,
+  // so the rows changed since that capture are those of a later generation.
+  std::vector<std::unique_ptr<uint32_t[]>> gens_ ABSL_GUARDED_BY(mu_);
+  uint32_t generation_ ABSL_GUARDED_BY(mu_) = 1;
+  // The last checkpoints captured or loaded, each with its generation.
+  struct Mark {
+    int64_t checkpoint_id;
+    uint32_t generation;
+    bool loaded;
+  };
+  std::vector<Mark> marks_ ABSL_GUARDED_BY(mu_);
+  void AppendStateLocked(std::string* out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Records checkpoint `checkpoint_id` at the current generation.
+  void MarkLocked(int64_t checkpoint_id, bool loaded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t rows_ ABSL_GUARDED_BY(mu_) = 0;
   // Row number + 1 by slot (0: empty); a power of two, at most 3/4 full.
   std::vector<uint32_t> index_ ABSL_GUARDED_BY(mu_);

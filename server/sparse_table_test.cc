@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/table_state.h"
 #include "gtest/gtest.h"
 
 namespace fulcrum {
@@ -251,6 +252,92 @@ TEST(SparseTableTest, RowsMatchAModelThroughRandomPushesAndExpiries) {
   });
   EXPECT_EQ(stored, rows);
   for (const auto& [key, values] : rows) EXPECT_EQ(PullOne(*table, key), values) << "key " << key;
+}
+
+// Checkpoints taken incrementally (each on the one before) compose, at
+// every point of a run of random pushes, admissions and expiries, into the
+// table's whole state of that moment; they hold only the rows changed.
+TEST(SparseTableTest, IncrementalCheckpointsComposeIntoTheWholeStateOfTheirTime) {
+  SparseTableConfig config = Table(SparseOptimizerKind::kAdagrad, 3);
+  config.expire_after = 30;
+  config.admit_after = 2;
+  auto table = Make(config);
+  std::mt19937_64 random(11);
+  std::string whole;  // what the chain composes to so far
+  int64_t checkpoint = 0;
+  int incremental = 0;
+  for (int64_t step = 0; step < 300; ++step) {
+    std::set<uint64_t> keys_set;
+    const int n = static_cast<int>(random() % 30);
+    for (int i = 0; i < n; ++i) keys_set.insert(random() % 400);
+    const std::vector<uint64_t> keys(keys_set.begin(), keys_set.end());
+    std::vector<float> grads(keys.size() * 3);
+    for (float& g : grads) g = static_cast<float>(static_cast<int>(random() % 17) - 8) / 8.0f;
+    ASSERT_TRUE(table->Push(step, keys, grads.data()).ok());
+    if (step % 5 == 0) table->Expire(step);
+    if (step % 20 != 19) continue;
+    ++checkpoint;
+    std::string stored;
+    const int64_t base = table->AppendCheckpointState(checkpoint, checkpoint - 1, /*captured_is_stored=*/true, &stored);
+    std::string now;
+    table->AppendState(&now);
+    if (checkpoint == 1) {
+      EXPECT_EQ(base, 0) << "no checkpoint before the first";
+      EXPECT_EQ(stored, now);
+      whole = stored;
+      continue;
+    }
+    ASSERT_EQ(base, checkpoint - 1);
+    EXPECT_LT(stored.size(), now.size()) << "checkpoint " << checkpoint << " holds only what changed";
+    absl::StatusOr<std::string> composed = ComposeTableState(whole, stored, "emb");
+    ASSERT_TRUE(composed.ok()) << composed.status();
+    ASSERT_EQ(*composed, now) << "checkpoint " << checkpoint;
+    whole = *std::move(composed);
+    ++incremental;
+  }
+  EXPECT_EQ(incremental, 14);
+  // A reloaded table composes the same and builds on what it was loaded from.
+  auto reloaded = Make(config);
+  ASSERT_TRUE(reloaded->LoadState(whole).ok());
+  std::string again;
+  EXPECT_EQ(reloaded->AppendCheckpointState(99, checkpoint, /*captured_is_stored=*/false, &again), 0)
+      << "it holds no capture of that checkpoint until told it was loaded from it";
+  reloaded->MarkCheckpoint(checkpoint);
+  again.clear();
+  EXPECT_EQ(reloaded->AppendCheckpointState(100, checkpoint, /*captured_is_stored=*/false, &again), checkpoint);
+  absl::StatusOr<std::string> unchanged = ComposeTableState(whole, again, "emb");
+  ASSERT_TRUE(unchanged.ok()) << unchanged.status();
+  std::string reloaded_state;  // the same rows; its filter counts in its own map's order
+  reloaded->AppendState(&reloaded_state);
+  EXPECT_EQ(*unchanged, reloaded_state);
+  EXPECT_EQ(unchanged->size(), whole.size());
+}
+
+TEST(SparseTableTest, ACheckpointIsWholeUnlessItsBaseIsAStoredCaptureOrALoadHere) {
+  auto table = Make(Table(SparseOptimizerKind::kSgd, 2));
+  const std::vector<float> grads = {1, 1, 1, 1};
+  ASSERT_TRUE(table->Push(1, {4, 8}, grads.data()).ok());
+  std::string out;
+  EXPECT_EQ(table->AppendCheckpointState(1, 0, true, &out), 0);
+  ASSERT_TRUE(table->Push(2, {4}, grads.data()).ok());
+  out.clear();
+  EXPECT_EQ(table->AppendCheckpointState(2, 1, /*captured_is_stored=*/false, &out), 0)
+      << "another replica's capture of checkpoint 1 is the stored one";
+  out.clear();
+  EXPECT_EQ(table->AppendCheckpointState(3, 7, true, &out), 0) << "never took checkpoint 7";
+  out.clear();
+  EXPECT_EQ(table->AppendCheckpointState(4, 3, true, &out), 3);
+  // Only the last kMaxCheckpointMarks are remembered.
+  for (int64_t id = 5; id < 5 + static_cast<int64_t>(SparseTable::kMaxCheckpointMarks); ++id) {
+    out.clear();
+    table->AppendCheckpointState(id, 0, true, &out);
+  }
+  out.clear();
+  EXPECT_EQ(table->AppendCheckpointState(20, 4, true, &out), 0);
+  // Cleared or loaded: nothing it captured before is a base any longer.
+  table->Clear();
+  out.clear();
+  EXPECT_EQ(table->AppendCheckpointState(21, 20, true, &out), 0);
 }
 
 TEST(SparseTableTest, BadPushesAreRefusedWholeNamingTheKey) {

@@ -168,10 +168,10 @@ std::vector<std::pair<int32_t, ChunkSnapshot>> SparseTables::Capture() const {
   return captured;
 }
 
-absl::Status SparseTables::ArmCapture(int64_t checkpoint_id, int64_t at_step) {
+absl::Status SparseTables::ArmCapture(int64_t checkpoint_id, int64_t at_step, const IncrementalBase& base) {
   const std::vector<SparseShard*> all = All();
   for (size_t i = 0; i < all.size(); ++i) {
-    if (absl::Status armed = all[i]->ArmCapture(checkpoint_id, at_step); !armed.ok()) {
+    if (absl::Status armed = all[i]->ArmCapture(checkpoint_id, at_step, base); !armed.ok()) {
       for (size_t j = 0; j < i; ++j) all[j]->Disarm(checkpoint_id);
       return armed;
     }
@@ -221,9 +221,9 @@ std::vector<int32_t> SparseTables::chunk_ids() const {
 }
 
 absl::Status SparseTables::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
-                                   std::optional<int64_t> repartitioned_at) {
+                                   std::optional<int64_t> repartitioned_at, int64_t loaded_checkpoint) {
   for (SparseShard* shard : All()) {
-    if (shard->ShardOfBucket(chunk_id) >= 0) return shard->Restore(chunk_id, snapshot, repartitioned_at);
+    if (shard->ShardOfBucket(chunk_id) >= 0) return shard->Restore(chunk_id, snapshot, repartitioned_at, loaded_checkpoint);
   }
   return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
 }

@@ -60,7 +60,7 @@ class SparseTables {
 
   // Checkpoints: every held shard's (see SparseShard).
   std::vector<std::pair<int32_t, ChunkSnapshot>> Capture() const;
-  absl::Status ArmCapture(int64_t checkpoint_id, int64_t at_step);
+  absl::Status ArmCapture(int64_t checkpoint_id, int64_t at_step, const IncrementalBase& base = {});
   absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> TakeCapture(int64_t checkpoint_id,
                                                                             absl::Time deadline);
   void Disarm(int64_t checkpoint_id);
@@ -68,7 +68,7 @@ class SparseTables {
   absl::StatusOr<ChunkSnapshot> CaptureShardState(int32_t shard) const;
   std::vector<int32_t> chunk_ids() const;
   absl::Status Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
-                       std::optional<int64_t> repartitioned_at = std::nullopt);
+                       std::optional<int64_t> repartitioned_at = std::nullopt, int64_t loaded_checkpoint = 0);
 
   // A shard copied from another replica: NewShard makes it empty, aside
   // (to be filled by SparseShard::AdoptBucket and AdoptShardState), AddShard

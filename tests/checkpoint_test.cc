@@ -81,6 +81,15 @@ class CheckpointTest : public ClusterTest {
         id, [n](const v1::JobStatus& s) { return Complete(s) >= n || Terminal(s.state()); }, absl::Seconds(60));
   }
 
+  static std::string Describe(const google::protobuf::RepeatedPtrField<v1::CheckpointInfo>& checkpoints) {
+    std::string out;
+    for (const v1::CheckpointInfo& c : checkpoints) {
+      absl::StrAppend(&out, "\n  ", c.id(), " ", v1::CheckpointInfo::State_Name(c.state()), " step ", c.step(),
+                      " base ", c.base_id(), " chain ", c.chain(), " ", c.bytes(), " bytes ", c.reason());
+    }
+    return out;
+  }
+
   // The checkpoint the job was restored from, per its events (0: none).
   static int64_t RestoredFrom(const v1::JobStatus& job) {
     int64_t id = 0;
@@ -234,10 +243,12 @@ TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) 
   const double best = BestAuc(spec);
   auto id = Submit(spec);
   ASSERT_TRUE(id.ok()) << id.status();
-  v1::JobStatus running = WaitForCheckpoints(*id, 1);
-  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
+  // The second checkpoint stores the tables' rows changed since the first.
+  v1::JobStatus running = WaitForCheckpoints(*id, 2);
+  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before two checkpoints: " << running.reason();
   const v1::CheckpointInfo first = *running.checkpoints().rbegin();
   ASSERT_EQ(first.state(), v1::CheckpointInfo::COMPLETE);
+  ASSERT_GT(first.base_id(), 0) << "incremental on the one before";
 
   KillAndRestartWholeCluster();
   v1::JobStatus done = WaitForEnd(*id);
@@ -381,16 +392,34 @@ TEST_F(CheckpointTest, BspClickJobIsBitIdenticalAcrossWorkersAndKills) {
     ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
   }
   {
+    // From a checkpoint whose tables are stored incrementally (the rows
+    // changed since the one before), with retention keeping only the last
+    // checkpoint and so also the one it builds on.
     SCOPED_TRACE("every process killed and started again");
-    checkpointed.set_num_workers(1);  // the worker killed above is gone until the restart
-    auto id = Submit(checkpointed);
+    v1::JobSpec manual = checkpointed;
+    manual.set_num_workers(1);  // the worker killed above is gone until the restart
+    manual.mutable_checkpoint()->set_every_steps(0);
+    manual.mutable_checkpoint()->set_keep_last(1);
+    auto id = Submit(manual);
     ASSERT_TRUE(id.ok()) << id.status();
-    const v1::JobStatus running = WaitForCheckpoints(*id, 1);
-    ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
+    ASSERT_EQ(WaitForStep(*id, 20).state(), v1::RUNNING);
+    const absl::StatusOr<v1::CheckpointInfo> whole = CheckpointNow(*id);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    ASSERT_EQ(whole->state(), v1::CheckpointInfo::COMPLETE) << whole->reason();
+    EXPECT_EQ(whole->base_id(), 0) << "the first checkpoint is whole";
+    const absl::StatusOr<v1::CheckpointInfo> latest = CheckpointNow(*id);
+    ASSERT_TRUE(latest.ok()) << latest.status();
+    ASSERT_EQ(latest->state(), v1::CheckpointInfo::COMPLETE) << latest->reason();
+    EXPECT_EQ(latest->base_id(), whole->id()) << "the next stores the tables' changes since it";
+    EXPECT_EQ(latest->chain(), 1);
+    const v1::JobStatus running = WaitFor(*id, [](const v1::JobStatus&) { return true; }, absl::Seconds(10));
+    ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before the kill: " << running.reason();
+    EXPECT_NE(Info(running, whole->id()), nullptr)
+        << "retention keeps the checkpoint the last builds on: " << Describe(running.checkpoints());
     KillAndRestartWholeCluster();  // also brings the killed worker back for the tests after this one
     const v1::JobStatus done = WaitForEnd(*id);
     ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
-    EXPECT_GT(RestoredFrom(done), 0) << "no event says the job was restored";
+    EXPECT_EQ(RestoredFrom(done), latest->id()) << "restored from the incremental checkpoint";
     ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
   }
 }

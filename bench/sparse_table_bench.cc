@@ -10,6 +10,15 @@
 // bytes. Google Benchmark runs every case --benchmark_repetitions times (7)
 // in random interleaving, each repetition with a table of its own.
 //
+// Checkpoints of the same table (BM_checkpoint): between two checkpoints
+// 1 or 10 batches of 10,000 keys are pushed (untimed: about 1% or 10% of
+// the rows change), then the table is captured as a checkpoint takes it
+// (SparseTable::AppendCheckpointState), whole or incremental on the
+// checkpoint before. Reported: the time of the capture and the bytes it
+// yields, which is what the server then checksums and writes to RocksDB.
+// BM_compose: what a restore adds for an incremental checkpoint, composing
+// it on its whole base (common/table_state.h ComposeTableState).
+//
 //   fulcrum-sparse-table-bench [--rows=1000000]
 #include <benchmark/benchmark.h>
 #include <malloc.h>
@@ -23,6 +32,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/table_state.h"
 #include "server/sparse_table.h"
 
 namespace fulcrum {
@@ -149,6 +159,59 @@ void BM_Sparse(benchmark::State& state, bool push) {
   state.counters["vs_raw"] = per_row / (2 * kDim * sizeof(float));
 }
 
+std::unique_ptr<SparseTable> FilledTable() {
+  SparseTableConfig config;
+  config.name = "bench";
+  config.dim = kDim;
+  config.optimizer.kind = SparseOptimizerKind::kAdagrad;
+  config.optimizer.lr = kLr;
+  std::unique_ptr<SparseTable> table = *SparseTable::Create(config);
+  const Workload& work = TheWorkload();
+  const std::vector<float> zeros(static_cast<size_t>(kBatch) * kDim, 0.0f);
+  for (size_t at = 0; at < work.keys.size(); at += kBatch) {
+    const size_t n = std::min<size_t>(kBatch, work.keys.size() - at);
+    (void)table->Push(0, absl::Span<const uint64_t>(work.keys.data() + at, n), zeros.data());
+  }
+  return table;
+}
+
+void BM_Checkpoint(benchmark::State& state, bool incremental, int changed_batches) {
+  const Workload& work = TheWorkload();
+  std::unique_ptr<SparseTable> table = FilledTable();
+  int64_t id = 1;
+  std::string out;
+  table->AppendCheckpointState(id, 0, /*captured_is_stored=*/true, &out);  // the first is whole
+  size_t b = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (int i = 0; i < changed_batches; ++i) {
+      (void)table->Push(1, work.batches[b++ % work.batches.size()], work.grads.data());
+    }
+    out.clear();
+    ++id;
+    state.ResumeTiming();
+    table->AppendCheckpointState(id, incremental ? id - 1 : 0, /*captured_is_stored=*/true, &out);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["MB"] = static_cast<double>(out.size()) / 1e6;
+  state.counters["rows"] = static_cast<double>(table->rows());
+}
+
+void BM_Compose(benchmark::State& state, int changed_batches) {
+  const Workload& work = TheWorkload();
+  std::unique_ptr<SparseTable> table = FilledTable();
+  std::string base, changes;
+  table->AppendCheckpointState(1, 0, true, &base);
+  for (int i = 0; i < changed_batches; ++i) (void)table->Push(1, work.batches[static_cast<size_t>(i)], work.grads.data());
+  table->AppendCheckpointState(2, 1, true, &changes);
+  for (auto _ : state) {
+    absl::StatusOr<std::string> whole = ComposeTableState(base, changes, "bench");
+    if (!whole.ok()) state.SkipWithError(std::string(whole.status().message()).c_str());
+    benchmark::DoNotOptimize(whole);
+  }
+  state.counters["MB"] = static_cast<double>(base.size()) / 1e6;
+}
+
 }  // namespace
 }  // namespace fulcrum
 
@@ -194,6 +257,24 @@ int main(int argc, char** argv) {
                                                      })}) {
       bench->ComputeStatistics("min", min)->ComputeStatistics("max", max)->Unit(benchmark::kMicrosecond);
     }
+  }
+  for (int changed : {1, 10}) {
+    for (bool incremental : {false, true}) {
+      const std::string name = "BM_checkpoint/" + std::string(incremental ? "incremental" : "whole") + "/changed_batches:" +
+                               std::to_string(changed);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [incremental, changed](benchmark::State& s) {
+                                     fulcrum::BM_Checkpoint(s, incremental, changed);
+                                   })
+          ->ComputeStatistics("min", min)
+          ->ComputeStatistics("max", max)
+          ->Unit(benchmark::kMillisecond);
+    }
+    benchmark::RegisterBenchmark(("BM_compose/changed_batches:" + std::to_string(changed)).c_str(),
+                                 [changed](benchmark::State& s) { fulcrum::BM_Compose(s, changed); })
+        ->ComputeStatistics("min", min)
+        ->ComputeStatistics("max", max)
+        ->Unit(benchmark::kMillisecond);
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -7,7 +7,6 @@
 
 #include "absl/base/internal/endian.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace fulcrum {
@@ -163,7 +162,7 @@ absl::StatusOr<int64_t> TableStateBase(absl::string_view bytes, const std::strin
 
 absl::StatusOr<std::string> ComposeTableState(absl::string_view base, absl::string_view delta,
                                               const std::string& table) {
-  // Where each of the base's rows (its step and floats) lies, by key.
+  // The base's rows are of one size: row i lies at rows_at + i * (8 + row_bytes).
   StateReader b(base, table);
   uint32_t width = 0;
   if (absl::Status s = b.U32(&width, "base row width"); !s.ok()) return s;
@@ -176,14 +175,9 @@ absl::StatusOr<std::string> ComposeTableState(absl::string_view base, absl::stri
   }
   uint64_t base_rows = 0;
   if (absl::Status s = b.Count(&base_rows, 8 + row_bytes, "base rows"); !s.ok()) return s;
-  absl::flat_hash_map<uint64_t, absl::string_view> rows_of;
-  rows_of.reserve(static_cast<size_t>(base_rows));
-  for (uint64_t i = 0; i < base_rows; ++i) {
-    uint64_t key = 0;
-    absl::string_view row;
-    if (absl::Status s = b.U64(&key, "base row key"); !s.ok()) return s;
-    if (absl::Status s = b.Raw(row_bytes, &row, "base row"); !s.ok()) return s;
-    if (!rows_of.emplace(key, row).second) return b.Bad(absl::StrCat("the base lists key ", key, " twice"));
+  absl::string_view rows_at;
+  if (absl::Status s = b.Raw(static_cast<size_t>(base_rows) * (8 + row_bytes), &rows_at, "base rows"); !s.ok()) {
+    return s;
   }
   uint64_t base_candidates = 0;
   absl::string_view skipped;
@@ -192,6 +186,31 @@ absl::StatusOr<std::string> ComposeTableState(absl::string_view base, absl::stri
     return s;
   }
   if (absl::Status s = b.Finish(); !s.ok()) return s;
+  auto base_key = [&](size_t i) { return absl::little_endian::Load64(rows_at.data() + i * (8 + row_bytes)); };
+  // A row as in the base is most often at the same place there (rows move
+  // only when others expire); the others are found by key, in a map built
+  // the first time one is needed.
+  absl::flat_hash_map<uint64_t, size_t> index_of;
+  bool indexed = false;
+  auto find_in_base = [&](size_t at, uint64_t key, size_t* i) -> absl::Status {
+    if (at < base_rows && base_key(at) == key) {
+      *i = at;
+      return absl::OkStatus();
+    }
+    if (!indexed) {
+      index_of.reserve(static_cast<size_t>(base_rows));
+      for (size_t j = 0; j < base_rows; ++j) {
+        if (!index_of.emplace(base_key(j), j).second) {
+          return b.Bad(absl::StrCat("the base lists key ", base_key(j), " twice"));
+        }
+      }
+      indexed = true;
+    }
+    auto it = index_of.find(key);
+    if (it == index_of.end()) return absl::NotFoundError("");
+    *i = it->second;
+    return absl::OkStatus();
+  };
 
   StateReader d(delta, table);
   uint32_t mark = 0, delta_width = 0;
@@ -210,29 +229,32 @@ absl::StatusOr<std::string> ComposeTableState(absl::string_view base, absl::stri
   }
   uint64_t rows = 0;
   if (absl::Status s = d.Count(&rows, 9, "rows"); !s.ok()) return s;
-  // Each output row is a distinct key, held by the base or written out in
-  // the delta: the output is at most the two inputs' size.
+  // Each base row is taken at most once, and each changed row is in the
+  // delta: the output is at most the two inputs' size. (A key both taken
+  // from the base and written out is left to the reader of the whole state,
+  // which refuses a key listed twice.)
   std::string out;
   out.reserve(std::min(base.size() + delta.size(), 36 + static_cast<size_t>(rows) * (8 + row_bytes)));
   AppendTableStateHeader(static_cast<int32_t>(width), counters, rows, &out);
-  absl::flat_hash_set<uint64_t> seen;
-  seen.reserve(static_cast<size_t>(rows));
+  std::vector<bool> taken(static_cast<size_t>(base_rows), false);
   for (uint64_t i = 0; i < rows; ++i) {
     uint64_t key = 0;
     uint8_t changed = 0;
     absl::string_view row;
     if (absl::Status s = d.U64(&key, "row key"); !s.ok()) return s;
-    if (!seen.insert(key).second) return d.Bad(absl::StrCat("key ", key, " is listed twice"));
     if (absl::Status s = d.U8(&changed, "row flag"); !s.ok()) return s;
     if (changed == 1) {
       if (absl::Status s = d.Raw(row_bytes, &row, "row"); !s.ok()) return s;
     } else if (changed == 0) {
-      auto it = rows_of.find(key);
-      if (it == rows_of.end()) {
+      size_t at = 0;
+      if (absl::Status found = find_in_base(static_cast<size_t>(i), key, &at); !found.ok()) {
+        if (absl::IsDataLoss(found)) return found;
         return d.Bad(absl::StrCat("the row of key ", key, " is said to be as in checkpoint ", base_id,
                                   ", which does not hold it"));
       }
-      row = it->second;
+      if (taken[at]) return d.Bad(absl::StrCat("key ", key, " is listed twice"));
+      taken[at] = true;
+      row = rows_at.substr(at * (8 + row_bytes) + 8, row_bytes);
     } else {
       return d.Bad(absl::StrCat("row flag ", int{changed}, " is neither 0 nor 1"));
     }

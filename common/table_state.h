@@ -76,9 +76,10 @@ absl::StatusOr<int64_t> TableStateBase(absl::string_view bytes, const std::strin
 
 // The whole state of `delta` (incremental) applied on `base` (whole).
 // DATA_LOSS naming `table` for either one truncated, trailing or malformed,
-// rows of different widths, a key listed twice, or a row "as in the base"
-// that the base does not hold. Never allocates more than the two inputs
-// could hold.
+// rows of different widths, a row "as in the base" that the base does not
+// hold or that is named twice. Never allocates more than the two inputs
+// could hold. (A key written out twice is refused by the reader of the
+// whole state, SparseTable::LoadState.)
 absl::StatusOr<std::string> ComposeTableState(absl::string_view base, absl::string_view delta,
                                               const std::string& table);
 

@@ -7,7 +7,10 @@
 // A table bucket's state (common/table_state.h) is loaded into a table of
 // rows of 8 floats (dim 4, Adagrad, admitAfter 3): a clear error and an
 // empty table, or a table whose own state loads again into another with the
-// same rows.
+// same rows, and whose incremental capture on that state composes back to
+// it. An incremental state (the changes since another checkpoint) is
+// composed on a fixed base state first: a clear DATA_LOSS, or a whole state
+// that is loaded as above.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -16,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/table_state.h"
 #include "server/checkpoint_store.h"
 #include "server/sparse_table.h"
 
@@ -52,6 +56,45 @@ void LoadTableState(const std::string& state) {
   table->Pull(keys, a.data());
   copy->Pull(keys, b.data());
   if (a != b) std::abort();
+  // Unchanged since it was loaded: its incremental capture composes to it.
+  table->MarkCheckpoint(1);
+  std::string changes;
+  if (table->AppendCheckpointState(2, 1, /*captured_is_stored=*/false, &changes) != 1) std::abort();
+  absl::StatusOr<std::string> composed = fulcrum::ComposeTableState(saved, changes, "fuzzed");
+  if (!composed.ok() || *composed != saved) std::abort();
+}
+
+// The base the fuzzed incremental states are composed on: the seed's two
+// rows (keys 11 and 2^63) and one filter count (key 99).
+std::string FixedBase() {
+  std::string base;
+  fulcrum::AppendTableStateHeader(8, fulcrum::TableStateCounters{5, 2, 0}, 2, &base);
+  const float first[8] = {0.1f, -0.2f, 0.3f, 0.0f, 0.5f, 0.5f, 0.5f, 0.5f};
+  const float second[8] = {1.0f, 2.0f, 3.0f, 4.0f, 0.1f, 0.1f, 0.1f, 0.1f};
+  fulcrum::AppendTableStateRow(11, 4, first, &base);
+  fulcrum::AppendTableStateRow(uint64_t{1} << 63, 3, second, &base);
+  fulcrum::AppendTableStateCandidates(1, &base);
+  fulcrum::AppendTableStateCandidate(99, 1, 4, &base);
+  return base;
+}
+
+void LoadStoredState(const std::string& state) {
+  absl::StatusOr<int64_t> base = fulcrum::TableStateBase(state, "fuzzed");
+  if (!base.ok()) {
+    if (!absl::IsDataLoss(base.status())) std::abort();
+    return;
+  }
+  if (*base == 0) {
+    LoadTableState(state);
+    return;
+  }
+  absl::StatusOr<std::string> whole = fulcrum::ComposeTableState(FixedBase(), state, "fuzzed");
+  if (!whole.ok()) {
+    if (!absl::IsDataLoss(whole.status())) std::abort();
+    return;
+  }
+  if (whole->size() > FixedBase().size() + state.size()) std::abort();  // no more than the inputs hold
+  LoadTableState(*whole);
 }
 
 }  // namespace
@@ -72,6 +115,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!verified.ok() || *verified != checksum) std::abort();
   absl::StatusOr<fulcrum::ChunkSnapshot> again = fulcrum::DecodeChunkRecord(record);
   if (!again.ok() || fulcrum::EncodeChunkSnapshot(*again) != fulcrum::EncodeChunkSnapshot(*snapshot)) std::abort();
-  if (!snapshot->table_state.empty()) LoadTableState(snapshot->table_state);
+  if (!snapshot->table_state.empty()) LoadStoredState(snapshot->table_state);
   return 0;
 }

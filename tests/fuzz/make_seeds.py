@@ -102,6 +102,17 @@ bucket = (struct.pack('<qqQ', 4, 0, 0) + floats([]) + struct.pack('<Q', 0) + str
           struct.pack('<Q', 0) + struct.pack('<Q', 2) + struct.pack('<qq', 4, 3) +
           struct.pack('<Q', len(table_state)) + table_state)
 write('checkpoint_record_fuzz', 'bucket', b'\x00' + bucket)
+# The same bucket stored incrementally on checkpoint 1 (the harness composes
+# it on the state above): key 11 as there, key 2^63 changed, key 5 new.
+delta_state = (struct.pack('<Iq', 0xFFFFFFFF, 1) + struct.pack('<Iqqq', 8, 7, 3, 0) + struct.pack('<Q', 3) +
+               struct.pack('<QB', 11, 0) +
+               struct.pack('<QBq8f', 1 << 63, 1, 6, 1.5, 2.0, 3.0, 4.0, 0.2, 0.1, 0.1, 0.1) +
+               struct.pack('<QBq8f', 5, 1, 6, 0.0, 0.0, 1.0, 1.0, 0.3, 0.3, 0.3, 0.3) +
+               struct.pack('<Q', 1) + struct.pack('<Qiq', 99, 2, 6))
+delta_bucket = (struct.pack('<qqQ', 6, 0, 0) + floats([]) + struct.pack('<Q', 0) + struct.pack('<Q', 0) +
+                struct.pack('<Q', 0) + struct.pack('<Q', 2) + struct.pack('<qq', 6, 5) +
+                struct.pack('<Q', len(delta_state)) + delta_state)
+write('checkpoint_record_fuzz', 'bucket-incremental', b'\x00' + delta_bucket)
 
 # --- parameter_service_fuzz: commands (0 SetupJob, 2 Push, 3 Replicate,
 # 4 Pull, 5 Reconfigure, 6 CopyChunk, 7 Checkpoint, 1 DropJob ...)

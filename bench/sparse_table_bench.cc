@@ -16,8 +16,9 @@
 // (SparseTable::AppendCheckpointState), whole or incremental on the
 // checkpoint before. Reported: the time of the capture and the bytes it
 // yields, which is what the server then checksums and writes to RocksDB.
-// BM_compose: what a restore adds for an incremental checkpoint, composing
-// it on its whole base (common/table_state.h ComposeTableState).
+// BM_restore: a restore of the table as of the second checkpoint, from a
+// whole copy, or from the whole first one with the second's changes
+// applied on it (SparseTable::ApplyChanges), as a server restores a chain.
 //
 //   fulcrum-sparse-table-bench [--rows=1000000]
 #include <benchmark/benchmark.h>
@@ -32,7 +33,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "common/table_state.h"
 #include "server/sparse_table.h"
 
 namespace fulcrum {
@@ -197,19 +197,35 @@ void BM_Checkpoint(benchmark::State& state, bool incremental, int changed_batche
   state.counters["rows"] = static_cast<double>(table->rows());
 }
 
-void BM_Compose(benchmark::State& state, int changed_batches) {
+// A restore of the table as of the second checkpoint: from a whole copy
+// (LoadState), or from the whole first one and the second's changes
+// (LoadState, then ApplyChanges), into a fresh table each time.
+void BM_Restore(benchmark::State& state, bool incremental, int changed_batches) {
   const Workload& work = TheWorkload();
   std::unique_ptr<SparseTable> table = FilledTable();
-  std::string base, changes;
+  std::string base, changes, whole;
   table->AppendCheckpointState(1, 0, true, &base);
   for (int i = 0; i < changed_batches; ++i) (void)table->Push(1, work.batches[static_cast<size_t>(i)], work.grads.data());
   table->AppendCheckpointState(2, 1, true, &changes);
+  table->AppendState(&whole);
+  table.reset();
   for (auto _ : state) {
-    absl::StatusOr<std::string> whole = ComposeTableState(base, changes, "bench");
-    if (!whole.ok()) state.SkipWithError(std::string(whole.status().message()).c_str());
-    benchmark::DoNotOptimize(whole);
+    state.PauseTiming();
+    SparseTableConfig config;
+    config.name = "bench";
+    config.dim = kDim;
+    config.optimizer.kind = SparseOptimizerKind::kAdagrad;
+    config.optimizer.lr = kLr;
+    std::unique_ptr<SparseTable> restored = *SparseTable::Create(config);
+    state.ResumeTiming();
+    absl::Status status = restored->LoadState(incremental ? base : whole);
+    if (status.ok() && incremental) status = restored->ApplyChanges(changes);
+    if (!status.ok()) state.SkipWithError(std::string(status.message()).c_str());
+    state.PauseTiming();
+    restored.reset();  // its memory goes back untimed
+    state.ResumeTiming();
   }
-  state.counters["MB"] = static_cast<double>(base.size()) / 1e6;
+  state.counters["MB_read"] = static_cast<double>(incremental ? base.size() + changes.size() : whole.size()) / 1e6;
 }
 
 }  // namespace
@@ -270,11 +286,17 @@ int main(int argc, char** argv) {
           ->ComputeStatistics("max", max)
           ->Unit(benchmark::kMillisecond);
     }
-    benchmark::RegisterBenchmark(("BM_compose/changed_batches:" + std::to_string(changed)).c_str(),
-                                 [changed](benchmark::State& s) { fulcrum::BM_Compose(s, changed); })
-        ->ComputeStatistics("min", min)
-        ->ComputeStatistics("max", max)
-        ->Unit(benchmark::kMillisecond);
+    for (bool incremental : {false, true}) {
+      const std::string name = "BM_restore/" + std::string(incremental ? "incremental" : "whole") +
+                               "/changed_batches:" + std::to_string(changed);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [incremental, changed](benchmark::State& s) {
+                                     fulcrum::BM_Restore(s, incremental, changed);
+                                   })
+          ->ComputeStatistics("min", min)
+          ->ComputeStatistics("max", max)
+          ->Unit(benchmark::kMillisecond);
+    }
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

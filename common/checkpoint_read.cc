@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -57,12 +58,10 @@ absl::StatusOr<v1::ChunkState> ReadCheckpointChunkFrom(v1::ParameterService::Stu
   });
 }
 
-absl::StatusOr<std::string> WholeTableState(
-    std::string state, const v1::CheckpointChunk& chunk,
-    const std::function<absl::StatusOr<std::string>(int64_t checkpoint_id, const v1::CheckpointChunk& entry)>&
-        read_base) {
+absl::StatusOr<std::vector<std::string>> ReadTableChain(std::string state, const v1::CheckpointChunk& chunk,
+                                                        const ReadTableState& read_base) {
   const std::string name = absl::StrCat("bucket chunk ", chunk.chunk_id());
-  std::vector<std::string> changes;  // newest first
+  std::vector<std::string> chain;  // newest first until reversed
   const v1::CheckpointChunk* entry = &chunk;
   for (;;) {
     ASSIGN_OR_RETURN(const int64_t base, TableStateBase(state, name));
@@ -72,11 +71,11 @@ absl::StatusOr<std::string> WholeTableState(
                                               ", which its manifest entry does not name (it names ",
                                               entry->base_checkpoint_id(), ")"));
     }
-    if (changes.size() >= static_cast<size_t>(kMaxCheckpointChain)) {
+    if (chain.size() >= static_cast<size_t>(kMaxCheckpointChain)) {
       return absl::DataLossError(absl::StrCat(name, ": a chain of more than ", kMaxCheckpointChain,
                                               " incremental checkpoints"));
     }
-    changes.push_back(std::move(state));
+    chain.push_back(std::move(state));
     entry = &entry->base();
     absl::StatusOr<std::string> read = read_base(base, *entry);
     if (!read.ok()) {
@@ -85,10 +84,20 @@ absl::StatusOr<std::string> WholeTableState(
     }
     state = *std::move(read);
   }
-  for (auto it = changes.rbegin(); it != changes.rend(); ++it) {
-    ASSIGN_OR_RETURN(state, ComposeTableState(state, *it, name));
+  chain.push_back(std::move(state));
+  std::reverse(chain.begin(), chain.end());
+  return chain;
+}
+
+absl::StatusOr<std::string> WholeTableState(std::string state, const v1::CheckpointChunk& chunk,
+                                            const ReadTableState& read_base) {
+  ASSIGN_OR_RETURN(std::vector<std::string> chain, ReadTableChain(std::move(state), chunk, read_base));
+  const std::string name = absl::StrCat("bucket chunk ", chunk.chunk_id());
+  for (size_t i = 1; i < chain.size(); ++i) {
+    ASSIGN_OR_RETURN(chain[0], ComposeTableState(chain[0], chain[i], name));
+    chain[i] = std::string();
   }
-  return state;
+  return std::move(chain[0]);
 }
 
 }  // namespace fulcrum

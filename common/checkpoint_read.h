@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
@@ -32,18 +33,23 @@ absl::StatusOr<v1::ChunkState> ReadCheckpointChunkFrom(v1::ParameterService::Stu
 // (CheckpointSpec.full_every is at most 64).
 constexpr int kMaxCheckpointChain = 64;
 
-// The whole table state of a bucket's checkpoint entry `chunk`, whose stored
-// table state is `state`: while that is incremental (common/table_state.h),
-// `read_base(checkpoint_id, entry)` reads the stored table state of the
-// entry it is on (the manifest entry's `base`, of checkpoint
-// base_checkpoint_id), and the chain is composed from its whole end.
-// read_base's errors, naming the base checkpoint; DATA_LOSS when a state
-// is on another checkpoint than its entry names, or the chain is longer
-// than kMaxCheckpointChain; ComposeTableState's errors.
-absl::StatusOr<std::string> WholeTableState(
-    std::string state, const v1::CheckpointChunk& chunk,
-    const std::function<absl::StatusOr<std::string>(int64_t checkpoint_id, const v1::CheckpointChunk& entry)>&
-        read_base);
+// The chain of stored table states behind a bucket's checkpoint entry
+// `chunk`, whose stored table state is `state`: while a state is
+// incremental (common/table_state.h), `read_base(checkpoint_id, entry)`
+// reads the stored table state of the entry it is on (the manifest entry's
+// `base`, of checkpoint base_checkpoint_id). Returns the whole state first,
+// then each incremental one, oldest first (`state` last). read_base's
+// errors, naming the base checkpoint; DATA_LOSS when a state is on another
+// checkpoint than its entry names, or the chain is longer than
+// kMaxCheckpointChain.
+using ReadTableState =
+    std::function<absl::StatusOr<std::string>(int64_t checkpoint_id, const v1::CheckpointChunk& entry)>;
+absl::StatusOr<std::vector<std::string>> ReadTableChain(std::string state, const v1::CheckpointChunk& chunk,
+                                                        const ReadTableState& read_base);
+// ReadTableChain composed into the whole state of `chunk` (ComposeTableState,
+// whose errors it returns too).
+absl::StatusOr<std::string> WholeTableState(std::string state, const v1::CheckpointChunk& chunk,
+                                            const ReadTableState& read_base);
 
 }  // namespace fulcrum
 

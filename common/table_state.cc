@@ -276,8 +276,15 @@ absl::Status ParseTableState(absl::string_view bytes, const std::string& table, 
   StateReader in(bytes, table);
   uint32_t width = 0;
   if (absl::Status s = in.U32(&width, "row width"); !s.ok()) return s;
-  if (width == kTableDeltaMark) {
-    return in.Bad("an incremental state, the changes since an earlier checkpoint (compose it on that one first)");
+  const bool incremental = width == kTableDeltaMark;
+  if (incremental) {
+    if (!visit.same) {
+      return in.Bad("an incremental state, the changes since an earlier checkpoint (compose it on that one first)");
+    }
+    int64_t base = 0;
+    if (absl::Status s = in.I64(&base, "base checkpoint"); !s.ok()) return s;
+    if (base <= 0) return in.Bad(absl::StrCat("incremental on checkpoint ", base, ", which cannot exist"));
+    if (absl::Status s = in.U32(&width, "row width"); !s.ok()) return s;
   }
   if (stride < 1 || width != static_cast<uint32_t>(stride)) {
     return in.Bad(absl::StrCat("rows of ", width, " floats, this table's take ", stride,
@@ -288,13 +295,24 @@ absl::Status ParseTableState(absl::string_view bytes, const std::string& table, 
     if (absl::Status s = in.I64(counter, "counters"); !s.ok()) return s;
   }
   uint64_t rows = 0;
-  if (absl::Status s = in.Count(&rows, 16 + static_cast<size_t>(stride) * 4, "rows"); !s.ok()) return s;
+  if (absl::Status s = in.Count(&rows, incremental ? 9 : 16 + static_cast<size_t>(stride) * 4, "rows"); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = visit.begin(rows, counters); !s.ok()) return s;
   std::vector<float> floats(static_cast<size_t>(stride));
   for (uint64_t i = 0; i < rows; ++i) {
     uint64_t key = 0;
     int64_t last_step = 0;
     if (absl::Status s = in.U64(&key, "row key"); !s.ok()) return s;
+    if (incremental) {
+      uint8_t changed = 0;
+      if (absl::Status s = in.U8(&changed, "row flag"); !s.ok()) return s;
+      if (changed == 0) {
+        if (absl::Status s = visit.same(key); !s.ok()) return s;
+        continue;
+      }
+      if (changed != 1) return in.Bad(absl::StrCat("row flag ", int{changed}, " is neither 0 nor 1"));
+    }
     if (absl::Status s = in.I64(&last_step, "row step"); !s.ok()) return s;
     if (absl::Status s = in.Floats(floats.data(), floats.size(), "row"); !s.ok()) return s;
     if (absl::Status s = visit.row(key, last_step, floats); !s.ok()) return s;

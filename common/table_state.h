@@ -49,6 +49,9 @@ struct TableStateVisitor {
   std::function<absl::Status(uint64_t key, int64_t last_step, absl::Span<const float> floats)> row;
   // Per frequency-filter count (may be null: skipped).
   std::function<absl::Status(uint64_t key, int32_t count, int64_t last_step)> candidate;
+  // Per row of an incremental state that is as its base holds it (`row` is
+  // called for the changed ones). Null: an incremental state is refused.
+  std::function<absl::Status(uint64_t key)> same;
 };
 
 // Writing, in the layout's order: the header (with the row count), each
@@ -83,10 +86,10 @@ absl::StatusOr<int64_t> TableStateBase(absl::string_view bytes, const std::strin
 absl::StatusOr<std::string> ComposeTableState(absl::string_view base, absl::string_view delta,
                                               const std::string& table);
 
-// Reads a table state whose rows must be `stride` floats. DATA_LOSS naming
-// `table`, the field and the offset for bytes that are truncated or
-// trailing, of another row width, with a count larger than the bytes left or
-// a non-finite float.
+// Reads a table state whose rows must be `stride` floats (an incremental
+// one only with visit.same). DATA_LOSS naming `table`, the field and the
+// offset for bytes that are truncated or trailing, of another row width,
+// with a count larger than the bytes left or a non-finite float.
 absl::Status ParseTableState(absl::string_view bytes, const std::string& table, int32_t stride,
                              const TableStateVisitor& visit);
 

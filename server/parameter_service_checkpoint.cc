@@ -240,19 +240,22 @@ absl::Status ParameterServiceImpl::RestoreChunks(JobShard* shard, const v1::Rest
                                                        " (other tables or bucket counts?)"));
       }
       ASSIGN_OR_RETURN(ChunkSnapshot snapshot, ReadCheckpointChunk(restore, restore.checkpoint_id(), *it->second));
-      // Stored incrementally: composed with the chain of checkpoints it is on.
-      ASSIGN_OR_RETURN(snapshot.table_state,
-                       WholeTableState(std::move(snapshot.table_state), *it->second,
-                                       [&](int64_t base, const v1::CheckpointChunk& entry) -> absl::StatusOr<std::string> {
-                                         ASSIGN_OR_RETURN(ChunkSnapshot read, ReadCheckpointChunk(restore, base, entry));
-                                         return std::move(read.table_state);
-                                       }));
+      // Stored incrementally: loaded from the chain's whole end, each later
+      // link's changes applied on it in turn.
+      ASSIGN_OR_RETURN(std::vector<std::string> chain,
+                       ReadTableChain(std::move(snapshot.table_state), *it->second,
+                                      [&](int64_t base, const v1::CheckpointChunk& entry) -> absl::StatusOr<std::string> {
+                                        ASSIGN_OR_RETURN(ChunkSnapshot read, ReadCheckpointChunk(restore, base, entry));
+                                        return std::move(read.table_state);
+                                      }));
+      snapshot.table_state = std::move(chain.front());
+      chain.erase(chain.begin());
       // A checkpoint of this same job: the next ones may build on it.
       const int64_t loaded = restore.job_id() == shard->config().job_id ? restore.checkpoint_id() : 0;
       RETURN_IF_ERROR(sparse->Restore(chunk_id, snapshot,
                                       restore.repartition() ? std::optional<int64_t>(restore.version())
                                                             : std::nullopt,
-                                      loaded));
+                                      loaded, chain));
       ++buckets;
     }
   }

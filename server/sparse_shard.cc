@@ -726,6 +726,29 @@ absl::StatusOr<ChunkSnapshot> SparseShard::CaptureShardState(int32_t shard) cons
   return snapshot;
 }
 
+absl::Status SparseShard::ApplyBucketChangesLocked(int32_t chunk_id, const std::string& changes) {
+  SparseTable* bucket = HeldBucket(chunk_id);
+  if (bucket == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
+  }
+  const int64_t before = bucket->bytes();
+  absl::Status applied = bucket->ApplyChanges(changes);
+  const int64_t growth = bucket->bytes() - before;
+  if (applied.ok() && room_ && *aside_ + growth > room_()) {
+    applied = absl::ResourceExhaustedError(absl::StrCat(
+        "sparse table ", bucket->config().name, " does not fit this server: its rows take ", *aside_ + growth,
+        " bytes by chunk ", chunk_id, ", beyond the ", std::max<int64_t>(0, room_()),
+        " bytes left in the server's memory budget (use more servers, or raise --memory-budget)"));
+  }
+  if (!applied.ok()) {
+    bucket->Clear();
+    *aside_ -= std::min(aside_->load(), std::max<int64_t>(0, before - bucket->bytes()));
+    return applied;
+  }
+  *aside_ += growth;
+  return absl::OkStatus();
+}
+
 absl::Status SparseShard::LoadBucketLocked(int32_t chunk_id, const std::string& table_state) {
   if (HeldBucket(chunk_id) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
@@ -942,7 +965,8 @@ void SparseShard::Disarm(int64_t checkpoint_id) {
 }
 
 absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
-                                  std::optional<int64_t> repartitioned_at, int64_t loaded_checkpoint) {
+                                  std::optional<int64_t> repartitioned_at, int64_t loaded_checkpoint,
+                                  const std::vector<std::string>& changes) {
   if (HeldBucket(chunk_id) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
   }
@@ -956,6 +980,7 @@ absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapsho
   const Table& table = tables_[static_cast<size_t>(t)];
   MutexLock lock(&push_mu_);
   RETURN_IF_ERROR(LoadBucketLocked(chunk_id, snapshot.table_state));
+  for (const std::string& change : changes) RETURN_IF_ERROR(ApplyBucketChangesLocked(chunk_id, change));
   if (loaded_checkpoint > 0) HeldBucket(chunk_id)->MarkCheckpoint(loaded_checkpoint);
   if (table.setup.synchronous) {
     int64_t at = repartitioned_at.value_or(0);

@@ -178,11 +178,15 @@ class SparseShard {
   // partition twice, never lose one.
   // INVALID_ARGUMENT for a chunk id not held here; the table's LoadState
   // errors; RESOURCE_EXHAUSTED naming the table when the rows do not fit the
-  // budget's room. `loaded_checkpoint`: the id of the checkpoint, when it
-  // is one of this job's (0 otherwise), so that later checkpoints may be
-  // incremental on it. The snapshot's table state must be whole.
+  // budget's room. The snapshot's table state must be whole; `changes`
+  // (incremental states, oldest first: a chain of checkpoints, see
+  // common/checkpoint_read.h ReadTableChain) are applied on it in turn
+  // (SparseTable::ApplyChanges and its errors). `loaded_checkpoint`: the id
+  // of the checkpoint, when it is one of this job's (0 otherwise), so that
+  // later checkpoints may be incremental on it.
   absl::Status Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
-                       std::optional<int64_t> repartitioned_at = std::nullopt, int64_t loaded_checkpoint = 0);
+                       std::optional<int64_t> repartitioned_at = std::nullopt, int64_t loaded_checkpoint = 0,
+                       const std::vector<std::string>& changes = {});
 
   // Live copies to a new replica of a shard (a fresh server holding that
   // shard only). The source: CaptureBucket of each of the shard's buckets
@@ -300,6 +304,10 @@ class SparseShard {
   // Loads a bucket's state (emptied first), counting its growth against the
   // room with aside_.
   absl::Status LoadBucketLocked(int32_t chunk_id, const std::string& table_state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+  // Applies an incremental state to a loaded bucket, counting its growth
+  // as LoadBucketLocked does (emptied on error).
+  absl::Status ApplyBucketChangesLocked(int32_t chunk_id, const std::string& changes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // By table, then bucket: per partition, the step from which a restored
   // bucket takes pushes again (the steps before are in its checkpointed
   // rows, replayed by a resumed job: skipped). Empty: not restored, or

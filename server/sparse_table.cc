@@ -561,6 +561,89 @@ absl::Status SparseTable::LoadStateLocked(absl::string_view bytes) {
   return ParseTableState(bytes, config_.name, stride_, visit);
 }
 
+absl::Status SparseTable::ApplyChanges(absl::string_view changes) {
+  MutexLock lock(&mu_);
+  auto bad = [this](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("table ", config_.name, " changes: ", what));
+  };
+  absl::StatusOr<int64_t> base = TableStateBase(changes, config_.name);
+  if (!base.ok()) return base.status();
+  if (*base == 0) return bad("a whole state, not the changes since a checkpoint");
+  // First the whole of it is checked against what the table holds.
+  absl::flat_hash_set<uint64_t> listed, filtered;
+  uint64_t rows = 0;
+  TableStateVisitor check;
+  check.begin = [&](uint64_t n, const TableStateCounters&) {
+    if (n > static_cast<uint64_t>(kMaxRows)) return bad(absl::StrCat(n, " rows, more than ", kMaxRows));
+    rows = n;
+    listed.reserve(static_cast<size_t>(n));
+    return absl::OkStatus();
+  };
+  // (The callbacks run within ParseTableState, under mu_.)
+  check.same = [&](uint64_t key) {
+    mu_.AssertHeld();
+    if (!listed.insert(key).second) return bad(absl::StrCat("key ", key, " is listed twice"));
+    if (Find(key) < 0) return bad(absl::StrCat("the row of key ", key, " is said to be unchanged; the table has none"));
+    return absl::OkStatus();
+  };
+  check.row = [&](uint64_t key, int64_t, absl::Span<const float>) {
+    if (!listed.insert(key).second) return bad(absl::StrCat("key ", key, " is listed twice"));
+    return absl::OkStatus();
+  };
+  check.candidate = [&](uint64_t key, int32_t count, int64_t) {
+    if (count < 1 || count >= std::max(1, config_.admit_after)) {
+      return bad(absl::StrCat("filter key ", key, " has ", count, " sightings; a count lies in [1, admitAfter ",
+                              config_.admit_after, ")"));
+    }
+    if (listed.count(key) > 0 || !filtered.insert(key).second) {
+      return bad(absl::StrCat("filter key ", key, " is listed twice or also has a row"));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status checked = ParseTableState(changes, config_.name, stride_, check); !checked.ok()) return checked;
+  if (config_.memory_budget > 0) {
+    const int64_t needed = BytesFor(static_cast<int64_t>(rows), SlotsFor(static_cast<int64_t>(rows), index_.size()),
+                                    filtered.size());
+    if (needed > config_.memory_budget) {
+      return absl::ResourceExhaustedError(absl::StrCat("table ", config_.name, ": ", rows,
+                                                       " rows do not fit its memory budget of ",
+                                                       config_.memory_budget, " bytes"));
+    }
+  }
+  // Then applied: rows not listed go (from the end, as Expire), the
+  // changed ones are written, the filter counts replaced.
+  for (uint32_t r = rows_; r-- > 0;) {
+    if (listed.count(Header(RowAt(r))->key) == 0) RemoveRow(r);
+  }
+  candidates_ = {};
+  TableStateVisitor apply;
+  apply.begin = [&](uint64_t, const TableStateCounters& counters) {
+    mu_.AssertHeld();
+    pushes_ = counters.pushes;
+    admissions_ = counters.admissions;
+    expiries_ = counters.expiries;
+    return absl::OkStatus();
+  };
+  apply.same = [](uint64_t) { return absl::OkStatus(); };
+  apply.row = [&](uint64_t key, int64_t last_step, absl::Span<const float> floats) {
+    mu_.AssertHeld();
+    int64_t r = Find(key);
+    if (r < 0) r = AddRow(key, last_step);
+    char* row = RowAt(static_cast<uint32_t>(r));
+    Header(row)->last_step = last_step;
+    std::memcpy(Floats(row), floats.data(), floats.size() * sizeof(float));
+    GenAt(static_cast<uint32_t>(r)) = 0;
+    return absl::OkStatus();
+  };
+  apply.candidate = [&](uint64_t key, int32_t count, int64_t last_step) {
+    mu_.AssertHeld();
+    candidates_.emplace(key, Sightings{count, last_step});
+    return absl::OkStatus();
+  };
+  marks_.clear();
+  return ParseTableState(changes, config_.name, stride_, apply);  // checked above: cannot fail
+}
+
 void SparseTable::Clear() {
   MutexLock lock(&mu_);
   ClearLocked();

@@ -152,6 +152,16 @@ class SparseTable {
   // they do not fit the memory budget. On error the table stays empty.
   absl::Status LoadState(absl::string_view bytes);
 
+  // Turns what this table holds, the state of the checkpoint an
+  // incremental state `changes` is on (common/table_state.h), into the state
+  // `changes` says: rows it does not list are dropped, changed ones take
+  // their values, filter counts and counters are replaced. Checked whole
+  // before anything changes: DATA_LOSS naming the table for bytes that are
+  // malformed, a key listed twice, a row said to be unchanged that the
+  // table does not hold; RESOURCE_EXHAUSTED when the result does not fit
+  // the memory budget. Later checkpoints are incremental on none before.
+  absl::Status ApplyChanges(absl::string_view changes);
+
   // Drops every row, filter count and counter.
   void Clear();
 

@@ -254,6 +254,38 @@ TEST(SparseTableTest, RowsMatchAModelThroughRandomPushesAndExpiries) {
   for (const auto& [key, values] : rows) EXPECT_EQ(PullOne(*table, key), values) << "key " << key;
 }
 
+// A table state as a map: rows by key (step and floats), filter counts by
+// key, counters; the same whatever order the bytes list them in.
+struct StateContent {
+  std::map<uint64_t, std::pair<int64_t, std::vector<float>>> rows;
+  std::map<uint64_t, std::pair<int32_t, int64_t>> candidates;
+  std::vector<int64_t> counters;
+  bool operator==(const StateContent& o) const {
+    return rows == o.rows && candidates == o.candidates && counters == o.counters;
+  }
+};
+
+StateContent ContentOf(const SparseTable& table) {
+  std::string bytes;
+  table.AppendState(&bytes);
+  StateContent content;
+  TableStateVisitor visit;
+  visit.begin = [&](uint64_t, const TableStateCounters& c) {
+    content.counters = {c.pushes, c.admissions, c.expiries};
+    return absl::OkStatus();
+  };
+  visit.row = [&](uint64_t key, int64_t step, absl::Span<const float> floats) {
+    content.rows[key] = {step, std::vector<float>(floats.begin(), floats.end())};
+    return absl::OkStatus();
+  };
+  visit.candidate = [&](uint64_t key, int32_t count, int64_t step) {
+    content.candidates[key] = {count, step};
+    return absl::OkStatus();
+  };
+  EXPECT_TRUE(ParseTableState(bytes, "emb", static_cast<int32_t>(table.raw_row_bytes() / 4), visit).ok());
+  return content;
+}
+
 // Checkpoints taken incrementally (each on the one before) compose, at
 // every point of a run of random pushes, admissions and expiries, into the
 // table's whole state of that moment; they hold only the rows changed.
@@ -264,6 +296,7 @@ TEST(SparseTableTest, IncrementalCheckpointsComposeIntoTheWholeStateOfTheirTime)
   auto table = Make(config);
   std::mt19937_64 random(11);
   std::string whole;  // what the chain composes to so far
+  auto restored = Make(config);  // loaded from the first, each later one applied on it
   int64_t checkpoint = 0;
   int incremental = 0;
   for (int64_t step = 0; step < 300; ++step) {
@@ -285,8 +318,11 @@ TEST(SparseTableTest, IncrementalCheckpointsComposeIntoTheWholeStateOfTheirTime)
       EXPECT_EQ(base, 0) << "no checkpoint before the first";
       EXPECT_EQ(stored, now);
       whole = stored;
+      ASSERT_TRUE(restored->LoadState(stored).ok());
       continue;
     }
+    ASSERT_TRUE(restored->ApplyChanges(stored).ok()) << "checkpoint " << checkpoint;
+    ASSERT_TRUE(ContentOf(*restored) == ContentOf(*table)) << "checkpoint " << checkpoint;
     ASSERT_EQ(base, checkpoint - 1);
     EXPECT_LT(stored.size(), now.size()) << "checkpoint " << checkpoint << " holds only what changed";
     absl::StatusOr<std::string> composed = ComposeTableState(whole, stored, "emb");
@@ -311,6 +347,48 @@ TEST(SparseTableTest, IncrementalCheckpointsComposeIntoTheWholeStateOfTheirTime)
   reloaded->AppendState(&reloaded_state);
   EXPECT_EQ(*unchanged, reloaded_state);
   EXPECT_EQ(unchanged->size(), whole.size());
+}
+
+TEST(SparseTableTest, ChangesThatDoNotFitTheTableAreRefusedLeavingItAsItWas) {
+  auto table = Make(Table(SparseOptimizerKind::kSgd, 2));
+  const std::vector<float> grads = {1, 1, 1, 1};
+  ASSERT_TRUE(table->Push(1, {4, 8}, grads.data()).ok());
+  const StateContent before = ContentOf(*table);
+  auto changes = [](std::vector<std::pair<uint64_t, bool>> rows) {
+    std::string out;
+    AppendTableDeltaHeader(3, 2, {}, rows.size(), &out);
+    for (const auto& [key, changed] : rows) {
+      if (changed) {
+        AppendTableDeltaRow(key, 9, std::vector<float>{0.5f, 0.5f}, &out);
+      } else {
+        AppendTableDeltaSame(key, &out);
+      }
+    }
+    AppendTableStateCandidates(0, &out);
+    return out;
+  };
+  const struct {
+    std::string bytes, says;
+  } cases[] = {
+      {changes({{4, false}, {5, false}}), "key 5"},             // unchanged, but the table has no row of it
+      {changes({{4, false}, {4, true}}), "listed twice"},      // a key twice
+      {changes({{4, true}}).substr(0, 40), "truncated"},       // cut short
+      {changes({{4, true}}) + "z", "unexpected bytes"},        // trailing
+  };
+  for (const auto& c : cases) {
+    const absl::Status status = table->ApplyChanges(c.bytes);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << c.says;
+    EXPECT_NE(status.message().find(c.says), std::string::npos) << status;
+    EXPECT_TRUE(ContentOf(*table) == before) << c.says << ": nothing applied";
+  }
+  std::string whole;
+  table->AppendState(&whole);
+  EXPECT_EQ(table->ApplyChanges(whole).code(), absl::StatusCode::kDataLoss) << "a whole state is no change";
+  // Changes that fit: key 8 dropped, key 4 kept, key 6 new.
+  ASSERT_TRUE(table->ApplyChanges(changes({{4, false}, {6, true}})).ok());
+  EXPECT_EQ(table->rows(), 2);
+  EXPECT_EQ(PullOne(*table, 6), (std::vector<float>{0.5f, 0.5f}));
+  EXPECT_EQ(PullOne(*table, 4), before.rows.at(4).second);
 }
 
 TEST(SparseTableTest, ACheckpointIsWholeUnlessItsBaseIsAStoredCaptureOrALoadHere) {

@@ -68,7 +68,8 @@ class SparseTables {
   absl::StatusOr<ChunkSnapshot> CaptureShardState(int32_t shard) const;
   std::vector<int32_t> chunk_ids() const;
   absl::Status Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
-                       std::optional<int64_t> repartitioned_at = std::nullopt, int64_t loaded_checkpoint = 0);
+                       std::optional<int64_t> repartitioned_at = std::nullopt, int64_t loaded_checkpoint = 0,
+                       const std::vector<std::string>& changes = {});
 
   // A shard copied from another replica: NewShard makes it empty, aside
   // (to be filled by SparseShard::AdoptBucket and AdoptShardState), AddShard

@@ -238,17 +238,21 @@ TEST_F(CheckpointTest, CorruptChunkIsDetectedAndThePreviousCheckpointUsed) {
 TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) {
   v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
   spec.mutable_data()->mutable_synthetic_ctr()->set_dense(0);
-  spec.mutable_checkpoint()->set_every_steps(250);
   spec.mutable_checkpoint()->set_keep_last(10);
   const double best = BestAuc(spec);
   auto id = Submit(spec);
   ASSERT_TRUE(id.ok()) << id.status();
-  // The second checkpoint stores the tables' rows changed since the first.
-  v1::JobStatus running = WaitForCheckpoints(*id, 2);
-  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before two checkpoints: " << running.reason();
-  const v1::CheckpointInfo first = *running.checkpoints().rbegin();
-  ASSERT_EQ(first.state(), v1::CheckpointInfo::COMPLETE);
-  ASSERT_GT(first.base_id(), 0) << "incremental on the one before";
+  // Two checkpoints once most ids were seen: the second stores the tables'
+  // rows changed since the first.
+  ASSERT_EQ(WaitForStep(*id, 250).state(), v1::RUNNING);
+  const absl::StatusOr<v1::CheckpointInfo> whole = CheckpointNow(*id);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_EQ(whole->state(), v1::CheckpointInfo::COMPLETE) << whole->reason();
+  const absl::StatusOr<v1::CheckpointInfo> taken = CheckpointNow(*id);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  const v1::CheckpointInfo incremental = *taken;
+  ASSERT_EQ(incremental.state(), v1::CheckpointInfo::COMPLETE) << incremental.reason();
+  ASSERT_EQ(incremental.base_id(), whole->id()) << "incremental on the one before";
 
   KillAndRestartWholeCluster();
   v1::JobStatus done = WaitForEnd(*id);
@@ -260,12 +264,12 @@ TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) 
   v1::JobSpec moved = spec;
   moved.clear_checkpoint();
   moved.set_num_shards(1);
-  moved.mutable_data()->set_max_steps(first.step());
+  moved.mutable_data()->set_max_steps(incremental.step());
   grpc::ClientContext context;
   SetDeadline(&context, 10);
   v1::SubmitJobRequest request;
   *request.mutable_spec() = moved;
-  request.set_resume_from(absl::StrCat(*id, "/", first.id()));
+  request.set_resume_from(absl::StrCat(*id, "/", incremental.id()));
   v1::SubmitJobResponse response;
   const grpc::Status submitted = stub_->SubmitJob(&context, request, &response);
   ASSERT_TRUE(submitted.ok()) << submitted.error_message();
@@ -276,14 +280,14 @@ TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) 
   EXPECT_EQ(resumed.shard_map().tables(1).buckets(), done.shard_map().tables(1).buckets())
       << "the checkpoint's buckets, not one shard's default";
   ASSERT_TRUE(resumed.progress().has_test_auc());
-  std::cerr << "test AUC of checkpoint " << first.id() << " (step " << first.step()
+  std::cerr << "test AUC of checkpoint " << incremental.id() << " (step " << incremental.step()
             << "): " << resumed.progress().test_auc() << "; final " << done.progress().test_auc() << "; best "
             << best << "\n";
   EXPECT_GE(resumed.progress().test_auc(), best - 0.08) << "the tables did not come back";
 
   // Its export holds every table: ids ascending, one row of `dim` values each.
   const std::string file = MakeTempDir() + "/click.safetensors";
-  auto [rc, out] = RunCli(absl::StrCat("export ", *id, " --checkpoint ", first.id(), " -o ", file, " --scheduler ",
+  auto [rc, out] = RunCli(absl::StrCat("export ", *id, " --checkpoint ", incremental.id(), " -o ", file, " --scheduler ",
                                        cluster_->scheduler_address()));
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("table embedding ("), std::string::npos) << out;

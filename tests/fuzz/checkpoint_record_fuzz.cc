@@ -88,12 +88,29 @@ void LoadStoredState(const std::string& state) {
     LoadTableState(state);
     return;
   }
+  // Applied in place on a table holding the base (as a restore does): all or
+  // nothing, and what it leaves is what the composition says.
+  std::unique_ptr<fulcrum::SparseTable> applied = NewTable();
+  if (!applied->LoadState(FixedBase()).ok()) std::abort();
+  const absl::Status status = applied->ApplyChanges(state);
+  if (!status.ok() && !absl::IsDataLoss(status) && !absl::IsResourceExhausted(status)) std::abort();
+  if (!status.ok() && applied->rows() != 2) std::abort();  // the base as it was
   absl::StatusOr<std::string> whole = fulcrum::ComposeTableState(FixedBase(), state, "fuzzed");
   if (!whole.ok()) {
     if (!absl::IsDataLoss(whole.status())) std::abort();
+    if (status.ok()) std::abort();  // applied what does not compose
     return;
   }
   if (whole->size() > FixedBase().size() + state.size()) std::abort();  // no more than the inputs hold
+  std::unique_ptr<fulcrum::SparseTable> composed = NewTable();
+  if (composed->LoadState(*whole).ok() && status.ok()) {
+    std::vector<uint64_t> keys;
+    composed->ForEachRow([&](uint64_t key, absl::Span<const float>) { keys.push_back(key); });
+    std::vector<float> a(keys.size() * 4), b(keys.size() * 4);
+    composed->Pull(keys, a.data());
+    applied->Pull(keys, b.data());
+    if (a != b || composed->rows() != applied->rows()) std::abort();
+  }
   LoadTableState(*whole);
 }
 

@@ -232,6 +232,12 @@ void BM_Restore(benchmark::State& state, bool incremental, int changed_batches) 
 }  // namespace fulcrum
 
 int main(int argc, char** argv) {
+  // Every allocation of 128 KiB or more (a table's blocks of rows, a state's
+  // bytes) is a mapping of its own, whatever was freed before: glibc would
+  // otherwise raise that threshold as big blocks are freed and serve later
+  // ones from memory already faulted in, so a case's time would depend on
+  // the cases run before it in the process.
+  mallopt(M_MMAP_THRESHOLD, 128 << 10);
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     if (std::strncmp(argv[i], "--rows=", 7) == 0) {

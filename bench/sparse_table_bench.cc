@@ -180,7 +180,7 @@ void BM_Checkpoint(benchmark::State& state, bool incremental, int changed_batche
   std::unique_ptr<SparseTable> table = FilledTable();
   int64_t id = 1;
   std::string out;
-  table->AppendCheckpointState(id, 0, /*captured_is_stored=*/true, &out);  // the first is whole
+  table->AppendCheckpointState(id, 0, /*base_is_stored_here=*/true, &out);  // the first is whole
   size_t b = 0;
   for (auto _ : state) {
     state.PauseTiming();
@@ -190,7 +190,7 @@ void BM_Checkpoint(benchmark::State& state, bool incremental, int changed_batche
     out.clear();
     ++id;
     state.ResumeTiming();
-    table->AppendCheckpointState(id, incremental ? id - 1 : 0, /*captured_is_stored=*/true, &out);
+    table->AppendCheckpointState(id, incremental ? id - 1 : 0, /*base_is_stored_here=*/true, &out);
     benchmark::DoNotOptimize(out.data());
   }
   state.counters["MB"] = static_cast<double>(out.size()) / 1e6;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/base/internal/endian.h"
+#include "absl/container/flat_hash_set.h"
 #include "common/checkpoint_read.h"
 #include "common/table_spec.h"
 #include "common/table_state.h"
@@ -69,13 +70,18 @@ absl::Status AddTableRows(const v1::TableLayout& table, const std::string& state
     return absl::DataLossError(absl::StrCat("table ", table.name(), ": a bucket's rows are ", stride,
                                             " floats wide, not a multiple of its dim ", table.dim()));
   }
+  absl::flat_hash_set<uint64_t> seen;  // (a bucket's keys are its own: no other bucket holds them)
   TableStateVisitor visit;
   visit.begin = [&](uint64_t count, const TableStateCounters&) {
     ids->reserve(ids->size() + count);
     rows->reserve(rows->size() + count * dim);
+    seen.reserve(count);
     return absl::OkStatus();
   };
   visit.row = [&](uint64_t key, int64_t, absl::Span<const float> floats) {
+    if (!seen.insert(key).second) {
+      return absl::DataLossError(absl::StrCat("table ", table.name(), ": a bucket lists key ", key, " twice"));
+    }
     ids->push_back(key);
     rows->insert(rows->end(), floats.begin(), floats.begin() + static_cast<std::ptrdiff_t>(dim));
     return absl::OkStatus();

@@ -58,33 +58,53 @@ absl::StatusOr<v1::ChunkState> ReadCheckpointChunkFrom(v1::ParameterService::Stu
   });
 }
 
+absl::StatusOr<std::vector<TableLink>> TableChainOf(int64_t checkpoint_id, const v1::CheckpointChunk& chunk) {
+  std::vector<TableLink> links = {{checkpoint_id, &chunk}};
+  while (links.back().entry->base_checkpoint_id() != 0) {
+    const v1::CheckpointChunk& entry = *links.back().entry;
+    if (!entry.has_base() || entry.base().chunk_id() != chunk.chunk_id()) {
+      return absl::DataLossError(absl::StrCat("bucket chunk ", chunk.chunk_id(), ": the entry of checkpoint ",
+                                              links.back().checkpoint_id, " names checkpoint ",
+                                              entry.base_checkpoint_id(), " as its base but not its entry there"));
+    }
+    if (links.size() > static_cast<size_t>(kMaxCheckpointChain)) {
+      return absl::DataLossError(absl::StrCat("bucket chunk ", chunk.chunk_id(), ": a chain of more than ",
+                                              kMaxCheckpointChain, " incremental checkpoints"));
+    }
+    links.push_back({entry.base_checkpoint_id(), &entry.base()});
+  }
+  return links;
+}
+
+absl::Status CheckTableLink(absl::string_view state, const TableLink& link) {
+  const std::string name = absl::StrCat("bucket chunk ", link.entry->chunk_id(), " of checkpoint ", link.checkpoint_id);
+  ASSIGN_OR_RETURN(const int64_t base, TableStateBase(state, name));
+  if (base == link.entry->base_checkpoint_id()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(name, " is stored ",
+                                          base == 0 ? std::string("whole")
+                                                    : absl::StrCat("as the changes since checkpoint ", base),
+                                          " but its manifest entry says ",
+                                          link.entry->base_checkpoint_id() == 0
+                                              ? std::string("whole")
+                                              : absl::StrCat("on checkpoint ", link.entry->base_checkpoint_id())));
+}
+
 absl::StatusOr<std::vector<std::string>> ReadTableChain(std::string state, const v1::CheckpointChunk& chunk,
                                                         const ReadTableState& read_base) {
-  const std::string name = absl::StrCat("bucket chunk ", chunk.chunk_id());
+  ASSIGN_OR_RETURN(const std::vector<TableLink> links, TableChainOf(0, chunk));
+  RETURN_IF_ERROR(CheckTableLink(state, links[0]));
   std::vector<std::string> chain;  // newest first until reversed
-  const v1::CheckpointChunk* entry = &chunk;
-  for (;;) {
-    ASSIGN_OR_RETURN(const int64_t base, TableStateBase(state, name));
-    if (base == 0) break;
-    if (entry->base_checkpoint_id() != base || !entry->has_base() || entry->base().chunk_id() != chunk.chunk_id()) {
-      return absl::DataLossError(absl::StrCat(name, " is stored as the changes since checkpoint ", base,
-                                              ", which its manifest entry does not name (it names ",
-                                              entry->base_checkpoint_id(), ")"));
-    }
-    if (chain.size() >= static_cast<size_t>(kMaxCheckpointChain)) {
-      return absl::DataLossError(absl::StrCat(name, ": a chain of more than ", kMaxCheckpointChain,
-                                              " incremental checkpoints"));
-    }
-    chain.push_back(std::move(state));
-    entry = &entry->base();
-    absl::StatusOr<std::string> read = read_base(base, *entry);
-    if (!read.ok()) {
-      return absl::Status(read.status().code(), absl::StrCat(name, ": reading its base, checkpoint ", base, ": ",
-                                                             read.status().message()));
-    }
-    state = *std::move(read);
-  }
   chain.push_back(std::move(state));
+  for (size_t i = 1; i < links.size(); ++i) {
+    absl::StatusOr<std::string> read = read_base(links[i].checkpoint_id, *links[i].entry);
+    if (!read.ok()) {
+      return absl::Status(read.status().code(),
+                          absl::StrCat("bucket chunk ", chunk.chunk_id(), ": reading its base, checkpoint ",
+                                       links[i].checkpoint_id, ": ", read.status().message()));
+    }
+    RETURN_IF_ERROR(CheckTableLink(*read, links[i]));
+    chain.push_back(*std::move(read));
+  }
   std::reverse(chain.begin(), chain.end());
   return chain;
 }

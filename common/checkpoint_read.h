@@ -33,6 +33,22 @@ absl::StatusOr<v1::ChunkState> ReadCheckpointChunkFrom(v1::ParameterService::Stu
 // (CheckpointSpec.full_every is at most 64).
 constexpr int kMaxCheckpointChain = 64;
 
+// One link of a bucket's chain of checkpoints: the checkpoint and its
+// manifest entry of the bucket.
+struct TableLink {
+  int64_t checkpoint_id = 0;
+  const v1::CheckpointChunk* entry = nullptr;
+};
+// The links of the chain a bucket's entry `chunk` (of checkpoint
+// `checkpoint_id`) names, newest first: itself, then its `base` entry, ...,
+// down to the one stored whole (base_checkpoint_id 0). DATA_LOSS for an
+// entry naming a base without its entry (or of another chunk), or more
+// than kMaxCheckpointChain links below the first.
+absl::StatusOr<std::vector<TableLink>> TableChainOf(int64_t checkpoint_id, const v1::CheckpointChunk& chunk);
+// DATA_LOSS unless a link's stored table state is what its entry says:
+// incremental on entry->base_checkpoint_id(), or whole when that is 0.
+absl::Status CheckTableLink(absl::string_view state, const TableLink& link);
+
 // The chain of stored table states behind a bucket's checkpoint entry
 // `chunk`, whose stored table state is `state`: while a state is
 // incremental (common/table_state.h), `read_base(checkpoint_id, entry)`

@@ -1,6 +1,7 @@
 #include "scheduler/checkpoint_coordinator.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,14 +23,47 @@ std::string CheckpointManifestKey(const std::string& job_id, int64_t id) {
   return absl::StrFormat("%s%s/%020d", kManifestPrefix, job_id, id);
 }
 
-std::map<std::string, std::vector<int32_t>> BaseChunksByServer(const v1::CheckpointManifest& base) {
+std::map<std::string, std::vector<int32_t>> BaseChunksByServer(const v1::CheckpointManifest& base,
+                                                               const v1::ShardMap& now) {
+  std::map<int32_t, std::vector<std::string>> replicas;  // by shard
+  for (const v1::ShardLocation& shard : now.shards()) {
+    std::vector<std::string>& of = replicas[shard.shard()];
+    of.push_back(shard.server_id());
+    of.insert(of.end(), shard.backup_ids().begin(), shard.backup_ids().end());
+  }
   std::map<std::string, std::vector<int32_t>> chunks;
   for (const v1::CheckpointChunk& chunk : base.chunks()) {
     if (chunk.chunk_id() < kTableChunkBase) continue;
-    for (const std::string& server : chunk.server_ids()) chunks[server].push_back(chunk.chunk_id());
+    const int32_t t = (chunk.chunk_id() - kTableChunkBase) / kMaxTableBuckets;
+    const int32_t b = (chunk.chunk_id() - kTableChunkBase) % kMaxTableBuckets;
+    if (t >= now.tables_size() || b >= now.tables(t).bucket_shards_size()) continue;
+    auto group = replicas.find(now.tables(t).bucket_shards(b));
+    if (group == replicas.end()) continue;
+    const std::set<std::string> holders(chunk.server_ids().begin(), chunk.server_ids().end());
+    bool all = true;
+    for (const std::string& server : group->second) all = all && holders.count(server) > 0;
+    if (!all) continue;
+    for (const std::string& server : group->second) chunks[server].push_back(chunk.chunk_id());
   }
   return chunks;
 }
+
+namespace {
+
+// The parts of a base's entry a reader of the chain needs (not its
+// versions or steps, which a chain would otherwise repeat at every link).
+v1::CheckpointChunk ChainEntry(const v1::CheckpointChunk& entry) {
+  v1::CheckpointChunk link;
+  link.set_chunk_id(entry.chunk_id());
+  link.set_checksum(entry.checksum());
+  link.set_bytes(entry.bytes());
+  *link.mutable_server_ids() = entry.server_ids();
+  link.set_base_checkpoint_id(entry.base_checkpoint_id());
+  if (entry.has_base()) *link.mutable_base() = entry.base();
+  return link;
+}
+
+}  // namespace
 
 absl::Status AssembleManifest(bool synchronous, int64_t cut,
                               const std::map<std::string, v1::CheckpointResponse>& responses,
@@ -65,6 +99,8 @@ absl::Status AssembleManifest(bool synchronous, int64_t cut,
     v1::CheckpointChunk* chunk = manifest->add_chunks();
     *chunk = *found->second;
     chunk->clear_server_ids();
+    chunk->clear_base();  // dense chunks are always whole
+    chunk->clear_base_checkpoint_id();
     chunk->add_server_ids(primary);
     for (const auto& [server, chunks] : by_server) {
       auto other = chunks.find(location.chunk_id());
@@ -94,6 +130,7 @@ absl::Status AssembleManifest(bool synchronous, int64_t cut,
       v1::CheckpointChunk* chunk = manifest->add_chunks();
       *chunk = *found->second;
       chunk->clear_server_ids();
+      chunk->clear_base();  // the scheduler's to set, from its own manifests
       chunk->add_server_ids(primary);
       for (const auto& [server, chunks] : by_server) {
         auto other = chunks.find(chunk_id);
@@ -112,7 +149,7 @@ absl::Status AssembleManifest(bool synchronous, int64_t cut,
                                                   primary, " as the changes since checkpoint ",
                                                   chunk->base_checkpoint_id(), ", which is not this one's base"));
         }
-        *chunk->mutable_base() = *entry->second;
+        *chunk->mutable_base() = ChainEntry(*entry->second);
         incremental = true;
       }
     }
@@ -231,7 +268,7 @@ void CheckpointCoordinator::Take(const CheckpointTask& task) {
   std::map<std::string, std::vector<int32_t>> base_chunks;
   if (plan.base.has_value()) {
     request.set_base_checkpoint_id(plan.base->info().id());
-    base_chunks = BaseChunksByServer(*plan.base);
+    base_chunks = BaseChunksByServer(*plan.base, manifest.shard_map());
   }
   std::map<std::string, v1::CheckpointResponse> responses;
   absl::Status status;

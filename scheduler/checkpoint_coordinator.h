@@ -80,9 +80,13 @@ absl::Status AssembleManifest(bool synchronous, int64_t cut,
                               const std::map<std::string, v1::CheckpointResponse>& responses,
                               v1::CheckpointManifest* manifest, const v1::CheckpointManifest* base = nullptr);
 
-// The buckets of `base` each server holds the committed copy of (the
-// servers' CheckpointRequest.base_chunks).
-std::map<std::string, std::vector<int32_t>> BaseChunksByServer(const v1::CheckpointManifest& base);
+// The servers' CheckpointRequest.base_chunks: the buckets that may be
+// stored incrementally on `base`, those whose every replica in the map
+// `now` holds the committed copy of it (a replica that does not would store
+// the bucket whole, and a copy that differs from the primary's is not one
+// more holder of the new checkpoint).
+std::map<std::string, std::vector<int32_t>> BaseChunksByServer(const v1::CheckpointManifest& base,
+                                                               const v1::ShardMap& now);
 
 class CheckpointCoordinator {
  public:

@@ -131,8 +131,9 @@ TEST(AssembleManifestTest, IncrementalBucketsCarryTheirBasesEntry) {
   base.mutable_info()->set_chain(2);
   (*base.mutable_server_addresses())["gone"] = "10.0.0.9:1";
   v1::CheckpointChunk* bucket0 = base.add_chunks();
-  *bucket0 = Chunk(TableChunkId(0, 0), 3);
+  *bucket0 = Chunk(TableChunkId(0, 0), 3, {4, 4});
   bucket0->add_server_ids("a");
+  bucket0->add_server_ids("b");
   bucket0->add_server_ids("gone");
   v1::CheckpointChunk* bucket1 = base.add_chunks();
   *bucket1 = Chunk(TableChunkId(0, 1), 5);
@@ -140,16 +141,18 @@ TEST(AssembleManifestTest, IncrementalBucketsCarryTheirBasesEntry) {
   v1::CheckpointChunk* dense = base.add_chunks();
   *dense = Chunk(0, 1);
   dense->add_server_ids("a");
-  EXPECT_EQ(BaseChunksByServer(base), (std::map<std::string, std::vector<int32_t>>{
-                                          {"a", {TableChunkId(0, 0)}},
-                                          {"b", {TableChunkId(0, 1)}},
-                                          {"gone", {TableChunkId(0, 0)}}}))
-      << "table buckets only";
+  // Bucket 0's replicas now (a, b) both hold the base's copy; bucket 1's
+  // backup (a) does not: it would store it whole, so every replica does.
+  EXPECT_EQ(BaseChunksByServer(base, base.shard_map()),
+            (std::map<std::string, std::vector<int32_t>>{{"a", {TableChunkId(0, 0)}}, {"b", {TableChunkId(0, 0)}}}))
+      << "table buckets only, where every replica holds the base";
 
   std::map<std::string, v1::CheckpointResponse> responses;
   *responses["a"].add_chunks() = Chunk(0, 1);
   *responses["a"].add_chunks() = Chunk(TableChunkId(0, 0), 7);
   responses["a"].mutable_chunks(1)->set_base_checkpoint_id(4);
+  responses["a"].mutable_chunks(1)->mutable_base()->set_chunk_id(77);  // a server's say is not taken
+  responses["a"].mutable_chunks(0)->mutable_base()->set_chunk_id(78);
   *responses["b"].add_chunks() = Chunk(1, 2);
   *responses["b"].add_chunks() = Chunk(TableChunkId(0, 1), 8);  // stored whole
   v1::CheckpointManifest manifest = Skeleton(2);
@@ -158,7 +161,9 @@ TEST(AssembleManifestTest, IncrementalBucketsCarryTheirBasesEntry) {
   ASSERT_EQ(manifest.chunks_size(), 4);
   EXPECT_EQ(manifest.chunks(2).base_checkpoint_id(), 4);
   EXPECT_EQ(manifest.chunks(2).base().checksum(), 3u);
-  EXPECT_EQ(manifest.chunks(2).base().server_ids_size(), 2);
+  EXPECT_EQ(manifest.chunks(2).base().server_ids_size(), 3);
+  EXPECT_EQ(manifest.chunks(2).base().partition_steps_size(), 0) << "a link carries what a reader needs only";
+  EXPECT_FALSE(manifest.chunks(0).has_base()) << "dense chunks are whole";
   EXPECT_EQ(manifest.chunks(3).base_checkpoint_id(), 0);
   EXPECT_FALSE(manifest.chunks(3).has_base());
   EXPECT_EQ(manifest.info().base_id(), 4);

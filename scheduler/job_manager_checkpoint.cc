@@ -304,14 +304,18 @@ bool JobManager::RestoreSourcesLive(Job* job) {
   v1::RestoreSource& restore = *job->restore;
   std::set<std::string> missing;
   for (const v1::CheckpointChunk& chunk : restore.chunks()) {
-    bool live = false;
-    for (const std::string& server : chunk.server_ids()) {
-      const Member* member = members_.Find(server);
-      if (member == nullptr) continue;
-      (*restore.mutable_server_addresses())[server] = member->address;
-      live = true;
+    // The chunk, and for a bucket stored incrementally every link below it.
+    for (const v1::CheckpointChunk* entry = &chunk; entry != nullptr;
+         entry = entry->has_base() ? &entry->base() : nullptr) {
+      bool live = false;
+      for (const std::string& server : entry->server_ids()) {
+        const Member* member = members_.Find(server);
+        if (member == nullptr) continue;
+        (*restore.mutable_server_addresses())[server] = member->address;
+        live = true;
+      }
+      if (!live) missing.insert(entry->server_ids().begin(), entry->server_ids().end());
     }
-    if (!live) missing.insert(chunk.server_ids().begin(), chunk.server_ids().end());
   }
   if (missing.empty()) {
     job->restore_waiting_since.reset();

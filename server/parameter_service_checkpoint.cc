@@ -240,22 +240,34 @@ absl::Status ParameterServiceImpl::RestoreChunks(JobShard* shard, const v1::Rest
                                                        " (other tables or bucket counts?)"));
       }
       ASSIGN_OR_RETURN(ChunkSnapshot snapshot, ReadCheckpointChunk(restore, restore.checkpoint_id(), *it->second));
-      // Stored incrementally: loaded from the chain's whole end, each later
-      // link's changes applied on it in turn.
-      ASSIGN_OR_RETURN(std::vector<std::string> chain,
-                       ReadTableChain(std::move(snapshot.table_state), *it->second,
-                                      [&](int64_t base, const v1::CheckpointChunk& entry) -> absl::StatusOr<std::string> {
-                                        ASSIGN_OR_RETURN(ChunkSnapshot read, ReadCheckpointChunk(restore, base, entry));
-                                        return std::move(read.table_state);
-                                      }));
-      snapshot.table_state = std::move(chain.front());
-      chain.erase(chain.begin());
+      ASSIGN_OR_RETURN(const std::vector<TableLink> links, TableChainOf(restore.checkpoint_id(), *it->second));
+      RETURN_IF_ERROR(CheckTableLink(snapshot.table_state, links.front()));
       // A checkpoint of this same job: the next ones may build on it.
       const int64_t loaded = restore.job_id() == shard->config().job_id ? restore.checkpoint_id() : 0;
-      RETURN_IF_ERROR(sparse->Restore(chunk_id, snapshot,
-                                      restore.repartition() ? std::optional<int64_t>(restore.version())
-                                                            : std::nullopt,
-                                      loaded, chain));
+      const std::optional<int64_t> repartitioned_at =
+          restore.repartition() ? std::optional<int64_t>(restore.version()) : std::nullopt;
+      if (links.size() == 1) {
+        RETURN_IF_ERROR(sparse->Restore(chunk_id, snapshot, repartitioned_at, loaded));
+        ++buckets;
+        continue;
+      }
+      // Stored incrementally: the chain's whole end is loaded, then each
+      // later link's changes applied on it, one link in memory at a time
+      // (besides the newest, read first for its positions).
+      std::string newest = std::move(snapshot.table_state);
+      for (size_t i = links.size(); i-- > 1;) {
+        ASSIGN_OR_RETURN(ChunkSnapshot link, ReadCheckpointChunk(restore, links[i].checkpoint_id, *links[i].entry));
+        RETURN_IF_ERROR(CheckTableLink(link.table_state, links[i]));
+        if (i == links.size() - 1) {
+          snapshot.table_state = std::move(link.table_state);
+          RETURN_IF_ERROR(sparse->Restore(chunk_id, snapshot, repartitioned_at, /*loaded_checkpoint=*/0));
+          snapshot.table_state = std::string();
+        } else {
+          RETURN_IF_ERROR(sparse->ApplyRestoredChanges(chunk_id, link.table_state));
+        }
+      }
+      RETURN_IF_ERROR(sparse->ApplyRestoredChanges(chunk_id, newest));
+      if (loaded > 0) sparse->MarkRestored(chunk_id, loaded);
       ++buckets;
     }
   }

@@ -964,9 +964,18 @@ void SparseShard::Disarm(int64_t checkpoint_id) {
   if (armed_.has_value() && armed_->checkpoint_id == checkpoint_id) armed_.reset();
 }
 
+absl::Status SparseShard::ApplyRestoredChanges(int32_t chunk_id, const std::string& changes) {
+  MutexLock lock(&push_mu_);
+  return ApplyBucketChangesLocked(chunk_id, changes);
+}
+
+void SparseShard::MarkRestored(int32_t chunk_id, int64_t checkpoint_id) {
+  MutexLock lock(&push_mu_);
+  if (SparseTable* bucket = HeldBucket(chunk_id); bucket != nullptr) bucket->MarkCheckpoint(checkpoint_id);
+}
+
 absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
-                                  std::optional<int64_t> repartitioned_at, int64_t loaded_checkpoint,
-                                  const std::vector<std::string>& changes) {
+                                  std::optional<int64_t> repartitioned_at, int64_t loaded_checkpoint) {
   if (HeldBucket(chunk_id) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
   }
@@ -980,7 +989,6 @@ absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapsho
   const Table& table = tables_[static_cast<size_t>(t)];
   MutexLock lock(&push_mu_);
   RETURN_IF_ERROR(LoadBucketLocked(chunk_id, snapshot.table_state));
-  for (const std::string& change : changes) RETURN_IF_ERROR(ApplyBucketChangesLocked(chunk_id, change));
   if (loaded_checkpoint > 0) HeldBucket(chunk_id)->MarkCheckpoint(loaded_checkpoint);
   if (table.setup.synchronous) {
     int64_t at = repartitioned_at.value_or(0);

@@ -79,9 +79,10 @@ struct SparsePushArgs {
 enum class SparsePushOutcome { kApplied, kDuplicate };
 
 // What a checkpoint's bucket captures may be incremental on: an earlier
-// checkpoint of the job (SparseTable::AppendCheckpointState decides whether
-// each bucket can), and the buckets whose committed copy of it is this
-// server's own capture (a bucket loaded from it can anyway).
+// checkpoint of the job, and the buckets that may build on it here (the
+// scheduler lists those whose every replica holds the committed copy of
+// the base; SparseTable::AppendCheckpointState decides whether each still
+// can).
 struct IncrementalBase {
   int64_t checkpoint_id = 0;  // 0: none, every capture whole
   std::set<int32_t> chunks;   // bucket chunk ids (TableChunkId)
@@ -178,15 +179,20 @@ class SparseShard {
   // partition twice, never lose one.
   // INVALID_ARGUMENT for a chunk id not held here; the table's LoadState
   // errors; RESOURCE_EXHAUSTED naming the table when the rows do not fit the
-  // budget's room. The snapshot's table state must be whole; `changes`
-  // (incremental states, oldest first: a chain of checkpoints, see
-  // common/checkpoint_read.h ReadTableChain) are applied on it in turn
-  // (SparseTable::ApplyChanges and its errors). `loaded_checkpoint`: the id
-  // of the checkpoint, when it is one of this job's (0 otherwise), so that
-  // later checkpoints may be incremental on it.
+  // budget's room. The snapshot's table state must be whole.
+  // `loaded_checkpoint`: the id of the checkpoint, when it is one of this
+  // job's (0 otherwise), so that later checkpoints may be incremental on it.
   absl::Status Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
-                       std::optional<int64_t> repartitioned_at = std::nullopt, int64_t loaded_checkpoint = 0,
-                       const std::vector<std::string>& changes = {});
+                       std::optional<int64_t> repartitioned_at = std::nullopt, int64_t loaded_checkpoint = 0);
+  // A checkpoint stored as a chain (a whole state and incremental ones on
+  // it) is restored link by link: Restore with the whole one (its snapshot's
+  // positions those of the checkpoint restored, loaded_checkpoint 0), then
+  // ApplyRestoredChanges with each later link's incremental state, oldest
+  // first (SparseTable::ApplyChanges's errors; RESOURCE_EXHAUSTED past the
+  // budget's room; the bucket emptied on error), then MarkRestored with the
+  // checkpoint's id when it is this job's.
+  absl::Status ApplyRestoredChanges(int32_t chunk_id, const std::string& changes);
+  void MarkRestored(int32_t chunk_id, int64_t checkpoint_id);
 
   // Live copies to a new replica of a shard (a fresh server holding that
   // shard only). The source: CaptureBucket of each of the shard's buckets

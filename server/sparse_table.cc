@@ -459,40 +459,45 @@ void SparseTable::AppendStateLocked(std::string* out) const {
   }
 }
 
-void SparseTable::MarkLocked(int64_t checkpoint_id, bool loaded) {
+void SparseTable::MarkLocked(int64_t checkpoint_id) {
   auto it = std::find_if(marks_.begin(), marks_.end(),
                          [&](const Mark& mark) { return mark.checkpoint_id == checkpoint_id; });
   if (it != marks_.end()) marks_.erase(it);  // taken again: the new capture counts
   if (marks_.size() == kMaxCheckpointMarks) marks_.erase(marks_.begin());
-  marks_.push_back(Mark{checkpoint_id, generation_, loaded});
+  marks_.push_back(Mark{checkpoint_id, generation_});
   ++generation_;
 }
 
 void SparseTable::MarkCheckpoint(int64_t checkpoint_id) {
   MutexLock lock(&mu_);
-  MarkLocked(checkpoint_id, /*loaded=*/true);
+  MarkLocked(checkpoint_id);
 }
 
-int64_t SparseTable::AppendCheckpointState(int64_t checkpoint_id, int64_t base, bool captured_is_stored,
+int64_t SparseTable::AppendCheckpointState(int64_t checkpoint_id, int64_t base, bool base_is_stored_here,
                                            std::string* out) {
-  MutexLock lock(&mu_);
-  auto mark = std::find_if(marks_.begin(), marks_.end(), [&](const Mark& m) {
-    return base > 0 && m.checkpoint_id == base && (m.loaded || captured_is_stored);
-  });
-  if (mark == marks_.end()) {
+  // First the mark (exclusive, brief): rows that change from here on are of
+  // a later generation than this checkpoint's.
+  std::optional<uint32_t> since;
+  {
+    MutexLock lock(&mu_);
+    for (const Mark& m : marks_) {
+      if (base > 0 && base_is_stored_here && m.checkpoint_id == base) since = m.generation;
+    }
+    MarkLocked(checkpoint_id);
+  }
+  ReaderMutexLock lock(&mu_);
+  if (!since.has_value()) {
     AppendStateLocked(out);
-    MarkLocked(checkpoint_id, /*loaded=*/false);
     return 0;
   }
-  const uint32_t since = mark->generation;
   size_t changed = 0;
-  for (uint32_t r = 0; r < rows_; ++r) changed += GenAt(r) > since ? 1 : 0;
+  for (uint32_t r = 0; r < rows_; ++r) changed += GenAt(r) > *since ? 1 : 0;
   out->reserve(out->size() + 52 + static_cast<size_t>(rows_) * 9 + changed * (8 + static_cast<size_t>(stride_) * 4) +
                candidates_.size() * 20);
   AppendTableDeltaHeader(base, stride_, TableStateCounters{pushes_, admissions_, expiries_}, rows_, out);
   for (uint32_t r = 0; r < rows_; ++r) {
     char* row = RowAt(r);
-    if (GenAt(r) > since) {
+    if (GenAt(r) > *since) {
       AppendTableDeltaRow(Header(row)->key, Header(row)->last_step,
                           absl::Span<const float>(Floats(row), static_cast<size_t>(stride_)), out);
     } else {
@@ -503,7 +508,6 @@ int64_t SparseTable::AppendCheckpointState(int64_t checkpoint_id, int64_t base, 
   for (const auto& [key, sightings] : candidates_) {
     AppendTableStateCandidate(key, sightings.count, sightings.last_step, out);
   }
-  MarkLocked(checkpoint_id, /*loaded=*/false);
   return base;
 }
 

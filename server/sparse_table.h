@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -130,15 +131,16 @@ class SparseTable {
   // and the counters, laid out as common/table_state.h says.
   void AppendState(std::string* out) const;
   // AppendState as checkpoint `checkpoint_id` of the job (> 0) takes it:
-  // when this table holds what checkpoint `base` (> 0) stored, only what
-  // changed since, as an incremental state (common/table_state.h);
-  // otherwise the whole state. It does when it was loaded from `base`
-  // (MarkCheckpoint), or captured it and `captured_is_stored` (the caller
-  // knows this capture is the committed copy), and is one of its last
-  // kMaxCheckpointMarks checkpoints, loaded or cleared nothing since.
-  // Returns the base of what it wrote (0: whole). Remembers the checkpoint
-  // as a base for the next ones.
-  int64_t AppendCheckpointState(int64_t checkpoint_id, int64_t base, bool captured_is_stored, std::string* out);
+  // only what changed since checkpoint `base` (> 0), as an incremental
+  // state (common/table_state.h), when `base_is_stored_here` (the caller
+  // knows the committed copy of `base` is what this table captured or was
+  // loaded from then) and the table took or loaded `base` as one of its last
+  // kMaxCheckpointMarks checkpoints and loaded or cleared nothing since;
+  // otherwise the whole state. Returns the base of what it wrote (0:
+  // whole). Remembers the checkpoint as a base for the next ones. Rows are
+  // read under the shared lock (pulls go on); a push that lands meanwhile is
+  // in the next checkpoint's changes whether or not this one saw it.
+  int64_t AppendCheckpointState(int64_t checkpoint_id, int64_t base, bool base_is_stored_here, std::string* out);
   // Says that the table holds what checkpoint `checkpoint_id` of the job
   // holds (it was just loaded from it), so later checkpoints may be
   // incremental on it.
@@ -239,12 +241,11 @@ class SparseTable {
   struct Mark {
     int64_t checkpoint_id;
     uint32_t generation;
-    bool loaded;
   };
   std::vector<Mark> marks_ ABSL_GUARDED_BY(mu_);
   void AppendStateLocked(std::string* out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Records checkpoint `checkpoint_id` at the current generation.
-  void MarkLocked(int64_t checkpoint_id, bool loaded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkLocked(int64_t checkpoint_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t rows_ ABSL_GUARDED_BY(mu_) = 0;
   // Row number + 1 by slot (0: empty); a power of two, at most 3/4 full.
   std::vector<uint32_t> index_ ABSL_GUARDED_BY(mu_);

@@ -311,7 +311,7 @@ TEST(SparseTableTest, IncrementalCheckpointsComposeIntoTheWholeStateOfTheirTime)
     if (step % 20 != 19) continue;
     ++checkpoint;
     std::string stored;
-    const int64_t base = table->AppendCheckpointState(checkpoint, checkpoint - 1, /*captured_is_stored=*/true, &stored);
+    const int64_t base = table->AppendCheckpointState(checkpoint, checkpoint - 1, /*base_is_stored_here=*/true, &stored);
     std::string now;
     table->AppendState(&now);
     if (checkpoint == 1) {
@@ -336,11 +336,14 @@ TEST(SparseTableTest, IncrementalCheckpointsComposeIntoTheWholeStateOfTheirTime)
   auto reloaded = Make(config);
   ASSERT_TRUE(reloaded->LoadState(whole).ok());
   std::string again;
-  EXPECT_EQ(reloaded->AppendCheckpointState(99, checkpoint, /*captured_is_stored=*/false, &again), 0)
-      << "it holds no capture of that checkpoint until told it was loaded from it";
+  EXPECT_EQ(reloaded->AppendCheckpointState(99, checkpoint, /*base_is_stored_here=*/true, &again), 0)
+      << "it holds no mark of that checkpoint until told it was loaded from it";
   reloaded->MarkCheckpoint(checkpoint);
   again.clear();
-  EXPECT_EQ(reloaded->AppendCheckpointState(100, checkpoint, /*captured_is_stored=*/false, &again), checkpoint);
+  EXPECT_EQ(reloaded->AppendCheckpointState(100, checkpoint, /*base_is_stored_here=*/false, &again), 0)
+      << "unless the caller says its copy is the stored one";
+  again.clear();
+  EXPECT_EQ(reloaded->AppendCheckpointState(101, checkpoint, /*base_is_stored_here=*/true, &again), checkpoint);
   absl::StatusOr<std::string> unchanged = ComposeTableState(whole, again, "emb");
   ASSERT_TRUE(unchanged.ok()) << unchanged.status();
   std::string reloaded_state;  // the same rows; its filter counts in its own map's order
@@ -391,7 +394,7 @@ TEST(SparseTableTest, ChangesThatDoNotFitTheTableAreRefusedLeavingItAsItWas) {
   EXPECT_EQ(PullOne(*table, 4), before.rows.at(4).second);
 }
 
-TEST(SparseTableTest, ACheckpointIsWholeUnlessItsBaseIsAStoredCaptureOrALoadHere) {
+TEST(SparseTableTest, ACheckpointIsWholeUnlessItsBaseIsStoredAsThisTableTookIt) {
   auto table = Make(Table(SparseOptimizerKind::kSgd, 2));
   const std::vector<float> grads = {1, 1, 1, 1};
   ASSERT_TRUE(table->Push(1, {4, 8}, grads.data()).ok());
@@ -399,8 +402,8 @@ TEST(SparseTableTest, ACheckpointIsWholeUnlessItsBaseIsAStoredCaptureOrALoadHere
   EXPECT_EQ(table->AppendCheckpointState(1, 0, true, &out), 0);
   ASSERT_TRUE(table->Push(2, {4}, grads.data()).ok());
   out.clear();
-  EXPECT_EQ(table->AppendCheckpointState(2, 1, /*captured_is_stored=*/false, &out), 0)
-      << "another replica's capture of checkpoint 1 is the stored one";
+  EXPECT_EQ(table->AppendCheckpointState(2, 1, /*base_is_stored_here=*/false, &out), 0)
+      << "another replica's copy of checkpoint 1 is the stored one";
   out.clear();
   EXPECT_EQ(table->AppendCheckpointState(3, 7, true, &out), 0) << "never took checkpoint 7";
   out.clear();

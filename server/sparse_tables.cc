@@ -221,12 +221,24 @@ std::vector<int32_t> SparseTables::chunk_ids() const {
 }
 
 absl::Status SparseTables::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
-                                   std::optional<int64_t> repartitioned_at, int64_t loaded_checkpoint,
-                                   const std::vector<std::string>& changes) {
+                                   std::optional<int64_t> repartitioned_at, int64_t loaded_checkpoint) {
   for (SparseShard* shard : All()) {
-    if (shard->ShardOfBucket(chunk_id) >= 0) return shard->Restore(chunk_id, snapshot, repartitioned_at, loaded_checkpoint, changes);
+    if (shard->ShardOfBucket(chunk_id) >= 0) return shard->Restore(chunk_id, snapshot, repartitioned_at, loaded_checkpoint);
   }
   return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
+}
+
+absl::Status SparseTables::ApplyRestoredChanges(int32_t chunk_id, const std::string& changes) {
+  for (SparseShard* shard : All()) {
+    if (shard->ShardOfBucket(chunk_id) >= 0) return shard->ApplyRestoredChanges(chunk_id, changes);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
+}
+
+void SparseTables::MarkRestored(int32_t chunk_id, int64_t checkpoint_id) {
+  for (SparseShard* shard : All()) {
+    if (shard->ShardOfBucket(chunk_id) >= 0) shard->MarkRestored(chunk_id, checkpoint_id);
+  }
 }
 
 void SparseTables::Freeze(const std::string& reason) {

@@ -59,7 +59,7 @@ void LoadTableState(const std::string& state) {
   // Unchanged since it was loaded: its incremental capture composes to it.
   table->MarkCheckpoint(1);
   std::string changes;
-  if (table->AppendCheckpointState(2, 1, /*captured_is_stored=*/false, &changes) != 1) std::abort();
+  if (table->AppendCheckpointState(2, 1, /*base_is_stored_here=*/true, &changes) != 1) std::abort();
   absl::StatusOr<std::string> composed = fulcrum::ComposeTableState(saved, changes, "fuzzed");
   if (!composed.ok() || *composed != saved) std::abort();
 }

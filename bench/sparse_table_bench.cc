@@ -112,23 +112,29 @@ class MapTable {
   Map map_;
 };
 
+// The server's table of the cases: kDim floats, Adagrad.
+std::unique_ptr<SparseTable> EmptyTable() {
+  SparseTableConfig config;
+  config.name = "bench";
+  config.dim = kDim;
+  config.optimizer.kind = SparseOptimizerKind::kAdagrad;
+  config.optimizer.lr = kLr;
+  return *SparseTable::Create(config);
+}
+
+// A row for each key, pushed in batches of kBatch zero gradients.
+void FillTable(SparseTable* table, const std::vector<uint64_t>& keys) {
+  const std::vector<float> zeros(static_cast<size_t>(kBatch) * kDim, 0.0f);
+  for (size_t at = 0; at < keys.size(); at += kBatch) {
+    const size_t n = std::min<size_t>(kBatch, keys.size() - at);
+    (void)table->Push(0, absl::Span<const uint64_t>(keys.data() + at, n), zeros.data());
+  }
+}
+
 class FulcrumTable {
  public:
-  FulcrumTable() {
-    SparseTableConfig config;
-    config.name = "bench";
-    config.dim = kDim;
-    config.optimizer.kind = SparseOptimizerKind::kAdagrad;
-    config.optimizer.lr = kLr;
-    table_ = *SparseTable::Create(config);
-  }
-  void Fill(const std::vector<uint64_t>& keys) {
-    const std::vector<float> zeros(static_cast<size_t>(kBatch) * kDim, 0.0f);
-    for (size_t at = 0; at < keys.size(); at += kBatch) {
-      const size_t n = std::min<size_t>(kBatch, keys.size() - at);
-      (void)table_->Push(0, absl::Span<const uint64_t>(keys.data() + at, n), zeros.data());
-    }
-  }
+  FulcrumTable() : table_(EmptyTable()) {}
+  void Fill(const std::vector<uint64_t>& keys) { FillTable(table_.get(), keys); }
   void Pull(const std::vector<uint64_t>& keys, float* out) const { table_->Pull(keys, out); }
   void Push(const std::vector<uint64_t>& keys, const float* grads) { (void)table_->Push(1, keys, grads); }
 
@@ -160,18 +166,8 @@ void BM_Sparse(benchmark::State& state, bool push) {
 }
 
 std::unique_ptr<SparseTable> FilledTable() {
-  SparseTableConfig config;
-  config.name = "bench";
-  config.dim = kDim;
-  config.optimizer.kind = SparseOptimizerKind::kAdagrad;
-  config.optimizer.lr = kLr;
-  std::unique_ptr<SparseTable> table = *SparseTable::Create(config);
-  const Workload& work = TheWorkload();
-  const std::vector<float> zeros(static_cast<size_t>(kBatch) * kDim, 0.0f);
-  for (size_t at = 0; at < work.keys.size(); at += kBatch) {
-    const size_t n = std::min<size_t>(kBatch, work.keys.size() - at);
-    (void)table->Push(0, absl::Span<const uint64_t>(work.keys.data() + at, n), zeros.data());
-  }
+  std::unique_ptr<SparseTable> table = EmptyTable();
+  FillTable(table.get(), TheWorkload().keys);
   return table;
 }
 
@@ -211,12 +207,7 @@ void BM_Restore(benchmark::State& state, bool incremental, int changed_batches) 
   table.reset();
   for (auto _ : state) {
     state.PauseTiming();
-    SparseTableConfig config;
-    config.name = "bench";
-    config.dim = kDim;
-    config.optimizer.kind = SparseOptimizerKind::kAdagrad;
-    config.optimizer.lr = kLr;
-    std::unique_ptr<SparseTable> restored = *SparseTable::Create(config);
+    std::unique_ptr<SparseTable> restored = EmptyTable();
     state.ResumeTiming();
     absl::Status status = restored->LoadState(incremental ? base : whole);
     if (status.ok() && incremental) status = restored->ApplyChanges(changes);
@@ -280,28 +271,21 @@ int main(int argc, char** argv) {
       bench->ComputeStatistics("min", min)->ComputeStatistics("max", max)->Unit(benchmark::kMicrosecond);
     }
   }
+  using TableCase = void (*)(benchmark::State&, bool incremental, int changed_batches);
   for (int changed : {1, 10}) {
-    for (bool incremental : {false, true}) {
-      const std::string name = "BM_checkpoint/" + std::string(incremental ? "incremental" : "whole") + "/changed_batches:" +
-                               std::to_string(changed);
-      benchmark::RegisterBenchmark(name.c_str(),
-                                   [incremental, changed](benchmark::State& s) {
-                                     fulcrum::BM_Checkpoint(s, incremental, changed);
-                                   })
-          ->ComputeStatistics("min", min)
-          ->ComputeStatistics("max", max)
-          ->Unit(benchmark::kMillisecond);
-    }
-    for (bool incremental : {false, true}) {
-      const std::string name = "BM_restore/" + std::string(incremental ? "incremental" : "whole") +
-                               "/changed_batches:" + std::to_string(changed);
-      benchmark::RegisterBenchmark(name.c_str(),
-                                   [incremental, changed](benchmark::State& s) {
-                                     fulcrum::BM_Restore(s, incremental, changed);
-                                   })
-          ->ComputeStatistics("min", min)
-          ->ComputeStatistics("max", max)
-          ->Unit(benchmark::kMillisecond);
+    for (const auto& [op, run] : {std::pair<const char*, TableCase>{"checkpoint", fulcrum::BM_Checkpoint},
+                                  {"restore", fulcrum::BM_Restore}}) {
+      for (bool incremental : {false, true}) {
+        const std::string name = std::string("BM_") + op + "/" + (incremental ? "incremental" : "whole") +
+                                 "/changed_batches:" + std::to_string(changed);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [run = run, incremental, changed](benchmark::State& s) {
+                                       run(s, incremental, changed);
+                                     })
+            ->ComputeStatistics("min", min)
+            ->ComputeStatistics("max", max)
+            ->Unit(benchmark::kMillisecond);
+      }
     }
   }
   benchmark::RunSpecifiedBenchmarks();

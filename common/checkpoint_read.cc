@@ -2,7 +2,6 @@
 
 #include <string>
 
-#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -89,13 +88,12 @@ absl::Status CheckTableLink(absl::string_view state, const TableLink& link) {
                                               : absl::StrCat("on checkpoint ", link.entry->base_checkpoint_id())));
 }
 
-absl::StatusOr<std::vector<std::string>> ReadTableChain(std::string state, const v1::CheckpointChunk& chunk,
-                                                        const ReadTableState& read_base) {
-  ASSIGN_OR_RETURN(const std::vector<TableLink> links, TableChainOf(0, chunk));
-  RETURN_IF_ERROR(CheckTableLink(state, links[0]));
-  std::vector<std::string> chain;  // newest first until reversed
-  chain.push_back(std::move(state));
-  for (size_t i = 1; i < links.size(); ++i) {
+absl::Status ReplayTableChain(std::string newest, int64_t checkpoint_id, const v1::CheckpointChunk& chunk,
+                              const ReadTableState& read_base,
+                              const std::function<absl::Status(std::string state, bool whole)>& use) {
+  ASSIGN_OR_RETURN(const std::vector<TableLink> links, TableChainOf(checkpoint_id, chunk));
+  RETURN_IF_ERROR(CheckTableLink(newest, links.front()));
+  for (size_t i = links.size(); i-- > 1;) {
     absl::StatusOr<std::string> read = read_base(links[i].checkpoint_id, *links[i].entry);
     if (!read.ok()) {
       return absl::Status(read.status().code(),
@@ -103,21 +101,25 @@ absl::StatusOr<std::vector<std::string>> ReadTableChain(std::string state, const
                                        links[i].checkpoint_id, ": ", read.status().message()));
     }
     RETURN_IF_ERROR(CheckTableLink(*read, links[i]));
-    chain.push_back(*std::move(read));
+    RETURN_IF_ERROR(use(*std::move(read), i == links.size() - 1));
   }
-  std::reverse(chain.begin(), chain.end());
-  return chain;
+  return use(std::move(newest), links.size() == 1);
 }
 
 absl::StatusOr<std::string> WholeTableState(std::string state, const v1::CheckpointChunk& chunk,
                                             const ReadTableState& read_base) {
-  ASSIGN_OR_RETURN(std::vector<std::string> chain, ReadTableChain(std::move(state), chunk, read_base));
   const std::string name = absl::StrCat("bucket chunk ", chunk.chunk_id());
-  for (size_t i = 1; i < chain.size(); ++i) {
-    ASSIGN_OR_RETURN(chain[0], ComposeTableState(chain[0], chain[i], name));
-    chain[i] = std::string();
-  }
-  return std::move(chain[0]);
+  std::string whole;
+  RETURN_IF_ERROR(ReplayTableChain(std::move(state), 0, chunk, read_base,
+                                   [&](std::string link, bool is_whole) -> absl::Status {
+                                     if (is_whole) {
+                                       whole = std::move(link);
+                                     } else {
+                                       ASSIGN_OR_RETURN(whole, ComposeTableState(whole, link, name));
+                                     }
+                                     return absl::OkStatus();
+                                   }));
+  return whole;
 }
 
 }  // namespace fulcrum

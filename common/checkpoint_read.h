@@ -49,21 +49,21 @@ absl::StatusOr<std::vector<TableLink>> TableChainOf(int64_t checkpoint_id, const
 // incremental on entry->base_checkpoint_id(), or whole when that is 0.
 absl::Status CheckTableLink(absl::string_view state, const TableLink& link);
 
-// The chain of stored table states behind a bucket's checkpoint entry
-// `chunk`, whose stored table state is `state`: while a state is
-// incremental (common/table_state.h), `read_base(checkpoint_id, entry)`
-// reads the stored table state of the entry it is on (the manifest entry's
-// `base`, of checkpoint base_checkpoint_id). Returns the whole state first,
-// then each incremental one, oldest first (`state` last). read_base's
-// errors, naming the base checkpoint; DATA_LOSS when a state is on another
-// checkpoint than its entry names, or the chain is longer than
-// kMaxCheckpointChain.
+// Walks the chain of stored table states behind a bucket's checkpoint entry
+// `chunk` (of checkpoint `checkpoint_id`), whose stored table state
+// `newest` the caller has read: each link below it is read with
+// `read_base(checkpoint_id, entry)` (its manifest entry), from the chain's
+// whole end up, and handed to `use(state, whole)` as soon as it is read,
+// one in memory at a time; `newest` last. Every state is checked against
+// its entry (CheckTableLink). TableChainOf's and read_base's errors (these
+// naming the checkpoint), use's as they are.
 using ReadTableState =
     std::function<absl::StatusOr<std::string>(int64_t checkpoint_id, const v1::CheckpointChunk& entry)>;
-absl::StatusOr<std::vector<std::string>> ReadTableChain(std::string state, const v1::CheckpointChunk& chunk,
-                                                        const ReadTableState& read_base);
-// ReadTableChain composed into the whole state of `chunk` (ComposeTableState,
-// whose errors it returns too).
+absl::Status ReplayTableChain(std::string newest, int64_t checkpoint_id, const v1::CheckpointChunk& chunk,
+                              const ReadTableState& read_base,
+                              const std::function<absl::Status(std::string state, bool whole)>& use);
+// The chain composed into the whole state of `chunk` (ReplayTableChain and
+// ComposeTableState, whose errors it returns).
 absl::StatusOr<std::string> WholeTableState(std::string state, const v1::CheckpointChunk& chunk,
                                             const ReadTableState& read_base);
 

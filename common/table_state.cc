@@ -98,6 +98,24 @@ void PutU32(uint32_t v, std::string* out) {
   out->append(bytes, sizeof(bytes));
 }
 
+// A row's step and floats, as whole and incremental states hold them.
+void PutStepAndFloats(int64_t last_step, absl::Span<const float> floats, std::string* out) {
+  PutU64(static_cast<uint64_t>(last_step), out);
+  for (float value : floats) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    PutU32(bits, out);
+  }
+}
+
+// An incremental state's base checkpoint, after its mark: DATA_LOSS unless
+// positive.
+absl::Status ReadDeltaBase(StateReader* in, int64_t* base) {
+  if (absl::Status s = in->I64(base, "base checkpoint"); !s.ok()) return s;
+  if (*base <= 0) return in->Bad(absl::StrCat("incremental on checkpoint ", *base, ", which cannot exist"));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void AppendTableStateHeader(int32_t stride, const TableStateCounters& counters, uint64_t rows, std::string* out) {
@@ -110,12 +128,7 @@ void AppendTableStateHeader(int32_t stride, const TableStateCounters& counters, 
 
 void AppendTableStateRow(uint64_t key, int64_t last_step, absl::Span<const float> floats, std::string* out) {
   PutU64(key, out);
-  PutU64(static_cast<uint64_t>(last_step), out);
-  for (float value : floats) {
-    uint32_t bits;
-    std::memcpy(&bits, &value, sizeof(bits));
-    PutU32(bits, out);
-  }
+  PutStepAndFloats(last_step, floats, out);
 }
 
 void AppendTableStateCandidates(uint64_t candidates, std::string* out) { PutU64(candidates, out); }
@@ -136,12 +149,7 @@ void AppendTableDeltaHeader(int64_t base_checkpoint_id, int32_t stride, const Ta
 void AppendTableDeltaRow(uint64_t key, int64_t last_step, absl::Span<const float> floats, std::string* out) {
   PutU64(key, out);
   out->push_back('\1');
-  PutU64(static_cast<uint64_t>(last_step), out);
-  for (float value : floats) {
-    uint32_t bits;
-    std::memcpy(&bits, &value, sizeof(bits));
-    PutU32(bits, out);
-  }
+  PutStepAndFloats(last_step, floats, out);
 }
 
 void AppendTableDeltaSame(uint64_t key, std::string* out) {
@@ -155,8 +163,7 @@ absl::StatusOr<int64_t> TableStateBase(absl::string_view bytes, const std::strin
   if (absl::Status s = in.U32(&mark, "row width"); !s.ok()) return s;
   if (mark != kTableDeltaMark) return 0;
   int64_t base = 0;
-  if (absl::Status s = in.I64(&base, "base checkpoint"); !s.ok()) return s;
-  if (base <= 0) return in.Bad(absl::StrCat("incremental on checkpoint ", base, ", which cannot exist"));
+  if (absl::Status s = ReadDeltaBase(&in, &base); !s.ok()) return s;
   return base;
 }
 
@@ -217,8 +224,7 @@ absl::StatusOr<std::string> ComposeTableState(absl::string_view base, absl::stri
   int64_t base_id = 0;
   if (absl::Status s = d.U32(&mark, "mark"); !s.ok()) return s;
   if (mark != kTableDeltaMark) return d.Bad("not an incremental state");
-  if (absl::Status s = d.I64(&base_id, "base checkpoint"); !s.ok()) return s;
-  if (base_id <= 0) return d.Bad(absl::StrCat("incremental on checkpoint ", base_id, ", which cannot exist"));
+  if (absl::Status s = ReadDeltaBase(&d, &base_id); !s.ok()) return s;
   if (absl::Status s = d.U32(&delta_width, "row width"); !s.ok()) return s;
   if (delta_width != width) {
     return d.Bad(absl::StrCat("rows of ", delta_width, " floats on a base whose rows take ", width));
@@ -282,8 +288,7 @@ absl::Status ParseTableState(absl::string_view bytes, const std::string& table, 
       return in.Bad("an incremental state, the changes since an earlier checkpoint (compose it on that one first)");
     }
     int64_t base = 0;
-    if (absl::Status s = in.I64(&base, "base checkpoint"); !s.ok()) return s;
-    if (base <= 0) return in.Bad(absl::StrCat("incremental on checkpoint ", base, ", which cannot exist"));
+    if (absl::Status s = ReadDeltaBase(&in, &base); !s.ok()) return s;
     if (absl::Status s = in.U32(&width, "row width"); !s.ok()) return s;
   }
   if (stride < 1 || width != static_cast<uint32_t>(stride)) {

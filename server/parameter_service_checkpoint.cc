@@ -240,34 +240,28 @@ absl::Status ParameterServiceImpl::RestoreChunks(JobShard* shard, const v1::Rest
                                                        " (other tables or bucket counts?)"));
       }
       ASSIGN_OR_RETURN(ChunkSnapshot snapshot, ReadCheckpointChunk(restore, restore.checkpoint_id(), *it->second));
-      ASSIGN_OR_RETURN(const std::vector<TableLink> links, TableChainOf(restore.checkpoint_id(), *it->second));
-      RETURN_IF_ERROR(CheckTableLink(snapshot.table_state, links.front()));
-      // A checkpoint of this same job: the next ones may build on it.
-      const int64_t loaded = restore.job_id() == shard->config().job_id ? restore.checkpoint_id() : 0;
       const std::optional<int64_t> repartitioned_at =
           restore.repartition() ? std::optional<int64_t>(restore.version()) : std::nullopt;
-      if (links.size() == 1) {
-        RETURN_IF_ERROR(sparse->Restore(chunk_id, snapshot, repartitioned_at, loaded));
-        ++buckets;
-        continue;
-      }
-      // Stored incrementally: the chain's whole end is loaded, then each
-      // later link's changes applied on it, one link in memory at a time
-      // (besides the newest, read first for its positions).
+      // Stored incrementally or not: the chain's whole end is loaded (with
+      // the checkpoint's positions), then each later link's changes applied
+      // on it, one link in memory at a time (besides the newest, read first
+      // for its positions).
       std::string newest = std::move(snapshot.table_state);
-      for (size_t i = links.size(); i-- > 1;) {
-        ASSIGN_OR_RETURN(ChunkSnapshot link, ReadCheckpointChunk(restore, links[i].checkpoint_id, *links[i].entry));
-        RETURN_IF_ERROR(CheckTableLink(link.table_state, links[i]));
-        if (i == links.size() - 1) {
-          snapshot.table_state = std::move(link.table_state);
-          RETURN_IF_ERROR(sparse->Restore(chunk_id, snapshot, repartitioned_at, /*loaded_checkpoint=*/0));
-          snapshot.table_state = std::string();
-        } else {
-          RETURN_IF_ERROR(sparse->ApplyRestoredChanges(chunk_id, link.table_state));
-        }
-      }
-      RETURN_IF_ERROR(sparse->ApplyRestoredChanges(chunk_id, newest));
-      if (loaded > 0) sparse->MarkRestored(chunk_id, loaded);
+      RETURN_IF_ERROR(ReplayTableChain(
+          std::move(newest), restore.checkpoint_id(), *it->second,
+          [&](int64_t base, const v1::CheckpointChunk& entry) -> absl::StatusOr<std::string> {
+            ASSIGN_OR_RETURN(ChunkSnapshot read, ReadCheckpointChunk(restore, base, entry));
+            return std::move(read.table_state);
+          },
+          [&](std::string state, bool whole) -> absl::Status {
+            if (!whole) return sparse->ApplyRestoredChanges(chunk_id, state);
+            snapshot.table_state = std::move(state);
+            absl::Status restored = sparse->Restore(chunk_id, snapshot, repartitioned_at);
+            snapshot.table_state = std::string();
+            return restored;
+          }));
+      // A checkpoint of this same job: the next ones may build on it.
+      if (restore.job_id() == shard->config().job_id) sparse->MarkRestored(chunk_id, restore.checkpoint_id());
       ++buckets;
     }
   }

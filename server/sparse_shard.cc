@@ -975,7 +975,7 @@ void SparseShard::MarkRestored(int32_t chunk_id, int64_t checkpoint_id) {
 }
 
 absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
-                                  std::optional<int64_t> repartitioned_at, int64_t loaded_checkpoint) {
+                                  std::optional<int64_t> repartitioned_at) {
   if (HeldBucket(chunk_id) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
   }
@@ -989,7 +989,6 @@ absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapsho
   const Table& table = tables_[static_cast<size_t>(t)];
   MutexLock lock(&push_mu_);
   RETURN_IF_ERROR(LoadBucketLocked(chunk_id, snapshot.table_state));
-  if (loaded_checkpoint > 0) HeldBucket(chunk_id)->MarkCheckpoint(loaded_checkpoint);
   if (table.setup.synchronous) {
     int64_t at = repartitioned_at.value_or(0);
     for (int64_t step : snapshot.partition_steps) at = std::max(at, step);

@@ -180,17 +180,16 @@ class SparseShard {
   // INVALID_ARGUMENT for a chunk id not held here; the table's LoadState
   // errors; RESOURCE_EXHAUSTED naming the table when the rows do not fit the
   // budget's room. The snapshot's table state must be whole.
-  // `loaded_checkpoint`: the id of the checkpoint, when it is one of this
-  // job's (0 otherwise), so that later checkpoints may be incremental on it.
   absl::Status Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
-                       std::optional<int64_t> repartitioned_at = std::nullopt, int64_t loaded_checkpoint = 0);
+                       std::optional<int64_t> repartitioned_at = std::nullopt);
   // A checkpoint stored as a chain (a whole state and incremental ones on
   // it) is restored link by link: Restore with the whole one (its snapshot's
-  // positions those of the checkpoint restored, loaded_checkpoint 0), then
-  // ApplyRestoredChanges with each later link's incremental state, oldest
-  // first (SparseTable::ApplyChanges's errors; RESOURCE_EXHAUSTED past the
-  // budget's room; the bucket emptied on error), then MarkRestored with the
-  // checkpoint's id when it is this job's.
+  // positions those of the checkpoint restored), then ApplyRestoredChanges
+  // with each later link's incremental state, oldest first
+  // (SparseTable::ApplyChanges's errors; RESOURCE_EXHAUSTED past the
+  // budget's room; the bucket emptied on error). Then MarkRestored with the
+  // checkpoint's id when it is this job's, so that later checkpoints may be
+  // incremental on it.
   absl::Status ApplyRestoredChanges(int32_t chunk_id, const std::string& changes);
   void MarkRestored(int32_t chunk_id, int64_t checkpoint_id);
 

@@ -444,6 +444,13 @@ void SparseTable::AppendState(std::string* out) const {
   AppendStateLocked(out);
 }
 
+void SparseTable::AppendCandidatesLocked(std::string* out) const {
+  AppendTableStateCandidates(candidates_.size(), out);
+  for (const auto& [key, sightings] : candidates_) {
+    AppendTableStateCandidate(key, sightings.count, sightings.last_step, out);
+  }
+}
+
 void SparseTable::AppendStateLocked(std::string* out) const {
   out->reserve(out->size() + 40 + static_cast<size_t>(rows_) * (16 + static_cast<size_t>(stride_) * 4) +
                candidates_.size() * 20);
@@ -453,10 +460,7 @@ void SparseTable::AppendStateLocked(std::string* out) const {
     AppendTableStateRow(Header(row)->key, Header(row)->last_step,
                         absl::Span<const float>(Floats(row), static_cast<size_t>(stride_)), out);
   }
-  AppendTableStateCandidates(candidates_.size(), out);
-  for (const auto& [key, sightings] : candidates_) {
-    AppendTableStateCandidate(key, sightings.count, sightings.last_step, out);
-  }
+  AppendCandidatesLocked(out);
 }
 
 void SparseTable::MarkLocked(int64_t checkpoint_id) {
@@ -504,10 +508,7 @@ int64_t SparseTable::AppendCheckpointState(int64_t checkpoint_id, int64_t base, 
       AppendTableDeltaSame(Header(row)->key, out);
     }
   }
-  AppendTableStateCandidates(candidates_.size(), out);
-  for (const auto& [key, sightings] : candidates_) {
-    AppendTableStateCandidate(key, sightings.count, sightings.last_step, out);
-  }
+  AppendCandidatesLocked(out);
   return base;
 }
 

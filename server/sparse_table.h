@@ -244,6 +244,8 @@ class SparseTable {
   };
   std::vector<Mark> marks_ ABSL_GUARDED_BY(mu_);
   void AppendStateLocked(std::string* out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The filter counts, as whole and incremental states end with them.
+  void AppendCandidatesLocked(std::string* out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Records checkpoint `checkpoint_id` at the current generation.
   void MarkLocked(int64_t checkpoint_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t rows_ ABSL_GUARDED_BY(mu_) = 0;

@@ -221,9 +221,9 @@ std::vector<int32_t> SparseTables::chunk_ids() const {
 }
 
 absl::Status SparseTables::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
-                                   std::optional<int64_t> repartitioned_at, int64_t loaded_checkpoint) {
+                                   std::optional<int64_t> repartitioned_at) {
   for (SparseShard* shard : All()) {
-    if (shard->ShardOfBucket(chunk_id) >= 0) return shard->Restore(chunk_id, snapshot, repartitioned_at, loaded_checkpoint);
+    if (shard->ShardOfBucket(chunk_id) >= 0) return shard->Restore(chunk_id, snapshot, repartitioned_at);
   }
   return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
 }

@@ -68,7 +68,7 @@ class SparseTables {
   absl::StatusOr<ChunkSnapshot> CaptureShardState(int32_t shard) const;
   std::vector<int32_t> chunk_ids() const;
   absl::Status Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
-                       std::optional<int64_t> repartitioned_at = std::nullopt, int64_t loaded_checkpoint = 0);
+                       std::optional<int64_t> repartitioned_at = std::nullopt);
   // SparseShard's, on the shard holding the bucket (INVALID_ARGUMENT for
   // none).
   absl::Status ApplyRestoredChanges(int32_t chunk_id, const std::string& changes);

@@ -152,12 +152,15 @@ TEST_F(ClusterTest, ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer)
 
 // Click jobs on users' files (LIBSVM, CSV) the workers may read: written
 // here from synthetic click data of a known logistic model, with a few bad
-// lines among them.
+// lines among them. The workers' memory budget is smaller than the training
+// files would take held whole: they index them and read records as steps
+// need them.
 class ClickFileTest : public ClusterTest {
  protected:
+  static constexpr int64_t kWorkerBudget = int64_t{1} << 20;
   static void SetUpTestSuite() {
     data_dir_ = new std::string(MakeTempDir());
-    StartCluster(2, 2, 1, {}, {"--data-root=" + *data_dir_});
+    StartCluster(2, 2, 1, {}, {"--data-root=" + *data_dir_, "--memory-budget=1MiB"});
   }
   static void TearDownTestSuite() {
     ClusterTest::TearDownTestSuite();
@@ -231,11 +234,16 @@ std::string* ClickFileTest::data_dir_ = nullptr;
 
 // Logistic regression on libsvm files (a glob of two) and on CSV with dense
 // and categorical columns reaches the data's ground-truth AUC; the bad lines
-// are skipped.
-TEST_F(ClickFileTest, LibsvmAndCsvFilesTrainToTheGroundTruthAuc) {
+// are skipped. The training records, held whole, would take more than the
+// workers' memory budget.
+TEST_F(ClickFileTest, LibsvmAndCsvFilesBiggerThanTheWorkersBudgetTrainToTheGroundTruthAuc) {
   for (const std::string format : {"libsvm", "csv"}) {
     SCOPED_TRACE(format);
     const double best = BestAuc(format);
+    const SyntheticCtrSpec shape = Data(format);
+    // A label, the dense values, and per id its key, weight and offset.
+    const int64_t whole_bytes = shape.examples * (4 + 4 * int64_t{shape.dense} + int64_t{shape.fields} * (8 + 4 + 8));
+    ASSERT_GT(whole_bytes, 2 * kWorkerBudget);
     Write(format + "-train", 0, format, 2);
     Write(format + "-test", 1, format, 1);
     v1::JobSpec spec = FileSpec(format == "csv" ? v1::DataSpec::CSV : v1::DataSpec::LIBSVM, format);
@@ -276,6 +284,29 @@ TEST_F(ClickFileTest, BadRecordsAndPathsFailTheJobNamingThem) {
   done = WaitForEnd(*id);
   EXPECT_EQ(done.state(), v1::FAILED);
   EXPECT_NE(done.reason().find("nothing-*.libsvm"), std::string::npos) << done.reason();
+}
+
+// A training file rewritten while the job runs (other records where the
+// index has its records) fails the job, naming the file, instead of training
+// on records no one chose.
+TEST_F(ClickFileTest, ATrainingFileChangedWhileTheJobRunsFailsItNamingTheFile) {
+  Write("changing-train", 0, "libsvm", 1);
+  v1::JobSpec spec = FileSpec(v1::DataSpec::LIBSVM, "changing");
+  spec.mutable_data()->clear_test_path();
+  spec.mutable_data()->set_epochs(1000);  // it cannot end before the change
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::JobStatus running = WaitForStep(*id, 5);
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.reason();
+  const std::string path = *data_dir_ + "/changing-train.0";
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    for (int i = 0; i < 40000; ++i) out << "1 " << i << ":1\n";
+  }
+  const v1::JobStatus done = WaitForEnd(*id);
+  EXPECT_EQ(done.state(), v1::FAILED);
+  EXPECT_NE(done.reason().find(path), std::string::npos) << done.reason();
+  EXPECT_NE(done.reason().find("changed since it was indexed"), std::string::npos) << done.reason();
 }
 
 // What click jobs cannot do yet is refused by name, not run without it.

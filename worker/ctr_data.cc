@@ -1,6 +1,10 @@
 #include "worker/ctr_data.h"
 
 #include <algorithm>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -16,6 +20,8 @@
 #include "common/counter_rng.h"
 #include "common/param_init.h"
 #include "common/quote.h"
+#include "common/status_macros.h"
+#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -60,9 +66,13 @@ class RecordSink {
     return absl::OkStatus();
   }
 
-  // A whole line (without its newline), or the start of one that was longer
-  // than the limit (`too_long`).
-  absl::Status Line(absl::string_view line, bool too_long) {
+  // Good records are not appended but their lines' starts pushed on
+  // `starts` (RecordIndex).
+  void IndexInto(std::vector<int64_t>* starts) { starts_ = starts; }
+
+  // A whole line (without its newline) starting at byte `start` of its text,
+  // or the start of one that was longer than the limit (`too_long`).
+  absl::Status Line(absl::string_view line, bool too_long, int64_t start) {
     ++line_number_;
     if (header_) {
       header_ = false;
@@ -81,6 +91,11 @@ class RecordSink {
     if (ids > limits_.max_ids_per_line) {
       return Bad(absl::StrCat(ids, " feature ids, more than the ", limits_.max_ids_per_line, " a record may have"));
     }
+    ++stats_->records;
+    if (starts_ != nullptr) {
+      starts_->push_back(start);
+      return absl::OkStatus();
+    }
     out_->labels.push_back(record.label);
     out_->dense.insert(out_->dense.end(), record.dense.begin(), record.dense.end());
     for (const auto& field : record.fields) {
@@ -90,7 +105,10 @@ class RecordSink {
       }
       out_->offsets.push_back(static_cast<int64_t>(out_->ids.size()));
     }
-    ++stats_->records;
+    if (limits_.max_dataset_bytes > 0 && HeldBytes(*out_) > limits_.max_dataset_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(name_, ":", line_number_, ": the records read take more than ",
+                                                       limits_.max_dataset_bytes, " bytes"));
+    }
     return absl::OkStatus();
   }
 
@@ -107,7 +125,7 @@ class RecordSink {
     return absl::OkStatus();
   }
 
-  const std::string name_;
+  const absl::string_view name_;  // outlives the sink
   const LineLimits limits_;
   const int32_t num_dense_;
   const int32_t num_fields_;
@@ -116,17 +134,23 @@ class RecordSink {
   ReadStats* const stats_;
   bool header_;
   int64_t line_number_ = 0;
+  std::vector<int64_t>* starts_ = nullptr;
 };
 
 // Splits `text` into lines for `sink`; a line longer than the limit is
 // passed as too long. The last line needs no newline.
 absl::Status FeedText(absl::string_view text, int64_t max_line_bytes, RecordSink* sink) {
+  int64_t start = 0;
   while (!text.empty()) {
     const size_t end = std::min(text.find('\n'), text.size());
     absl::string_view line = text.substr(0, end);
     const bool too_long = static_cast<int64_t>(line.size()) > max_line_bytes;
-    if (absl::Status status = sink->Line(too_long ? line.substr(0, 0) : line, too_long); !status.ok()) return status;
-    text.remove_prefix(std::min(end + 1, text.size()));
+    if (absl::Status status = sink->Line(too_long ? line.substr(0, 0) : line, too_long, start); !status.ok()) {
+      return status;
+    }
+    const size_t consumed = std::min(end + 1, text.size());
+    text.remove_prefix(consumed);
+    start += static_cast<int64_t>(consumed);
   }
   return absl::OkStatus();
 }
@@ -143,7 +167,8 @@ absl::Status FeedFile(const std::string& path, int64_t block_bytes, int64_t max_
   std::string block(static_cast<size_t>(std::max<int64_t>(block_bytes, 1)), '\0');
   std::string partial;     // the line the last block ended in
   bool skipping = false;   // inside a line already known to be too long
-  while (in) {
+  int64_t block_start = 0, line_start = 0;  // file offsets
+  for (; in; block_start += static_cast<int64_t>(block.size())) {
     in.read(block.data(), static_cast<std::streamsize>(block.size()));
     const auto got = static_cast<size_t>(in.gcount());
     if (in.bad()) return absl::DataLossError(absl::StrCat("reading data file ", Quote(path), " failed"));
@@ -160,34 +185,62 @@ absl::Status FeedFile(const std::string& path, int64_t block_bytes, int64_t max_
         }
       }
       if (newline == absl::string_view::npos) break;  // the line goes on in the next block
-      if (absl::Status status = sink->Line(partial, skipping); !status.ok()) return status;
+      if (absl::Status status = sink->Line(partial, skipping, line_start); !status.ok()) return status;
       partial.clear();
       skipping = false;
       rest.remove_prefix(newline + 1);
+      line_start = block_start + (rest.data() - block.data());
     }
   }
-  if (!partial.empty() || skipping) return sink->Line(partial, skipping);
+  if (!partial.empty() || skipping) return sink->Line(partial, skipping, line_start);
   return absl::OkStatus();
 }
 
-Why ParseLibsvmLine(absl::string_view line, Record* record) {
-  if (const size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
-  std::vector<absl::string_view> tokens = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-  if (tokens.empty()) return "a comment where a record was expected";
-  if (!ParseFloat(tokens[0], &record->label)) return absl::StrCat("label ", Shown(tokens[0]), " is not a finite number");
-  auto& ids = record->fields[0];
-  for (size_t i = 1; i < tokens.size(); ++i) {
-    const size_t colon = tokens[i].find(':');
-    if (colon == absl::string_view::npos) {
-      return absl::StrCat("feature ", Shown(tokens[i]), " is not index:value");
+// A feature index: plain digits read here (false beyond uint64), anything
+// else (a sign, leading zeros past 20 digits) by SimpleAtoi.
+bool ParseIndex(absl::string_view text, uint64_t* id) {
+  if (text.empty() || text.size() > 20) return absl::SimpleAtoi(text, id);
+  uint64_t value = 0;
+  for (const char c : text) {
+    if (c < '0' || c > '9') return absl::SimpleAtoi(text, id);
+    if (__builtin_mul_overflow(value, uint64_t{10}, &value) ||
+        __builtin_add_overflow(value, static_cast<uint64_t>(c - '0'), &value)) {
+      return false;
     }
-    const absl::string_view index = tokens[i].substr(0, colon), value = tokens[i].substr(colon + 1);
+  }
+  *id = value;
+  return true;
+}
+
+Why ParseLibsvmLine(absl::string_view line, bool nonnegative_values, Record* record) {
+  if (const size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
+  // Tokens are separated by spaces and tabs.
+  size_t at = 0;
+  const auto next = [line, &at]() {
+    while (at < line.size() && (line[at] == ' ' || line[at] == '\t')) ++at;
+    const size_t start = at;
+    while (at < line.size() && line[at] != ' ' && line[at] != '\t') ++at;
+    return line.substr(start, at - start);
+  };
+  const absl::string_view label = next();
+  if (label.empty()) return "a comment where a record was expected";
+  if (!ParseFloat(label, &record->label)) return absl::StrCat("label ", Shown(label), " is not a finite number");
+  auto& ids = record->fields[0];
+  for (absl::string_view token = next(); !token.empty(); token = next()) {
+    const size_t colon = token.find(':');
+    if (colon == absl::string_view::npos) {
+      return absl::StrCat("feature ", Shown(token), " is not index:value");
+    }
+    const absl::string_view index = token.substr(0, colon), value = token.substr(colon + 1);
     if (index == "qid") continue;
     uint64_t id = 0;
     float weight = 0;
-    if (!absl::SimpleAtoi(index, &id)) return absl::StrCat("feature index ", Shown(index), " is not a uint64");
+    if (!ParseIndex(index, &id)) return absl::StrCat("feature index ", Shown(index), " is not a uint64");
     if (!ParseFloat(value, &weight)) {
       return absl::StrCat("value ", Shown(value), " of feature ", id, " is not a finite number");
+    }
+    if (nonnegative_values && weight < 0) {
+      return absl::StrCat("value ", weight, " of feature ", id, " is negative (values weigh the ids' rows)");
     }
     ids.emplace_back(id, weight);
   }
@@ -223,6 +276,12 @@ bool SplitCsv(absl::string_view line, char delimiter, std::vector<std::string>* 
   if (quoted) return false;
   fields->push_back(std::move(field));
   return true;
+}
+
+LineParser LibsvmParser(const LibsvmFormat& format) {
+  return [nonnegative = format.nonnegative_values](absl::string_view line, Record* record) {
+    return ParseLibsvmLine(line, nonnegative, record);
+  };
 }
 
 LineParser CsvParser(const CsvFormat& format) {
@@ -286,14 +345,14 @@ absl::Status ValidateCsvFormat(const CsvFormat& format) {
 
 absl::Status ParseLibsvm(absl::string_view text, absl::string_view name, const LibsvmFormat& format,
                          SparseDataset* out, ReadStats* stats) {
-  RecordSink sink(name, format.limits, 0, 1, ParseLibsvmLine, out, stats);
+  RecordSink sink(name, format.limits, 0, 1, LibsvmParser(format), out, stats);
   if (absl::Status started = sink.Start(); !started.ok()) return started;
   return FeedText(text, format.limits.max_line_bytes, &sink);
 }
 
 absl::Status ReadLibsvmFile(const std::string& path, const LibsvmFormat& format, SparseDataset* out,
                             ReadStats* stats, int64_t block_bytes) {
-  RecordSink sink(path, format.limits, 0, 1, ParseLibsvmLine, out, stats);
+  RecordSink sink(path, format.limits, 0, 1, LibsvmParser(format), out, stats);
   if (absl::Status started = sink.Start(); !started.ok()) return started;
   return FeedFile(path, block_bytes, format.limits.max_line_bytes, &sink);
 }
@@ -314,6 +373,197 @@ absl::Status ReadCsvFile(const std::string& path, const CsvFormat& format, Spars
                   CountColumns(format, CsvFormat::Column::kCategorical), CsvParser(format), out, stats, format.header);
   if (absl::Status started = sink.Start(); !started.ok()) return started;
   return FeedFile(path, block_bytes, format.limits.max_line_bytes, &sink);
+}
+
+namespace {
+
+std::string ChangedSinceIndexed(const std::string& path) {
+  return absl::StrCat("data file ", Quote(path), " changed since it was indexed when the job started (a job's files ",
+                      "must not change while it runs)");
+}
+
+}  // namespace
+
+// The files' descriptors, opened as reads need them. At most kMaxOpen stay
+// open; a read of another file opens it for that read.
+class RecordIndex::Opened {
+ public:
+  explicit Opened(size_t files) : fds_(files, -1) {}
+  ~Opened() {
+    MutexLock lock(&mu_);
+    for (const int fd : fds_) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  Opened(const Opened&) = delete;
+  Opened& operator=(const Opened&) = delete;
+
+  // A descriptor of files[f] that still holds what was indexed; *owned when
+  // the caller must close it.
+  absl::StatusOr<int> Get(size_t f, const File& file, bool* owned) {
+    int fd = -1;
+    {
+      MutexLock lock(&mu_);
+      fd = fds_[f];
+    }
+    *owned = fd < 0;
+    if (fd < 0) {
+      fd = open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        return absl::DataLossError(absl::StrCat("data file ", Quote(file.path), " cannot be opened any more (",
+                                                std::strerror(errno), "); it was indexed when the job started"));
+      }
+    }
+    // Every read: a file written in place since it was indexed may hold
+    // other records at the same offsets.
+    struct stat now {};
+    if (fstat(fd, &now) != 0 || now.st_size != file.size || MtimeNs(now) != file.mtime_ns) {
+      if (*owned) close(fd);
+      return absl::DataLossError(absl::StrCat(ChangedSinceIndexed(file.path), ": its size or time differs"));
+    }
+    if (*owned) {
+      MutexLock lock(&mu_);
+      if (fds_[f] < 0 && open_ < kMaxOpen) {
+        fds_[f] = fd;
+        ++open_;
+        *owned = false;
+      }
+    }
+    return fd;
+  }
+
+  static int64_t MtimeNs(const struct stat& st) {
+    return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  }
+
+ private:
+  static constexpr int kMaxOpen = 64;
+  Mutex mu_;
+  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);
+  int open_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+RecordIndex::~RecordIndex() = default;
+
+absl::StatusOr<std::unique_ptr<RecordIndex>> RecordIndex::BuildLibsvm(const std::vector<std::string>& files,
+                                                                      const LibsvmFormat& format, ReadStats* stats,
+                                                                      int64_t max_bytes, int64_t block_bytes) {
+  std::unique_ptr<RecordIndex> index(new RecordIndex());
+  index->libsvm_ = true;
+  index->libsvm_format_ = format;
+  index->num_fields_ = 1;
+  return Build(std::move(index), files, stats, max_bytes, block_bytes);
+}
+
+absl::StatusOr<std::unique_ptr<RecordIndex>> RecordIndex::BuildCsv(const std::vector<std::string>& files,
+                                                                   const CsvFormat& format, ReadStats* stats,
+                                                                   int64_t max_bytes, int64_t block_bytes) {
+  RETURN_IF_ERROR(ValidateCsvFormat(format));
+  std::unique_ptr<RecordIndex> index(new RecordIndex());
+  index->libsvm_ = false;
+  index->csv_format_ = format;
+  index->num_dense_ = CountColumns(format, CsvFormat::Column::kDense);
+  index->num_fields_ = CountColumns(format, CsvFormat::Column::kCategorical);
+  return Build(std::move(index), files, stats, max_bytes, block_bytes);
+}
+
+absl::StatusOr<std::unique_ptr<RecordIndex>> RecordIndex::Build(std::unique_ptr<RecordIndex> index,
+                                                                const std::vector<std::string>& files,
+                                                                ReadStats* stats, int64_t max_bytes,
+                                                                int64_t block_bytes) {
+  const LineLimits& limits = index->libsvm_ ? index->libsvm_format_.limits : index->csv_format_.limits;
+  for (const std::string& path : files) {
+    File file{path};
+    file.first = index->num_examples();
+    struct stat before {};
+    const bool known = stat(path.c_str(), &before) == 0;
+    SparseDataset unused;
+    RecordSink sink(path, limits, index->num_dense_, index->num_fields_,
+                    index->libsvm_ ? LibsvmParser(index->libsvm_format_) : CsvParser(index->csv_format_), &unused,
+                    stats, !index->libsvm_ && index->csv_format_.header);
+    sink.IndexInto(&index->starts_);
+    RETURN_IF_ERROR(sink.Start());
+    RETURN_IF_ERROR(FeedFile(path, block_bytes, limits.max_line_bytes, &sink));
+    struct stat after {};
+    if (!known || stat(path.c_str(), &after) != 0 || after.st_size != before.st_size ||
+        Opened::MtimeNs(after) != Opened::MtimeNs(before)) {
+      return absl::FailedPreconditionError(absl::StrCat("data file ", Quote(path), " changed while it was read"));
+    }
+    file.size = after.st_size;
+    file.mtime_ns = Opened::MtimeNs(after);
+    index->files_.push_back(std::move(file));
+    if (max_bytes > 0 && index->bytes() > max_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("the index of ", index->num_examples(), " records of ",
+                                                       index->files_.size(), " files takes ", index->bytes(),
+                                                       " bytes, more than the ", max_bytes, " allowed, at ", path));
+    }
+  }
+  index->starts_.shrink_to_fit();
+  index->opened_ = std::make_unique<Opened>(index->files_.size());
+  return index;
+}
+
+int64_t RecordIndex::bytes() const {
+  int64_t bytes = static_cast<int64_t>(starts_.capacity() * sizeof(int64_t) + files_.capacity() * sizeof(File));
+  for (const File& file : files_) bytes += static_cast<int64_t>(file.path.capacity());
+  return bytes;
+}
+
+absl::Status RecordIndex::Read(int64_t e, SparseDataset* out) const {
+  if (e < 0 || e >= num_examples()) {
+    return absl::OutOfRangeError(absl::StrCat("record ", e, " of an index of ", num_examples()));
+  }
+  const auto it = std::upper_bound(files_.begin(), files_.end(), e,
+                                   [](int64_t record, const File& file) { return record < file.first; }) - 1;
+  const File& file = *it;
+  const int64_t next_file = it + 1 == files_.end() ? num_examples() : (it + 1)->first;
+  const int64_t start = starts_[static_cast<size_t>(e)];
+  // The line lies before the next record's start (bad or blank lines may
+  // come between) and is at most max_line_bytes and its newline.
+  const int64_t end = e + 1 < next_file ? starts_[static_cast<size_t>(e + 1)] : file.size;
+  const LineLimits& limits = libsvm_ ? libsvm_format_.limits : csv_format_.limits;
+  const int64_t length = std::max<int64_t>(0, std::min(end - start, limits.max_line_bytes + 1));
+  bool owned = false;
+  ASSIGN_OR_RETURN(const int fd, opened_->Get(static_cast<size_t>(it - files_.begin()), file, &owned));
+  std::string buffer(static_cast<size_t>(length), '\0');
+  int64_t got = 0;
+  int read_errno = 0;
+  while (got < length) {
+    const ssize_t n = pread(fd, buffer.data() + got, static_cast<size_t>(length - got), start + got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) read_errno = errno;
+    if (n <= 0) break;
+    got += n;
+  }
+  if (owned) close(fd);
+  if (read_errno != 0) {
+    return absl::DataLossError(absl::StrCat("reading data file ", Quote(file.path), " at byte ", start, " failed: ",
+                                            std::strerror(read_errno)));
+  }
+  if (got < length) {
+    return absl::DataLossError(absl::StrCat(ChangedSinceIndexed(file.path), ": it ends before the record indexed at ",
+                                            "byte ", start));
+  }
+  absl::string_view line(buffer);
+  line = line.substr(0, std::min(line.find('\n'), line.size()));
+  return ParseLine(file, start, line, out);
+}
+
+absl::Status RecordIndex::ParseLine(const File& file, int64_t start, absl::string_view line,
+                                    SparseDataset* out) const {
+  LineLimits limits = libsvm_ ? libsvm_format_.limits : csv_format_.limits;
+  limits.on_bad_record = BadRecordPolicy::kFail;
+  ReadStats stats;
+  RecordSink sink(file.path, limits, num_dense_, num_fields_,
+                  libsvm_ ? LibsvmParser(libsvm_format_) : CsvParser(csv_format_), out, &stats);
+  RETURN_IF_ERROR(sink.Start());
+  const absl::Status parsed = sink.Line(line, false, start);
+  if (!parsed.ok() || stats.records != 1) {
+    return absl::DataLossError(absl::StrCat(ChangedSinceIndexed(file.path), ": the record indexed at byte ", start,
+                                            " is not there any more",
+                                            parsed.ok() ? "" : absl::StrCat(" (", parsed.message(), ")")));
+  }
+  return absl::OkStatus();
 }
 
 namespace {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace fulcrum {
@@ -35,15 +36,6 @@ struct SparseDataset {
   int64_t num_examples() const { return static_cast<int64_t>(labels.size()); }
 };
 
-// What a worker holds of a click job's data: the test set, and for users'
-// files (LIBSVM, CSV) the training set too (synthetic training examples are
-// made as steps need them: `train` is null). Labels are 0 or 1 (> 0 is a
-// click).
-struct ClickData {
-  std::shared_ptr<const SparseDataset> train;
-  std::shared_ptr<const SparseDataset> test;
-};
-
 enum class BadRecordPolicy { kSkip, kFail };
 
 struct ReadStats {
@@ -56,13 +48,25 @@ struct LineLimits {
   int64_t max_line_bytes = int64_t{1} << 20;
   int32_t max_ids_per_line = 1 << 16;
   BadRecordPolicy on_bad_record = BadRecordPolicy::kSkip;
+  // The most bytes the dataset read into may take (HeldBytes; 0: no
+  // limit): the read stops with RESOURCE_EXHAUSTED at the record past it.
+  int64_t max_dataset_bytes = 0;
 };
+
+// Bytes `data`'s records take: a label, the dense values, and per id its
+// key, weight and offset.
+inline int64_t HeldBytes(const SparseDataset& data) {
+  return static_cast<int64_t>(data.labels.size() * 4 + data.dense.size() * 4 + data.ids.size() * 12 +
+                              data.offsets.size() * 8);
+}
 
 // libsvm / svmlight: "label index:value index:value ..." (a "qid:n" token is
 // ignored, "#" starts a comment). Each index is a uint64 feature id of the
 // one field, its value the id's weight.
 struct LibsvmFormat {
   LineLimits limits;
+  // A negative value is a bad record (values weigh the ids' rows).
+  bool nonnegative_values = false;
 };
 
 // CSV: one kind per column. Categorical values are hashed, with their field,
@@ -97,6 +101,75 @@ absl::Status ParseLibsvm(absl::string_view text, absl::string_view name, const L
                          SparseDataset* out, ReadStats* stats);
 absl::Status ParseCsv(absl::string_view text, absl::string_view name, const CsvFormat& format, SparseDataset* out,
                       ReadStats* stats);
+
+// A training set of users' files held as an index instead of whole, so that
+// files bigger than memory train: Build reads every file once as a stream,
+// checks each record as the readers above do (bad ones counted and skipped,
+// or failing the build with file and line), and keeps only where each good
+// record starts, 8 bytes a record. Read reads and parses one record again
+// when a step needs it (one pread of its line; the page cache keeps hot
+// files in memory). A file that no longer holds what was indexed fails the
+// read with DATA_LOSS naming it; it never yields another record. Read is
+// safe from several threads.
+class RecordIndex {
+ public:
+  // Errors as the readers' above; RESOURCE_EXHAUSTED once the index would
+  // take more than `max_bytes` (0: no limit).
+  static absl::StatusOr<std::unique_ptr<RecordIndex>> BuildLibsvm(const std::vector<std::string>& files,
+                                                                  const LibsvmFormat& format, ReadStats* stats,
+                                                                  int64_t max_bytes = 0,
+                                                                  int64_t block_bytes = int64_t{4} << 20);
+  static absl::StatusOr<std::unique_ptr<RecordIndex>> BuildCsv(const std::vector<std::string>& files,
+                                                               const CsvFormat& format, ReadStats* stats,
+                                                               int64_t max_bytes = 0,
+                                                               int64_t block_bytes = int64_t{4} << 20);
+  ~RecordIndex();
+  RecordIndex(const RecordIndex&) = delete;
+  RecordIndex& operator=(const RecordIndex&) = delete;
+
+  int64_t num_examples() const { return static_cast<int64_t>(starts_.size()); }
+  int32_t num_dense() const { return num_dense_; }
+  int32_t num_fields() const { return num_fields_; }
+  // What the index holds in memory.
+  int64_t bytes() const;
+  // Appends record `e` (in [0, num_examples())) to `out`, whose num_dense
+  // and num_fields must be this index's (or those of an empty dataset).
+  absl::Status Read(int64_t e, SparseDataset* out) const;
+
+ private:
+  struct File {
+    std::string path;
+    int64_t size = 0;
+    int64_t mtime_ns = 0;
+    int64_t first = 0;  // its first record's number
+  };
+  class Opened;
+  RecordIndex() = default;
+  static absl::StatusOr<std::unique_ptr<RecordIndex>> Build(std::unique_ptr<RecordIndex> index,
+                                                            const std::vector<std::string>& files, ReadStats* stats,
+                                                            int64_t max_bytes, int64_t block_bytes);
+  absl::Status ParseLine(const File& file, int64_t start, absl::string_view line, SparseDataset* out) const;
+
+  bool libsvm_ = true;
+  LibsvmFormat libsvm_format_;
+  CsvFormat csv_format_;
+  int32_t num_dense_ = 0;
+  int32_t num_fields_ = 0;
+  std::vector<File> files_;
+  std::vector<int64_t> starts_;  // byte offset of each record in its file
+  std::unique_ptr<Opened> opened_;
+};
+
+// What a worker holds of a click job's data: the test set, and for users'
+// files (LIBSVM, CSV) the training set, whole (`train`) or as an index
+// (`train_index`, when held whole it would take too much memory). Synthetic
+// training examples are made as steps need them: both are null. Labels are
+// read as 0 or 1 (> 0 is a click).
+struct ClickData {
+  std::shared_ptr<const SparseDataset> train;
+  std::shared_ptr<const RecordIndex> train_index;
+  std::shared_ptr<const SparseDataset> test;
+};
 
 // Zipf-distributed ranks in [1, n], P(k) proportional to k^-exponent
 // (exponent > 0), by rejection-inversion (Hörmann and Derflinger 1996): a few

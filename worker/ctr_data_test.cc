@@ -1,13 +1,18 @@
 #include "worker/ctr_data.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -181,6 +186,203 @@ TEST(CtrDataTest, FilesThatCannotBeReadOrDoNotMatchAreClearErrors) {
   absl::Status mixed = ParseCsv("1,2\n", "b.csv", format, &data, &stats);
   EXPECT_EQ(mixed.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Has(std::string(mixed.message()), "cannot join")) << mixed;
+}
+
+// Appends every record of `index` read back one at a time, in order.
+SparseDataset ReadAll(const RecordIndex& index) {
+  SparseDataset all;
+  for (int64_t e = 0; e < index.num_examples(); ++e) {
+    const absl::Status read = index.Read(e, &all);
+    EXPECT_TRUE(read.ok()) << e << ": " << read;
+  }
+  return all;
+}
+
+// An index over several files (blank, bad and too-long lines among the
+// records, a CRLF line, a last line without newline, a CSV header in each
+// file) reads back exactly the records a whole read keeps, in any order and
+// from several threads, holding 8 bytes a record.
+TEST(RecordIndexTest, ReadsBackEveryGoodRecordOfItsFilesAsAWholeReadHasThem) {
+  std::vector<std::string> texts;
+  for (int f = 0; f < 3; ++f) {
+    std::string text;
+    for (int i = 0; i < 300; ++i) {
+      if (i % 37 == 5) text += "\n";                                     // blank
+      if (i % 41 == 7) text += "1 x:1\n";                                // bad
+      if (i % 53 == 9) text += "1 " + std::string(3000, '7') + ":1\n";  // too long
+      absl::StrAppend(&text, (i + f) % 2, " ", f * 1000 + i, ":1 ", i + 7, ":0.5", i % 29 == 3 ? "\r\n" : "\n");
+    }
+    text += "1 99:2";  // no newline
+    texts.push_back(text);
+  }
+  std::vector<std::unique_ptr<TempFile>> files;
+  std::vector<std::string> paths;
+  SparseDataset whole;
+  ReadStats whole_stats;
+  LibsvmFormat format;
+  format.limits.max_line_bytes = 1000;
+  for (const std::string& text : texts) {
+    files.push_back(std::make_unique<TempFile>(text));
+    paths.push_back(files.back()->path());
+    ASSERT_TRUE(ParseLibsvm(text, paths.back(), format, &whole, &whole_stats).ok());
+  }
+  for (int64_t block : {int64_t{5}, int64_t{4096}, int64_t{4} << 20}) {
+    ReadStats stats;
+    auto index = RecordIndex::BuildLibsvm(paths, format, &stats, 0, block);
+    ASSERT_TRUE(index.ok()) << index.status();
+    EXPECT_EQ(stats.records, whole_stats.records);
+    EXPECT_EQ(stats.bad, whole_stats.bad);
+    ASSERT_EQ((*index)->num_examples(), whole.num_examples());
+    EXPECT_LE((*index)->bytes(), whole.num_examples() * 8 + 1024) << "8 bytes a record and the file list";
+    const SparseDataset back = ReadAll(**index);
+    EXPECT_EQ(back.labels, whole.labels) << block;
+    EXPECT_EQ(back.ids, whole.ids) << block;
+    EXPECT_EQ(back.weights, whole.weights) << block;
+    EXPECT_EQ(back.offsets, whole.offsets) << block;
+  }
+  // Any order, from four threads at once: each record is its own.
+  ReadStats stats;
+  auto index = RecordIndex::BuildLibsvm(paths, format, &stats);
+  ASSERT_TRUE(index.ok()) << index.status();
+  std::vector<std::thread> threads;
+  std::vector<int> wrong(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(t);
+      for (int i = 0; i < 2000; ++i) {
+        const int64_t e = static_cast<int64_t>(rng() % static_cast<uint64_t>(whole.num_examples()));
+        SparseDataset one;
+        if (!(*index)->Read(e, &one).ok() || one.labels[0] != whole.labels[static_cast<size_t>(e)] ||
+            one.ids[0] != whole.ids[static_cast<size_t>(whole.offsets[static_cast<size_t>(e)])]) {
+          ++wrong[static_cast<size_t>(t)];
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(wrong, std::vector<int>(4, 0));
+  EXPECT_EQ((*index)->Read(whole.num_examples(), &whole).code(), absl::StatusCode::kOutOfRange);
+
+  // CSV with a header in each file.
+  CsvFormat csv;
+  csv.columns = {CsvFormat::Column::kLabel, CsvFormat::Column::kDense, CsvFormat::Column::kCategorical};
+  csv.header = true;
+  TempFile a("y,x,site\n1,0.5,news\n0,,shop\n"), b("y,x,site\n1,2,\"a,b\"\nbad\n0,3,c");
+  SparseDataset csv_whole;
+  ReadStats csv_stats;
+  ASSERT_TRUE(ReadCsvFile(a.path(), csv, &csv_whole, &csv_stats).ok());
+  ASSERT_TRUE(ReadCsvFile(b.path(), csv, &csv_whole, &csv_stats).ok());
+  ReadStats csv_index_stats;
+  auto csv_index = RecordIndex::BuildCsv({a.path(), b.path()}, csv, &csv_index_stats);
+  ASSERT_TRUE(csv_index.ok()) << csv_index.status();
+  EXPECT_EQ(csv_index_stats.bad, 1);
+  EXPECT_EQ((*csv_index)->num_dense(), 1);
+  EXPECT_EQ((*csv_index)->num_fields(), 1);
+  const SparseDataset csv_back = ReadAll(**csv_index);
+  EXPECT_EQ(csv_back.labels, csv_whole.labels);
+  EXPECT_EQ(csv_back.dense, csv_whole.dense);
+  EXPECT_EQ(csv_back.ids, csv_whole.ids);
+  EXPECT_EQ(csv_back.offsets, csv_whole.offsets);
+}
+
+// Bad records fail the index under FAIL (file and line named), a negative
+// libsvm value is bad when the format says values must not be, an index
+// beyond its byte limit is RESOURCE_EXHAUSTED, and a missing file NOT_FOUND.
+TEST(RecordIndexTest, BadRecordsLimitsAndMissingFilesAreClearErrors) {
+  TempFile file("1 1:1\n0 2:-0.5\n1 3:1\n");
+  LibsvmFormat format;
+  format.nonnegative_values = true;
+  ReadStats stats;
+  auto skipped = RecordIndex::BuildLibsvm({file.path()}, format, &stats);
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_EQ((*skipped)->num_examples(), 2);
+  ASSERT_EQ(stats.first_bad.size(), 1u);
+  EXPECT_TRUE(Has(stats.first_bad[0], ":2: value -0.5 of feature 2 is negative")) << stats.first_bad[0];
+  format.limits.on_bad_record = BadRecordPolicy::kFail;
+  auto failed = RecordIndex::BuildLibsvm({file.path()}, format, &stats);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Has(std::string(failed.status().message()), file.path() + ":2:")) << failed.status();
+
+  std::string big;
+  for (int i = 0; i < 1000; ++i) absl::StrAppend(&big, "1 ", i, ":1\n");
+  TempFile large(big);
+  auto over = RecordIndex::BuildLibsvm({large.path()}, {}, &stats, /*max_bytes=*/4000);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Has(std::string(over.status().message()), "1000 records")) << over.status();
+  EXPECT_TRUE(RecordIndex::BuildLibsvm({large.path()}, {}, &stats, /*max_bytes=*/9000).ok());
+
+  auto missing = RecordIndex::BuildLibsvm({"/tmp/ctr_data_test_no_such_file"}, {}, &stats);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+// A read into a dataset stops at the first record past max_dataset_bytes,
+// naming the file and line, whether from text or from a file.
+TEST(CtrDataTest, AReadStopsAtTheRecordPastItsByteLimit) {
+  std::string text;
+  for (int i = 0; i < 100; ++i) absl::StrAppend(&text, "1 ", i, ":1 ", i + 1, ":1\n");
+  TempFile file(text);
+  LibsvmFormat format;
+  // Each record takes a label (4), two ids (2 x 12) and one offset (8).
+  format.limits.max_dataset_bytes = 8 + 10 * 36;
+  SparseDataset data;
+  ReadStats stats;
+  absl::Status status = ReadLibsvmFile(file.path(), format, &data, &stats);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_TRUE(Has(std::string(status.message()), file.path() + ":11:")) << status;
+  EXPECT_LE(data.num_examples(), 11);
+  SparseDataset fits;
+  format.limits.max_dataset_bytes = 8 + 100 * 36;
+  EXPECT_TRUE(ParseLibsvm(text, "f", format, &fits, &stats).ok());
+  EXPECT_EQ(fits.num_examples(), 100);
+  EXPECT_EQ(HeldBytes(fits), 8 + 100 * 36);
+}
+
+// A file changed after it was indexed (rewritten in place with other
+// records at other offsets, cut short, or removed and replaced) fails every
+// read of it with DATA_LOSS naming it; no read yields another record.
+TEST(RecordIndexTest, AFileChangedSinceItWasIndexedFailsItsReadsNamingIt) {
+  const std::string text = "1 10:1\n0 20:1\n1 30:1\n";
+  for (int change = 0; change < 3; ++change) {
+    SCOPED_TRACE(change);
+    TempFile file(text);
+    ReadStats stats;
+    auto index = RecordIndex::BuildLibsvm({file.path()}, {}, &stats);
+    ASSERT_TRUE(index.ok()) << index.status();
+    SparseDataset first;
+    ASSERT_TRUE((*index)->Read(1, &first).ok());  // the file is now held open
+    EXPECT_EQ(first.ids, (std::vector<uint64_t>{20}));
+    if (change == 0) {  // same size, other records: only its time tells
+      std::fstream(file.path(), std::ios::in | std::ios::out | std::ios::binary) << "1 11:1\n0 21:1\n1 31:1\n";
+      timespec times[2] = {{0, UTIME_OMIT}, {0, 0}};
+      ASSERT_EQ(clock_gettime(CLOCK_REALTIME, &times[1]), 0);
+      times[1].tv_sec += 5;  // a step a coarse clock could not miss
+      ASSERT_EQ(utimensat(AT_FDCWD, file.path().c_str(), times, 0), 0);
+    } else if (change == 1) {
+      ASSERT_EQ(truncate(file.path().c_str(), 10), 0);
+    } else {
+      std::remove(file.path().c_str());
+      std::ofstream(file.path(), std::ios::binary) << "0 99:1\n";
+    }
+    for (int64_t e = 0; e < 3; ++e) {
+      SparseDataset out;
+      const absl::Status read = (*index)->Read(e, &out);
+      if (change == 2) {
+        // The old file is still held open: reading it stays right.
+        ASSERT_TRUE(read.ok()) << read;
+        EXPECT_EQ(out.ids[0], static_cast<uint64_t>((e + 1) * 10));
+        continue;
+      }
+      EXPECT_EQ(read.code(), absl::StatusCode::kDataLoss) << read;
+      EXPECT_TRUE(Has(std::string(read.message()), file.path())) << read;
+      EXPECT_TRUE(out.labels.empty());
+    }
+    if (change == 2) {
+      // A new index of the same path opens the new file.
+      auto fresh = RecordIndex::BuildLibsvm({file.path()}, {}, &stats);
+      ASSERT_TRUE(fresh.ok());
+      EXPECT_EQ((*fresh)->num_examples(), 1);
+    }
+  }
 }
 
 // Rank frequencies follow k^-s: the top ranks' shares against the exact

@@ -142,12 +142,6 @@ SyntheticCtrSpec SyntheticCtrOf(const v1::JobSpec& spec) {
 
 namespace {
 
-// Bytes a held dataset takes (its vectors' elements).
-int64_t DataBytes(const SparseDataset& data) {
-  return static_cast<int64_t>(data.labels.size() * 4 + data.dense.size() * 4 + data.ids.size() * 12 +
-                              data.offsets.size() * 8);
-}
-
 absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadSyntheticTestSet(const v1::JobSpec& spec,
                                                                           int64_t memory_budget) {
   const SyntheticCtrSpec data = SyntheticCtrOf(spec);
@@ -184,41 +178,81 @@ CsvFormat CsvFormatOf(const v1::DataSpec& data, const LineLimits& limits) {
   return format;
 }
 
-// Reads every file `pattern` names into one dataset.
+// The files `pattern` names, each under one of `roots`.
+absl::StatusOr<std::vector<std::string>> FilesOf(const std::string& pattern, const std::vector<std::string>& roots) {
+  ASSIGN_OR_RETURN(std::vector<std::string> files, ExpandPath(pattern));
+  for (const std::string& file : files) RETURN_IF_ERROR(CheckUnderRoots(file, roots));
+  return files;
+}
+
+LineLimits LimitsOf(const v1::DataSpec& spec) {
+  LineLimits limits;
+  limits.on_bad_record = spec.on_bad_record() == v1::DataSpec::FAIL ? BadRecordPolicy::kFail : BadRecordPolicy::kSkip;
+  return limits;
+}
+
+// libsvm values weigh the ids' rows: a negative one is a bad record.
+LibsvmFormat LibsvmFormatOf(const v1::DataSpec& spec) {
+  LibsvmFormat format{LimitsOf(spec)};
+  format.nonnegative_values = true;
+  return format;
+}
+
+void LogRead(const std::string& pattern, size_t files, int64_t records, const ReadStats& stats, const char* how) {
+  FLOG(INFO) << pattern << ": " << files << " files, " << records << " records " << how << ", " << stats.bad
+             << " bad records skipped"
+             << (stats.first_bad.empty() ? "" : absl::StrCat(" (first: ", stats.first_bad[0], ")"));
+}
+
+// Indexes the training files `pattern` names (RecordIndex: 8 bytes a
+// record are held, the records are read again as steps need them).
+absl::StatusOr<std::shared_ptr<const RecordIndex>> IndexFiles(const v1::DataSpec& spec, const std::string& pattern,
+                                                              const std::vector<std::string>& roots,
+                                                              int64_t memory_budget) {
+  ASSIGN_OR_RETURN(const std::vector<std::string> files, FilesOf(pattern, roots));
+  ReadStats stats;
+  absl::StatusOr<std::unique_ptr<RecordIndex>> index =
+      spec.dataset() == v1::DataSpec::LIBSVM
+          ? RecordIndex::BuildLibsvm(files, LibsvmFormatOf(spec), &stats, memory_budget)
+          : RecordIndex::BuildCsv(files, CsvFormatOf(spec, LimitsOf(spec)), &stats, memory_budget);
+  if (!index.ok()) {
+    if (!absl::IsResourceExhausted(index.status())) return index.status();
+    return absl::ResourceExhaustedError(absl::StrCat("the click data of ", pattern, ": ", index.status().message(),
+                                                     " (this worker's memory budget)"));
+  }
+  LogRead(pattern, files.size(), (*index)->num_examples(), stats, "indexed");
+  if ((*index)->num_examples() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(pattern, ": no good record in ", files.size(), " files"));
+  }
+  return std::shared_ptr<const RecordIndex>(std::move(*index));
+}
+
+// Reads every file `pattern` names into one dataset (the test set).
 absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadFiles(const v1::DataSpec& spec, const std::string& pattern,
                                                                const std::vector<std::string>& roots,
                                                                int64_t memory_budget) {
-  ASSIGN_OR_RETURN(std::vector<std::string> files, ExpandPath(pattern));
-  LineLimits limits;
-  limits.on_bad_record = spec.on_bad_record() == v1::DataSpec::FAIL ? BadRecordPolicy::kFail : BadRecordPolicy::kSkip;
+  ASSIGN_OR_RETURN(const std::vector<std::string> files, FilesOf(pattern, roots));
   auto data = std::make_shared<SparseDataset>();
   ReadStats stats;
+  LineLimits limits = LimitsOf(spec);
+  limits.max_dataset_bytes = memory_budget;
   for (const std::string& file : files) {
-    RETURN_IF_ERROR(CheckUnderRoots(file, roots));
-    const int64_t before = data->num_examples();
+    absl::Status read;
     if (spec.dataset() == v1::DataSpec::LIBSVM) {
-      RETURN_IF_ERROR(ReadLibsvmFile(file, LibsvmFormat{limits}, data.get(), &stats));
-      const size_t first_id = static_cast<size_t>(data->offsets[static_cast<size_t>(before)]);
-      for (size_t j = first_id; j < data->weights.size(); ++j) {
-        if (data->weights[j] >= 0) continue;
-        const auto record = std::upper_bound(data->offsets.begin(), data->offsets.end(), static_cast<int64_t>(j)) -
-                            data->offsets.begin() - 1 - before;
-        return absl::InvalidArgumentError(absl::StrCat("libsvm file ", file, ": record ", record + 1, " of the file has ",
-                                                       "the negative value ", data->weights[j], " for id ", data->ids[j],
-                                                       "; values weigh the ids' rows and must be >= 0"));
-      }
+      LibsvmFormat format = LibsvmFormatOf(spec);
+      format.limits = limits;
+      read = ReadLibsvmFile(file, format, data.get(), &stats);
     } else {
-      RETURN_IF_ERROR(ReadCsvFile(file, CsvFormatOf(spec, limits), data.get(), &stats));
+      read = ReadCsvFile(file, CsvFormatOf(spec, limits), data.get(), &stats);
     }
-    if (memory_budget > 0 && DataBytes(*data) > memory_budget) {
+    if (absl::IsResourceExhausted(read)) {
       return absl::ResourceExhaustedError(absl::StrCat("the click data of ", pattern, " takes more than ",
-                                                       FormatBytes(memory_budget), " (this worker's memory budget) at ",
-                                                       file));
+                                                       FormatBytes(memory_budget), " at ", file));
     }
+    RETURN_IF_ERROR(read);
   }
   for (float& label : data->labels) label = label > 0 ? 1.0f : 0.0f;
-  FLOG(INFO) << pattern << ": " << files.size() << " files, " << data->num_examples() << " records, " << stats.bad
-             << " bad records skipped" << (stats.first_bad.empty() ? "" : absl::StrCat(" (first: ", stats.first_bad[0], ")"));
+  LogRead(pattern, files.size(), data->num_examples(), stats, "read");
   if (data->num_examples() == 0) {
     return absl::InvalidArgumentError(absl::StrCat(pattern, ": no good record in ", files.size(), " files"));
   }
@@ -255,9 +289,22 @@ absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vect
     ASSIGN_OR_RETURN(loaded.test, LoadSyntheticTestSet(spec, memory_budget));
     return loaded;
   }
-  ASSIGN_OR_RETURN(loaded.train, LoadFiles(data, data.path(), roots, memory_budget));
+  // The training records are held whole while they take at most half the
+  // budget (a step then copies its examples); beyond, they are indexed and
+  // read as steps need them (files bigger than memory).
+  absl::StatusOr<std::shared_ptr<const SparseDataset>> held =
+      LoadFiles(data, data.path(), roots, memory_budget > 0 ? std::max<int64_t>(1, memory_budget / 2) : 0);
+  if (held.ok()) {
+    loaded.train = *std::move(held);
+  } else if (absl::IsResourceExhausted(held.status())) {
+    FLOG(INFO) << held.status().message() << ", half this worker's memory budget: indexing the files instead";
+    ASSIGN_OR_RETURN(loaded.train_index, IndexFiles(data, data.path(), roots, memory_budget));
+  } else {
+    return held.status();
+  }
   if (!data.test_path().empty()) {
-    const int64_t left = memory_budget > 0 ? std::max<int64_t>(1, memory_budget - DataBytes(*loaded.train)) : 0;
+    const int64_t used = loaded.train != nullptr ? HeldBytes(*loaded.train) : loaded.train_index->bytes();
+    const int64_t left = memory_budget > 0 ? std::max<int64_t>(1, memory_budget - used) : 0;
     ASSIGN_OR_RETURN(loaded.test, LoadFiles(data, data.test_path(), roots, left));
   }
   return loaded;
@@ -266,7 +313,9 @@ absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vect
 v1::WorkReport ClickReadyReport(const v1::JobSpec& spec, const ClickData& data) {
   v1::WorkReport report;
   report.set_kind(v1::WorkReport::READY);
-  report.set_train_examples(data.train != nullptr ? data.train->num_examples() : SyntheticCtrOf(spec).examples);
+  report.set_train_examples(data.train != nullptr         ? data.train->num_examples()
+                            : data.train_index != nullptr ? data.train_index->num_examples()
+                                                          : SyntheticCtrOf(spec).examples);
   report.set_test_examples(data.test != nullptr ? data.test->num_examples() : 0);
   report.set_features(ClickFields(spec.data()) + ClickDense(spec.data()));
   report.set_classes(2);
@@ -286,8 +335,11 @@ class ClickRun {
         spec_(assignment.spec()),
         synthetic_(SyntheticCtrOf(spec_)),
         train_(std::move(data.train)),
+        train_index_(std::move(data.train_index)),
         test_(std::move(data.test)),
-        examples_(train_ != nullptr ? train_->num_examples() : synthetic_.examples),
+        examples_(train_ != nullptr         ? train_->num_examples()
+                  : train_index_ != nullptr ? train_index_->num_examples()
+                                            : synthetic_.examples),
         batch_(static_cast<int>(StepBatchSize(spec_))),
         partitioning_(examples_, batch_, assignment.num_partitions()),
         steps_per_epoch_(assignment.steps_per_epoch()),
@@ -331,7 +383,7 @@ class ClickRun {
     if (hooks_.watch_client) hooks_.watch_client(client_.get(), job_id_);
   }
   // Makes partition `partition`'s batch of `step` and its example audit.
-  Batch MakeBatch(int32_t partition, int64_t step, ExampleAudit* audit) const;
+  absl::StatusOr<Batch> MakeBatch(int32_t partition, int64_t step, ExampleAudit* audit) const;
   // Pulls the rows of the bags' keys of every table, as steps of `step`
   // read them (BSP; the latest rows otherwise).
   absl::Status PullRows(const Bags& bags, int64_t step, std::vector<std::vector<float>>* rows) {
@@ -374,7 +426,9 @@ class ClickRun {
   const std::string writer_id_;
   const v1::JobSpec spec_;
   const SyntheticCtrSpec synthetic_;
-  const std::shared_ptr<const SparseDataset> train_;  // users' files; null: synthetic, made per step
+  // Users' files, held or indexed; both null: synthetic, made per step.
+  const std::shared_ptr<const SparseDataset> train_;
+  const std::shared_ptr<const RecordIndex> train_index_;
   const std::shared_ptr<const SparseDataset> test_;   // null: no evaluation
   const int64_t examples_;
   const int batch_;
@@ -407,7 +461,7 @@ class ClickRun {
   std::vector<v1::StepLoss> step_losses_;
 };
 
-Batch ClickRun::MakeBatch(int32_t partition, int64_t step, ExampleAudit* audit) const {
+absl::StatusOr<Batch> ClickRun::MakeBatch(int32_t partition, int64_t step, ExampleAudit* audit) const {
   const int64_t epoch = partitioning_.EpochOf(step);
   const AffineOrder order(spec_.data().shuffle_seed(), epoch, examples_);
   const int64_t first = partitioning_.FirstRow(step, partition);
@@ -416,6 +470,11 @@ Batch ClickRun::MakeBatch(int32_t partition, int64_t step, ExampleAudit* audit) 
     const int64_t example = order[first + i];
     if (train_ != nullptr) {
       AppendExample(*train_, example, &batch);
+    } else if (train_index_ != nullptr) {
+      SparseDataset record;
+      RETURN_IF_ERROR(train_index_->Read(example, &record));
+      record.labels[0] = record.labels[0] > 0 ? 1.0f : 0.0f;
+      AppendExample(record, 0, &batch);
     } else {
       AppendExample(MakeSyntheticCtr(synthetic_, /*split=*/0, example, 1), 0, &batch);
     }
@@ -557,7 +616,7 @@ absl::Status ClickRun::Step(int32_t partition, int64_t step) {
 
 absl::Status ClickRun::ComputeAndPush(int32_t partition, int64_t step, absl::Time start) {
   ExampleAudit audit;
-  const Batch batch = MakeBatch(partition, step, &audit);
+  ASSIGN_OR_RETURN(const Batch batch, MakeBatch(partition, step, &audit));
   const Bags bags = BagsOf(batch);
   RETURN_IF_ERROR(PullRows(bags, step, &rows_));
   const absl::Time compute_start = absl::Now();
@@ -842,13 +901,17 @@ absl::Status RunClickJob(const std::string& worker_id, const TrainerHooks& hooks
                          const v1::Assignment& assignment, ClickData data) {
   kernels::CtrModelConfig config = LayoutFor(assignment.spec(), 0, 0).ctr;
   RETURN_IF_ERROR(kernels::ValidateCtrModelConfig(config));
-  for (const auto& held : {data.train, data.test}) {
-    if (held != nullptr && (held->num_fields != config.num_fields || held->num_dense != config.num_dense)) {
-      return absl::FailedPreconditionError(absl::StrCat("the click data has ", held->num_fields, " fields and ",
-                                                        held->num_dense, " dense features; the model reads ",
-                                                        config.num_fields, " and ", config.num_dense));
-    }
+  const auto check = [&](int32_t fields, int32_t dense) {
+    if (fields == config.num_fields && dense == config.num_dense) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat("the click data has ", fields, " fields and ", dense,
+                                                      " dense features; the model reads ", config.num_fields, " and ",
+                                                      config.num_dense));
+  };
+  if (data.train != nullptr) RETURN_IF_ERROR(check(data.train->num_fields, data.train->num_dense));
+  if (data.train_index != nullptr) {
+    RETURN_IF_ERROR(check(data.train_index->num_fields(), data.train_index->num_dense()));
   }
+  if (data.test != nullptr) RETURN_IF_ERROR(check(data.test->num_fields, data.test->num_dense));
   ClickRun run(worker_id, hooks, transport, assignment, std::move(data));
   const absl::Status status = run.Run();
   if (hooks.watch_client) hooks.watch_client(nullptr, "");

@@ -5,7 +5,8 @@
 // (one offset per field of each record, one weight per id, dense values per
 // record, every label and weight finite); good and bad records add up to the
 // lines with text (or too long); and reading the same text from a file in small blocks
-// gives the same dataset.
+// gives the same dataset, as does indexing that file (RecordIndex) and
+// reading every record back.
 #include <unistd.h>
 
 #include <cmath>
@@ -85,8 +86,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   fulcrum::ReadStats streamed_stats;
   const absl::Status read = csv ? fulcrum::ReadCsvFile(name, table, &streamed, &streamed_stats, 3)
                                 : fulcrum::ReadLibsvmFile(name, libsvm, &streamed, &streamed_stats, 3);
+  // And indexed (blocks of 5 bytes), then read back record by record.
+  fulcrum::ReadStats index_stats;
+  auto index = csv ? fulcrum::RecordIndex::BuildCsv({name}, table, &index_stats, 0, 5)
+                   : fulcrum::RecordIndex::BuildLibsvm({name}, libsvm, &index_stats, 0, 5);
+  fulcrum::SparseDataset indexed;
+  if (index.ok()) {
+    for (int64_t e = 0; e < (*index)->num_examples(); ++e) Check((*index)->Read(e, &indexed).ok());
+  }
   std::remove(name);
   Check(read.ok());
+  Check(index.ok() && index_stats.records == stats.records && index_stats.bad == stats.bad);
+  Check(indexed.ids == parsed.ids && indexed.offsets == parsed.offsets && indexed.labels == parsed.labels &&
+        indexed.dense == parsed.dense && indexed.weights == parsed.weights);
   Check(streamed.ids == parsed.ids && streamed.offsets == parsed.offsets && streamed.labels == parsed.labels &&
         streamed.dense == parsed.dense && streamed.weights == parsed.weights);
   Check(streamed_stats.bad == stats.bad && streamed_stats.first_bad.size() == stats.first_bad.size());

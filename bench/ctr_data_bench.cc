@@ -93,17 +93,17 @@ void BM_Batch(benchmark::State& state, bool indexed) {
   std::shuffle(order.begin(), order.end(), std::mt19937_64(1));
   size_t next = 0;
   for (auto _ : state) {
+    if (next + kBatch > order.size()) next = 0;
     SparseDataset batch;
     batch.num_fields = 1;
-    for (int i = 0; i < kBatch; ++i, next = (next + 1) % order.size()) {
-      if (indexed) {
-        SparseDataset record;
-        if (!index->Read(order[next], &record).ok()) state.SkipWithError("read failed");
-        Append(record, 0, &batch);
-      } else {
-        Append(held, order[next], &batch);
-      }
+    if (indexed) {  // as a worker's step: the batch's records at once, then copied into the batch
+      SparseDataset records;
+      if (!index->Read(&order[next], kBatch, &records).ok()) state.SkipWithError("read failed");
+      for (int i = 0; i < kBatch; ++i) Append(records, i, &batch);
+    } else {
+      for (int i = 0; i < kBatch; ++i) Append(held, order[next + static_cast<size_t>(i)], &batch);
     }
+    next += kBatch;
     benchmark::DoNotOptimize(batch.ids.data());
   }
   state.counters["examples_per_s"] =
@@ -144,12 +144,10 @@ int main(int argc, char** argv) {
   }
   std::string repetitions = "--benchmark_repetitions=5";
   std::string interleave = "--benchmark_enable_random_interleaving=true";
-  std::string aggregates = "--benchmark_report_aggregates_only=true";
   bool has_repetitions = false;
   for (char* arg : args) has_repetitions |= std::strncmp(arg, "--benchmark_repetitions", 23) == 0;
   if (!has_repetitions) args.push_back(repetitions.data());
   args.push_back(interleave.data());
-  args.push_back(aggregates.data());
   int count = static_cast<int>(args.size());
   benchmark::Initialize(&count, args.data());
   if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 1;

@@ -67,8 +67,12 @@ class RecordSink {
   }
 
   // Good records are not appended but their lines' starts pushed on
-  // `starts` (RecordIndex).
-  void IndexInto(std::vector<int64_t>* starts) { starts_ = starts; }
+  // `starts` (RecordIndex), RESOURCE_EXHAUSTED once `starts` would take more
+  // than `max_bytes` (0: no limit).
+  void IndexInto(std::vector<int64_t>* starts, int64_t max_bytes) {
+    starts_ = starts;
+    max_index_bytes_ = max_bytes;
+  }
 
   // A whole line (without its newline) starting at byte `start` of its text,
   // or the start of one that was longer than the limit (`too_long`).
@@ -93,6 +97,15 @@ class RecordSink {
     }
     ++stats_->records;
     if (starts_ != nullptr) {
+      if (max_index_bytes_ > 0 && starts_->size() == starts_->capacity()) {
+        const auto most = static_cast<size_t>(max_index_bytes_) / sizeof(int64_t);
+        if (starts_->size() >= most) {
+          return absl::ResourceExhaustedError(absl::StrCat(name_, ":", line_number_, ": the index of ",
+                                                           starts_->size() + 1, " records would take more than ",
+                                                           max_index_bytes_, " bytes"));
+        }
+        starts_->reserve(std::min(most, std::max<size_t>(1024, 2 * starts_->size())));
+      }
       starts_->push_back(start);
       return absl::OkStatus();
     }
@@ -135,6 +148,7 @@ class RecordSink {
   bool header_;
   int64_t line_number_ = 0;
   std::vector<int64_t>* starts_ = nullptr;
+  int64_t max_index_bytes_ = 0;
 };
 
 // Splits `text` into lines for `sink`; a line longer than the limit is
@@ -398,8 +412,7 @@ class RecordIndex::Opened {
   Opened(const Opened&) = delete;
   Opened& operator=(const Opened&) = delete;
 
-  // A descriptor of files[f] that still holds what was indexed; *owned when
-  // the caller must close it.
+  // A descriptor of files[f]; *owned when the caller must close it.
   absl::StatusOr<int> Get(size_t f, const File& file, bool* owned) {
     int fd = -1;
     {
@@ -407,31 +420,44 @@ class RecordIndex::Opened {
       fd = fds_[f];
     }
     *owned = fd < 0;
+    if (fd >= 0) return fd;
+    fd = open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-      fd = open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) {
-        return absl::DataLossError(absl::StrCat("data file ", Quote(file.path), " cannot be opened any more (",
-                                                std::strerror(errno), "); it was indexed when the job started"));
-      }
+      return absl::DataLossError(absl::StrCat("data file ", Quote(file.path), " cannot be opened any more (",
+                                              std::strerror(errno), "); it was indexed when the job started"));
     }
-    // Every read: a file written in place since it was indexed may hold
-    // other records at the same offsets.
-    struct stat now {};
-    if (fstat(fd, &now) != 0 || now.st_size != file.size || MtimeNs(now) != file.mtime_ns) {
-      if (*owned) close(fd);
-      return absl::DataLossError(absl::StrCat(ChangedSinceIndexed(file.path), ": its size or time differs"));
+    // Kept open only once it is known to be the file indexed.
+    if (const absl::Status same = Check(fd, file); !same.ok()) {
+      close(fd);
+      return same;
     }
-    if (*owned) {
-      MutexLock lock(&mu_);
-      if (fds_[f] < 0 && open_ < kMaxOpen) {
-        fds_[f] = fd;
-        ++open_;
-        *owned = false;
-      }
+    MutexLock lock(&mu_);
+    if (fds_[f] < 0 && open_ < kMaxOpen) {
+      fds_[f] = fd;
+      ++open_;
+      *owned = false;
     }
     return fd;
   }
 
+  // DATA_LOSS unless `fd` is the file indexed, as it was: a file written in
+  // place or replaced may hold other records at the same offsets.
+  static absl::Status Check(int fd, const File& file) {
+    struct stat now {};
+    if (fstat(fd, &now) != 0 || !Same(now, file)) {
+      return absl::DataLossError(absl::StrCat(ChangedSinceIndexed(file.path), ": its identity, size or times differ"));
+    }
+    return absl::OkStatus();
+  }
+
+  static bool Same(const struct stat& st, const File& file) {
+    return st.st_size == file.size && MtimeNs(st) == file.mtime_ns && CtimeNs(st) == file.ctime_ns &&
+           static_cast<uint64_t>(st.st_dev) == file.device && static_cast<uint64_t>(st.st_ino) == file.inode;
+  }
+
+  static int64_t CtimeNs(const struct stat& st) {
+    return static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+  }
   static int64_t MtimeNs(const struct stat& st) {
     return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   }
@@ -481,16 +507,22 @@ absl::StatusOr<std::unique_ptr<RecordIndex>> RecordIndex::Build(std::unique_ptr<
     RecordSink sink(path, limits, index->num_dense_, index->num_fields_,
                     index->libsvm_ ? LibsvmParser(index->libsvm_format_) : CsvParser(index->csv_format_), &unused,
                     stats, !index->libsvm_ && index->csv_format_.header);
-    sink.IndexInto(&index->starts_);
+    const int64_t files_bytes = index->bytes() - static_cast<int64_t>(index->starts_.capacity() * sizeof(int64_t));
+    sink.IndexInto(&index->starts_, max_bytes > 0 ? std::max<int64_t>(1, max_bytes - files_bytes) : 0);
     RETURN_IF_ERROR(sink.Start());
-    RETURN_IF_ERROR(FeedFile(path, block_bytes, limits.max_line_bytes, &sink));
+    if (const absl::Status fed = FeedFile(path, block_bytes, limits.max_line_bytes, &sink); !fed.ok()) {
+      if (!absl::IsResourceExhausted(fed)) return fed;
+      return absl::ResourceExhaustedError(absl::StrCat(fed.message(), " (", max_bytes, " for the index in all)"));
+    }
+    file.size = before.st_size;
+    file.mtime_ns = Opened::MtimeNs(before);
+    file.ctime_ns = Opened::CtimeNs(before);
+    file.device = static_cast<uint64_t>(before.st_dev);
+    file.inode = static_cast<uint64_t>(before.st_ino);
     struct stat after {};
-    if (!known || stat(path.c_str(), &after) != 0 || after.st_size != before.st_size ||
-        Opened::MtimeNs(after) != Opened::MtimeNs(before)) {
+    if (!known || stat(path.c_str(), &after) != 0 || !Opened::Same(after, file)) {
       return absl::FailedPreconditionError(absl::StrCat("data file ", Quote(path), " changed while it was read"));
     }
-    file.size = after.st_size;
-    file.mtime_ns = Opened::MtimeNs(after);
     index->files_.push_back(std::move(file));
     if (max_bytes > 0 && index->bytes() > max_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat("the index of ", index->num_examples(), " records of ",
@@ -509,7 +541,13 @@ int64_t RecordIndex::bytes() const {
   return bytes;
 }
 
-absl::Status RecordIndex::Read(int64_t e, SparseDataset* out) const {
+absl::Status RecordIndex::Read(const int64_t* records, size_t count, SparseDataset* out) const {
+  std::vector<size_t> checked;  // files checked in this call
+  for (size_t i = 0; i < count; ++i) RETURN_IF_ERROR(ReadOne(records[i], &checked, out));
+  return absl::OkStatus();
+}
+
+absl::Status RecordIndex::ReadOne(int64_t e, std::vector<size_t>* checked, SparseDataset* out) const {
   if (e < 0 || e >= num_examples()) {
     return absl::OutOfRangeError(absl::StrCat("record ", e, " of an index of ", num_examples()));
   }
@@ -522,9 +560,10 @@ absl::Status RecordIndex::Read(int64_t e, SparseDataset* out) const {
   // come between) and is at most max_line_bytes and its newline.
   const int64_t end = e + 1 < next_file ? starts_[static_cast<size_t>(e + 1)] : file.size;
   const LineLimits& limits = libsvm_ ? libsvm_format_.limits : csv_format_.limits;
-  const int64_t length = std::max<int64_t>(0, std::min(end - start, limits.max_line_bytes + 1));
+  const int64_t length = std::max<int64_t>(0, std::min(end - start - 1, limits.max_line_bytes) + 1);
   bool owned = false;
-  ASSIGN_OR_RETURN(const int fd, opened_->Get(static_cast<size_t>(it - files_.begin()), file, &owned));
+  const auto f = static_cast<size_t>(it - files_.begin());
+  ASSIGN_OR_RETURN(const int fd, opened_->Get(f, file, &owned));
   std::string buffer(static_cast<size_t>(length), '\0');
   int64_t got = 0;
   int read_errno = 0;
@@ -535,7 +574,17 @@ absl::Status RecordIndex::Read(int64_t e, SparseDataset* out) const {
     if (n <= 0) break;
     got += n;
   }
+  // Checked after the read (once a call for a file held open): a write
+  // changes the file's time before its data shows.
+  absl::Status same = absl::OkStatus();
+  if (!owned && std::find(checked->begin(), checked->end(), f) == checked->end()) {
+    same = Opened::Check(fd, file);
+    if (same.ok()) checked->push_back(f);
+  } else if (owned) {
+    same = Opened::Check(fd, file);
+  }
   if (owned) close(fd);
+  RETURN_IF_ERROR(same);
   if (read_errno != 0) {
     return absl::DataLossError(absl::StrCat("reading data file ", Quote(file.path), " at byte ", start, " failed: ",
                                             std::strerror(read_errno)));
@@ -553,6 +602,7 @@ absl::Status RecordIndex::ParseLine(const File& file, int64_t start, absl::strin
                                     SparseDataset* out) const {
   LineLimits limits = libsvm_ ? libsvm_format_.limits : csv_format_.limits;
   limits.on_bad_record = BadRecordPolicy::kFail;
+  limits.max_dataset_bytes = 0;
   ReadStats stats;
   RecordSink sink(file.path, limits, num_dense_, num_fields_,
                   libsvm_ ? LibsvmParser(libsvm_format_) : CsvParser(csv_format_), out, &stats);

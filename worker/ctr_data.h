@@ -134,13 +134,19 @@ class RecordIndex {
   int64_t bytes() const;
   // Appends record `e` (in [0, num_examples())) to `out`, whose num_dense
   // and num_fields must be this index's (or those of an empty dataset).
-  absl::Status Read(int64_t e, SparseDataset* out) const;
+  absl::Status Read(int64_t e, SparseDataset* out) const { return Read(&e, 1, out); }
+  // Appends records records[0..count) in order: a step's batch. Each file
+  // read is checked once a call (its size and time).
+  absl::Status Read(const int64_t* records, size_t count, SparseDataset* out) const;
 
  private:
+  // A file as indexed: its identity, size and times tell whether it changed.
   struct File {
     std::string path;
     int64_t size = 0;
     int64_t mtime_ns = 0;
+    int64_t ctime_ns = 0;  // also set by renames and utimensat
+    uint64_t device = 0, inode = 0;
     int64_t first = 0;  // its first record's number
   };
   class Opened;
@@ -148,6 +154,7 @@ class RecordIndex {
   static absl::StatusOr<std::unique_ptr<RecordIndex>> Build(std::unique_ptr<RecordIndex> index,
                                                             const std::vector<std::string>& files, ReadStats* stats,
                                                             int64_t max_bytes, int64_t block_bytes);
+  absl::Status ReadOne(int64_t e, std::vector<size_t>* checked, SparseDataset* out) const;
   absl::Status ParseLine(const File& file, int64_t start, absl::string_view line, SparseDataset* out) const;
 
   bool libsvm_ = true;

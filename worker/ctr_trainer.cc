@@ -247,7 +247,8 @@ absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadFiles(const v1::DataSpe
     }
     if (absl::IsResourceExhausted(read)) {
       return absl::ResourceExhaustedError(absl::StrCat("the click data of ", pattern, " takes more than ",
-                                                       FormatBytes(memory_budget), " at ", file));
+                                                       FormatBytes(memory_budget), " of this worker's memory budget at ",
+                                                       file));
     }
     RETURN_IF_ERROR(read);
   }
@@ -466,15 +467,19 @@ absl::StatusOr<Batch> ClickRun::MakeBatch(int32_t partition, int64_t step, Examp
   const AffineOrder order(spec_.data().shuffle_seed(), epoch, examples_);
   const int64_t first = partitioning_.FirstRow(step, partition);
   Batch batch;
+  SparseDataset records;  // indexed files: the batch's records, read at once
+  if (train_index_ != nullptr) {
+    std::vector<int64_t> examples(static_cast<size_t>(batch_));
+    for (int64_t i = 0; i < batch_; ++i) examples[static_cast<size_t>(i)] = order[first + i];
+    RETURN_IF_ERROR(train_index_->Read(examples.data(), examples.size(), &records));
+    for (float& label : records.labels) label = label > 0 ? 1.0f : 0.0f;
+  }
   for (int64_t i = 0; i < batch_; ++i) {
     const int64_t example = order[first + i];
     if (train_ != nullptr) {
       AppendExample(*train_, example, &batch);
     } else if (train_index_ != nullptr) {
-      SparseDataset record;
-      RETURN_IF_ERROR(train_index_->Read(example, &record));
-      record.labels[0] = record.labels[0] > 0 ? 1.0f : 0.0f;
-      AppendExample(record, 0, &batch);
+      AppendExample(records, i, &batch);
     } else {
       AppendExample(MakeSyntheticCtr(synthetic_, /*split=*/0, example, 1), 0, &batch);
     }

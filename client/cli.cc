@@ -50,7 +50,7 @@ Usage:
   fulcrum cancel JOB                       cancel a pending or running job
   fulcrum cluster                          list the live servers and workers
   fulcrum local up [--servers N] [--workers M] [--replicas R (default min(2, N))] [--dir DIR] [--detach] [--device D] [--tls]
-                   [--server-memory-budget SIZE]
+                   [--server-memory-budget SIZE] [--worker-memory-budget SIZE]
   fulcrum local add worker|server [--dir DIR] [--device D]
   fulcrum local down [--dir DIR]
 
@@ -86,7 +86,7 @@ const std::set<std::string> kValueOptions = {"-f",        "--file",    "-o",    
                                              "--servers", "--workers", "--replicas", "--dir",        "--timeout",
                                              "--device",  "--checkpoint", "--resume-from", "--token",
                                              "--tls-cert", "--tls-key",  "--tls-ca",  "--cluster-token-file",
-                                             "--server-memory-budget"};
+                                             "--server-memory-budget", "--worker-memory-budget"};
 const std::set<std::string> kFlagOptions = {"--wait", "--detach", "--tls", "-h", "--help"};
 
 absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& raw) {
@@ -622,13 +622,15 @@ int LocalUp(const Args& args, bool json) {
   options.replicas = *replicas;
   options.tls = args.Has("--tls");
   if (!args.Get("--device").empty()) options.worker_flags.push_back("--device=" + args.Get("--device"));
-  if (!args.Get("--server-memory-budget").empty()) {
-    const std::string& budget = args.Get("--server-memory-budget");
+  for (const auto& [option, flags] : {std::pair{"--server-memory-budget", &options.server_flags},
+                                       std::pair{"--worker-memory-budget", &options.worker_flags}}) {
+    const std::string& budget = args.Get(option);
+    if (budget.empty()) continue;
     if (absl::StatusOr<int64_t> bytes = ParseBytes(budget); !bytes.ok() || *bytes <= 0) {
       return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--server-memory-budget must be a size such as 512MiB or 2GiB, got ", budget)));
+          absl::StrCat(option, " must be a size such as 512MiB or 2GiB, got ", budget)));
     }
-    options.server_flags.push_back("--memory_budget=" + budget);
+    flags->push_back("--memory_budget=" + budget);
   }
   const bool detach = args.Has("--detach");
   if (!detach) BlockTerminationSignals();  // before any thread: Ctrl-C is handled below

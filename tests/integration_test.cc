@@ -596,31 +596,37 @@ TEST_F(ClusterTest, MissingDataFileFailsTheJobNamingThePath) {
 // `fulcrum local up --server-memory-budget` gives every server that
 // budget, also one added later with `local add server`; a value that is no
 // size is refused before anything starts.
-TEST(LocalUpTest, ServerMemoryBudgetReachesEveryServer) {
+TEST(LocalUpTest, MemoryBudgetsReachEveryServerAndWorker) {
   const std::string dir = MakeTempDir();
-  auto [bad_rc, bad_out] = RunCommand(absl::StrCat(DefaultBinDir(), "/fulcrum local up --servers 1 --workers 0 --detach --dir ",
-                                                   dir, " --server-memory-budget lots 2>&1"));
-  EXPECT_NE(bad_rc, 0);
-  EXPECT_NE(bad_out.find("--server-memory-budget must be a size"), std::string::npos) << bad_out;
+  for (const std::string role : {"server", "worker"}) {
+    auto [bad_rc, bad_out] = RunCommand(absl::StrCat(DefaultBinDir(), "/fulcrum local up --servers 1 --workers 0 --detach --dir ",
+                                                     dir, " --", role, "-memory-budget lots 2>&1"));
+    EXPECT_NE(bad_rc, 0);
+    EXPECT_NE(bad_out.find("--" + role + "-memory-budget must be a size"), std::string::npos) << bad_out;
+  }
   // However the test ends, the processes are stopped (by their recorded pids).
   auto down = absl::MakeCleanup([&dir] { RunCli(absl::StrCat("local down --dir ", dir)); });
-  auto [rc, out] =
-      RunCli(absl::StrCat("local up --servers 2 --workers 0 --detach --dir ", dir, " --server-memory-budget 64MiB"));
+  auto [rc, out] = RunCli(absl::StrCat("local up --servers 2 --workers 1 --detach --dir ", dir,
+                                       " --server-memory-budget 64MiB --worker-memory-budget 48MiB"));
   ASSERT_EQ(rc, 0) << out;
-  // A server added later by another invocation gets it too.
-  auto [add_rc, add_out] = RunCli(absl::StrCat("local add server --dir ", dir));
-  ASSERT_EQ(add_rc, 0) << add_out;
+  // Processes added later by another invocation get them too.
+  for (const char* role : {"server", "worker"}) {
+    auto [add_rc, add_out] = RunCli(absl::StrCat("local add ", role, " --dir ", dir));
+    ASSERT_EQ(add_rc, 0) << add_out;
+  }
   auto cluster = LocalCluster::Open(dir);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  int servers = 0;
+  std::map<std::string, int> processes;
   for (const auto& process : (*cluster)->file().processes()) {
-    if (process.role() != "server") continue;
-    ++servers;
+    if (process.role() == "scheduler") continue;
+    ++processes[process.role()];
     std::ifstream cmdline(absl::StrCat("/proc/", process.pid(), "/cmdline"));
     const std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-    EXPECT_NE(args.find("--memory_budget=64MiB"), std::string::npos) << process.id();
+    EXPECT_NE(args.find(process.role() == "server" ? "--memory_budget=64MiB" : "--memory_budget=48MiB"),
+              std::string::npos)
+        << process.id();
   }
-  EXPECT_EQ(servers, 3);
+  EXPECT_EQ(processes, (std::map<std::string, int>{{"server", 3}, {"worker", 2}}));
 }
 
 TEST_F(ClusterTest, CliSubmitWaitExitCodeFollowsTheJob) {

@@ -298,7 +298,8 @@ absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vect
   if (held.ok()) {
     loaded.train = *std::move(held);
   } else if (absl::IsResourceExhausted(held.status())) {
-    FLOG(INFO) << held.status().message() << ", half this worker's memory budget: indexing the files instead";
+    FLOG(INFO) << data.path() << ": the training records take more than half this worker's memory budget ("
+               << FormatBytes(memory_budget / 2) << "); indexing the files, records are read as steps need them";
     ASSIGN_OR_RETURN(loaded.train_index, IndexFiles(data, data.path(), roots, memory_budget));
   } else {
     return held.status();

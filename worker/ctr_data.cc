@@ -469,14 +469,22 @@ class RecordIndex::Opened {
   int open_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// How an index's records are read: the limits, whether each file starts
+// with a header line, and their parser (made for each sink: the CSV one
+// keeps scratch space).
+struct RecordIndex::Format {
+  LineLimits limits;
+  bool header = false;
+  std::function<LineParser()> parser;
+};
+
 RecordIndex::~RecordIndex() = default;
 
 absl::StatusOr<std::unique_ptr<RecordIndex>> RecordIndex::BuildLibsvm(const std::vector<std::string>& files,
                                                                       const LibsvmFormat& format, ReadStats* stats,
                                                                       int64_t max_bytes, int64_t block_bytes) {
   std::unique_ptr<RecordIndex> index(new RecordIndex());
-  index->libsvm_ = true;
-  index->libsvm_format_ = format;
+  index->format_ = std::make_unique<Format>(Format{format.limits, false, [format] { return LibsvmParser(format); }});
   index->num_fields_ = 1;
   return Build(std::move(index), files, stats, max_bytes, block_bytes);
 }
@@ -486,8 +494,7 @@ absl::StatusOr<std::unique_ptr<RecordIndex>> RecordIndex::BuildCsv(const std::ve
                                                                    int64_t max_bytes, int64_t block_bytes) {
   RETURN_IF_ERROR(ValidateCsvFormat(format));
   std::unique_ptr<RecordIndex> index(new RecordIndex());
-  index->libsvm_ = false;
-  index->csv_format_ = format;
+  index->format_ = std::make_unique<Format>(Format{format.limits, format.header, [format] { return CsvParser(format); }});
   index->num_dense_ = CountColumns(format, CsvFormat::Column::kDense);
   index->num_fields_ = CountColumns(format, CsvFormat::Column::kCategorical);
   return Build(std::move(index), files, stats, max_bytes, block_bytes);
@@ -497,20 +504,19 @@ absl::StatusOr<std::unique_ptr<RecordIndex>> RecordIndex::Build(std::unique_ptr<
                                                                 const std::vector<std::string>& files,
                                                                 ReadStats* stats, int64_t max_bytes,
                                                                 int64_t block_bytes) {
-  const LineLimits& limits = index->libsvm_ ? index->libsvm_format_.limits : index->csv_format_.limits;
+  const Format& format = *index->format_;
   for (const std::string& path : files) {
     File file{path};
     file.first = index->num_examples();
     struct stat before {};
     const bool known = stat(path.c_str(), &before) == 0;
     SparseDataset unused;
-    RecordSink sink(path, limits, index->num_dense_, index->num_fields_,
-                    index->libsvm_ ? LibsvmParser(index->libsvm_format_) : CsvParser(index->csv_format_), &unused,
-                    stats, !index->libsvm_ && index->csv_format_.header);
+    RecordSink sink(path, format.limits, index->num_dense_, index->num_fields_, format.parser(), &unused, stats,
+                    format.header);
     const int64_t files_bytes = index->bytes() - static_cast<int64_t>(index->starts_.capacity() * sizeof(int64_t));
     sink.IndexInto(&index->starts_, max_bytes > 0 ? std::max<int64_t>(1, max_bytes - files_bytes) : 0);
     RETURN_IF_ERROR(sink.Start());
-    if (const absl::Status fed = FeedFile(path, block_bytes, limits.max_line_bytes, &sink); !fed.ok()) {
+    if (const absl::Status fed = FeedFile(path, block_bytes, format.limits.max_line_bytes, &sink); !fed.ok()) {
       if (!absl::IsResourceExhausted(fed)) return fed;
       return absl::ResourceExhaustedError(absl::StrCat(fed.message(), " (", max_bytes, " for the index in all)"));
     }
@@ -559,8 +565,7 @@ absl::Status RecordIndex::ReadOne(int64_t e, std::vector<size_t>* checked, Spars
   // The line lies before the next record's start (bad or blank lines may
   // come between) and is at most max_line_bytes and its newline.
   const int64_t end = e + 1 < next_file ? starts_[static_cast<size_t>(e + 1)] : file.size;
-  const LineLimits& limits = libsvm_ ? libsvm_format_.limits : csv_format_.limits;
-  const int64_t length = std::max<int64_t>(0, std::min(end - start - 1, limits.max_line_bytes) + 1);
+  const int64_t length = std::max<int64_t>(0, std::min(end - start - 1, format_->limits.max_line_bytes) + 1);
   bool owned = false;
   const auto f = static_cast<size_t>(it - files_.begin());
   ASSIGN_OR_RETURN(const int fd, opened_->Get(f, file, &owned));
@@ -600,12 +605,11 @@ absl::Status RecordIndex::ReadOne(int64_t e, std::vector<size_t>* checked, Spars
 
 absl::Status RecordIndex::ParseLine(const File& file, int64_t start, absl::string_view line,
                                     SparseDataset* out) const {
-  LineLimits limits = libsvm_ ? libsvm_format_.limits : csv_format_.limits;
+  LineLimits limits = format_->limits;
   limits.on_bad_record = BadRecordPolicy::kFail;
   limits.max_dataset_bytes = 0;
   ReadStats stats;
-  RecordSink sink(file.path, limits, num_dense_, num_fields_,
-                  libsvm_ ? LibsvmParser(libsvm_format_) : CsvParser(csv_format_), out, &stats);
+  RecordSink sink(file.path, limits, num_dense_, num_fields_, format_->parser(), out, &stats);
   RETURN_IF_ERROR(sink.Start());
   const absl::Status parsed = sink.Line(line, false, start);
   if (!parsed.ok() || stats.records != 1) {

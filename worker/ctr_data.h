@@ -157,9 +157,8 @@ class RecordIndex {
   absl::Status ReadOne(int64_t e, std::vector<size_t>* checked, SparseDataset* out) const;
   absl::Status ParseLine(const File& file, int64_t start, absl::string_view line, SparseDataset* out) const;
 
-  bool libsvm_ = true;
-  LibsvmFormat libsvm_format_;
-  CsvFormat csv_format_;
+  struct Format;  // how its records are read (limits, header, parser)
+  std::unique_ptr<const Format> format_;
   int32_t num_dense_ = 0;
   int32_t num_fields_ = 0;
   std::vector<File> files_;

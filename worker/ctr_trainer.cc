@@ -260,6 +260,14 @@ absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadFiles(const v1::DataSpe
   return std::shared_ptr<const SparseDataset>(std::move(data));
 }
 
+// The training examples: the files' records, held or indexed, else the
+// synthetic data's.
+int64_t TrainExamples(const SparseDataset* held, const RecordIndex* indexed, const SyntheticCtrSpec& synthetic) {
+  if (held != nullptr) return held->num_examples();
+  if (indexed != nullptr) return indexed->num_examples();
+  return synthetic.examples;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> ExpandPath(const std::string& pattern) {
@@ -315,9 +323,7 @@ absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vect
 v1::WorkReport ClickReadyReport(const v1::JobSpec& spec, const ClickData& data) {
   v1::WorkReport report;
   report.set_kind(v1::WorkReport::READY);
-  report.set_train_examples(data.train != nullptr         ? data.train->num_examples()
-                            : data.train_index != nullptr ? data.train_index->num_examples()
-                                                          : SyntheticCtrOf(spec).examples);
+  report.set_train_examples(TrainExamples(data.train.get(), data.train_index.get(), SyntheticCtrOf(spec)));
   report.set_test_examples(data.test != nullptr ? data.test->num_examples() : 0);
   report.set_features(ClickFields(spec.data()) + ClickDense(spec.data()));
   report.set_classes(2);
@@ -339,9 +345,7 @@ class ClickRun {
         train_(std::move(data.train)),
         train_index_(std::move(data.train_index)),
         test_(std::move(data.test)),
-        examples_(train_ != nullptr         ? train_->num_examples()
-                  : train_index_ != nullptr ? train_index_->num_examples()
-                                            : synthetic_.examples),
+        examples_(TrainExamples(train_.get(), train_index_.get(), synthetic_)),
         batch_(static_cast<int>(StepBatchSize(spec_))),
         partitioning_(examples_, batch_, assignment.num_partitions()),
         steps_per_epoch_(assignment.steps_per_epoch()),

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/benchmark_main.h"
 #include "benchmark/benchmark.h"
 #include "worker/ctr_data.h"
 
@@ -142,15 +143,7 @@ int main(int argc, char** argv) {
       args.push_back(argv[i]);
     }
   }
-  std::string repetitions = "--benchmark_repetitions=5";
-  std::string interleave = "--benchmark_enable_random_interleaving=true";
-  bool has_repetitions = false;
-  for (char* arg : args) has_repetitions |= std::strncmp(arg, "--benchmark_repetitions", 23) == 0;
-  if (!has_repetitions) args.push_back(repetitions.data());
-  args.push_back(interleave.data());
-  int count = static_cast<int>(args.size());
-  benchmark::Initialize(&count, args.data());
-  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 1;
+  if (!fulcrum::bench::InitializeInterleaved(args)) return 1;
   for (bool indexed : {false, true}) {
     const char* name = indexed ? "indexed" : "held";
     benchmark::RegisterBenchmark(absl::StrCat("BM_batch/", name).c_str(),

@@ -199,6 +199,9 @@ int Fail(const absl::Status& status) {
 
 std::string ModelText(const v1::JobSpec& spec) {
   if (spec.model().kind() == v1::ModelSpec::SOFTMAX_REGRESSION) return "softmax regression";
+  if (spec.model().kind() == v1::ModelSpec::GRAPH) {
+    return absl::StrCat("layer graph of ", spec.model().layers_size(), " layers");
+  }
   if (IsClickModel(spec.model())) {
     return absl::StrCat(v1::ModelSpec::Kind_Name(spec.model().kind()), ", embedding dim ", spec.model().embedding_dim());
   }
@@ -215,6 +218,7 @@ std::string ProgressLine(const v1::JobStatus& job) {
                                      p.step(), p.total_steps(), p.train_loss(), p.samples_per_second(),
                                      p.elapsed_seconds());
   if (p.test_accuracy() >= 0) absl::StrAppendFormat(&line, "  test acc %.4f", p.test_accuracy());
+  if (p.test_accuracy() < 0 && p.has_test_loss()) absl::StrAppendFormat(&line, "  test loss %.4f", p.test_loss());
   if (p.has_test_auc()) absl::StrAppendFormat(&line, "  test AUC %.4f", p.test_auc());
   return line;
 }
@@ -321,7 +325,7 @@ void PrintJob(const v1::JobStatus& job) {
     std::cout << absl::StrFormat("  %5d %8d %10s %9s %10s %12.0f %8.1fs\n", h.epoch(), h.step(),
                                  h.train_loss() >= 0 ? absl::StrFormat("%.4f", h.train_loss()) : "-",
                                  h.test_accuracy() >= 0 ? absl::StrFormat("%.4f", h.test_accuracy()) : "-",
-                                 h.test_accuracy() >= 0 ? absl::StrFormat("%.4f", h.test_loss()) : "-",
+                                 h.evaluation() || h.test_accuracy() >= 0 ? absl::StrFormat("%.4f", h.test_loss()) : "-",
                                  h.samples_per_second(), h.elapsed_seconds());
   }
   const v1::LossCurve& curve = job.loss_curve();

@@ -61,6 +61,7 @@ inline bool IsClickModel(const v1::ModelSpec& model) {
     case v1::ModelSpec::WIDE_AND_DEEP:
     case v1::ModelSpec::DEEPFM:
     case v1::ModelSpec::DLRM:
+    case v1::ModelSpec::GRAPH:
       return true;
     default:
       return false;

@@ -1,5 +1,7 @@
 #include "kernels/model_from_spec.h"
 
+#include <algorithm>
+
 #include "common/table_spec.h"
 
 namespace fulcrum {
@@ -13,8 +15,53 @@ kernels::Activation ActivationOf(v1::Activation activation) {
   }
 }
 
+// Proto enums onto the kernels' (the scheduler refused numbers outside the
+// proto's enums: CheckWellFormed).
+kernels::GraphLayer LayerOf(const v1::LayerSpec& spec) {
+  kernels::GraphLayer layer;
+  layer.name = spec.name();
+  layer.type = spec.type() >= v1::LayerSpec::DENSE_INPUT && spec.type() <= v1::LayerSpec::LOSS
+                   ? static_cast<kernels::LayerType>(spec.type())
+                   : kernels::LayerType::kUnspecified;
+  layer.inputs.assign(spec.inputs().begin(), spec.inputs().end());
+  layer.units = spec.units();
+  layer.table = spec.table();
+  layer.dim = spec.dim();
+  layer.fields.assign(spec.fields().begin(), spec.fields().end());
+  layer.combiner = spec.combiner() == v1::ModelSpec::MEAN ? kernels::BagCombiner::kMean : kernels::BagCombiner::kSum;
+  switch (spec.activation()) {
+    case v1::RELU: layer.activation = kernels::Activation::kRelu; break;
+    case v1::TANH: layer.activation = kernels::Activation::kTanh; break;
+    case v1::SIGMOID: layer.activation = kernels::Activation::kSigmoid; break;
+    default: layer.activation = kernels::Activation::kNone;
+  }
+  switch (spec.loss()) {
+    case v1::LayerSpec::SOFTMAX_CROSS_ENTROPY: layer.loss = kernels::LossKind::kSoftmaxCrossEntropy; break;
+    case v1::LayerSpec::MEAN_SQUARED_ERROR: layer.loss = kernels::LossKind::kMeanSquaredError; break;
+    default: layer.loss = kernels::LossKind::kSigmoidCrossEntropy;
+  }
+  layer.bias = spec.bias();
+  return layer;
+}
+
+ModelLayout GraphLayout(const v1::JobSpec& spec) {
+  ModelLayout layout;
+  layout.click = true;
+  layout.graph = true;
+  kernels::GraphConfig& graph = layout.graph_config;
+  graph.num_fields = ClickFields(spec.data());
+  graph.num_dense = ClickDense(spec.data());
+  for (const v1::LayerSpec& layer : spec.model().layers()) graph.layers.push_back(LayerOf(layer));
+  if (!kernels::ValidateGraphConfig(graph).ok()) return layout;  // no tensors or tables: validation says why
+  layout.tensors = kernels::GraphDenseTensors(graph);
+  layout.tables = kernels::GraphTables(graph);
+  layout.table_fields = kernels::GraphTableFields(graph);
+  return layout;
+}
+
 ModelLayout ClickLayout(const v1::JobSpec& spec) {
   const v1::ModelSpec& model = spec.model();
+  if (model.kind() == v1::ModelSpec::GRAPH) return GraphLayout(spec);
   ModelLayout layout;
   layout.click = true;
   kernels::CtrModelConfig& ctr = layout.ctr;
@@ -33,6 +80,9 @@ ModelLayout ClickLayout(const v1::JobSpec& spec) {
   ctr.combiner = model.combiner() == v1::ModelSpec::MEAN ? kernels::BagCombiner::kMean : kernels::BagCombiner::kSum;
   layout.tensors = kernels::CtrDenseTensors(ctr);
   layout.tables = kernels::CtrTables(ctr);
+  std::vector<int32_t> every_field(static_cast<size_t>(std::max(0, ctr.num_fields)));
+  for (size_t f = 0; f < every_field.size(); ++f) every_field[f] = static_cast<int32_t>(f);
+  layout.table_fields.assign(layout.tables.size(), every_field);
   return layout;
 }
 

@@ -7,6 +7,7 @@
 
 #include "fulcrum/v1/job.pb.h"
 #include "kernels/ctr_model.h"
+#include "kernels/graph_model.h"
 #include "kernels/mlp.h"
 
 namespace fulcrum {
@@ -21,6 +22,11 @@ struct ModelLayout {
   bool click = false;
   kernels::CtrModelConfig ctr;
   std::vector<kernels::CtrTableInfo> tables;
+  // GRAPH: the layer graph (`ctr` unused), and per table the fields whose
+  // ids it reads (the preset kinds' tables read every field).
+  bool graph = false;
+  kernels::GraphConfig graph_config;
+  std::vector<std::vector<int32_t>> table_fields;
 };
 
 // `features` and `classes` come from the loaded dataset (click models take

@@ -30,7 +30,7 @@ void AddHistoryPoint(v1::JobStatus* status, const v1::MetricPoint& point) {
   auto* history = status->mutable_history();
   int kept = 0;
   for (int i = 0; i < history->size(); ++i) {
-    bool evaluation = history->Get(i).test_accuracy() >= 0;
+    bool evaluation = history->Get(i).evaluation();
     bool last = i + 1 == history->size();
     if (evaluation || last || i % 2 == 0) history->SwapElements(kept++, i);
   }
@@ -352,9 +352,12 @@ void JobManager::OnDone(Job* job, const v1::WorkReport& report) {
   }
   if (static_cast<int32_t>(job->done_partitions.size()) < job->num_partitions) return;
   const v1::JobProgress& progress = job->status.progress();
-  std::string reason = progress.test_accuracy() >= 0
-                           ? absl::StrFormat("finished: test accuracy %.4f", progress.test_accuracy())
-                           : "finished";
+  std::string reason = "finished";
+  if (progress.test_accuracy() >= 0) {
+    absl::StrAppendFormat(&reason, ": test accuracy %.4f", progress.test_accuracy());
+  } else if (progress.has_test_loss()) {
+    absl::StrAppendFormat(&reason, ": test loss %.4f", progress.test_loss());  // a regression
+  }
   if (progress.has_test_auc()) absl::StrAppendFormat(&reason, ", test AUC %.4f", progress.test_auc());
   EndJob(job, v1::SUCCEEDED, reason);
 }
@@ -428,8 +431,10 @@ void JobManager::FlagStragglers(Job* job) {
 void JobManager::OnEval(Job* job, const v1::WorkReport& report) {
   v1::JobProgress* progress = job->status.mutable_progress();
   progress->set_test_accuracy(report.test_accuracy());
+  progress->set_test_loss(report.test_loss());
   if (report.has_test_auc()) progress->set_test_auc(report.test_auc());
   v1::MetricPoint point;
+  point.set_evaluation(true);
   point.set_step(report.step());
   point.set_epoch(report.epoch());
   // Before the first PROGRESS (an early evaluation, data.evalEverySteps)

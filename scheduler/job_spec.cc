@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "common/table_spec.h"
 #include "common/tensor_codec.h"
+#include "kernels/model_from_spec.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
 #include "google/protobuf/unknown_field_set.h"
@@ -62,6 +63,19 @@ absl::Status CheckWellFormed(const Message& message, const std::string& path) {
     if (field->type() == FieldDescriptor::TYPE_MESSAGE && !field->is_repeated()) {
       RETURN_IF_ERROR(CheckWellFormed(reflection->GetMessage(message, field), name));
     }
+    if (field->type() == FieldDescriptor::TYPE_ENUM && field->is_repeated()) {
+      for (int i = 0; i < reflection->FieldSize(message, field); ++i) {
+        const int number = reflection->GetRepeatedEnumValue(message, field, i);
+        if (field->enum_type()->FindValueByNumber(number) == nullptr) {
+          return Invalid(absl::StrCat(name, "[", i, "]"), "is not a known value", absl::StrCat(number));
+        }
+      }
+    }
+    if (field->type() == FieldDescriptor::TYPE_MESSAGE && field->is_repeated() && !field->is_map()) {
+      for (int i = 0; i < reflection->FieldSize(message, field); ++i) {
+        RETURN_IF_ERROR(CheckWellFormed(reflection->GetRepeatedMessage(message, field, i), absl::StrCat(name, "[", i, "]")));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -86,7 +100,7 @@ absl::Status ValidateModel(const v1::ModelSpec& model) {
       return absl::OkStatus();
     default:
       return Invalid("model.kind",
-                     "must be SOFTMAX_REGRESSION, MLP, LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP, DEEPFM or DLRM",
+                     "must be SOFTMAX_REGRESSION, MLP, LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP, DEEPFM, DLRM or GRAPH",
                      "unset");
   }
 }
@@ -286,6 +300,17 @@ absl::Status ValidateEarlyStopping(const v1::JobSpec& spec) {
   }
   if (e.metric() == v1::EarlyStoppingSpec::TEST_AUC && !IsClickModel(spec.model())) {
     return Invalid("earlyStopping.metric", "TEST_AUC needs a click model (other models report no AUC)", "TEST_AUC");
+  }
+  if (spec.model().kind() == v1::ModelSpec::GRAPH && e.metric() != v1::EarlyStoppingSpec::TEST_LOSS) {
+    const ModelLayout layout = LayoutFor(spec, 0, 0);
+    const kernels::LossKind loss = kernels::GraphLossOf(layout.graph_config);
+    if (e.metric() == v1::EarlyStoppingSpec::TEST_AUC && loss != kernels::LossKind::kSigmoidCrossEntropy) {
+      return Invalid("earlyStopping.metric", "TEST_AUC needs a GRAPH with SIGMOID_CROSS_ENTROPY loss", "TEST_AUC");
+    }
+    if (e.metric() == v1::EarlyStoppingSpec::TEST_ACCURACY && loss == kernels::LossKind::kMeanSquaredError) {
+      return Invalid("earlyStopping.metric", "TEST_ACCURACY needs a classification loss (MEAN_SQUARED_ERROR reports none)",
+                     "TEST_ACCURACY");
+    }
   }
   return absl::OkStatus();
 }

@@ -35,8 +35,36 @@ bool HasHidden(v1::ModelSpec::Kind kind) {
   return kind == v1::ModelSpec::WIDE_AND_DEEP || kind == v1::ModelSpec::DEEPFM || kind == v1::ModelSpec::DLRM;
 }
 
+// A GRAPH sets per layer what the preset kinds set for the whole model.
+absl::Status ValidateGraphShape(const v1::ModelSpec& model) {
+  if (model.embedding_dim() != 0) {
+    return Invalid("model.embeddingDim", "applies to the preset kinds; a GRAPH's EMBEDDING layers set dim",
+                   absl::StrCat(model.embedding_dim()));
+  }
+  if (model.hidden_sizes_size() > 0 || model.bottom_sizes_size() > 0) {
+    return Invalid("model.hiddenSizes and model.bottomSizes", "apply to the preset kinds; a GRAPH lists LINEAR layers",
+                   absl::StrCat(model.hidden_sizes_size() + model.bottom_sizes_size(), " sizes"));
+  }
+  if (model.activation() != v1::ACTIVATION_UNSPECIFIED) {
+    return Invalid("model.activation", "applies to the preset kinds; a GRAPH lists ACTIVATION layers",
+                   v1::Activation_Name(model.activation()));
+  }
+  if (model.combiner() != v1::ModelSpec::COMBINER_UNSPECIFIED) {
+    return Invalid("model.combiner", "applies to the preset kinds; a GRAPH's EMBEDDING layers set combiner",
+                   v1::ModelSpec::Combiner_Name(model.combiner()));
+  }
+  if (model.layers_size() < 1 || model.layers_size() > 256) {
+    return Invalid("model.layers", "must list 1 to 256 layers for GRAPH", absl::StrCat(model.layers_size(), " layers"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateClickShape(const v1::ModelSpec& model) {
   const std::string kind = v1::ModelSpec::Kind_Name(model.kind());
+  if (model.kind() == v1::ModelSpec::GRAPH) return ValidateGraphShape(model);
+  if (model.layers_size() > 0) {
+    return Invalid("model.layers", absl::StrCat("apply to GRAPH only, not ", kind), absl::StrCat(model.layers_size(), " layers"));
+  }
   if (model.kind() == v1::ModelSpec::LOGISTIC_REGRESSION) {
     if (model.embedding_dim() != 0) {
       return Invalid("model.embeddingDim", "applies to FM, WIDE_AND_DEEP, DEEPFM and DLRM only",
@@ -108,6 +136,10 @@ absl::Status ValidateSparseOptimizer(const std::string& field, const v1::SparseO
 
 absl::Status ValidateTables(const v1::JobSpec& spec) {
   const ModelLayout layout = LayoutFor(spec, 0, 0);
+  if (layout.graph) {
+    const absl::Status graph = kernels::ValidateGraphConfig(layout.graph_config);
+    if (!graph.ok()) return absl::InvalidArgumentError(absl::StrCat("job spec: model.layers: ", graph.message()));
+  }
   std::set<std::string> names;
   std::string known;  // in the model's order
   for (const kernels::CtrTableInfo& table : layout.tables) {
@@ -141,7 +173,7 @@ absl::Status ValidateTables(const v1::JobSpec& spec) {
                      absl::StrCat("SYNC in a ", v1::Mode_Name(spec.mode()), " job"));
     }
   }
-  return kernels::ValidateCtrModelConfig(layout.ctr);
+  return layout.graph ? absl::OkStatus() : kernels::ValidateCtrModelConfig(layout.ctr);
 }
 
 absl::Status ValidateSyntheticClickData(const v1::DataSpec& data) {
@@ -238,6 +270,7 @@ absl::Status ValidateNotClick(const v1::JobSpec& spec) {
     return Invalid("model.combiner", "applies to click models only", v1::ModelSpec::Combiner_Name(model.combiner()));
   }
   if (model.tables_size() > 0) return Invalid("model.tables", "apply to click models only", "tables");
+  if (model.layers_size() > 0) return Invalid("model.layers", "apply to GRAPH only", absl::StrCat(model.layers_size(), " layers"));
   if (model.bottom_sizes_size() > 0) {
     return Invalid("model.bottomSizes", "applies to DLRM only", absl::StrCat(model.bottom_sizes_size(), " sizes"));
   }
@@ -246,7 +279,7 @@ absl::Status ValidateNotClick(const v1::JobSpec& spec) {
       data.dataset() == v1::DataSpec::CSV || data.has_synthetic_ctr() || data.has_csv() || !data.test_path().empty() ||
       data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED) {
     return Invalid("data", "SYNTHETIC_CTR, LIBSVM and CSV are click data (with syntheticCtr, csv, testPath, "
-                   "onBadRecord): use a click model (LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP, DEEPFM, DLRM)",
+                   "onBadRecord): use a click model (LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP, DEEPFM, DLRM, GRAPH)",
                    v1::DataSpec::Dataset_Name(data.dataset()));
   }
   return absl::OkStatus();

@@ -114,6 +114,53 @@ TEST(ClickSpecTest, LayoutsFollowTheModelKind) {
   EXPECT_TRUE(lr.ctr.hidden.empty());
 }
 
+// A matrix factorization over per-field tables as a layer graph:
+// users(field 0) . items(field 1) + a bias, on 2-field synthetic data.
+v1::JobSpec GraphSpec(const std::function<void(v1::JobSpec*)>& mutate = nullptr) {
+  return ClickSpec([&mutate](v1::JobSpec* s) {
+    v1::ModelSpec* model = s->mutable_model();
+    model->Clear();
+    model->set_kind(v1::ModelSpec::GRAPH);
+    s->mutable_data()->mutable_synthetic_ctr()->set_fields(2);
+    s->mutable_data()->mutable_synthetic_ctr()->set_dense(0);
+    v1::LayerSpec* users = AddLayer(model, "users", v1::LayerSpec::EMBEDDING, {});
+    users->set_table("users");
+    users->set_dim(4);
+    users->add_fields(0);
+    v1::LayerSpec* items = AddLayer(model, "items", v1::LayerSpec::EMBEDDING, {});
+    items->set_table("items");
+    items->set_dim(4);
+    items->add_fields(1);
+    AddLayer(model, "dot", v1::LayerSpec::DOT, {"users", "items"});
+    AddLayer(model, "logit", v1::LayerSpec::ADD, {"dot"})->set_bias(true);
+    AddLayer(model, "loss", v1::LayerSpec::LOSS, {"logit"});
+    if (mutate) mutate(s);
+  });
+}
+
+TEST(ClickSpecTest, AGraphIsAClickModelWithTheTablesItsLayersName) {
+  const v1::JobSpec graph = GraphSpec([](v1::JobSpec* s) {
+    v1::TableSpec* table = s->mutable_model()->add_tables();
+    table->set_name("items");
+    table->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::FTRL);
+  });
+  ASSERT_TRUE(ValidateJobSpec(graph).ok()) << ValidateJobSpec(graph);
+  EXPECT_EQ(graph.mode(), v1::ASP);
+  const ModelLayout layout = LayoutFor(graph, 0, 0);
+  EXPECT_TRUE(layout.click);
+  EXPECT_TRUE(layout.graph);
+  ASSERT_EQ(layout.tables.size(), 2u);
+  EXPECT_EQ(layout.tables[0].name, "users");
+  EXPECT_EQ(layout.tables[1].name, "items");
+  EXPECT_EQ(layout.tables[1].dim, 4);
+  EXPECT_EQ(layout.table_fields, (std::vector<std::vector<int32_t>>{{0}, {1}}));
+  ASSERT_EQ(layout.tensors.size(), 1u);
+  EXPECT_EQ(layout.tensors[0].name, "logit.bias");
+  // The preset kinds' tables read every field.
+  EXPECT_EQ(LayoutFor(ClickSpec(), 0, 0).table_fields,
+            (std::vector<std::vector<int32_t>>(2, {0, 1, 2, 3, 4, 5, 6, 7})));
+}
+
 struct ClickReject {
   std::string name;
   std::function<void(v1::JobSpec*)> mutate;
@@ -219,7 +266,7 @@ std::vector<ClickReject> ClickRejects() {
        {"model.tables[0].name", "embedding"}},
       {"UnknownConsistency",
        [table](S* s) { table(s, "linear")->set_consistency(static_cast<v1::TableSpec::Consistency>(9)); },
-       {"model.tables[0].consistency", "SYNC or ASYNC", "9"}},
+       {"model.tables[0].consistency", "is not a known value", "9"}},
       {"Bf16Compute", [](S* s) { s->set_precision(v1::BF16); }, {"precision"}},
       {"Compressed", [](S* s) { s->mutable_compression()->set_kind(v1::CompressionSpec::INT8); }, {"wireFormat"}},
       {"LibsvmWithoutPath",
@@ -275,6 +322,50 @@ std::vector<ClickReject> ClickRejects() {
 
 INSTANTIATE_TEST_SUITE_P(Cases, ClickSpecRejectTest, testing::ValuesIn(ClickRejects()),
                          [](const testing::TestParamInfo<ClickReject>& info) { return info.param.name; });
+
+TEST(ClickSpecTest, AGraphsMistakesAreInvalidArgumentNamingTheLayerOrField) {
+  using S = v1::JobSpec;
+  const std::vector<ClickReject> rejects = {
+      {"LayersOnAPresetKind", [](S* s) {
+         s->mutable_model()->set_kind(v1::ModelSpec::FM);
+         s->mutable_model()->set_embedding_dim(4);
+       },
+       {"model.layers", "GRAPH only"}},
+      {"PresetSettingOnAGraph", [](S* s) { s->mutable_model()->set_embedding_dim(8); }, {"model.embeddingDim", "GRAPH"}},
+      {"HiddenSizesOnAGraph", [](S* s) { s->mutable_model()->add_hidden_sizes(8); }, {"model.hiddenSizes", "LINEAR"}},
+      {"NoLayers", [](S* s) { s->mutable_model()->clear_layers(); }, {"model.layers", "1 to 256"}},
+      {"UnknownLayerType", [](S* s) { s->mutable_model()->mutable_layers(2)->set_type(static_cast<v1::LayerSpec::Type>(42)); },
+       {"model.layers[2].type", "is not a known value", "42"}},
+      {"UnknownLoss", [](S* s) { s->mutable_model()->mutable_layers(4)->set_loss(static_cast<v1::LayerSpec::Loss>(7)); },
+       {"model.layers[4].loss", "is not a known value"}},
+      {"DotOfDifferentDims", [](S* s) { s->mutable_model()->mutable_layers(1)->set_dim(5); },
+       {"model.layers: layer 2 (\"dot\", DOT)", "DOT pairs vectors of one dim"}},
+      {"FieldTheDataHasNot", [](S* s) { s->mutable_model()->mutable_layers(1)->set_fields(0, 2); },
+       {"layer 1 (\"items\", EMBEDDING)", "field 2 is outside the data's fields [0, 2)"}},
+      {"TableSpecOfNoLayer", [](S* s) { s->mutable_model()->add_tables()->set_name("embedding"); },
+       {"model.tables[0].name", "users, items"}},
+      {"AucOfASquaredError",
+       [](S* s) {
+         s->mutable_model()->mutable_layers(4)->set_loss(v1::LayerSpec::MEAN_SQUARED_ERROR);
+         s->mutable_early_stopping()->set_metric(v1::EarlyStoppingSpec::TEST_AUC);
+         s->mutable_early_stopping()->set_patience(2);
+       },
+       {"earlyStopping.metric", "SIGMOID_CROSS_ENTROPY"}},
+      {"LayersOnAnMlp",
+       [](S* s) {
+         s->mutable_model()->set_kind(v1::ModelSpec::MLP);
+         s->mutable_model()->add_hidden_sizes(4);
+         s->mutable_data()->Clear();
+         s->mutable_data()->set_dataset(v1::DataSpec::SYNTHETIC);
+       },
+       {"model.layers", "GRAPH only"}},
+  };
+  for (const ClickReject& reject : rejects) {
+    const absl::Status status = ValidateJobSpec(GraphSpec(reject.mutate));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << reject.name << ": " << status;
+    for (const std::string& part : reject.parts) EXPECT_TRUE(Contains(status.message(), part)) << reject.name << ": " << status;
+  }
+}
 
 }  // namespace
 }  // namespace fulcrum

@@ -23,6 +23,7 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry* registry)
       loss_(Gauge(registry, "fulcrum_job_train_loss", "Mean training loss over the workers' latest reports")),
       accuracy_(Gauge(registry, "fulcrum_job_test_accuracy_ratio", "Test accuracy at the latest evaluation (0..1)")),
       auc_(Gauge(registry, "fulcrum_job_test_auc", "Click models: the test set's ROC AUC at the latest evaluation")),
+      test_loss_(Gauge(registry, "fulcrum_job_test_loss", "The test set's mean loss at the latest evaluation")),
       samples_(Gauge(registry, "fulcrum_job_samples_per_second", "Training examples per second, over the workers")),
       workers_(Gauge(registry, "fulcrum_job_workers", "Workers in a running job")),
       membership_epoch_(Gauge(registry, "fulcrum_job_membership_epoch", "Membership epoch of a running job")),
@@ -44,8 +45,8 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry* registry)
       stragglers_(Gauge(registry, "fulcrum_job_stragglers", "Workers of the job flagged as stragglers")),
       worker_step_seconds_(Gauge(registry, "fulcrum_job_worker_step_seconds",
                                  "Mean time per partition step of each worker of a running job, by rank")) {
-  per_job_ = {&step_,     &total_steps_,      &epoch_,       &loss_,      &accuracy_, &auc_,        &samples_,
-              &workers_,  &membership_epoch_, &map_version_, &failovers_, &restores_,        &staleness_,
+  per_job_ = {&step_,     &total_steps_,      &epoch_,       &loss_,      &accuracy_, &auc_,      &test_loss_,
+              &samples_,  &workers_,          &membership_epoch_, &map_version_, &failovers_, &restores_, &staleness_,
               &last_step_time_, &checkpoint_time_, &checkpoint_seconds_, &checkpoint_bytes_, &checkpoints_failed_, &stragglers_};
 }
 
@@ -88,6 +89,7 @@ void SchedulerMetrics::Update(const std::vector<v1::JobStatus>& jobs, const std:
     // NaN until the first evaluation.
     accuracy_.Add(labels).Set(p.test_accuracy() >= 0 ? p.test_accuracy() : std::nan(""));
     if (p.has_test_auc()) auc_.Add(labels).Set(p.test_auc());
+    if (p.has_test_loss()) test_loss_.Add(labels).Set(p.test_loss());
     samples_.Add(labels).Set(p.samples_per_second());
     workers_.Add(labels).Set(job.workers_size());
     membership_epoch_.Add(labels).Set(static_cast<double>(job.membership_epoch()));

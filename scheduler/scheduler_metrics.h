@@ -45,6 +45,7 @@ class SchedulerMetrics {
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& accuracy_;
   prometheus::Family<prometheus::Gauge>& auc_;
+  prometheus::Family<prometheus::Gauge>& test_loss_;
   prometheus::Family<prometheus::Gauge>& samples_;
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Family<prometheus::Gauge>& membership_epoch_;

@@ -18,6 +18,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <random>
 #include <set>
 #include <tuple>
 #include <memory>
@@ -33,6 +34,7 @@
 #include "absl/time/clock.h"
 #include "client/local_cluster.h"
 #include "worker/ctr_data.h"
+#include "common/test_util.h"
 #include "tests/click_job.h"
 #include "tests/cluster_fixture.h"
 #include "common/rpc.h"
@@ -147,6 +149,60 @@ TEST_F(ClusterTest, ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer)
                                                                     "\"}"));
     EXPECT_GT(rows, 0.9 * 4 * 100);
     EXPECT_LE(rows, 4 * 100);
+  }
+}
+
+// A layer graph of the user's own: a weight per id over every field (table
+// "linear"), fields 0-1 in table "users" and 2-3 in table "items" (each
+// table holds only its own fields' ids), their FM and the dot products of
+// the user and item vectors. Trained in BSP with gradient accumulation, it
+// approaches the ground truth as the FM kind does, and the servers' gauges
+// show each table holding its own fields' ids.
+TEST_F(ClusterTest, AGraphModelWithPerFieldTablesApproachesTheGroundTruthAuc) {
+  v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
+  v1::ModelSpec* model = spec.mutable_model();
+  model->Clear();
+  model->set_kind(v1::ModelSpec::GRAPH);
+  auto embedding = [model](const std::string& name, const std::string& table, int dim, std::vector<int> fields) {
+    v1::LayerSpec* l = AddLayer(model, name, v1::LayerSpec::EMBEDDING);
+    l->set_table(table);
+    l->set_dim(dim);
+    for (int f : fields) l->add_fields(f);
+  };
+  embedding("ids", "linear", 1, {});
+  embedding("user", "users", 4, {0, 1});
+  embedding("item", "items", 4, {2, 3});
+  AddLayer(model, "wide", v1::LayerSpec::REDUCE_SUM, {"ids"});
+  AddLayer(model, "fields", v1::LayerSpec::CONCAT, {"user", "item"});
+  AddLayer(model, "fm", v1::LayerSpec::FM, {"fields"});
+  AddLayer(model, "logit", v1::LayerSpec::ADD, {"wide", "fm"})->set_bias(true);
+  AddLayer(model, "loss", v1::LayerSpec::LOSS, {"logit"})->set_loss(v1::LayerSpec::SIGMOID_CROSS_ENTROPY);
+  for (const char* name : {"linear", "users", "items"}) {
+    v1::TableSpec* table = model->add_tables();
+    table->set_name(name);
+    table->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::ADAGRAD);
+    table->mutable_optimizer()->set_lr(0.1f);
+  }
+  spec.set_mode(v1::BSP);
+  spec.mutable_data()->set_batch_size(32);
+  spec.mutable_data()->set_gradient_accumulation(2);
+  v1::JobStatus done;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &done));
+  ASSERT_TRUE(done.progress().has_test_auc());
+  const double best = BestAuc(spec);
+  EXPECT_GE(done.progress().test_auc(), best - 0.045) << "best reachable " << best;
+  EXPECT_LE(done.progress().test_auc(), best + 0.005);
+  ASSERT_EQ(done.shard_map().tables_size(), 3);
+  auto rows = [&](const std::string& table) {
+    return ServersTotal(cluster_->file(),
+                        absl::StrCat("fulcrum_server_table_rows{job=\"", done.job_id(), "\",table=\"", table, "\"}"));
+  };
+  // 100 ids a field: "linear" holds the 4 fields' ids, the others 2 fields' each.
+  EXPECT_GT(rows("linear"), 0.9 * 4 * 100);
+  EXPECT_LE(rows("linear"), 4 * 100);
+  for (const char* table : {"users", "items"}) {
+    EXPECT_GT(rows(table), 0.9 * 2 * 100) << table;
+    EXPECT_LE(rows(table), 2 * 100) << table << " holds only its own fields' ids";
   }
 }
 
@@ -289,6 +345,70 @@ TEST_F(ClickFileTest, BadRecordsAndPathsFailTheJobNamingThem) {
 // A training file rewritten while the job runs (other records where the
 // index has its records) fails the job, naming the file, instead of training
 // on records no one chose.
+// Graphs take the labels their losses need from the files as they are
+// (click models make them 0 or 1): class numbers for softmax cross-entropy,
+// real values for squared error. On CSV files whose label is a function of
+// an id (class: id % 3; value: 2 x + id % 3 - 1 with x the dense feature),
+// a graph of the id's embedding and x learns it: the softmax job's test
+// accuracy, the regression's test loss (it reports no accuracy, and neither
+// an AUC).
+TEST_F(ClickFileTest, GraphsTrainOnClassNumbersAndRealValuedLabelsFromFiles) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> ids(0, 29);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (const std::string split : {"train", "test"}) {
+    std::ofstream classes(absl::StrCat(*data_dir_, "/classes-", split, ".0"));
+    std::ofstream values(absl::StrCat(*data_dir_, "/values-", split, ".0"));
+    for (int i = 0; i < (split == "train" ? 6000 : 1000); ++i) {
+      const int id = ids(rng);
+      const float x = uniform(rng);
+      classes << id % 3 << "," << x << ",c" << id << "\n";
+      values << 2 * x + static_cast<float>(id % 3) - 1 << "," << x << ",c" << id << "\n";
+    }
+  }
+  for (const auto loss : {v1::LayerSpec::SOFTMAX_CROSS_ENTROPY, v1::LayerSpec::MEAN_SQUARED_ERROR}) {
+    SCOPED_TRACE(v1::LayerSpec::Loss_Name(loss));
+    const bool softmax = loss == v1::LayerSpec::SOFTMAX_CROSS_ENTROPY;
+    v1::JobSpec spec = FileSpec(v1::DataSpec::CSV, softmax ? "classes" : "values");
+    v1::CsvSpec* csv = spec.mutable_data()->mutable_csv();
+    csv->clear_columns();
+    csv->add_columns(v1::CsvSpec::LABEL);
+    csv->add_columns(v1::CsvSpec::DENSE);
+    csv->add_columns(v1::CsvSpec::CATEGORICAL);
+    spec.mutable_data()->set_epochs(5);
+    v1::ModelSpec* model = spec.mutable_model();
+    model->Clear();
+    model->set_kind(v1::ModelSpec::GRAPH);
+    v1::LayerSpec* id = AddLayer(model, "id", v1::LayerSpec::EMBEDDING, {});
+    id->set_table("ids");
+    id->set_dim(4);
+    AddLayer(model, "x", v1::LayerSpec::DENSE_INPUT, {});
+    AddLayer(model, "both", v1::LayerSpec::CONCAT, {"id", "x"});
+    AddLayer(model, "out", v1::LayerSpec::LINEAR, {"both"})->set_units(softmax ? 3 : 1);
+    AddLayer(model, "loss", v1::LayerSpec::LOSS, {"out"})->set_loss(loss);
+    v1::TableSpec* table = model->add_tables();
+    table->set_name("ids");
+    table->mutable_optimizer()->set_lr(0.1f);
+    v1::JobStatus done;
+    ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &done));
+    EXPECT_FALSE(done.progress().has_test_auc());
+    ASSERT_TRUE(done.progress().has_test_loss());
+    if (softmax) {
+      EXPECT_GT(done.progress().test_accuracy(), 0.95);
+      EXPECT_LT(done.progress().test_loss(), 0.3);
+      EXPECT_NE(done.reason().find("test accuracy"), std::string::npos) << done.reason();
+    } else {
+      EXPECT_LT(done.progress().test_accuracy(), 0) << "a regression has no accuracy";
+      // The labels' variance is about 2 (4/3 from x, 2/3 from the id).
+      EXPECT_LT(done.progress().test_loss(), 0.1);
+      EXPECT_NE(done.reason().find("test loss"), std::string::npos) << done.reason();
+      int evaluations = 0;
+      for (const v1::MetricPoint& point : done.history()) evaluations += point.evaluation() ? 1 : 0;
+      EXPECT_GE(evaluations, 5) << "one an epoch";
+    }
+  }
+}
+
 TEST_F(ClickFileTest, ATrainingFileChangedWhileTheJobRunsFailsItNamingTheFile) {
   Write("changing-train", 0, "libsvm", 1);
   v1::JobSpec spec = FileSpec(v1::DataSpec::LIBSVM, "changing");

@@ -84,23 +84,50 @@ void AppendExample(const SparseDataset& data, int64_t e, Batch* batch) {
   }
 }
 
-// A batch's distinct keys, and each id's index among them.
+// A batch's distinct keys of one table, and each id's index among them (-1
+// for an id of a field the table does not read).
 struct Bags {
   std::vector<uint64_t> keys;
   std::vector<int32_t> rows;
 };
 
-Bags BagsOf(const Batch& batch) {
-  Bags bags;
-  absl::flat_hash_map<uint64_t, int32_t> index;
-  index.reserve(batch.ids.size());
-  bags.rows.reserve(batch.ids.size());
-  for (uint64_t id : batch.ids) {
-    auto [it, fresh] = index.try_emplace(id, static_cast<int32_t>(bags.keys.size()));
-    if (fresh) bags.keys.push_back(id);
-    bags.rows.push_back(it->second);
+// Per table, the bags of the fields it reads (`reads[t][f]`); tables that
+// read the same fields share one computation.
+std::vector<Bags> BagsOf(const Batch& batch, const std::vector<std::vector<bool>>& reads) {
+  std::vector<Bags> tables;
+  for (size_t t = 0; t < reads.size(); ++t) {
+    const auto same = std::find(reads.begin(), reads.begin() + static_cast<std::ptrdiff_t>(t), reads[t]);
+    if (same != reads.begin() + static_cast<std::ptrdiff_t>(t)) {
+      tables.push_back(tables[static_cast<size_t>(same - reads.begin())]);
+      continue;
+    }
+    Bags& bags = tables.emplace_back();
+    absl::flat_hash_map<uint64_t, int32_t> index;
+    index.reserve(batch.ids.size());
+    bags.rows.assign(batch.ids.size(), -1);
+    const size_t fields = reads[t].size();
+    for (size_t bag = 0; bag + 1 < batch.offsets.size(); ++bag) {
+      if (!reads[t][bag % fields]) continue;
+      for (int64_t j = batch.offsets[bag]; j < batch.offsets[bag + 1]; ++j) {
+        const uint64_t id = batch.ids[static_cast<size_t>(j)];
+        auto [it, fresh] = index.try_emplace(id, static_cast<int32_t>(bags.keys.size()));
+        if (fresh) bags.keys.push_back(id);
+        bags.rows[static_cast<size_t>(j)] = it->second;
+      }
+    }
   }
-  return bags;
+  return tables;
+}
+
+// Per table of the layout, per field: whether the table reads its ids.
+std::vector<std::vector<bool>> TableReads(const ModelLayout& layout) {
+  const int32_t fields = layout.graph ? layout.graph_config.num_fields : layout.ctr.num_fields;
+  std::vector<std::vector<bool>> reads;
+  for (const std::vector<int32_t>& table : layout.table_fields) {
+    std::vector<bool>& read = reads.emplace_back(static_cast<size_t>(std::max(0, fields)), false);
+    for (int32_t f : table) read[static_cast<size_t>(f)] = true;
+  }
+  return reads;
 }
 
 uint64_t Gcd(uint64_t a, uint64_t b) {
@@ -227,10 +254,18 @@ absl::StatusOr<std::shared_ptr<const RecordIndex>> IndexFiles(const v1::DataSpec
   return std::shared_ptr<const RecordIndex>(std::move(*index));
 }
 
+// Whether the model scores clicks (labels > 0 are 1, else 0): the preset
+// kinds and graphs with sigmoid cross-entropy; other graphs take labels as
+// the files give them.
+bool BinaryLabels(const v1::JobSpec& spec) {
+  if (spec.model().kind() != v1::ModelSpec::GRAPH) return true;
+  return kernels::GraphLossOf(LayoutFor(spec, 0, 0).graph_config) == kernels::LossKind::kSigmoidCrossEntropy;
+}
+
 // Reads every file `pattern` names into one dataset (the test set).
 absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadFiles(const v1::DataSpec& spec, const std::string& pattern,
                                                                const std::vector<std::string>& roots,
-                                                               int64_t memory_budget) {
+                                                               int64_t memory_budget, bool binary_labels) {
   ASSIGN_OR_RETURN(const std::vector<std::string> files, FilesOf(pattern, roots));
   auto data = std::make_shared<SparseDataset>();
   ReadStats stats;
@@ -252,7 +287,9 @@ absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadFiles(const v1::DataSpe
     }
     RETURN_IF_ERROR(read);
   }
-  for (float& label : data->labels) label = label > 0 ? 1.0f : 0.0f;
+  if (binary_labels) {
+    for (float& label : data->labels) label = label > 0 ? 1.0f : 0.0f;
+  }
   LogRead(pattern, files.size(), data->num_examples(), stats, "read");
   if (data->num_examples() == 0) {
     return absl::InvalidArgumentError(absl::StrCat(pattern, ": no good record in ", files.size(), " files"));
@@ -302,7 +339,8 @@ absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vect
   // budget (a step then copies its examples); beyond, they are indexed and
   // read as steps need them (files bigger than memory).
   absl::StatusOr<std::shared_ptr<const SparseDataset>> held =
-      LoadFiles(data, data.path(), roots, memory_budget > 0 ? std::max<int64_t>(1, memory_budget / 2) : 0);
+      LoadFiles(data, data.path(), roots, memory_budget > 0 ? std::max<int64_t>(1, memory_budget / 2) : 0,
+                BinaryLabels(spec));
   if (held.ok()) {
     loaded.train = *std::move(held);
   } else if (absl::IsResourceExhausted(held.status())) {
@@ -315,7 +353,7 @@ absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vect
   if (!data.test_path().empty()) {
     const int64_t used = loaded.train != nullptr ? HeldBytes(*loaded.train) : loaded.train_index->bytes();
     const int64_t left = memory_budget > 0 ? std::max<int64_t>(1, memory_budget - used) : 0;
-    ASSIGN_OR_RETURN(loaded.test, LoadFiles(data, data.test_path(), roots, left));
+    ASSIGN_OR_RETURN(loaded.test, LoadFiles(data, data.test_path(), roots, left, BinaryLabels(spec)));
   }
   return loaded;
 }
@@ -352,6 +390,11 @@ class ClickRun {
         total_steps_(assignment.total_steps()),
         layout_(LayoutFor(spec_, 0, 0)),
         model_(layout_.ctr),
+        graph_(layout_.graph ? std::make_unique<kernels::GraphModel>(layout_.graph_config) : nullptr),
+        table_reads_(TableReads(layout_)),
+        binary_labels_(BinaryLabels(spec_)),
+        loss_(layout_.graph ? kernels::GraphLossOf(layout_.graph_config) : kernels::LossKind::kSigmoidCrossEntropy),
+        output_width_(layout_.graph ? kernels::GraphOutputWidth(layout_.graph_config) : 1),
         bsp_(spec_.mode() == v1::BSP || spec_.mode() == v1::MODE_UNSPECIFIED) {
     UseMap(assignment.shard_map());
   }
@@ -359,6 +402,8 @@ class ClickRun {
   absl::Status Run();
 
  private:
+  int64_t NumFields() const { return layout_.graph ? layout_.graph_config.num_fields : layout_.ctr.num_fields; }
+  int64_t NumDense() const { return layout_.graph ? layout_.graph_config.num_dense : layout_.ctr.num_dense; }
   void UseMap(const v1::ShardMap& map) {
     auto superseded = [this, version = map.version()] {
       if (hooks_.expect_change) hooks_.expect_change();
@@ -392,16 +437,25 @@ class ClickRun {
   absl::StatusOr<Batch> MakeBatch(int32_t partition, int64_t step, ExampleAudit* audit) const;
   // Pulls the rows of the bags' keys of every table, as steps of `step`
   // read them (BSP; the latest rows otherwise).
-  absl::Status PullRows(const Bags& bags, int64_t step, std::vector<std::vector<float>>* rows) {
-    std::vector<std::vector<uint64_t>> keys(static_cast<size_t>(sparse_->num_tables()), bags.keys);
+  absl::Status PullRows(const std::vector<Bags>& bags, int64_t step, std::vector<std::vector<float>>* rows) {
+    const std::vector<std::vector<uint64_t>> keys = KeysOf(bags);
     return bsp_ ? sparse_->PullAtStep(keys, rows, step, kRpcTimeout) : sparse_->Pull(keys, rows, kRpcTimeout);
   }
-  kernels::CtrBatch ModelBatch(const Batch& batch, const Bags& bags) const;
+  static std::vector<std::vector<uint64_t>> KeysOf(const std::vector<Bags>& bags) {
+    std::vector<std::vector<uint64_t>> keys;
+    for (const Bags& table : bags) keys.push_back(table.keys);
+    return keys;
+  }
+  kernels::GraphBatch ModelBatch(const Batch& batch, const std::vector<Bags>& bags) const;
   kernels::CtrParams ModelParams(const std::vector<std::vector<float>>& rows) const;
+  // The model's pass over `in` with these rows: forward and backward when
+  // `grads`, else forward only; `outputs` gets output_width_ per example.
+  absl::Status RunModel(const kernels::GraphBatch& in, const std::vector<std::vector<float>>& rows,
+                        const kernels::CtrGrads* grads, kernels::CtrStats* stats, float* outputs);
   // The step's gradients into grads_ and row_grads_: at once, or with
   // gradient accumulation as data.batchSize micro-batches one after the
   // other, each adding its share of the mean.
-  absl::Status ComputeGradients(const Batch& batch, const Bags& bags, kernels::CtrStats* stats);
+  absl::Status ComputeGradients(const Batch& batch, const std::vector<Bags>& bags, kernels::CtrStats* stats);
   // One partition step: pull, compute, push. DEADLINE_EXCEEDED (SSP): too
   // far ahead of the slowest partition for now.
   absl::Status Step(int32_t partition, int64_t step);
@@ -442,7 +496,12 @@ class ClickRun {
   const int64_t steps_per_epoch_;
   const int64_t total_steps_;
   const ModelLayout layout_;
-  kernels::CtrModel model_;
+  kernels::CtrModel model_;                     // the preset kinds
+  std::unique_ptr<kernels::GraphModel> graph_;  // GRAPH
+  const std::vector<std::vector<bool>> table_reads_;  // per table, per field: whether it reads the field's ids
+  const bool binary_labels_;
+  const kernels::LossKind loss_;
+  const int output_width_;  // the model's outputs per example
   const bool bsp_;
   std::unique_ptr<ParameterClient> client_;
   std::unique_ptr<SparseClient> sparse_;
@@ -455,7 +514,7 @@ class ClickRun {
   // micro-batches).
   std::vector<std::vector<float>> micro_grads_, micro_rows_, micro_row_grads_;
   std::vector<int64_t> micro_offsets_;
-  std::vector<int32_t> micro_row_of_, micro_ids_, local_of_;
+  std::vector<std::vector<int32_t>> micro_row_of_, micro_ids_, local_of_;  // per table
   int64_t seq_ = 0;
   int failures_ = 0;
   int64_t max_staleness_seen_ = 0;
@@ -477,7 +536,9 @@ absl::StatusOr<Batch> ClickRun::MakeBatch(int32_t partition, int64_t step, Examp
     std::vector<int64_t> examples(static_cast<size_t>(batch_));
     for (int64_t i = 0; i < batch_; ++i) examples[static_cast<size_t>(i)] = order[first + i];
     RETURN_IF_ERROR(train_index_->Read(examples.data(), examples.size(), &records));
-    for (float& label : records.labels) label = label > 0 ? 1.0f : 0.0f;
+    if (binary_labels_) {
+      for (float& label : records.labels) label = label > 0 ? 1.0f : 0.0f;
+    }
   }
   for (int64_t i = 0; i < batch_; ++i) {
     const int64_t example = order[first + i];
@@ -494,16 +555,38 @@ absl::StatusOr<Batch> ClickRun::MakeBatch(int32_t partition, int64_t step, Examp
   return batch;
 }
 
-kernels::CtrBatch ClickRun::ModelBatch(const Batch& batch, const Bags& bags) const {
-  kernels::CtrBatch in;
+kernels::GraphBatch ClickRun::ModelBatch(const Batch& batch, const std::vector<Bags>& bags) const {
+  kernels::GraphBatch in;
   in.batch = batch.size();
   in.labels = batch.labels.data();
   in.dense = batch.dense.empty() ? nullptr : batch.dense.data();
   in.offsets = batch.offsets.data();
-  in.rows = bags.rows.empty() ? nullptr : bags.rows.data();
   in.weights = batch.weights.empty() ? nullptr : batch.weights.data();
-  in.unique_rows = static_cast<int32_t>(bags.keys.size());
+  for (const Bags& table : bags) {
+    in.rows.push_back(table.rows.empty() ? nullptr : table.rows.data());
+    in.unique_rows.push_back(static_cast<int32_t>(table.keys.size()));
+  }
   return in;
+}
+
+absl::Status ClickRun::RunModel(const kernels::GraphBatch& in, const std::vector<std::vector<float>>& rows,
+                                const kernels::CtrGrads* grads, kernels::CtrStats* stats, float* outputs) {
+  const kernels::CtrParams params = ModelParams(rows);
+  if (graph_ != nullptr) {
+    return grads != nullptr ? graph_->ForwardBackward(in, params, *grads, stats, outputs)
+                            : graph_->Forward(in, params, stats, outputs);
+  }
+  // The preset kinds' tables all read every field: one row index serves them.
+  kernels::CtrBatch ctr;
+  ctr.batch = in.batch;
+  ctr.labels = in.labels;
+  ctr.dense = in.dense;
+  ctr.offsets = in.offsets;
+  ctr.weights = in.weights;
+  ctr.rows = in.rows.empty() ? nullptr : in.rows[0];
+  ctr.unique_rows = in.unique_rows.empty() ? 0 : in.unique_rows[0];
+  return grads != nullptr ? model_.ForwardBackward(ctr, params, *grads, stats, outputs)
+                          : model_.Forward(ctr, params, stats, outputs);
 }
 
 kernels::CtrParams ClickRun::ModelParams(const std::vector<std::vector<float>>& rows) const {
@@ -533,37 +616,44 @@ kernels::CtrGrads GradsOf(std::vector<std::vector<float>>* dense, std::vector<st
 
 }  // namespace
 
-absl::Status ClickRun::ComputeGradients(const Batch& batch, const Bags& bags, kernels::CtrStats* stats) {
+absl::Status ClickRun::ComputeGradients(const Batch& batch, const std::vector<Bags>& bags,
+                                        kernels::CtrStats* stats) {
   row_grads_.resize(rows_.size());
   for (size_t t = 0; t < rows_.size(); ++t) row_grads_[t].resize(rows_[t].size());
-  const kernels::CtrBatch whole = ModelBatch(batch, bags);
+  const kernels::GraphBatch whole = ModelBatch(batch, bags);
   const int micro = spec_.data().batch_size();
   if (whole.batch <= micro) {
-    return model_.ForwardBackward(whole, ModelParams(rows_), GradsOf(&grads_, &row_grads_), stats);
+    const kernels::CtrGrads grads = GradsOf(&grads_, &row_grads_);
+    return RunModel(whole, rows_, &grads, stats, nullptr);
   }
   // Gradient accumulation. Each micro-batch computes over its own rows only
-  // (gathered from the step's, its ids renumbered), so a step costs what its
-  // micro-batches do; their gradients are added back at the step's rows.
+  // (gathered per table from the step's, its ids renumbered), so a step
+  // costs what its micro-batches do; their gradients are added back at the
+  // step's rows.
   for (auto& tensor : grads_) std::fill(tensor.begin(), tensor.end(), 0.0f);
   for (auto& table : row_grads_) std::fill(table.begin(), table.end(), 0.0f);
   micro_grads_.resize(grads_.size());
   for (size_t t = 0; t < grads_.size(); ++t) micro_grads_[t].resize(grads_[t].size());
-  micro_rows_.resize(rows_.size());
-  micro_row_grads_.resize(rows_.size());
-  local_of_.assign(static_cast<size_t>(whole.unique_rows), -1);
-  const int64_t fields = layout_.ctr.num_fields, dense = layout_.ctr.num_dense;
+  const size_t tables = rows_.size();
+  micro_rows_.resize(tables);
+  micro_row_grads_.resize(tables);
+  micro_row_of_.resize(tables);
+  micro_ids_.resize(tables);
+  local_of_.resize(tables);
+  std::vector<size_t> dims;  // each table's floats a row
+  for (size_t t = 0; t < tables; ++t) {
+    local_of_[t].assign(static_cast<size_t>(whole.unique_rows[t]), -1);
+    dims.push_back(whole.unique_rows[t] > 0 ? rows_[t].size() / static_cast<size_t>(whole.unique_rows[t]) : 0);
+  }
+  const int64_t fields = NumFields(), dense = NumDense();
   // Every micro-batch has `micro` examples: each adds its mean times micro / batch.
   const float share = static_cast<float>(micro) / static_cast<float>(whole.batch);
-  std::vector<size_t> dims;  // each table's floats a row
-  for (const auto& table : rows_) {
-    dims.push_back(whole.unique_rows > 0 ? table.size() / static_cast<size_t>(whole.unique_rows) : 0);
-  }
   for (int first = 0; first < whole.batch; first += micro) {
-    kernels::CtrBatch part = whole;
+    kernels::GraphBatch part = whole;
     part.batch = micro;
     part.labels = whole.labels + first;
     if (whole.dense != nullptr) part.dense = whole.dense + first * dense;
-    micro_ids_.clear();  // the step's row of each of this micro-batch's rows
+    for (auto& ids : micro_ids_) ids.clear();  // per table: the step's row of each of this micro-batch's rows
     if (whole.offsets != nullptr) {
       // The micro-batch's bags, their offsets starting over at 0 and their
       // ids numbered by first appearance.
@@ -573,40 +663,46 @@ absl::Status ClickRun::ComputeGradients(const Batch& batch, const Bags& bags, ke
       part.offsets = micro_offsets_.data();
       if (whole.weights != nullptr) part.weights = whole.weights + offsets[0];
       const int64_t ids = offsets[micro * fields] - offsets[0];
-      micro_row_of_.resize(static_cast<size_t>(ids));
-      for (int64_t i = 0; i < ids; ++i) {
-        const int32_t row = whole.rows[offsets[0] + i];
-        int32_t& local = local_of_[static_cast<size_t>(row)];
-        if (local < 0) {
-          local = static_cast<int32_t>(micro_ids_.size());
-          micro_ids_.push_back(row);
+      for (size_t t = 0; t < tables; ++t) {
+        micro_row_of_[t].resize(static_cast<size_t>(ids));
+        for (int64_t i = 0; i < ids; ++i) {
+          const int32_t row = whole.rows[t][offsets[0] + i];
+          if (row < 0) {  // a field this table does not read
+            micro_row_of_[t][static_cast<size_t>(i)] = -1;
+            continue;
+          }
+          int32_t& local = local_of_[t][static_cast<size_t>(row)];
+          if (local < 0) {
+            local = static_cast<int32_t>(micro_ids_[t].size());
+            micro_ids_[t].push_back(row);
+          }
+          micro_row_of_[t][static_cast<size_t>(i)] = local;
         }
-        micro_row_of_[static_cast<size_t>(i)] = local;
+        part.rows[t] = ids > 0 ? micro_row_of_[t].data() : nullptr;
       }
-      part.rows = ids > 0 ? micro_row_of_.data() : nullptr;
     }
-    part.unique_rows = static_cast<int32_t>(micro_ids_.size());
-    for (size_t t = 0; t < rows_.size(); ++t) {
+    for (size_t t = 0; t < tables; ++t) {
       const size_t dim = dims[t];
-      micro_rows_[t].resize(micro_ids_.size() * dim);
-      micro_row_grads_[t].resize(micro_ids_.size() * dim);
-      for (size_t i = 0; i < micro_ids_.size(); ++i) {
-        std::copy_n(rows_[t].begin() + static_cast<std::ptrdiff_t>(micro_ids_[i] * dim), dim,
+      part.unique_rows[t] = static_cast<int32_t>(micro_ids_[t].size());
+      micro_rows_[t].resize(micro_ids_[t].size() * dim);
+      micro_row_grads_[t].resize(micro_ids_[t].size() * dim);
+      for (size_t i = 0; i < micro_ids_[t].size(); ++i) {
+        std::copy_n(rows_[t].begin() + static_cast<std::ptrdiff_t>(micro_ids_[t][i] * dim), dim,
                     micro_rows_[t].begin() + static_cast<std::ptrdiff_t>(i * dim));
       }
     }
-    RETURN_IF_ERROR(
-        model_.ForwardBackward(part, ModelParams(micro_rows_), GradsOf(&micro_grads_, &micro_row_grads_), stats));
+    const kernels::CtrGrads grads = GradsOf(&micro_grads_, &micro_row_grads_);
+    RETURN_IF_ERROR(RunModel(part, micro_rows_, &grads, stats, nullptr));
     AddScaled(micro_grads_, share, &grads_);
-    for (size_t t = 0; t < rows_.size(); ++t) {
+    for (size_t t = 0; t < tables; ++t) {
       const size_t dim = dims[t];
-      for (size_t i = 0; i < micro_ids_.size(); ++i) {
-        float* out = row_grads_[t].data() + micro_ids_[i] * dim;
+      for (size_t i = 0; i < micro_ids_[t].size(); ++i) {
+        float* out = row_grads_[t].data() + micro_ids_[t][i] * dim;
         const float* in = micro_row_grads_[t].data() + i * dim;
         for (size_t d = 0; d < dim; ++d) out[d] += share * in[d];
       }
+      for (int32_t row : micro_ids_[t]) local_of_[t][static_cast<size_t>(row)] = -1;
     }
-    for (int32_t row : micro_ids_) local_of_[static_cast<size_t>(row)] = -1;
   }
   return absl::OkStatus();
 }
@@ -627,13 +723,13 @@ absl::Status ClickRun::Step(int32_t partition, int64_t step) {
 absl::Status ClickRun::ComputeAndPush(int32_t partition, int64_t step, absl::Time start) {
   ExampleAudit audit;
   ASSIGN_OR_RETURN(const Batch batch, MakeBatch(partition, step, &audit));
-  const Bags bags = BagsOf(batch);
+  const std::vector<Bags> bags = BagsOf(batch, table_reads_);
   RETURN_IF_ERROR(PullRows(bags, step, &rows_));
   const absl::Time compute_start = absl::Now();
   kernels::CtrStats stats;
   RETURN_IF_ERROR(ComputeGradients(batch, bags, &stats));
   if (hooks_.observe_compute) hooks_.observe_compute(absl::ToDoubleSeconds(absl::Now() - compute_start), 0);
-  std::vector<std::vector<uint64_t>> keys(rows_.size(), bags.keys);
+  const std::vector<std::vector<uint64_t>> keys = KeysOf(bags);
   const bool die_mid_push = ExitMidPushNow();
   RETURN_IF_ERROR(sparse_->Push(partition, step, keys, row_grads_, kRpcTimeout));
   if (die_mid_push) {  // SetExitMidPush's fault
@@ -663,24 +759,35 @@ absl::Status ClickRun::EvaluateAndReport(int64_t step, bool pull) {
   for (int64_t first = 0; first < test_->num_examples(); first += kEvalBatch) {
     const int64_t count = std::min<int64_t>(kEvalBatch, test_->num_examples() - first);
     const Batch batch = Slice(*test_, first, count);
-    const Bags bags = BagsOf(batch);
+    const std::vector<Bags> bags = BagsOf(batch, table_reads_);
     std::vector<std::vector<float>> rows;
     RETURN_IF_ERROR(PullRows(bags, step, &rows));
-    std::vector<float> logits(static_cast<size_t>(count));
-    RETURN_IF_ERROR(model_.Forward(ModelBatch(batch, bags), ModelParams(rows), &stats, logits.data()));
+    std::vector<float> outputs(static_cast<size_t>(count * output_width_));
+    RETURN_IF_ERROR(RunModel(ModelBatch(batch, bags), rows, nullptr, &stats, outputs.data()));
     for (int64_t i = 0; i < count; ++i) {
-      correct += (logits[static_cast<size_t>(i)] > 0) == (batch.labels[static_cast<size_t>(i)] > 0.5f);
+      const float label = batch.labels[static_cast<size_t>(i)];
+      if (loss_ == kernels::LossKind::kSoftmaxCrossEntropy) {
+        const auto row = outputs.begin() + i * output_width_;
+        correct += std::max_element(row, row + output_width_) - row == static_cast<std::ptrdiff_t>(label);
+      } else {
+        correct += (outputs[static_cast<size_t>(i)] > 0) == (label > 0.5f);
+      }
     }
-    scores.insert(scores.end(), logits.begin(), logits.end());
+    if (loss_ == kernels::LossKind::kSigmoidCrossEntropy) scores.insert(scores.end(), outputs.begin(), outputs.end());
     labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
   }
   v1::WorkReport report;
   report.set_kind(v1::WorkReport::EVAL);
   report.set_step(step);
   report.set_epoch(static_cast<int32_t>((step + steps_per_epoch_ - 1) / steps_per_epoch_));
-  report.set_test_accuracy(static_cast<double>(correct) / std::max<int64_t>(1, stats.count));
+  // A regression (squared error) has no accuracy: -1, as before any evaluation.
+  report.set_test_accuracy(loss_ == kernels::LossKind::kMeanSquaredError
+                               ? -1.0
+                               : static_cast<double>(correct) / std::max<int64_t>(1, stats.count));
   report.set_test_loss(stats.loss_sum / std::max<int64_t>(1, stats.count));
-  report.set_test_auc(Auc(scores, labels));  // logits rank as the probabilities do
+  if (loss_ == kernels::LossKind::kSigmoidCrossEntropy) {
+    report.set_test_auc(Auc(scores, labels));  // logits rank as the probabilities do
+  }
   hooks_.report(report);
   return absl::OkStatus();
 }
@@ -909,13 +1016,16 @@ absl::Status ClickRun::RunAsync() {
 
 absl::Status RunClickJob(const std::string& worker_id, const TrainerHooks& hooks, ParameterTransport* transport,
                          const v1::Assignment& assignment, ClickData data) {
-  kernels::CtrModelConfig config = LayoutFor(assignment.spec(), 0, 0).ctr;
-  RETURN_IF_ERROR(kernels::ValidateCtrModelConfig(config));
+  const ModelLayout layout = LayoutFor(assignment.spec(), 0, 0);
+  RETURN_IF_ERROR(layout.graph ? kernels::ValidateGraphConfig(layout.graph_config)
+                               : kernels::ValidateCtrModelConfig(layout.ctr));
+  const int32_t model_fields = layout.graph ? layout.graph_config.num_fields : layout.ctr.num_fields;
+  const int32_t model_dense = layout.graph ? layout.graph_config.num_dense : layout.ctr.num_dense;
   const auto check = [&](int32_t fields, int32_t dense) {
-    if (fields == config.num_fields && dense == config.num_dense) return absl::OkStatus();
+    if (fields == model_fields && dense == model_dense) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat("the click data has ", fields, " fields and ", dense,
-                                                      " dense features; the model reads ", config.num_fields, " and ",
-                                                      config.num_dense));
+                                                      " dense features; the model reads ", model_fields, " and ",
+                                                      model_dense));
   };
   if (data.train != nullptr) RETURN_IF_ERROR(check(data.train->num_fields, data.train->num_dense));
   if (data.train_index != nullptr) {

@@ -202,7 +202,7 @@ std::string ModelText(const v1::JobSpec& spec) {
   if (spec.model().kind() == v1::ModelSpec::GRAPH) {
     return absl::StrCat("layer graph of ", spec.model().layers_size(), " layers");
   }
-  if (IsClickModel(spec.model())) {
+  if (IsClickModel(spec)) {
     return absl::StrCat(v1::ModelSpec::Kind_Name(spec.model().kind()), ", embedding dim ", spec.model().embedding_dim());
   }
   std::vector<std::string> sizes;

@@ -53,16 +53,23 @@ inline int32_t ClickDense(const v1::DataSpec& data) {
   }
 }
 
-// The click models (data from sparse features, tables for the ids).
-inline bool IsClickModel(const v1::ModelSpec& model) {
-  switch (model.kind()) {
+// The dense models' data (features and a class per example).
+inline bool IsDenseData(const v1::DataSpec& data) {
+  return data.dataset() == v1::DataSpec::FASHION_MNIST || data.dataset() == v1::DataSpec::SYNTHETIC;
+}
+
+// The click models (data from sparse features, tables for the ids): the
+// click kinds, and a GRAPH unless its data is dense (then it is an MLP).
+inline bool IsClickModel(const v1::JobSpec& spec) {
+  switch (spec.model().kind()) {
     case v1::ModelSpec::LOGISTIC_REGRESSION:
     case v1::ModelSpec::FM:
     case v1::ModelSpec::WIDE_AND_DEEP:
     case v1::ModelSpec::DEEPFM:
     case v1::ModelSpec::DLRM:
-    case v1::ModelSpec::GRAPH:
       return true;
+    case v1::ModelSpec::GRAPH:
+      return !IsDenseData(spec.data());
     default:
       return false;
   }

@@ -301,6 +301,12 @@ absl::Status ValidateGraphConfig(const GraphConfig& config) {
   return Resolve(config, &inputs, &shapes);
 }
 
+int64_t GraphValuesPerExample(const GraphConfig& config) {
+  int64_t total = 0;
+  for (const GraphShape& shape : GraphShapes(config)) total += shape.width();
+  return total;
+}
+
 std::vector<TensorInfo> GraphDenseTensors(const GraphConfig& config) {
   const std::vector<GraphShape> shapes = GraphShapes(config);
   std::map<std::string, int64_t> width;
@@ -347,6 +353,60 @@ std::vector<std::vector<int32_t>> GraphTableFields(const GraphConfig& config) {
   std::vector<std::vector<int32_t>> out;
   for (const auto& set : fields) out.emplace_back(set.begin(), set.end());
   return out;
+}
+
+absl::Status GraphAsMlp(const std::vector<GraphLayer>& layers, int32_t classes, std::vector<int>* hidden,
+                        Activation* activation, std::vector<std::string>* linear_names) {
+  hidden->clear();
+  linear_names->clear();
+  *activation = Activation::kNone;
+  const std::string shape =
+      "over FASHION_MNIST or SYNTHETIC data a graph is an MLP: DENSE_INPUT, LINEAR layers each but the last "
+      "followed by one ACTIVATION of one kind, then a SOFTMAX_CROSS_ENTROPY LOSS";
+  if (layers.size() < 3) {
+    return absl::InvalidArgumentError(absl::StrCat("graph: has ", layers.size(), " layers; ", shape));
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const GraphLayer& layer = layers[i];
+    const bool first = i == 0, last = i + 1 == layers.size();
+    LayerType want = LayerType::kLinear;
+    if (first) {
+      want = LayerType::kDenseInput;
+    } else if (last) {
+      want = LayerType::kLoss;
+    } else if (layers[i - 1].type == LayerType::kLinear) {
+      want = LayerType::kActivation;  // a LINEAR before the last is a hidden one
+    }
+    if (layer.type != want) {
+      return LayerError(i, layer, absl::StrCat("expected ", TypeName(want), ": ", shape));
+    }
+    if (!first && (layer.inputs.size() != 1 || layer.inputs[0] != layers[i - 1].name)) {
+      return LayerError(i, layer, absl::StrCat("must read the layer before it, \"", layers[i - 1].name, "\": ", shape));
+    }
+    if (layer.type == LayerType::kActivation) {
+      if (*activation != Activation::kNone && layer.activation != *activation) {
+        return LayerError(i, layer, absl::StrCat("the MLP takes one activation, ", ActivationName(*activation),
+                                                 " before: ", shape));
+      }
+      *activation = layer.activation;
+    }
+    if (layer.type == LayerType::kLinear) {
+      linear_names->push_back(layer.name);
+      if (i + 2 < layers.size()) hidden->push_back(layer.units);  // not the output layer
+    }
+    if (last && layer.loss != LossKind::kSoftmaxCrossEntropy) {
+      return LayerError(i, layer, absl::StrCat("loss must be SOFTMAX_CROSS_ENTROPY: ", shape));
+    }
+  }
+  const GraphLayer& output = layers[layers.size() - 2];
+  if (output.type != LayerType::kLinear) {
+    return LayerError(layers.size() - 2, output, absl::StrCat("expected LINEAR (the output layer): ", shape));
+  }
+  if (classes > 0 && output.units != classes) {
+    return LayerError(layers.size() - 2, output,
+                      absl::StrCat("units = ", output.units, ", the data has ", classes, " classes"));
+  }
+  return absl::OkStatus();
 }
 
 LossKind GraphLossOf(const GraphConfig& config) {

@@ -107,6 +107,10 @@ struct GraphShape {
 // Every layer's shape, in layer order. The config must be valid.
 std::vector<GraphShape> GraphShapes(const GraphConfig& config);
 
+// The values of every layer together for one example: GraphModel keeps
+// them and their gradients per example of a batch. Valid config.
+int64_t GraphValuesPerExample(const GraphConfig& config);
+
 // The dense tensors in layer order: per kLinear layer "<name>.weight" [in,
 // units] (uniform in +-sqrt(6 / (in + units))) and "<name>.bias" [units]
 // (zeros); per kAdd with bias "<name>.bias" [width] (zeros). The config
@@ -126,6 +130,16 @@ std::vector<std::vector<int32_t>> GraphTableFields(const GraphConfig& config);
 // is "dense.weight" (with "dense_lin.bias" an extra bias, its gradient the
 // bias's); the tables keep theirs.
 GraphConfig CtrModelAsGraph(const CtrModelConfig& config);
+
+// A graph over dense data (FASHION_MNIST, SYNTHETIC) runs on the workers'
+// backend as the MLP of kernels/mlp.h: DENSE_INPUT, then LINEAR layers, each
+// but the last followed by one ACTIVATION (one kind throughout), the last
+// of `classes` units, then a SOFTMAX_CROSS_ENTROPY LOSS. Writes the MLP's
+// hidden widths and activation (kNone without hidden layers) and the LINEAR
+// layers' names; INVALID_ARGUMENT naming the layer that breaks the shape.
+// `classes` 0: not checked.
+absl::Status GraphAsMlp(const std::vector<GraphLayer>& layers, int32_t classes, std::vector<int>* hidden,
+                        Activation* activation, std::vector<std::string>* linear_names);
 
 // The loss and the width of the model's output per example (1, or the
 // classes of softmax). Valid config.

@@ -1,6 +1,8 @@
 #include "kernels/model_from_spec.h"
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "common/table_spec.h"
 
@@ -51,7 +53,7 @@ ModelLayout GraphLayout(const v1::JobSpec& spec) {
   kernels::GraphConfig& graph = layout.graph_config;
   graph.num_fields = ClickFields(spec.data());
   graph.num_dense = ClickDense(spec.data());
-  for (const v1::LayerSpec& layer : spec.model().layers()) graph.layers.push_back(LayerOf(layer));
+  graph.layers = GraphLayersOf(spec.model());
   if (!kernels::ValidateGraphConfig(graph).ok()) return layout;  // no tensors or tables: validation says why
   layout.tensors = kernels::GraphDenseTensors(graph);
   layout.tables = kernels::GraphTables(graph);
@@ -88,8 +90,14 @@ ModelLayout ClickLayout(const v1::JobSpec& spec) {
 
 }  // namespace
 
+std::vector<kernels::GraphLayer> GraphLayersOf(const v1::ModelSpec& model) {
+  std::vector<kernels::GraphLayer> layers;
+  for (const v1::LayerSpec& layer : model.layers()) layers.push_back(LayerOf(layer));
+  return layers;
+}
+
 ModelLayout LayoutFor(const v1::JobSpec& spec, int features, int classes) {
-  if (IsClickModel(spec.model())) return ClickLayout(spec);
+  if (IsClickModel(spec)) return ClickLayout(spec);
   ModelLayout layout;
   layout.config.input_dim = features;
   layout.config.num_classes = classes;
@@ -97,7 +105,22 @@ ModelLayout LayoutFor(const v1::JobSpec& spec, int features, int classes) {
     layout.config.hidden.assign(spec.model().hidden_sizes().begin(), spec.model().hidden_sizes().end());
   }
   layout.config.activation = ActivationOf(spec.model().activation());
+  std::vector<std::string> names;  // a GRAPH's: its LINEAR layers'
+  if (spec.model().kind() == v1::ModelSpec::GRAPH) {
+    const std::vector<kernels::GraphLayer> layers = GraphLayersOf(spec.model());
+    // The scheduler checked the shape (an MLP); on a graph that is not one
+    // the layout is of no tensors.
+    if (!kernels::GraphAsMlp(layers, 0, &layout.config.hidden, &layout.config.activation, &names).ok()) return layout;
+    // Without hidden layers the activation is unused; the kinds say relu.
+    if (layout.config.activation == kernels::Activation::kNone) layout.config.activation = kernels::Activation::kRelu;
+  }
   layout.tensors = kernels::MlpTensors(layout.config);
+  // The same tensors in the same order as the kind MLP (so the same
+  // initial values, which follow the tensor's index), named after the layers.
+  for (size_t i = 0; i < names.size() && 2 * i + 1 < layout.tensors.size(); ++i) {
+    layout.tensors[2 * i].name = names[i] + ".weight";
+    layout.tensors[2 * i + 1].name = names[i] + ".bias";
+  }
   return layout;
 }
 

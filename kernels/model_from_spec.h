@@ -29,6 +29,9 @@ struct ModelLayout {
   std::vector<std::vector<int32_t>> table_fields;
 };
 
+// A GRAPH's layers as the kernels take them.
+std::vector<kernels::GraphLayer> GraphLayersOf(const v1::ModelSpec& model);
+
 // `features` and `classes` come from the loaded dataset (click models take
 // their shape from the spec alone).
 ModelLayout LayoutFor(const v1::JobSpec& spec, int features, int classes);

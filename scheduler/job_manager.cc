@@ -30,7 +30,8 @@ void AddHistoryPoint(v1::JobStatus* status, const v1::MetricPoint& point) {
   auto* history = status->mutable_history();
   int kept = 0;
   for (int i = 0; i < history->size(); ++i) {
-    bool evaluation = history->Get(i).evaluation();
+    // (Points saved before `evaluation` existed: an evaluation had an accuracy.)
+    bool evaluation = history->Get(i).evaluation() || history->Get(i).test_accuracy() >= 0;
     bool last = i + 1 == history->size();
     if (evaluation || last || i % 2 == 0) history->SwapElements(kept++, i);
   }

@@ -241,7 +241,7 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
     spec->mutable_checkpoint()->set_keep_last(3);
   }
   if (spec->checkpoint().full_every() == 0) spec->mutable_checkpoint()->set_full_every(8);
-  if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(IsClickModel(spec->model()) ? v1::ASP : v1::BSP);
+  if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(IsClickModel(*spec) ? v1::ASP : v1::BSP);
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP32);
   if (spec->wire_format() == v1::WIRE_FORMAT_UNSPECIFIED) spec->set_wire_format(v1::WIRE_FP32);
   if (spec->compression().kind() == v1::CompressionSpec::TOPK && spec->compression().topk_ratio() == 0) {
@@ -298,10 +298,11 @@ absl::Status ValidateEarlyStopping(const v1::JobSpec& spec) {
   if (e.metric() == v1::EarlyStoppingSpec::METRIC_UNSPECIFIED) {
     return Invalid("earlyStopping.metric", "must be TEST_LOSS, TEST_ACCURACY or TEST_AUC with a patience", "unset");
   }
-  if (e.metric() == v1::EarlyStoppingSpec::TEST_AUC && !IsClickModel(spec.model())) {
+  if (e.metric() == v1::EarlyStoppingSpec::TEST_AUC && !IsClickModel(spec)) {
     return Invalid("earlyStopping.metric", "TEST_AUC needs a click model (other models report no AUC)", "TEST_AUC");
   }
-  if (spec.model().kind() == v1::ModelSpec::GRAPH && e.metric() != v1::EarlyStoppingSpec::TEST_LOSS) {
+  if (spec.model().kind() == v1::ModelSpec::GRAPH && IsClickModel(spec) &&
+      e.metric() != v1::EarlyStoppingSpec::TEST_LOSS) {
     const ModelLayout layout = LayoutFor(spec, 0, 0);
     const kernels::LossKind loss = kernels::GraphLossOf(layout.graph_config);
     if (e.metric() == v1::EarlyStoppingSpec::TEST_AUC && loss != kernels::LossKind::kSigmoidCrossEntropy) {
@@ -339,12 +340,17 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid("name", "must be at most 128 characters", absl::StrCat(Utf8Length(spec.name())));
   }
   if (!IsPrintable(spec.name())) return Invalid("name", "must not contain control characters", Quote(spec.name()));
-  if (IsClickModel(spec.model())) {
+  if (IsClickModel(spec)) {
     RETURN_IF_ERROR(ValidateClickJob(spec));
   } else {
     RETURN_IF_ERROR(ValidateNotClick(spec));
-    RETURN_IF_ERROR(ValidateModel(spec.model()));
-    RETURN_IF_ERROR(ValidateData(spec.data()));
+    if (spec.model().kind() == v1::ModelSpec::GRAPH) {
+      RETURN_IF_ERROR(ValidateData(spec.data()));  // the graph's shape follows the data's
+      RETURN_IF_ERROR(ValidateDenseGraph(spec));
+    } else {
+      RETURN_IF_ERROR(ValidateModel(spec.model()));
+      RETURN_IF_ERROR(ValidateData(spec.data()));
+    }
   }
   RETURN_IF_ERROR(ValidateDataSteps(spec.data()));
   RETURN_IF_ERROR(ValidateStepShape(spec));

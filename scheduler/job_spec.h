@@ -31,6 +31,9 @@ absl::Status ValidateDataPath(const std::string& field, const std::string& path)
 // other models, that no click field is set.
 absl::Status ValidateClickJob(const v1::JobSpec& spec);
 absl::Status ValidateNotClick(const v1::JobSpec& spec);
+// A GRAPH over dense data (FASHION_MNIST, SYNTHETIC): an MLP's shape
+// (kernels/graph_model.h GraphAsMlp) of the data's features and classes.
+absl::Status ValidateDenseGraph(const v1::JobSpec& spec);
 
 }  // namespace fulcrum
 

@@ -1,6 +1,7 @@
 // Validation of the click models' parts of a job spec: the model, its
 // sparse tables, the synthetic click data, and what such a job cannot use
 // yet. Every rejection names the field as users write it.
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -55,6 +56,40 @@ absl::Status ValidateGraphShape(const v1::ModelSpec& model) {
   }
   if (model.layers_size() < 1 || model.layers_size() > 256) {
     return Invalid("model.layers", "must list 1 to 256 layers for GRAPH", absl::StrCat(model.layers_size(), " layers"));
+  }
+  // Settings the kernels' defaults would hide when set on another type.
+  for (int i = 0; i < model.layers_size(); ++i) {
+    const v1::LayerSpec& layer = model.layers(i);
+    if (layer.combiner() != v1::ModelSpec::COMBINER_UNSPECIFIED && layer.type() != v1::LayerSpec::EMBEDDING) {
+      return Invalid(absl::StrCat("model.layers[", i, "].combiner"), "applies to EMBEDDING layers only",
+                     v1::ModelSpec::Combiner_Name(layer.combiner()));
+    }
+    if (layer.loss() != v1::LayerSpec::LOSS_UNSPECIFIED && layer.type() != v1::LayerSpec::LOSS) {
+      return Invalid(absl::StrCat("model.layers[", i, "].loss"), "applies to the LOSS layer only",
+                     v1::LayerSpec::Loss_Name(layer.loss()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// What a click graph claims beyond its shape: a dense tensor (the job's
+// steps and SSP's bound are kept on the dense path), and a bounded scratch
+// (every layer's values and gradients for a batch, or for an evaluation's
+// batch of 1000).
+absl::Status ValidateClickGraphClaims(const v1::JobSpec& spec, const ModelLayout& layout) {
+  if (layout.tensors.empty()) {
+    return Invalid("model.layers",
+                   "need a dense tensor (a LINEAR layer, or an ADD with bias: true): a job's steps and SSP's bound "
+                   "are kept on its dense tensors",
+                   "a graph of tables only");
+  }
+  const int64_t batch = std::max<int64_t>(spec.data().batch_size(), 1000);
+  const int64_t values = batch * kernels::GraphValuesPerExample(layout.graph_config);
+  if (values > (int64_t{1} << 28)) {
+    return Invalid("model.layers",
+                   absl::StrCat("take ", values, " values for a batch of ", batch,
+                                " (its examples times every layer's values an example), more than 2^28"),
+                   absl::StrCat(kernels::GraphValuesPerExample(layout.graph_config), " values an example"));
   }
   return absl::OkStatus();
 }
@@ -139,6 +174,7 @@ absl::Status ValidateTables(const v1::JobSpec& spec) {
   if (layout.graph) {
     const absl::Status graph = kernels::ValidateGraphConfig(layout.graph_config);
     if (!graph.ok()) return absl::InvalidArgumentError(absl::StrCat("job spec: model.layers: ", graph.message()));
+    RETURN_IF_ERROR(ValidateClickGraphClaims(spec, layout));
   }
   std::set<std::string> names;
   std::string known;  // in the model's order
@@ -229,7 +265,8 @@ absl::Status ValidateClickData(const v1::DataSpec& data) {
     case v1::DataSpec::CSV:
       return ValidateFileClickData(data);
     default:
-      return Invalid("data.dataset", "must be SYNTHETIC_CTR, LIBSVM or CSV for a click model",
+      return Invalid("data.dataset", "must be SYNTHETIC_CTR, LIBSVM or CSV for a click model (a GRAPH also takes "
+                                     "FASHION_MNIST and SYNTHETIC, as an MLP)",
                      v1::DataSpec::Dataset_Name(data.dataset()));
   }
 }
@@ -254,6 +291,24 @@ absl::Status ValidateClickLimits(const v1::JobSpec& spec) {
 
 }  // namespace
 
+absl::Status ValidateDenseGraph(const v1::JobSpec& spec) {
+  RETURN_IF_ERROR(ValidateGraphShape(spec.model()));
+  const v1::DataSpec& data = spec.data();
+  const bool mnist = data.dataset() == v1::DataSpec::FASHION_MNIST;
+  kernels::GraphConfig graph;
+  graph.num_dense = mnist ? 784 : data.synthetic_features();
+  graph.layers = GraphLayersOf(spec.model());
+  absl::Status valid = kernels::ValidateGraphConfig(graph);
+  if (valid.ok()) {
+    std::vector<int> hidden;
+    kernels::Activation activation;
+    std::vector<std::string> names;
+    valid = kernels::GraphAsMlp(graph.layers, mnist ? 10 : data.synthetic_classes(), &hidden, &activation, &names);
+  }
+  if (valid.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("job spec: model.layers: ", valid.message()));
+}
+
 absl::Status ValidateClickJob(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ValidateClickShape(spec.model()));
   RETURN_IF_ERROR(ValidateClickData(spec.data()));
@@ -270,7 +325,9 @@ absl::Status ValidateNotClick(const v1::JobSpec& spec) {
     return Invalid("model.combiner", "applies to click models only", v1::ModelSpec::Combiner_Name(model.combiner()));
   }
   if (model.tables_size() > 0) return Invalid("model.tables", "apply to click models only", "tables");
-  if (model.layers_size() > 0) return Invalid("model.layers", "apply to GRAPH only", absl::StrCat(model.layers_size(), " layers"));
+  if (model.layers_size() > 0 && model.kind() != v1::ModelSpec::GRAPH) {
+    return Invalid("model.layers", "apply to GRAPH only", absl::StrCat(model.layers_size(), " layers"));
+  }
   if (model.bottom_sizes_size() > 0) {
     return Invalid("model.bottomSizes", "applies to DLRM only", absl::StrCat(model.bottom_sizes_size(), " sizes"));
   }

@@ -161,6 +161,67 @@ TEST(ClickSpecTest, AGraphIsAClickModelWithTheTablesItsLayersName) {
             (std::vector<std::vector<int32_t>>(2, {0, 1, 2, 3, 4, 5, 6, 7})));
 }
 
+// Over FASHION_MNIST or SYNTHETIC data a GRAPH is an MLP: its layout is
+// the kind MLP's tensors, in order, named after its LINEAR layers; any
+// other shape is refused naming the layer.
+TEST(ClickSpecTest, AGraphOverDenseDataIsAnMlp) {
+  auto spec_of = [](const std::function<void(v1::ModelSpec*)>& edit) {
+    v1::JobSpec spec;
+    spec.mutable_model()->set_kind(v1::ModelSpec::GRAPH);
+    v1::ModelSpec* model = spec.mutable_model();
+    AddLayer(model, "x", v1::LayerSpec::DENSE_INPUT);
+    AddLayer(model, "h", v1::LayerSpec::LINEAR, {"x"})->set_units(32);
+    AddLayer(model, "a", v1::LayerSpec::ACTIVATION, {"h"})->set_activation(v1::TANH);
+    AddLayer(model, "out", v1::LayerSpec::LINEAR, {"a"})->set_units(10);
+    AddLayer(model, "loss", v1::LayerSpec::LOSS, {"out"})->set_loss(v1::LayerSpec::SOFTMAX_CROSS_ENTROPY);
+    if (edit) edit(model);
+    spec.mutable_data()->set_dataset(v1::DataSpec::FASHION_MNIST);
+    spec.mutable_data()->set_path("/usr/share/datasets/fashion-mnist");
+    spec.mutable_data()->set_batch_size(64);
+    spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
+    spec.mutable_optimizer()->set_lr(0.1f);
+    ApplyJobSpecDefaults(&spec);
+    return spec;
+  };
+  const v1::JobSpec good = spec_of(nullptr);
+  ASSERT_TRUE(ValidateJobSpec(good).ok()) << ValidateJobSpec(good);
+  EXPECT_EQ(good.mode(), v1::BSP) << "a dense job's default";
+  const ModelLayout layout = LayoutFor(good, 784, 10);
+  EXPECT_FALSE(layout.click);
+  EXPECT_EQ(layout.config.hidden, std::vector<int>{32});
+  EXPECT_EQ(layout.config.activation, kernels::Activation::kTanh);
+  ASSERT_EQ(layout.tensors.size(), 4u);
+  EXPECT_EQ(layout.tensors[0].name, "h.weight");
+  EXPECT_EQ(layout.tensors[0].shape, (std::vector<int64_t>{784, 32}));
+  EXPECT_EQ(layout.tensors[3].name, "out.bias");
+  const std::vector<std::pair<std::function<void(v1::ModelSpec*)>, std::string>> bad = {
+      {[](v1::ModelSpec* m) { m->mutable_layers(3)->set_units(7); },
+       "layer 3 (\"out\", LINEAR): units = 7, the data has 10 classes"},
+      {[](v1::ModelSpec* m) { m->mutable_layers(4)->set_loss(v1::LayerSpec::MEAN_SQUARED_ERROR); },
+       "layer 4 (\"loss\", LOSS): \"out\" has 10 values; this loss scores 1"},
+      {[](v1::ModelSpec* m) { m->mutable_layers(2)->set_type(v1::LayerSpec::REDUCE_SUM); m->mutable_layers(2)->clear_activation(); },
+       "layer 2 (\"a\", REDUCE_SUM): expected ACTIVATION"},
+      {[](v1::ModelSpec* m) {
+         m->clear_layers();
+         AddLayer(m, "x", v1::LayerSpec::DENSE_INPUT);
+         AddLayer(m, "h", v1::LayerSpec::LINEAR, {"x"})->set_units(32);
+         AddLayer(m, "a", v1::LayerSpec::ACTIVATION, {"h"})->set_activation(v1::TANH);
+         AddLayer(m, "h2", v1::LayerSpec::LINEAR, {"a"})->set_units(16);
+         AddLayer(m, "a2", v1::LayerSpec::ACTIVATION, {"h2"})->set_activation(v1::RELU);
+         AddLayer(m, "out", v1::LayerSpec::LINEAR, {"a2"})->set_units(10);
+         AddLayer(m, "loss", v1::LayerSpec::LOSS, {"out"})->set_loss(v1::LayerSpec::SOFTMAX_CROSS_ENTROPY);
+       },
+       "the MLP takes one activation"},
+      {[](v1::ModelSpec* m) { m->mutable_layers(0)->set_type(v1::LayerSpec::EMBEDDING); m->mutable_layers(0)->set_table("t"); m->mutable_layers(0)->set_dim(4); },
+       "the data has no categorical fields"},
+  };
+  for (const auto& [edit, message] : bad) {
+    const absl::Status status = ValidateJobSpec(spec_of(edit));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_TRUE(Contains(status.message(), message)) << status;
+  }
+}
+
 struct ClickReject {
   std::string name;
   std::function<void(v1::JobSpec*)> mutate;
@@ -351,6 +412,27 @@ TEST(ClickSpecTest, AGraphsMistakesAreInvalidArgumentNamingTheLayerOrField) {
          s->mutable_early_stopping()->set_patience(2);
        },
        {"earlyStopping.metric", "SIGMOID_CROSS_ENTROPY"}},
+      {"NoDenseTensor", [](S* s) { s->mutable_model()->mutable_layers(3)->set_bias(false); },
+       {"model.layers", "need a dense tensor"}},
+      {"ScratchBeyondBounds",
+       [](S* s) {
+         // 65536 examples of 1024 + 1024 + 2048 + 3 values: more than 2^28.
+         s->mutable_data()->set_batch_size(65536);
+         v1::ModelSpec* model = s->mutable_model();
+         model->mutable_layers(0)->set_dim(1024);
+         model->mutable_layers(1)->set_dim(1024);
+         AddLayer(model, "both", v1::LayerSpec::CONCAT, {"users", "items"});
+         model->mutable_layers()->SwapElements(2, 5);  // before "dot"
+         for (int i = 5; i > 3; --i) model->mutable_layers()->SwapElements(i, i - 1);
+         model->mutable_layers(3)->clear_inputs();
+         model->mutable_layers(3)->add_inputs("both");
+       },
+       {"model.layers", "more than 2^28"}},
+      {"CombinerOnADot", [](S* s) { s->mutable_model()->mutable_layers(2)->set_combiner(v1::ModelSpec::SUM); },
+       {"model.layers[2].combiner", "EMBEDDING layers only"}},
+      {"LossOnAnAdd",
+       [](S* s) { s->mutable_model()->mutable_layers(3)->set_loss(v1::LayerSpec::SIGMOID_CROSS_ENTROPY); },
+       {"model.layers[3].loss", "LOSS layer only"}},
       {"LayersOnAnMlp",
        [](S* s) {
          s->mutable_model()->set_kind(v1::ModelSpec::MLP);

@@ -36,6 +36,7 @@
 #include "worker/ctr_data.h"
 #include "common/test_util.h"
 #include "tests/click_job.h"
+#include "tests/live_export.h"
 #include "tests/cluster_fixture.h"
 #include "common/rpc.h"
 #include "common/tensor_codec.h"
@@ -97,6 +98,40 @@ TEST_F(ClusterTest, SeededBspJobIsBitForBitReproducible) {
   }
   ASSERT_EQ(results[0].size(), results[1].size());
   EXPECT_EQ(0, std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)));
+}
+
+// A GRAPH over dense data is an MLP: written as layers (DENSE_INPUT,
+// LINEAR + ACTIVATION, LINEAR, softmax LOSS), the synthetic job runs on the
+// workers' backend exactly as the kind MLP does, bit for bit, its tensors
+// named after its LINEAR layers.
+TEST_F(ClusterTest, AnMlpWrittenAsAGraphTrainsBitForBitAsTheKindMlp) {
+  const v1::JobSpec mlp = SyntheticSpec(v1::BSP, 2, 16, 30);
+  v1::JobSpec graph = mlp;
+  v1::ModelSpec* model = graph.mutable_model();
+  model->Clear();
+  model->set_kind(v1::ModelSpec::GRAPH);
+  AddLayer(model, "pixels", v1::LayerSpec::DENSE_INPUT);
+  AddLayer(model, "hidden", v1::LayerSpec::LINEAR, {"pixels"})->set_units(16);
+  AddLayer(model, "squash", v1::LayerSpec::ACTIVATION, {"hidden"})->set_activation(v1::TANH);
+  AddLayer(model, "scores", v1::LayerSpec::LINEAR, {"squash"})->set_units(4);
+  AddLayer(model, "loss", v1::LayerSpec::LOSS, {"scores"})->set_loss(v1::LayerSpec::SOFTMAX_CROSS_ENTROPY);
+  std::vector<std::vector<float>> results;
+  for (const v1::JobSpec& spec : {mlp, graph}) {
+    auto id = Submit(spec);
+    ASSERT_TRUE(id.ok()) << id.status();
+    v1::JobStatus done = WaitForEnd(*id);
+    ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+    results.push_back(FinalParameters(done));
+    if (&spec == &graph) {
+      std::set<std::string> names;
+      for (const auto& [name, tensor] : LiveExport(done.job_id(), cluster_->scheduler_address())) names.insert(name);
+      EXPECT_EQ(names, (std::set<std::string>{"hidden.weight", "hidden.bias", "scores.weight", "scores.bias"}));
+    }
+  }
+  ASSERT_EQ(results[0].size(), results[1].size());
+  ASSERT_GT(results[0].size(), 0u);
+  EXPECT_EQ(0, std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)))
+      << DescribeDifference(results[0], results[1]);
 }
 
 TEST_F(ClusterTest, AspJobLearns) {

@@ -90,6 +90,10 @@ class RecordSink {
     Record record;
     record.fields.resize(static_cast<size_t>(num_fields_));
     if (Why why = parse_(line, &record); !why.empty()) return Bad(why);
+    if (limits_.label_classes > 0 && !(record.label >= 0 && record.label < static_cast<float>(limits_.label_classes) &&
+                                       record.label == std::floor(record.label))) {
+      return Bad(absl::StrCat("label ", record.label, " is not a class number in [0, ", limits_.label_classes, ")"));
+    }
     int64_t ids = 0;
     for (const auto& field : record.fields) ids += static_cast<int64_t>(field.size());
     if (ids > limits_.max_ids_per_line) {

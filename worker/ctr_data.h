@@ -51,6 +51,9 @@ struct LineLimits {
   // The most bytes the dataset read into may take (HeldBytes; 0: no
   // limit): the read stops with RESOURCE_EXHAUSTED at the record past it.
   int64_t max_dataset_bytes = 0;
+  // > 0: a label must be a class number in [0, label_classes) (a softmax
+  // model's); another is a bad record.
+  int32_t label_classes = 0;
 };
 
 // Bytes `data`'s records take: a label, the dense values, and per id its

@@ -90,6 +90,36 @@ TEST(CtrDataTest, BadLibsvmRecordsAreSkippedAndCountedWithFileAndLine) {
   EXPECT_TRUE(Has(std::string(status.message()), "day1.svm:2:")) << status;
 }
 
+// A softmax model's labels are class numbers: with label_classes set, any
+// other label is a bad record (skipped and counted, or failing the read),
+// in CSV as in libsvm.
+TEST(CtrDataTest, ALabelThatIsNotAClassNumberIsABadRecord) {
+  const std::string text = "0 1:1\n2 1:1\n3 1:1\n-1 1:1\n1.5 1:1\n1 2:1\n";
+  LibsvmFormat format;
+  format.limits.label_classes = 3;
+  SparseDataset data;
+  ReadStats stats;
+  ASSERT_TRUE(ParseLibsvm(text, "classes.svm", format, &data, &stats).ok());
+  EXPECT_EQ(data.labels, (std::vector<float>{0, 2, 1}));
+  EXPECT_EQ(stats.bad, 3);
+  ASSERT_FALSE(stats.first_bad.empty());
+  EXPECT_TRUE(Has(stats.first_bad[0], "classes.svm:3: label 3 is not a class number in [0, 3)")) << stats.first_bad[0];
+  format.limits.on_bad_record = BadRecordPolicy::kFail;
+  SparseDataset partial;
+  absl::Status status = ParseLibsvm(text, "classes.svm", format, &partial, &stats);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Has(std::string(status.message()), "classes.svm:3:")) << status;
+  TempFile csv("7,a\n1,b\n");
+  CsvFormat columns;
+  columns.columns = {CsvFormat::Column::kLabel, CsvFormat::Column::kCategorical};
+  columns.limits.label_classes = 2;
+  SparseDataset rows;
+  ReadStats csv_stats;
+  ASSERT_TRUE(ReadCsvFile(csv.path(), columns, &rows, &csv_stats).ok());
+  EXPECT_EQ(rows.labels, (std::vector<float>{1}));
+  EXPECT_EQ(csv_stats.bad, 1);
+}
+
 TEST(CtrDataTest, TooManyIdsOnALineIsABadRecord) {
   LibsvmFormat format;
   format.limits.max_ids_per_line = 3;

@@ -212,15 +212,35 @@ absl::StatusOr<std::vector<std::string>> FilesOf(const std::string& pattern, con
   return files;
 }
 
-LineLimits LimitsOf(const v1::DataSpec& spec) {
+// How a job takes its files' labels: as clicks (> 0 is 1, else 0: the
+// preset kinds and graphs with sigmoid cross-entropy), as class numbers in
+// [0, classes) (softmax; another label is a bad record), or as they are
+// (squared error).
+struct Labels {
+  bool clicks = true;
+  int32_t classes = 0;
+};
+
+Labels LabelsOf(const v1::JobSpec& spec) {
+  if (spec.model().kind() != v1::ModelSpec::GRAPH) return {};
+  const kernels::GraphConfig& graph = LayoutFor(spec, 0, 0).graph_config;
+  switch (kernels::GraphLossOf(graph)) {
+    case kernels::LossKind::kSoftmaxCrossEntropy: return {false, kernels::GraphOutputWidth(graph)};
+    case kernels::LossKind::kMeanSquaredError: return {false, 0};
+    default: return {};
+  }
+}
+
+LineLimits LimitsOf(const v1::DataSpec& spec, const Labels& labels) {
   LineLimits limits;
   limits.on_bad_record = spec.on_bad_record() == v1::DataSpec::FAIL ? BadRecordPolicy::kFail : BadRecordPolicy::kSkip;
+  limits.label_classes = labels.classes;
   return limits;
 }
 
 // libsvm values weigh the ids' rows: a negative one is a bad record.
-LibsvmFormat LibsvmFormatOf(const v1::DataSpec& spec) {
-  LibsvmFormat format{LimitsOf(spec)};
+LibsvmFormat LibsvmFormatOf(const v1::DataSpec& spec, const Labels& labels) {
+  LibsvmFormat format{LimitsOf(spec, labels)};
   format.nonnegative_values = true;
   return format;
 }
@@ -235,13 +255,13 @@ void LogRead(const std::string& pattern, size_t files, int64_t records, const Re
 // record are held, the records are read again as steps need them).
 absl::StatusOr<std::shared_ptr<const RecordIndex>> IndexFiles(const v1::DataSpec& spec, const std::string& pattern,
                                                               const std::vector<std::string>& roots,
-                                                              int64_t memory_budget) {
+                                                              int64_t memory_budget, const Labels& labels) {
   ASSIGN_OR_RETURN(const std::vector<std::string> files, FilesOf(pattern, roots));
   ReadStats stats;
   absl::StatusOr<std::unique_ptr<RecordIndex>> index =
       spec.dataset() == v1::DataSpec::LIBSVM
-          ? RecordIndex::BuildLibsvm(files, LibsvmFormatOf(spec), &stats, memory_budget)
-          : RecordIndex::BuildCsv(files, CsvFormatOf(spec, LimitsOf(spec)), &stats, memory_budget);
+          ? RecordIndex::BuildLibsvm(files, LibsvmFormatOf(spec, labels), &stats, memory_budget)
+          : RecordIndex::BuildCsv(files, CsvFormatOf(spec, LimitsOf(spec, labels)), &stats, memory_budget);
   if (!index.ok()) {
     if (!absl::IsResourceExhausted(index.status())) return index.status();
     return absl::ResourceExhaustedError(absl::StrCat("the click data of ", pattern, ": ", index.status().message(),
@@ -254,27 +274,19 @@ absl::StatusOr<std::shared_ptr<const RecordIndex>> IndexFiles(const v1::DataSpec
   return std::shared_ptr<const RecordIndex>(std::move(*index));
 }
 
-// Whether the model scores clicks (labels > 0 are 1, else 0): the preset
-// kinds and graphs with sigmoid cross-entropy; other graphs take labels as
-// the files give them.
-bool BinaryLabels(const v1::JobSpec& spec) {
-  if (spec.model().kind() != v1::ModelSpec::GRAPH) return true;
-  return kernels::GraphLossOf(LayoutFor(spec, 0, 0).graph_config) == kernels::LossKind::kSigmoidCrossEntropy;
-}
-
 // Reads every file `pattern` names into one dataset (the test set).
 absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadFiles(const v1::DataSpec& spec, const std::string& pattern,
                                                                const std::vector<std::string>& roots,
-                                                               int64_t memory_budget, bool binary_labels) {
+                                                               int64_t memory_budget, const Labels& labels) {
   ASSIGN_OR_RETURN(const std::vector<std::string> files, FilesOf(pattern, roots));
   auto data = std::make_shared<SparseDataset>();
   ReadStats stats;
-  LineLimits limits = LimitsOf(spec);
+  LineLimits limits = LimitsOf(spec, labels);
   limits.max_dataset_bytes = memory_budget;
   for (const std::string& file : files) {
     absl::Status read;
     if (spec.dataset() == v1::DataSpec::LIBSVM) {
-      LibsvmFormat format = LibsvmFormatOf(spec);
+      LibsvmFormat format = LibsvmFormatOf(spec, labels);
       format.limits = limits;
       read = ReadLibsvmFile(file, format, data.get(), &stats);
     } else {
@@ -287,7 +299,7 @@ absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadFiles(const v1::DataSpe
     }
     RETURN_IF_ERROR(read);
   }
-  if (binary_labels) {
+  if (labels.clicks) {
     for (float& label : data->labels) label = label > 0 ? 1.0f : 0.0f;
   }
   LogRead(pattern, files.size(), data->num_examples(), stats, "read");
@@ -340,20 +352,20 @@ absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vect
   // read as steps need them (files bigger than memory).
   absl::StatusOr<std::shared_ptr<const SparseDataset>> held =
       LoadFiles(data, data.path(), roots, memory_budget > 0 ? std::max<int64_t>(1, memory_budget / 2) : 0,
-                BinaryLabels(spec));
+                LabelsOf(spec));
   if (held.ok()) {
     loaded.train = *std::move(held);
   } else if (absl::IsResourceExhausted(held.status())) {
     FLOG(INFO) << data.path() << ": the training records take more than half this worker's memory budget ("
                << FormatBytes(memory_budget / 2) << "); indexing the files, records are read as steps need them";
-    ASSIGN_OR_RETURN(loaded.train_index, IndexFiles(data, data.path(), roots, memory_budget));
+    ASSIGN_OR_RETURN(loaded.train_index, IndexFiles(data, data.path(), roots, memory_budget, LabelsOf(spec)));
   } else {
     return held.status();
   }
   if (!data.test_path().empty()) {
     const int64_t used = loaded.train != nullptr ? HeldBytes(*loaded.train) : loaded.train_index->bytes();
     const int64_t left = memory_budget > 0 ? std::max<int64_t>(1, memory_budget - used) : 0;
-    ASSIGN_OR_RETURN(loaded.test, LoadFiles(data, data.test_path(), roots, left, BinaryLabels(spec)));
+    ASSIGN_OR_RETURN(loaded.test, LoadFiles(data, data.test_path(), roots, left, LabelsOf(spec)));
   }
   return loaded;
 }
@@ -392,7 +404,7 @@ class ClickRun {
         model_(layout_.ctr),
         graph_(layout_.graph ? std::make_unique<kernels::GraphModel>(layout_.graph_config) : nullptr),
         table_reads_(TableReads(layout_)),
-        binary_labels_(BinaryLabels(spec_)),
+        binary_labels_(LabelsOf(spec_).clicks),
         loss_(layout_.graph ? kernels::GraphLossOf(layout_.graph_config) : kernels::LossKind::kSigmoidCrossEntropy),
         output_width_(layout_.graph ? kernels::GraphOutputWidth(layout_.graph_config) : 1),
         bsp_(spec_.mode() == v1::BSP || spec_.mode() == v1::MODE_UNSPECIFIED) {

@@ -235,7 +235,7 @@ Trainer::Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks 
 absl::Status Trainer::Load(const v1::Assignment& assignment) {
   job_id_ = assignment.job_id();
   const v1::JobSpec& spec = assignment.spec();
-  click_ = IsClickModel(spec.model());
+  click_ = IsClickModel(spec);
   if (click_) {
     click_spec_ = spec;
     TrimCache({});

@@ -179,6 +179,12 @@ grpc::ByteBuffer SerializeMovingPayloads(v1::PullResponse* message, std::vector<
   return SerializeMoving(message, v1::PullResponse::kChunksFieldNumber, &lent);
 }
 
+grpc::Slice NewPayloadSlice(size_t size, char** data) {
+  char* bytes = new char[std::max<size_t>(size, 1)];
+  *data = bytes;
+  return grpc::Slice(bytes, size, [](void* owned) { delete[] static_cast<char*>(owned); });
+}
+
 grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message) {
   grpc::Slice slice(message.SerializeAsString());
   return grpc::ByteBuffer(&slice, 1);
@@ -192,8 +198,9 @@ absl::Status ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::Mess
   return absl::OkStatus();
 }
 
-absl::Status PayloadReader::Parse(const grpc::ByteBuffer& buffer, int chunks_field,
-                                  google::protobuf::MessageLite* header) {
+template <typename Part>
+absl::Status BasicPayloadReader<Part>::Parse(const grpc::ByteBuffer& buffer, int chunks_field,
+                                             google::protobuf::MessageLite* header) {
   slices_.clear();
   starts_.clear();
   chunks_.clear();
@@ -227,7 +234,7 @@ absl::Status PayloadReader::Parse(const grpc::ByteBuffer& buffer, int chunks_fie
         google::protobuf::io::CodedOutputStream fields_out(&fields_stream);
         uint32_t field = 0;
         while (ReadTag(&in, &field, &bad)) {
-          if (WireFormatLite::GetTagFieldNumber(field) == v1::ChunkData::kDataFieldNumber &&
+          if (WireFormatLite::GetTagFieldNumber(field) == PayloadFieldOf<Part>::kNumber &&
               WireFormatLite::GetTagWireType(field) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
             uint32_t size = 0;
             if (!ReadLength(&in, &size)) return NotA(*header);
@@ -252,8 +259,9 @@ absl::Status PayloadReader::Parse(const grpc::ByteBuffer& buffer, int chunks_fie
   return absl::OkStatus();
 }
 
+template <typename Part>
 template <typename Piece>
-void PayloadReader::ForEachPiece(int i, Piece piece) const {
+void BasicPayloadReader<Part>::ForEachPiece(int i, Piece piece) const {
   int64_t offset = chunks_[i].offset;
   int64_t left = chunks_[i].size;
   size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin()) - 1;
@@ -268,29 +276,37 @@ void PayloadReader::ForEachPiece(int i, Piece piece) const {
   }
 }
 
-void PayloadReader::CopyPayload(int i, char* out) const {
+template <typename Part>
+void BasicPayloadReader<Part>::CopyPayload(int i, char* out) const {
   ForEachPiece(i, [&out](const grpc::Slice& slice, size_t at, size_t take) {
     std::memcpy(out, slice.begin() + at, take);
     out += take;
   });
 }
 
-absl::string_view PayloadReader::ContiguousPayload(int i, std::string* scratch) const {
+template <typename Part>
+std::optional<absl::string_view> BasicPayloadReader<Part>::PayloadView(int i) const {
   const Chunk& chunk = chunks_[i];
   if (chunk.size == 0) return absl::string_view();
   const size_t s =
       static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), chunk.offset) - starts_.begin()) - 1;
   const int64_t at = chunk.offset - starts_[s];
-  if (at + chunk.size <= static_cast<int64_t>(slices_[s].size())) {
-    return absl::string_view(reinterpret_cast<const char*>(slices_[s].begin()) + at, static_cast<size_t>(chunk.size));
-  }
+  if (at + chunk.size > static_cast<int64_t>(slices_[s].size())) return std::nullopt;
+  return absl::string_view(reinterpret_cast<const char*>(slices_[s].begin()) + at, static_cast<size_t>(chunk.size));
+}
+
+template <typename Part>
+absl::string_view BasicPayloadReader<Part>::ContiguousPayload(int i, std::string* scratch) const {
+  if (std::optional<absl::string_view> view = PayloadView(i); view.has_value()) return *view;
+  const Chunk& chunk = chunks_[i];
   scratch->resize(static_cast<size_t>(chunk.size));
   CopyPayload(i, scratch->data());
   return *scratch;
 }
 
-absl::Status PayloadReader::DecodePayload(int i, v1::WireFormat format, int64_t expected, float* out,
-                                          absl::string_view what, std::string* scratch) const {
+template <typename Part>
+absl::Status BasicPayloadReader<Part>::DecodePayload(int i, v1::WireFormat format, int64_t expected, float* out,
+                                                     absl::string_view what, std::string* scratch) const {
 #ifdef ABSL_IS_LITTLE_ENDIAN
   // Little-endian float32 is the wire's own layout: one copy, no staging.
   if (WireBytes(format) == 4 && expected >= 0 && chunks_[i].size == expected * 4) {
@@ -301,11 +317,39 @@ absl::Status PayloadReader::DecodePayload(int i, v1::WireFormat format, int64_t 
   return DecodeValues(format, ContiguousPayload(i, scratch), expected, out, what);
 }
 
-void PayloadReader::AppendPayloadSlices(int i, std::vector<grpc::Slice>* out) const {
+template <typename Part>
+void BasicPayloadReader<Part>::AppendPayloadSlices(int i, std::vector<grpc::Slice>* out) const {
   ForEachPiece(i, [out](const grpc::Slice& slice, size_t at, size_t take) {
     out->push_back(slice.sub(at, at + take));
   });
 }
+
+template <typename Part>
+void BasicPayloadReader<Part>::ForEachRows(
+    int i, size_t row_bytes, absl::FunctionRef<void(size_t first, const char* bytes, size_t n)> rows) const {
+  if (row_bytes == 0) return;
+  std::string split;  // a row split between slices, as it is put together
+  size_t row = 0;     // the next whole row
+  ForEachPiece(i, [&](const grpc::Slice& slice, size_t at, size_t take) {
+    const char* bytes = reinterpret_cast<const char*>(slice.begin()) + at;
+    if (!split.empty()) {  // the rest of a row begun in the slice before
+      const size_t rest = std::min(row_bytes - split.size(), take);
+      split.append(bytes, rest);
+      bytes += rest;
+      take -= rest;
+      if (split.size() < row_bytes) return;
+      rows(row++, split.data(), 1);
+      split.clear();
+    }
+    const size_t whole = take / row_bytes;
+    if (whole > 0) rows(row, bytes, whole);
+    row += whole;
+    split.assign(bytes + whole * row_bytes, take - whole * row_bytes);
+  });
+}
+
+template class BasicPayloadReader<v1::ChunkData>;
+template class BasicPayloadReader<v1::SparseKeys>;
 
 PayloadWriter::PayloadWriter(const google::protobuf::MessageLite& header, int chunks_field)
     : chunks_field_(chunks_field) {
@@ -321,14 +365,29 @@ void PayloadWriter::AddChunk(const v1::ChunkData& fields, std::vector<grpc::Slic
     without.clear_data();
     without.AppendToString(&meta);
   }
+  AddPart(meta, v1::ChunkData::kDataFieldNumber, std::move(payload));
+}
+
+void PayloadWriter::AddSparse(const v1::SparseKeys& fields, std::vector<grpc::Slice> rows) {
+  std::string meta;
+  if (fields.rows().empty()) {
+    fields.AppendToString(&meta);
+  } else {
+    v1::SparseKeys without = fields;
+    without.clear_rows();
+    without.AppendToString(&meta);
+  }
+  AddPart(meta, v1::SparseKeys::kRowsFieldNumber, std::move(rows));
+}
+
+void PayloadWriter::AddPart(const std::string& meta, int payload_field, std::vector<grpc::Slice> payload) {
   size_t payload_size = 0;
   for (const grpc::Slice& slice : payload) payload_size += slice.size();
   const size_t inner = meta.size() + 1 + VarintSize(payload_size) + payload_size;
   AppendVarint(WireFormatLite::MakeTag(chunks_field_, WireFormatLite::WIRETYPE_LENGTH_DELIMITED), &pending_);
   AppendVarint(inner, &pending_);
   pending_ += meta;
-  AppendVarint(WireFormatLite::MakeTag(v1::ChunkData::kDataFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED),
-               &pending_);
+  AppendVarint(WireFormatLite::MakeTag(payload_field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED), &pending_);
   AppendVarint(payload_size, &pending_);
   if (payload_size < kInlinePayload) {
     for (const grpc::Slice& slice : payload) pending_.append(reinterpret_cast<const char*>(slice.begin()), slice.size());

@@ -10,12 +10,14 @@
 #define FULCRUM_COMMON_PAYLOAD_WIRE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/slice.h>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "fulcrum/v1/parameter.pb.h"
@@ -30,45 +32,74 @@ grpc::ByteBuffer SerializeMovingPayloads(v1::PullResponse* message);
 // (memory lent to gRPC, such as a chunk's values; that chunk's data is empty).
 grpc::ByteBuffer SerializeMovingPayloads(v1::PullResponse* message, std::vector<grpc::Slice> lent);
 
+// A slice of `size` bytes, not initialized, that gRPC frees once it is done
+// with them: *data is where to write them (aligned for any scalar).
+grpc::Slice NewPayloadSlice(size_t size, char** data);
+
 // A small message (a request without payloads) to and from a ByteBuffer.
 grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message);
 // INVALID_ARGUMENT naming the message type when the bytes do not parse.
 absl::Status ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::MessageLite* message);
 
-// A received message whose field `chunks_field` is a repeated ChunkData
-// (PushRequest: 6, PullResponse: 1), parsed without copying the payloads.
-class PayloadReader {
+// The field of a part that holds its payload: a dense chunk's data
+// (ChunkData), a sparse table's rows (SparseKeys).
+template <typename Part>
+struct PayloadFieldOf;
+template <>
+struct PayloadFieldOf<v1::ChunkData> {
+  static constexpr int kNumber = v1::ChunkData::kDataFieldNumber;
+};
+template <>
+struct PayloadFieldOf<v1::SparseKeys> {
+  static constexpr int kNumber = v1::SparseKeys::kRowsFieldNumber;
+};
+
+// A received message whose field `chunks_field` is a repeated Part (a
+// ChunkData in PushRequest: 6, PullResponse: 1; a SparseKeys in
+// SparsePullResponse: 1, SparsePushRequest: 6), parsed without copying the
+// parts' payloads.
+template <typename Part>
+class BasicPayloadReader {
  public:
-  // Parses every field but the chunks' data into `header` (its chunks are
+  // Parses every field but the parts' payloads into `header` (its parts are
   // left empty) and chunk(i). INVALID_ARGUMENT naming the message type for
   // bytes that are not such a message.
   absl::Status Parse(const grpc::ByteBuffer& buffer, int chunks_field, google::protobuf::MessageLite* header);
 
   int chunks() const { return static_cast<int>(chunks_.size()); }
-  // Chunk i's fields but its data.
-  const v1::ChunkData& chunk(int i) const { return chunks_[i].fields; }
+  // Part i's fields but its payload.
+  const Part& chunk(int i) const { return chunks_[i].fields; }
   int64_t payload_size(int i) const { return chunks_[i].size; }
-  // Copies chunk i's payload (payload_size(i) bytes) to `out`.
+  // Copies part i's payload (payload_size(i) bytes) to `out`.
   void CopyPayload(int i, char* out) const;
-  // Chunk i's payload as one run of bytes: a view of the received memory
+  // Part i's payload as a view of the received memory, when it lies in one
+  // slice (else nullopt).
+  std::optional<absl::string_view> PayloadView(int i) const;
+  // Part i's payload as one run of bytes: a view of the received memory
   // when the payload lies in one slice, else a copy in *scratch.
   absl::string_view ContiguousPayload(int i, std::string* scratch) const;
-  // Decodes chunk i's payload as DecodeValues does (`expected` values in
+  // Decodes part i's payload as DecodeValues does (`expected` values in
   // `format`, errors naming `what`), float32 straight from the received
   // slices into `out`; `scratch` as for ContiguousPayload.
   absl::Status DecodePayload(int i, v1::WireFormat format, int64_t expected, float* out, absl::string_view what,
                              std::string* scratch) const;
-  // Chunk i's payload as slices that share the received memory.
+  // Part i's payload as slices that share the received memory.
   void AppendPayloadSlices(int i, std::vector<grpc::Slice>* out) const;
+  // Part i's payload as rows of `row_bytes` (payload_size(i) must be a
+  // multiple of it): rows(first, bytes, n) for each run of n whole rows,
+  // starting at row `first`, in order. Runs are views of the received
+  // memory; a row split between two slices comes alone, from a copy.
+  void ForEachRows(int i, size_t row_bytes,
+                   absl::FunctionRef<void(size_t first, const char* bytes, size_t n)> rows) const;
 
  private:
-  // Calls piece(slice, offset in it, bytes) for each part of chunk i's
+  // Calls piece(slice, offset in it, bytes) for each part of part i's
   // payload, in order.
   template <typename Piece>
   void ForEachPiece(int i, Piece piece) const;
 
   struct Chunk {
-    v1::ChunkData fields;
+    Part fields;
     int64_t offset = 0;  // of the payload in the message
     int64_t size = 0;
   };
@@ -76,6 +107,11 @@ class PayloadReader {
   std::vector<int64_t> starts_;  // offset of each slice in the message
   std::vector<Chunk> chunks_;
 };
+
+extern template class BasicPayloadReader<v1::ChunkData>;
+extern template class BasicPayloadReader<v1::SparseKeys>;
+using PayloadReader = BasicPayloadReader<v1::ChunkData>;
+using SparsePayloadReader = BasicPayloadReader<v1::SparseKeys>;
 
 // Builds a message with payload slices from parts: the fields of `header`
 // (its own chunks must be empty), then, for each chunk, its fields and its
@@ -85,9 +121,15 @@ class PayloadWriter {
  public:
   PayloadWriter(const google::protobuf::MessageLite& header, int chunks_field);
   void AddChunk(const v1::ChunkData& fields, std::vector<grpc::Slice> payload);
+  // A sparse table's part: its fields (rows unset) and its rows as slices.
+  void AddSparse(const v1::SparseKeys& fields, std::vector<grpc::Slice> rows);
   grpc::ByteBuffer Finish();
 
  private:
+  // A part whose fields but the payload are `meta`, its payload field
+  // `payload_field`.
+  void AddPart(const std::string& meta, int payload_field, std::vector<grpc::Slice> payload);
+
   const int chunks_field_;
   std::vector<grpc::Slice> slices_;
   std::string pending_;  // small bytes not yet in a slice

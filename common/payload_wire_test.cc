@@ -1,5 +1,7 @@
 #include "common/payload_wire.h"
 
+#include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -165,6 +167,67 @@ TEST(PayloadWireTest, AForwardBuiltFromReceivedSlicesIsTheSameMessage) {
   v1::PushRequest expected = original;
   expected.mutable_chunks()->DeleteSubrange(1, 1);
   EXPECT_EQ(forwarded.SerializeAsString(), expected.SerializeAsString());
+}
+
+
+// A sparse push as a worker writes it (each table's rows in a slice of its
+// own) is protobuf's encoding of the message; read back from any slicing,
+// every table's keys are fields and its rows come back whole, row by row,
+// also rows split between slices.
+TEST(PayloadWireTest, SparseRowsComeBackWholeFromAnySlicing) {
+  v1::SparsePushRequest original;
+  original.set_job_id("job-3");
+  original.set_step(9);
+  original.set_shard(1);
+  const size_t row_bytes = 12;  // rows of 3 floats
+  for (int t = 0; t < 3; ++t) {
+    v1::SparseKeys* table = original.add_tables();
+    table->set_table(t);
+    table->set_keys(Bytes(8 * (t + 1), t));
+    table->set_rows(Bytes(row_bytes * (t == 1 ? 2 : 5000 + t), t + 10));  // table 1's rows are inlined
+  }
+  v1::SparsePushRequest header = original;
+  header.clear_tables();
+  PayloadWriter writer(header, v1::SparsePushRequest::kTablesFieldNumber);
+  for (const v1::SparseKeys& table : original.tables()) {
+    char* rows = nullptr;
+    grpc::Slice slice = NewPayloadSlice(table.rows().size(), &rows);
+    std::copy(table.rows().begin(), table.rows().end(), rows);
+    writer.AddSparse(table, {std::move(slice)});  // (its rows field is left out)
+  }
+  const grpc::ByteBuffer written = writer.Finish();
+  v1::SparsePushRequest parsed;  // (the header's fields come first: not protobuf's field order)
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(written)));
+  EXPECT_TRUE(parsed.SerializeAsString() == original.SerializeAsString());
+  for (size_t piece : {size_t{1}, size_t{5}, size_t{7}, size_t{4096}, size_t{1} << 30}) {
+    SparsePayloadReader reader;
+    v1::SparsePushRequest read;
+    ASSERT_TRUE(reader.Parse(Recut(written, piece), v1::SparsePushRequest::kTablesFieldNumber, &read).ok());
+    EXPECT_EQ(read.job_id(), "job-3");
+    EXPECT_EQ(read.shard(), 1);
+    EXPECT_EQ(read.tables_size(), 0);
+    ASSERT_EQ(reader.chunks(), 3);
+    for (int t = 0; t < 3; ++t) {
+      EXPECT_EQ(reader.chunk(t).table(), t);
+      EXPECT_TRUE(reader.chunk(t).keys() == original.tables(t).keys());
+      EXPECT_TRUE(reader.chunk(t).rows().empty());
+      std::string rows;
+      size_t next = 0;
+      reader.ForEachRows(t, row_bytes, [&](size_t first, const char* bytes, size_t n) {
+        EXPECT_EQ(first, next) << "rows in order, none left out";
+        next = first + n;
+        rows.append(bytes, n * row_bytes);
+      });
+      EXPECT_TRUE(rows == original.tables(t).rows()) << "table " << t << ", slices of " << piece;
+      const std::optional<absl::string_view> view = reader.PayloadView(t);
+      if (piece > Flatten(written).size()) {
+        ASSERT_TRUE(view.has_value());
+        EXPECT_TRUE(*view == original.tables(t).rows());
+      } else if (piece < row_bytes) {
+        EXPECT_FALSE(view.has_value()) << "rows in many slices are no view";
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -54,23 +54,18 @@ absl::Status DecodeFloats(absl::string_view bytes, int64_t expected, float* out,
   return absl::OkStatus();
 }
 
-void GatherFloats(const float* rows, absl::Span<const uint32_t> positions, int32_t dim, std::string* out) {
+void GatherFloatRows(const float* rows, absl::Span<const uint32_t> positions, int32_t dim, char* out) {
   const size_t row_bytes = static_cast<size_t>(dim) * 4;
-  out->resize(positions.size() * row_bytes);
   for (size_t k = 0; k < positions.size(); ++k) {
-    CopyLittleEndian(rows + static_cast<size_t>(positions[k]) * dim, dim, 4, out->data() + k * row_bytes);
+    CopyLittleEndian(rows + static_cast<size_t>(positions[k]) * dim, dim, 4, out + k * row_bytes);
   }
 }
 
-absl::Status ScatterFloats(absl::string_view bytes, absl::Span<const uint32_t> positions, int32_t dim, float* out,
-                           absl::string_view what) {
-  const auto expected = static_cast<int64_t>(positions.size()) * dim;
-  if (absl::Status size = CheckSize(bytes, expected, 4, "float32", what); !size.ok()) return size;
+void ScatterFloatRows(const char* bytes, absl::Span<const uint32_t> positions, int32_t dim, float* out) {
   const size_t row_bytes = static_cast<size_t>(dim) * 4;
   for (size_t k = 0; k < positions.size(); ++k) {
-    CopyLittleEndian(bytes.data() + k * row_bytes, dim, 4, out + static_cast<size_t>(positions[k]) * dim);
+    CopyLittleEndian(bytes + k * row_bytes, dim, 4, out + static_cast<size_t>(positions[k]) * dim);
   }
-  return absl::OkStatus();
 }
 
 int WireBytes(v1::WireFormat format) {

@@ -23,13 +23,12 @@ absl::Status DecodeFloats(absl::string_view bytes, int64_t expected, float* out,
                           absl::string_view what);
 
 // Rows of `dim` floats gathered and scattered by row number (sparse rows on
-// the wire). GatherFloats writes rows[positions[k]] as row k of *out
-// (resized to exactly 4 x positions.size() x dim); ScatterFloats writes row
-// k of `bytes` to out[positions[k]], InvalidArgument naming `what` if
-// `bytes` is not 4 x positions.size() x dim long. One copy each.
-void GatherFloats(const float* rows, absl::Span<const uint32_t> positions, int32_t dim, std::string* out);
-absl::Status ScatterFloats(absl::string_view bytes, absl::Span<const uint32_t> positions, int32_t dim, float* out,
-                           absl::string_view what);
+// the wire), into and out of memory the caller sized: GatherFloatRows
+// writes rows[positions[k]] as row k at `out` (4 x positions.size() x dim
+// bytes); ScatterFloatRows writes row k at `bytes` to out[positions[k]].
+// One copy each.
+void GatherFloatRows(const float* rows, absl::Span<const uint32_t> positions, int32_t dim, char* out);
+void ScatterFloatRows(const char* bytes, absl::Span<const uint32_t> positions, int32_t dim, float* out);
 
 // Bytes per element of `format` (UNSPECIFIED is float32): 4 or 2; 0 for a
 // value this build does not know.

@@ -251,18 +251,14 @@ TEST(TensorCodecTest, TopKPayloadsOutOfShapeAreInvalidArgument) {
 TEST(TensorCodecTest, GatheredRowsScatterBackToTheirPlaces) {
   const std::vector<float> rows = {0, 1, 10, 11, 20, 21, 30, 31};  // 4 rows of 2
   const std::vector<uint32_t> positions = {3, 0, 2};
-  std::string bytes = "stale";
-  GatherFloats(rows.data(), positions, 2, &bytes);
-  ASSERT_EQ(bytes.size(), 3u * 2 * 4);
+  std::string bytes(3 * 2 * 4, 'x');
+  GatherFloatRows(rows.data(), positions, 2, bytes.data());
   std::vector<float> wire(6);
   ASSERT_TRUE(DecodeFloats(bytes, 6, wire.data(), "wire").ok());
   EXPECT_EQ(wire, (std::vector<float>{30, 31, 0, 1, 20, 21}));
   std::vector<float> out(8, -1.0f);
-  ASSERT_TRUE(ScatterFloats(bytes, positions, 2, out.data(), "rows").ok());
+  ScatterFloatRows(bytes.data(), positions, 2, out.data());
   EXPECT_EQ(out, (std::vector<float>{0, 1, -1, -1, 20, 21, 30, 31})) << "row 1 untouched";
-  const absl::Status short_bytes = ScatterFloats(bytes.substr(4), positions, 2, out.data(), "rows of table 0");
-  EXPECT_EQ(short_bytes.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(short_bytes.message().find("rows of table 0"), std::string::npos) << short_bytes;
 }
 
 }  // namespace

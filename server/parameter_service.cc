@@ -188,9 +188,33 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
   for (bool from_worker : {true, false}) {
     MarkMethodStreamed(service->FindMethodByName(from_worker ? "Push" : "Replicate")->index(),
                        new RawHandler([this, from_worker](grpc::ServerContext*, RawStream* stream) {
-                         return ServePush(stream, from_worker);
+                         return ServeRaw(stream, from_worker ? "Push" : "Replicate",
+                                         [&](const grpc::ByteBuffer& request, grpc::ByteBuffer* answer) {
+                                           v1::PushResponse response;
+                                           RETURN_IF_ERROR(HandlePush(request, from_worker, &response));
+                                           *answer = SerializeMessage(response);
+                                           return absl::OkStatus();
+                                         });
+                       }));
+    const char* sparse = from_worker ? "SparsePush" : "SparseReplicate";
+    MarkMethodStreamed(service->FindMethodByName(sparse)->index(),
+                       new RawHandler([this, from_worker, sparse](grpc::ServerContext*, RawStream* stream) {
+                         return ServeRaw(stream, sparse,
+                                         [&](const grpc::ByteBuffer& request, grpc::ByteBuffer* answer) {
+                                           v1::SparsePushResponse response;
+                                           RETURN_IF_ERROR(HandleSparsePush(request, from_worker, &response));
+                                           *answer = SerializeMessage(response);
+                                           return absl::OkStatus();
+                                         });
                        }));
   }
+  MarkMethodStreamed(service->FindMethodByName("SparsePull")->index(),
+                     new RawHandler([this](grpc::ServerContext*, RawStream* stream) {
+                       return ServeRaw(stream, "SparsePull",
+                                       [this](const grpc::ByteBuffer& request, grpc::ByteBuffer* answer) {
+                                         return HandleSparsePull(request, answer);
+                                       });
+                     }));
   if (checkpoints_ != nullptr) writer_ = std::make_unique<CheckpointWriter>(checkpoints_);
   HeldPulls::Options held;
   held.threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u));
@@ -520,17 +544,16 @@ absl::Status ParameterServiceImpl::HandleLambNorms(JobShard& shard, const v1::Pu
   return absl::OkStatus();
 }
 
-grpc::Status ParameterServiceImpl::ServePush(RawStream* stream,
-                                             bool from_worker) {
-  const char* method = from_worker ? "Push" : "Replicate";
+grpc::Status ParameterServiceImpl::ServeRaw(
+    RawStream* stream, const char* method,
+    absl::FunctionRef<absl::Status(const grpc::ByteBuffer&, grpc::ByteBuffer*)> handle) {
   grpc::ByteBuffer request;
   if (!stream->Read(&request)) return Finish(method, absl::CancelledError("the call ended before its request"), 0, 0);
   const auto received = static_cast<int64_t>(request.Length());
-  v1::PushResponse response;
-  absl::Status status = HandlePush(request, from_worker, &response);
+  grpc::ByteBuffer answer;
+  absl::Status status = handle(request, &answer);
   int64_t sent = 0;
   if (status.ok()) {
-    grpc::ByteBuffer answer = SerializeMessage(response);
     sent = static_cast<int64_t>(answer.Length());
     // Sent with the status, in one batch (as a unary answer is).
     stream->WriteLast(answer, grpc::WriteOptions());

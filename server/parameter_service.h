@@ -11,6 +11,7 @@
 
 #include <grpcpp/generic/generic_stub.h>
 
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "common/payload_wire.h"
@@ -151,26 +152,27 @@ class ParameterServiceImpl final
                               v1::ChunkState* response) override;
   grpc::Status DeleteCheckpoint(grpc::ServerContext* context, const v1::DeleteCheckpointRequest* request,
                                 v1::DeleteCheckpointResponse* response) override;
-  // Sparse tables (server/parameter_service_sparse.cc).
-  grpc::Status SparsePull(grpc::ServerContext* context, const v1::SparsePullRequest* request,
-                          v1::SparsePullResponse* response) override;
-  grpc::Status SparsePush(grpc::ServerContext* context, const v1::SparsePushRequest* request,
-                          v1::SparsePushResponse* response) override;
-  absl::Status HandleSparsePull(const v1::SparsePullRequest& request, v1::SparsePullResponse* response);
-  grpc::Status SparseReplicate(grpc::ServerContext* context, const v1::SparsePushRequest* request,
-                               v1::SparsePushResponse* response) override;
-  // A SparsePush (`from_worker`: this server must lead the request's
-  // shard, and forwards it to the shard's backups before applying it) or a
-  // SparseReplicate (this server must be a backup of the shard).
-  absl::Status HandleSparsePush(const v1::SparsePushRequest& request, bool from_worker,
+  // Sparse tables (server/parameter_service_sparse.cc), served as raw
+  // bytes on gRPC's threads as Push is: a SparsePullRequest's answer is a
+  // SparsePullResponse whose rows go out from where the table wrote them.
+  absl::Status HandleSparsePull(const grpc::ByteBuffer& request, grpc::ByteBuffer* response);
+  // A SparsePushRequest, its gradients read where they arrived: a
+  // SparsePush (`from_worker`: this server must lead the request's shard,
+  // and forwards the bytes as they came to the shard's backups before
+  // applying them) or a SparseReplicate (this server must be a backup of
+  // the shard).
+  absl::Status HandleSparsePush(const grpc::ByteBuffer& request, bool from_worker,
                                 v1::SparsePushResponse* response);
   // CopyChunk of a table bucket: a live capture served in slices.
   absl::Status CopyTableBucket(const v1::CopyChunkRequest& request, v1::ChunkState* response);
 
  private:
-  // Push and Replicate on gRPC's threads.
+  // Push, Replicate and the sparse RPCs on gRPC's threads: the request's
+  // bytes read, `handle` answers them (or fails), the answer sent with the
+  // status.
   using RawStream = grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>;
-  grpc::Status ServePush(RawStream* stream, bool from_worker);
+  grpc::Status ServeRaw(RawStream* stream, const char* method,
+                        absl::FunctionRef<absl::Status(const grpc::ByteBuffer&, grpc::ByteBuffer*)> handle);
   // SetupJob of a job's fresh (or checkpointed) state; of chunks copied from
   // other replicas (`sources`: chunk id -> where to copy it from).
   // `config`: the request's (ConfigFor), converted once.

@@ -58,13 +58,12 @@ absl::Span<const uint64_t> KeysIn(const std::string& bytes, std::vector<uint64_t
 
 // The floats of little-endian bytes, in place (null: not on this host, or
 // not aligned; decode them instead).
-const float* FloatsIn(const std::string& bytes) {
+const float* FloatsIn(absl::string_view bytes) {
   if (!absl::little_endian::IsLittleEndian() || reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) != 0) {
     return nullptr;
   }
   return reinterpret_cast<const float*>(bytes.data());
 }
-float* FloatsIn(std::string* bytes) { return const_cast<float*>(FloatsIn(static_cast<const std::string&>(*bytes))); }
 
 // The checks every sparse request passes: the job's tables are here, the
 // map is this server's, each table named once, keys whole uint64s.
@@ -128,40 +127,49 @@ std::vector<SparseTableSetup> TableSetupsOf(const v1::JobSpec& spec, const v1::S
   return setups;
 }
 
-absl::Status ParameterServiceImpl::HandleSparsePull(const v1::SparsePullRequest& request,
-                                                    v1::SparsePullResponse* response) {
+absl::Status ParameterServiceImpl::HandleSparsePull(const grpc::ByteBuffer& bytes, grpc::ByteBuffer* response) {
+  v1::SparsePullRequest request;
+  RETURN_IF_ERROR(ParseMessage(bytes, &request));
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
   RETURN_IF_ERROR(CheckSparseRequest(request.job_id(), *shard, request.map_version(), request.tables()));
   std::vector<uint64_t> copied;
-  std::vector<float> rows;
   int64_t keys_pulled = 0;
+  // Each table's rows are pulled straight into a slice of their own, which
+  // gRPC sends as it is.
+  PayloadWriter answer(v1::SparsePullResponse(), v1::SparsePullResponse::kTablesFieldNumber);
   for (const v1::SparseKeys& table : request.tables()) {
     const absl::Span<const uint64_t> keys = KeysIn(table.keys(), &copied);
     const size_t n = keys.size() * static_cast<size_t>(shard->sparse()->dim(table.table()));
-    v1::SparseKeys* answer = response->add_tables();
-    answer->set_table(table.table());
-    std::string* bytes = answer->mutable_rows();
-    bytes->resize(n * sizeof(float));
-    auto pull = [&](float* out) {
-      return request.has_step() ? shard->sparse()->PullAtStep(table.table(), keys, request.step(), out)
-                                : shard->sparse()->Pull(table.table(), keys, out);
-    };
-    if (float* in_place = FloatsIn(bytes); in_place != nullptr) {
-      // The rows go straight into the answer.
-      RETURN_IF_ERROR(pull(in_place));
-    } else {
-      rows.resize(n);
-      RETURN_IF_ERROR(pull(rows.data()));
-      EncodeFloats(rows.data(), static_cast<int64_t>(rows.size()), bytes);
+    char* out = nullptr;
+    grpc::Slice rows = NewPayloadSlice(n * sizeof(float), &out);
+    auto* values = reinterpret_cast<float*>(out);
+    RETURN_IF_ERROR(request.has_step() ? shard->sparse()->PullAtStep(table.table(), keys, request.step(), values)
+                                       : shard->sparse()->Pull(table.table(), keys, values));
+#ifdef ABSL_IS_BIG_ENDIAN
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, values + i, sizeof(bits));
+      absl::little_endian::Store32(out + i * sizeof(bits), bits);
     }
+#endif
+    v1::SparseKeys part;
+    part.set_table(table.table());
+    answer.AddSparse(part, {std::move(rows)});
     keys_pulled += static_cast<int64_t>(keys.size());
   }
+  *response = answer.Finish();
   sparse_keys_pulled_->Increment(static_cast<double>(keys_pulled));
   return absl::OkStatus();
 }
 
-absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest& request, bool from_worker,
+absl::Status ParameterServiceImpl::HandleSparsePush(const grpc::ByteBuffer& bytes, bool from_worker,
                                                     v1::SparsePushResponse* response) {
+  // The fields but the gradients parsed (each table's keys into `request`);
+  // the gradients stay in the received slices.
+  v1::SparsePushRequest request;
+  SparsePayloadReader received;
+  RETURN_IF_ERROR(received.Parse(bytes, v1::SparsePushRequest::kTablesFieldNumber, &request));
+  for (int i = 0; i < received.chunks(); ++i) *request.add_tables() = received.chunk(i);
   ReaderMutexLock writes(&writes_mu_);
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
   RETURN_IF_ERROR(CheckSparseRequest(request.job_id(), *shard, request.map_version(), request.tables()));
@@ -174,9 +182,10 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest&
   RETURN_IF_ERROR(
       replicator_->CheckSparseWrite(*shard, request.job_id(), request.map_version(), shard_id, from_worker));
   // Keys and gradients are read where they arrived when they can be (an
-  // aligned little-endian host), else from copies.
+  // aligned little-endian host, gradients in one slice), else from copies.
   std::vector<std::vector<uint64_t>> key_copies(static_cast<size_t>(request.tables_size()));
-  std::vector<std::vector<float>> grad_copies(static_cast<size_t>(request.tables_size()));
+  std::vector<FloatBufferPool::Buffer> grad_copies(static_cast<size_t>(request.tables_size()));
+  std::string scratch;
   SparsePushArgs args;
   args.partition = request.partition();
   args.shard = shard_id;
@@ -188,16 +197,17 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest&
     const v1::SparseKeys& table = request.tables(i);
     const absl::Span<const uint64_t> keys = KeysIn(table.keys(), &key_copies[static_cast<size_t>(i)]);
     const auto expected = static_cast<int64_t>(keys.size()) * shard->sparse()->dim(table.table());
-    if (static_cast<int64_t>(table.rows().size()) != expected * static_cast<int64_t>(sizeof(float))) {
+    if (received.payload_size(i) != expected * static_cast<int64_t>(sizeof(float))) {
       return absl::InvalidArgumentError(absl::StrCat("job ", request.job_id(), ": gradients of ", keys.size(),
-                                                     " keys of table ", table.table(), " take ", table.rows().size(),
-                                                     " bytes, expected ", expected * 4));
+                                                     " keys of table ", table.table(), " take ",
+                                                     received.payload_size(i), " bytes, expected ", expected * 4));
     }
-    const float* grads = FloatsIn(table.rows());
-    if (grads == nullptr) {
-      std::vector<float>& copy = grad_copies[static_cast<size_t>(i)];
-      copy.resize(static_cast<size_t>(expected));
-      RETURN_IF_ERROR(DecodeFloats(table.rows(), expected, copy.data(), "gradients"));
+    const std::optional<absl::string_view> in_place = received.PayloadView(i);
+    const float* grads = in_place.has_value() ? FloatsIn(*in_place) : nullptr;
+    if (grads == nullptr) {  // copied once, into memory an earlier push used
+      FloatBufferPool::Buffer& copy = grad_copies[static_cast<size_t>(i)];
+      copy = gradients_.Acquire(expected);
+      RETURN_IF_ERROR(received.DecodePayload(i, v1::WIRE_FP32, expected, copy.data(), "gradients", &scratch));
       grads = copy.data();
     }
     args.tables.push_back(SparseRows{table.table(), keys, grads});
@@ -214,7 +224,7 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const v1::SparsePushRequest&
   const bool forwards = from_worker && !role.backup_addresses.empty();
   if (forwards) RETURN_IF_ERROR(sparse.Validate(args));
   MutexLockMaybe order(forwards && sparse.has_asynchronous() ? &shard->sparse_replication_order() : nullptr);
-  if (forwards) RETURN_IF_ERROR(replicator_->ForwardSparse(*shard, shard_id, request));
+  if (forwards) RETURN_IF_ERROR(replicator_->ForwardSparse(*shard, shard_id, request.job_id(), bytes));
   ASSIGN_OR_RETURN(SparsePushOutcome outcome, sparse.Push(args));
   response->set_duplicate(outcome == SparsePushOutcome::kDuplicate);
   response->set_rows(rows);
@@ -310,24 +320,6 @@ absl::Status ParameterServiceImpl::CopyTableBucket(const v1::CopyChunkRequest& r
                     captures_.end());
   }
   return absl::OkStatus();
-}
-
-grpc::Status ParameterServiceImpl::SparsePull(grpc::ServerContext*, const v1::SparsePullRequest* request,
-                                              v1::SparsePullResponse* response) {
-  const absl::Status status = HandleSparsePull(*request, response);
-  return Finish("SparsePull", status, request->ByteSizeLong(), status.ok() ? response->ByteSizeLong() : 0);
-}
-
-grpc::Status ParameterServiceImpl::SparsePush(grpc::ServerContext*, const v1::SparsePushRequest* request,
-                                              v1::SparsePushResponse* response) {
-  const absl::Status status = HandleSparsePush(*request, /*from_worker=*/true, response);
-  return Finish("SparsePush", status, request->ByteSizeLong(), 0);
-}
-
-grpc::Status ParameterServiceImpl::SparseReplicate(grpc::ServerContext*, const v1::SparsePushRequest* request,
-                                                   v1::SparsePushResponse* response) {
-  const absl::Status status = HandleSparsePush(*request, /*from_worker=*/false, response);
-  return Finish("SparseReplicate", status, request->ByteSizeLong(), 0);
 }
 
 }  // namespace fulcrum

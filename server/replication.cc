@@ -137,16 +137,14 @@ absl::Status Replicator::CheckSparseWrite(const JobShard& shard, const std::stri
   return absl::OkStatus();
 }
 
-absl::Status Replicator::ForwardSparse(const JobShard& shard, int32_t shard_id, const v1::SparsePushRequest& request) {
+absl::Status Replicator::ForwardSparse(const JobShard& shard, int32_t shard_id, const std::string& job_id,
+                                       const grpc::ByteBuffer& request) {
   ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOfShard(shard_id));
   if (role.backup_addresses.empty()) return absl::OkStatus();
-  // Serialized once; every backup's message shares the bytes.
-  auto* bytes = new std::string(request.SerializeAsString());
-  const grpc::Slice slice(bytes->data(), bytes->size(), [](void* owned) { delete static_cast<std::string*>(owned); },
-                          bytes);
+  // (A ByteBuffer's copy takes references to its slices, not the bytes.)
   std::map<std::string, grpc::ByteBuffer> messages;
-  for (const std::string& backup : role.backup_addresses) messages.emplace(backup, grpc::ByteBuffer(&slice, 1));
-  return SendAll(request.job_id(), ReplicaPeers::Method::kSparseReplicate, std::move(messages));
+  for (const std::string& backup : role.backup_addresses) messages.emplace(backup, request);
+  return SendAll(job_id, ReplicaPeers::Method::kSparseReplicate, std::move(messages));
 }
 
 absl::Status Replicator::SendAll(const std::string& job_id, ReplicaPeers::Method method,

@@ -99,7 +99,10 @@ class Replicator {
   // A backup's RESOURCE_EXHAUSTED (its tables full) comes back as such.
   absl::Status CheckSparseWrite(const JobShard& shard, const std::string& job_id, int64_t map_version,
                                 int32_t shard_id, bool as_primary) const;
-  absl::Status ForwardSparse(const JobShard& shard, int32_t shard_id, const v1::SparsePushRequest& request);
+  // `request`: the SparsePushRequest's bytes as they came (every backup's
+  // message shares them).
+  absl::Status ForwardSparse(const JobShard& shard, int32_t shard_id, const std::string& job_id,
+                             const grpc::ByteBuffer& request);
 
   // Cancels the forwards of `job_id` in flight (a role change must not wait
   // for a backup that stopped); their pushes fail and are retried.

@@ -272,7 +272,7 @@ TEST_F(ReplicationTest, SparseWritesAreFencedByTheirShardAndForwardedToItsBackup
   v1::SparseKeys* table = push.add_tables();
   table->set_keys(std::string(16, 'k'));
   table->set_rows(std::string(8, 'r'));
-  ASSERT_TRUE(replicator_->ForwardSparse(*shard_, 0, push).ok());
+  ASSERT_TRUE(replicator_->ForwardSparse(*shard_, 0, "job", SerializeMessage(push)).ok());
   {
     MutexLock lock(&peers_.mu_);
     ASSERT_EQ(peers_.sparse_sent_.size(), 2u);
@@ -282,7 +282,7 @@ TEST_F(ReplicationTest, SparseWritesAreFencedByTheirShardAndForwardedToItsBackup
     peers_.sparse_sent_.clear();
     peers_.outcomes_["b1"] = absl::ResourceExhaustedError("sparse table embedding is full on this server");
   }
-  const absl::Status full = replicator_->ForwardSparse(*shard_, 0, push);
+  const absl::Status full = replicator_->ForwardSparse(*shard_, 0, "job", SerializeMessage(push));
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
   EXPECT_TRUE(absl::StrContains(full.message(), "replicating to backup b1")) << full;
   // A shard without backups (this server backs shard 1 up; its primary
@@ -291,7 +291,7 @@ TEST_F(ReplicationTest, SparseWritesAreFencedByTheirShardAndForwardedToItsBackup
   alone[0] = {true, {}};
   ASSERT_TRUE(shard_->Configure(4, alone).ok());
   const int started = [&] { MutexLock lock(&peers_.mu_); return peers_.started_; }();
-  EXPECT_TRUE(replicator_->ForwardSparse(*shard_, 0, push).ok());
+  EXPECT_TRUE(replicator_->ForwardSparse(*shard_, 0, "job", SerializeMessage(push)).ok());
   MutexLock lock(&peers_.mu_);
   EXPECT_EQ(peers_.started_, started);
 }

@@ -37,10 +37,14 @@ class InProcessTransport::InProcessCall final : public ParameterTransport::Call 
       return done(grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat("no server at ", address_)));
     }
     if (method_ == Method::kSparsePull || method_ == Method::kSparsePush) {
-      absl::Status status = method_ == Method::kSparsePull ? Sparse<v1::SparsePullRequest, v1::SparsePullResponse>(
-                                                                 service, *request, response)
-                                                           : Sparse<v1::SparsePushRequest, v1::SparsePushResponse>(
-                                                                 service, *request, response);
+      absl::Status status;
+      if (method_ == Method::kSparsePull) {
+        status = service->HandleSparsePull(*request, response);
+      } else {
+        v1::SparsePushResponse answer;
+        status = service->HandleSparsePush(*request, /*from_worker=*/true, &answer);
+        if (status.ok()) *response = SerializeMessage(answer);
+      }
       if (absl::Status after = injected(Stage::kAfterServer); !after.ok()) return done(ToGrpcStatus(after));
       return done(ToGrpcStatus(status));
     }
@@ -68,22 +72,6 @@ class InProcessTransport::InProcessCall final : public ParameterTransport::Call 
   }
 
  private:
-  // A sparse call: the request parsed, handled, the answer serialized.
-  template <typename Request, typename Response>
-  static absl::Status Sparse(ParameterServiceImpl* service, const grpc::ByteBuffer& bytes, grpc::ByteBuffer* response) {
-    Request request;
-    absl::Status status = ParseMessage(bytes, &request);
-    if (!status.ok()) return status;
-    Response answer;
-    if constexpr (std::is_same_v<Request, v1::SparsePullRequest>) {
-      status = service->HandleSparsePull(request, &answer);
-    } else {
-      status = service->HandleSparsePush(request, /*from_worker=*/true, &answer);
-    }
-    if (status.ok()) *response = SerializeMessage(answer);
-    return status;
-  }
-
   InProcessTransport* const transport_;
   const std::string address_;
   const Method method_;

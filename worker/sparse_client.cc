@@ -25,6 +25,15 @@ std::string KeyBytes(const std::vector<uint64_t>& keys, const std::vector<uint32
   return bytes;
 }
 
+// `bytes` as a message of one slice that owns them, without a copy: gRPC
+// may keep a request's bytes after the call ended (a write stuck on a paused
+// peer), so they live until gRPC lets the slice go.
+grpc::ByteBuffer OwningBuffer(std::string bytes) {
+  auto* owned = new std::string(std::move(bytes));
+  grpc::Slice slice(owned->data(), owned->size(), [](void* held) { delete static_cast<std::string*>(held); }, owned);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
 }  // namespace
 
 SparseClient::SparseClient(const v1::ShardMap& map, std::string job_id, std::string worker_id,
@@ -94,7 +103,7 @@ std::vector<SparseClient::Request> SparseClient::Plan(const std::vector<std::vec
 }
 
 absl::Status SparseClient::Send(ParameterTransport::Method method, const std::vector<Request>& requests,
-                                std::vector<std::string> payloads, absl::Duration timeout,
+                                std::vector<grpc::ByteBuffer> messages, absl::Duration timeout,
                                 const std::function<absl::Status(size_t, const grpc::ByteBuffer&)>& answer) {
   struct Call {
     std::unique_ptr<ParameterTransport::Call> call;
@@ -108,13 +117,7 @@ absl::Status SparseClient::Send(ParameterTransport::Method method, const std::ve
   absl::Status first_error;
   for (size_t i = 0; i < requests.size(); ++i) {
     Call& call = calls[i];
-    // The slice owns its payload, without a copy: gRPC may keep a request's
-    // bytes after the call ended (a write stuck on a paused peer), so they
-    // live until gRPC lets the slice go.
-    auto* owned = new std::string(std::move(payloads[i]));
-    grpc::Slice slice(owned->data(), owned->size(), [](void* bytes) { delete static_cast<std::string*>(bytes); },
-                      owned);
-    call.request = grpc::ByteBuffer(&slice, 1);
+    call.request = std::move(messages[i]);
     call.call = transport_->NewCall(requests[i].address, method);
   }
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -156,7 +159,7 @@ absl::Status SparseClient::PullRows(const std::vector<std::vector<uint64_t>>& ke
     (*rows)[static_cast<size_t>(t)].resize(keys[static_cast<size_t>(t)].size() * static_cast<size_t>(dim(t)));
   }
   const std::vector<Request> requests = Plan(keys, /*every_shard=*/false);
-  std::vector<std::string> payloads;
+  std::vector<grpc::ByteBuffer> messages;
   for (const Request& request : requests) {
     v1::SparsePullRequest pull;
     pull.set_job_id(job_id_);
@@ -169,18 +172,28 @@ absl::Status SparseClient::PullRows(const std::vector<std::vector<uint64_t>>& ke
       table->set_table(t);
       table->set_keys(KeyBytes(keys[static_cast<size_t>(t)], positions));
     }
-    payloads.push_back(pull.SerializeAsString());
+    messages.push_back(OwningBuffer(pull.SerializeAsString()));
   }
-  return Send(ParameterTransport::Method::kSparsePull, requests, std::move(payloads), timeout,
+  return Send(ParameterTransport::Method::kSparsePull, requests, std::move(messages), timeout,
               [&](size_t i, const grpc::ByteBuffer& bytes) {
-                v1::SparsePullResponse response;
-                RETURN_IF_ERROR(ParseMessage(bytes, &response));
-                for (const v1::SparseKeys& answer : response.tables()) {
-                  const int t = answer.table();
+                // The rows go from the received slices straight into place.
+                v1::SparsePullResponse header;
+                SparsePayloadReader answer;
+                RETURN_IF_ERROR(answer.Parse(bytes, v1::SparsePullResponse::kTablesFieldNumber, &header));
+                for (int part = 0; part < answer.chunks(); ++part) {
+                  const int t = answer.chunk(part).table();
                   if (t < 0 || t >= num_tables()) return absl::InternalError("sparse pull answered another table");
-                  RETURN_IF_ERROR(ScatterFloats(answer.rows(), requests[i].positions[static_cast<size_t>(t)], dim(t),
-                                                (*rows)[static_cast<size_t>(t)].data(),
-                                                absl::StrCat("rows of table ", t)));
+                  const absl::Span<const uint32_t> positions = requests[i].positions[static_cast<size_t>(t)];
+                  const size_t row_bytes = static_cast<size_t>(dim(t)) * sizeof(float);
+                  if (static_cast<size_t>(answer.payload_size(part)) != positions.size() * row_bytes) {
+                    return absl::InvalidArgumentError(absl::StrCat("rows of table ", t, ": payload has ",
+                                                                   answer.payload_size(part), " bytes, expected ",
+                                                                   positions.size() * row_bytes));
+                  }
+                  float* out = (*rows)[static_cast<size_t>(t)].data();
+                  answer.ForEachRows(part, row_bytes, [&](size_t first, const char* run, size_t n) {
+                    ScatterFloatRows(run, positions.subspan(first, n), dim(t), out);
+                  });
                 }
                 return absl::OkStatus();
               });
@@ -192,8 +205,15 @@ absl::Status SparseClient::Push(int32_t partition, int64_t step, const std::vect
     return absl::InvalidArgumentError(absl::StrCat("sparse push of ", keys.size(), " tables; the job has ",
                                                    num_tables()));
   }
+  for (int t = 0; t < num_tables(); ++t) {
+    const size_t expected = keys[static_cast<size_t>(t)].size() * static_cast<size_t>(dim(t));
+    if (grads[static_cast<size_t>(t)].size() != expected) {
+      return absl::InvalidArgumentError(absl::StrCat("sparse push of ", grads[static_cast<size_t>(t)].size(),
+                                                     " gradient values for table ", t, "; its keys take ", expected));
+    }
+  }
   const std::vector<Request> requests = Plan(keys, synchronous_);
-  std::vector<std::string> payloads;
+  std::vector<grpc::ByteBuffer> messages;
   std::map<int32_t, int32_t> parts;  // requests by shard
   for (const Request& request : requests) ++parts[request.shard];
   std::map<int32_t, int32_t> sent;
@@ -207,17 +227,22 @@ absl::Status SparseClient::Push(int32_t partition, int64_t step, const std::vect
     push.set_partition(partition);
     push.set_step(step);
     push.set_map_version(map_.version());
+    // Each table's gradients are gathered straight into a slice of their own.
+    PayloadWriter writer(push, v1::SparsePushRequest::kTablesFieldNumber);
     for (int t = 0; t < num_tables(); ++t) {
       const std::vector<uint32_t>& positions = request.positions[static_cast<size_t>(t)];
       if (positions.empty()) continue;
-      v1::SparseKeys* table = push.add_tables();
-      table->set_table(t);
-      table->set_keys(KeyBytes(keys[static_cast<size_t>(t)], positions));
-      GatherFloats(grads[static_cast<size_t>(t)].data(), positions, dim(t), table->mutable_rows());
+      v1::SparseKeys table;
+      table.set_table(t);
+      table.set_keys(KeyBytes(keys[static_cast<size_t>(t)], positions));
+      char* rows = nullptr;
+      grpc::Slice slice = NewPayloadSlice(positions.size() * static_cast<size_t>(dim(t)) * sizeof(float), &rows);
+      GatherFloatRows(grads[static_cast<size_t>(t)].data(), positions, dim(t), rows);
+      writer.AddSparse(table, {std::move(slice)});
     }
-    payloads.push_back(push.SerializeAsString());
+    messages.push_back(writer.Finish());
   }
-  return Send(ParameterTransport::Method::kSparsePush, requests, std::move(payloads), timeout,
+  return Send(ParameterTransport::Method::kSparsePush, requests, std::move(messages), timeout,
               [](size_t, const grpc::ByteBuffer& bytes) {
                 v1::SparsePushResponse response;
                 return ParseMessage(bytes, &response);

@@ -69,7 +69,7 @@ class SparseClient {
                         std::optional<int64_t> step, absl::Duration timeout);
   // Sends every request; `answer(i, bytes)` takes request i's answer.
   absl::Status Send(ParameterTransport::Method method, const std::vector<Request>& requests,
-                    std::vector<std::string> payloads, absl::Duration timeout,
+                    std::vector<grpc::ByteBuffer> messages, absl::Duration timeout,
                     const std::function<absl::Status(size_t, const grpc::ByteBuffer&)>& answer);
 
   const v1::ShardMap map_;

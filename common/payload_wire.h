@@ -1,7 +1,9 @@
-// Tensor bytes of the data RPCs (Push, Replicate, Pull) outside protobuf's
+// Tensor bytes of the data RPCs (Push, Replicate, Pull, and the sparse
+// tables' SparsePull, SparsePush, SparseReplicate) outside protobuf's
 // copies. A PushRequest or PullResponse goes out as a grpc::ByteBuffer in
 // which every chunk's payload (ChunkData.data) is a slice of its own, handed
-// to gRPC without a copy; it is read back by parsing every other field with
+// to gRPC without a copy, as do a SparsePushRequest's or SparsePullResponse's
+// rows (SparseKeys.rows); it is read back by parsing every other field with
 // protobuf and copying each payload from the received slices straight to
 // where it belongs. The bytes on the wire are exactly protobuf's encoding of
 // the message, so any gRPC client or server reads and writes them as
@@ -67,8 +69,9 @@ class BasicPayloadReader {
   absl::Status Parse(const grpc::ByteBuffer& buffer, int chunks_field, google::protobuf::MessageLite* header);
 
   int chunks() const { return static_cast<int>(chunks_.size()); }
-  // Part i's fields but its payload.
+  // Part i's fields but its payload (mutable: to move them out).
   const Part& chunk(int i) const { return chunks_[i].fields; }
+  Part* mutable_chunk(int i) { return &chunks_[i].fields; }
   int64_t payload_size(int i) const { return chunks_[i].size; }
   // Copies part i's payload (payload_size(i) bytes) to `out`.
   void CopyPayload(int i, char* out) const;
@@ -88,7 +91,7 @@ class BasicPayloadReader {
   // Part i's payload as rows of `row_bytes` (payload_size(i) must be a
   // multiple of it): rows(first, bytes, n) for each run of n whole rows,
   // starting at row `first`, in order. Runs are views of the received
-  // memory; a row split between two slices comes alone, from a copy.
+  // memory; a row split between slices comes alone, from a copy.
   void ForEachRows(int i, size_t row_bytes,
                    absl::FunctionRef<void(size_t first, const char* bytes, size_t n)> rows) const;
 

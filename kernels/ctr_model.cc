@@ -364,17 +364,20 @@ float* CtrModel::InteractionGrad(int32_t e, int v) {
 // inter_[e] = x0 (when there is one), then x_i . x_j for i < j, row by row.
 void CtrModel::InteractionForward(int32_t batch) {
   const int k = config_.embedding_dim, width = deep_dims_[0];
+  // An example's vectors are looked up once, not once a pair.
+  std::vector<const float*> vectors(static_cast<size_t>(num_vectors_));
   for (int32_t e = 0; e < batch; ++e) {
+    for (int v = 0; v < num_vectors_; ++v) vectors[static_cast<size_t>(v)] = InteractionVector(e, v);
     float* out = inter_.data() + static_cast<size_t>(e) * width;
     int p = 0;
     if (!bottom_dims_.empty()) {
-      std::copy_n(InteractionVector(e, 0), k, out);
+      std::copy_n(vectors[0], k, out);
       p = k;
     }
     for (int i = 0; i < num_vectors_; ++i) {
-      const float* a = InteractionVector(e, i);
+      const float* a = vectors[static_cast<size_t>(i)];
       for (int j = i + 1; j < num_vectors_; ++j) {
-        const float* b = InteractionVector(e, j);
+        const float* b = vectors[static_cast<size_t>(j)];
         float dot = 0.0f;
         for (int d = 0; d < k; ++d) dot += a[d] * b[d];
         out[p++] = dot;
@@ -483,18 +486,24 @@ void CtrModel::DeepBackward(int32_t batch, const CtrParams& params, const CtrGra
 void CtrModel::InteractionBackward(int32_t batch) {
   const int k = config_.embedding_dim, width = deep_dims_[0];
   std::fill(dinput_.begin(), dinput_.begin() + static_cast<size_t>(batch) * bag_width_, 0.0f);
+  std::vector<const float*> vectors(static_cast<size_t>(num_vectors_));
+  std::vector<float*> grads(static_cast<size_t>(num_vectors_));
   for (int32_t e = 0; e < batch; ++e) {
+    for (int v = 0; v < num_vectors_; ++v) {
+      vectors[static_cast<size_t>(v)] = InteractionVector(e, v);
+      grads[static_cast<size_t>(v)] = InteractionGrad(e, v);
+    }
     const float* g = dinter_.data() + static_cast<size_t>(e) * width;
     int p = 0;
     if (!bottom_dims_.empty()) {
-      std::copy_n(g, k, InteractionGrad(e, 0));
+      std::copy_n(g, k, grads[0]);
       p = k;
     }
     for (int i = 0; i < num_vectors_; ++i) {
       for (int j = i + 1; j < num_vectors_; ++j) {
         const float gij = g[p++];
-        Axpy(k, gij, InteractionVector(e, j), InteractionGrad(e, i));
-        Axpy(k, gij, InteractionVector(e, i), InteractionGrad(e, j));
+        Axpy(k, gij, vectors[static_cast<size_t>(j)], grads[static_cast<size_t>(i)]);
+        Axpy(k, gij, vectors[static_cast<size_t>(i)], grads[static_cast<size_t>(j)]);
       }
     }
   }

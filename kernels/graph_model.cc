@@ -186,8 +186,7 @@ absl::Status GraphModel::ValidateLabels(const GraphBatch& batch) const {
 // ---------------------------------------------------------------------------
 // Forward.
 
-void GraphModel::EnsureScratch(int32_t batch, int64_t num_ids) {
-  if (id_scale_.size() < static_cast<size_t>(num_ids)) id_scale_.resize(static_cast<size_t>(num_ids));
+void GraphModel::EnsureScratch(int32_t batch) {
   for (size_t n = 0; n < nodes_.size(); ++n) {
     const size_t size = static_cast<size_t>(batch) * static_cast<size_t>(nodes_[n].width());
     if (out_[n].size() < size) out_[n].resize(size);
@@ -195,22 +194,34 @@ void GraphModel::EnsureScratch(int32_t batch, int64_t num_ids) {
   }
 }
 
-// The combiner is per layer, so the scale is the id's weight here and the
-// mean's division happens per bag in the embedding layers.
-void GraphModel::ComputeIdScales(const GraphBatch& batch) {
-  const int64_t num_ids = config_.num_fields > 0 ? batch.offsets[int64_t{batch.batch} * config_.num_fields] : 0;
-  for (int64_t j = 0; j < num_ids; ++j) id_scale_[j] = batch.weights == nullptr ? 1.0f : batch.weights[j];
-}
-
 namespace {
 
-// A bag's factor on its ids' scales: 1, or for a mean 1 / its total weight
-// (0 for an empty bag or one of weight 0).
-float BagFactor(BagCombiner combiner, const float* scale, int64_t begin, int64_t end) {
-  if (combiner != BagCombiner::kMean) return 1.0f;
-  double total = 0;
-  for (int64_t j = begin; j < end; ++j) total += scale[j];
-  return total > 0 ? static_cast<float>(1.0 / total) : 0.0f;
+// Calls id(at, row, scale) for each id of each bag an EMBEDDING layer reads,
+// example by example, vector by vector: `vectors` of them, the fields
+// `chosen` (all `fields` of an example when empty). `at` is the vector's
+// offset in the layer's output, `row` the id's row number in its table,
+// `scale` its weight times the bag's factor (for a mean, 1 / the bag's total
+// weight, or 0 for an empty bag or one of weight 0).
+template <typename Id>
+void ForEachBagId(const GraphBatch& batch, int fields, const std::vector<int>& chosen, int vectors, int dim,
+                  BagCombiner combiner, const int32_t* rows, Id id) {
+  const int64_t width = int64_t{vectors} * dim;
+  auto weight = [&](int64_t j) { return batch.weights == nullptr ? 1.0f : batch.weights[j]; };
+  for (int32_t e = 0; e < batch.batch; ++e) {
+    for (int v = 0; v < vectors; ++v) {
+      const int f = chosen.empty() ? v : chosen[static_cast<size_t>(v)];
+      const int64_t bag = int64_t{e} * fields + f;
+      const int64_t begin = batch.offsets[bag], end = batch.offsets[bag + 1];
+      float factor = 1.0f;
+      if (combiner == BagCombiner::kMean) {
+        double total = 0;
+        for (int64_t j = begin; j < end; ++j) total += weight(j);
+        factor = total > 0 ? static_cast<float>(1.0 / total) : 0.0f;
+      }
+      const int64_t at = e * width + int64_t{v} * dim;
+      for (int64_t j = begin; j < end; ++j) id(at, rows[j], weight(j) * factor);
+    }
+  }
 }
 
 }  // namespace
@@ -234,18 +245,8 @@ void GraphModel::ForwardNode(int n, const GraphBatch& batch, const CtrParams& pa
       const float* table = params.tables[static_cast<size_t>(node.table)];
       const int32_t* rows = batch.rows[static_cast<size_t>(node.table)];
       std::fill(out, out + static_cast<size_t>(b) * width, 0.0f);
-      for (int32_t e = 0; e < b; ++e) {
-        for (int v = 0; v < node.vectors; ++v) {
-          const int f = layer.fields.empty() ? v : layer.fields[static_cast<size_t>(v)];
-          const int64_t bag = int64_t{e} * fields + f;
-          const int64_t begin = batch.offsets[bag], end = batch.offsets[bag + 1];
-          const float factor = BagFactor(layer.combiner, id_scale_.data(), begin, end);
-          float* row = out + static_cast<size_t>(e) * width + static_cast<size_t>(v) * dim;
-          for (int64_t j = begin; j < end; ++j) {
-            Axpy(dim, id_scale_[j] * factor, table + int64_t{rows[j]} * dim, row);
-          }
-        }
-      }
+      ForEachBagId(batch, fields, layer.fields, node.vectors, dim, layer.combiner, rows,
+                   [&](int64_t at, int32_t row, float scale) { Axpy(dim, scale, table + int64_t{row} * dim, out + at); });
       break;
     }
     case LayerType::kLinear: {
@@ -338,9 +339,7 @@ void GraphModel::ForwardNode(int n, const GraphBatch& batch, const CtrParams& pa
 }
 
 void GraphModel::RunForward(const GraphBatch& batch, const CtrParams& params) {
-  const int64_t num_ids = config_.num_fields > 0 ? batch.offsets[int64_t{batch.batch} * config_.num_fields] : 0;
-  EnsureScratch(batch.batch, num_ids);
-  ComputeIdScales(batch);
+  EnsureScratch(batch.batch);
   for (size_t n = 0; n < nodes_.size(); ++n) ForwardNode(static_cast<int>(n), batch, params);
 }
 
@@ -403,16 +402,8 @@ void GraphModel::BackwardNode(int n, const GraphBatch& batch, const CtrParams& p
       const int dim = node.dim, fields = config_.num_fields;
       float* table = grads.tables[static_cast<size_t>(node.table)];
       const int32_t* rows = batch.rows[static_cast<size_t>(node.table)];
-      for (int32_t e = 0; e < b; ++e) {
-        for (int v = 0; v < node.vectors; ++v) {
-          const int f = layer.fields.empty() ? v : layer.fields[static_cast<size_t>(v)];
-          const int64_t bag = int64_t{e} * fields + f;
-          const int64_t begin = batch.offsets[bag], end = batch.offsets[bag + 1];
-          const float factor = BagFactor(layer.combiner, id_scale_.data(), begin, end);
-          const float* dv = g + static_cast<size_t>(e) * width + static_cast<size_t>(v) * dim;
-          for (int64_t j = begin; j < end; ++j) Axpy(dim, id_scale_[j] * factor, dv, table + int64_t{rows[j]} * dim);
-        }
-      }
+      ForEachBagId(batch, fields, layer.fields, node.vectors, dim, layer.combiner, rows,
+                   [&](int64_t at, int32_t row, float scale) { Axpy(dim, scale, g + at, table + int64_t{row} * dim); });
       break;
     }
     case LayerType::kLinear: {

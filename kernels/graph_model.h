@@ -199,8 +199,7 @@ class GraphModel {
 
   absl::Status ValidateInputs(const GraphBatch& batch, const CtrParams& params, bool need_labels) const;
   absl::Status ValidateLabels(const GraphBatch& batch) const;
-  void EnsureScratch(int32_t batch, int64_t num_ids);
-  void ComputeIdScales(const GraphBatch& batch);
+  void EnsureScratch(int32_t batch);
   void RunForward(const GraphBatch& batch, const CtrParams& params);
   void ForwardNode(int n, const GraphBatch& batch, const CtrParams& params);
   double Loss(const GraphBatch& batch);  // writes the output layer's gradient
@@ -216,7 +215,6 @@ class GraphModel {
   std::vector<std::vector<bool>> table_reads_;  // per table, per field: whether the table reads it
   LossKind loss_ = LossKind::kSigmoidCrossEntropy;
 
-  std::vector<float> id_scale_;                   // per id: its factor in its bag
   std::vector<std::vector<float>> out_, grad_;    // per layer [batch, width]
 };
 

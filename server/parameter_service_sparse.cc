@@ -169,7 +169,7 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const grpc::ByteBuffer& byte
   v1::SparsePushRequest request;
   SparsePayloadReader received;
   RETURN_IF_ERROR(received.Parse(bytes, v1::SparsePushRequest::kTablesFieldNumber, &request));
-  for (int i = 0; i < received.chunks(); ++i) *request.add_tables() = received.chunk(i);
+  for (int i = 0; i < received.chunks(); ++i) request.add_tables()->Swap(received.mutable_chunk(i));
   ReaderMutexLock writes(&writes_mu_);
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
   RETURN_IF_ERROR(CheckSparseRequest(request.job_id(), *shard, request.map_version(), request.tables()));
@@ -181,8 +181,9 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const grpc::ByteBuffer& byte
                    request.has_shard() ? absl::StatusOr<int32_t>(request.shard()) : sparse.OnlyShard());
   RETURN_IF_ERROR(
       replicator_->CheckSparseWrite(*shard, request.job_id(), request.map_version(), shard_id, from_worker));
-  // Keys and gradients are read where they arrived when they can be (an
-  // aligned little-endian host, gradients in one slice), else from copies.
+  // Keys are read in place in the parsed request on an aligned
+  // little-endian host (else from copies); gradients where they arrived
+  // when they lie in one slice, else from one copy into pooled memory.
   std::vector<std::vector<uint64_t>> key_copies(static_cast<size_t>(request.tables_size()));
   std::vector<FloatBufferPool::Buffer> grad_copies(static_cast<size_t>(request.tables_size()));
   std::string scratch;
@@ -204,7 +205,7 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const grpc::ByteBuffer& byte
     }
     const std::optional<absl::string_view> in_place = received.PayloadView(i);
     const float* grads = in_place.has_value() ? FloatsIn(*in_place) : nullptr;
-    if (grads == nullptr) {  // copied once, into memory an earlier push used
+    if (grads == nullptr && expected > 0) {  // copied once, into memory an earlier push used
       FloatBufferPool::Buffer& copy = grad_copies[static_cast<size_t>(i)];
       copy = gradients_.Acquire(expected);
       RETURN_IF_ERROR(received.DecodePayload(i, v1::WIRE_FP32, expected, copy.data(), "gradients", &scratch));

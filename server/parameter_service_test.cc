@@ -919,6 +919,20 @@ TEST_F(ParameterServiceTest, SetupJobWithAChunkStateBeyondOneMessageIsInvalidArg
                        "job job is not set up on this server"));
 }
 
+// Chunk lengths far out of range (the ParameterService fuzzer's find: a
+// length whose state in bytes overflowed int64 while the setup was checked
+// against the budgets, before the lengths were) are refused as such.
+TEST_F(ParameterServiceTest, SetupJobWithAChunkLengthBeyondAnyBudgetIsInvalidArgument) {
+  for (const int64_t length : {int64_t{1} << 61, int64_t{2358024506070530940}, std::numeric_limits<int64_t>::max(),
+                               -(int64_t{1} << 62), std::numeric_limits<int64_t>::min()}) {
+    v1::SetupJobRequest setup = MakeSetup("job", v1::BSP, AloneMap(server_.get(), 1), server_->id());
+    setup.mutable_chunks(1)->set_length(length);
+    EXPECT_TRUE(HasError(SetupJob(server_->stub(), setup), grpc::StatusCode::INVALID_ARGUMENT, "chunk 1")) << length;
+  }
+  EXPECT_TRUE(HasError(Pull(server_->stub(), "job", 0, 1).status, grpc::StatusCode::NOT_FOUND,
+                       "job job is not set up on this server"));
+}
+
 // Push number `seq` (partition 0's step seq - 1) of `gradient` for chunk 0,
 // encoded in `format` (16-bit values rounded to nearest even).
 v1::PushRequest MakeWirePush(int64_t seq, v1::WireFormat format, const std::vector<float>& gradient) {

@@ -1,6 +1,7 @@
 #include "server/parameter_store.h"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <utility>
 
@@ -513,14 +514,24 @@ JobShard::JobShard(JobShardConfig config) : config_(std::move(config)) {}
 
 int64_t JobShard::ChunkBytes(int64_t length, const JobShardConfig& job) {
   int64_t copies = 1 + OptimizerStateSlots(job.optimizer);
-  if (job.synchronous) copies += job.num_partitions + 2;
-  return length * copies * static_cast<int64_t>(sizeof(float));
+  if (job.synchronous) copies += std::max(0, job.num_partitions) + 2;
+  // A setup's sizes are checked against budgets before its chunks are
+  // validated (Create): a length out of range counts as nothing (Create
+  // refuses it) or as everything, never as an overflowed product.
+  const int64_t per_value = copies * static_cast<int64_t>(sizeof(float));
+  if (length <= 0) return 0;
+  if (length > std::numeric_limits<int64_t>::max() / per_value) return std::numeric_limits<int64_t>::max();
+  return length * per_value;
 }
 
 int64_t JobShard::ConfigBytes(const JobShardConfig& config) {
-  int64_t bytes = 0;
-  for (const ChunkConfig& chunk : config.chunks) bytes += ChunkBytes(chunk.length, config);
-  return bytes + SparseShard::EmptyBytes(config.tables, config.table_shards);
+  int64_t bytes = SparseShard::EmptyBytes(config.tables, config.table_shards);
+  for (const ChunkConfig& chunk : config.chunks) {
+    const int64_t more = ChunkBytes(chunk.length, config);
+    if (more > std::numeric_limits<int64_t>::max() - bytes) return std::numeric_limits<int64_t>::max();
+    bytes += more;
+  }
+  return bytes;
 }
 
 int64_t JobShard::bytes() const {

@@ -122,7 +122,8 @@ class SparseShard {
   int32_t dim(int32_t table) const;
 
   // Writes the rows of `keys` of table `table` to `out` (keys.size() x dim
-  // floats). INVALID_ARGUMENT for an unknown table; ABORTED naming the key
+  // floats, every one of them: a key without a row reads as its initial
+  // values; `out` may be uninitialized memory). INVALID_ARGUMENT for an unknown table; ABORTED naming the key
   // and its bucket for a key whose bucket this server does not hold (the
   // caller's shard map is not this server's).
   absl::Status Pull(int32_t table, absl::Span<const uint64_t> keys, float* out) const;

@@ -221,9 +221,9 @@ struct Labels {
   int32_t classes = 0;
 };
 
-Labels LabelsOf(const v1::JobSpec& spec) {
-  if (spec.model().kind() != v1::ModelSpec::GRAPH) return {};
-  const kernels::GraphConfig& graph = LayoutFor(spec, 0, 0).graph_config;
+Labels LabelsOf(const ModelLayout& layout) {
+  if (!layout.graph) return {};
+  const kernels::GraphConfig& graph = layout.graph_config;
   switch (kernels::GraphLossOf(graph)) {
     case kernels::LossKind::kSoftmaxCrossEntropy: return {false, kernels::GraphOutputWidth(graph)};
     case kernels::LossKind::kMeanSquaredError: return {false, 0};
@@ -347,25 +347,25 @@ absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vect
     ASSIGN_OR_RETURN(loaded.test, LoadSyntheticTestSet(spec, memory_budget));
     return loaded;
   }
+  const Labels labels = LabelsOf(LayoutFor(spec, 0, 0));
   // The training records are held whole while they take at most half the
   // budget (a step then copies its examples); beyond, they are indexed and
   // read as steps need them (files bigger than memory).
   absl::StatusOr<std::shared_ptr<const SparseDataset>> held =
-      LoadFiles(data, data.path(), roots, memory_budget > 0 ? std::max<int64_t>(1, memory_budget / 2) : 0,
-                LabelsOf(spec));
+      LoadFiles(data, data.path(), roots, memory_budget > 0 ? std::max<int64_t>(1, memory_budget / 2) : 0, labels);
   if (held.ok()) {
     loaded.train = *std::move(held);
   } else if (absl::IsResourceExhausted(held.status())) {
     FLOG(INFO) << data.path() << ": the training records take more than half this worker's memory budget ("
                << FormatBytes(memory_budget / 2) << "); indexing the files, records are read as steps need them";
-    ASSIGN_OR_RETURN(loaded.train_index, IndexFiles(data, data.path(), roots, memory_budget, LabelsOf(spec)));
+    ASSIGN_OR_RETURN(loaded.train_index, IndexFiles(data, data.path(), roots, memory_budget, labels));
   } else {
     return held.status();
   }
   if (!data.test_path().empty()) {
     const int64_t used = loaded.train != nullptr ? HeldBytes(*loaded.train) : loaded.train_index->bytes();
     const int64_t left = memory_budget > 0 ? std::max<int64_t>(1, memory_budget - used) : 0;
-    ASSIGN_OR_RETURN(loaded.test, LoadFiles(data, data.test_path(), roots, left, LabelsOf(spec)));
+    ASSIGN_OR_RETURN(loaded.test, LoadFiles(data, data.test_path(), roots, left, labels));
   }
   return loaded;
 }
@@ -404,7 +404,7 @@ class ClickRun {
         model_(layout_.ctr),
         graph_(layout_.graph ? std::make_unique<kernels::GraphModel>(layout_.graph_config) : nullptr),
         table_reads_(TableReads(layout_)),
-        binary_labels_(LabelsOf(spec_).clicks),
+        binary_labels_(LabelsOf(layout_).clicks),
         loss_(layout_.graph ? kernels::GraphLossOf(layout_.graph_config) : kernels::LossKind::kSigmoidCrossEntropy),
         output_width_(layout_.graph ? kernels::GraphOutputWidth(layout_.graph_config) : 1),
         bsp_(spec_.mode() == v1::BSP || spec_.mode() == v1::MODE_UNSPECIFIED) {

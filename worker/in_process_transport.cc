@@ -1,7 +1,6 @@
 #include "worker/in_process_transport.h"
 
 #include <atomic>
-#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"

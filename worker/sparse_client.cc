@@ -186,9 +186,10 @@ absl::Status SparseClient::PullRows(const std::vector<std::vector<uint64_t>>& ke
                   const absl::Span<const uint32_t> positions = requests[i].positions[static_cast<size_t>(t)];
                   const size_t row_bytes = static_cast<size_t>(dim(t)) * sizeof(float);
                   if (static_cast<size_t>(answer.payload_size(part)) != positions.size() * row_bytes) {
-                    return absl::InvalidArgumentError(absl::StrCat("rows of table ", t, ": payload has ",
-                                                                   answer.payload_size(part), " bytes, expected ",
-                                                                   positions.size() * row_bytes));
+                    return absl::InvalidArgumentError(absl::StrCat(
+                        "rows of table ", t, ": payload has ", answer.payload_size(part), " bytes, expected ",
+                        positions.size() * row_bytes, " (", positions.size() * static_cast<size_t>(dim(t)),
+                        " float32 values)"));
                   }
                   float* out = (*rows)[static_cast<size_t>(t)].data();
                   answer.ForEachRows(part, row_bytes, [&](size_t first, const char* run, size_t n) {

@@ -173,10 +173,18 @@ write('cluster_service_fuzz', 'expiry',
       command(8, b'\xff') + command(9, b'') + command(3, msg((1, 'server-0'))) + command(6, msg((1, 'job-0001'))))
 print('seeds written under', os.path.join(HERE, 'corpus'))
 
-# --- payload_wire_fuzz: byte 0 = message (bit 0: 0 PushRequest, 1 PullResponse)
-# and slice size (bits 1-7); the rest is the message.
+# --- payload_wire_fuzz: byte 0 = message (bits 0-1: 0 PushRequest,
+# 1 PullResponse, 2 SparsePushRequest, 3 SparsePullResponse) and slice size
+# (bits 2-7); the rest is the message.
 chunk_a = msg((1, 3), (2, floats([0.5, -1.0, 2.0, 0.25])), (5, 1))
 chunk_b = msg((2, b'\x01\x02'), (1, 9), (3, 7), (4, 2))
 write('payload_wire_fuzz', 'push', bytes([0]) + msg((1, 'job'), (2, 'worker-1'), (4, 5), (5, 2), (6, chunk_a),
                                                     (7, 3), (6, chunk_b), (9, 12345)))
-write('payload_wire_fuzz', 'pull', bytes([1 | 6]) + msg((1, chunk_b), (1, chunk_a)))
+write('payload_wire_fuzz', 'pull', bytes([1 | 12]) + msg((1, chunk_b), (1, chunk_a)))
+# SparseKeys: 1 table, 2 keys, 3 rows (rows of 3 floats; the second table
+# names its rows before its keys, and twice: the last one counts).
+table_a = msg((1, 0), (2, b'\x07' * 16), (3, struct.pack('<6f', 0.5, -1.0, 2.0, 0.25, 3.0, -2.0)))
+table_b = msg((3, struct.pack('<f', 9.0)), (1, 2), (2, b'\x01' * 8), (3, struct.pack('<3f', 1.0, 2.0, 3.0)))
+write('payload_wire_fuzz', 'sparse_push', bytes([2 | 8]) + msg((1, 'job'), (2, 'worker-1'), (4, 7), (6, table_a),
+                                                             (9, 1), (6, table_b), (7, 0), (8, 1)))
+write('payload_wire_fuzz', 'sparse_pull', bytes([3 | 4]) + msg((1, table_b), (1, table_a)))

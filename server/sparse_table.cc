@@ -496,8 +496,17 @@ int64_t SparseTable::AppendCheckpointState(int64_t checkpoint_id, int64_t base, 
   }
   size_t changed = 0;
   for (uint32_t r = 0; r < rows_; ++r) changed += GenAt(r) > *since ? 1 : 0;
-  out->reserve(out->size() + 52 + static_cast<size_t>(rows_) * 9 + changed * (8 + static_cast<size_t>(stride_) * 4) +
-               candidates_.size() * 20);
+  // Changes that would take no fewer bytes than the whole state (nearly
+  // every row changed) are stored whole: no larger, and a chain that ends
+  // here is one state to load.
+  const size_t row_floats = static_cast<size_t>(stride_) * sizeof(float);
+  const size_t whole_bytes = 36 + static_cast<size_t>(rows_) * (16 + row_floats);
+  const size_t delta_bytes = 48 + static_cast<size_t>(rows_) * 9 + changed * (8 + row_floats);
+  if (delta_bytes >= whole_bytes) {
+    AppendStateLocked(out);
+    return 0;
+  }
+  out->reserve(out->size() + delta_bytes + candidates_.size() * 20);
   AppendTableDeltaHeader(base, stride_, TableStateCounters{pushes_, admissions_, expiries_}, rows_, out);
   for (uint32_t r = 0; r < rows_; ++r) {
     char* row = RowAt(r);

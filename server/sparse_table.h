@@ -135,9 +135,10 @@ class SparseTable {
   // state (common/table_state.h), when `base_is_stored_here` (the caller
   // knows the committed copy of `base` is what this table captured or was
   // loaded from then) and the table took or loaded `base` as one of its last
-  // kMaxCheckpointMarks checkpoints and loaded or cleared nothing since;
-  // otherwise the whole state. Returns the base of what it wrote (0:
-  // whole). Remembers the checkpoint as a base for the next ones. Rows are
+  // kMaxCheckpointMarks checkpoints and loaded or cleared nothing since,
+  // and the changes take fewer bytes than the whole state would (not when
+  // nearly every row changed); otherwise the whole state. Returns the base
+  // of what it wrote (0: whole). Remembers the checkpoint as a base for the next ones. Rows are
   // read under the shared lock (pulls go on); a push that lands meanwhile is
   // in the next checkpoint's changes whether or not this one saw it.
   int64_t AppendCheckpointState(int64_t checkpoint_id, int64_t base, bool base_is_stored_here, std::string* out);

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <set>
 #include <string>
@@ -350,6 +351,34 @@ TEST(SparseTableTest, IncrementalCheckpointsComposeIntoTheWholeStateOfTheirTime)
   reloaded->AppendState(&reloaded_state);
   EXPECT_EQ(*unchanged, reloaded_state);
   EXPECT_EQ(unchanged->size(), whole.size());
+}
+
+// Changes that would take as many bytes as the whole state (every row
+// pushed since the base) are stored whole, and the next checkpoint builds on
+// that one.
+TEST(SparseTableTest, ACheckpointWhoseRowsAllChangedIsStoredWhole) {
+  auto table = Make(Table(SparseOptimizerKind::kAdagrad, 4));
+  std::vector<uint64_t> keys(100);
+  std::iota(keys.begin(), keys.end(), uint64_t{1});
+  const std::vector<float> grads(keys.size() * 4, 0.5f);
+  ASSERT_TRUE(table->Push(1, keys, grads.data()).ok());
+  std::string first;
+  ASSERT_EQ(table->AppendCheckpointState(1, 0, true, &first), 0);
+  ASSERT_TRUE(table->Push(2, keys, grads.data()).ok());  // every row
+  std::string second, whole;
+  EXPECT_EQ(table->AppendCheckpointState(2, 1, true, &second), 0) << "every row changed: stored whole";
+  table->AppendState(&whole);
+  EXPECT_EQ(second, whole);
+  const std::vector<uint64_t> most(keys.begin(), keys.begin() + 90);
+  ASSERT_TRUE(table->Push(3, most, grads.data()).ok());  // 90 of 100 rows: still fewer bytes as changes
+  std::string third;
+  EXPECT_EQ(table->AppendCheckpointState(3, 2, true, &third), 2);
+  std::string now;
+  table->AppendState(&now);
+  EXPECT_LT(third.size(), now.size());
+  absl::StatusOr<std::string> composed = ComposeTableState(second, third, "emb");
+  ASSERT_TRUE(composed.ok()) << composed.status();
+  EXPECT_EQ(*composed, now);
 }
 
 TEST(SparseTableTest, ChangesThatDoNotFitTheTableAreRefusedLeavingItAsItWas) {

@@ -101,7 +101,7 @@ grpc::ByteBuffer SerializeMoving(Message* message, int chunks_field, std::vector
   for (int i = 0; i < chunks.size(); ++i) {
     v1::ChunkData& chunk = chunks[i];
     if (lent != nullptr && static_cast<size_t>(i) < lent->size() && (*lent)[i].size() > 0) {
-      writer.AddChunk(chunk, {std::move((*lent)[i])});
+      writer.AddPart(chunk, {std::move((*lent)[i])});
       continue;
     }
     auto* data = new std::string();
@@ -112,7 +112,7 @@ grpc::ByteBuffer SerializeMoving(Message* message, int chunks_field, std::vector
     } else {
       payload.emplace_back(data->data(), data->size(), &DeleteString, data);
     }
-    writer.AddChunk(chunk, std::move(payload));
+    writer.AddPart(chunk, std::move(payload));
   }
   chunks.Swap(message->mutable_chunks());
   return writer.Finish();
@@ -186,7 +186,13 @@ grpc::Slice NewPayloadSlice(size_t size, char** data) {
 }
 
 grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message) {
-  grpc::Slice slice(message.SerializeAsString());
+  std::string bytes = message.SerializeAsString();
+  if (bytes.size() < kInlinePayload) {
+    grpc::Slice copied(bytes);
+    return grpc::ByteBuffer(&copied, 1);
+  }
+  auto* owned = new std::string(std::move(bytes));
+  grpc::Slice slice(owned->data(), owned->size(), &DeleteString, owned);
   return grpc::ByteBuffer(&slice, 1);
 }
 
@@ -356,31 +362,7 @@ PayloadWriter::PayloadWriter(const google::protobuf::MessageLite& header, int ch
   header.AppendToString(&pending_);
 }
 
-void PayloadWriter::AddChunk(const v1::ChunkData& fields, std::vector<grpc::Slice> payload) {
-  std::string meta;
-  if (fields.data().empty()) {
-    fields.AppendToString(&meta);
-  } else {
-    v1::ChunkData without = fields;
-    without.clear_data();
-    without.AppendToString(&meta);
-  }
-  AddPart(meta, v1::ChunkData::kDataFieldNumber, std::move(payload));
-}
-
-void PayloadWriter::AddSparse(const v1::SparseKeys& fields, std::vector<grpc::Slice> rows) {
-  std::string meta;
-  if (fields.rows().empty()) {
-    fields.AppendToString(&meta);
-  } else {
-    v1::SparseKeys without = fields;
-    without.clear_rows();
-    without.AppendToString(&meta);
-  }
-  AddPart(meta, v1::SparseKeys::kRowsFieldNumber, std::move(rows));
-}
-
-void PayloadWriter::AddPart(const std::string& meta, int payload_field, std::vector<grpc::Slice> payload) {
+void PayloadWriter::AddEncoded(const std::string& meta, int payload_field, std::vector<grpc::Slice> payload) {
   size_t payload_size = 0;
   for (const grpc::Slice& slice : payload) payload_size += slice.size();
   const size_t inner = meta.size() + 1 + VarintSize(payload_size) + payload_size;

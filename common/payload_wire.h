@@ -38,22 +38,30 @@ grpc::ByteBuffer SerializeMovingPayloads(v1::PullResponse* message, std::vector<
 // with them: *data is where to write them (aligned for any scalar).
 grpc::Slice NewPayloadSlice(size_t size, char** data);
 
-// A small message (a request without payloads) to and from a ByteBuffer.
+// A message without payload slices to and from a ByteBuffer. Its serialized
+// bytes are copied into the slice when small, else the slice owns them (no
+// copy): gRPC may keep a request's bytes after the call ended (a write stuck
+// on a paused peer), so they live until gRPC lets the slice go.
 grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message);
 // INVALID_ARGUMENT naming the message type when the bytes do not parse.
 absl::Status ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::MessageLite* message);
 
 // The field of a part that holds its payload: a dense chunk's data
-// (ChunkData), a sparse table's rows (SparseKeys).
+// (ChunkData), a sparse table's rows (SparseKeys); its number, its bytes and
+// how to clear it.
 template <typename Part>
 struct PayloadFieldOf;
 template <>
 struct PayloadFieldOf<v1::ChunkData> {
   static constexpr int kNumber = v1::ChunkData::kDataFieldNumber;
+  static const std::string& Of(const v1::ChunkData& part) { return part.data(); }
+  static void Clear(v1::ChunkData* part) { part->clear_data(); }
 };
 template <>
 struct PayloadFieldOf<v1::SparseKeys> {
   static constexpr int kNumber = v1::SparseKeys::kRowsFieldNumber;
+  static const std::string& Of(const v1::SparseKeys& part) { return part.rows(); }
+  static void Clear(v1::SparseKeys* part) { part->clear_rows(); }
 };
 
 // A received message whose field `chunks_field` is a repeated Part (a
@@ -117,21 +125,31 @@ using PayloadReader = BasicPayloadReader<v1::ChunkData>;
 using SparsePayloadReader = BasicPayloadReader<v1::SparseKeys>;
 
 // Builds a message with payload slices from parts: the fields of `header`
-// (its own chunks must be empty), then, for each chunk, its fields and its
-// payload given as slices (which may share memory with a PayloadReader's
-// buffer: a forward without a copy).
+// (its own parts must be empty), then, for each part (a ChunkData or a
+// SparseKeys), its fields and its payload given as slices (which may share
+// memory with a reader's buffer: a forward without a copy).
 class PayloadWriter {
  public:
   PayloadWriter(const google::protobuf::MessageLite& header, int chunks_field);
-  void AddChunk(const v1::ChunkData& fields, std::vector<grpc::Slice> payload);
-  // A sparse table's part: its fields (rows unset) and its rows as slices.
-  void AddSparse(const v1::SparseKeys& fields, std::vector<grpc::Slice> rows);
+  // A part's fields (a payload field of theirs is left out) and its payload.
+  template <typename Part>
+  void AddPart(const Part& fields, std::vector<grpc::Slice> payload) {
+    std::string meta;
+    if (PayloadFieldOf<Part>::Of(fields).empty()) {
+      fields.AppendToString(&meta);
+    } else {
+      Part without = fields;
+      PayloadFieldOf<Part>::Clear(&without);
+      without.AppendToString(&meta);
+    }
+    AddEncoded(meta, PayloadFieldOf<Part>::kNumber, std::move(payload));
+  }
   grpc::ByteBuffer Finish();
 
  private:
   // A part whose fields but the payload are `meta`, its payload field
   // `payload_field`.
-  void AddPart(const std::string& meta, int payload_field, std::vector<grpc::Slice> payload);
+  void AddEncoded(const std::string& meta, int payload_field, std::vector<grpc::Slice> payload);
 
   const int chunks_field_;
   std::vector<grpc::Slice> slices_;

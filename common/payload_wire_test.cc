@@ -160,7 +160,7 @@ TEST(PayloadWireTest, AForwardBuiltFromReceivedSlicesIsTheSameMessage) {
   for (int c = 0; c < reader.chunks(); c += 2) {  // chunks 0 and 2 only
     std::vector<grpc::Slice> payload;
     reader.AppendPayloadSlices(c, &payload);
-    writer.AddChunk(reader.chunk(c), std::move(payload));
+    writer.AddPart(reader.chunk(c), std::move(payload));
   }
   v1::PushRequest forwarded;
   ASSERT_TRUE(forwarded.ParseFromString(Flatten(writer.Finish())));
@@ -193,7 +193,7 @@ TEST(PayloadWireTest, SparseRowsComeBackWholeFromAnySlicing) {
     char* rows = nullptr;
     grpc::Slice slice = NewPayloadSlice(table.rows().size(), &rows);
     std::copy(table.rows().begin(), table.rows().end(), rows);
-    writer.AddSparse(table, {std::move(slice)});  // (its rows field is left out)
+    writer.AddPart(table, {std::move(slice)});  // (its rows field is left out)
   }
   const grpc::ByteBuffer written = writer.Finish();
   v1::SparsePushRequest parsed;  // (the header's fields come first: not protobuf's field order)

@@ -96,6 +96,10 @@ std::vector<kernels::GraphLayer> GraphLayersOf(const v1::ModelSpec& model) {
   return layers;
 }
 
+int64_t ClickComputeBatch(const v1::JobSpec& spec) {
+  return std::max<int64_t>(spec.data().batch_size(), kClickEvalBatch);
+}
+
 ModelLayout LayoutFor(const v1::JobSpec& spec, int features, int classes) {
   if (IsClickModel(spec)) return ClickLayout(spec);
   ModelLayout layout;

@@ -32,6 +32,12 @@ struct ModelLayout {
 // A GRAPH's layers as the kernels take them.
 std::vector<kernels::GraphLayer> GraphLayersOf(const v1::ModelSpec& model);
 
+// A click job's evaluations score its test examples this many at a time.
+constexpr int64_t kClickEvalBatch = 1000;
+// The largest batch a click model computes at once: a step's (the data's
+// batch size) or an evaluation's.
+int64_t ClickComputeBatch(const v1::JobSpec& spec);
+
 // `features` and `classes` come from the loaded dataset (click models take
 // their shape from the spec alone).
 ModelLayout LayoutFor(const v1::JobSpec& spec, int features, int classes);

@@ -73,11 +73,9 @@ JobClaims ClaimsOf(const v1::JobSpec& spec) {
   const bool half_wire = spec.wire_format() == v1::WIRE_BF16 || spec.wire_format() == v1::WIRE_FP16;
   const int64_t batch = spec.data().batch_size();
   // A click graph's scratch: every layer's values and gradients for a batch
-  // (or an evaluation's 1000 examples), kernels/graph_model.h.
+  // (or an evaluation's), kernels/graph_model.h.
   const int64_t graph_bytes =
-      layout.graph ? std::max<int64_t>(spec.data().batch_size(), 1000) *
-                         kernels::GraphValuesPerExample(layout.graph_config) * kFloat * 2
-                   : 0;
+      layout.graph ? ClickComputeBatch(spec) * kernels::GraphValuesPerExample(layout.graph_config) * kFloat * 2 : 0;
   claims.worker_bytes = claims.worker_data_bytes + graph_bytes +
                         claims.parameters * kFloat * 3 +              // parameters, pull landing, gradients
                         (half_wire ? claims.parameters * 2 * 2 : 0) +  // 16-bit parameters and gradients

@@ -1,7 +1,6 @@
 // Validation of the click models' parts of a job spec: the model, its
 // sparse tables, the synthetic click data, and what such a job cannot use
 // yet. Every rejection names the field as users write it.
-#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -74,8 +73,7 @@ absl::Status ValidateGraphShape(const v1::ModelSpec& model) {
 
 // What a click graph claims beyond its shape: a dense tensor (the job's
 // steps and SSP's bound are kept on the dense path), and a bounded scratch
-// (every layer's values and gradients for a batch, or for an evaluation's
-// batch of 1000).
+// (every layer's values and gradients for a batch, or for an evaluation's).
 absl::Status ValidateClickGraphClaims(const v1::JobSpec& spec, const ModelLayout& layout) {
   if (layout.tensors.empty()) {
     return Invalid("model.layers",
@@ -83,13 +81,14 @@ absl::Status ValidateClickGraphClaims(const v1::JobSpec& spec, const ModelLayout
                    "are kept on its dense tensors",
                    "a graph of tables only");
   }
-  const int64_t batch = std::max<int64_t>(spec.data().batch_size(), 1000);
-  const int64_t values = batch * kernels::GraphValuesPerExample(layout.graph_config);
+  const int64_t batch = ClickComputeBatch(spec);
+  const int64_t per_example = kernels::GraphValuesPerExample(layout.graph_config);
+  const int64_t values = batch * per_example;
   if (values > (int64_t{1} << 28)) {
     return Invalid("model.layers",
                    absl::StrCat("take ", values, " values for a batch of ", batch,
                                 " (its examples times every layer's values an example), more than 2^28"),
-                   absl::StrCat(kernels::GraphValuesPerExample(layout.graph_config), " values an example"));
+                   absl::StrCat(per_example, " values an example"));
   }
   return absl::OkStatus();
 }

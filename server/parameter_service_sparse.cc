@@ -154,7 +154,7 @@ absl::Status ParameterServiceImpl::HandleSparsePull(const grpc::ByteBuffer& byte
 #endif
     v1::SparseKeys part;
     part.set_table(table.table());
-    answer.AddSparse(part, {std::move(rows)});
+    answer.AddPart(part, {std::move(rows)});
     keys_pulled += static_cast<int64_t>(keys.size());
   }
   *response = answer.Finish();

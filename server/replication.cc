@@ -115,7 +115,7 @@ absl::Status Replicator::Forward(const JobShard& shard, const v1::PushRequest& h
       auto message = messages.try_emplace(backup, header, v1::PushRequest::kChunksFieldNumber).first;
       std::vector<grpc::Slice> payload;
       chunks.AppendPayloadSlices(i, &payload);
-      message->second.AddChunk(chunks.chunk(i), std::move(payload));
+      message->second.AddPart(chunks.chunk(i), std::move(payload));
     }
   }
   std::map<std::string, grpc::ByteBuffer> finished;

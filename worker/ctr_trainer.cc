@@ -32,7 +32,6 @@ constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 constexpr absl::Duration kWaitSlice = absl::Seconds(1);
 constexpr absl::Duration kReportEvery = absl::Milliseconds(500);
 constexpr int kMaxFailures = 60;
-constexpr int kEvalBatch = 1000;
 constexpr size_t kMaxStepLosses = 8192;
 constexpr int64_t kMaxTestExamples = 1000000;
 
@@ -768,8 +767,8 @@ absl::Status ClickRun::EvaluateAndReport(int64_t step, bool pull) {
   std::vector<float> scores, labels;
   kernels::CtrStats stats;
   int64_t correct = 0;
-  for (int64_t first = 0; first < test_->num_examples(); first += kEvalBatch) {
-    const int64_t count = std::min<int64_t>(kEvalBatch, test_->num_examples() - first);
+  for (int64_t first = 0; first < test_->num_examples(); first += kClickEvalBatch) {
+    const int64_t count = std::min<int64_t>(kClickEvalBatch, test_->num_examples() - first);
     const Batch batch = Slice(*test_, first, count);
     const std::vector<Bags> bags = BagsOf(batch, table_reads_);
     std::vector<std::vector<float>> rows;

@@ -392,7 +392,7 @@ grpc::ByteBuffer ParameterClient::PushStream::LentRequest(const Batch& batch,
     fields.set_chunk_id(chunk.chunk_id());
     fields.set_format(client_->format_);
     const T* values = grads[chunk.tensor()].data() + chunk.offset();
-    writer.AddChunk(fields, {loan_->Lend(values, static_cast<size_t>(chunk.length()) * sizeof(T))});
+    writer.AddPart(fields, {loan_->Lend(values, static_cast<size_t>(chunk.length()) * sizeof(T))});
   }
   return writer.Finish();
 }

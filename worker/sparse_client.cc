@@ -25,15 +25,6 @@ std::string KeyBytes(const std::vector<uint64_t>& keys, const std::vector<uint32
   return bytes;
 }
 
-// `bytes` as a message of one slice that owns them, without a copy: gRPC
-// may keep a request's bytes after the call ended (a write stuck on a paused
-// peer), so they live until gRPC lets the slice go.
-grpc::ByteBuffer OwningBuffer(std::string bytes) {
-  auto* owned = new std::string(std::move(bytes));
-  grpc::Slice slice(owned->data(), owned->size(), [](void* held) { delete static_cast<std::string*>(held); }, owned);
-  return grpc::ByteBuffer(&slice, 1);
-}
-
 }  // namespace
 
 SparseClient::SparseClient(const v1::ShardMap& map, std::string job_id, std::string worker_id,
@@ -172,7 +163,7 @@ absl::Status SparseClient::PullRows(const std::vector<std::vector<uint64_t>>& ke
       table->set_table(t);
       table->set_keys(KeyBytes(keys[static_cast<size_t>(t)], positions));
     }
-    messages.push_back(OwningBuffer(pull.SerializeAsString()));
+    messages.push_back(SerializeMessage(pull));
   }
   return Send(ParameterTransport::Method::kSparsePull, requests, std::move(messages), timeout,
               [&](size_t i, const grpc::ByteBuffer& bytes) {
@@ -239,7 +230,7 @@ absl::Status SparseClient::Push(int32_t partition, int64_t step, const std::vect
       char* rows = nullptr;
       grpc::Slice slice = NewPayloadSlice(positions.size() * static_cast<size_t>(dim(t)) * sizeof(float), &rows);
       GatherFloatRows(grads[static_cast<size_t>(t)].data(), positions, dim(t), rows);
-      writer.AddSparse(table, {std::move(slice)});
+      writer.AddPart(table, {std::move(slice)});
     }
     messages.push_back(writer.Finish());
   }

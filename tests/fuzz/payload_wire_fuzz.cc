@@ -21,7 +21,7 @@ namespace {
 using fulcrum::v1::ChunkData;
 using fulcrum::v1::SparseKeys;
 
-// The parts of each message, and a part's payload.
+// The parts of each message.
 const auto& PartsOf(const fulcrum::v1::PushRequest& message) { return message.chunks(); }
 const auto& PartsOf(const fulcrum::v1::PullResponse& message) { return message.chunks(); }
 const auto& PartsOf(const fulcrum::v1::SparsePushRequest& message) { return message.tables(); }
@@ -30,16 +30,6 @@ void ClearParts(fulcrum::v1::PushRequest* message) { message->clear_chunks(); }
 void ClearParts(fulcrum::v1::PullResponse* message) { message->clear_chunks(); }
 void ClearParts(fulcrum::v1::SparsePushRequest* message) { message->clear_tables(); }
 void ClearParts(fulcrum::v1::SparsePullResponse* message) { message->clear_tables(); }
-const std::string& PayloadOf(const ChunkData& part) { return part.data(); }
-const std::string& PayloadOf(const SparseKeys& part) { return part.rows(); }
-void ClearPayload(ChunkData* part) { part->clear_data(); }
-void ClearPayload(SparseKeys* part) { part->clear_rows(); }
-void Add(fulcrum::PayloadWriter* writer, const ChunkData& part, std::vector<grpc::Slice> payload) {
-  writer->AddChunk(part, std::move(payload));
-}
-void Add(fulcrum::PayloadWriter* writer, const SparseKeys& part, std::vector<grpc::Slice> payload) {
-  writer->AddSparse(part, std::move(payload));
-}
 
 // Part c's payload read back as rows of `row_bytes` must be the payload,
 // every row once, in order.
@@ -81,17 +71,18 @@ void Check(const std::string& bytes, size_t piece, int chunks_field) {
     const Part& want = PartsOf(expected)[c];
     std::string got(static_cast<size_t>(reader.payload_size(c)), '\0');
     reader.CopyPayload(c, got.data());
-    if (got != PayloadOf(want)) std::abort();
+    const std::string& payload_of_want = fulcrum::PayloadFieldOf<Part>::Of(want);
+    if (got != payload_of_want) std::abort();
     const std::optional<absl::string_view> view = reader.PayloadView(c);
-    if (view.has_value() && *view != PayloadOf(want)) std::abort();
-    CheckRows(reader, c, 1, PayloadOf(want));
-    if (PayloadOf(want).size() % 12 == 0) CheckRows(reader, c, 12, PayloadOf(want));
+    if (view.has_value() && *view != payload_of_want) std::abort();
+    CheckRows(reader, c, 1, payload_of_want);
+    if (payload_of_want.size() % 12 == 0) CheckRows(reader, c, 12, payload_of_want);
     Part fields = want;
-    ClearPayload(&fields);
+    fulcrum::PayloadFieldOf<Part>::Clear(&fields);
     if (reader.chunk(c).SerializeAsString() != fields.SerializeAsString()) std::abort();
     std::vector<grpc::Slice> payload;
     reader.AppendPayloadSlices(c, &payload);
-    Add(&writer, reader.chunk(c), std::move(payload));
+    writer.AddPart(reader.chunk(c), std::move(payload));
   }
   grpc::Slice whole;
   if (!writer.Finish().DumpToSingleSlice(&whole).ok()) std::abort();

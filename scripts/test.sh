@@ -37,7 +37,7 @@ if [ "${FULCRUM_SKIP_CHECKS:-0}" != "1" ]; then
   while read -r name p f s; do
     passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
     detail="$detail, ${name%:} ${p}"
-  done < <(grep -E '^(asan|tsan|tidy): [0-9]+ passed' "$CHECKS_LOG" | sed -E 's/^([a-z]+): ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped.*/\1 \2 \3 \4/')
+  done < <(grep -E '^(asan|fuzz|tsan|tidy): [0-9]+ passed' "$CHECKS_LOG" | sed -E 's/^([a-z]+): ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped.*/\1 \2 \3 \4/')
   rm -f "$CHECKS_LOG"
 fi
 echo "ctest: ${passed} passed, ${failed} failed, ${skipped} skipped (${detail})"

@@ -162,8 +162,13 @@ class JobManager {
   void ReplenishReplicas() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Jobs with one shard per live server (numShards 0) take a new server as a
   // new shard: consistent hashing moves about 1/N of the chunks to it, copied
-  // from their primaries while the workers keep training.
+  // from their primaries while the workers keep training. Jobs with sparse
+  // tables are laid out again through a checkpoint (ReshardThroughCheckpoint).
   void GrowShards() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job with tables takes `newcomer` as a new shard by taking a checkpoint
+  // and, once it is complete, restarting from it over every live server: the
+  // restore that already moves tables onto another number of servers.
+  void ReshardThroughCheckpoint(Job* job, const Member& newcomer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DrainServers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Drained(const std::string& server_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Handovers (a server copying chunks to join a job, job_manager_placement.cc):

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "common/data_partition.h"
@@ -13,9 +14,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
+#include "common/memory_budget.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
 #include "common/table_spec.h"
+#include "scheduler/admission.h"
 #include "scheduler/job_manager_internal.h"
 #include "common/sync.h"
 
@@ -73,6 +76,31 @@ void JobManager::ScheduleCheckpoints() {
 }
 
 void JobManager::RunQueuedCheckpoints() { checkpoints_.RunQueued(); }
+
+void JobManager::ReshardThroughCheckpoint(Job* job, const Member& newcomer) {
+  // A table's buckets are not copied live to a new shard as dense chunks
+  // are: a push's parts are numbered by the map, so a step half applied under
+  // the old map could not be finished exactly once under the new one. A
+  // checkpoint is a cut where no step is half applied; the restore lays the
+  // tables out over every live server (keys keep their buckets, buckets get
+  // new shards) and the workers go on from the cut.
+  if (job->status.progress().step() + kNearEndSteps >= job->total_steps) return;  // not worth a restart
+  // The newcomer must have room for its share, or the restart would place
+  // the job on the same servers again (and the next tick ask once more).
+  const int64_t share = PerServerBytes(job->claims, job->status.spec(), job->shard_map.shards_size() + 1);
+  if (newcomer.memory_budget > 0 && ServerClaimed(newcomer.id) + share > newcomer.memory_budget) {
+    job->reshard_declined[newcomer.id] = clock_() + absl::Minutes(1);
+    AddEvent(job, absl::StrCat(newcomer.id, " does not join: a share of the job takes ", FormatBytes(share), ", its ",
+                               FormatBytes(newcomer.memory_budget), " memory budget has ",
+                               FormatBytes(std::max<int64_t>(0, newcomer.memory_budget - ServerClaimed(newcomer.id))),
+                               " free"));
+    return;
+  }
+  job->reshard_checkpoint = QueueCheckpoint(job, "reshard");
+  job->reshard_server = newcomer.id;
+  AddEvent(job, absl::StrCat(newcomer.id, " joins: the job's tables move with checkpoint ", job->reshard_checkpoint,
+                             ", then the job restarts from it on ", job->shard_map.shards_size() + 1, " servers"));
+}
 
 absl::StatusOr<v1::CheckpointInfo> JobManager::CheckpointNow(const std::string& job_id, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -197,6 +225,20 @@ std::vector<ExpiredCheckpoint> JobManager::FinishCheckpoint(const CheckpointTask
         const v1::CheckpointManifest& old = job->manifests[id];
         expired.push_back({id, {old.server_addresses().begin(), old.server_addresses().end()}});
         job->manifests.erase(id);
+      }
+    }
+    if (job->reshard_checkpoint == task.id) {
+      const std::string newcomer = std::exchange(job->reshard_server, "");
+      job->reshard_checkpoint = 0;
+      const bool complete = info->state() == v1::CheckpointInfo::COMPLETE;
+      const std::string reason = info->reason();
+      if (job->phase == Job::Phase::kTraining && complete && members_.Contains(newcomer) &&
+          !members_.Draining(newcomer)) {
+        RestoreFromCheckpoint(job, absl::StrCat(newcomer, " joined: the shards are laid out again over every server"));
+      } else if (job->phase == Job::Phase::kTraining) {
+        job->reshard_declined[newcomer] = clock_() + absl::Seconds(30);
+        AddEvent(job, absl::StrCat(newcomer, " does not join: checkpoint ", task.id, " ",
+                                   complete ? "is complete but the server left" : absl::StrCat("failed: ", reason)));
       }
     }
     // The status keeps the kept checkpoints and the latest failures.

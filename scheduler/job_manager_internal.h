@@ -75,6 +75,14 @@ struct JobManager::Job {
   std::map<int64_t, v1::CheckpointManifest> manifests;
   int64_t next_checkpoint_id = 1;
   bool checkpointing = false;
+  // A job with tables growing onto a new server: the checkpoint it restarts
+  // from once complete (0: none) and the server that joins.
+  int64_t reshard_checkpoint = 0;
+  std::string reshard_server;
+  // Servers not asked to re-shard the job again before the time given (their
+  // checkpoint failed, or they lack room). Kept apart from handover_declined:
+  // such a server may still be the backup a shard is short of.
+  std::map<std::string, absl::Time> reshard_declined;
   absl::Time last_checkpoint_time;
   int64_t last_checkpoint_step = 0;
   // Set while the job's next setup starts from a checkpoint.

@@ -340,9 +340,8 @@ void JobManager::GrowShards() {
     if (job->phase != Job::Phase::kTraining || job->handover.has_value() || job->status.spec().num_shards() > 0) {
       continue;
     }
-    // Sparse tables keep the shards they started on (their buckets do not
-    // move between servers yet).
-    if (job->shard_map.tables_size() > 0) continue;
+    const bool tables = job->shard_map.tables_size() > 0;
+    if (tables && (job->checkpointing || job->reshard_checkpoint != 0 || Paused(*job))) continue;
     v1::ShardMap& map = job->shard_map;
     // A live server that leads no shard of the job yet: one that holds
     // nothing of it first (a backup keeps its role and its load).
@@ -357,6 +356,8 @@ void JobManager::GrowShards() {
       for (const auto& shard : map.shards()) leads |= shard.server_id() == id;
       auto declined = job->handover_declined.find(id);
       if (declined != job->handover_declined.end() && clock_() < declined->second) continue;
+      auto no_reshard = job->reshard_declined.find(id);
+      if (tables && no_reshard != job->reshard_declined.end() && clock_() < no_reshard->second) continue;
       if (leads) continue;
       const bool holds_some = InMap(map, id);
       if (newcomer == nullptr || (newcomer_holds_some && !holds_some)) {
@@ -365,6 +366,10 @@ void JobManager::GrowShards() {
       }
     }
     if (newcomer == nullptr || live <= map.shards_size()) continue;
+    if (tables) {
+      ReshardThroughCheckpoint(job.get(), *newcomer);
+      continue;
+    }
     v1::HandoverRecord handover = AddShard(&map, {newcomer->id, newcomer->address});
     job->server_addresses[newcomer->id] = newcomer->address;
     AddEvent(job.get(), absl::StrCat(newcomer->id, " joins as shard ", handover.shard(), " and takes ",

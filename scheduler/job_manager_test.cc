@@ -1335,4 +1335,63 @@ TEST_F(JobManagerTest, CheckpointCommittedJustBeforeARestartIsCompleteAndKept) {
   EXPECT_TRUE(servers_.deleted_checkpoints().empty()) << "the committed checkpoint's data was deleted";
 }
 
+// A job with sparse tables that a second server joins: the scheduler takes a
+// checkpoint to restart the job from over both servers (the buckets of a
+// table do not move live). Here the checkpoint fails (this fake has none):
+// the job trains on where it was, and the server is not asked again at once.
+// A server without room for a share is not asked at all.
+TEST_F(JobManagerTest, AServerJoiningAJobWithTablesIsTakenThroughACheckpoint) {
+  v1::JobSpec spec;
+  spec.set_name("click");
+  spec.mutable_model()->set_kind(v1::ModelSpec::FM);
+  spec.mutable_model()->set_embedding_dim(4);
+  v1::DataSpec* data = spec.mutable_data();
+  data->set_dataset(v1::DataSpec::SYNTHETIC_CTR);
+  data->mutable_synthetic_ctr()->set_examples(1000);
+  data->set_batch_size(10);
+  data->set_epochs(1);
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+  spec.mutable_optimizer()->set_lr(0.01f);
+  spec.set_num_workers(2);
+  spec.set_replicas(1);
+  RegisterCluster();
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  ASSERT_NO_FATAL_FAILURE(MakeTraining(job_id));
+  ASSERT_EQ(GetOk(job_id).shard_map().tables_size(), 2);
+  ASSERT_EQ(GetOk(job_id).shard_map().shards_size(), 1);
+
+  // A server whose budget is already smaller than a share: not asked.
+  const std::string small = RegisterMember(v1::SERVER, "127.0.0.1:7002", /*memory_budget=*/1);
+  manager_->Tick();
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.checkpoints_size(), 0);
+  EXPECT_TRUE(Contains(status.events().rbegin()->message(), small + " does not join: a share of the job takes"))
+      << status.events().rbegin()->message();
+  ASSERT_TRUE(manager_->Leave(small).ok());
+
+  const std::string newcomer = RegisterMember(v1::SERVER, "127.0.0.1:7003");
+  manager_->Tick();
+  status = GetOk(job_id);
+  ASSERT_EQ(status.checkpoints_size(), 1);
+  EXPECT_EQ(status.checkpoints(0).trigger(), "reshard");
+  EXPECT_EQ(status.checkpoints(0).state(), v1::CheckpointInfo::WRITING);
+  EXPECT_TRUE(Contains(status.events().rbegin()->message(), newcomer + " joins: the job's tables move with checkpoint 1"))
+      << status.events().rbegin()->message();
+  manager_->Tick();  // one at a time: no second checkpoint while it is written
+  EXPECT_EQ(GetOk(job_id).checkpoints_size(), 1);
+
+  manager_->RunQueuedCheckpoints();  // the fake servers refuse it
+  status = GetOk(job_id);
+  EXPECT_EQ(status.checkpoints(0).state(), v1::CheckpointInfo::FAILED);
+  EXPECT_TRUE(Contains(status.events().rbegin()->message(), newcomer + " does not join: checkpoint 1 failed"))
+      << status.events().rbegin()->message();
+  EXPECT_EQ(status.reason(), "training");
+  EXPECT_EQ(status.restores(), 0);
+  EXPECT_EQ(status.shard_map().shards_size(), 1);
+  manager_->Tick();
+  EXPECT_EQ(GetOk(job_id).checkpoints_size(), 1) << "asked again at once";
+  EXPECT_TRUE(servers_.drops().empty());
+}
+
 }  // namespace fulcrum

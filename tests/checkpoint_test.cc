@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -676,6 +677,54 @@ TEST_F(CheckpointTest, BadCheckpointRequestsAreRefusedClearly) {
   auto [rc, out] = RunCli(absl::StrCat("export ", *done, " --checkpoint 3 -o /nonexistent/x.safetensors --scheduler ",
                                        cluster_->scheduler_address()));
   EXPECT_NE(rc, 0);
+}
+
+// A server joining a job with sparse tables: the job takes a checkpoint and
+// starts again from it over three servers, where every table's buckets are
+// spread over all three (the newcomer leads a shard), and it ends with the
+// model of the same job run without the join, bit for bit (BSP).
+class TableJoinTest : public CheckpointTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(2, 2, /*replicas=*/1); }
+};
+
+TEST_F(TableJoinTest, AddedServerTakesBucketsOfEveryTableThroughACheckpoint) {
+  v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
+  spec.set_mode(v1::BSP);
+  v1::JobStatus reference;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &reference));
+  ASSERT_EQ(reference.shards_size(), 2);
+  const std::map<std::string, SafetensorsTensor> expected =
+      LiveExport(reference.job_id(), cluster_->scheduler_address());
+
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::JobStatus running = WaitForStep(*id, 50);
+  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before the join: " << running.reason();
+  auto added = cluster_->AddServer();
+  ASSERT_TRUE(added.ok()) << added.status();
+  const v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  std::string events;
+  int64_t joined_ms = 0, training_again_ms = 0;
+  for (const auto& e : done.events()) {
+    absl::StrAppend(&events, "\n  ", e.message());
+    if (joined_ms == 0 && e.message().find(added->id() + " joins") != std::string::npos) joined_ms = e.time_unix_ms();
+    if (joined_ms > 0 && e.message().rfind("training with", 0) == 0) training_again_ms = e.time_unix_ms();
+  }
+  std::cerr << "joined to training again on three servers: " << training_again_ms - joined_ms << " ms" << events
+            << "\n";
+  ASSERT_EQ(done.shards_size(), 3) << "the new server did not join:" << events;
+  EXPECT_GT(RestoredFrom(done), 0) << "the job did not restart from a checkpoint:" << events;
+  bool leads = false;
+  for (const auto& shard : done.shards()) leads |= shard.server_id() == added->id();
+  EXPECT_TRUE(leads) << added->id() << " leads no shard";
+  ASSERT_EQ(done.shard_map().tables_size(), 2);
+  for (const v1::TableLayout& table : done.shard_map().tables()) {
+    std::set<int32_t> shards(table.bucket_shards().begin(), table.bucket_shards().end());
+    EXPECT_EQ(shards.size(), 3u) << "table " << table.name() << " is not spread over the three shards";
+  }
+  ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
 }
 
 }  // namespace

@@ -151,8 +151,9 @@ class JobManager {
   // progress, history, events, checkpoints) with its workers, shards and
   // shard map rendered from the job's current state.
   v1::JobStatus Render(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues DropJob for the jobs a (re)registering server holds but must not.
-  void DropStaleCopies(const std::string& server_id, const v1::RegisterRequest& request)
+  // Queues DropJob for the jobs a (re)registering server holds but must not,
+  // and Reconfigure with the current map for those it still serves.
+  void ReconcileCopies(const std::string& server_id, const v1::RegisterRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A server of the job is gone: promote backups of the shards it led, drop
   // it from the others, bump the map version (job_manager_placement.cc).
@@ -177,7 +178,10 @@ class JobManager {
   // cannot take the chunks, puts the map back as it was before.
   void StartHandover(Job* job, v1::HandoverRecord handover) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void QueueHandoverCopy(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishHandover(const std::string& job_id, const std::string& server_id, const absl::Status& status);
+  // The copy's outcome; the map to activate the newcomer with when it now
+  // leads a new shard (SetupJobRequest.await_activation).
+  std::optional<v1::ShardMap> FinishHandover(const std::string& job_id, const std::string& server_id,
+                                             const absl::Status& status);
   void RetryHandovers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts the map back as it was before the handover. `newcomer_at_fault`:
   // the newcomer failed (it is not asked again for a while); else another

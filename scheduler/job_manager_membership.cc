@@ -63,7 +63,7 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
     }
   }
   if (request.role() == v1::SERVER) {
-    DropStaleCopies(id, request);
+    ReconcileCopies(id, request);
     // Data of checkpoints never committed (the scheduler restarted while
     // they were written) is deleted wherever it may be.
     for (const auto& [job_id, job] : jobs_) {
@@ -84,7 +84,7 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
   return response;
 }
 
-void JobManager::DropStaleCopies(const std::string& server_id, const v1::RegisterRequest& request) {
+void JobManager::ReconcileCopies(const std::string& server_id, const v1::RegisterRequest& request) {
   // A server coming back (a restart that kept its state, a partition that
   // healed) may hold jobs it no longer serves: it was failed over, or the job
   // is gone. Its copy is stale; it must never be read or written again.
@@ -97,6 +97,16 @@ void JobManager::DropStaleCopies(const std::string& server_id, const v1::Registe
                job->phase != Job::Phase::kLoading) {
       why = "this server no longer serves the job (it was failed over)";
     } else {
+      // It still serves the job: it gets the current map again. A scheduler
+      // that restarted may have left it behind (a map it missed, or a new
+      // shard's activation it never sent); not the newcomer of a handover
+      // still being copied, which waits for FinishHandover's activation.
+      const bool copying = job->handover.has_value() && job->handover->server_id() == server_id;
+      if (job->phase == Job::Phase::kTraining && !copying) {
+        actions_.push_back([this, address = request.address(), job_id, map = job->shard_map] {
+          IgnoreError(servers_->Reconfigure(address, job_id, map));
+        });
+      }
       continue;
     }
     FLOG(WARNING) << "server " << server_id << " holds a stale copy of job " << job_id << ": " << why

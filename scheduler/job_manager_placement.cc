@@ -1,5 +1,6 @@
 // JobManager: the shard map of a job and setting its chunks up on the servers.
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -55,6 +56,9 @@ void JobManager::QueueHandoverCopy(Job* job) {
     }
   }
   if (!handover.new_shard()) setup.set_copy_from(map.shards(handover.shard()).address());
+  // A new shard's leader takes no write until FinishHandover commits the
+  // handover and activates it: until then the map may still go back.
+  setup.set_await_activation(handover.new_shard());
   std::vector<std::string> others;
   std::string address;
   for (const auto& [id, other] : job->server_addresses) {
@@ -71,20 +75,25 @@ void JobManager::QueueHandoverCopy(Job* job) {
   actions_.push_back([this, job_id = job->status.job_id(), others, map, setup = std::move(setup),
                       server_id = handover.server_id(), address] {
     for (const std::string& other : others) IgnoreError(servers_->Reconfigure(other, job_id, map));
-    FinishHandover(job_id, server_id, servers_->SetupJob(address, setup));
+    std::optional<v1::ShardMap> activate = FinishHandover(job_id, server_id, servers_->SetupJob(address, setup));
+    if (activate.has_value()) IgnoreError(servers_->Reconfigure(address, job_id, *activate));
   });
 }
 
-void JobManager::FinishHandover(const std::string& job_id, const std::string& server_id, const absl::Status& status) {
+std::optional<v1::ShardMap> JobManager::FinishHandover(const std::string& job_id, const std::string& server_id,
+                                                       const absl::Status& status) {
   MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
-  if (job == nullptr || !job->handover.has_value() || job->handover->server_id() != server_id) return;
+  if (job == nullptr || !job->handover.has_value() || job->handover->server_id() != server_id) return std::nullopt;
   job->handover_in_flight = false;
-  if (job->phase != Job::Phase::kTraining) return;
+  if (job->phase != Job::Phase::kTraining) return std::nullopt;
   if (status.ok()) {
+    const bool new_shard = job->handover->new_shard();
     job->handover.reset();
     AddEvent(job, absl::StrCat(server_id, " holds its copy and replicates"));
-    return;
+    // The handover is committed: the new shard's leader may take writes.
+    if (new_shard) return job->shard_map;
+    return std::nullopt;
   }
   // A source that is gone (a primary that died: the scheduler promotes its
   // backup) or slow is retried from the replica that leads the shard then;
@@ -95,13 +104,14 @@ void JobManager::FinishHandover(const std::string& job_id, const std::string& se
                          absl::IsAborted(status) || absl::IsCancelled(status);
   if (!retryable || ++job->handover_attempts >= kMaxAttempts) {
     AbandonHandover(job, absl::StrCat("copying onto ", server_id, " failed: ", status.message()));
-    return;
+    return std::nullopt;
   }
   const absl::Duration backoff =
       std::min(absl::Seconds(2), absl::Milliseconds(100) * (int64_t{1} << std::min(job->handover_attempts, 5)));
   job->handover_retry_at = clock_() + backoff;
   AddEvent(job, absl::StrCat("copying onto ", server_id, " failed (", status.message(), "); retrying in ",
                              absl::FormatDuration(backoff), " from the replicas live then"));
+  return std::nullopt;
 }
 
 void JobManager::RetryHandovers() {
@@ -383,7 +393,7 @@ void JobManager::GrowShards() {
 
 void JobManager::FailOver(Job* job, const std::string& server_id, const std::string& why) {
   // (No DropJob to it: it is told to drop its stale copy when it registers
-  // again; see DropStaleCopies.)
+  // again; see ReconcileCopies.)
   if (job->handover.has_value() && job->handover->server_id() == server_id) {
     // It never held what it was copying: the map goes back to how it was.
     AbandonHandover(job, absl::StrCat(why, " before it held its copy"));

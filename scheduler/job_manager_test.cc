@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -45,6 +46,8 @@ class FakeServers : public ServerControl {
                         const v1::SetupJobRequest& request) override {
     MutexLock lock(&mu_);
     setups_.push_back({address, request});
+    calls_.push_back(absl::StrCat("SetupJob ", address, " v", request.shard_map().version(),
+                                  request.await_activation() ? " awaiting activation" : ""));
     return setup_result_;
   }
   absl::Status DropJob(const std::string& address, const std::string& job_id,
@@ -54,11 +57,18 @@ class FakeServers : public ServerControl {
     return absl::OkStatus();
   }
 
-  absl::Status Reconfigure(const std::string& /*address*/, const std::string& /*job_id*/,
+  absl::Status Reconfigure(const std::string& address, const std::string& /*job_id*/,
                            const v1::ShardMap& map) override {
     MutexLock lock(&mu_);
     reconfigures_.push_back(map);
+    calls_.push_back(absl::StrCat("Reconfigure ", address, " v", map.version()));
     return absl::OkStatus();
+  }
+  // SetupJob and Reconfigure calls in order, as "SetupJob ADDRESS vVERSION"
+  // (+ " awaiting activation") and "Reconfigure ADDRESS vVERSION".
+  std::vector<std::string> calls() const {
+    MutexLock lock(&mu_);
+    return calls_;
   }
   absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& /*address*/,
                                                     const v1::CheckpointRequest& /*request*/) override {
@@ -98,6 +108,7 @@ class FakeServers : public ServerControl {
   std::vector<Setup> setups_ ABSL_GUARDED_BY(mu_);
   std::vector<Drop> drops_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ShardMap> reconfigures_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> calls_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, std::string>> deleted_checkpoints_ ABSL_GUARDED_BY(mu_);  // address, job/id
 };
 
@@ -1015,7 +1026,12 @@ TEST_F(JobManagerTest, RestartedSchedulerRecoversRunningJobs) {
   v1::JobStatus status = GetOk(job_id);
   EXPECT_EQ(status.state(), v1::RUNNING);
   // The server and worker 0 come back under their ids; worker 1 does not.
+  const size_t calls = servers_.calls().size();
   RegisterAs(v1::SERVER, server_, kServerAddress, {job_id});
+  manager_->Tick();  // the server gets the job's map again (one it may have missed)
+  const std::vector<std::string> after = servers_.calls();
+  EXPECT_EQ(std::vector<std::string>(after.begin() + static_cast<std::ptrdiff_t>(calls), after.end()),
+            std::vector<std::string>{absl::StrCat("Reconfigure ", kServerAddress, " v", status.shard_map().version())});
   RegisterAs(v1::WORKER, workers_[0]);
   v1::Assignment a = HeartbeatOk(workers_[0], job_id);
   EXPECT_EQ(a.job_id(), job_id);
@@ -1392,6 +1408,43 @@ TEST_F(JobManagerTest, AServerJoiningAJobWithTablesIsTakenThroughACheckpoint) {
   manager_->Tick();
   EXPECT_EQ(GetOk(job_id).checkpoints_size(), 1) << "asked again at once";
   EXPECT_TRUE(servers_.drops().empty());
+}
+
+// A server that joins a dense job as a new shard copies its chunks awaiting
+// activation, and the scheduler activates it (the map again) only once the
+// handover is committed. A copy that fails is never activated: the map goes
+// back, and the server had taken no write that going back would lose.
+TEST_F(JobManagerTest, ANewShardIsActivatedOnlyOnceItsHandoverIsCommitted) {
+  RegisterCluster();
+  const std::string job_id = SubmitOk(MlpSpec());
+  manager_->Tick();
+  ASSERT_NO_FATAL_FAILURE(MakeTraining(job_id));
+  ASSERT_EQ(GetOk(job_id).shard_map().shards_size(), 1);
+  const int64_t before = GetOk(job_id).shard_map().version();
+  const size_t setup_calls = servers_.calls().size();
+  RegisterMember(v1::SERVER, "127.0.0.1:7002");
+  manager_->Tick();  // the new shard, its copy and its activation
+  v1::JobStatus status = GetOk(job_id);
+  ASSERT_EQ(status.shard_map().shards_size(), 2);
+  const int64_t version = status.shard_map().version();
+  EXPECT_EQ(version, before + 1);
+  const std::vector<std::string> calls = servers_.calls();
+  EXPECT_EQ(std::vector<std::string>(calls.begin() + static_cast<std::ptrdiff_t>(setup_calls), calls.end()),
+            (std::vector<std::string>{
+                                  absl::StrCat("Reconfigure ", kServerAddress, " v", version),
+                                  absl::StrCat("SetupJob 127.0.0.1:7002 v", version, " awaiting activation"),
+                                  absl::StrCat("Reconfigure 127.0.0.1:7002 v", version),
+                              }));
+
+  // A third server joins; its copy fails for good (it has no room).
+  RegisterMember(v1::SERVER, "127.0.0.1:7003");
+  servers_.FailSetups(absl::ResourceExhaustedError("no room"));
+  manager_->Tick();
+  status = GetOk(job_id);
+  EXPECT_EQ(status.shard_map().shards_size(), 2) << "the map went back";
+  for (const std::string& call : servers_.calls()) {
+    EXPECT_FALSE(absl::StartsWith(call, "Reconfigure 127.0.0.1:7003")) << call;
+  }
 }
 
 }  // namespace fulcrum

@@ -316,7 +316,11 @@ absl::Status ParameterServiceImpl::SetupCopies(const v1::SetupJobRequest& reques
   if (store_->memory_budget() > 0 && !config.tables.empty()) {
     config.tables_room = [store = store_] { return store->memory_budget() - store->bytes(); };
   }
-  return replicator_->AdoptCopies(store_, std::move(config), request.shard_map().version(),
+  // A new shard's leader waits for the scheduler's word before it takes
+  // writes (SetupJobRequest.await_activation): under the version before the
+  // map's, every write of the map's version is refused as "not received yet".
+  const int64_t version = request.shard_map().version() - (request.await_activation() ? 1 : 0);
+  return replicator_->AdoptCopies(store_, std::move(config), version,
                                  RolesFor(request.shard_map(), request.server_id()), ChunkShards(request.shard_map()),
                                  request.copy_from(), sources);
 }

@@ -671,6 +671,29 @@ TEST_F(ParameterServiceTest, PushWithoutLeaseIsUnavailableUntilLeaseReturns) {
   ExpectChunk(server_.get(), "job", 0, 1, kOneStep, 1);
 }
 
+// A server set up to lead chunks moved to it (a new shard) with
+// await_activation holds their state but takes no write of the new map
+// until the scheduler sends that map again (Reconfigure): a handover the
+// scheduler abandons before then cannot have a write there to lose.
+TEST_F(ParameterServiceTest, ANewShardLeaderAwaitingActivationTakesNoWriteUntilReconfigured) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, kGradient}}))));
+  std::unique_ptr<TestServer> newcomer = StartServer("ps-1", /*with_checkpoints=*/false);
+  ASSERT_NE(newcomer, nullptr);
+  v1::SetupJobRequest setup = MakeSetup("job", v1::ASP, AloneMap(newcomer.get(), 2), newcomer->id());
+  for (v1::ChunkSetup& chunk : *setup.mutable_chunks()) chunk.set_copy_from(server_->address());
+  setup.set_await_activation(true);
+  ASSERT_TRUE(IsOk(SetupJob(newcomer->stub(), setup)));
+  EXPECT_TRUE(HasError(Push(newcomer->stub(), MakePush("job", 2, 1, 2, {{0, kGradient}})),
+                       grpc::StatusCode::UNAVAILABLE, "has not received shard map version 2"));
+
+  ASSERT_TRUE(IsOk(Reconfigure(newcomer->stub(), "job", AloneMap(newcomer.get(), 2))));
+  ExpectChunk(newcomer.get(), "job", 0, 2, kOneStep, 1);  // the copy, and nothing the refused push brought
+  v1::PushResponse response;
+  ASSERT_TRUE(IsOk(Push(newcomer->stub(), MakePush("job", 2, 1, 2, {{0, kGradient}}), &response)));
+  EXPECT_EQ(response.applied(), 1);
+}
+
 // Primary "ps-0" (server_) and its backup "ps-1" hold the job at map version 1.
 class ParameterServiceReplicationTest : public ParameterServiceTest {
  protected:

@@ -181,7 +181,7 @@ class JobManager {
   // The copy's outcome; the map to activate the newcomer with when it now
   // leads a new shard (SetupJobRequest.await_activation).
   std::optional<v1::ShardMap> FinishHandover(const std::string& job_id, const std::string& server_id,
-                                             const absl::Status& status);
+                                             const std::string& address, const absl::Status& status);
   void RetryHandovers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts the map back as it was before the handover. `newcomer_at_fault`:
   // the newcomer failed (it is not asked again for a while); else another

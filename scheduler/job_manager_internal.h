@@ -65,6 +65,10 @@ struct JobManager::Job {
   // see HandoverRecord. One at a time per job.
   std::optional<v1::HandoverRecord> handover;
   bool handover_in_flight = false;  // its copy is running
+  // Servers whose SetupJob copy for this job has not answered yet, also of a
+  // handover undone meanwhile: none is given another handover before it
+  // answers (two copies into one server's state at once could interleave).
+  std::set<std::string> copying;
   int handover_attempts = 0;        // failed copies so far
   absl::Time handover_retry_at = absl::InfinitePast();
   // Servers whose handover was abandoned recently are not picked again

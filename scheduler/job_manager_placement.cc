@@ -69,22 +69,35 @@ void JobManager::QueueHandoverCopy(Job* job) {
     }
   }
   job->handover_in_flight = true;
+  job->copying.insert(handover.server_id());
   // Every other replica takes the map first (the primaries then forward to
   // the newcomer, which refuses until it holds the state, so the state it
   // copies cannot move), then the newcomer copies and joins.
   actions_.push_back([this, job_id = job->status.job_id(), others, map, setup = std::move(setup),
                       server_id = handover.server_id(), address] {
     for (const std::string& other : others) IgnoreError(servers_->Reconfigure(other, job_id, map));
-    std::optional<v1::ShardMap> activate = FinishHandover(job_id, server_id, servers_->SetupJob(address, setup));
+    std::optional<v1::ShardMap> activate = FinishHandover(job_id, server_id, address, servers_->SetupJob(address, setup));
     if (activate.has_value()) IgnoreError(servers_->Reconfigure(address, job_id, *activate));
   });
 }
 
 std::optional<v1::ShardMap> JobManager::FinishHandover(const std::string& job_id, const std::string& server_id,
-                                                       const absl::Status& status) {
+                                                       const std::string& address, const absl::Status& status) {
   MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
-  if (job == nullptr || !job->handover.has_value() || job->handover->server_id() != server_id) return std::nullopt;
+  if (job == nullptr) return std::nullopt;
+  job->copying.erase(server_id);
+  if (!job->handover.has_value() || job->handover->server_id() != server_id) {
+    // The handover was undone while this copy ran (a failover) and the copy
+    // then succeeded: the copy is stale (and, for a new shard, was never
+    // activated). The DropJob the undo sent may have come before it.
+    if (status.ok() && !InMap(job->shard_map, server_id)) {
+      actions_.push_back([this, address, job_id, version = job->shard_map.version()] {
+        IgnoreError(servers_->DropJob(address, job_id, "its handover was undone while it copied", false, version));
+      });
+    }
+    return std::nullopt;
+  }
   job->handover_in_flight = false;
   if (job->phase != Job::Phase::kTraining) return std::nullopt;
   if (status.ok()) {
@@ -304,6 +317,7 @@ void JobManager::ReplenishReplicas() {
         const std::string& id = member->id;
         auto declined = job->handover_declined.find(id);
         if (declined != job->handover_declined.end() && clock_() < declined->second) continue;
+        if (job->copying.count(id) > 0) continue;  // a copy of an undone handover still runs there
         candidates.push_back({id, member->address});
       }
       std::optional<ServerRef> best = ChooseBackup(map, shard.shard(), candidates);
@@ -368,6 +382,7 @@ void JobManager::GrowShards() {
       if (declined != job->handover_declined.end() && clock_() < declined->second) continue;
       auto no_reshard = job->reshard_declined.find(id);
       if (tables && no_reshard != job->reshard_declined.end() && clock_() < no_reshard->second) continue;
+      if (job->copying.count(id) > 0) continue;  // a copy of an undone handover still runs there
       if (leads) continue;
       const bool holds_some = InMap(map, id);
       if (newcomer == nullptr || (newcomer_holds_some && !holds_some)) {

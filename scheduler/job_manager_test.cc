@@ -3,6 +3,7 @@
 #include "common/rpc.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -13,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -44,6 +46,12 @@ class FakeServers : public ServerControl {
 
   absl::Status SetupJob(const std::string& address,
                         const v1::SetupJobRequest& request) override {
+    std::function<void()> during;
+    {
+      MutexLock lock(&mu_);
+      during = std::exchange(during_setup_, nullptr);
+    }
+    if (during) during();  // what happens elsewhere while this setup runs
     MutexLock lock(&mu_);
     setups_.push_back({address, request});
     calls_.push_back(absl::StrCat("SetupJob ", address, " v", request.shard_map().version(),
@@ -51,9 +59,10 @@ class FakeServers : public ServerControl {
     return setup_result_;
   }
   absl::Status DropJob(const std::string& address, const std::string& job_id,
-                       const std::string& reason, bool keep_parameters, int64_t /*map_version*/) override {
+                       const std::string& reason, bool keep_parameters, int64_t map_version) override {
     MutexLock lock(&mu_);
     drops_.push_back({address, job_id, reason, keep_parameters});
+    calls_.push_back(absl::StrCat("DropJob ", address, " v", map_version));
     return absl::OkStatus();
   }
 
@@ -64,8 +73,9 @@ class FakeServers : public ServerControl {
     calls_.push_back(absl::StrCat("Reconfigure ", address, " v", map.version()));
     return absl::OkStatus();
   }
-  // SetupJob and Reconfigure calls in order, as "SetupJob ADDRESS vVERSION"
-  // (+ " awaiting activation") and "Reconfigure ADDRESS vVERSION".
+  // SetupJob, Reconfigure and DropJob calls in order, as "SetupJob ADDRESS
+  // vVERSION" (+ " awaiting activation"), "Reconfigure ADDRESS vVERSION" and
+  // "DropJob ADDRESS vVERSION".
   std::vector<std::string> calls() const {
     MutexLock lock(&mu_);
     return calls_;
@@ -89,6 +99,11 @@ class FakeServers : public ServerControl {
     return reconfigures_;
   }
 
+  // Runs `during` inside the next SetupJob call, before it answers.
+  void DuringNextSetup(std::function<void()> during) {
+    MutexLock lock(&mu_);
+    during_setup_ = std::move(during);
+  }
   void FailSetups(absl::Status status) {
     MutexLock lock(&mu_);
     setup_result_ = std::move(status);
@@ -109,6 +124,7 @@ class FakeServers : public ServerControl {
   std::vector<Drop> drops_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ShardMap> reconfigures_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> calls_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> during_setup_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, std::string>> deleted_checkpoints_ ABSL_GUARDED_BY(mu_);  // address, job/id
 };
 
@@ -1444,6 +1460,55 @@ TEST_F(JobManagerTest, ANewShardIsActivatedOnlyOnceItsHandoverIsCommitted) {
   EXPECT_EQ(status.shard_map().shards_size(), 2) << "the map went back";
   for (const std::string& call : servers_.calls()) {
     EXPECT_FALSE(absl::StartsWith(call, "Reconfigure 127.0.0.1:7003")) << call;
+  }
+}
+
+// A new shard's handover undone while its copy runs (another replica's lease
+// runs out meanwhile), the copy then succeeding: the newcomer is told to
+// drop that copy once it is answered (the undo's own DropJob may have come
+// before the copy was installed), and it is never activated.
+TEST_F(JobManagerTest, ACopyThatSucceedsAfterItsHandoverWasUndoneIsDropped) {
+  RegisterCluster();
+  const std::string b = RegisterMember(v1::SERVER, "127.0.0.1:7002");
+  v1::JobSpec spec = MlpSpec();
+  spec.set_replicas(2);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  ASSERT_NO_FATAL_FAILURE(MakeTraining(job_id));
+  ASSERT_EQ(GetOk(job_id).shard_map().shards_size(), 2);
+  auto keep_alive = [&](const std::vector<std::string>& servers) {
+    for (const std::string& s : servers) HeartbeatOk(s);
+    for (const std::string& w : workers_) HeartbeatOk(w, job_id);
+  };
+  const std::string c = RegisterMember(v1::SERVER, "127.0.0.1:7003");
+  servers_.DuringNextSetup([&] {
+    // While the newcomer copies, the second server's lease runs out.
+    Advance(options_.lease / 2);
+    keep_alive({server_, c});
+    Advance(options_.lease / 2 + absl::Milliseconds(100));
+    keep_alive({server_, c});
+    manager_->Tick();
+  });
+  keep_alive({server_, b, c});
+  manager_->Tick();  // the new shard's copy (and, inside it, the failover that undoes it)
+  manager_->Tick();  // what the copy's answer queued
+  v1::JobStatus status = GetOk(job_id);
+  ASSERT_EQ(status.state(), v1::RUNNING) << status.reason();
+  ASSERT_EQ(status.shard_map().shards_size(), 2) << "the handover was undone";
+  // Of the newcomer's calls: the copy's SetupJob, the undo's DropJob, made
+  // while the copy ran (here: before it answered), then the DropJob that
+  // followed its answer. No activation, and no new copy while it ran.
+  std::vector<std::string> newcomer_calls;
+  for (const std::string& call : servers_.calls()) {
+    if (absl::StrContains(call, "127.0.0.1:7003")) newcomer_calls.push_back(call);
+  }
+  ASSERT_GE(newcomer_calls.size(), 3u) << absl::StrJoin(newcomer_calls, "; ");
+  EXPECT_TRUE(absl::StartsWith(newcomer_calls[0], "DropJob 127.0.0.1:7003")) << absl::StrJoin(newcomer_calls, "; ");
+  EXPECT_TRUE(absl::StartsWith(newcomer_calls[1], "SetupJob 127.0.0.1:7003 v2 awaiting activation"))
+      << absl::StrJoin(newcomer_calls, "; ");
+  EXPECT_TRUE(absl::StartsWith(newcomer_calls[2], "DropJob 127.0.0.1:7003")) << absl::StrJoin(newcomer_calls, "; ");
+  for (const std::string& call : newcomer_calls) {
+    EXPECT_FALSE(absl::StartsWith(call, "Reconfigure")) << absl::StrJoin(newcomer_calls, "; ");
   }
 }
 

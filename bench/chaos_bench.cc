@@ -7,7 +7,7 @@
 // the longest stall and the processes' memory; then the totals: schedules
 // survived, stall p50 / max over every fault, RSS max by role.
 //
-//   fulcrum-chaos-bench [--schedules N] [--faults N] [--first-seed S] [--keep-logs]
+//   fulcrum-chaos-bench [--schedules N] [--faults N] [--first-seed S] [--click] [--keep-logs]
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -25,6 +25,7 @@ ABSL_FLAG(int, schedules, 20, "Chaos schedules to run (seeds first-seed, first-s
 ABSL_FLAG(int, faults, 6, "Faults per schedule");
 ABSL_FLAG(uint64_t, first_seed, 1, "Seed of the first schedule");
 ABSL_FLAG(bool, keep_logs, false, "Keep the clusters' folders (process logs)");
+ABSL_FLAG(bool, click, false, "Run the click job (a factorization machine over sparse tables) instead of the MLP");
 
 namespace fulcrum {
 namespace bench {
@@ -40,6 +41,7 @@ int Run() {
     ChaosOptions options;
     options.seed = absl::GetFlag(FLAGS_first_seed) + i;
     options.faults = absl::GetFlag(FLAGS_faults);
+    options.click = absl::GetFlag(FLAGS_click);
     options.dir = MakeTempDir("fulcrum-chaos");
     RegisterTempDir(options.dir, absl::GetFlag(FLAGS_keep_logs));
     absl::StatusOr<ChaosResult> result = RunChaosSchedule(options);
@@ -84,6 +86,6 @@ int Run() {
 
 int main(int argc, char** argv) {
   return fulcrum::bench::BenchMain(argc, argv, "chaos_bench.cc",
-                                   "fulcrum-chaos-bench [--schedules N] [--faults N] [--first-seed S]",
+                                   "fulcrum-chaos-bench [--schedules N] [--faults N] [--first-seed S] [--click]",
                                    fulcrum::bench::Run);
 }

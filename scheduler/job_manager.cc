@@ -503,14 +503,18 @@ void JobManager::CheckPause() {
   // (The background loop runs it every tick; tests that drive Tick() with a
   // fake clock jump time on purpose.)
   const absl::Time now = clock_();
-  // The scheduler itself did not run for longer than a lease (SIGSTOP, a
-  // node starved of CPU): it heard no heartbeat in that time, so it cannot
-  // tell a dead member from a live one. Every member gets its lease renewed
-  // once, as after a restart, instead of all being declared dead at once.
-  if (last_tick_.has_value() && now - *last_tick_ > options_.lease) {
-    FLOG(WARNING) << "the scheduler did not run for " << absl::FormatDuration(now - *last_tick_)
-                  << "; renewing every member's lease once";
-    members_.RenewAll(now);
+  // The scheduler itself did not run (SIGSTOP, a node starved of CPU): it
+  // heard no heartbeat in that time, so that time is nobody's silence. Every
+  // member's silence is counted in time the scheduler listened: a pause of
+  // 1.4 s on a 1.5 s lease must not expire a member whose last heartbeat
+  // came 200 ms before it, and a pause of minutes must not expire everyone.
+  if (last_tick_.has_value() && now - *last_tick_ > 2 * options_.tick) {
+    const absl::Duration deaf = now - *last_tick_ - options_.tick;
+    if (deaf > options_.heartbeat_interval) {
+      FLOG(WARNING) << "the scheduler did not run for " << absl::FormatDuration(now - *last_tick_)
+                    << "; that time does not count against any member's lease";
+    }
+    members_.CreditDeafTime(deaf, now);
   }
   last_tick_ = now;
 }

@@ -199,8 +199,8 @@ class JobManager {
   void EndJob(Job* job, v1::JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A tick long after the previous one (the scheduler was paused): leases
-  // are renewed once rather than expired all at once.
+  // A tick long after the previous one (the scheduler was paused or
+  // starved): the time it did not run does not count as members' silence.
   void CheckPause() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SchedulePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartSetups() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

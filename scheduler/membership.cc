@@ -127,8 +127,10 @@ std::vector<Membership::Lost> Membership::Expire(absl::Time now) {
   return lost;
 }
 
-void Membership::RenewAll(absl::Time now) {
-  for (auto& [id, member] : members_) member->last_heartbeat = std::max(member->last_heartbeat, now);
+void Membership::CreditDeafTime(absl::Duration deaf, absl::Time now) {
+  for (auto& [id, member] : members_) {
+    member->last_heartbeat = std::max(member->last_heartbeat, std::min(member->last_heartbeat + deaf, now));
+  }
 }
 
 std::vector<Member*> Membership::WithRole(v1::Role role) const {

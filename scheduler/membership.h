@@ -67,9 +67,10 @@ class Membership {
   };
   // Removes and returns every member silent for longer than a lease.
   std::vector<Lost> Expire(absl::Time now);
-  // The scheduler itself did not run for a while (paused, starved): it
-  // cannot tell the dead from the live, so every lease is renewed once.
-  void RenewAll(absl::Time now);
+  // The scheduler itself did not run for `deaf` (paused, starved): it heard
+  // no heartbeat then, so that time does not count as anyone's silence.
+  // Every member's last heartbeat moves `deaf` later (never past `now`).
+  void CreditDeafTime(absl::Duration deaf, absl::Time now);
 
   const std::map<std::string, std::unique_ptr<Member>>& all() const { return members_; }
   std::vector<Member*> WithRole(v1::Role role) const;

@@ -65,14 +65,31 @@ TEST(MembershipTest, ExpireRemovesOnlyTheSilent) {
   EXPECT_TRUE(members.Contains("b"));
 }
 
-TEST(MembershipTest, RenewAllAfterAPauseSavesEveryone) {
+// The scheduler's own pause is nobody's silence: a member's lease counts
+// only the time the scheduler listened, for a pause far longer than a lease
+// and for one shorter than a lease that would still have tipped a member
+// whose last heartbeat came just before it.
+TEST(MembershipTest, TheSchedulersDeafTimeCountsAgainstNoLease) {
   Membership members(kLease);
   members.Add(Request(v1::WORKER, "a"), "a", kStart);
   members.Add(Request(v1::SERVER, "s"), "s", kStart);
-  const absl::Time resumed = kStart + absl::Seconds(30);  // the scheduler was stopped
-  members.RenewAll(resumed);
+  const absl::Time resumed = kStart + absl::Seconds(30);  // the scheduler was stopped 30 s
+  members.CreditDeafTime(absl::Seconds(30), resumed);
   EXPECT_TRUE(members.Expire(resumed + absl::Seconds(1)).empty());
   EXPECT_EQ(members.Expire(resumed + kLease + absl::Seconds(1)).size(), 2u);
+
+  // A lease of kLease; "a" last heard kLease/4 before a pause of 0.9 kLease,
+  // "s" silent for 0.9 kLease already when the pause began: after the pause
+  // "a" has been silent 0.25 kLease of listening time, "s" 0.9 kLease.
+  members.Add(Request(v1::WORKER, "a"), "a", kStart);
+  members.Add(Request(v1::SERVER, "s"), "s", kStart - kLease * 0.65);
+  const absl::Time paused = kStart + kLease * 0.25;
+  const absl::Time back = paused + kLease * 0.9;
+  members.CreditDeafTime(back - paused, back);
+  EXPECT_TRUE(members.Expire(back).empty()) << "without the credit, a's 1.15 leases of silence would expire it";
+  std::vector<Membership::Lost> lost = members.Expire(back + kLease * 0.2);
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].member.id, "s");
 }
 
 TEST(MembershipTest, BadRegistrationsNameTheField) {

@@ -6,11 +6,15 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/export.h"
 #include "client/local_cluster.h"
+#include "client/safetensors.h"
 #include "common/process.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
@@ -30,12 +34,25 @@ bool Terminal(v1::JobState state) {
 }
 
 
+// The shards that hold some of the job's state: dense chunks or table
+// buckets.
+std::set<int32_t> HoldingState(const v1::JobStatus& job) {
+  std::set<int32_t> holding;
+  for (const v1::ChunkLocation& chunk : job.shard_map().chunks()) holding.insert(chunk.shard());
+  for (const v1::TableLayout& table : job.shard_map().tables()) {
+    holding.insert(table.bucket_shards().begin(), table.bucket_shards().end());
+  }
+  return holding;
+}
+
 class Runner {
  public:
   Runner(const ChaosOptions& options, std::unique_ptr<LocalCluster> cluster)
       : options_(options), cluster_(std::move(cluster)), rng_(options.seed) {
     stub_ = v1::JobService::NewStub(MakeChannel(cluster_->scheduler_address()));
   }
+
+  std::string scheduler() const { return cluster_->scheduler_address(); }
 
   absl::StatusOr<std::string> Submit(const v1::JobSpec& spec) {
     v1::SubmitJobRequest request;
@@ -80,12 +97,14 @@ class Runner {
     return WaitFor(job_id, [step](const v1::JobStatus& s) { return s.progress().step() >= step; });
   }
 
-  // Every shard has all its replicas again (after a server was lost).
+  // Every shard that holds state has all its replicas again (after a server
+  // was lost).
   absl::StatusOr<v1::JobStatus> WaitForReplicas(const std::string& job_id) {
     const int backups = options_.replicas - 1;
     return WaitFor(job_id, [backups](const v1::JobStatus& s) {
+      const std::set<int32_t> holding = HoldingState(s);
       for (const auto& shard : s.shards()) {
-        if (shard.chunks() > 0 && shard.backup_ids_size() < backups) return false;
+        if (holding.count(shard.shard()) > 0 && shard.backup_ids_size() < backups) return false;
       }
       return !s.shards().empty();
     });
@@ -94,8 +113,9 @@ class Runner {
   // One fault of the kind the seeded generator picks; returns what it was.
   absl::StatusOr<std::string> Inject(const v1::JobStatus& job) {
     std::vector<std::string> servers, workers;
+    const std::set<int32_t> holding = HoldingState(job);
     for (const auto& shard : job.shards()) {
-      if (shard.chunks() == 0) continue;
+      if (holding.count(shard.shard()) == 0) continue;
       servers.push_back(shard.server_id());
       servers.insert(servers.end(), shard.backup_ids().begin(), shard.backup_ids().end());
     }
@@ -182,19 +202,74 @@ class Runner {
   std::mt19937_64 rng_;
 };
 
-absl::StatusOr<std::vector<float>> FinalParameters(const v1::JobStatus& job) {
-  ParameterClient client(job.shard_map(), job.job_id(), "chaos-reader");
-  auto params = client.MakeBuffers();
-  RETURN_IF_ERROR(client.Pull(0, absl::Seconds(20), &params));
-  std::vector<float> flat;
-  for (const auto& t : params) flat.insert(flat.end(), t.begin(), t.end());
-  return flat;
+// A job's parameters as `fulcrum export` gathers them: the dense tensors,
+// then each table's ids and rows.
+absl::StatusOr<std::vector<SafetensorsTensor>> FinalParameters(const std::string& scheduler, const std::string& job_id) {
+  ASSIGN_OR_RETURN(ExportResult exported, GatherParameters(scheduler, job_id, /*checkpoint_id=*/0, 20));
+  std::vector<SafetensorsTensor> all = std::move(exported.tensors);
+  for (SafetensorsTensor& table : exported.tables) all.push_back(std::move(table));
+  return all;
+}
+
+// Empty when `actual` equals `expected` bit for bit, else what differs.
+std::string Difference(const std::vector<SafetensorsTensor>& expected, const std::vector<SafetensorsTensor>& actual) {
+  if (actual.size() != expected.size()) {
+    return absl::StrCat(actual.size(), " tensors, the reference run has ", expected.size());
+  }
+  for (size_t t = 0; t < expected.size(); ++t) {
+    const SafetensorsTensor& want = expected[t];
+    const SafetensorsTensor& got = actual[t];
+    if (got.name != want.name || got.shape != want.shape) {
+      return absl::StrCat("tensor ", t, " is ", got.name, " [", absl::StrJoin(got.shape, ","), "], the reference's ",
+                          want.name, " [", absl::StrJoin(want.shape, ","), "]");
+    }
+    if (got.u64 != want.u64) return absl::StrCat(want.name, ": the ids differ from the reference run's");
+    size_t differ = 0;
+    for (size_t i = 0; i < std::min(got.data.size(), want.data.size()); ++i) {
+      differ += FloatBits(got.data[i]) != FloatBits(want.data[i]) ? 1 : 0;
+    }
+    if (differ > 0 || got.data.size() != want.data.size()) {
+      return absl::StrCat(want.name, ": ", differ, " of ", want.data.size(), " values differ from the reference run's");
+    }
+  }
+  return "";
 }
 
 }  // namespace
 
-v1::JobSpec ChaosJobSpec() {
+int64_t ChaosExamples(bool click) { return click ? 24576 : kExamples; }
+
+v1::JobSpec ChaosJobSpec(bool click) {
   v1::JobSpec spec;
+  if (click) {
+    spec.set_name("chaos-click");
+    spec.mutable_model()->set_kind(v1::ModelSpec::FM);
+    spec.mutable_model()->set_embedding_dim(4);
+    for (const char* name : {"linear", "embedding"}) {
+      v1::TableSpec* table = spec.mutable_model()->add_tables();
+      table->set_name(name);
+      table->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::ADAGRAD);
+      table->mutable_optimizer()->set_lr(0.1f);
+    }
+    v1::DataSpec* data = spec.mutable_data();
+    data->set_dataset(v1::DataSpec::SYNTHETIC_CTR);
+    v1::SyntheticCtrSpec* ctr = data->mutable_synthetic_ctr();
+    ctr->set_examples(ChaosExamples(true));
+    ctr->set_fields(4);
+    ctr->set_vocabulary(200);
+    ctr->set_dense(2);
+    ctr->set_fm_dim(2);
+    ctr->set_fm_scale(0.5f);
+    data->set_batch_size(16);
+    data->set_epochs(2);
+    data->set_shuffle_seed(7);
+    spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+    spec.mutable_optimizer()->set_lr(0.01f);
+    spec.set_mode(v1::BSP);
+    spec.set_num_workers(2);
+    spec.set_seed(5);
+    return spec;
+  }
   spec.set_name("chaos");
   spec.mutable_model()->set_kind(v1::ModelSpec::MLP);
   spec.mutable_model()->add_hidden_sizes(256);
@@ -226,14 +301,14 @@ absl::StatusOr<ChaosResult> RunChaosSchedule(const ChaosOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(cluster_options));
   Runner runner(options, std::move(cluster));
 
-  const v1::JobSpec spec = ChaosJobSpec();
+  const v1::JobSpec spec = ChaosJobSpec(options.click);
   ASSIGN_OR_RETURN(std::string reference_id, runner.Submit(spec));
   ASSIGN_OR_RETURN(v1::JobStatus reference, runner.WaitFor(reference_id, [](const v1::JobStatus&) { return false; }));
   if (reference.state() != v1::SUCCEEDED) {
     return absl::InternalError(absl::StrCat("the undisturbed reference run ended ",
                                             v1::JobState_Name(reference.state()), ": ", reference.reason()));
   }
-  ASSIGN_OR_RETURN(std::vector<float> expected, FinalParameters(reference));
+  ASSIGN_OR_RETURN(std::vector<SafetensorsTensor> expected, FinalParameters(runner.scheduler(), reference_id));
 
   ChaosResult result;
   ASSIGN_OR_RETURN(std::string job_id, runner.Submit(spec));
@@ -255,17 +330,10 @@ absl::StatusOr<ChaosResult> RunChaosSchedule(const ChaosOptions& options) {
   ASSIGN_OR_RETURN(result.job, runner.WaitFor(job_id, [](const v1::JobStatus&) { return false; }));
   result.max_rss_bytes = runner.MaxRss();
   if (result.job.state() != v1::SUCCEEDED) return result;
-  ASSIGN_OR_RETURN(std::vector<float> actual, FinalParameters(result.job));
-  result.bit_identical =
-      actual.size() == expected.size() && std::memcmp(actual.data(), expected.data(), actual.size() * 4) == 0;
-  if (!result.bit_identical) {
-    size_t differ = 0;
-    for (size_t i = 0; i < std::min(actual.size(), expected.size()); ++i) {
-      differ += FloatBits(actual[i]) != FloatBits(expected[i]) ? 1 : 0;
-    }
-    result.mismatch = absl::StrCat(differ, " of ", expected.size(), " parameters differ from the reference run");
-  }
-  const ExampleAudit want = ExpectedExampleAudit(result.job.spec(), kExamples);
+  ASSIGN_OR_RETURN(std::vector<SafetensorsTensor> actual, FinalParameters(runner.scheduler(), job_id));
+  result.mismatch = Difference(expected, actual);
+  result.bit_identical = result.mismatch.empty();
+  const ExampleAudit want = ExpectedExampleAudit(result.job.spec(), ChaosExamples(options.click));
   ASSIGN_OR_RETURN(std::vector<ChunkAudit> audits, ReadChunkAudits(result.job));
   result.audit_exact = !audits.empty();
   for (const ChunkAudit& chunk : audits) {

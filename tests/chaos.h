@@ -26,6 +26,9 @@ struct ChaosOptions {
   int servers = 3;
   int workers = 3;
   int replicas = 2;
+  // The job: a dense MLP (false) or a click model whose embeddings live in
+  // sparse tables on the servers (true).
+  bool click = false;
   std::string dir;  // the local cluster's folder (created)
 };
 
@@ -38,14 +41,16 @@ struct ChaosFault {
 struct ChaosResult {
   v1::JobStatus job;                  // the disturbed job, ended
   std::vector<ChaosFault> faults;
-  bool bit_identical = false;         // parameters equal to the reference run's
+  bool bit_identical = false;         // parameters (tables included) equal to the reference run's
   bool audit_exact = false;           // every example once per epoch, every chunk
   std::string mismatch;               // what differs, when something does
   std::map<std::string, int64_t> max_rss_bytes;  // by role, at the end
 };
 
-// The job every schedule runs: BSP, 4096 synthetic examples, 12 epochs.
-v1::JobSpec ChaosJobSpec();
+// The job every schedule runs: BSP, 4096 synthetic examples, 12 epochs; or
+// (`click`) a BSP factorization machine over sparse tables, 24576 synthetic
+// click examples, 2 epochs.
+v1::JobSpec ChaosJobSpec(bool click = false);
 
 // Starts a cluster in options.dir, runs ChaosJobSpec() undisturbed (the
 // reference), then again under the schedule `options.seed` picks. An error

@@ -347,5 +347,25 @@ TEST_F(StoppedPrimaryTest, SchedulerDownForSecondsFailsOverNoLiveServer) {
   EXPECT_FALSE(AnyEventHas(done, "did not come back")) << Events(done);
 }
 
+// The scheduler paused (SIGSTOP: a node starved of CPU, a debugger) for just
+// under a lease: it heard no heartbeat meanwhile, and that time counts
+// against nobody's lease. Before, every member whose last heartbeat came a
+// little before the pause was declared dead the moment it resumed, and the
+// job lost its servers at once.
+TEST_F(StoppedPrimaryTest, SchedulerPausedForAlmostALeaseLosesNoMember) {
+  v1::JobSpec spec = LongSpec(3);
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobStatus running = WaitForStep(*id, 30);
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  ASSERT_TRUE(cluster_->Signal("scheduler", SIGSTOP).ok());
+  absl::SleepFor(absl::Milliseconds(1400));  // the pause itself; the cluster's lease is 1.5 s
+  ASSERT_TRUE(cluster_->Signal("scheduler", SIGCONT).ok());
+  v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  EXPECT_EQ(done.failovers(), 0) << Events(done);
+  EXPECT_FALSE(AnyEventHas(done, "lost")) << Events(done);
+}
+
 }  // namespace
 }  // namespace fulcrum

@@ -86,6 +86,9 @@ void JobManager::Loop() {
     }
     Tick();
     MutexLock lock(&mu_);
+    // The gap CheckPause measures is the wait alone: a tick's own work
+    // delays heartbeats (they wait for mu_) but loses none.
+    last_tick_ = clock_();
     if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.tick)) return;
   }
 }
@@ -509,7 +512,7 @@ void JobManager::CheckPause() {
   // 1.4 s on a 1.5 s lease must not expire a member whose last heartbeat
   // came 200 ms before it, and a pause of minutes must not expire everyone.
   if (last_tick_.has_value() && now - *last_tick_ > 2 * options_.tick) {
-    const absl::Duration deaf = now - *last_tick_ - options_.tick;
+    const absl::Duration deaf = now - *last_tick_ - options_.tick;  // beyond the wait between ticks
     if (deaf > options_.heartbeat_interval) {
       FLOG(WARNING) << "the scheduler did not run for " << absl::FormatDuration(now - *last_tick_)
                     << "; that time does not count against any member's lease";
@@ -597,6 +600,7 @@ void JobManager::Tick() {
     if (options_.grow_shards) GrowShards();
     DrainServers();
     RetryHandovers();
+    RetryActivations();
     ReplenishReplicas();
     ScheduleCheckpoints();
     ApplyRetention();

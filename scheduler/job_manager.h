@@ -181,8 +181,14 @@ class JobManager {
   // The copy's outcome; the map to activate the newcomer with when it now
   // leads a new shard (SetupJobRequest.await_activation).
   std::optional<v1::ShardMap> FinishHandover(const std::string& job_id, const std::string& server_id,
-                                             const std::string& address, const absl::Status& status);
+                                             const std::string& address, int64_t copy_version,
+                                             const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   void RetryHandovers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new shard's activation: its answer (done, or retried in 500 ms), and
+  // the ticks' resending of the unanswered ones (Job::activations).
+  void ActivationAnswered(const std::string& job_id, const std::string& server_id, const absl::Status& status)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void RetryActivations() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts the map back as it was before the handover. `newcomer_at_fault`:
   // the newcomer failed (it is not asked again for a while); else another
   // replica did and the handover is simply started again later.

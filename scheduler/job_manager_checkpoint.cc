@@ -88,12 +88,13 @@ void JobManager::ReshardThroughCheckpoint(Job* job, const Member& newcomer) {
   // The newcomer must have room for its share, or the restart would place
   // the job on the same servers again (and the next tick ask once more).
   const int64_t share = PerServerBytes(job->claims, job->status.spec(), job->shard_map.shards_size() + 1);
-  if (newcomer.memory_budget > 0 && ServerClaimed(newcomer.id) + share > newcomer.memory_budget) {
+  int64_t claimed = ServerClaimed(newcomer.id);
+  if (job->server_addresses.count(newcomer.id) > 0) claimed -= job->server_claim;  // a backup of the job already
+  if (newcomer.memory_budget > 0 && claimed + share > newcomer.memory_budget) {
     job->reshard_declined[newcomer.id] = clock_() + absl::Minutes(1);
     AddEvent(job, absl::StrCat(newcomer.id, " does not join: a share of the job takes ", FormatBytes(share), ", its ",
                                FormatBytes(newcomer.memory_budget), " memory budget has ",
-                               FormatBytes(std::max<int64_t>(0, newcomer.memory_budget - ServerClaimed(newcomer.id))),
-                               " free"));
+                               FormatBytes(std::max<int64_t>(0, newcomer.memory_budget - claimed)), " free"));
     return;
   }
   job->reshard_checkpoint = QueueCheckpoint(job, "reshard");
@@ -234,11 +235,19 @@ std::vector<ExpiredCheckpoint> JobManager::FinishCheckpoint(const CheckpointTask
       const std::string reason = info->reason();
       if (job->phase == Job::Phase::kTraining && complete && members_.Contains(newcomer) &&
           !members_.Draining(newcomer)) {
+        job->reshard_failures = 0;
+        job->resharding = true;
+        job->reshard_setup_failures = 0;
         RestoreFromCheckpoint(job, absl::StrCat(newcomer, " joined: the shards are laid out again over every server"));
       } else if (job->phase == Job::Phase::kTraining) {
-        job->reshard_declined[newcomer] = clock_() + absl::Seconds(30);
+        // Asked again after 30 s, doubling with each failure in a row up to
+        // 16 minutes (servers without a checkpoint store fail every time).
+        const absl::Duration wait = absl::Seconds(30) * (int64_t{1} << std::min(job->reshard_failures, 5));
+        ++job->reshard_failures;
+        job->reshard_declined[newcomer] = clock_() + wait;
         AddEvent(job, absl::StrCat(newcomer, " does not join: checkpoint ", task.id, " ",
-                                   complete ? "is complete but the server left" : absl::StrCat("failed: ", reason)));
+                                   complete ? "is complete but the server left" : absl::StrCat("failed: ", reason),
+                                   "; asked again in ", absl::FormatDuration(wait)));
       }
     }
     // The status keeps the kept checkpoints and the latest failures.

@@ -65,6 +65,14 @@ struct JobManager::Job {
   // see HandoverRecord. One at a time per job.
   std::optional<v1::HandoverRecord> handover;
   bool handover_in_flight = false;  // its copy is running
+  // New shards' leaders whose activation (the committed map, Reconfigure)
+  // has not been acknowledged yet: sent again until it is, since a leader
+  // never activated refuses its shard's writes for good.
+  struct Activation {
+    bool in_flight = false;
+    absl::Time retry_at = absl::InfinitePast();
+  };
+  std::map<std::string, Activation> activations;  // by server id
   // Servers whose SetupJob copy for this job has not answered yet, also of a
   // handover undone meanwhile: none is given another handover before it
   // answers (two copies into one server's state at once could interleave).
@@ -87,6 +95,14 @@ struct JobManager::Job {
   // checkpoint failed, or they lack room). Kept apart from handover_declined:
   // such a server may still be the backup a shard is short of.
   std::map<std::string, absl::Time> reshard_declined;
+  int reshard_failures = 0;  // re-shard checkpoints failed in a row (the wait doubles)
+  // Set while the job restarts from a re-shard's checkpoint (until its setup
+  // succeeds): a server that fails that setup is left out and the same
+  // checkpoint tried again (restore_excluded; reshard_setup_failures bounds
+  // the attempts).
+  bool resharding = false;
+  int reshard_setup_failures = 0;
+  std::set<std::string> restore_excluded;
   absl::Time last_checkpoint_time;
   int64_t last_checkpoint_step = 0;
   // Set while the job's next setup starts from a checkpoint.

@@ -76,24 +76,28 @@ void JobManager::QueueHandoverCopy(Job* job) {
   actions_.push_back([this, job_id = job->status.job_id(), others, map, setup = std::move(setup),
                       server_id = handover.server_id(), address] {
     for (const std::string& other : others) IgnoreError(servers_->Reconfigure(other, job_id, map));
-    std::optional<v1::ShardMap> activate = FinishHandover(job_id, server_id, address, servers_->SetupJob(address, setup));
-    if (activate.has_value()) IgnoreError(servers_->Reconfigure(address, job_id, *activate));
+    std::optional<v1::ShardMap> activate =
+        FinishHandover(job_id, server_id, address, map.version(), servers_->SetupJob(address, setup));
+    if (activate.has_value()) ActivationAnswered(job_id, server_id, servers_->Reconfigure(address, job_id, *activate));
   });
 }
 
 std::optional<v1::ShardMap> JobManager::FinishHandover(const std::string& job_id, const std::string& server_id,
-                                                       const std::string& address, const absl::Status& status) {
+                                                       const std::string& address, int64_t copy_version,
+                                                       const absl::Status& status) {
   MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return std::nullopt;
   job->copying.erase(server_id);
   if (!job->handover.has_value() || job->handover->server_id() != server_id) {
-    // The handover was undone while this copy ran (a failover) and the copy
-    // then succeeded: the copy is stale (and, for a new shard, was never
-    // activated). The DropJob the undo sent may have come before it.
-    if (status.ok() && !InMap(job->shard_map, server_id)) {
-      actions_.push_back([this, address, job_id, version = job->shard_map.version()] {
-        IgnoreError(servers_->DropJob(address, job_id, "its handover was undone while it copied", false, version));
+    // The handover was undone while this copy ran (a failover, a restore)
+    // and the copy then succeeded: the copy is stale (and, for a new shard,
+    // was never activated). The DropJob the undo sent may have come before
+    // it. This one names the copy's own map version, so a newer setup of the
+    // server (a restore placing the job there again) is kept.
+    if (status.ok() && (job->server_addresses.count(server_id) == 0 || job->phase != Job::Phase::kTraining)) {
+      actions_.push_back([this, address, job_id, copy_version] {
+        IgnoreError(servers_->DropJob(address, job_id, "its handover was undone while it copied", false, copy_version));
       });
     }
     return std::nullopt;
@@ -105,8 +109,9 @@ std::optional<v1::ShardMap> JobManager::FinishHandover(const std::string& job_id
     job->handover.reset();
     AddEvent(job, absl::StrCat(server_id, " holds its copy and replicates"));
     // The handover is committed: the new shard's leader may take writes.
-    if (new_shard) return job->shard_map;
-    return std::nullopt;
+    if (!new_shard) return std::nullopt;
+    job->activations[server_id].in_flight = true;
+    return job->shard_map;
   }
   // A source that is gone (a primary that died: the scheduler promotes its
   // backup) or slow is retried from the replica that leads the shard then;
@@ -125,6 +130,42 @@ std::optional<v1::ShardMap> JobManager::FinishHandover(const std::string& job_id
   AddEvent(job, absl::StrCat("copying onto ", server_id, " failed (", status.message(), "); retrying in ",
                              absl::FormatDuration(backoff), " from the replicas live then"));
   return std::nullopt;
+}
+
+void JobManager::ActivationAnswered(const std::string& job_id, const std::string& server_id,
+                                    const absl::Status& status) {
+  MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return;
+  auto it = job->activations.find(server_id);
+  if (it == job->activations.end()) return;
+  // Done when it took the map, holds a newer one, or no longer holds the job.
+  if (status.ok() || absl::IsFailedPrecondition(status) || absl::IsNotFound(status)) {
+    job->activations.erase(it);
+    return;
+  }
+  it->second.in_flight = false;
+  it->second.retry_at = clock_() + absl::Milliseconds(500);
+}
+
+void JobManager::RetryActivations() {
+  for (auto& [job_id, job] : jobs_) {
+    for (auto it = job->activations.begin(); it != job->activations.end();) {
+      auto address = job->server_addresses.find(it->first);
+      if (job->phase != Job::Phase::kTraining || address == job->server_addresses.end()) {
+        it = job->activations.erase(it);  // the job restarted or ended, or the server left it
+        continue;
+      }
+      if (!it->second.in_flight && clock_() >= it->second.retry_at) {
+        it->second.in_flight = true;
+        actions_.push_back([this, job_id = job_id, server_id = it->first, address = address->second,
+                            map = job->shard_map] {
+          ActivationAnswered(job_id, server_id, servers_->Reconfigure(address, job_id, map));
+        });
+      }
+      ++it;
+    }
+  }
 }
 
 void JobManager::RetryHandovers() {
@@ -253,12 +294,20 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
   // The servers with room for their share (which grows as fewer take it),
   // this job's own reservation aside.
   job->server_claim = 0;
-  std::vector<Member*> servers = ServersWithRoom(0);
+  // (Leaving out servers a re-shard's restart failed on.)
+  auto with_room = [&](int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<Member*> servers = ServersWithRoom(bytes);
+    servers.erase(std::remove_if(servers.begin(), servers.end(),
+                                 [&](const Member* m) { return job->restore_excluded.count(m->id) > 0; }),
+                  servers.end());
+    return servers;
+  };
+  std::vector<Member*> servers = with_room(0);
   int64_t per_server = 0;
   for (size_t count = 0; count != servers.size() && !servers.empty();) {
     count = servers.size();
     per_server = PerServerBytes(job->claims, spec, static_cast<int>(count));
-    std::vector<Member*> roomy = ServersWithRoom(per_server);
+    std::vector<Member*> roomy = with_room(per_server);
     std::vector<Member*> kept;
     for (Member* m : servers) {
       if (std::find(roomy.begin(), roomy.end(), m) != roomy.end()) kept.push_back(m);
@@ -298,7 +347,9 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
 void JobManager::ReplenishReplicas() {
   auto draining = [this](const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return members_.Draining(id); };
   for (auto& [job_id, job] : jobs_) {
-    if (job->phase != Job::Phase::kTraining || job->handover.has_value()) continue;
+    // (Not while a re-shard's checkpoint is written: the restart that
+    // follows lays out every replica anew.)
+    if (job->phase != Job::Phase::kTraining || job->handover.has_value() || job->reshard_checkpoint != 0) continue;
     const int replicas = std::max(1, job->status.spec().replicas());
     v1::ShardMap& map = job->shard_map;
     const std::set<int32_t> holding = HoldingShards(*job);
@@ -449,6 +500,7 @@ void JobManager::FailOver(Job* job, const std::string& server_id, const std::str
 
 void JobManager::RunSetup(const std::string& job_id, std::map<std::string, v1::SetupJobRequest> requests) {
   absl::Status failure;
+  std::string failed_server;
   for (auto& [address, request] : requests) {
     absl::Status status = servers_->SetupJob(address, request);
     if (absl::IsAlreadyExists(status)) {
@@ -461,6 +513,7 @@ void JobManager::RunSetup(const std::string& job_id, std::map<std::string, v1::S
     if (!status.ok()) {
       failure = absl::Status(status.code(), absl::StrCat("setting up shards on server ", address,
                                                          ": ", status.message()));
+      failed_server = request.server_id();
       break;
     }
   }
@@ -468,9 +521,26 @@ void JobManager::RunSetup(const std::string& job_id, std::map<std::string, v1::S
   Job* job = FindJob(job_id);
   if (job == nullptr || job->phase != Job::Phase::kSettingUp) return;  // ended meanwhile
   if (!failure.ok()) {
+    // A re-shard's restart (a server joined) that a server could not take
+    // part in (it died, or refused: its budget) starts again from the same
+    // checkpoint without that server, rather than giving the checkpoint up:
+    // nothing is wrong with it, and a job that took no other one would fail.
+    constexpr int kReshardAttempts = 3;
+    if (job->resharding && !absl::IsDataLoss(failure) && ++job->reshard_setup_failures < kReshardAttempts) {
+      job->restore_excluded.insert(failed_server);
+      job->reshard_declined[failed_server] = clock_() + absl::Minutes(1);
+      job->restore.reset();
+      if (RestoreFromCheckpoint(job, absl::StrCat(failure.message(), "; the job restarts from the same checkpoint "
+                                                  "without ", failed_server))) {
+        return;
+      }
+    }
     if (!RestoreFailed(job, failure)) EndJob(job, v1::FAILED, std::string(failure.message()));
     return;
   }
+  job->resharding = false;
+  job->reshard_setup_failures = 0;
+  job->restore_excluded.clear();
   const bool restored = job->restore.has_value();
   job->restore_skipped.clear();
   if (restored) {

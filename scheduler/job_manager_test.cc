@@ -71,7 +71,11 @@ class FakeServers : public ServerControl {
     MutexLock lock(&mu_);
     reconfigures_.push_back(map);
     calls_.push_back(absl::StrCat("Reconfigure ", address, " v", map.version()));
-    return absl::OkStatus();
+    return reconfigure_result_;
+  }
+  void FailReconfigures(absl::Status status) {
+    MutexLock lock(&mu_);
+    reconfigure_result_ = std::move(status);
   }
   // SetupJob, Reconfigure and DropJob calls in order, as "SetupJob ADDRESS
   // vVERSION" (+ " awaiting activation"), "Reconfigure ADDRESS vVERSION" and
@@ -120,6 +124,7 @@ class FakeServers : public ServerControl {
  private:
   mutable Mutex mu_;
   absl::Status setup_result_ ABSL_GUARDED_BY(mu_);
+  absl::Status reconfigure_result_ ABSL_GUARDED_BY(mu_);
   std::vector<Setup> setups_ ABSL_GUARDED_BY(mu_);
   std::vector<Drop> drops_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ShardMap> reconfigures_ ABSL_GUARDED_BY(mu_);
@@ -1458,9 +1463,12 @@ TEST_F(JobManagerTest, ANewShardIsActivatedOnlyOnceItsHandoverIsCommitted) {
   manager_->Tick();
   status = GetOk(job_id);
   EXPECT_EQ(status.shard_map().shards_size(), 2) << "the map went back";
+  bool copied = false;
   for (const std::string& call : servers_.calls()) {
+    copied |= absl::StartsWith(call, "SetupJob 127.0.0.1:7003") && absl::StrContains(call, "awaiting activation");
     EXPECT_FALSE(absl::StartsWith(call, "Reconfigure 127.0.0.1:7003")) << call;
   }
+  EXPECT_TRUE(copied) << "the third server was never asked to copy";
 }
 
 // A new shard's handover undone while its copy runs (another replica's lease
@@ -1510,6 +1518,42 @@ TEST_F(JobManagerTest, ACopyThatSucceedsAfterItsHandoverWasUndoneIsDropped) {
   for (const std::string& call : newcomer_calls) {
     EXPECT_FALSE(absl::StartsWith(call, "Reconfigure")) << absl::StrJoin(newcomer_calls, "; ");
   }
+}
+
+// A new shard's activation that does not get through (the newcomer
+// unreachable for a moment) is sent again on later ticks until the server
+// takes it: a leader never activated would refuse its shard's writes for good.
+TEST_F(JobManagerTest, ANewShardsActivationIsSentAgainUntilItGetsThrough) {
+  RegisterCluster();
+  const std::string job_id = SubmitOk(MlpSpec());
+  manager_->Tick();
+  ASSERT_NO_FATAL_FAILURE(MakeTraining(job_id));
+  const std::string newcomer = RegisterMember(v1::SERVER, "127.0.0.1:7002");
+  auto activations = [&] {
+    int n = 0;
+    for (const std::string& call : servers_.calls()) n += absl::StartsWith(call, "Reconfigure 127.0.0.1:7002") ? 1 : 0;
+    return n;
+  };
+  auto next_tick = [&] {
+    Advance(absl::Milliseconds(600));
+    for (const std::string& s : {server_, newcomer}) HeartbeatOk(s);
+    for (const std::string& w : workers_) HeartbeatOk(w, job_id);
+    manager_->Tick();
+  };
+  servers_.FailReconfigures(absl::UnavailableError("connection reset"));
+  manager_->Tick();  // the copy succeeds, its activation does not
+  ASSERT_EQ(GetOk(job_id).shard_map().shards_size(), 2);
+  EXPECT_EQ(activations(), 1);
+  manager_->Tick();
+  EXPECT_EQ(activations(), 1) << "sent again before its 500 ms";
+  next_tick();
+  EXPECT_EQ(activations(), 2) << "sent again";
+  servers_.FailReconfigures(absl::OkStatus());
+  next_tick();
+  EXPECT_EQ(activations(), 3) << "sent again, and taken";
+  for (int i = 0; i < 3; ++i) next_tick();
+  EXPECT_EQ(activations(), 3) << "not sent once taken";
+  EXPECT_EQ(GetOk(job_id).reason(), "training");
 }
 
 }  // namespace fulcrum

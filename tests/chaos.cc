@@ -29,6 +29,8 @@ namespace {
 constexpr int64_t kExamples = 4096;
 constexpr absl::Duration kProgressTimeout = absl::Seconds(120);
 
+int64_t ChaosExamples(bool click) { return click ? 24576 : kExamples; }
+
 bool Terminal(v1::JobState state) {
   return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
 }
@@ -236,8 +238,6 @@ std::string Difference(const std::vector<SafetensorsTensor>& expected, const std
 }
 
 }  // namespace
-
-int64_t ChaosExamples(bool click) { return click ? 24576 : kExamples; }
 
 v1::JobSpec ChaosJobSpec(bool click) {
   v1::JobSpec spec;

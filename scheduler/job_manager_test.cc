@@ -154,6 +154,23 @@ v1::JobSpec MlpSpec(int num_workers = 2) {
   return spec;
 }
 
+// A small FM click job (its embeddings in sparse tables) on synthetic data.
+v1::JobSpec SmallClickSpec(int num_workers) {
+  v1::JobSpec spec;
+  spec.set_name("click");
+  spec.mutable_model()->set_kind(v1::ModelSpec::FM);
+  spec.mutable_model()->set_embedding_dim(4);
+  v1::DataSpec* data = spec.mutable_data();
+  data->set_dataset(v1::DataSpec::SYNTHETIC_CTR);
+  data->mutable_synthetic_ctr()->set_examples(1000);
+  data->set_batch_size(10);
+  data->set_epochs(1);
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+  spec.mutable_optimizer()->set_lr(0.01f);
+  spec.set_num_workers(num_workers);
+  return spec;
+}
+
 class JobManagerTest : public ::testing::Test {
  protected:
   JobManagerTest() {
@@ -334,18 +351,7 @@ TEST_F(JobManagerTest, ClickJobTakesTheClusterDefaultReplicas) {
   options.default_replicas = 2;
   std::unique_ptr<KvStore> store = NewMemoryStore();
   JobManager manager(options, &servers_, [this] { return now_; }, store.get());
-  v1::JobSpec spec;
-  spec.set_name("click");
-  spec.mutable_model()->set_kind(v1::ModelSpec::FM);
-  spec.mutable_model()->set_embedding_dim(4);
-  v1::DataSpec* data = spec.mutable_data();
-  data->set_dataset(v1::DataSpec::SYNTHETIC_CTR);
-  data->mutable_synthetic_ctr()->set_examples(1000);
-  data->set_batch_size(10);
-  data->set_epochs(1);
-  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
-  spec.mutable_optimizer()->set_lr(0.01f);
-  spec.set_num_workers(1);
+  v1::JobSpec spec = SmallClickSpec(1);
   absl::StatusOr<v1::JobStatus> submitted = manager.Submit(spec);
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   EXPECT_EQ(submitted->spec().replicas(), 2);
@@ -1378,18 +1384,7 @@ TEST_F(JobManagerTest, CheckpointCommittedJustBeforeARestartIsCompleteAndKept) {
 // the job trains on where it was, and the server is not asked again at once.
 // A server without room for a share is not asked at all.
 TEST_F(JobManagerTest, AServerJoiningAJobWithTablesIsTakenThroughACheckpoint) {
-  v1::JobSpec spec;
-  spec.set_name("click");
-  spec.mutable_model()->set_kind(v1::ModelSpec::FM);
-  spec.mutable_model()->set_embedding_dim(4);
-  v1::DataSpec* data = spec.mutable_data();
-  data->set_dataset(v1::DataSpec::SYNTHETIC_CTR);
-  data->mutable_synthetic_ctr()->set_examples(1000);
-  data->set_batch_size(10);
-  data->set_epochs(1);
-  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
-  spec.mutable_optimizer()->set_lr(0.01f);
-  spec.set_num_workers(2);
+  v1::JobSpec spec = SmallClickSpec(2);
   spec.set_replicas(1);
   RegisterCluster();
   const std::string job_id = SubmitOk(spec);

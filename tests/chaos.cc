@@ -3,7 +3,6 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <set>
@@ -18,9 +17,9 @@
 #include "common/process.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "tests/click_job.h"
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "worker/example_audit.h"
-#include "worker/parameter_client.h"
 #include "common/half.h"
 
 namespace fulcrum {
@@ -242,32 +241,15 @@ std::string Difference(const std::vector<SafetensorsTensor>& expected, const std
 v1::JobSpec ChaosJobSpec(bool click) {
   v1::JobSpec spec;
   if (click) {
+    // tests/click_job.h's FM job, longer in steps and trained in lockstep;
+    // replicated as the cluster's default says.
+    spec = ClickSpec(v1::ModelSpec::FM, /*fm_dim=*/2);
     spec.set_name("chaos-click");
-    spec.mutable_model()->set_kind(v1::ModelSpec::FM);
-    spec.mutable_model()->set_embedding_dim(4);
-    for (const char* name : {"linear", "embedding"}) {
-      v1::TableSpec* table = spec.mutable_model()->add_tables();
-      table->set_name(name);
-      table->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::ADAGRAD);
-      table->mutable_optimizer()->set_lr(0.1f);
-    }
-    v1::DataSpec* data = spec.mutable_data();
-    data->set_dataset(v1::DataSpec::SYNTHETIC_CTR);
-    v1::SyntheticCtrSpec* ctr = data->mutable_synthetic_ctr();
-    ctr->set_examples(ChaosExamples(true));
-    ctr->set_fields(4);
-    ctr->set_vocabulary(200);
-    ctr->set_dense(2);
-    ctr->set_fm_dim(2);
-    ctr->set_fm_scale(0.5f);
-    data->set_batch_size(16);
-    data->set_epochs(2);
-    data->set_shuffle_seed(7);
-    spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
-    spec.mutable_optimizer()->set_lr(0.01f);
+    spec.mutable_data()->mutable_synthetic_ctr()->set_examples(ChaosExamples(true));
+    spec.mutable_data()->mutable_synthetic_ctr()->set_vocabulary(200);
+    spec.mutable_data()->set_batch_size(16);
     spec.set_mode(v1::BSP);
-    spec.set_num_workers(2);
-    spec.set_seed(5);
+    spec.clear_replicas();
     return spec;
   }
   spec.set_name("chaos");

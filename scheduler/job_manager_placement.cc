@@ -1,5 +1,6 @@
 // JobManager: the shard map of a job and setting its chunks up on the servers.
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -16,6 +17,15 @@
 #include "common/sync.h"
 
 namespace fulcrum {
+namespace {
+
+// Until when `server` is not to be asked again (InfinitePast: it may be).
+absl::Time DeclinedUntil(const std::map<std::string, absl::Time>& declined, const std::string& server) {
+  auto it = declined.find(server);
+  return it == declined.end() ? absl::InfinitePast() : it->second;
+}
+
+}  // namespace
 
 v1::SetupJobRequest JobManager::SetupRequestFor(const Job& job, const std::string& server_id) const {
   v1::SetupJobRequest request;
@@ -366,8 +376,7 @@ void JobManager::ReplenishReplicas() {
       for (const Member* member : members_.WithRole(v1::SERVER)) {
         if (member->draining) continue;
         const std::string& id = member->id;
-        auto declined = job->handover_declined.find(id);
-        if (declined != job->handover_declined.end() && clock_() < declined->second) continue;
+        if (DeclinedUntil(job->handover_declined, id) > clock_()) continue;
         if (job->copying.count(id) > 0) continue;  // a copy of an undone handover still runs there
         candidates.push_back({id, member->address});
       }
@@ -429,10 +438,8 @@ void JobManager::GrowShards() {
       ++live;
       bool leads = false;
       for (const auto& shard : map.shards()) leads |= shard.server_id() == id;
-      auto declined = job->handover_declined.find(id);
-      if (declined != job->handover_declined.end() && clock_() < declined->second) continue;
-      auto no_reshard = job->reshard_declined.find(id);
-      if (tables && no_reshard != job->reshard_declined.end() && clock_() < no_reshard->second) continue;
+      if (DeclinedUntil(job->handover_declined, id) > clock_()) continue;
+      if (tables && DeclinedUntil(job->reshard_declined, id) > clock_()) continue;
       if (job->copying.count(id) > 0) continue;  // a copy of an undone handover still runs there
       if (leads) continue;
       const bool holds_some = InMap(map, id);

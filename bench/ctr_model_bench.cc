@@ -3,8 +3,14 @@
 // batch, the same model as a preset kind (kernels/ctr_model.h) and as the
 // graph CtrModelAsGraph writes for it (kernels/graph_model.h).
 //
-//   BM_step/deepfm/{fused,graph}   DeepFM: linear + FM + MLP 32-16
-//   BM_step/dlrm/{fused,graph}     DLRM: bottom MLP 16, dot interaction, MLP 32
+//   BM_step/deepfm/{fused,graph,backend}   DeepFM: linear + FM + MLP 32-16
+//   BM_step/dlrm/{fused,graph,backend}     DLRM: bottom MLP 16, dot interaction, MLP 32
+//
+// "backend" is the graph computing through a kernels::Backend, the path a
+// GPU worker takes (--device=cpu, the default: the CPU backend, which shows
+// what the backend ops cost against the host graph; --device=cuda: the GPU,
+// parameters and rows copied in and gradients out every step as a worker
+// does).
 //
 // A batch of 256 synthetic click examples (Zipf ids, --fields=N fields,
 // default 26 as Criteo's categorical ones; 13 dense features; embedding dim
@@ -16,6 +22,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <cstdio>
+#include <memory>
 #include <map>
 #include <random>
 #include <string>
@@ -24,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/benchmark_main.h"
 #include "benchmark/benchmark.h"
+#include "kernels/backend_loader.h"
 #include "kernels/ctr_model.h"
 #include "kernels/graph_model.h"
 #include "worker/ctr_data.h"
@@ -122,10 +131,15 @@ void Run(benchmark::State& state, Model* model, const Batch& batch, Problem* p) 
       benchmark::Counter(static_cast<double>(state.iterations() * kBatch), benchmark::Counter::kIsRate);
 }
 
-void BM_Step(benchmark::State& state, bool dlrm, bool graph) {
+std::string device_flag = "cpu";
+kernels::Backend* backend = nullptr;
+
+enum class Path { kFused, kGraph, kBackend };
+
+void BM_Step(benchmark::State& state, bool dlrm, Path path) {
   const kernels::CtrModelConfig config = Config(dlrm);
-  if (graph) {
-    kernels::GraphModel model(kernels::CtrModelAsGraph(config));
+  if (path != Path::kFused) {
+    kernels::GraphModel model(kernels::CtrModelAsGraph(config), path == Path::kBackend ? backend : nullptr);
     Problem p = MakeProblem(model.dense_tensors(), model.tables());
     auto batch = BatchOf<kernels::GraphBatch>(p);
     batch.rows.assign(model.tables().size(), p.rows.data());
@@ -147,18 +161,29 @@ void BM_Step(benchmark::State& state, bool dlrm, bool graph) {
 int main(int argc, char** argv) {
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--fields=", 9) == 0) {
+    if (std::strncmp(argv[i], "--device=", 9) == 0) {
+      fulcrum::device_flag = argv[i] + 9;
+    } else if (std::strncmp(argv[i], "--fields=", 9) == 0) {
       fulcrum::fields_flag = std::max(2, std::min(256, std::atoi(argv[i] + 9)));
     } else {
       args.push_back(argv[i]);
     }
   }
   if (!fulcrum::bench::InitializeInterleaved(args)) return 1;
+  auto choice = fulcrum::kernels::MakeBackend(fulcrum::device_flag);
+  if (!choice.ok()) {
+    std::fprintf(stderr, "--device=%s: %s\n", fulcrum::device_flag.c_str(), std::string(choice.status().message()).c_str());
+    return 1;
+  }
+  std::unique_ptr<fulcrum::kernels::Backend> backend = std::move(choice->backend);
+  fulcrum::backend = backend.get();
+  std::fprintf(stderr, "backend: %s\n", backend->Name());
+  using fulcrum::Path;
   for (bool dlrm : {false, true}) {
-    for (bool graph : {false, true}) {
-      benchmark::RegisterBenchmark(
-          absl::StrCat("BM_step/", dlrm ? "dlrm" : "deepfm", "/", graph ? "graph" : "fused").c_str(),
-          [dlrm, graph](benchmark::State& s) { fulcrum::BM_Step(s, dlrm, graph); })
+    for (Path path : {Path::kFused, Path::kGraph, Path::kBackend}) {
+      const char* name = path == Path::kFused ? "fused" : path == Path::kGraph ? "graph" : "backend";
+      benchmark::RegisterBenchmark(absl::StrCat("BM_step/", dlrm ? "dlrm" : "deepfm", "/", name).c_str(),
+                                   [dlrm, path](benchmark::State& s) { fulcrum::BM_Step(s, dlrm, path); })
           ->Unit(benchmark::kMicrosecond);
     }
   }

@@ -166,19 +166,58 @@ class Backend {
   virtual absl::Status PackHalf(HalfType type, int64_t n, const float* src, uint16_t* dst) = 0;
   virtual absl::Status UnpackHalf(HalfType type, int64_t n, const uint16_t* src, float* dst) = 0;
 
-  // Embedding bag (sum): for bag b in [0, bags), out[b, :] = sum of
-  // table[ids[j], :] for j in [offsets[b], offsets[b + 1]). offsets has
-  // bags + 1 entries, non-decreasing, offsets[0] = 0; ids has offsets[bags]
-  // entries (it may be null when that is 0), each in [0, table_rows). An
-  // empty bag gives zeros. Offsets are checked before ids, so a bad offset is
-  // the error reported even when an id is bad too. ids beyond offsets[bags]
-  // cannot be checked: a too-large last offset reads past the ids buffer.
+  // Embedding bag: for bag b in [0, bags), out[b, :] = sum of
+  // scales[j] * table[ids[j], :] for j in [offsets[b], offsets[b + 1])
+  // (scales null: every scale 1, a plain sum; a weighted sum or a mean is
+  // the caller's scales). offsets has bags + 1 entries, non-decreasing,
+  // offsets[0] = 0; ids (and scales, when given) have offsets[bags] entries
+  // (ids may be null when that is 0), each id in [0, table_rows). Scales are
+  // not checked: the caller passes finite ones. An empty bag gives zeros.
+  // Offsets are checked before ids, so a bad offset is the error reported
+  // even when an id is bad too. ids beyond offsets[bags] cannot be checked: a
+  // too-large last offset reads past the ids buffer.
   virtual absl::Status EmbeddingBagForward(int bags, int dim, const int32_t* offsets, const int32_t* ids,
-                                           int64_t table_rows, const float* table, float* out) = 0;
-  // The matching scatter-add: dtable[ids[j], :] += dout[b, :] for every j of
-  // bag b. dtable is accumulated into, not overwritten.
+                                           const float* scales, int64_t table_rows, const float* table,
+                                           float* out) = 0;
+  // The matching scatter-add: dtable[ids[j], :] += scales[j] * dout[b, :] for
+  // every j of bag b. dtable is accumulated into, not overwritten; the order
+  // of the additions into one row is unspecified (atomics on a device).
   virtual absl::Status EmbeddingBagBackward(int bags, int dim, const int32_t* offsets, const int32_t* ids,
-                                            int64_t table_rows, const float* dout, float* dtable) = 0;
+                                            const float* scales, int64_t table_rows, const float* dout,
+                                            float* dtable) = 0;
+
+  // dst[r, c] = src[r, c], or += with `accumulate`, for r < rows and
+  // c < cols, where row r of src starts at src + r * src_ld and of dst at
+  // dst + r * dst_ld (both lds >= cols). src and dst must not overlap.
+  virtual absl::Status CopyColumns(int rows, int cols, const float* src, int src_ld, float* dst, int dst_ld,
+                                   bool accumulate) = 0;
+
+  // Factorization-machine interaction over x[rows, vectors, dim]:
+  // out[r] = 0.5 * sum_d [(sum_i x[r, i, d])^2 - sum_i x[r, i, d]^2].
+  virtual absl::Status FmForward(int rows, int vectors, int dim, const float* x, float* out) = 0;
+  // Its gradient, added: dx[r, i, d] += dout[r] * (sum_j x[r, j, d] - x[r, i, d]).
+  virtual absl::Status FmBackward(int rows, int vectors, int dim, const float* x, const float* dout,
+                                  float* dx) = 0;
+
+  // Pairwise dot products over x[rows, vectors, dim]: out[r, p] =
+  // x[r, i, :] . x[r, j, :] for the pairs i < j in order (i major), so out is
+  // [rows, vectors * (vectors - 1) / 2].
+  virtual absl::Status PairwiseDotForward(int rows, int vectors, int dim, const float* x, float* out) = 0;
+  // Its gradient, added: dx[r, i, :] += dout[r, p] * x[r, j, :] and
+  // dx[r, j, :] += dout[r, p] * x[r, i, :] for each pair p = (i, j).
+  virtual absl::Status PairwiseDotBackward(int rows, int vectors, int dim, const float* x, const float* dout,
+                                           float* dx) = 0;
+
+  // A loss of one value per row, z[rows] against labels[rows]:
+  // kSigmoidCrossEntropy: max(z, 0) - z * y + log(1 + exp(-|z|)), labels in
+  // [0, 1], gradient sigmoid(z) - y; kSquaredError: (z - y)^2, labels finite,
+  // gradient 2 (z - y). Writes dz[r] = gradient * grad_scale when dz is not
+  // null and adds the summed loss to *loss_sum when it is not null. Labels
+  // are checked before anything is written (InvalidArgument naming the first
+  // bad one, outputs untouched; on a device, reported as SoftmaxCrossEntropy's).
+  enum class PointLoss { kSigmoidCrossEntropy, kSquaredError };
+  virtual absl::Status PointwiseLoss(PointLoss loss, int rows, const float* z, const float* labels,
+                                     float grad_scale, float* dz, double* loss_sum) = 0;
 
   // Bytes of backend memory this backend holds (in use and cached by its
   // pool); 0 for host-memory backends. Same thread as the ops.

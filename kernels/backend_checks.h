@@ -84,6 +84,43 @@ inline absl::Status BagArgs(const char* op, int bags, int dim, const int32_t* of
                      Ptr(op, bag_rows_name, bag_rows, int64_t{bags} * dim)});
 }
 
+// CopyColumns' shape: rows and cols >= 0, each ld >= cols, the pointers
+// non-null when there is anything to copy.
+inline absl::Status CopyColumnsArgs(const char* op, int rows, int cols, const void* src, int src_ld,
+                                   const void* dst, int dst_ld) {
+  absl::Status dims = FirstError({Dim(op, "rows", rows), Dim(op, "cols", cols)});
+  if (!dims.ok()) return dims;
+  if (src_ld < cols || dst_ld < cols) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": src_ld = ", src_ld, " and dst_ld = ", dst_ld,
+                                                   " must both be >= cols = ", cols));
+  }
+  const int64_t elements = int64_t{rows} * cols;
+  return FirstError({Ptr(op, "src", src, elements), Ptr(op, "dst", dst, elements)});
+}
+
+// The shape of FmForward/FmBackward and PairwiseDotForward/Backward: x
+// [rows, vectors, dim] and `out_name` with `out_elements` elements.
+inline absl::Status InteractionArgs(const char* op, int rows, int vectors, int dim, const void* x,
+                                    const char* out_name, const void* out, int64_t out_elements) {
+  return FirstError({Dim(op, "rows", rows), Dim(op, "vectors", vectors), Dim(op, "dim", dim),
+                     Ptr(op, "x", x, int64_t{rows} * vectors * dim), Ptr(op, out_name, out, out_elements)});
+}
+
+inline absl::Status PointLossValue(const char* op, Backend::PointLoss loss) {
+  if (loss == Backend::PointLoss::kSigmoidCrossEntropy || loss == Backend::PointLoss::kSquaredError) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(op, ": unknown loss value ", static_cast<int>(loss),
+                                                 "; use kSigmoidCrossEntropy or kSquaredError"));
+}
+
+// Whether `label` is one `loss` takes: [0, 1] for sigmoid cross-entropy,
+// finite for the squared error.
+inline bool PointLabelOk(Backend::PointLoss loss, float label) {
+  if (loss == Backend::PointLoss::kSigmoidCrossEntropy) return label >= 0.0f && label <= 1.0f;
+  return label - label == 0.0f;  // finite
+}
+
 // --- Data errors (found on the host by the CPU backend, on the device by the
 // CUDA backend; both report the first offending index) -----------------------
 
@@ -106,6 +143,13 @@ inline absl::Status BadOffset(const char* op, int64_t index, int64_t value) {
 inline absl::Status IdOutOfRange(const char* op, int64_t index, int64_t id, int64_t table_rows) {
   return absl::InvalidArgumentError(absl::StrCat(op, ": ids[", index, "] = ", id, " is out of range [0, ",
                                                  table_rows, ") of the table's rows"));
+}
+
+inline absl::Status BadPointLabel(int64_t index, float label, Backend::PointLoss loss) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "PointwiseLoss: labels[", index, "] = ", label,
+      loss == Backend::PointLoss::kSigmoidCrossEntropy ? " is outside [0, 1], which sigmoid cross-entropy takes"
+                                                       : " is not finite"));
 }
 
 inline absl::Status UnknownBuffer(const void* buffer) {

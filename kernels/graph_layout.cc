@@ -513,6 +513,20 @@ GraphConfig CtrModelAsGraph(const CtrModelConfig& c) {
   return g;
 }
 
+std::vector<int> CtrTensorsOfGraph(const CtrModelConfig& config) {
+  const std::map<std::string, std::string> renamed = {{"logit.bias", "bias"}, {"dense_lin.weight", "dense.weight"}};
+  std::map<std::string, int> kind_index;
+  const std::vector<TensorInfo> kind = CtrDenseTensors(config);
+  for (size_t t = 0; t < kind.size(); ++t) kind_index[kind[t].name] = static_cast<int>(t);
+  std::vector<int> mapped;
+  for (const TensorInfo& tensor : GraphDenseTensors(CtrModelAsGraph(config))) {
+    const auto rename = renamed.find(tensor.name);
+    const auto found = kind_index.find(rename == renamed.end() ? tensor.name : rename->second);
+    mapped.push_back(found == kind_index.end() ? -1 : found->second);
+  }
+  return mapped;
+}
+
 int32_t GraphOutputWidth(const GraphConfig& config) {
   const std::vector<GraphShape> shapes = GraphShapes(config);
   return shapes.empty() ? 0 : static_cast<int32_t>(shapes.back().width());

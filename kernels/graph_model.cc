@@ -61,9 +61,10 @@ void Axpy(int64_t n, float scale, const float* y, float* x) {
 
 }  // namespace
 
-GraphModel::GraphModel(GraphConfig config)
+GraphModel::GraphModel(GraphConfig config, Backend* backend)
     : config_(std::move(config)), config_status_(ValidateGraphConfig(config_)) {
   if (!config_status_.ok()) return;  // every call fails
+  if (backend != nullptr) on_backend_ = MakeOnBackend(backend);
   dense_tensors_ = GraphDenseTensors(config_);
   tables_ = GraphTables(config_);
   loss_ = GraphLossOf(config_);
@@ -536,8 +537,17 @@ absl::Status GraphModel::ForwardBackward(const GraphBatch& batch, const CtrParam
   for (size_t t = 0; t < tables_.size(); ++t) {
     if (batch.unique_rows[t] > 0 && grads.tables[t] == nullptr) return Bad("a grads.tables pointer is null");
   }
+  double loss_sum = 0;
+  if (on_backend_ != nullptr) {
+    RETURN_IF_ERROR(RunOnBackend(batch, params, &grads, &loss_sum, outputs));
+    if (stats != nullptr) {
+      stats->loss_sum += loss_sum;
+      stats->count += batch.batch;
+    }
+    return absl::OkStatus();
+  }
   RunForward(batch, params);
-  const double loss_sum = Loss(batch);
+  loss_sum = Loss(batch);
   RunBackward(batch, params, grads);
   Report(batch, loss_sum, stats, outputs);
   return absl::OkStatus();
@@ -545,6 +555,15 @@ absl::Status GraphModel::ForwardBackward(const GraphBatch& batch, const CtrParam
 
 absl::Status GraphModel::Forward(const GraphBatch& batch, const CtrParams& params, CtrStats* stats, float* outputs) {
   RETURN_IF_ERROR(ValidateInputs(batch, params, /*need_labels=*/stats != nullptr));
+  if (on_backend_ != nullptr) {
+    double loss_sum = 0;
+    RETURN_IF_ERROR(RunOnBackend(batch, params, nullptr, stats != nullptr ? &loss_sum : nullptr, outputs));
+    if (stats != nullptr) {
+      stats->loss_sum += loss_sum;
+      stats->count += batch.batch;
+    }
+    return absl::OkStatus();
+  }
   RunForward(batch, params);
   const double loss_sum = stats != nullptr ? Loss(batch) : 0.0;
   Report(batch, loss_sum, stats, outputs);

@@ -30,10 +30,12 @@
 #define FULCRUM_KERNELS_GRAPH_MODEL_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/backend.h"
 #include "kernels/ctr_model.h"
 
 namespace fulcrum {
@@ -131,6 +133,12 @@ std::vector<std::vector<int32_t>> GraphTableFields(const GraphConfig& config);
 // bias's); the tables keep theirs.
 GraphConfig CtrModelAsGraph(const CtrModelConfig& config);
 
+// For each dense tensor of CtrModelAsGraph(config), in its order: the index
+// of the kind's tensor (CtrDenseTensors(config)) that it is, or -1 for
+// "dense_lin.bias" (an extra bias: held at 0, its gradient is the kind's
+// "bias"'s, which the kind's own tensor already gets).
+std::vector<int> CtrTensorsOfGraph(const CtrModelConfig& config);
+
 // A graph over dense data (FASHION_MNIST, SYNTHETIC) runs on the workers'
 // backend as the MLP of kernels/mlp.h: DENSE_INPUT, then LINEAR layers, each
 // but the last followed by one ACTIVATION (one kind throughout), the last
@@ -161,11 +169,26 @@ struct GraphBatch {
   std::vector<int32_t> unique_rows;
 };
 
-// Not thread-safe: one GraphModel per thread. Owns host scratch that is sized
-// on first use and only grows.
+// Not thread-safe: one GraphModel per thread. Owns scratch that is sized on
+// first use and only grows.
+//
+// With a backend, the model computes through its ops (a GPU's, for one): a
+// pass copies the dense parameters, the pulled rows and the batch into
+// backend memory, runs every layer there (the embedding layers through the
+// backend's embedding bags, the linear ones through its GEMM) and copies the
+// gradients and outputs back. Inputs are validated on the host first, with
+// the same errors as the host model's; the results equal the host model's
+// within float rounding (summation orders, the backend's GEMM precision).
+// The backend must outlive the model and is used from its thread only.
 class GraphModel {
  public:
-  explicit GraphModel(GraphConfig config);
+  explicit GraphModel(GraphConfig config, Backend* backend = nullptr);
+  ~GraphModel();
+  GraphModel(const GraphModel&) = delete;
+  GraphModel& operator=(const GraphModel&) = delete;
+
+  // The backend it computes on, or null for the host.
+  Backend* backend() const;
 
   const GraphConfig& config() const { return config_; }
   const std::vector<TensorInfo>& dense_tensors() const { return dense_tensors_; }
@@ -206,6 +229,16 @@ class GraphModel {
   void RunBackward(const GraphBatch& batch, const CtrParams& params, const CtrGrads& grads);
   void BackwardNode(int n, const GraphBatch& batch, const CtrParams& params, const CtrGrads& grads);
   void Report(const GraphBatch& batch, double loss_sum, CtrStats* stats, float* outputs) const;
+  // The backend's pass (graph_model_backend.cc): forward, the loss when
+  // `loss_sum` (its gradient too when `grads`), backward when `grads`; the
+  // outputs copied out when `outputs`. Inputs already validated.
+  struct OnBackend;
+  struct OnBackendDeleter {
+    void operator()(OnBackend* on_backend) const;
+  };
+  static std::unique_ptr<OnBackend, OnBackendDeleter> MakeOnBackend(Backend* backend);
+  absl::Status RunOnBackend(const GraphBatch& batch, const CtrParams& params, const CtrGrads* grads,
+                            double* loss_sum, float* outputs);
 
   GraphConfig config_;
   absl::Status config_status_;
@@ -216,6 +249,7 @@ class GraphModel {
   LossKind loss_ = LossKind::kSigmoidCrossEntropy;
 
   std::vector<std::vector<float>> out_, grad_;    // per layer [batch, width]
+  std::unique_ptr<OnBackend, OnBackendDeleter> on_backend_;  // null: the host computes
 };
 
 }  // namespace kernels

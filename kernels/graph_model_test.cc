@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "kernels/backend_test_util.h"
 #include "kernels/ctr_model.h"
 
 namespace fulcrum {
@@ -202,15 +203,14 @@ TEST(GraphModelTest, ThePresetKindsAsGraphsComputeWhatTheKindsCompute) {
     ASSERT_EQ(graph.tables().size(), CtrTables(c).size());
     Buffers mine = Shaped(graph.dense_tensors(), graph.tables(), rows.unique, 0.0f);
     mine.tables = kind.tables;  // same names, same order
-    std::map<std::string, std::string> kind_name = {{"logit.bias", "bias"}, {"dense_lin.weight", "dense.weight"}};
-    std::map<std::string, int> kind_index;
-    for (size_t t = 0; t < kind_tensors.size(); ++t) kind_index[kind_tensors[t].name] = static_cast<int>(t);
-    std::vector<int> mapped(graph.dense_tensors().size(), -1);
-    for (size_t t = 0; t < graph.dense_tensors().size(); ++t) {
-      std::string name = graph.dense_tensors()[t].name;
-      if (kind_name.count(name) > 0) name = kind_name[name];
-      if (kind_index.count(name) == 0) continue;  // dense_lin.bias: 0, its gradient is the bias's
-      mapped[t] = kind_index[name];
+    const std::vector<int> mapped = CtrTensorsOfGraph(c);
+    ASSERT_EQ(mapped.size(), graph.dense_tensors().size());
+    for (size_t t = 0; t < mapped.size(); ++t) {
+      if (mapped[t] < 0) {
+        EXPECT_EQ(graph.dense_tensors()[t].name, "dense_lin.bias");  // 0, its gradient is the bias's
+        continue;
+      }
+      EXPECT_EQ(graph.dense_tensors()[t].size, kind_tensors[static_cast<size_t>(mapped[t])].size);
       mine.dense[t] = kind.dense[static_cast<size_t>(mapped[t])];
     }
 
@@ -243,46 +243,62 @@ TEST(GraphModelTest, ThePresetKindsAsGraphsComputeWhatTheKindsCompute) {
   }
 }
 
-// A graph with every layer type, per-field and shared tables, checked
-// against central differences of its loss, for each loss.
+// A graph with every layer type, per-field and shared tables, ending in
+// `loss`.
+GraphConfig EveryLayerGraph(LossKind loss) {
+  GraphConfig g;
+  g.num_fields = 3;
+  g.num_dense = 2;
+  g.layers = {
+      Layer("dense", LayerType::kDenseInput),
+      Embedding("users", "a", 3, {0, 1}, BagCombiner::kMean),
+      Embedding("items", "b", 3, {2}),
+      Embedding("shared", "a", 3, {2}),
+      Layer("fields", LayerType::kConcat, {"users", "items"}),
+      Layer("fm", LayerType::kFm, {"fields"}),
+      Layer("dots", LayerType::kDot, {"users", "items", "shared"}),
+      Linear("hidden", "dense", 6),
+      Act("squash", "hidden", Activation::kTanh),
+      Layer("both", LayerType::kConcat, {"dots", "squash"}),
+      Linear("top", "both", 4),
+      Act("top_act", "top", Activation::kSigmoid),
+      Add("sum4", {"top_act", "top"}, /*bias=*/true),
+      Layer("total", LayerType::kReduceSum, {"sum4"}),
+      Add("logit", {"fm", "total"}, /*bias=*/true),
+  };
+  if (loss == LossKind::kSoftmaxCrossEntropy) {
+    g.layers.push_back(Linear("classes", "logit", 3));
+    g.layers.push_back(Loss("classes", loss));
+  } else {
+    g.layers.push_back(Loss("logit", loss));
+  }
+  return g;
+}
+
+// Random data for EveryLayerGraph(loss), with labels that loss takes.
+Data EveryLayerData(LossKind loss, int32_t batch, std::mt19937& rng) {
+  Data d = RandomData(batch, 3, 2, rng);
+  if (loss == LossKind::kSoftmaxCrossEntropy) {
+    for (int32_t e = 0; e < d.batch; ++e) d.labels[static_cast<size_t>(e)] = static_cast<float>(e % 3);
+  } else if (loss == LossKind::kMeanSquaredError) {
+    for (int32_t e = 0; e < d.batch; ++e) d.labels[static_cast<size_t>(e)] = 0.3f * static_cast<float>(e % 7) - 0.5f;
+  }
+  return d;
+}
+
+constexpr LossKind kAllLosses[] = {LossKind::kSigmoidCrossEntropy, LossKind::kSoftmaxCrossEntropy,
+                                   LossKind::kMeanSquaredError};
+
+// EveryLayerGraph checked against central differences of its loss, for each
+// loss.
 TEST(GraphModelTest, EveryLayersGradientMatchesFiniteDifferences) {
-  for (LossKind loss : {LossKind::kSigmoidCrossEntropy, LossKind::kSoftmaxCrossEntropy, LossKind::kMeanSquaredError}) {
+  for (LossKind loss : kAllLosses) {
     SCOPED_TRACE(static_cast<int>(loss));
-    GraphConfig g;
-    g.num_fields = 3;
-    g.num_dense = 2;
-    g.layers = {
-        Layer("dense", LayerType::kDenseInput),
-        Embedding("users", "a", 3, {0, 1}, BagCombiner::kMean),
-        Embedding("items", "b", 3, {2}),
-        Embedding("shared", "a", 3, {2}),
-        Layer("fields", LayerType::kConcat, {"users", "items"}),
-        Layer("fm", LayerType::kFm, {"fields"}),
-        Layer("dots", LayerType::kDot, {"users", "items", "shared"}),
-        Linear("hidden", "dense", 6),
-        Act("squash", "hidden", Activation::kTanh),
-        Layer("both", LayerType::kConcat, {"dots", "squash"}),
-        Linear("top", "both", 4),
-        Act("top_act", "top", Activation::kSigmoid),
-        Add("sum4", {"top_act", "top"}, /*bias=*/true),
-        Layer("total", LayerType::kReduceSum, {"sum4"}),
-        Add("logit", {"fm", "total"}, /*bias=*/true),
-    };
-    if (loss == LossKind::kSoftmaxCrossEntropy) {
-      g.layers.push_back(Linear("classes", "logit", 3));
-      g.layers.push_back(Loss("classes", loss));
-    } else {
-      g.layers.push_back(Loss("logit", loss));
-    }
+    const GraphConfig g = EveryLayerGraph(loss);
     ASSERT_TRUE(ValidateGraphConfig(g).ok()) << ValidateGraphConfig(g);
     EXPECT_EQ(GraphTableFields(g), (std::vector<std::vector<int32_t>>{{0, 1, 2}, {2}}));
     std::mt19937 rng(11);
-    Data d = RandomData(6, 3, 2, rng);
-    if (loss == LossKind::kSoftmaxCrossEntropy) {
-      for (int32_t e = 0; e < d.batch; ++e) d.labels[static_cast<size_t>(e)] = static_cast<float>(e % 3);
-    } else if (loss == LossKind::kMeanSquaredError) {
-      for (int32_t e = 0; e < d.batch; ++e) d.labels[static_cast<size_t>(e)] = 0.3f * static_cast<float>(e) - 0.5f;
-    }
+    const Data d = EveryLayerData(loss, 6, rng);
     const TableRows rows = RowsFor(d, GraphTableFields(g));
     GraphModel model(g);
     Buffers params = Shaped(model.dense_tensors(), model.tables(), rows.unique, 0.0f);
@@ -448,6 +464,107 @@ TEST(GraphModelTest, BadBatchesAreRefusedWithNothingWritten) {
   params.tables[0][0] = std::nanf("");
   if (rows.unique[0] > 0) refused(BatchOf(d, rows), "is not finite");
 }
+
+// --- On a backend --------------------------------------------------------------
+
+class GraphOnBackendTest : public BackendFixture {};
+
+// One pass of `g` on the host and on the backend from the same parameters:
+// the same loss, outputs and gradients within float rounding.
+void ExpectBackendComputesWhatTheHostComputes(Backend* backend, const GraphConfig& g, const Data& d, bool weights,
+                                              std::mt19937& rng) {
+  const TableRows rows = RowsFor(d, GraphTableFields(g));
+  GraphModel host(g), on_backend(g, backend);
+  ASSERT_EQ(on_backend.backend(), backend);
+  Buffers params = Shaped(host.dense_tensors(), host.tables(), rows.unique, 0.0f);
+  Randomize(&params, rng, 0.6f);
+  const GraphBatch batch = BatchOf(d, rows, weights);
+  const auto width = static_cast<size_t>(GraphOutputWidth(g));
+  Buffers want = Shaped(host.dense_tensors(), host.tables(), rows.unique, std::nanf(""));
+  Buffers got = Shaped(host.dense_tensors(), host.tables(), rows.unique, std::nanf(""));
+  CtrStats want_stats, got_stats;
+  std::vector<float> want_out(width * static_cast<size_t>(d.batch)), got_out(want_out.size(), std::nanf(""));
+  ASSERT_TRUE(host.ForwardBackward(batch, params.Params(), want.Grads(), &want_stats, want_out.data()).ok());
+  const absl::Status status = on_backend.ForwardBackward(batch, params.Params(), got.Grads(), &got_stats, got_out.data());
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_NEAR(got_stats.loss_sum, want_stats.loss_sum, 1e-5 * (1 + std::fabs(want_stats.loss_sum)));
+  EXPECT_EQ(got_stats.count, want_stats.count);
+  ExpectNear(want_out, got_out, "outputs");
+  for (size_t t = 0; t < want.dense.size(); ++t) ExpectNear(want.dense[t], got.dense[t], host.dense_tensors()[t].name);
+  for (size_t t = 0; t < want.tables.size(); ++t) ExpectNear(want.tables[t], got.tables[t], host.tables()[t].name);
+  // Forward only, with and without the loss.
+  CtrStats forward_stats;
+  std::fill(got_out.begin(), got_out.end(), std::nanf(""));
+  ASSERT_TRUE(on_backend.Forward(batch, params.Params(), &forward_stats, got_out.data()).ok());
+  EXPECT_NEAR(forward_stats.loss_sum, want_stats.loss_sum, 1e-5 * (1 + std::fabs(want_stats.loss_sum)));
+  ExpectNear(want_out, got_out, "forward outputs");
+  std::fill(got_out.begin(), got_out.end(), std::nanf(""));
+  GraphBatch unlabelled = batch;
+  unlabelled.labels = nullptr;
+  ASSERT_TRUE(on_backend.Forward(unlabelled, params.Params(), nullptr, got_out.data()).ok());
+  ExpectNear(want_out, got_out, "unlabelled outputs");
+}
+
+// Every layer type, each loss, weighted and plain bags, and a batch that
+// grows (the backend's buffers are sized again).
+TEST_P(GraphOnBackendTest, EveryLayerComputesWhatTheHostComputes) {
+  for (LossKind loss : kAllLosses) {
+    for (int32_t batch : {6, 45}) {
+      for (bool weights : {true, false}) {
+        SCOPED_TRACE(testing::Message() << "loss " << static_cast<int>(loss) << ", batch " << batch
+                                        << (weights ? ", weighted" : ""));
+        std::mt19937 rng(static_cast<uint32_t>(batch) + 13);
+        ExpectBackendComputesWhatTheHostComputes(backend_.get(), EveryLayerGraph(loss), EveryLayerData(loss, batch, rng),
+                                                 weights, rng);
+      }
+    }
+  }
+}
+
+// The preset kinds as graphs (the path a GPU worker takes for them).
+TEST_P(GraphOnBackendTest, ThePresetKindsComputeWhatTheHostComputes) {
+  CtrModelConfig deepfm;
+  deepfm.num_fields = 4;
+  deepfm.num_dense = 3;
+  deepfm.embedding_dim = 5;
+  deepfm.fm = true;
+  deepfm.hidden = {8, 6};
+  CtrModelConfig dlrm;
+  dlrm.num_fields = 3;
+  dlrm.num_dense = 5;
+  dlrm.embedding_dim = 4;
+  dlrm.linear = false;
+  dlrm.hidden = {6};
+  dlrm.dot_interaction = true;
+  dlrm.bottom = {7};
+  for (const CtrModelConfig& c : {deepfm, dlrm}) {
+    ASSERT_TRUE(ValidateCtrModelConfig(c).ok()) << ValidateCtrModelConfig(c);
+    std::mt19937 rng(17);
+    ExpectBackendComputesWhatTheHostComputes(backend_.get(), CtrModelAsGraph(c),
+                                             RandomData(33, c.num_fields, c.num_dense, rng), true, rng);
+  }
+}
+
+// Bad input is refused before the backend is touched, with the host's words.
+TEST_P(GraphOnBackendTest, BadInputIsRefusedAsOnTheHost) {
+  const GraphConfig g = EveryLayerGraph(LossKind::kSigmoidCrossEntropy);
+  std::mt19937 rng(19);
+  Data d = EveryLayerData(LossKind::kSigmoidCrossEntropy, 8, rng);
+  d.labels[3] = 0.5f;
+  const TableRows rows = RowsFor(d, GraphTableFields(g));
+  GraphModel host(g), on_backend(g, backend_.get());
+  const Buffers params = Shaped(host.dense_tensors(), host.tables(), rows.unique, 0.1f);
+  Buffers host_grads = Shaped(host.dense_tensors(), host.tables(), rows.unique, 7.0f);
+  Buffers grads = Shaped(host.dense_tensors(), host.tables(), rows.unique, 7.0f);
+  const absl::Status want = host.ForwardBackward(BatchOf(d, rows), params.Params(), host_grads.Grads(), nullptr);
+  const absl::Status got = on_backend.ForwardBackward(BatchOf(d, rows), params.Params(), grads.Grads(), nullptr);
+  EXPECT_EQ(want.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(got, want);
+  for (const auto& t : grads.dense) EXPECT_TRUE(std::all_of(t.begin(), t.end(), [](float x) { return x == 7.0f; }));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, GraphOnBackendTest, ::testing::ValuesIn(AllBackendFactories()),
+                         BackendTestName);
 
 }  // namespace
 }  // namespace kernels

@@ -305,7 +305,10 @@ absl::Status ValidateDenseGraph(const v1::JobSpec& spec) {
     valid = kernels::GraphAsMlp(graph.layers, mnist ? 10 : data.synthetic_classes(), &hidden, &activation, &names);
   }
   if (valid.ok()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("job spec: model.layers: ", valid.message()));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "job spec: model.layers: ", valid.message(), " (over ", v1::DataSpec::Dataset_Name(data.dataset()),
+      " a GRAPH is an MLP; other graphs train on click data: CSV files whose columns are the same features as "
+      "dense ones take any graph)"));
 }
 
 absl::Status ValidateClickJob(const v1::JobSpec& spec) {

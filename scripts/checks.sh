@@ -68,7 +68,7 @@ for check in "${CHECKS[@]}"; do
       # array; 36 s under ASan for nothing ASan could find).
       ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         run_ctest build-asan asan -L "unit|integration" \
-          -E "^(HalfArray|ClusterTest.ClickModelsApproach|Checkpoint|TableJoin|Observability|ServerFailover|ReReplication|ServerJoin|ServerLeave|Ssp|PushOverlap|WorkerJoin|SchedulerRestart|ReplacedServer|ReplicatedTables|ReplacedTableServer|StoppedPrimary|Chaos)" \
+          -E "^(HalfArray|ClusterTest.ClickModelsApproach|BackendClick|Checkpoint|TableJoin|Observability|ServerFailover|ReReplication|ServerJoin|ServerLeave|Ssp|PushOverlap|WorkerJoin|SchedulerRestart|ReplacedServer|ReplicatedTables|ReplacedTableServer|StoppedPrimary|Chaos)" \
           || rc=1
       # The fuzz targets are single-threaded and run for a fixed time each:
       # two at once, one a core.

@@ -27,7 +27,8 @@ fi
 
 rm -rf "$BUNDLE"
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/data/fashion-mnist" "$BUNDLE/bench" "$BUNDLE/examples"
-BINARIES=(fulcrum fulcrum-scheduler fulcrum-server fulcrum-worker fulcrum-gpu-bench fulcrum-train-bench kernels_test)
+BINARIES=(fulcrum fulcrum-scheduler fulcrum-server fulcrum-worker fulcrum-gpu-bench fulcrum-train-bench kernels_test
+          ctr_model_test fulcrum-ctr-model-bench)
 for b in "${BINARIES[@]}"; do cp "$BUILD_DIR/bin/$b" "$BUNDLE/bin/"; done
 cp "$BUILD_DIR/lib/libfulcrum_kernels_cuda.so" "$BUNDLE/lib/"
 
@@ -46,6 +47,7 @@ cp /usr/share/datasets/fashion-mnist/*.gz "$BUNDLE/data/fashion-mnist/"
 cp bench/torch_step_bench.py "$BUNDLE/bench/"
 sed "s#path: /usr/share/datasets/fashion-mnist#path: BUNDLE/data/fashion-mnist#" examples/fashion-mnist-mlp.yaml \
   > "$BUNDLE/examples/fashion-mnist-mlp.yaml"
+cp examples/ctr-synthetic.yaml "$BUNDLE/examples/"
 
 # Programs and libraries travel as one gzip'ed tar (42 MB -> 16 MB): a device
 # call carries at most 64 MiB, working tree included. gpu-check.sh unpacks it.

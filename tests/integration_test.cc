@@ -547,6 +547,63 @@ TEST_F(ClusterTest, ClickJobsRefuseWhatTheyCannotDoYet) {
   EXPECT_NE(id.status().message().find("SYNC applies to BSP jobs only"), std::string::npos) << id.status();
 }
 
+// Workers whose click models compute through their backend's ops (the path
+// a GPU worker takes: kernels::GraphModel on a backend, a preset kind as its
+// graph), here the CPU backend's.
+class BackendClickTest : public ClusterTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(2, 2, 1, {}, {"--click_models_on_backend"}); }
+};
+
+// A preset kind with a dense first-order term (DeepFM: its graph has a bias
+// the kind has not), DLRM's dot interaction, and a graph of the user's own,
+// in BSP: each approaches the ground truth as on the host (the margins of
+// ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer), and the
+// workers say where they computed.
+TEST_F(BackendClickTest, ClickModelsOnTheBackendApproachTheGroundTruthAuc) {
+  const std::vector<std::tuple<v1::ModelSpec::Kind, double>> cases = {
+      {v1::ModelSpec::DEEPFM, 0.06},
+      {v1::ModelSpec::DLRM, 0.08},
+      {v1::ModelSpec::GRAPH, 0.045},
+  };
+  for (const auto& [kind, margin] : cases) {
+    SCOPED_TRACE(v1::ModelSpec::Kind_Name(kind));
+    v1::JobSpec spec = ClickSpec(kind == v1::ModelSpec::GRAPH ? v1::ModelSpec::FM : kind, 2);
+    if (kind == v1::ModelSpec::GRAPH) {
+      // FM written as a graph, with a mean bag for the first-order ids.
+      v1::ModelSpec* model = spec.mutable_model();
+      model->set_kind(v1::ModelSpec::GRAPH);
+      model->clear_embedding_dim();
+      v1::LayerSpec* ids = AddLayer(model, "ids", v1::LayerSpec::EMBEDDING);
+      ids->set_table("linear");
+      ids->set_dim(1);
+      ids->set_combiner(v1::ModelSpec::MEAN);
+      v1::LayerSpec* emb = AddLayer(model, "emb", v1::LayerSpec::EMBEDDING);
+      emb->set_table("embedding");
+      emb->set_dim(4);
+      AddLayer(model, "wide", v1::LayerSpec::REDUCE_SUM, {"ids"});
+      AddLayer(model, "fm", v1::LayerSpec::FM, {"emb"});
+      AddLayer(model, "logit", v1::LayerSpec::ADD, {"wide", "fm"})->set_bias(true);
+      AddLayer(model, "loss", v1::LayerSpec::LOSS, {"logit"})->set_loss(v1::LayerSpec::SIGMOID_CROSS_ENTROPY);
+    }
+    spec.set_mode(v1::BSP);
+    v1::JobStatus done;
+    ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &done));
+    ASSERT_TRUE(done.progress().has_test_auc());
+    const double best = BestAuc(spec);
+    EXPECT_GE(done.progress().test_auc(), best - margin) << "best reachable " << best;
+    EXPECT_LE(done.progress().test_auc(), best + 0.005);
+    int said = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(cluster_->dir() + "/logs")) {
+      if (entry.path().filename().string().rfind("worker", 0) != 0) continue;
+      std::ifstream log(entry.path());
+      const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+      said += text.find("job " + done.job_id() + ": the click model computes on backend cpu") != std::string::npos;
+    }
+    EXPECT_EQ(said, 2) << "each worker computes on its backend";
+  }
+}
+
 // data.evalEverySteps: the test set is also evaluated between epoch ends,
 // at every multiple of it (BSP: global steps), each one a history point.
 // localSgd and gradientAccumulation through the whole cluster: the

@@ -58,9 +58,11 @@ absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vect
 v1::WorkReport ClickReadyReport(const v1::JobSpec& spec, const ClickData& data);
 
 // Trains until the job is through on this worker and then until it ends
-// (reporting DONE for its partitions), as Trainer::Train.
+// (reporting DONE for its partitions), as Trainer::Train. With `compute`
+// (a GPU's backend), the model's layers run on it (kernels::GraphModel on a
+// backend; a preset kind as its graph); null: on the host.
 absl::Status RunClickJob(const std::string& worker_id, const TrainerHooks& hooks, ParameterTransport* transport,
-                         const v1::Assignment& assignment, ClickData data);
+                         const v1::Assignment& assignment, ClickData data, kernels::Backend* compute = nullptr);
 
 }  // namespace fulcrum
 

@@ -23,6 +23,10 @@ ABSL_FLAG(bool, overlap_push, true,
 ABSL_FLAG(bool, prefetch_pull, true,
           "BSP: pull each layer's parameters for the next step as soon as this worker has pushed that layer, while "
           "the layers below are computed (false: pull the whole model after the pushes)");
+ABSL_FLAG(bool, click_models_on_backend, false,
+          "Compute click models (tables and layer graphs) through the --device backend even when it is the CPU's "
+          "(a GPU's computes them either way; on the CPU the host's fused models are faster): the GPU's code path, "
+          "for testing it without one");
 ABSL_FLAG(std::string, data_root, fulcrum::kDefaultDataRoots,
           "Comma-separated folders jobs may read datasets from (data.path must lie under one, symlinks resolved); "
           "\"/\" allows any path");
@@ -114,6 +118,7 @@ int Run(int argc, char** argv) {
   TransferOptions transfer;
   transfer.overlap_push = absl::GetFlag(FLAGS_overlap_push);
   transfer.prefetch_pull = absl::GetFlag(FLAGS_prefetch_pull);
+  transfer.click_models_on_backend = absl::GetFlag(FLAGS_click_models_on_backend);
   WorkerDaemon worker(backend.get(), RegisterMetrics(daemon.registry()), transfer, limits);
   // Workers serve no API of their own, but answer gRPC health checks (and
   // reflection) like every Fulcrum process.

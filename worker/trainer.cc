@@ -977,7 +977,12 @@ absl::Status TrainingRun::RunAsp() {
 }
 
 absl::Status Trainer::Train(const v1::Assignment& assignment) {
-  if (click_) return RunClickJob(worker_id_, hooks_, transport_, assignment, click_data_);
+  if (click_) {
+    kernels::Backend* compute =
+        backend_->HostMemory() && !transfer_.click_models_on_backend ? nullptr : backend_;
+    if (compute != nullptr) RETURN_IF_ERROR(compute->SetPrecision(ToPrecision(assignment.spec().precision())));
+    return RunClickJob(worker_id_, hooks_, transport_, assignment, click_data_, compute);
+  }
   TrainingRun run(this, assignment);
   RETURN_IF_ERROR(run.Init());
   if (assignment.spec().mode() == v1::ASP || assignment.spec().mode() == v1::SSP) {

@@ -90,6 +90,10 @@ struct TransferOptions {
   // the step is complete there), so the pull travels while the layers below
   // are still computed; false pulls the whole model after the pushes.
   bool prefetch_pull = true;
+  // Click models compute on the worker's backend when it is a device's (a
+  // GPU); on the CPU backend the host's models run them. True runs them
+  // through the backend even then: the GPU's path, tested without a GPU.
+  bool click_models_on_backend = false;
 };
 
 // What the operator lets one job claim on this worker (fulcrum-worker flags).

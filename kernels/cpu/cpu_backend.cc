@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -54,6 +55,13 @@ absl::Status CheckBags(const char* op, int bags, const int32_t* offsets, const i
     if (ids[j] < 0 || ids[j] >= table_rows) return checks::IdOutOfRange(op, j, ids[j], table_rows);
   }
   return absl::OkStatus();
+}
+
+// 1 / (1 + e^-z) without overflow for large |z|.
+float StableSigmoid(float z) {
+  if (z >= 0.0f) return 1.0f / (1.0f + std::exp(-z));
+  const float e = std::exp(z);
+  return e / (1.0f + e);
 }
 
 // Host memory for the pool: 256-byte aligned.
@@ -254,7 +262,8 @@ class CpuBackend : public Backend {
   }
 
   absl::Status EmbeddingBagForward(int bags, int dim, const int32_t* offsets, const int32_t* ids,
-                                   int64_t table_rows, const float* table, float* out) override {
+                                   const float* scales, int64_t table_rows, const float* table,
+                                   float* out) override {
     const char* op = "EmbeddingBagForward";
     RETURN_IF_ERROR(checks::BagArgs(op, bags, dim, offsets, table_rows, table, "table", out, "out"));
     RETURN_IF_ERROR(CheckBags(op, bags, offsets, ids, table_rows));
@@ -263,14 +272,16 @@ class CpuBackend : public Backend {
       std::fill(row, row + dim, 0.0f);
       for (int32_t j = offsets[b]; j < offsets[b + 1]; ++j) {
         const float* source = table + int64_t{ids[j]} * dim;
-        for (int d = 0; d < dim; ++d) row[d] += source[d];
+        const float scale = scales == nullptr ? 1.0f : scales[j];
+        for (int d = 0; d < dim; ++d) row[d] += scale * source[d];
       }
     }
     return absl::OkStatus();
   }
 
   absl::Status EmbeddingBagBackward(int bags, int dim, const int32_t* offsets, const int32_t* ids,
-                                    int64_t table_rows, const float* dout, float* dtable) override {
+                                    const float* scales, int64_t table_rows, const float* dout,
+                                    float* dtable) override {
     const char* op = "EmbeddingBagBackward";
     RETURN_IF_ERROR(checks::BagArgs(op, bags, dim, offsets, table_rows, dtable, "dtable", dout, "dout"));
     RETURN_IF_ERROR(CheckBags(op, bags, offsets, ids, table_rows));
@@ -278,15 +289,142 @@ class CpuBackend : public Backend {
       const float* grad = dout + int64_t{b} * dim;
       for (int32_t j = offsets[b]; j < offsets[b + 1]; ++j) {
         float* target = dtable + int64_t{ids[j]} * dim;
-        for (int d = 0; d < dim; ++d) target[d] += grad[d];
+        const float scale = scales == nullptr ? 1.0f : scales[j];
+        for (int d = 0; d < dim; ++d) target[d] += scale * grad[d];
       }
     }
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyColumns(int rows, int cols, const float* src, int src_ld, float* dst, int dst_ld,
+                           bool accumulate) override {
+    RETURN_IF_ERROR(checks::CopyColumnsArgs("CopyColumns", rows, cols, src, src_ld, dst, dst_ld));
+    for (int r = 0; r < rows; ++r) {
+      const float* from = src + int64_t{r} * src_ld;
+      float* to = dst + int64_t{r} * dst_ld;
+      if (accumulate) {
+        for (int c = 0; c < cols; ++c) to[c] += from[c];
+      } else {
+        std::copy_n(from, cols, to);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status FmForward(int rows, int vectors, int dim, const float* x, float* out) override {
+    RETURN_IF_ERROR(checks::InteractionArgs("FmForward", rows, vectors, dim, x, "out", out, rows));
+    sums_.resize(static_cast<size_t>(dim));
+    for (int r = 0; r < rows; ++r) {
+      const float* v = x + int64_t{r} * vectors * dim;
+      std::fill(sums_.begin(), sums_.end(), 0.0f);
+      float squares = 0.0f;
+      for (int i = 0; i < vectors; ++i) {
+        for (int d = 0; d < dim; ++d) {
+          const float value = v[int64_t{i} * dim + d];
+          sums_[static_cast<size_t>(d)] += value;
+          squares += value * value;
+        }
+      }
+      float sum_squared = 0.0f;
+      for (float s : sums_) sum_squared += s * s;
+      out[r] = 0.5f * (sum_squared - squares);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status FmBackward(int rows, int vectors, int dim, const float* x, const float* dout, float* dx) override {
+    const char* op = "FmBackward";
+    RETURN_IF_ERROR(checks::InteractionArgs(op, rows, vectors, dim, x, "dx", dx, int64_t{rows} * vectors * dim));
+    RETURN_IF_ERROR(checks::Ptr(op, "dout", dout, rows));
+    sums_.resize(static_cast<size_t>(dim));
+    for (int r = 0; r < rows; ++r) {
+      const int64_t base = int64_t{r} * vectors * dim;
+      std::fill(sums_.begin(), sums_.end(), 0.0f);
+      for (int i = 0; i < vectors; ++i) {
+        for (int d = 0; d < dim; ++d) sums_[static_cast<size_t>(d)] += x[base + int64_t{i} * dim + d];
+      }
+      for (int i = 0; i < vectors; ++i) {
+        for (int d = 0; d < dim; ++d) {
+          const int64_t at = base + int64_t{i} * dim + d;
+          dx[at] += dout[r] * (sums_[static_cast<size_t>(d)] - x[at]);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status PairwiseDotForward(int rows, int vectors, int dim, const float* x, float* out) override {
+    const int64_t pairs = int64_t{vectors} * (vectors - 1) / 2;
+    RETURN_IF_ERROR(checks::InteractionArgs("PairwiseDotForward", rows, vectors, dim, x, "out", out,
+                                            rows * pairs));
+    for (int r = 0; r < rows; ++r) {
+      const float* v = x + int64_t{r} * vectors * dim;
+      float* row = out + r * pairs;
+      int64_t p = 0;
+      for (int i = 0; i < vectors; ++i) {
+        for (int j = i + 1; j < vectors; ++j) {
+          float dot = 0.0f;
+          for (int d = 0; d < dim; ++d) dot += v[int64_t{i} * dim + d] * v[int64_t{j} * dim + d];
+          row[p++] = dot;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status PairwiseDotBackward(int rows, int vectors, int dim, const float* x, const float* dout,
+                                   float* dx) override {
+    const char* op = "PairwiseDotBackward";
+    const int64_t pairs = int64_t{vectors} * (vectors - 1) / 2;
+    RETURN_IF_ERROR(checks::InteractionArgs(op, rows, vectors, dim, x, "dx", dx, int64_t{rows} * vectors * dim));
+    RETURN_IF_ERROR(checks::Ptr(op, "dout", dout, rows * pairs));
+    for (int r = 0; r < rows; ++r) {
+      const float* v = x + int64_t{r} * vectors * dim;
+      float* dv = dx + int64_t{r} * vectors * dim;
+      const float* g = dout + r * pairs;
+      int64_t p = 0;
+      for (int i = 0; i < vectors; ++i) {
+        for (int j = i + 1; j < vectors; ++j) {
+          const float gij = g[p++];
+          for (int d = 0; d < dim; ++d) {
+            dv[int64_t{i} * dim + d] += gij * v[int64_t{j} * dim + d];
+            dv[int64_t{j} * dim + d] += gij * v[int64_t{i} * dim + d];
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status PointwiseLoss(PointLoss loss, int rows, const float* z, const float* labels, float grad_scale,
+                             float* dz, double* loss_sum) override {
+    const char* op = "PointwiseLoss";
+    RETURN_IF_ERROR(checks::FirstError({checks::PointLossValue(op, loss), checks::Dim(op, "rows", rows),
+                                        checks::Ptr(op, "z", z, rows), checks::Ptr(op, "labels", labels, rows)}));
+    for (int r = 0; r < rows; ++r) {
+      if (!checks::PointLabelOk(loss, labels[r])) return checks::BadPointLabel(r, labels[r], loss);
+    }
+    double total = 0;
+    for (int r = 0; r < rows; ++r) {
+      const float y = labels[r];
+      float gradient;
+      if (loss == PointLoss::kSigmoidCrossEntropy) {
+        total += std::max(z[r], 0.0f) - z[r] * y + std::log1p(std::exp(-std::fabs(z[r])));
+        gradient = StableSigmoid(z[r]) - y;
+      } else {
+        total += (z[r] - y) * (z[r] - y);
+        gradient = 2.0f * (z[r] - y);
+      }
+      if (dz != nullptr) dz[r] = gradient * grad_scale;
+    }
+    if (loss_sum != nullptr) *loss_sum += total;
     return absl::OkStatus();
   }
 
  private:
   CachingPool<HostAllocator> pool_{HostAllocator(), kMaxCachedHostBytes};
   absl::Status deferred_error_;  // first bad Free() since the last Synchronize()
+  std::vector<float> sums_;      // FM's per-dimension sums of one row
 };
 
 }  // namespace

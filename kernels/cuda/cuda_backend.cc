@@ -29,12 +29,15 @@ constexpr size_t kMaxCachedDownloadBytes = size_t{1} << 30;  // CopyToHostAsync 
 constexpr size_t kCublasWorkspace = size_t{32} << 20;  // NVIDIA's advice for Hopper
 constexpr int kCheckSlots = 256;
 constexpr size_t kCheckBytes = kCheckSlots * sizeof(unsigned long long);
-// After the check slots: the softmax scalars.
-struct SoftmaxScalars {
+// After the check slots: the loss scalars. SoftmaxCrossEntropy and
+// PointwiseLoss zero them, fill them and read them back before returning, so
+// they can share them (a call that does not return scalars never touches
+// them).
+struct LossScalars {
   double loss_sum;
   unsigned long long correct;
 };
-constexpr size_t kStateBytes = kCheckBytes + sizeof(SoftmaxScalars);
+constexpr size_t kStateBytes = kCheckBytes + sizeof(LossScalars);
 
 size_t RoundUp(size_t bytes, size_t to) { return (bytes + to - 1) / to * to; }
 
@@ -65,6 +68,15 @@ ActivationCode ToCode(Activation act) {
                     static_cast<int>(Activation::kSigmoid) == static_cast<int>(ActivationCode::kSigmoid),
                 "ActivationCode must mirror Activation");
   return static_cast<ActivationCode>(static_cast<int>(act));
+}
+
+PointLossCode ToCode(Backend::PointLoss loss) {
+  static_assert(static_cast<int>(Backend::PointLoss::kSigmoidCrossEntropy) ==
+                        static_cast<int>(PointLossCode::kSigmoidCrossEntropy) &&
+                    static_cast<int>(Backend::PointLoss::kSquaredError) ==
+                        static_cast<int>(PointLossCode::kSquaredError),
+                "PointLossCode must mirror Backend::PointLoss");
+  return static_cast<PointLossCode>(static_cast<int>(loss));
 }
 
 cublasOperation_t Op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
@@ -439,16 +451,7 @@ absl::Status CudaBackend::ReportChecks() {
   const auto* keys = static_cast<const unsigned long long*>(host_state_);
   absl::Status first = absl::OkStatus();
   for (const PendingCheck& check : pending_checks_) {
-    const unsigned long long key = keys[check.slot];
-    if (check.kind == PendingCheck::Kind::kLabels) {
-      if (key != kCheckClear) first = checks::LabelOutOfRange(CheckIndex(key), CheckValue(key), check.bound);
-    } else if (key != kCheckClear) {
-      first = checks::BadOffset(check.op, CheckIndex(key), CheckValue(key));
-    } else if (const unsigned long long id_key = keys[check.slot + 1]; id_key != kCheckClear) {
-      first = check.ids_null
-                  ? checks::NullIds(check.op)
-                  : checks::IdOutOfRange(check.op, CheckIndex(id_key), CheckValue(id_key), check.bound);
-    }
+    first = CheckFailure(check, keys);
     if (!first.ok()) break;
   }
   // Clear the slots for the next checks (queued before any of them).
@@ -458,6 +461,25 @@ absl::Status CudaBackend::ReportChecks() {
   pending_checks_.clear();
   checks_used_ = 0;
   return first;
+}
+
+absl::Status CudaBackend::CheckFailure(const PendingCheck& check, const unsigned long long* keys) {
+  const unsigned long long key = keys[check.slot];
+  switch (check.kind) {
+    case PendingCheck::Kind::kLabels:
+      if (key == kCheckClear) return absl::OkStatus();
+      return checks::LabelOutOfRange(CheckIndex(key), CheckValue(key), check.bound);
+    case PendingCheck::Kind::kPointLabels:
+      if (key == kCheckClear) return absl::OkStatus();
+      return checks::BadPointLabel(CheckIndex(key), CheckFloatValue(key), check.point_loss);
+    case PendingCheck::Kind::kBags:
+      break;
+  }
+  if (key != kCheckClear) return checks::BadOffset(check.op, CheckIndex(key), CheckValue(key));
+  const unsigned long long id_key = keys[check.slot + 1];
+  if (id_key == kCheckClear) return absl::OkStatus();
+  if (check.ids_null) return checks::NullIds(check.op);
+  return checks::IdOutOfRange(check.op, CheckIndex(id_key), CheckValue(id_key), check.bound);
 }
 
 // --- Ops ------------------------------------------------------------------------------
@@ -577,25 +599,25 @@ absl::Status CudaBackend::SoftmaxCrossEntropy(int rows, int classes, const float
                                       checks::Ptr(op, "labels", labels, rows)}));
   if (rows == 0) return absl::OkStatus();
   RETURN_IF_ERROR(UseDevice());
-  PendingCheck pending{PendingCheck::Kind::kLabels, op, classes, false, 0};
+  PendingCheck pending{PendingCheck::Kind::kLabels, op, classes, false, PointLoss{}, 0};
   ASSIGN_OR_RETURN(unsigned long long* check, ReserveChecks(pending, 1));
   RETURN_IF_ERROR(CudaError("SoftmaxCrossEntropy: label check launch",
                             LaunchCheckLabels(compute_, rows, classes, labels, check)));
   const bool want_scalars = loss_sum != nullptr || correct != nullptr;
-  auto* scalars = reinterpret_cast<SoftmaxScalars*>(static_cast<char*>(device_state_) + kCheckBytes);
+  auto* scalars = reinterpret_cast<LossScalars*>(static_cast<char*>(device_state_) + kCheckBytes);
   if (want_scalars) {
     RETURN_IF_ERROR(CudaError("SoftmaxCrossEntropy: cudaMemsetAsync",
-                              cudaMemsetAsync(scalars, 0, sizeof(SoftmaxScalars), compute_)));
+                              cudaMemsetAsync(scalars, 0, sizeof(LossScalars), compute_)));
   }
   RETURN_IF_ERROR(CudaError("SoftmaxCrossEntropy: kernel launch",
                             LaunchSoftmaxCrossEntropy(compute_, rows, classes, logits, labels, grad_scale,
                                                       dlogits, want_scalars ? &scalars->loss_sum : nullptr,
                                                       want_scalars ? &scalars->correct : nullptr, check)));
   if (!want_scalars) return absl::OkStatus();
-  auto* host_scalars = reinterpret_cast<SoftmaxScalars*>(static_cast<char*>(host_state_) + kCheckBytes);
+  auto* host_scalars = reinterpret_cast<LossScalars*>(static_cast<char*>(host_state_) + kCheckBytes);
   RETURN_IF_ERROR(CudaError(
       "SoftmaxCrossEntropy: cudaMemcpyAsync",
-      cudaMemcpyAsync(host_scalars, scalars, sizeof(SoftmaxScalars), cudaMemcpyDeviceToHost, compute_)));
+      cudaMemcpyAsync(host_scalars, scalars, sizeof(LossScalars), cudaMemcpyDeviceToHost, compute_)));
   RETURN_IF_ERROR(FinishCompute("SoftmaxCrossEntropy: cudaStreamSynchronize"));
   if (loss_sum != nullptr) *loss_sum += host_scalars->loss_sum;
   if (correct != nullptr) *correct += static_cast<int64_t>(host_scalars->correct);
@@ -620,31 +642,115 @@ absl::Status CudaBackend::UnpackHalf(HalfType type, int64_t n, const uint16_t* s
 }
 
 absl::Status CudaBackend::EmbeddingBagForward(int bags, int dim, const int32_t* offsets, const int32_t* ids,
-                                              int64_t table_rows, const float* table, float* out) {
+                                              const float* scales, int64_t table_rows, const float* table,
+                                              float* out) {
   const char* op = "EmbeddingBagForward";
   RETURN_IF_ERROR(checks::BagArgs(op, bags, dim, offsets, table_rows, table, "table", out, "out"));
   if (bags == 0) return absl::OkStatus();
   RETURN_IF_ERROR(UseDevice());
-  PendingCheck pending{PendingCheck::Kind::kBags, op, table_rows, ids == nullptr, 0};
+  PendingCheck pending{PendingCheck::Kind::kBags, op, table_rows, ids == nullptr, PointLoss{}, 0};
   ASSIGN_OR_RETURN(unsigned long long* bag_checks, ReserveChecks(pending, 2));
   RETURN_IF_ERROR(CudaError("EmbeddingBagForward: check launch",
                             LaunchCheckBags(compute_, bags, offsets, ids, table_rows, bag_checks)));
-  return CudaError("EmbeddingBagForward: kernel launch",
-                   LaunchEmbeddingBagForward(compute_, bags, dim, offsets, ids, table, out, bag_checks));
+  return CudaError(
+      "EmbeddingBagForward: kernel launch",
+      LaunchEmbeddingBagForward(compute_, bags, dim, offsets, ids, scales, table, out, bag_checks));
 }
 
 absl::Status CudaBackend::EmbeddingBagBackward(int bags, int dim, const int32_t* offsets, const int32_t* ids,
-                                               int64_t table_rows, const float* dout, float* dtable) {
+                                               const float* scales, int64_t table_rows, const float* dout,
+                                               float* dtable) {
   const char* op = "EmbeddingBagBackward";
   RETURN_IF_ERROR(checks::BagArgs(op, bags, dim, offsets, table_rows, dtable, "dtable", dout, "dout"));
   if (bags == 0) return absl::OkStatus();
   RETURN_IF_ERROR(UseDevice());
-  PendingCheck pending{PendingCheck::Kind::kBags, op, table_rows, ids == nullptr, 0};
+  PendingCheck pending{PendingCheck::Kind::kBags, op, table_rows, ids == nullptr, PointLoss{}, 0};
   ASSIGN_OR_RETURN(unsigned long long* bag_checks, ReserveChecks(pending, 2));
   RETURN_IF_ERROR(CudaError("EmbeddingBagBackward: check launch",
                             LaunchCheckBags(compute_, bags, offsets, ids, table_rows, bag_checks)));
-  return CudaError("EmbeddingBagBackward: kernel launch",
-                   LaunchEmbeddingBagBackward(compute_, bags, dim, offsets, ids, dout, dtable, bag_checks));
+  return CudaError(
+      "EmbeddingBagBackward: kernel launch",
+      LaunchEmbeddingBagBackward(compute_, bags, dim, offsets, ids, scales, dout, dtable, bag_checks));
+}
+
+absl::Status CudaBackend::CopyColumns(int rows, int cols, const float* src, int src_ld, float* dst,
+                                      int dst_ld, bool accumulate) {
+  RETURN_IF_ERROR(checks::CopyColumnsArgs("CopyColumns", rows, cols, src, src_ld, dst, dst_ld));
+  if (int64_t{rows} * cols == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(UseDevice());
+  return CudaError("CopyColumns: kernel launch",
+                   LaunchCopyColumns(compute_, rows, cols, src, src_ld, dst, dst_ld, accumulate));
+}
+
+absl::Status CudaBackend::FmForward(int rows, int vectors, int dim, const float* x, float* out) {
+  RETURN_IF_ERROR(checks::InteractionArgs("FmForward", rows, vectors, dim, x, "out", out, rows));
+  if (rows == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(UseDevice());
+  return CudaError("FmForward: kernel launch", LaunchFmForward(compute_, rows, vectors, dim, x, out));
+}
+
+absl::Status CudaBackend::FmBackward(int rows, int vectors, int dim, const float* x, const float* dout,
+                                     float* dx) {
+  const char* op = "FmBackward";
+  const int64_t elements = int64_t{rows} * vectors * dim;
+  RETURN_IF_ERROR(checks::InteractionArgs(op, rows, vectors, dim, x, "dx", dx, elements));
+  RETURN_IF_ERROR(checks::Ptr(op, "dout", dout, rows));
+  if (elements == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(UseDevice());
+  return CudaError("FmBackward: kernel launch", LaunchFmBackward(compute_, rows, vectors, dim, x, dout, dx));
+}
+
+absl::Status CudaBackend::PairwiseDotForward(int rows, int vectors, int dim, const float* x, float* out) {
+  const int64_t pairs = int64_t{vectors} * (vectors - 1) / 2;
+  RETURN_IF_ERROR(
+      checks::InteractionArgs("PairwiseDotForward", rows, vectors, dim, x, "out", out, rows * pairs));
+  if (rows * pairs == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(UseDevice());
+  return CudaError("PairwiseDotForward: kernel launch",
+                   LaunchPairwiseDotForward(compute_, rows, vectors, dim, x, out));
+}
+
+absl::Status CudaBackend::PairwiseDotBackward(int rows, int vectors, int dim, const float* x,
+                                              const float* dout, float* dx) {
+  const char* op = "PairwiseDotBackward";
+  const int64_t pairs = int64_t{vectors} * (vectors - 1) / 2;
+  const int64_t elements = int64_t{rows} * vectors * dim;
+  RETURN_IF_ERROR(checks::InteractionArgs(op, rows, vectors, dim, x, "dx", dx, elements));
+  RETURN_IF_ERROR(checks::Ptr(op, "dout", dout, rows * pairs));
+  if (elements == 0 || pairs == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(UseDevice());
+  return CudaError("PairwiseDotBackward: kernel launch",
+                   LaunchPairwiseDotBackward(compute_, rows, vectors, dim, x, dout, dx));
+}
+
+absl::Status CudaBackend::PointwiseLoss(PointLoss loss, int rows, const float* z, const float* labels,
+                                        float grad_scale, float* dz, double* loss_sum) {
+  const char* op = "PointwiseLoss";
+  RETURN_IF_ERROR(
+      checks::FirstError({checks::PointLossValue(op, loss), checks::Dim(op, "rows", rows),
+                          checks::Ptr(op, "z", z, rows), checks::Ptr(op, "labels", labels, rows)}));
+  if (rows == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(UseDevice());
+  PendingCheck pending{PendingCheck::Kind::kPointLabels, op, 0, false, loss, 0};
+  ASSIGN_OR_RETURN(unsigned long long* check, ReserveChecks(pending, 1));
+  RETURN_IF_ERROR(CudaError("PointwiseLoss: label check launch",
+                            LaunchCheckPointLabels(compute_, ToCode(loss), rows, labels, check)));
+  auto* scalars = reinterpret_cast<LossScalars*>(static_cast<char*>(device_state_) + kCheckBytes);
+  if (loss_sum != nullptr) {
+    RETURN_IF_ERROR(CudaError("PointwiseLoss: cudaMemsetAsync",
+                              cudaMemsetAsync(&scalars->loss_sum, 0, sizeof(double), compute_)));
+  }
+  RETURN_IF_ERROR(CudaError("PointwiseLoss: kernel launch",
+                            LaunchPointwiseLoss(compute_, ToCode(loss), rows, z, labels, grad_scale, dz,
+                                                loss_sum != nullptr ? &scalars->loss_sum : nullptr, check)));
+  if (loss_sum == nullptr) return absl::OkStatus();
+  auto* host_scalars = reinterpret_cast<LossScalars*>(static_cast<char*>(host_state_) + kCheckBytes);
+  RETURN_IF_ERROR(CudaError("PointwiseLoss: cudaMemcpyAsync",
+                            cudaMemcpyAsync(&host_scalars->loss_sum, &scalars->loss_sum, sizeof(double),
+                                            cudaMemcpyDeviceToHost, compute_)));
+  RETURN_IF_ERROR(FinishCompute("PointwiseLoss: cudaStreamSynchronize"));
+  *loss_sum += host_scalars->loss_sum;
+  return absl::OkStatus();
 }
 
 }  // namespace cuda

@@ -22,10 +22,10 @@
 // checked there by a kernel that runs before the op, and the op writes
 // nothing when the check fails. The failure is reported, with the same
 // message the CPU backend gives, by the next call that waits for the device:
-// SoftmaxCrossEntropy when it returns loss or correct counts, CopyToHost or
-// Synchronize. Errors of the CUDA runtime or cuBLAS come back as
-// RESOURCE_EXHAUSTED (out of memory) or INTERNAL naming the operation and the
-// CUDA error; nothing exits or aborts.
+// SoftmaxCrossEntropy when it returns loss or correct counts, PointwiseLoss
+// when it returns the loss, CopyToHost or Synchronize. Errors of the CUDA
+// runtime or cuBLAS come back as RESOURCE_EXHAUSTED (out of memory) or
+// INTERNAL naming the operation and the CUDA error; nothing exits or aborts.
 //
 // Not thread-safe; use one backend per thread. Each public call makes the
 // backend's device current on the calling thread.
@@ -123,9 +123,24 @@ class CudaBackend : public Backend {
   absl::Status PackHalf(HalfType type, int64_t n, const float* src, uint16_t* dst) override;
   absl::Status UnpackHalf(HalfType type, int64_t n, const uint16_t* src, float* dst) override;
   absl::Status EmbeddingBagForward(int bags, int dim, const int32_t* offsets, const int32_t* ids,
-                                   int64_t table_rows, const float* table, float* out) override;
+                                   const float* scales, int64_t table_rows, const float* table,
+                                   float* out) override;
   absl::Status EmbeddingBagBackward(int bags, int dim, const int32_t* offsets, const int32_t* ids,
-                                    int64_t table_rows, const float* dout, float* dtable) override;
+                                    const float* scales, int64_t table_rows, const float* dout,
+                                    float* dtable) override;
+  absl::Status CopyColumns(int rows, int cols, const float* src, int src_ld, float* dst, int dst_ld,
+                           bool accumulate) override;
+  absl::Status FmForward(int rows, int vectors, int dim, const float* x, float* out) override;
+  absl::Status FmBackward(int rows, int vectors, int dim, const float* x, const float* dout,
+                          float* dx) override;
+  absl::Status PairwiseDotForward(int rows, int vectors, int dim, const float* x, float* out) override;
+  absl::Status PairwiseDotBackward(int rows, int vectors, int dim, const float* x, const float* dout,
+                                   float* dx) override;
+  // Syncs the compute stream when loss_sum is requested (a host scalar); with
+  // loss_sum null it only enqueues work and a bad label surfaces from the
+  // next call that waits.
+  absl::Status PointwiseLoss(PointLoss loss, int rows, const float* z, const float* labels, float grad_scale,
+                             float* dz, double* loss_sum) override;
 
  private:
   // A CopyToHostAsync in flight.
@@ -141,12 +156,16 @@ class CudaBackend : public Backend {
 
   // A device-side data check waiting to be read back.
   struct PendingCheck {
-    enum class Kind { kLabels, kBags } kind;
+    enum class Kind { kLabels, kBags, kPointLabels } kind;
     const char* op;
-    int64_t bound;  // classes or table_rows
-    bool ids_null;  // kBags: ids was null
-    int slot;       // first check slot (kBags uses two)
+    int64_t bound;         // classes or table_rows
+    bool ids_null;         // kBags: ids was null
+    PointLoss point_loss;  // kPointLabels: the loss the labels are for (else unused)
+    int slot;              // first check slot (kBags uses two)
   };
+  // The error a finished check reports (OK when it passed); `keys` is the
+  // host copy of the check slots.
+  static absl::Status CheckFailure(const PendingCheck& check, const unsigned long long* keys);
 
   explicit CudaBackend(int device);
   absl::Status Init();
@@ -176,7 +195,7 @@ class CudaBackend : public Backend {
   void* cublas_workspace_ = nullptr;
   void* gemm_scratch_ = nullptr;  // bf16 copies of GEMM inputs
   size_t gemm_scratch_bytes_ = 0;
-  // Device state: check slots, then the softmax scalars (loss, correct).
+  // Device state: check slots, then the loss scalars (loss, correct).
   void* device_state_ = nullptr;
   // Pinned host mirror of device_state_, for reading it back.
   void* host_state_ = nullptr;

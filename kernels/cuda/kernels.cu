@@ -251,30 +251,204 @@ __device__ __forceinline__ bool BagsChecked(const unsigned long long* checks) {
   return checks[0] == kCheckClear && checks[1] == kCheckClear;
 }
 
+__device__ __forceinline__ float BagScale(const float* scales, int32_t j) {
+  return scales == nullptr ? 1.0f : scales[j];
+}
+
 // One block per bag, threads across dim; sums in id order like the CPU.
 __global__ void EmbeddingBagForwardKernel(int bags, int dim, const int32_t* offsets, const int32_t* ids,
-                                          const float* table, float* out, const unsigned long long* checks) {
+                                          const float* scales, const float* table, float* out,
+                                          const unsigned long long* checks) {
   if (!BagsChecked(checks)) return;
   for (int64_t b = blockIdx.x; b < bags; b += gridDim.x) {
     const int32_t start = offsets[b], end = offsets[b + 1];
     for (int d = threadIdx.x; d < dim; d += blockDim.x) {
       float sum = 0.0f;
-      for (int32_t j = start; j < end; ++j) sum += table[static_cast<int64_t>(ids[j]) * dim + d];
+      for (int32_t j = start; j < end; ++j) {
+        sum += BagScale(scales, j) * table[static_cast<int64_t>(ids[j]) * dim + d];
+      }
       out[b * dim + d] = sum;
     }
   }
 }
 
 __global__ void EmbeddingBagBackwardKernel(int bags, int dim, const int32_t* offsets, const int32_t* ids,
-                                           const float* dout, float* dtable,
+                                           const float* scales, const float* dout, float* dtable,
                                            const unsigned long long* checks) {
   if (!BagsChecked(checks)) return;
   for (int64_t b = blockIdx.x; b < bags; b += gridDim.x) {
     const int32_t start = offsets[b], end = offsets[b + 1];
     for (int d = threadIdx.x; d < dim; d += blockDim.x) {
       const float grad = dout[b * dim + d];
-      for (int32_t j = start; j < end; ++j) atomicAdd(&dtable[static_cast<int64_t>(ids[j]) * dim + d], grad);
+      for (int32_t j = start; j < end; ++j) {
+        atomicAdd(&dtable[static_cast<int64_t>(ids[j]) * dim + d], BagScale(scales, j) * grad);
+      }
     }
+  }
+}
+
+// --- Strided copy ------------------------------------------------------------------
+
+__global__ void CopyColumnsKernel(int rows, int cols, const float* __restrict__ src, int src_ld,
+                                  float* __restrict__ dst, int dst_ld, bool accumulate) {
+  const int64_t n = static_cast<int64_t>(rows) * cols;
+  for (int64_t k = GlobalThread(); k < n; k += GridThreads()) {
+    const int64_t r = k / cols, c = k - r * cols;
+    const float value = src[r * src_ld + c];
+    float* to = dst + r * dst_ld + c;
+    *to = accumulate ? *to + value : value;
+  }
+}
+
+// --- Interactions over x[rows, vectors, dim] -------------------------------------
+
+// The sum of `value` over the block (blockDim.x a multiple of 32, at most
+// kThreads), returned to every thread. Every thread of the block must call it.
+__device__ float BlockSum(float value) {
+  __shared__ float warp_sums[kThreads / kWarp];
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(kFullMask, value, offset);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  __syncthreads();  // the previous call's readers are done with warp_sums
+  if (lane == 0) warp_sums[warp] = value;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) total += warp_sums[w];
+  return total;
+}
+
+// One block per row (grid-stride), threads across dim.
+__global__ void FmForwardKernel(int rows, int vectors, int dim, const float* x, float* out) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* v = x + r * vectors * dim;
+    float sum_squared = 0.0f, squares = 0.0f;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+      float sum = 0.0f;
+      for (int64_t i = 0; i < vectors; ++i) {
+        const float value = v[i * dim + d];
+        sum += value;
+        squares += value * value;
+      }
+      sum_squared += sum * sum;
+    }
+    sum_squared = BlockSum(sum_squared);
+    squares = BlockSum(squares);
+    if (threadIdx.x == 0) out[r] = 0.5f * (sum_squared - squares);
+  }
+}
+
+// One thread per (r, d).
+__global__ void FmBackwardKernel(int rows, int vectors, int dim, const float* x, const float* dout,
+                                 float* dx) {
+  const int64_t n = static_cast<int64_t>(rows) * dim;
+  for (int64_t k = GlobalThread(); k < n; k += GridThreads()) {
+    const int64_t r = k / dim, d = k - r * dim;
+    const int64_t base = r * vectors * dim + d;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < vectors; ++i) sum += x[base + i * dim];
+    const float grad = dout[r];
+    for (int64_t i = 0; i < vectors; ++i) {
+      const int64_t at = base + i * dim;
+      dx[at] += grad * (sum - x[at]);
+    }
+  }
+}
+
+// The index of pair (i, j), i < j, among the pairs of `vectors` in i-major
+// order.
+__device__ __forceinline__ int64_t PairIndex(int64_t i, int64_t j, int64_t vectors) {
+  return i * vectors - i * (i + 1) / 2 + (j - i - 1);
+}
+
+// One thread per (r, i, j); only j > i computes.
+__global__ void PairwiseDotForwardKernel(int rows, int vectors, int dim, const float* x, float* out) {
+  const int64_t per_row = static_cast<int64_t>(vectors) * vectors;
+  const int64_t pairs = static_cast<int64_t>(vectors) * (vectors - 1) / 2;
+  const int64_t n = rows * per_row;
+  for (int64_t k = GlobalThread(); k < n; k += GridThreads()) {
+    const int64_t r = k / per_row, ij = k - r * per_row;
+    const int64_t i = ij / vectors, j = ij - i * vectors;
+    if (j <= i) continue;
+    const float* a = x + (r * vectors + i) * dim;
+    const float* b = x + (r * vectors + j) * dim;
+    float dot = 0.0f;
+    for (int d = 0; d < dim; ++d) dot += a[d] * b[d];
+    out[r * pairs + PairIndex(i, j, vectors)] = dot;
+  }
+}
+
+// One thread per (r, i, d), adding over j in ascending order as the CPU does.
+__global__ void PairwiseDotBackwardKernel(int rows, int vectors, int dim, const float* x, const float* dout,
+                                          float* dx) {
+  const int64_t pairs = static_cast<int64_t>(vectors) * (vectors - 1) / 2;
+  const int64_t per_row = static_cast<int64_t>(vectors) * dim;
+  const int64_t n = rows * per_row;
+  for (int64_t k = GlobalThread(); k < n; k += GridThreads()) {
+    const int64_t r = k / per_row, id = k - r * per_row;
+    const int64_t i = id / dim, d = id - i * dim;
+    const float* v = x + r * per_row + d;
+    const float* g = dout + r * pairs;
+    float acc = dx[k];
+    for (int64_t j = 0; j < vectors; ++j) {
+      if (j == i) continue;
+      const int64_t p = j < i ? PairIndex(j, i, vectors) : PairIndex(i, j, vectors);
+      acc += g[p] * v[j * dim];
+    }
+    dx[k] = acc;
+  }
+}
+
+// --- Pointwise loss ----------------------------------------------------------------
+
+// checks::PointLabelOk on the device.
+__device__ __forceinline__ bool PointLabelOk(PointLossCode loss, float label) {
+  if (loss == PointLossCode::kSigmoidCrossEntropy) return label >= 0.0f && label <= 1.0f;
+  return isfinite(label);
+}
+
+__global__ void CheckPointLabelsKernel(PointLossCode loss, int rows, const float* labels,
+                                       unsigned long long* check) {
+  for (int64_t i = GlobalThread(); i < rows; i += GridThreads()) {
+    const float label = labels[i];
+    if (!PointLabelOk(loss, label)) atomicMin(check, CheckKey(i, __float_as_int(label)));
+  }
+}
+
+// 1 / (1 + e^-z) without overflow for large |z|.
+__device__ __forceinline__ float StableSigmoid(float z) {
+  if (z >= 0.0f) return 1.0f / (1.0f + expf(-z));
+  const float e = expf(z);
+  return e / (1.0f + e);
+}
+
+// One thread per row (grid-stride); blocks reduce the loss in double before
+// one atomic each.
+__global__ void PointwiseLossKernel(PointLossCode loss, int rows, const float* z, const float* labels,
+                                    float grad_scale, float* dz, double* loss_sum,
+                                    const unsigned long long* check) {
+  if (*check != kCheckClear) return;  // a bad label: write nothing
+  __shared__ double block_loss[kThreads / kWarp];
+  double total = 0.0;
+  for (int64_t r = GlobalThread(); r < rows; r += GridThreads()) {
+    const float zr = z[r], y = labels[r];
+    float gradient;
+    if (loss == PointLossCode::kSigmoidCrossEntropy) {
+      total += fmaxf(zr, 0.0f) - zr * y + log1pf(expf(-fabsf(zr)));
+      gradient = StableSigmoid(zr) - y;
+    } else {
+      total += (zr - y) * (zr - y);
+      gradient = 2.0f * (zr - y);
+    }
+    if (dz != nullptr) dz[r] = gradient * grad_scale;
+  }
+  if (loss_sum == nullptr) return;
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) total += __shfl_xor_sync(kFullMask, total, offset);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (lane == 0) block_loss[warp] = total;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double block_total = 0.0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) block_total += block_loss[w];
+    atomicAdd(loss_sum, block_total);
   }
 }
 
@@ -407,20 +581,77 @@ cudaError_t LaunchCheckBags(cudaStream_t stream, int bags, const int32_t* offset
 }
 
 cudaError_t LaunchEmbeddingBagForward(cudaStream_t stream, int bags, int dim, const int32_t* offsets,
-                                      const int32_t* ids, const float* table, float* out,
+                                      const int32_t* ids, const float* scales, const float* table, float* out,
                                       const unsigned long long* checks) {
   if (static_cast<int64_t>(bags) * dim == 0) return cudaSuccess;
-  EmbeddingBagForwardKernel<<<Blocks(bags, 1), RowThreads(dim), 0, stream>>>(bags, dim, offsets, ids, table,
-                                                                             out, checks);
+  EmbeddingBagForwardKernel<<<Blocks(bags, 1), RowThreads(dim), 0, stream>>>(bags, dim, offsets, ids, scales,
+                                                                             table, out, checks);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchEmbeddingBagBackward(cudaStream_t stream, int bags, int dim, const int32_t* offsets,
-                                       const int32_t* ids, const float* dout, float* dtable,
-                                       const unsigned long long* checks) {
+                                       const int32_t* ids, const float* scales, const float* dout,
+                                       float* dtable, const unsigned long long* checks) {
   if (static_cast<int64_t>(bags) * dim == 0) return cudaSuccess;
-  EmbeddingBagBackwardKernel<<<Blocks(bags, 1), RowThreads(dim), 0, stream>>>(bags, dim, offsets, ids, dout,
-                                                                              dtable, checks);
+  EmbeddingBagBackwardKernel<<<Blocks(bags, 1), RowThreads(dim), 0, stream>>>(bags, dim, offsets, ids, scales,
+                                                                              dout, dtable, checks);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCopyColumns(cudaStream_t stream, int rows, int cols, const float* src, int src_ld,
+                              float* dst, int dst_ld, bool accumulate) {
+  const int64_t n = static_cast<int64_t>(rows) * cols;
+  if (n == 0) return cudaSuccess;
+  CopyColumnsKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(rows, cols, src, src_ld, dst, dst_ld,
+                                                                  accumulate);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFmForward(cudaStream_t stream, int rows, int vectors, int dim, const float* x, float* out) {
+  if (rows == 0) return cudaSuccess;
+  // At least one warp, so that dim == 0 still writes zeros.
+  const int threads = dim > kWarp ? RowThreads(dim) : kWarp;
+  FmForwardKernel<<<Blocks(rows, 1), threads, 0, stream>>>(rows, vectors, dim, x, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFmBackward(cudaStream_t stream, int rows, int vectors, int dim, const float* x,
+                             const float* dout, float* dx) {
+  const int64_t n = static_cast<int64_t>(rows) * dim;
+  if (n * vectors == 0) return cudaSuccess;
+  FmBackwardKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(rows, vectors, dim, x, dout, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPairwiseDotForward(cudaStream_t stream, int rows, int vectors, int dim, const float* x,
+                                     float* out) {
+  if (rows == 0 || vectors < 2) return cudaSuccess;  // no pairs
+  const int64_t n = static_cast<int64_t>(rows) * vectors * vectors;
+  PairwiseDotForwardKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(rows, vectors, dim, x, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPairwiseDotBackward(cudaStream_t stream, int rows, int vectors, int dim, const float* x,
+                                      const float* dout, float* dx) {
+  const int64_t n = static_cast<int64_t>(rows) * vectors * dim;
+  if (n == 0 || vectors < 2) return cudaSuccess;  // nothing to add to
+  PairwiseDotBackwardKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(rows, vectors, dim, x, dout, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCheckPointLabels(cudaStream_t stream, PointLossCode loss, int rows, const float* labels,
+                                   unsigned long long* check) {
+  if (rows == 0) return cudaSuccess;
+  CheckPointLabelsKernel<<<Blocks(rows, kThreads), kThreads, 0, stream>>>(loss, rows, labels, check);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPointwiseLoss(cudaStream_t stream, PointLossCode loss, int rows, const float* z,
+                                const float* labels, float grad_scale, float* dz, double* loss_sum,
+                                const unsigned long long* check) {
+  if (rows == 0) return cudaSuccess;
+  PointwiseLossKernel<<<Blocks(rows, kThreads), kThreads, 0, stream>>>(loss, rows, z, labels, grad_scale, dz,
+                                                                       loss_sum, check);
   return cudaGetLastError();
 }
 

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace fulcrum {
 namespace kernels {
@@ -19,6 +20,9 @@ namespace cuda {
 
 // Mirrors kernels::Activation (cuda_backend.cc maps one to the other).
 enum class ActivationCode : int { kNone = 0, kRelu = 1, kTanh = 2, kSigmoid = 3 };
+
+// Mirrors kernels::Backend::PointLoss (cuda_backend.cc maps one to the other).
+enum class PointLossCode : int { kSigmoidCrossEntropy = 0, kSquaredError = 1 };
 
 // --- Device-side data checks ------------------------------------------------
 // A check slot is one unsigned 64-bit word in device memory, kCheckClear when
@@ -30,6 +34,13 @@ constexpr unsigned long long kCheckClear = ~0ull;
 
 inline unsigned long long CheckIndex(unsigned long long key) { return key >> 32; }
 inline int32_t CheckValue(unsigned long long key) { return static_cast<int32_t>(key & 0xFFFFFFFFull); }
+// The value of a check on float data, stored as the float's bits.
+inline float CheckFloatValue(unsigned long long key) {
+  const uint32_t bits = static_cast<uint32_t>(key & 0xFFFFFFFFull);
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
 
 // Makes sure this binary holds code the current device can run (no
 // "no kernel image is available" at the first real launch).
@@ -71,15 +82,51 @@ cudaError_t LaunchUnpackHalf(cudaStream_t stream, bool bf16, int64_t n, const ui
 // ids is null).
 cudaError_t LaunchCheckBags(cudaStream_t stream, int bags, const int32_t* offsets, const int32_t* ids,
                             int64_t table_rows, unsigned long long* checks);
-// out[b, :] = sum of table rows of bag b. Does nothing unless both checks
-// are clear.
+// out[b, :] = sum of scales[j] * table[ids[j], :] over bag b (scales null:
+// all 1). Does nothing unless both checks are clear.
 cudaError_t LaunchEmbeddingBagForward(cudaStream_t stream, int bags, int dim, const int32_t* offsets,
-                                      const int32_t* ids, const float* table, float* out,
+                                      const int32_t* ids, const float* scales, const float* table, float* out,
                                       const unsigned long long* checks);
-// dtable[ids[j], :] += dout[b, :] with atomicAdd. Same gating.
+// dtable[ids[j], :] += scales[j] * dout[b, :] with atomicAdd. Same gating.
 cudaError_t LaunchEmbeddingBagBackward(cudaStream_t stream, int bags, int dim, const int32_t* offsets,
-                                       const int32_t* ids, const float* dout, float* dtable,
-                                       const unsigned long long* checks);
+                                       const int32_t* ids, const float* scales, const float* dout,
+                                       float* dtable, const unsigned long long* checks);
+
+// dst[r, c] = src[r, c] (or += with accumulate) for r < rows, c < cols, rows
+// strided by src_ld and dst_ld. One thread per element.
+cudaError_t LaunchCopyColumns(cudaStream_t stream, int rows, int cols, const float* src, int src_ld,
+                              float* dst, int dst_ld, bool accumulate);
+
+// --- Interactions over x[rows, vectors, dim] ---------------------------------
+// out[r] = 0.5 * sum_d [(sum_i x[r, i, d])^2 - sum_i x[r, i, d]^2]; one
+// block per row, threads across dim.
+cudaError_t LaunchFmForward(cudaStream_t stream, int rows, int vectors, int dim, const float* x, float* out);
+// dx[r, i, d] += dout[r] * (sum_j x[r, j, d] - x[r, i, d]); one thread per
+// (r, d).
+cudaError_t LaunchFmBackward(cudaStream_t stream, int rows, int vectors, int dim, const float* x,
+                             const float* dout, float* dx);
+// out[r, p] = x[r, i, :] . x[r, j, :] for the pairs i < j (i major); one
+// thread per (r, i, j), those with j <= i idle.
+cudaError_t LaunchPairwiseDotForward(cudaStream_t stream, int rows, int vectors, int dim, const float* x,
+                                     float* out);
+// dx[r, i, d] += sum over j != i of dout[r, pair(i, j)] * x[r, j, d], in
+// ascending j; one thread per (r, i, d), so no atomics.
+cudaError_t LaunchPairwiseDotBackward(cudaStream_t stream, int rows, int vectors, int dim, const float* x,
+                                      const float* dout, float* dx);
+
+// --- Pointwise loss -------------------------------------------------------------
+// Records the first label the loss does not take (sigmoid cross-entropy:
+// outside [0, 1]; squared error: not finite; NaN for both) in *check, the
+// value as the float's bits (CheckFloatValue).
+cudaError_t LaunchCheckPointLabels(cudaStream_t stream, PointLossCode loss, int rows, const float* labels,
+                                   unsigned long long* check);
+// The loss of each row of z[rows] against labels[rows]; writes dz[r] =
+// gradient * grad_scale when dz is non-null and adds the summed loss to
+// *loss_sum when non-null (a device pointer). Does nothing when *check is not
+// kCheckClear.
+cudaError_t LaunchPointwiseLoss(cudaStream_t stream, PointLossCode loss, int rows, const float* z,
+                                const float* labels, float grad_scale, float* dz, double* loss_sum,
+                                const unsigned long long* check);
 
 }  // namespace cuda
 }  // namespace kernels

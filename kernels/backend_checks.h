@@ -87,12 +87,12 @@ inline absl::Status BagArgs(const char* op, int bags, int dim, const int32_t* of
 // CopyColumns' shape: rows and cols >= 0, each ld >= cols, the pointers
 // non-null when there is anything to copy.
 inline absl::Status CopyColumnsArgs(const char* op, int rows, int cols, const void* src, int src_ld,
-                                   const void* dst, int dst_ld) {
+                                    const void* dst, int dst_ld) {
   absl::Status dims = FirstError({Dim(op, "rows", rows), Dim(op, "cols", cols)});
   if (!dims.ok()) return dims;
   if (src_ld < cols || dst_ld < cols) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": src_ld = ", src_ld, " and dst_ld = ", dst_ld,
-                                                   " must both be >= cols = ", cols));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": src_ld = ", src_ld, " and dst_ld = ", dst_ld, " must both be >= cols = ", cols));
   }
   const int64_t elements = int64_t{rows} * cols;
   return FirstError({Ptr(op, "src", src, elements), Ptr(op, "dst", dst, elements)});
@@ -146,10 +146,10 @@ inline absl::Status IdOutOfRange(const char* op, int64_t index, int64_t id, int6
 }
 
 inline absl::Status BadPointLabel(int64_t index, float label, Backend::PointLoss loss) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "PointwiseLoss: labels[", index, "] = ", label,
-      loss == Backend::PointLoss::kSigmoidCrossEntropy ? " is outside [0, 1], which sigmoid cross-entropy takes"
-                                                       : " is not finite"));
+  return absl::InvalidArgumentError(absl::StrCat("PointwiseLoss: labels[", index, "] = ", label,
+                                                 loss == Backend::PointLoss::kSigmoidCrossEntropy
+                                                     ? " is outside [0, 1], which sigmoid cross-entropy takes"
+                                                     : " is not finite"));
 }
 
 inline absl::Status UnknownBuffer(const void* buffer) {

@@ -839,7 +839,8 @@ TEST_P(BackendTest, EmbeddingBagForwardMatchesNaiveWeightedSum) {
     Buffer scales = In(weights);
     ASSERT_TRUE(backend()
                     ->EmbeddingBagForward(b.bags, dim, offsets.get<int32_t>(), ids.get<int32_t>(),
-                                          weighted ? scales.get() : nullptr, table_rows, table_dev.get(), out.get())
+                                          weighted ? scales.get() : nullptr, table_rows, table_dev.get(),
+                                          out.get())
                     .ok());
     std::vector<double> expected(b.bags * dim, 0.0), scale(b.bags * dim, 0.0);
     for (int bag = 0; bag < b.bags; ++bag) {
@@ -890,18 +891,20 @@ TEST_P(BackendTest, EmbeddingBagAllEmptyBagsGiveZerosAndNeedNoIds) {
   const int bags = 3, dim = 4, table_rows = 5;
   Buffer offsets = In(std::vector<int32_t>(bags + 1, 0));
   Buffer table = In(RandomVector(table_rows * dim, 44)), out = In(Poisoned(bags * dim));
-  ASSERT_TRUE(Settled(backend(), backend()->EmbeddingBagForward(bags, dim, offsets.get<int32_t>(), nullptr, nullptr,
-                                                                table_rows, table.get(), out.get()))
+  ASSERT_TRUE(Settled(backend(), backend()->EmbeddingBagForward(bags, dim, offsets.get<int32_t>(), nullptr,
+                                                                nullptr, table_rows, table.get(), out.get()))
                   .ok());
   EXPECT_EQ(Out<float>(out, bags * dim), std::vector<float>(bags * dim, 0.0f));
   const std::vector<float> dtable0 = RandomVector(table_rows * dim, 45);
   Buffer dtable = In(dtable0), dout = In(RandomVector(bags * dim, 46));
-  ASSERT_TRUE(Settled(backend(), backend()->EmbeddingBagBackward(bags, dim, offsets.get<int32_t>(), nullptr, nullptr,
-                                                                 table_rows, dout.get(), dtable.get()))
-                  .ok());
+  ASSERT_TRUE(
+      Settled(backend(), backend()->EmbeddingBagBackward(bags, dim, offsets.get<int32_t>(), nullptr, nullptr,
+                                                         table_rows, dout.get(), dtable.get()))
+          .ok());
   EXPECT_EQ(Out<float>(dtable, dtable0.size()), dtable0);
-  EXPECT_TRUE(
-      backend()->EmbeddingBagForward(0, dim, nullptr, nullptr, nullptr, table_rows, table.get(), nullptr).ok());
+  EXPECT_TRUE(backend()
+                  ->EmbeddingBagForward(0, dim, nullptr, nullptr, nullptr, table_rows, table.get(), nullptr)
+                  .ok());
 }
 
 TEST_P(BackendTest, EmbeddingBagRejectsBadOffsetsAndIds) {
@@ -928,16 +931,17 @@ TEST_P(BackendTest, EmbeddingBagRejectsBadOffsetsAndIds) {
     const int32_t* ids_ptr = c.null_ids ? nullptr : ids.get<int32_t>();
     Buffer out = In(Poisoned(2 * dim));
     absl::Status status =
-        Settled(backend(), backend()->EmbeddingBagForward(2, dim, offsets.get<int32_t>(), ids_ptr, nullptr, table_rows,
-                                                          table.get(), out.get()));
+        Settled(backend(), backend()->EmbeddingBagForward(2, dim, offsets.get<int32_t>(), ids_ptr, nullptr,
+                                                          table_rows, table.get(), out.get()));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_NE(status.message().find("EmbeddingBagForward: " + c.message), std::string::npos)
         << status.message();
     for (float v : Out<float>(out, 2 * dim)) EXPECT_TRUE(std::isnan(v)) << "outputs must be untouched";
 
     Buffer dtable = In(dtable0);
-    status = Settled(backend(), backend()->EmbeddingBagBackward(2, dim, offsets.get<int32_t>(), ids_ptr, nullptr,
-                                                                table_rows, dout.get(), dtable.get()));
+    status =
+        Settled(backend(), backend()->EmbeddingBagBackward(2, dim, offsets.get<int32_t>(), ids_ptr, nullptr,
+                                                           table_rows, dout.get(), dtable.get()));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_NE(status.message().find("EmbeddingBagBackward: " + c.message), std::string::npos)
         << status.message();
@@ -948,24 +952,25 @@ TEST_P(BackendTest, EmbeddingBagRejectsBadOffsetsAndIds) {
 TEST_P(BackendTest, EmbeddingBagRejectsNegativeDimsAndNullBuffers) {
   Buffer offsets = In(std::vector<int32_t>{0, 1}), ids = In(std::vector<int32_t>{0});
   Buffer table = In(std::vector<float>(4)), out = In(std::vector<float>(4));
-  EXPECT_EQ(
-      backend()
-          ->EmbeddingBagForward(-1, 4, offsets.get<int32_t>(), ids.get<int32_t>(), nullptr, 1, table.get(), out.get())
-          .code(),
-      absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      backend()
-          ->EmbeddingBagForward(1, 4, offsets.get<int32_t>(), ids.get<int32_t>(), nullptr, -1, table.get(), out.get())
-          .code(),
-      absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      backend()->EmbeddingBagForward(1, 4, nullptr, ids.get<int32_t>(), nullptr, 1, table.get(), out.get()).code(),
-      absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      backend()
-          ->EmbeddingBagBackward(1, 4, offsets.get<int32_t>(), ids.get<int32_t>(), nullptr, 1, out.get(), nullptr)
-          .code(),
-      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend()
+                ->EmbeddingBagForward(-1, 4, offsets.get<int32_t>(), ids.get<int32_t>(), nullptr, 1,
+                                      table.get(), out.get())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend()
+                ->EmbeddingBagForward(1, 4, offsets.get<int32_t>(), ids.get<int32_t>(), nullptr, -1,
+                                      table.get(), out.get())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend()
+                ->EmbeddingBagForward(1, 4, nullptr, ids.get<int32_t>(), nullptr, 1, table.get(), out.get())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend()
+                ->EmbeddingBagBackward(1, 4, offsets.get<int32_t>(), ids.get<int32_t>(), nullptr, 1,
+                                       out.get(), nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // --- Graph ops: strided copies, interactions, pointwise losses -------------------------
@@ -977,7 +982,9 @@ TEST_P(BackendTest, CopyColumnsCopiesAndAddsBetweenStrides) {
   for (bool accumulate : {false, true}) {
     SCOPED_TRACE(accumulate ? "accumulate" : "copy");
     Buffer src_dev = In(src), dst = In(dst0);
-    ASSERT_TRUE(backend()->CopyColumns(rows, cols, src_dev.get() + 2, src_ld, dst.get() + 1, dst_ld, accumulate).ok());
+    ASSERT_TRUE(backend()
+                    ->CopyColumns(rows, cols, src_dev.get() + 2, src_ld, dst.get() + 1, dst_ld, accumulate)
+                    .ok());
     std::vector<float> expected = dst0;
     for (int r = 0; r < rows; ++r) {
       for (int c = 0; c < cols; ++c) {
@@ -999,109 +1006,137 @@ TEST_P(BackendTest, CopyColumnsCopiesAndAddsBetweenStrides) {
 
 // x[rows, vectors, dim] from a seed.
 struct Interaction {
-  int rows = 6, vectors = 5, dim = 9;
+  int rows = 6, vectors = 5, dim;
   std::vector<float> x;
-  explicit Interaction(uint32_t seed) : x(RandomVector(int64_t{6} * 5 * 9, seed)) {}
+  Interaction(uint32_t seed, int d) : dim(d), x(RandomVector(int64_t{6} * 5 * d, seed)) {}
   double at(int r, int i, int d) const { return x[(static_cast<size_t>(r) * vectors + i) * dim + d]; }
 };
 
-TEST_P(BackendTest, FmForwardAndBackwardMatchTheFormula) {
-  const Interaction in(62);
-  const int n = in.rows * in.vectors * in.dim;
-  const std::vector<float> dout = RandomVector(in.rows, 63);
-  const std::vector<float> dx0 = RandomVector(n, 64);
-  Buffer x = In(in.x), out = In(Poisoned(in.rows)), dout_dev = In(dout), dx = In(dx0);
-  ASSERT_TRUE(backend()->FmForward(in.rows, in.vectors, in.dim, x.get(), out.get()).ok());
-  ASSERT_TRUE(backend()->FmBackward(in.rows, in.vectors, in.dim, x.get(), dout_dev.get(), dx.get()).ok());
-  std::vector<double> expected(in.rows), scale(in.rows);
-  std::vector<double> expected_dx(dx0.begin(), dx0.end()), scale_dx(n, 1.0);
-  for (int r = 0; r < in.rows; ++r) {
-    for (int d = 0; d < in.dim; ++d) {
-      double sum = 0, squares = 0;
-      for (int i = 0; i < in.vectors; ++i) {
-        sum += in.at(r, i, d);
-        squares += in.at(r, i, d) * in.at(r, i, d);
-      }
-      expected[r] += 0.5 * (sum * sum - squares);
-      scale[r] += sum * sum + squares;
-      for (int i = 0; i < in.vectors; ++i) {
-        expected_dx[(static_cast<size_t>(r) * in.vectors + i) * in.dim + d] += dout[r] * (sum - in.at(r, i, d));
-      }
-    }
-  }
-  ExpectAllClose(Out<float>(out, in.rows), expected, scale);
-  ExpectAllClose(Out<float>(dx, n), expected_dx, scale_dx);
-  EXPECT_EQ(backend()->FmForward(in.rows, -1, in.dim, x.get(), out.get()).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(backend()->FmBackward(in.rows, in.vectors, in.dim, x.get(), nullptr, dx.get()).code(),
-            absl::StatusCode::kInvalidArgument);
-}
+// Dims of one warp or less, several warps, and more than a block's threads.
+constexpr int kInteractionDims[] = {9, 40, 300};
 
-TEST_P(BackendTest, PairwiseDotForwardAndBackwardMatchTheFormula) {
-  const Interaction in(65);
-  const int n = in.rows * in.vectors * in.dim, pairs = in.vectors * (in.vectors - 1) / 2;
-  const std::vector<float> dout = RandomVector(in.rows * pairs, 66);
-  const std::vector<float> dx0 = RandomVector(n, 67);
-  Buffer x = In(in.x), out = In(Poisoned(in.rows * pairs)), dout_dev = In(dout), dx = In(dx0);
-  ASSERT_TRUE(backend()->PairwiseDotForward(in.rows, in.vectors, in.dim, x.get(), out.get()).ok());
-  ASSERT_TRUE(backend()->PairwiseDotBackward(in.rows, in.vectors, in.dim, x.get(), dout_dev.get(), dx.get()).ok());
-  std::vector<double> expected(in.rows * pairs), scale(in.rows * pairs);
-  std::vector<double> expected_dx(dx0.begin(), dx0.end()), scale_dx(n, 1.0);
-  for (int r = 0; r < in.rows; ++r) {
-    int p = 0;
-    for (int i = 0; i < in.vectors; ++i) {
-      for (int j = i + 1; j < in.vectors; ++j, ++p) {
-        for (int d = 0; d < in.dim; ++d) {
-          expected[r * pairs + p] += in.at(r, i, d) * in.at(r, j, d);
-          scale[r * pairs + p] += std::fabs(in.at(r, i, d) * in.at(r, j, d));
-          const double g = dout[r * pairs + p];
-          expected_dx[(static_cast<size_t>(r) * in.vectors + i) * in.dim + d] += g * in.at(r, j, d);
-          expected_dx[(static_cast<size_t>(r) * in.vectors + j) * in.dim + d] += g * in.at(r, i, d);
+TEST_P(BackendTest, FmForwardAndBackwardMatchTheFormula) {
+  for (int dim : kInteractionDims) {
+    SCOPED_TRACE(dim);
+    const Interaction in(62, dim);
+    const int n = in.rows * in.vectors * in.dim;
+    const std::vector<float> dout = RandomVector(in.rows, 63);
+    const std::vector<float> dx0 = RandomVector(n, 64);
+    Buffer x = In(in.x), out = In(Poisoned(in.rows)), dout_dev = In(dout), dx = In(dx0);
+    ASSERT_TRUE(backend()->FmForward(in.rows, in.vectors, in.dim, x.get(), out.get()).ok());
+    ASSERT_TRUE(backend()->FmBackward(in.rows, in.vectors, in.dim, x.get(), dout_dev.get(), dx.get()).ok());
+    std::vector<double> expected(in.rows), scale(in.rows);
+    std::vector<double> expected_dx(dx0.begin(), dx0.end()), scale_dx(n, 1.0);
+    for (int r = 0; r < in.rows; ++r) {
+      for (int d = 0; d < in.dim; ++d) {
+        double sum = 0, squares = 0;
+        for (int i = 0; i < in.vectors; ++i) {
+          sum += in.at(r, i, d);
+          squares += in.at(r, i, d) * in.at(r, i, d);
+        }
+        expected[r] += 0.5 * (sum * sum - squares);
+        scale[r] += sum * sum + squares;
+        for (int i = 0; i < in.vectors; ++i) {
+          expected_dx[(static_cast<size_t>(r) * in.vectors + i) * in.dim + d] +=
+              dout[r] * (sum - in.at(r, i, d));
         }
       }
     }
+    ExpectAllClose(Out<float>(out, in.rows), expected, scale);
+    ExpectAllClose(Out<float>(dx, n), expected_dx, scale_dx);
+    EXPECT_EQ(backend()->FmForward(in.rows, -1, in.dim, x.get(), out.get()).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(backend()->FmBackward(in.rows, in.vectors, in.dim, x.get(), nullptr, dx.get()).code(),
+              absl::StatusCode::kInvalidArgument);
   }
-  ExpectAllClose(Out<float>(out, in.rows * pairs), expected, scale);
-  ExpectAllClose(Out<float>(dx, n), expected_dx, scale_dx);
-  // One vector has no pairs: nothing to write, nothing to read.
-  EXPECT_TRUE(backend()->PairwiseDotForward(in.rows, 1, in.dim, x.get(), nullptr).ok());
-  EXPECT_EQ(backend()->PairwiseDotForward(in.rows, in.vectors, in.dim, nullptr, out.get()).code(),
-            absl::StatusCode::kInvalidArgument);
 }
 
-TEST_P(BackendTest, PointwiseLossesMatchTheirFormulas) {
-  const int rows = 40;
-  std::vector<float> z = RandomVector(rows, 68, -30.0f, 30.0f);
-  z[0] = 90.0f;  // beyond exp's float range both ways: the loss stays finite
-  z[1] = -90.0f;
-  const std::vector<float> soft = RandomVector(rows, 69, 0.0f, 1.0f);
-  const std::vector<float> values = RandomVector(rows, 70, -5.0f, 5.0f);
-  const float grad_scale = 0.25f;
-  for (Backend::PointLoss loss : {Backend::PointLoss::kSigmoidCrossEntropy, Backend::PointLoss::kSquaredError}) {
-    const bool sigmoid = loss == Backend::PointLoss::kSigmoidCrossEntropy;
-    SCOPED_TRACE(sigmoid ? "sigmoid cross-entropy" : "squared error");
-    const std::vector<float>& labels = sigmoid ? soft : values;
-    Buffer z_dev = In(z), labels_dev = In(labels), dz = In(Poisoned(rows));
-    double loss_sum = 1.0;  // added to
-    ASSERT_TRUE(backend()->PointwiseLoss(loss, rows, z_dev.get(), labels_dev.get(), grad_scale, dz.get(), &loss_sum).ok());
-    double expected_sum = 1.0, scale_sum = 1.0;
-    std::vector<double> expected(rows);
-    for (int r = 0; r < rows; ++r) {
-      const double zr = z[r], y = labels[r];
-      if (sigmoid) {
-        expected_sum += std::max(zr, 0.0) - zr * y + std::log1p(std::exp(-std::fabs(zr)));
-        expected[r] = (1 / (1 + std::exp(-zr)) - y) * grad_scale;
-      } else {
-        expected_sum += (zr - y) * (zr - y);
-        expected[r] = 2 * (zr - y) * grad_scale;
+TEST_P(BackendTest, PairwiseDotForwardAndBackwardMatchTheFormula) {
+  for (int dim : kInteractionDims) {
+    SCOPED_TRACE(dim);
+    const Interaction in(65, dim);
+    const int n = in.rows * in.vectors * in.dim, pairs = in.vectors * (in.vectors - 1) / 2;
+    const std::vector<float> dout = RandomVector(in.rows * pairs, 66);
+    const std::vector<float> dx0 = RandomVector(n, 67);
+    Buffer x = In(in.x), out = In(Poisoned(in.rows * pairs)), dout_dev = In(dout), dx = In(dx0);
+    ASSERT_TRUE(backend()->PairwiseDotForward(in.rows, in.vectors, in.dim, x.get(), out.get()).ok());
+    ASSERT_TRUE(
+        backend()->PairwiseDotBackward(in.rows, in.vectors, in.dim, x.get(), dout_dev.get(), dx.get()).ok());
+    std::vector<double> expected(in.rows * pairs), scale(in.rows * pairs);
+    std::vector<double> expected_dx(dx0.begin(), dx0.end()), scale_dx(n, 1.0);
+    for (int r = 0; r < in.rows; ++r) {
+      int p = 0;
+      for (int i = 0; i < in.vectors; ++i) {
+        for (int j = i + 1; j < in.vectors; ++j, ++p) {
+          for (int d = 0; d < in.dim; ++d) {
+            expected[r * pairs + p] += in.at(r, i, d) * in.at(r, j, d);
+            scale[r * pairs + p] += std::fabs(in.at(r, i, d) * in.at(r, j, d));
+            const double g = dout[r * pairs + p];
+            expected_dx[(static_cast<size_t>(r) * in.vectors + i) * in.dim + d] += g * in.at(r, j, d);
+            expected_dx[(static_cast<size_t>(r) * in.vectors + j) * in.dim + d] += g * in.at(r, i, d);
+          }
+        }
       }
-      scale_sum += std::fabs(zr) + std::fabs(zr - y) * std::fabs(zr - y);
     }
-    EXPECT_NEAR(loss_sum, expected_sum, 1e-5 * scale_sum);
-    ExpectAllClose(Out<float>(dz, rows), expected, std::vector<double>(rows, 10.0));
-    // Without a sum or a gradient asked for, nothing is written.
-    ASSERT_TRUE(Settled(backend(), backend()->PointwiseLoss(loss, rows, z_dev.get(), labels_dev.get(), 1.0f, nullptr,
-                                                            nullptr))
-                    .ok());
+    ExpectAllClose(Out<float>(out, in.rows * pairs), expected, scale);
+    ExpectAllClose(Out<float>(dx, n), expected_dx, scale_dx);
+    // One vector has no pairs: nothing to write, nothing to read.
+    EXPECT_TRUE(backend()->PairwiseDotForward(in.rows, 1, in.dim, x.get(), nullptr).ok());
+    EXPECT_EQ(backend()->PairwiseDotForward(in.rows, in.vectors, in.dim, nullptr, out.get()).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// 40 rows (one block) and 10,000 (many blocks adding their sums).
+TEST_P(BackendTest, PointwiseLossesMatchTheirFormulas) {
+  for (int rows : {40, 10000}) {
+    SCOPED_TRACE(rows);
+    std::vector<float> z = RandomVector(rows, 68, -30.0f, 30.0f);
+    z[0] = 90.0f;  // beyond exp's float range both ways: the loss stays finite
+    z[1] = -90.0f;
+    const std::vector<float> soft = RandomVector(rows, 69, 0.0f, 1.0f);
+    const std::vector<float> values = RandomVector(rows, 70, -5.0f, 5.0f);
+    const float grad_scale = 0.25f;
+    for (Backend::PointLoss loss :
+         {Backend::PointLoss::kSigmoidCrossEntropy, Backend::PointLoss::kSquaredError}) {
+      const bool sigmoid = loss == Backend::PointLoss::kSigmoidCrossEntropy;
+      SCOPED_TRACE(sigmoid ? "sigmoid cross-entropy" : "squared error");
+      const std::vector<float>& labels = sigmoid ? soft : values;
+      double expected_sum = 1.0, scale_sum = 1.0;
+      std::vector<double> expected(rows);
+      for (int r = 0; r < rows; ++r) {
+        const double zr = z[r], y = labels[r];
+        if (sigmoid) {
+          expected_sum += std::max(zr, 0.0) - zr * y + std::log1p(std::exp(-std::fabs(zr)));
+          expected[r] = (1 / (1 + std::exp(-zr)) - y) * grad_scale;
+        } else {
+          expected_sum += (zr - y) * (zr - y);
+          expected[r] = 2 * (zr - y) * grad_scale;
+        }
+        scale_sum += std::fabs(zr) + std::fabs(zr - y) * std::fabs(zr - y);
+      }
+      Buffer z_dev = In(z), labels_dev = In(labels);
+      // The sum and the gradient together, then each alone.
+      Buffer dz = In(Poisoned(rows));
+      double loss_sum = 1.0;  // added to
+      ASSERT_TRUE(
+          backend()
+              ->PointwiseLoss(loss, rows, z_dev.get(), labels_dev.get(), grad_scale, dz.get(), &loss_sum)
+              .ok());
+      EXPECT_NEAR(loss_sum, expected_sum, 1e-5 * scale_sum);
+      ExpectAllClose(Out<float>(dz, rows), expected, std::vector<double>(rows, 10.0));
+      Buffer dz_alone = In(Poisoned(rows));
+      ASSERT_TRUE(Settled(backend(), backend()->PointwiseLoss(loss, rows, z_dev.get(), labels_dev.get(),
+                                                              grad_scale, dz_alone.get(), nullptr))
+                      .ok());
+      ExpectAllClose(Out<float>(dz_alone, rows), expected, std::vector<double>(rows, 10.0));
+      double sum_alone = 1.0;
+      ASSERT_TRUE(
+          backend()
+              ->PointwiseLoss(loss, rows, z_dev.get(), labels_dev.get(), grad_scale, nullptr, &sum_alone)
+              .ok());
+      EXPECT_NEAR(sum_alone, expected_sum, 1e-5 * scale_sum);
+    }
   }
 }
 
@@ -1129,8 +1164,11 @@ TEST_P(BackendTest, PointwiseLossRejectsLabelsItsLossDoesNotTake) {
     EXPECT_EQ(loss_sum, 0.0);
     for (float v : Out<float>(dz, rows)) EXPECT_TRUE(std::isnan(v)) << "dz must be untouched";
   }
-  EXPECT_EQ(backend()->PointwiseLoss(static_cast<Backend::PointLoss>(7), rows, z.get(), z.get(), 1.0f, nullptr, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      backend()
+          ->PointwiseLoss(static_cast<Backend::PointLoss>(7), rows, z.get(), z.get(), 1.0f, nullptr, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, BackendTest, ::testing::ValuesIn(AllBackendFactories()),

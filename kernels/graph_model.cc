@@ -539,7 +539,8 @@ absl::Status GraphModel::ForwardBackward(const GraphBatch& batch, const CtrParam
   }
   double loss_sum = 0;
   if (on_backend_ != nullptr) {
-    RETURN_IF_ERROR(RunOnBackend(batch, params, &grads, &loss_sum, outputs));
+    // The loss is read back only when asked for (on a device, a wait).
+    RETURN_IF_ERROR(RunOnBackend(batch, params, &grads, stats != nullptr ? &loss_sum : nullptr, outputs));
     if (stats != nullptr) {
       stats->loss_sum += loss_sum;
       stats->count += batch.batch;

@@ -201,7 +201,8 @@ class GraphModel {
   // INVALID_ARGUMENT with nothing written for an invalid config, batch <= 0,
   // wrong pointer counts, null data, bad offsets or rows, a bad weight, a
   // label its loss does not take, or a non-finite dense feature, parameter
-  // or pulled row.
+  // or pulled row. On a backend, a failure after those checks (a device out
+  // of memory or lost) may leave `grads` and `outputs` partly written.
   absl::Status ForwardBackward(const GraphBatch& batch, const CtrParams& params, const CtrGrads& grads,
                                CtrStats* stats, float* outputs = nullptr);
 
@@ -239,6 +240,8 @@ class GraphModel {
   static std::unique_ptr<OnBackend, OnBackendDeleter> MakeOnBackend(Backend* backend);
   absl::Status RunOnBackend(const GraphBatch& batch, const CtrParams& params, const CtrGrads* grads,
                             double* loss_sum, float* outputs);
+  absl::Status PassOnBackend(const GraphBatch& batch, const CtrParams& params, const CtrGrads* grads,
+                             double* loss_sum, float* outputs);
 
   GraphConfig config_;
   absl::Status config_status_;
@@ -250,6 +253,34 @@ class GraphModel {
 
   std::vector<std::vector<float>> out_, grad_;    // per layer [batch, width]
   std::unique_ptr<OnBackend, OnBackendDeleter> on_backend_;  // null: the host computes
+};
+
+// A preset kind computed as its graph (CtrModelAsGraph), on a backend: how a
+// GPU worker runs the kinds. Parameters and gradients are the kind's
+// (CtrDenseTensors order, CtrTables order); the graph's one extra tensor,
+// "dense_lin.bias", is held at 0 here and its gradient (the kind's "bias"'s,
+// which that tensor already gets) dropped. Not thread-safe.
+class PresetAsGraph {
+ public:
+  PresetAsGraph(const CtrModelConfig& config, Backend* backend);
+
+  // OK, or why the kind has no graph (not expected of a valid kind).
+  const absl::Status& status() const { return status_; }
+  const GraphModel& graph() const { return graph_; }
+
+  // As GraphModel's, over the kind's tensors.
+  absl::Status ForwardBackward(const GraphBatch& batch, const CtrParams& params, const CtrGrads& grads,
+                               CtrStats* stats, float* outputs = nullptr);
+  absl::Status Forward(const GraphBatch& batch, const CtrParams& params, CtrStats* stats, float* outputs);
+
+ private:
+  CtrParams Mapped(const CtrParams& params);
+  CtrGrads Mapped(const CtrGrads& grads);
+
+  GraphModel graph_;
+  absl::Status status_;
+  std::vector<int> kind_of_;                             // per graph tensor: CtrTensorsOfGraph
+  std::vector<std::vector<float>> spare_, spare_grads_;  // per graph tensor without a kind's: zeros, a sink
 };
 
 }  // namespace kernels

@@ -40,11 +40,11 @@ class GrowingBuffer {
 struct GraphModel::OnBackend {
   explicit OnBackend(Backend* b) : backend(b) {}
   Backend* const backend;
-  std::vector<GrowingBuffer> out, grad;            // per layer [batch, width]
-  std::vector<GrowingBuffer> dense, dense_grads;   // per dense tensor
-  std::vector<GrowingBuffer> rows, row_grads;      // per table [unique rows, dim]
-  std::vector<GrowingBuffer> offsets, ids, scales; // per layer (EMBEDDING): its bags
-  std::vector<GrowingBuffer> joined, joined_grad;  // per layer (DOT): its inputs' vectors together
+  std::vector<GrowingBuffer> out, grad;             // per layer [batch, width]
+  std::vector<GrowingBuffer> dense, dense_grads;    // per dense tensor
+  std::vector<GrowingBuffer> rows, row_grads;       // per table [unique rows, dim]
+  std::vector<GrowingBuffer> offsets, ids, scales;  // per layer (EMBEDDING): its bags
+  std::vector<GrowingBuffer> joined, joined_grad;   // per layer (DOT): its inputs' vectors together
   GrowingBuffer labels, class_labels, ones, zeros, scratch;
   // Host staging of one EMBEDDING layer's bags.
   std::vector<int32_t> host_offsets, host_ids;
@@ -52,7 +52,8 @@ struct GraphModel::OnBackend {
   std::vector<int32_t> host_classes;
 };
 
-std::unique_ptr<GraphModel::OnBackend, GraphModel::OnBackendDeleter> GraphModel::MakeOnBackend(Backend* backend) {
+std::unique_ptr<GraphModel::OnBackend, GraphModel::OnBackendDeleter> GraphModel::MakeOnBackend(
+    Backend* backend) {
   return std::unique_ptr<OnBackend, OnBackendDeleter>(new OnBackend(backend));
 }
 
@@ -79,6 +80,15 @@ absl::Status Download(Backend* backend, float* dst, const float* src, int64_t el
 
 absl::Status GraphModel::RunOnBackend(const GraphBatch& batch, const CtrParams& params, const CtrGrads* grads,
                                       double* loss_sum, float* outputs) {
+  const absl::Status status = PassOnBackend(batch, params, grads, loss_sum, outputs);
+  // A pass that failed half way may have work queued on a device: let it
+  // finish (and its errors go with this one) so the next pass starts clean.
+  if (!status.ok()) on_backend_->backend->Synchronize().IgnoreError();
+  return status;
+}
+
+absl::Status GraphModel::PassOnBackend(const GraphBatch& batch, const CtrParams& params,
+                                       const CtrGrads* grads, double* loss_sum, float* outputs) {
   OnBackend& d = *on_backend_;
   Backend* const be = d.backend;
   const int32_t b = batch.batch;
@@ -95,7 +105,7 @@ absl::Status GraphModel::RunOnBackend(const GraphBatch& batch, const CtrParams& 
   d.rows.resize(tables_.size());
   d.row_grads.resize(tables_.size());
 
-  // Memory first, so that a device out of memory fails before any work.
+  // The layers' buffers first (the bags' and DOT's grow as they are built).
   int64_t widest = 1;
   for (size_t n = 0; n < layers; ++n) {
     const int64_t size = int64_t{b} * nodes_[n].width();
@@ -150,14 +160,16 @@ absl::Status GraphModel::RunOnBackend(const GraphBatch& batch, const CtrParams& 
           d.host_scales.push_back(weight(j) * factor);
         }
         if (d.host_ids.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-          return absl::InvalidArgumentError(absl::StrCat("GraphModel: layer \"", layer.name, "\" reads more than 2^31 ids in one batch"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("GraphModel: layer \"", layer.name, "\" reads more than 2^31 ids in one batch"));
         }
         d.host_offsets.push_back(static_cast<int32_t>(d.host_ids.size()));
       }
     }
     const auto num_ids = static_cast<int64_t>(d.host_ids.size());
-    ASSIGN_OR_RETURN(int32_t* offsets, d.offsets[n].Ensure<int32_t>(be, static_cast<int64_t>(d.host_offsets.size())));
-    ASSIGN_OR_RETURN(int32_t* ids, d.ids[n].Ensure<int32_t>(be, num_ids));
+    ASSIGN_OR_RETURN(int32_t * offsets,
+                     d.offsets[n].Ensure<int32_t>(be, static_cast<int64_t>(d.host_offsets.size())));
+    ASSIGN_OR_RETURN(int32_t * ids, d.ids[n].Ensure<int32_t>(be, num_ids));
     ASSIGN_OR_RETURN(float* scales, d.scales[n].Ensure(be, num_ids));
     RETURN_IF_ERROR(Upload(be, offsets, d.host_offsets.data(), static_cast<int64_t>(d.host_offsets.size())));
     RETURN_IF_ERROR(Upload(be, ids, d.host_ids.data(), num_ids));
@@ -197,13 +209,14 @@ absl::Status GraphModel::RunOnBackend(const GraphBatch& batch, const CtrParams& 
       case LayerType::kEmbedding: {
         const auto t = static_cast<size_t>(node.table);
         RETURN_IF_ERROR(be->EmbeddingBagForward(b * node.vectors, node.dim, d.offsets[n].get<int32_t>(),
-                                                d.ids[n].get<int32_t>(), d.scales[n].get(), batch.unique_rows[t],
-                                                d.rows[t].get(), y));
+                                                d.ids[n].get<int32_t>(), d.scales[n].get(),
+                                                batch.unique_rows[t], d.rows[t].get(), y));
         break;
       }
       case LayerType::kLinear: {
         const auto w = static_cast<size_t>(node.tensor);
-        RETURN_IF_ERROR(be->Gemm(false, false, b, width, width_of(x), 1.0f, out(x), d.dense[w].get(), 0.0f, y));
+        RETURN_IF_ERROR(
+            be->Gemm(false, false, b, width, width_of(x), 1.0f, out(x), d.dense[w].get(), 0.0f, y));
         RETURN_IF_ERROR(be->BiasActivationForward(Activation::kNone, b, width, d.dense[w + 1].get(), y));
         break;
       }
@@ -258,15 +271,18 @@ absl::Status GraphModel::RunOnBackend(const GraphBatch& batch, const CtrParams& 
   if (loss_sum != nullptr || dz != nullptr) {
     if (loss_ == LossKind::kSoftmaxCrossEntropy) {
       d.host_classes.resize(static_cast<size_t>(b));
-      for (int32_t e = 0; e < b; ++e) d.host_classes[static_cast<size_t>(e)] = static_cast<int32_t>(batch.labels[e]);
-      ASSIGN_OR_RETURN(int32_t* classes, d.class_labels.Ensure<int32_t>(be, b));
+      for (int32_t e = 0; e < b; ++e)
+        d.host_classes[static_cast<size_t>(e)] = static_cast<int32_t>(batch.labels[e]);
+      ASSIGN_OR_RETURN(int32_t * classes, d.class_labels.Ensure<int32_t>(be, b));
       RETURN_IF_ERROR(Upload(be, classes, d.host_classes.data(), b));
-      RETURN_IF_ERROR(be->SoftmaxCrossEntropy(b, out_width, out(last), classes, inverse_batch, dz, loss_sum, nullptr));
+      RETURN_IF_ERROR(
+          be->SoftmaxCrossEntropy(b, out_width, out(last), classes, inverse_batch, dz, loss_sum, nullptr));
     } else {
       ASSIGN_OR_RETURN(float* labels, d.labels.Ensure(be, b));
       RETURN_IF_ERROR(Upload(be, labels, batch.labels, b));
-      const Backend::PointLoss kind = loss_ == LossKind::kSigmoidCrossEntropy ? Backend::PointLoss::kSigmoidCrossEntropy
-                                                                              : Backend::PointLoss::kSquaredError;
+      const Backend::PointLoss kind = loss_ == LossKind::kSigmoidCrossEntropy
+                                          ? Backend::PointLoss::kSigmoidCrossEntropy
+                                          : Backend::PointLoss::kSquaredError;
       RETURN_IF_ERROR(be->PointwiseLoss(kind, b, out(last), labels, inverse_batch, dz, loss_sum));
     }
   }
@@ -288,19 +304,20 @@ absl::Status GraphModel::RunOnBackend(const GraphBatch& batch, const CtrParams& 
           break;
         case LayerType::kEmbedding: {
           const auto t = static_cast<size_t>(node.table);
-          RETURN_IF_ERROR(be->EmbeddingBagBackward(b * node.vectors, node.dim,
-                                                   d.offsets[static_cast<size_t>(n)].get<int32_t>(),
-                                                   d.ids[static_cast<size_t>(n)].get<int32_t>(),
-                                                   d.scales[static_cast<size_t>(n)].get(), batch.unique_rows[t], g,
-                                                   d.row_grads[t].get()));
+          RETURN_IF_ERROR(be->EmbeddingBagBackward(
+              b * node.vectors, node.dim, d.offsets[static_cast<size_t>(n)].get<int32_t>(),
+              d.ids[static_cast<size_t>(n)].get<int32_t>(), d.scales[static_cast<size_t>(n)].get(),
+              batch.unique_rows[t], g, d.row_grads[t].get()));
           break;
         }
         case LayerType::kLinear: {
           const auto w = static_cast<size_t>(node.tensor);
           const int in_w = width_of(x);
-          RETURN_IF_ERROR(be->Gemm(true, false, in_w, width, b, 1.0f, out(x), g, 0.0f, d.dense_grads[w].get()));
+          RETURN_IF_ERROR(
+              be->Gemm(true, false, in_w, width, b, 1.0f, out(x), g, 0.0f, d.dense_grads[w].get()));
           RETURN_IF_ERROR(be->ColumnSum(b, width, g, d.dense_grads[w + 1].get(), false));
-          if (wants(x)) RETURN_IF_ERROR(be->Gemm(false, true, b, in_w, width, 1.0f, g, d.dense[w].get(), 1.0f, grad(x)));
+          if (wants(x))
+            RETURN_IF_ERROR(be->Gemm(false, true, b, in_w, width, 1.0f, g, d.dense[w].get(), 1.0f, grad(x)));
           break;
         }
         case LayerType::kActivation:
@@ -312,7 +329,9 @@ absl::Status GraphModel::RunOnBackend(const GraphBatch& batch, const CtrParams& 
         case LayerType::kConcat: {
           int offset = 0;
           for (int in : node.inputs) {
-            if (wants(in)) RETURN_IF_ERROR(be->CopyColumns(b, width_of(in), g + offset, width, grad(in), width_of(in), true));
+            if (wants(in))
+              RETURN_IF_ERROR(
+                  be->CopyColumns(b, width_of(in), g + offset, width, grad(in), width_of(in), true));
             offset += width_of(in);
           }
           break;
@@ -329,14 +348,16 @@ absl::Status GraphModel::RunOnBackend(const GraphBatch& batch, const CtrParams& 
             vectors += nodes_[static_cast<size_t>(in)].vectors;
             total += width_of(in);
           }
-          ASSIGN_OR_RETURN(float* joined_grad, d.joined_grad[static_cast<size_t>(n)].Ensure(be, int64_t{b} * total));
+          ASSIGN_OR_RETURN(float* joined_grad,
+                           d.joined_grad[static_cast<size_t>(n)].Ensure(be, int64_t{b} * total));
           RETURN_IF_ERROR(be->Fill(int64_t{b} * total, 0.0f, joined_grad));
           RETURN_IF_ERROR(be->PairwiseDotBackward(b, vectors, nodes_[static_cast<size_t>(x)].dim,
                                                   d.joined[static_cast<size_t>(n)].get(), g, joined_grad));
           int offset = 0;
           for (int in : node.inputs) {
             if (wants(in)) {
-              RETURN_IF_ERROR(be->CopyColumns(b, width_of(in), joined_grad + offset, total, grad(in), width_of(in), true));
+              RETURN_IF_ERROR(be->CopyColumns(b, width_of(in), joined_grad + offset, total, grad(in),
+                                              width_of(in), true));
             }
             offset += width_of(in);
           }
@@ -347,11 +368,13 @@ absl::Status GraphModel::RunOnBackend(const GraphBatch& batch, const CtrParams& 
             if (wants(in)) RETURN_IF_ERROR(be->Axpy(int64_t{b} * width, 1.0f, g, grad(in)));
           }
           if (node.tensor >= 0) {
-            RETURN_IF_ERROR(be->ColumnSum(b, width, g, d.dense_grads[static_cast<size_t>(node.tensor)].get(), false));
+            RETURN_IF_ERROR(
+                be->ColumnSum(b, width, g, d.dense_grads[static_cast<size_t>(node.tensor)].get(), false));
           }
           break;
         case LayerType::kReduceSum:
-          if (wants(x)) RETURN_IF_ERROR(be->Gemm(false, false, b, width_of(x), 1, 1.0f, g, ones, 1.0f, grad(x)));
+          if (wants(x))
+            RETURN_IF_ERROR(be->Gemm(false, false, b, width_of(x), 1, 1.0f, g, ones, 1.0f, grad(x)));
           break;
         case LayerType::kLoss:
           if (wants(x)) RETURN_IF_ERROR(be->Axpy(int64_t{b} * width, 1.0f, g, grad(x)));
@@ -362,12 +385,67 @@ absl::Status GraphModel::RunOnBackend(const GraphBatch& batch, const CtrParams& 
       RETURN_IF_ERROR(Download(be, grads->dense[t], d.dense_grads[t].get(), dense_tensors_[t].size));
     }
     for (size_t t = 0; t < tables_.size(); ++t) {
-      RETURN_IF_ERROR(
-          Download(be, grads->tables[t], d.row_grads[t].get(), int64_t{batch.unique_rows[t]} * tables_[t].dim));
+      RETURN_IF_ERROR(Download(be, grads->tables[t], d.row_grads[t].get(),
+                               int64_t{batch.unique_rows[t]} * tables_[t].dim));
     }
   }
   if (outputs != nullptr) RETURN_IF_ERROR(Download(be, outputs, out(last), int64_t{b} * out_width));
   return be->Synchronize();
+}
+
+PresetAsGraph::PresetAsGraph(const CtrModelConfig& config, Backend* backend)
+    : graph_(CtrModelAsGraph(config), backend),
+      status_(ValidateGraphConfig(graph_.config())),
+      kind_of_(status_.ok() ? CtrTensorsOfGraph(config) : std::vector<int>()) {
+  spare_.resize(kind_of_.size());
+  spare_grads_.resize(kind_of_.size());
+  for (size_t t = 0; t < kind_of_.size(); ++t) {
+    if (kind_of_[t] >= 0) continue;
+    const auto size = static_cast<size_t>(graph_.dense_tensors()[t].size);
+    spare_[t].assign(size, 0.0f);
+    spare_grads_[t].resize(size);
+  }
+}
+
+CtrParams PresetAsGraph::Mapped(const CtrParams& params) {
+  CtrParams mapped;
+  mapped.tables = params.tables;
+  for (size_t t = 0; t < kind_of_.size(); ++t) {
+    const int kind = kind_of_[t];
+    const bool held = kind >= 0 && static_cast<size_t>(kind) < params.dense.size();
+    mapped.dense.push_back(held ? params.dense[static_cast<size_t>(kind)] : spare_[t].data());
+  }
+  return mapped;
+}
+
+CtrGrads PresetAsGraph::Mapped(const CtrGrads& grads) {
+  CtrGrads mapped;
+  mapped.tables = grads.tables;
+  for (size_t t = 0; t < kind_of_.size(); ++t) {
+    const int kind = kind_of_[t];
+    const bool held = kind >= 0 && static_cast<size_t>(kind) < grads.dense.size();
+    mapped.dense.push_back(held ? grads.dense[static_cast<size_t>(kind)] : spare_grads_[t].data());
+  }
+  return mapped;
+}
+
+absl::Status PresetAsGraph::ForwardBackward(const GraphBatch& batch, const CtrParams& params,
+                                            const CtrGrads& grads, CtrStats* stats, float* outputs) {
+  RETURN_IF_ERROR(status_);
+  const size_t kind_tensors =
+      kind_of_.size() - static_cast<size_t>(std::count(kind_of_.begin(), kind_of_.end(), -1));
+  if (params.dense.size() != kind_tensors || grads.dense.size() != kind_tensors) {
+    return absl::InvalidArgumentError(absl::StrCat("PresetAsGraph: got ", params.dense.size(),
+                                                   " dense tensors and ", grads.dense.size(),
+                                                   " gradients, the kind has ", kind_tensors));
+  }
+  return graph_.ForwardBackward(batch, Mapped(params), Mapped(grads), stats, outputs);
+}
+
+absl::Status PresetAsGraph::Forward(const GraphBatch& batch, const CtrParams& params, CtrStats* stats,
+                                    float* outputs) {
+  RETURN_IF_ERROR(status_);
+  return graph_.Forward(batch, Mapped(params), stats, outputs);
 }
 
 }  // namespace kernels

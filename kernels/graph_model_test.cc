@@ -281,7 +281,8 @@ Data EveryLayerData(LossKind loss, int32_t batch, std::mt19937& rng) {
   if (loss == LossKind::kSoftmaxCrossEntropy) {
     for (int32_t e = 0; e < d.batch; ++e) d.labels[static_cast<size_t>(e)] = static_cast<float>(e % 3);
   } else if (loss == LossKind::kMeanSquaredError) {
-    for (int32_t e = 0; e < d.batch; ++e) d.labels[static_cast<size_t>(e)] = 0.3f * static_cast<float>(e % 7) - 0.5f;
+    for (int32_t e = 0; e < d.batch; ++e)
+      d.labels[static_cast<size_t>(e)] = 0.3f * static_cast<float>(e % 7) - 0.5f;
   }
   return d;
 }
@@ -469,66 +470,77 @@ TEST(GraphModelTest, BadBatchesAreRefusedWithNothingWritten) {
 
 class GraphOnBackendTest : public BackendFixture {};
 
-// One pass of `g` on the host and on the backend from the same parameters:
-// the same loss, outputs and gradients within float rounding.
-void ExpectBackendComputesWhatTheHostComputes(Backend* backend, const GraphConfig& g, const Data& d, bool weights,
-                                              std::mt19937& rng) {
+// One pass on the host and on the backend from the same parameters: the
+// same loss, outputs and gradients within float rounding.
+void ExpectBackendComputesWhatTheHostComputes(GraphModel* host, GraphModel* on_backend, const Data& d,
+                                              bool weights, std::mt19937& rng) {
+  const GraphConfig& g = host->config();
   const TableRows rows = RowsFor(d, GraphTableFields(g));
-  GraphModel host(g), on_backend(g, backend);
-  ASSERT_EQ(on_backend.backend(), backend);
-  Buffers params = Shaped(host.dense_tensors(), host.tables(), rows.unique, 0.0f);
+  Buffers params = Shaped(host->dense_tensors(), host->tables(), rows.unique, 0.0f);
   Randomize(&params, rng, 0.6f);
   const GraphBatch batch = BatchOf(d, rows, weights);
   const auto width = static_cast<size_t>(GraphOutputWidth(g));
-  Buffers want = Shaped(host.dense_tensors(), host.tables(), rows.unique, std::nanf(""));
-  Buffers got = Shaped(host.dense_tensors(), host.tables(), rows.unique, std::nanf(""));
+  Buffers want = Shaped(host->dense_tensors(), host->tables(), rows.unique, std::nanf(""));
+  Buffers got = Shaped(host->dense_tensors(), host->tables(), rows.unique, std::nanf(""));
   CtrStats want_stats, got_stats;
   std::vector<float> want_out(width * static_cast<size_t>(d.batch)), got_out(want_out.size(), std::nanf(""));
-  ASSERT_TRUE(host.ForwardBackward(batch, params.Params(), want.Grads(), &want_stats, want_out.data()).ok());
-  const absl::Status status = on_backend.ForwardBackward(batch, params.Params(), got.Grads(), &got_stats, got_out.data());
+  ASSERT_TRUE(host->ForwardBackward(batch, params.Params(), want.Grads(), &want_stats, want_out.data()).ok());
+  const absl::Status status =
+      on_backend->ForwardBackward(batch, params.Params(), got.Grads(), &got_stats, got_out.data());
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_NEAR(got_stats.loss_sum, want_stats.loss_sum, 1e-5 * (1 + std::fabs(want_stats.loss_sum)));
   EXPECT_EQ(got_stats.count, want_stats.count);
   ExpectNear(want_out, got_out, "outputs");
-  for (size_t t = 0; t < want.dense.size(); ++t) ExpectNear(want.dense[t], got.dense[t], host.dense_tensors()[t].name);
-  for (size_t t = 0; t < want.tables.size(); ++t) ExpectNear(want.tables[t], got.tables[t], host.tables()[t].name);
+  for (size_t t = 0; t < want.dense.size(); ++t)
+    ExpectNear(want.dense[t], got.dense[t], host->dense_tensors()[t].name);
+  for (size_t t = 0; t < want.tables.size(); ++t)
+    ExpectNear(want.tables[t], got.tables[t], host->tables()[t].name);
+  // Without stats the gradients are the same (the loss is not read back).
+  Buffers quiet = Shaped(host->dense_tensors(), host->tables(), rows.unique, std::nanf(""));
+  ASSERT_TRUE(on_backend->ForwardBackward(batch, params.Params(), quiet.Grads(), nullptr).ok());
+  for (size_t t = 0; t < want.dense.size(); ++t) ExpectNear(want.dense[t], quiet.dense[t], "without stats");
   // Forward only, with and without the loss.
   CtrStats forward_stats;
   std::fill(got_out.begin(), got_out.end(), std::nanf(""));
-  ASSERT_TRUE(on_backend.Forward(batch, params.Params(), &forward_stats, got_out.data()).ok());
+  ASSERT_TRUE(on_backend->Forward(batch, params.Params(), &forward_stats, got_out.data()).ok());
   EXPECT_NEAR(forward_stats.loss_sum, want_stats.loss_sum, 1e-5 * (1 + std::fabs(want_stats.loss_sum)));
   ExpectNear(want_out, got_out, "forward outputs");
   std::fill(got_out.begin(), got_out.end(), std::nanf(""));
   GraphBatch unlabelled = batch;
   unlabelled.labels = nullptr;
-  ASSERT_TRUE(on_backend.Forward(unlabelled, params.Params(), nullptr, got_out.data()).ok());
+  ASSERT_TRUE(on_backend->Forward(unlabelled, params.Params(), nullptr, got_out.data()).ok());
   ExpectNear(want_out, got_out, "unlabelled outputs");
 }
 
-// Every layer type, each loss, weighted and plain bags, and a batch that
-// grows (the backend's buffers are sized again).
+// Every layer type, each loss, weighted and plain bags; one model a loss
+// through batches that grow and shrink (its buffers are reused, then grown).
 TEST_P(GraphOnBackendTest, EveryLayerComputesWhatTheHostComputes) {
   for (LossKind loss : kAllLosses) {
-    for (int32_t batch : {6, 45}) {
+    GraphModel host(EveryLayerGraph(loss)), on_backend(EveryLayerGraph(loss), backend_.get());
+    ASSERT_EQ(on_backend.backend(), backend_.get());
+    std::mt19937 rng(13);
+    for (int32_t batch : {6, 45, 6, 70}) {
       for (bool weights : {true, false}) {
         SCOPED_TRACE(testing::Message() << "loss " << static_cast<int>(loss) << ", batch " << batch
                                         << (weights ? ", weighted" : ""));
-        std::mt19937 rng(static_cast<uint32_t>(batch) + 13);
-        ExpectBackendComputesWhatTheHostComputes(backend_.get(), EveryLayerGraph(loss), EveryLayerData(loss, batch, rng),
+        ExpectBackendComputesWhatTheHostComputes(&host, &on_backend, EveryLayerData(loss, batch, rng),
                                                  weights, rng);
       }
     }
   }
 }
 
-// The preset kinds as graphs (the path a GPU worker takes for them).
-TEST_P(GraphOnBackendTest, ThePresetKindsComputeWhatTheHostComputes) {
-  CtrModelConfig deepfm;
+// The preset kinds as GPU workers run them (PresetAsGraph: the kind's
+// tensors in and out, through its graph on the backend) against the kinds'
+// own fused code on the host.
+TEST_P(GraphOnBackendTest, ThePresetKindsComputeWhatTheirFusedCodeComputes) {
+  CtrModelConfig deepfm;  // a dense first-order term: the graph's extra bias
   deepfm.num_fields = 4;
   deepfm.num_dense = 3;
   deepfm.embedding_dim = 5;
   deepfm.fm = true;
   deepfm.hidden = {8, 6};
+  deepfm.combiner = BagCombiner::kMean;
   CtrModelConfig dlrm;
   dlrm.num_fields = 3;
   dlrm.num_dense = 5;
@@ -537,11 +549,46 @@ TEST_P(GraphOnBackendTest, ThePresetKindsComputeWhatTheHostComputes) {
   dlrm.hidden = {6};
   dlrm.dot_interaction = true;
   dlrm.bottom = {7};
-  for (const CtrModelConfig& c : {deepfm, dlrm}) {
+  CtrModelConfig lr;
+  lr.num_fields = 3;
+  lr.num_dense = 2;
+  for (const CtrModelConfig& c : {deepfm, dlrm, lr}) {
     ASSERT_TRUE(ValidateCtrModelConfig(c).ok()) << ValidateCtrModelConfig(c);
+    PresetAsGraph on_backend(c, backend_.get());
+    ASSERT_TRUE(on_backend.status().ok()) << on_backend.status();
+    CtrModel fused(c);
     std::mt19937 rng(17);
-    ExpectBackendComputesWhatTheHostComputes(backend_.get(), CtrModelAsGraph(c),
-                                             RandomData(33, c.num_fields, c.num_dense, rng), true, rng);
+    for (int32_t size : {33, 9}) {
+      const Data d = RandomData(size, c.num_fields, c.num_dense, rng);
+      const TableRows rows = RowsFor(d, GraphTableFields(on_backend.graph().config()));
+      const int32_t unique = rows.unique.empty() ? 0 : rows.unique[0];
+      const std::vector<int32_t> uniques(CtrTables(c).size(), unique);
+      Buffers params = Shaped(CtrDenseTensors(c), CtrTables(c), uniques, 0.0f);
+      Randomize(&params, rng, 0.5f);
+      CtrBatch ctr;
+      ctr.batch = d.batch;
+      ctr.labels = d.labels.data();
+      ctr.dense = d.dense.empty() ? nullptr : d.dense.data();
+      ctr.offsets = d.offsets.data();
+      ctr.weights = d.weights.data();
+      ctr.rows = rows.rows.empty() ? nullptr : rows.rows[0].data();
+      ctr.unique_rows = unique;
+      Buffers want = Shaped(CtrDenseTensors(c), CtrTables(c), uniques, 0.0f);
+      Buffers got = Shaped(CtrDenseTensors(c), CtrTables(c), uniques, std::nanf(""));
+      CtrStats want_stats, got_stats;
+      std::vector<float> want_out(static_cast<size_t>(d.batch)), got_out(want_out.size(), std::nanf(""));
+      ASSERT_TRUE(
+          fused.ForwardBackward(ctr, params.Params(), want.Grads(), &want_stats, want_out.data()).ok());
+      const absl::Status status = on_backend.ForwardBackward(BatchOf(d, rows), params.Params(), got.Grads(),
+                                                             &got_stats, got_out.data());
+      ASSERT_TRUE(status.ok()) << status;
+      EXPECT_NEAR(got_stats.loss_sum, want_stats.loss_sum, 1e-5 * (1 + std::fabs(want_stats.loss_sum)));
+      ExpectNear(want_out, got_out, "logits");
+      for (size_t t = 0; t < want.dense.size(); ++t)
+        ExpectNear(want.dense[t], got.dense[t], CtrDenseTensors(c)[t].name);
+      for (size_t t = 0; t < want.tables.size(); ++t)
+        ExpectNear(want.tables[t], got.tables[t], CtrTables(c)[t].name);
+    }
   }
 }
 
@@ -556,11 +603,14 @@ TEST_P(GraphOnBackendTest, BadInputIsRefusedAsOnTheHost) {
   const Buffers params = Shaped(host.dense_tensors(), host.tables(), rows.unique, 0.1f);
   Buffers host_grads = Shaped(host.dense_tensors(), host.tables(), rows.unique, 7.0f);
   Buffers grads = Shaped(host.dense_tensors(), host.tables(), rows.unique, 7.0f);
-  const absl::Status want = host.ForwardBackward(BatchOf(d, rows), params.Params(), host_grads.Grads(), nullptr);
-  const absl::Status got = on_backend.ForwardBackward(BatchOf(d, rows), params.Params(), grads.Grads(), nullptr);
+  const absl::Status want =
+      host.ForwardBackward(BatchOf(d, rows), params.Params(), host_grads.Grads(), nullptr);
+  const absl::Status got =
+      on_backend.ForwardBackward(BatchOf(d, rows), params.Params(), grads.Grads(), nullptr);
   EXPECT_EQ(want.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(got, want);
-  for (const auto& t : grads.dense) EXPECT_TRUE(std::all_of(t.begin(), t.end(), [](float x) { return x == 7.0f; }));
+  for (const auto& t : grads.dense)
+    EXPECT_TRUE(std::all_of(t.begin(), t.end(), [](float x) { return x == 7.0f; }));
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, GraphOnBackendTest, ::testing::ValuesIn(AllBackendFactories()),

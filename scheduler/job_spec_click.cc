@@ -278,7 +278,7 @@ absl::Status ValidateClickLimits(const v1::JobSpec& spec) {
                    absl::StrCat(spec.local_sgd().steps()));
   }
   if (spec.precision() != v1::FP32) {
-    return Invalid("precision", "must be FP32 for a click model (it computes in float32 on the CPU)",
+    return Invalid("precision", "must be FP32 for a click model (its layers compute in float32, on the CPU or a GPU)",
                    v1::Precision_Name(spec.precision()));
   }
   if (spec.wire_format() != v1::WIRE_FP32 || spec.compression().kind() != v1::CompressionSpec::NONE) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/rpc.h"
@@ -149,7 +150,14 @@ absl::Status GrpcServerControl::Reconfigure(const std::string& address, const st
     status = Call(address, &v1::ParameterService::Stub::Reconfigure, request, &response, 5.0);
     if (status.ok() || !absl::IsUnavailable(status)) break;
   }
-  if (!status.ok()) FLOG(WARNING) << "reconfiguring job " << job_id << " on " << address << ": " << status;
+  if (absl::IsFailedPrecondition(status) && absl::StrContains(status.message(), "older than the one held")) {
+    // The server holds a newer map already: the scheduler's calls run on a
+    // pool, so a later Reconfigure can overtake this one. Nothing is lost.
+    FLOG(INFO) << "job " << job_id << " on " << address << ": map v" << map.version() << " superseded there ("
+               << status.message() << ")";
+  } else if (!status.ok()) {
+    FLOG(WARNING) << "reconfiguring job " << job_id << " on " << address << ": " << status;
+  }
   return status;
 }
 

@@ -42,6 +42,7 @@ echo "== click models on the CUDA backend (GraphModel against the host)" >&2
 "$BUNDLE/bin/ctr_model_test" --gtest_filter='*GraphOnBackend*' > "$OUT/ctr_model_test.log" 2>&1
 CLICK_TEST_RC=$?
 CLICK_TEST_SUMMARY="$(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/ctr_model_test.log" | tail -2 | tr '\n' ' ')"
+CLICK_CUDA_SKIPS="$(grep '\[  SKIPPED \].*cuda' "$OUT/ctr_model_test.log" | sort -u | wc -l)"
 run_job() {  # device example metric -> prints the metric of the job's progress
   local device="$1" example="$2" metric="$3" dir="/tmp/fulcrum-gpu-check-$1-$2"
   rm -rf "$dir"
@@ -77,7 +78,7 @@ timeout 300 "$BUNDLE/bin/fulcrum-train-bench" --device cuda --steps 60 --rounds 
   echo "GPU check ($(head -1 "$OUT/gpu.txt"))"
   echo "kernels_test: exit $TEST_RC; $TEST_SUMMARY; CUDA tests skipped: $CUDA_SKIPS"
   echo "fashion-mnist-mlp test accuracy: GPU workers $GPU_ACC, CPU workers $CPU_ACC"
-  echo "click models on CUDA (ctr_model_test GraphOnBackend): exit $CLICK_TEST_RC; $CLICK_TEST_SUMMARY"
+  echo "click models on CUDA (ctr_model_test GraphOnBackend): exit $CLICK_TEST_RC; $CLICK_TEST_SUMMARY; CUDA tests skipped: $CLICK_CUDA_SKIPS"
   echo "ctr-synthetic (DeepFM) test AUC: GPU workers $GPU_AUC, CPU workers $CPU_AUC"
   grep -E '_median' "$OUT/ctr-model-bench.txt" | awk '{print "  " $1, $2, $3}' || true
   echo

@@ -381,20 +381,16 @@ v1::WorkReport ClickReadyReport(const v1::JobSpec& spec, const ClickData& data) 
 
 namespace {
 
-// The model that computes on `compute`: a graph as it is, a preset kind as
-// its graph. Without a backend, a graph on the host (and null: the preset
-// kinds run on CtrModel, fused).
-std::unique_ptr<kernels::GraphModel> GraphFor(const ModelLayout& layout, kernels::Backend* compute) {
-  if (layout.graph) return std::make_unique<kernels::GraphModel>(layout.graph_config, compute);
-  if (compute == nullptr) return nullptr;
-  kernels::GraphConfig graph = kernels::CtrModelAsGraph(layout.ctr);
-  if (const absl::Status valid = kernels::ValidateGraphConfig(graph); !valid.ok()) {
-    // Not expected of a valid kind; the host's model still computes it.
-    FLOG(WARNING) << "the preset kind has no graph for backend " << compute->Name() << " (" << valid.message()
-                  << "); it computes on the host";
-    return nullptr;
-  }
-  return std::make_unique<kernels::GraphModel>(std::move(graph), compute);
+// A preset kind on `compute` (a device's backend): as its graph. Null
+// without a backend, or (not expected of a valid kind) when the kind has
+// no graph: then CtrModel computes it on the host.
+std::unique_ptr<kernels::PresetAsGraph> PresetOn(const ModelLayout& layout, kernels::Backend* compute) {
+  if (layout.graph || compute == nullptr) return nullptr;
+  auto preset = std::make_unique<kernels::PresetAsGraph>(layout.ctr, compute);
+  if (preset->status().ok()) return preset;
+  FLOG(WARNING) << "the preset kind has no graph for backend " << compute->Name() << " ("
+                << preset->status().message() << "); it computes on the host";
+  return nullptr;
 }
 
 class ClickRun {
@@ -417,12 +413,13 @@ class ClickRun {
         total_steps_(assignment.total_steps()),
         layout_(LayoutFor(spec_, 0, 0)),
         model_(layout_.ctr),
-        graph_(GraphFor(layout_, compute)),
-        preset_of_graph_(!layout_.graph && graph_ != nullptr ? kernels::CtrTensorsOfGraph(layout_.ctr)
-                                                             : std::vector<int>()),
+        graph_(layout_.graph ? std::make_unique<kernels::GraphModel>(layout_.graph_config, compute)
+                             : nullptr),
+        preset_on_backend_(PresetOn(layout_, compute)),
         table_reads_(TableReads(layout_)),
         binary_labels_(LabelsOf(layout_).clicks),
-        loss_(layout_.graph ? kernels::GraphLossOf(layout_.graph_config) : kernels::LossKind::kSigmoidCrossEntropy),
+        loss_(layout_.graph ? kernels::GraphLossOf(layout_.graph_config)
+                            : kernels::LossKind::kSigmoidCrossEntropy),
         output_width_(layout_.graph ? kernels::GraphOutputWidth(layout_.graph_config) : 1),
         bsp_(spec_.mode() == v1::BSP || spec_.mode() == v1::MODE_UNSPECIFIED) {
     UseMap(assignment.shard_map());
@@ -525,13 +522,9 @@ class ClickRun {
   const int64_t steps_per_epoch_;
   const int64_t total_steps_;
   const ModelLayout layout_;
-  kernels::CtrModel model_;                     // the preset kinds on the host
-  std::unique_ptr<kernels::GraphModel> graph_;  // GRAPH, and the preset kinds on a backend
-  // A preset kind on a backend runs as its graph (CtrModelAsGraph): per graph
-  // tensor, the kind's tensor it is (CtrTensorsOfGraph), or -1 for an extra
-  // bias held at 0 in spare_ (its gradient, dropped, goes to spare_grads_).
-  const std::vector<int> preset_of_graph_;
-  std::vector<std::vector<float>> spare_, spare_grads_;
+  kernels::CtrModel model_;                                    // the preset kinds on the host
+  std::unique_ptr<kernels::GraphModel> graph_;                 // GRAPH (on the host or a backend)
+  std::unique_ptr<kernels::PresetAsGraph> preset_on_backend_;  // the preset kinds on a device
   const std::vector<std::vector<bool>> table_reads_;  // per table, per field: whether it reads the field's ids
   const bool binary_labels_;
   const kernels::LossKind loss_;
@@ -606,28 +599,9 @@ kernels::GraphBatch ClickRun::ModelBatch(const Batch& batch, const std::vector<B
 absl::Status ClickRun::RunModel(const kernels::GraphBatch& in, const std::vector<std::vector<float>>& rows,
                                 const kernels::CtrGrads* grads, kernels::CtrStats* stats, float* outputs) {
   const kernels::CtrParams params = ModelParams(rows);
-  if (graph_ != nullptr && !preset_of_graph_.empty()) {
-    // A preset kind on the backend: its tensors in the graph's order.
-    const std::vector<kernels::TensorInfo>& tensors = graph_->dense_tensors();
-    spare_.resize(tensors.size());
-    spare_grads_.resize(tensors.size());
-    kernels::CtrParams mapped;
-    kernels::CtrGrads mapped_grads;
-    mapped.tables = params.tables;
-    if (grads != nullptr) mapped_grads.tables = grads->tables;
-    for (size_t t = 0; t < tensors.size(); ++t) {
-      const int kind = preset_of_graph_[t];
-      if (kind < 0) {
-        spare_[t].assign(static_cast<size_t>(tensors[t].size), 0.0f);
-        spare_grads_[t].resize(static_cast<size_t>(tensors[t].size));
-      }
-      mapped.dense.push_back(kind >= 0 ? params.dense[static_cast<size_t>(kind)] : spare_[t].data());
-      if (grads != nullptr) {
-        mapped_grads.dense.push_back(kind >= 0 ? grads->dense[static_cast<size_t>(kind)] : spare_grads_[t].data());
-      }
-    }
-    return grads != nullptr ? graph_->ForwardBackward(in, mapped, mapped_grads, stats, outputs)
-                            : graph_->Forward(in, mapped, stats, outputs);
+  if (preset_on_backend_ != nullptr) {
+    return grads != nullptr ? preset_on_backend_->ForwardBackward(in, params, *grads, stats, outputs)
+                            : preset_on_backend_->Forward(in, params, stats, outputs);
   }
   if (graph_ != nullptr) {
     return grads != nullptr ? graph_->ForwardBackward(in, params, *grads, stats, outputs)
@@ -785,7 +759,13 @@ absl::Status ClickRun::ComputeAndPush(int32_t partition, int64_t step, absl::Tim
   const absl::Time compute_start = absl::Now();
   kernels::CtrStats stats;
   RETURN_IF_ERROR(ComputeGradients(batch, bags, &stats));
-  if (hooks_.observe_compute) hooks_.observe_compute(absl::ToDoubleSeconds(absl::Now() - compute_start), 0);
+  if (hooks_.observe_compute) {
+    const kernels::Backend* compute = graph_ != nullptr               ? graph_->backend()
+                                      : preset_on_backend_ != nullptr ? preset_on_backend_->graph().backend()
+                                                                      : nullptr;
+    hooks_.observe_compute(absl::ToDoubleSeconds(absl::Now() - compute_start),
+                           compute != nullptr ? compute->MemoryInUse() : 0);
+  }
   const std::vector<std::vector<uint64_t>> keys = KeysOf(bags);
   const bool die_mid_push = ExitMidPushNow();
   RETURN_IF_ERROR(sparse_->Push(partition, step, keys, row_grads_, kRpcTimeout));
@@ -1071,8 +1051,9 @@ absl::Status ClickRun::RunAsync() {
 
 }  // namespace
 
-absl::Status RunClickJob(const std::string& worker_id, const TrainerHooks& hooks, ParameterTransport* transport,
-                         const v1::Assignment& assignment, ClickData data, kernels::Backend* compute) {
+absl::Status RunClickJob(const std::string& worker_id, const TrainerHooks& hooks,
+                         ParameterTransport* transport, const v1::Assignment& assignment, ClickData data,
+                         kernels::Backend* compute) {
   const ModelLayout layout = LayoutFor(assignment.spec(), 0, 0);
   RETURN_IF_ERROR(layout.graph ? kernels::ValidateGraphConfig(layout.graph_config)
                                : kernels::ValidateCtrModelConfig(layout.ctr));
@@ -1090,7 +1071,8 @@ absl::Status RunClickJob(const std::string& worker_id, const TrainerHooks& hooks
   }
   if (data.test != nullptr) RETURN_IF_ERROR(check(data.test->num_fields, data.test->num_dense));
   FLOG(INFO) << "job " << assignment.job_id() << ": the click model computes "
-             << (compute != nullptr ? absl::StrCat("on backend ", compute->Name()) : std::string("on the host"));
+             << (compute != nullptr ? absl::StrCat("on backend ", compute->Name())
+                                    : std::string("on the host"));
   ClickRun run(worker_id, hooks, transport, assignment, std::move(data), compute);
   const absl::Status status = run.Run();
   if (hooks.watch_client) hooks.watch_client(nullptr, "");

@@ -980,7 +980,8 @@ absl::Status Trainer::Train(const v1::Assignment& assignment) {
   if (click_) {
     kernels::Backend* compute =
         backend_->HostMemory() && !transfer_.click_models_on_backend ? nullptr : backend_;
-    if (compute != nullptr) RETURN_IF_ERROR(compute->SetPrecision(ToPrecision(assignment.spec().precision())));
+    if (compute != nullptr)
+      RETURN_IF_ERROR(compute->SetPrecision(ToPrecision(assignment.spec().precision())));
     return RunClickJob(worker_id_, hooks_, transport_, assignment, click_data_, compute);
   }
   TrainingRun run(this, assignment);

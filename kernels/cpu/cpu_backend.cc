@@ -332,9 +332,11 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status FmBackward(int rows, int vectors, int dim, const float* x, const float* dout, float* dx) override {
+  absl::Status FmBackward(int rows, int vectors, int dim, const float* x, const float* dout,
+                          float* dx) override {
     const char* op = "FmBackward";
-    RETURN_IF_ERROR(checks::InteractionArgs(op, rows, vectors, dim, x, "dx", dx, int64_t{rows} * vectors * dim));
+    RETURN_IF_ERROR(
+        checks::InteractionArgs(op, rows, vectors, dim, x, "dx", dx, int64_t{rows} * vectors * dim));
     RETURN_IF_ERROR(checks::Ptr(op, "dout", dout, rows));
     sums_.resize(static_cast<size_t>(dim));
     for (int r = 0; r < rows; ++r) {
@@ -355,8 +357,8 @@ class CpuBackend : public Backend {
 
   absl::Status PairwiseDotForward(int rows, int vectors, int dim, const float* x, float* out) override {
     const int64_t pairs = int64_t{vectors} * (vectors - 1) / 2;
-    RETURN_IF_ERROR(checks::InteractionArgs("PairwiseDotForward", rows, vectors, dim, x, "out", out,
-                                            rows * pairs));
+    RETURN_IF_ERROR(
+        checks::InteractionArgs("PairwiseDotForward", rows, vectors, dim, x, "out", out, rows * pairs));
     for (int r = 0; r < rows; ++r) {
       const float* v = x + int64_t{r} * vectors * dim;
       float* row = out + r * pairs;
@@ -376,7 +378,8 @@ class CpuBackend : public Backend {
                                    float* dx) override {
     const char* op = "PairwiseDotBackward";
     const int64_t pairs = int64_t{vectors} * (vectors - 1) / 2;
-    RETURN_IF_ERROR(checks::InteractionArgs(op, rows, vectors, dim, x, "dx", dx, int64_t{rows} * vectors * dim));
+    RETURN_IF_ERROR(
+        checks::InteractionArgs(op, rows, vectors, dim, x, "dx", dx, int64_t{rows} * vectors * dim));
     RETURN_IF_ERROR(checks::Ptr(op, "dout", dout, rows * pairs));
     for (int r = 0; r < rows; ++r) {
       const float* v = x + int64_t{r} * vectors * dim;
@@ -399,8 +402,9 @@ class CpuBackend : public Backend {
   absl::Status PointwiseLoss(PointLoss loss, int rows, const float* z, const float* labels, float grad_scale,
                              float* dz, double* loss_sum) override {
     const char* op = "PointwiseLoss";
-    RETURN_IF_ERROR(checks::FirstError({checks::PointLossValue(op, loss), checks::Dim(op, "rows", rows),
-                                        checks::Ptr(op, "z", z, rows), checks::Ptr(op, "labels", labels, rows)}));
+    RETURN_IF_ERROR(
+        checks::FirstError({checks::PointLossValue(op, loss), checks::Dim(op, "rows", rows),
+                            checks::Ptr(op, "z", z, rows), checks::Ptr(op, "labels", labels, rows)}));
     for (int r = 0; r < rows; ++r) {
       if (!checks::PointLabelOk(loss, labels[r])) return checks::BadPointLabel(r, labels[r], loss);
     }

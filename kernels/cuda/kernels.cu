@@ -376,7 +376,8 @@ __global__ void PairwiseDotForwardKernel(int rows, int vectors, int dim, const f
   }
 }
 
-// One thread per (r, i, d), adding over j in ascending order as the CPU does.
+// One thread per (r, i, d), adding over j in ascending order (the CPU adds in
+// another order, and nvcc contracts multiply-adds: equal within float rounding).
 __global__ void PairwiseDotBackwardKernel(int rows, int vectors, int dim, const float* x, const float* dout,
                                           float* dx) {
   const int64_t pairs = static_cast<int64_t>(vectors) * (vectors - 1) / 2;

@@ -38,8 +38,16 @@ inline int32_t CsvColumns(const v1::DataSpec& data, v1::CsvSpec::Column kind) {
   for (int c : data.csv().columns()) n += c == kind ? 1 : 0;
   return n;
 }
+// Fashion-MNIST's features (28 x 28 pixels) and classes.
+constexpr int32_t kFashionMnistFeatures = 784;
+constexpr int32_t kFashionMnistClasses = 10;
+
+// Dense data (FASHION_MNIST, SYNTHETIC) under a GRAPH that is not an MLP:
+// no fields, its features as dense ones.
 inline int32_t ClickFields(const v1::DataSpec& data) {
   switch (data.dataset()) {
+    case v1::DataSpec::FASHION_MNIST:
+    case v1::DataSpec::SYNTHETIC: return 0;
     case v1::DataSpec::LIBSVM: return 1;
     case v1::DataSpec::CSV: return CsvColumns(data, v1::CsvSpec::CATEGORICAL);
     default: return data.synthetic_ctr().fields() > 0 ? data.synthetic_ctr().fields() : 8;
@@ -47,6 +55,8 @@ inline int32_t ClickFields(const v1::DataSpec& data) {
 }
 inline int32_t ClickDense(const v1::DataSpec& data) {
   switch (data.dataset()) {
+    case v1::DataSpec::FASHION_MNIST: return kFashionMnistFeatures;
+    case v1::DataSpec::SYNTHETIC: return data.synthetic_features();
     case v1::DataSpec::LIBSVM: return 0;
     case v1::DataSpec::CSV: return CsvColumns(data, v1::CsvSpec::DENSE);
     default: return data.synthetic_ctr().dense();
@@ -59,7 +69,9 @@ inline bool IsDenseData(const v1::DataSpec& data) {
 }
 
 // The click models (data from sparse features, tables for the ids): the
-// click kinds, and a GRAPH unless its data is dense (then it is an MLP).
+// click kinds, and a GRAPH unless its data is dense. Over dense data a
+// GRAPH of an MLP's shape trains as the MLP; any other trains on the click
+// path too (kernels/model_from_spec.h TrainsOnClickPath decides).
 inline bool IsClickModel(const v1::JobSpec& spec) {
   switch (spec.model().kind()) {
     case v1::ModelSpec::LOGISTIC_REGRESSION:

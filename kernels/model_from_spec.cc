@@ -100,8 +100,17 @@ int64_t ClickComputeBatch(const v1::JobSpec& spec) {
   return std::max<int64_t>(spec.data().batch_size(), kClickEvalBatch);
 }
 
+bool TrainsOnClickPath(const v1::JobSpec& spec) {
+  if (IsClickModel(spec)) return true;
+  if (spec.model().kind() != v1::ModelSpec::GRAPH) return false;
+  std::vector<int> hidden;
+  kernels::Activation activation;
+  std::vector<std::string> names;
+  return !kernels::GraphAsMlp(GraphLayersOf(spec.model()), 0, &hidden, &activation, &names).ok();
+}
+
 ModelLayout LayoutFor(const v1::JobSpec& spec, int features, int classes) {
-  if (IsClickModel(spec)) return ClickLayout(spec);
+  if (TrainsOnClickPath(spec)) return ClickLayout(spec);
   ModelLayout layout;
   layout.config.input_dim = features;
   layout.config.num_classes = classes;
@@ -112,8 +121,7 @@ ModelLayout LayoutFor(const v1::JobSpec& spec, int features, int classes) {
   std::vector<std::string> names;  // a GRAPH's: its LINEAR layers'
   if (spec.model().kind() == v1::ModelSpec::GRAPH) {
     const std::vector<kernels::GraphLayer> layers = GraphLayersOf(spec.model());
-    // The scheduler checked the shape (an MLP); on a graph that is not one
-    // the layout is of no tensors.
+    // An MLP's shape (TrainsOnClickPath took the others).
     if (!kernels::GraphAsMlp(layers, 0, &layout.config.hidden, &layout.config.activation, &names).ok()) return layout;
     // Without hidden layers the activation is unused; the kinds say relu.
     if (layout.config.activation == kernels::Activation::kNone) layout.config.activation = kernels::Activation::kRelu;

@@ -17,8 +17,7 @@ struct ModelLayout {
   // The dense tensors: MlpTensors(config), or a click model's
   // CtrDenseTensors(ctr).
   std::vector<kernels::TensorInfo> tensors;
-  // Click models (common/table_spec.h IsClickModel): the model and its
-  // sparse tables.
+  // The click path (TrainsOnClickPath): the model and its sparse tables.
   bool click = false;
   kernels::CtrModelConfig ctr;
   std::vector<kernels::CtrTableInfo> tables;
@@ -31,6 +30,13 @@ struct ModelLayout {
 
 // A GRAPH's layers as the kernels take them.
 std::vector<kernels::GraphLayer> GraphLayersOf(const v1::ModelSpec& model);
+
+// Whether the job trains on the click path (worker/ctr_trainer.cc: the
+// layer graph or a preset kind, sparse tables): every click model
+// (common/table_spec.h IsClickModel), and a GRAPH over dense data
+// (FASHION_MNIST, SYNTHETIC) that is not an MLP's shape (GraphAsMlp, the
+// classes unchecked). An MLP-shaped GRAPH trains as kind MLP does.
+bool TrainsOnClickPath(const v1::JobSpec& spec);
 
 // A click job's evaluations score its test examples this many at a time.
 constexpr int64_t kClickEvalBatch = 1000;

@@ -298,10 +298,10 @@ absl::Status ValidateEarlyStopping(const v1::JobSpec& spec) {
   if (e.metric() == v1::EarlyStoppingSpec::METRIC_UNSPECIFIED) {
     return Invalid("earlyStopping.metric", "must be TEST_LOSS, TEST_ACCURACY or TEST_AUC with a patience", "unset");
   }
-  if (e.metric() == v1::EarlyStoppingSpec::TEST_AUC && !IsClickModel(spec)) {
+  if (e.metric() == v1::EarlyStoppingSpec::TEST_AUC && !TrainsOnClickPath(spec)) {
     return Invalid("earlyStopping.metric", "TEST_AUC needs a click model (other models report no AUC)", "TEST_AUC");
   }
-  if (spec.model().kind() == v1::ModelSpec::GRAPH && IsClickModel(spec) &&
+  if (spec.model().kind() == v1::ModelSpec::GRAPH && TrainsOnClickPath(spec) &&
       e.metric() != v1::EarlyStoppingSpec::TEST_LOSS) {
     const ModelLayout layout = LayoutFor(spec, 0, 0);
     const kernels::LossKind loss = kernels::GraphLossOf(layout.graph_config);
@@ -340,7 +340,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid("name", "must be at most 128 characters", absl::StrCat(Utf8Length(spec.name())));
   }
   if (!IsPrintable(spec.name())) return Invalid("name", "must not contain control characters", Quote(spec.name()));
-  if (IsClickModel(spec)) {
+  if (TrainsOnClickPath(spec)) {
+    if (spec.model().kind() == v1::ModelSpec::GRAPH && IsDenseData(spec.data())) {
+      RETURN_IF_ERROR(ValidateData(spec.data()));  // a GRAPH that is not an MLP
+    }
     RETURN_IF_ERROR(ValidateClickJob(spec));
   } else {
     RETURN_IF_ERROR(ValidateNotClick(spec));

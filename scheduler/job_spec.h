@@ -31,8 +31,10 @@ absl::Status ValidateDataPath(const std::string& field, const std::string& path)
 // other models, that no click field is set.
 absl::Status ValidateClickJob(const v1::JobSpec& spec);
 absl::Status ValidateNotClick(const v1::JobSpec& spec);
-// A GRAPH over dense data (FASHION_MNIST, SYNTHETIC): an MLP's shape
-// (kernels/graph_model.h GraphAsMlp) of the data's features and classes.
+// A GRAPH over dense data (FASHION_MNIST, SYNTHETIC) of an MLP's shape
+// (kernels/graph_model.h GraphAsMlp; the others train on the click path,
+// kernels/model_from_spec.h TrainsOnClickPath): the data's features and
+// classes.
 absl::Status ValidateDenseGraph(const v1::JobSpec& spec);
 
 }  // namespace fulcrum

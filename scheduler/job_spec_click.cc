@@ -265,13 +265,61 @@ absl::Status ValidateClickData(const v1::DataSpec& data) {
       return ValidateFileClickData(data);
     default:
       return Invalid("data.dataset", "must be SYNTHETIC_CTR, LIBSVM or CSV for a click model (a GRAPH also takes "
-                                     "FASHION_MNIST and SYNTHETIC, as an MLP)",
+                                     "FASHION_MNIST and SYNTHETIC)",
                      v1::DataSpec::Dataset_Name(data.dataset()));
   }
 }
 
 // What a job with sparse tables cannot use yet: refused by name rather than
 // run without it.
+absl::Status RefuseClickData(const v1::DataSpec& data) {
+  if (data.dataset() == v1::DataSpec::SYNTHETIC_CTR || data.dataset() == v1::DataSpec::LIBSVM ||
+      data.dataset() == v1::DataSpec::CSV || data.has_synthetic_ctr() || data.has_csv() || !data.test_path().empty() ||
+      data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED) {
+    return Invalid("data", "SYNTHETIC_CTR, LIBSVM and CSV are click data (with syntheticCtr, csv, testPath, "
+                   "onBadRecord): use a click model (LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP, DEEPFM, DLRM, GRAPH)",
+                   v1::DataSpec::Dataset_Name(data.dataset()));
+  }
+  return absl::OkStatus();
+}
+
+// A GRAPH over dense data (FASHION_MNIST, SYNTHETIC) that is not an MLP:
+// the data has features, no categorical fields, and no click-data settings.
+absl::Status ValidateDenseDataGraph(const v1::JobSpec& spec) {
+  RETURN_IF_ERROR(RefuseClickData(spec.data()));
+  if (spec.model().tables_size() > 0) {
+    return Invalid("model.tables", "apply to EMBEDDING layers, which read click data's fields",
+                   absl::StrCat(spec.model().tables_size(), " tables"));
+  }
+  for (int i = 0; i < spec.model().layers_size(); ++i) {
+    if (spec.model().layers(i).type() == v1::LayerSpec::EMBEDDING) {
+      return Invalid(absl::StrCat("model.layers[", i, "]"),
+                     absl::StrCat("EMBEDDING reads categorical fields, which ",
+                                  v1::DataSpec::Dataset_Name(spec.data().dataset()),
+                                  " has none of (click data: SYNTHETIC_CTR, LIBSVM, CSV)"),
+                     Quote(spec.model().layers(i).name()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Its loss scores the data's classes: SOFTMAX_CROSS_ENTROPY over as many
+// outputs. The graph is valid.
+absl::Status ValidateDenseDataGraphLoss(const v1::JobSpec& spec) {
+  const ModelLayout layout = LayoutFor(spec, 0, 0);
+  const v1::DataSpec& data = spec.data();
+  const int32_t classes =
+      data.dataset() == v1::DataSpec::FASHION_MNIST ? kFashionMnistClasses : data.synthetic_classes();
+  const int32_t width = kernels::GraphOutputWidth(layout.graph_config);
+  if (kernels::GraphLossOf(layout.graph_config) != kernels::LossKind::kSoftmaxCrossEntropy || width != classes) {
+    return Invalid("model.layers",
+                   absl::StrCat("over ", v1::DataSpec::Dataset_Name(data.dataset()),
+                                " a GRAPH ends in a SOFTMAX_CROSS_ENTROPY loss over the data's ", classes, " classes"),
+                   absl::StrCat("a loss over ", width, " outputs"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateClickLimits(const v1::JobSpec& spec) {
   if (spec.local_sgd().steps() > 1) {
     return Invalid("localSgd.steps", "applies to dense models only (not to click models)",
@@ -305,16 +353,15 @@ absl::Status ValidateDenseGraph(const v1::JobSpec& spec) {
     valid = kernels::GraphAsMlp(graph.layers, mnist ? 10 : data.synthetic_classes(), &hidden, &activation, &names);
   }
   if (valid.ok()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "job spec: model.layers: ", valid.message(), " (over ", v1::DataSpec::Dataset_Name(data.dataset()),
-      " a GRAPH is an MLP; other graphs train on click data: CSV files whose columns are the same features as "
-      "dense ones take any graph)"));
+  return absl::InvalidArgumentError(absl::StrCat("job spec: model.layers: ", valid.message()));
 }
 
 absl::Status ValidateClickJob(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ValidateClickShape(spec.model()));
-  RETURN_IF_ERROR(ValidateClickData(spec.data()));
+  const bool dense = spec.model().kind() == v1::ModelSpec::GRAPH && IsDenseData(spec.data());
+  RETURN_IF_ERROR(dense ? ValidateDenseDataGraph(spec) : ValidateClickData(spec.data()));
   RETURN_IF_ERROR(ValidateTables(spec));
+  if (dense) RETURN_IF_ERROR(ValidateDenseDataGraphLoss(spec));
   return ValidateClickLimits(spec);
 }
 
@@ -333,15 +380,7 @@ absl::Status ValidateNotClick(const v1::JobSpec& spec) {
   if (model.bottom_sizes_size() > 0) {
     return Invalid("model.bottomSizes", "applies to DLRM only", absl::StrCat(model.bottom_sizes_size(), " sizes"));
   }
-  const v1::DataSpec& data = spec.data();
-  if (data.dataset() == v1::DataSpec::SYNTHETIC_CTR || data.dataset() == v1::DataSpec::LIBSVM ||
-      data.dataset() == v1::DataSpec::CSV || data.has_synthetic_ctr() || data.has_csv() || !data.test_path().empty() ||
-      data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED) {
-    return Invalid("data", "SYNTHETIC_CTR, LIBSVM and CSV are click data (with syntheticCtr, csv, testPath, "
-                   "onBadRecord): use a click model (LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP, DEEPFM, DLRM, GRAPH)",
-                   v1::DataSpec::Dataset_Name(data.dataset()));
-  }
-  return absl::OkStatus();
+  return RefuseClickData(spec.data());
 }
 
 }  // namespace fulcrum

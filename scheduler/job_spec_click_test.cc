@@ -164,7 +164,11 @@ TEST(ClickSpecTest, AGraphIsAClickModelWithTheTablesItsLayersName) {
 // Over FASHION_MNIST or SYNTHETIC data a GRAPH is an MLP: its layout is
 // the kind MLP's tensors, in order, named after its LINEAR layers; any
 // other shape is refused naming the layer.
-TEST(ClickSpecTest, AGraphOverDenseDataIsAnMlp) {
+// Over dense data a GRAPH of an MLP's shape trains as kind MLP does; any
+// other graph trains on the click path (TrainsOnClickPath), with no fields
+// and the data's features as dense ones, and must end in a softmax over
+// the data's classes.
+TEST(ClickSpecTest, AGraphOverDenseDataIsAnMlpOrTrainsOnTheClickPath) {
   auto spec_of = [](const std::function<void(v1::ModelSpec*)>& edit) {
     v1::JobSpec spec;
     spec.mutable_model()->set_kind(v1::ModelSpec::GRAPH);
@@ -186,6 +190,7 @@ TEST(ClickSpecTest, AGraphOverDenseDataIsAnMlp) {
   const v1::JobSpec good = spec_of(nullptr);
   ASSERT_TRUE(ValidateJobSpec(good).ok()) << ValidateJobSpec(good);
   EXPECT_EQ(good.mode(), v1::BSP) << "a dense job's default";
+  EXPECT_FALSE(TrainsOnClickPath(good));
   const ModelLayout layout = LayoutFor(good, 784, 10);
   EXPECT_FALSE(layout.click);
   EXPECT_EQ(layout.config.hidden, std::vector<int>{32});
@@ -194,26 +199,52 @@ TEST(ClickSpecTest, AGraphOverDenseDataIsAnMlp) {
   EXPECT_EQ(layout.tensors[0].name, "h.weight");
   EXPECT_EQ(layout.tensors[0].shape, (std::vector<int64_t>{784, 32}));
   EXPECT_EQ(layout.tensors[3].name, "out.bias");
+  // Not an MLP: a sum where the activation was, two activation kinds.
+  const std::vector<std::function<void(v1::ModelSpec*)>> graphs = {
+      [](v1::ModelSpec* m) {
+        m->mutable_layers(2)->set_type(v1::LayerSpec::REDUCE_SUM);
+        m->mutable_layers(2)->clear_activation();
+      },
+      [](v1::ModelSpec* m) {
+        m->clear_layers();
+        AddLayer(m, "x", v1::LayerSpec::DENSE_INPUT);
+        AddLayer(m, "h", v1::LayerSpec::LINEAR, {"x"})->set_units(32);
+        AddLayer(m, "a", v1::LayerSpec::ACTIVATION, {"h"})->set_activation(v1::TANH);
+        AddLayer(m, "h2", v1::LayerSpec::LINEAR, {"a"})->set_units(16);
+        AddLayer(m, "a2", v1::LayerSpec::ACTIVATION, {"h2"})->set_activation(v1::RELU);
+        AddLayer(m, "out", v1::LayerSpec::LINEAR, {"a2"})->set_units(10);
+        AddLayer(m, "loss", v1::LayerSpec::LOSS, {"out"})->set_loss(v1::LayerSpec::SOFTMAX_CROSS_ENTROPY);
+      },
+  };
+  for (const auto& edit : graphs) {
+    const v1::JobSpec spec = spec_of(edit);
+    EXPECT_TRUE(TrainsOnClickPath(spec));
+    ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+    EXPECT_EQ(spec.mode(), v1::BSP) << "a dense job's default";
+    const ModelLayout click = LayoutFor(spec, 0, 0);
+    EXPECT_TRUE(click.click && click.graph);
+    EXPECT_EQ(click.graph_config.num_fields, 0);
+    EXPECT_EQ(click.graph_config.num_dense, 784);
+    EXPECT_TRUE(click.tables.empty());
+    EXPECT_EQ(click.tensors.front().name, "h.weight");
+  }
   const std::vector<std::pair<std::function<void(v1::ModelSpec*)>, std::string>> bad = {
       {[](v1::ModelSpec* m) { m->mutable_layers(3)->set_units(7); },
        "layer 3 (\"out\", LINEAR): units = 7, the data has 10 classes"},
       {[](v1::ModelSpec* m) { m->mutable_layers(4)->set_loss(v1::LayerSpec::MEAN_SQUARED_ERROR); },
        "layer 4 (\"loss\", LOSS): \"out\" has 10 values; this loss scores 1"},
-      {[](v1::ModelSpec* m) { m->mutable_layers(2)->set_type(v1::LayerSpec::REDUCE_SUM); m->mutable_layers(2)->clear_activation(); },
-       "layer 2 (\"a\", REDUCE_SUM): expected ACTIVATION"},
       {[](v1::ModelSpec* m) {
-         m->clear_layers();
-         AddLayer(m, "x", v1::LayerSpec::DENSE_INPUT);
-         AddLayer(m, "h", v1::LayerSpec::LINEAR, {"x"})->set_units(32);
-         AddLayer(m, "a", v1::LayerSpec::ACTIVATION, {"h"})->set_activation(v1::TANH);
-         AddLayer(m, "h2", v1::LayerSpec::LINEAR, {"a"})->set_units(16);
-         AddLayer(m, "a2", v1::LayerSpec::ACTIVATION, {"h2"})->set_activation(v1::RELU);
-         AddLayer(m, "out", v1::LayerSpec::LINEAR, {"a2"})->set_units(10);
-         AddLayer(m, "loss", v1::LayerSpec::LOSS, {"out"})->set_loss(v1::LayerSpec::SOFTMAX_CROSS_ENTROPY);
+         m->mutable_layers(2)->set_type(v1::LayerSpec::REDUCE_SUM);
+         m->mutable_layers(2)->clear_activation();
+         m->mutable_layers(3)->set_units(7);
        },
-       "the MLP takes one activation"},
-      {[](v1::ModelSpec* m) { m->mutable_layers(0)->set_type(v1::LayerSpec::EMBEDDING); m->mutable_layers(0)->set_table("t"); m->mutable_layers(0)->set_dim(4); },
-       "the data has no categorical fields"},
+       "a GRAPH ends in a SOFTMAX_CROSS_ENTROPY loss over the data's 10 classes (got a loss over 7 outputs)"},
+      {[](v1::ModelSpec* m) {
+         m->mutable_layers(0)->set_type(v1::LayerSpec::EMBEDDING);
+         m->mutable_layers(0)->set_table("t");
+         m->mutable_layers(0)->set_dim(4);
+       },
+       "EMBEDDING reads categorical fields, which FASHION_MNIST has none of"},
   };
   for (const auto& [edit, message] : bad) {
     const absl::Status status = ValidateJobSpec(spec_of(edit));

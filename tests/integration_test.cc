@@ -187,6 +187,53 @@ TEST_F(ClusterTest, ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer)
   }
 }
 
+// A GRAPH over dense data that is not an MLP (a residual connection, two
+// activation kinds, the input also fed past the hidden layers) trains on
+// the click path: it learns the synthetic blobs, reports a test accuracy
+// and keeps its tensors under its layers' names. An MLP-shaped graph still
+// trains as kind MLP does (AnMlpWrittenAsAGraphTrainsBitForBitAsTheKindMlp).
+TEST_F(ClusterTest, AGraphOverDenseDataThatIsNotAnMlpTrains) {
+  v1::JobSpec spec = SyntheticSpec(v1::BSP, 2, 32, 0);
+  v1::ModelSpec* model = spec.mutable_model();
+  model->Clear();
+  model->set_kind(v1::ModelSpec::GRAPH);
+  AddLayer(model, "x", v1::LayerSpec::DENSE_INPUT);
+  AddLayer(model, "h1", v1::LayerSpec::LINEAR, {"x"})->set_units(16);
+  AddLayer(model, "a1", v1::LayerSpec::ACTIVATION, {"h1"})->set_activation(v1::RELU);
+  AddLayer(model, "h2", v1::LayerSpec::LINEAR, {"a1"})->set_units(16);
+  AddLayer(model, "a2", v1::LayerSpec::ACTIVATION, {"h2"})->set_activation(v1::TANH);
+  AddLayer(model, "res", v1::LayerSpec::ADD, {"a1", "a2"});
+  AddLayer(model, "both", v1::LayerSpec::CONCAT, {"res", "x"});
+  AddLayer(model, "scores", v1::LayerSpec::LINEAR, {"both"})->set_units(4);
+  AddLayer(model, "loss", v1::LayerSpec::LOSS, {"scores"})->set_loss(v1::LayerSpec::SOFTMAX_CROSS_ENTROPY);
+  v1::JobStatus done;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &done));
+  EXPECT_GT(done.progress().test_accuracy(), 0.9) << "the blobs are well apart";
+  EXPECT_LT(done.progress().train_loss(), 0.5);
+  std::set<std::string> names;
+  for (const auto& [name, tensor] : LiveExport(done.job_id(), cluster_->scheduler_address())) names.insert(name);
+  EXPECT_EQ(names, (std::set<std::string>{"h1.weight", "h1.bias", "h2.weight", "h2.bias", "scores.weight",
+                                          "scores.bias"}));
+
+  // Its loss must score the data's classes; EMBEDDING layers need click data.
+  v1::JobSpec narrow = spec;
+  narrow.mutable_model()->mutable_layers(7)->set_units(3);
+  absl::StatusOr<std::string> refused = Submit(narrow);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("SOFTMAX_CROSS_ENTROPY loss over the data's 4 classes"), std::string::npos)
+      << refused.status();
+  v1::JobSpec embedded = spec;
+  v1::LayerSpec* ids = embedded.mutable_model()->add_layers();
+  *ids = embedded.model().layers(0);
+  ids->set_name("ids");
+  ids->set_type(v1::LayerSpec::EMBEDDING);
+  refused = Submit(embedded);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("EMBEDDING reads categorical fields, which SYNTHETIC has none of"),
+            std::string::npos)
+      << refused.status();
+}
+
 // A layer graph of the user's own: a weight per id over every field (table
 // "linear"), fields 0-1 in table "users" and 2-3 in table "items" (each
 // table holds only its own fields' ids), their FM and the dot products of

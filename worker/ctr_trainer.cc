@@ -342,6 +342,16 @@ absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vect
                                         int64_t memory_budget) {
   const v1::DataSpec& data = spec.data();
   ClickData loaded;
+  if (IsDenseData(data)) {
+    // A GRAPH that is not an MLP over FASHION_MNIST or SYNTHETIC: the
+    // features as dense ones, the class numbers as labels.
+    ASSIGN_OR_RETURN(Dataset train, LoadDenseSplit(data, spec.seed(), /*train=*/true, roots, memory_budget));
+    const int64_t left = memory_budget > 0 ? std::max<int64_t>(1, memory_budget - DatasetBytes(train)) : 0;
+    ASSIGN_OR_RETURN(Dataset test, LoadDenseSplit(data, spec.seed(), /*train=*/false, roots, left));
+    loaded.train = std::make_shared<const SparseDataset>(AsDenseFeatures(std::move(train)));
+    loaded.test = std::make_shared<const SparseDataset>(AsDenseFeatures(std::move(test)));
+    return loaded;
+  }
   if (data.dataset() == v1::DataSpec::SYNTHETIC_CTR) {
     ASSIGN_OR_RETURN(loaded.test, LoadSyntheticTestSet(spec, memory_budget));
     return loaded;
@@ -369,13 +379,24 @@ absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vect
   return loaded;
 }
 
+SparseDataset AsDenseFeatures(Dataset dataset) {
+  SparseDataset out;
+  out.num_dense = dataset.num_features;
+  out.labels.assign(dataset.labels.begin(), dataset.labels.end());
+  out.dense = std::move(dataset.features);
+  return out;
+}
+
 v1::WorkReport ClickReadyReport(const v1::JobSpec& spec, const ClickData& data) {
   v1::WorkReport report;
   report.set_kind(v1::WorkReport::READY);
   report.set_train_examples(TrainExamples(data.train.get(), data.train_index.get(), SyntheticCtrOf(spec)));
   report.set_test_examples(data.test != nullptr ? data.test->num_examples() : 0);
   report.set_features(ClickFields(spec.data()) + ClickDense(spec.data()));
-  report.set_classes(2);
+  const v1::DataSpec& d = spec.data();
+  report.set_classes(d.dataset() == v1::DataSpec::FASHION_MNIST ? kFashionMnistClasses
+                     : d.dataset() == v1::DataSpec::SYNTHETIC   ? d.synthetic_classes()
+                                                                 : 2);
   return report;
 }
 

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "fulcrum/v1/cluster.pb.h"
 #include "worker/ctr_data.h"
+#include "worker/dataset.h"
 #include "worker/parameter_transport.h"
 #include "worker/trainer.h"
 
@@ -52,10 +53,16 @@ absl::StatusOr<std::vector<std::string>> ExpandPath(const std::string& pattern);
 // beyond `memory_budget` (0: none); a bad record fails the load with its
 // file and line under onBadRecord FAIL, else it is counted and skipped (the
 // counts are logged); INVALID_ARGUMENT naming the file and record for a
-// negative libsvm value (values weigh the ids' rows).
+// negative libsvm value (values weigh the ids' rows). Dense data
+// (FASHION_MNIST, SYNTHETIC, under a GRAPH that is not an MLP) is held
+// whole as AsDenseFeatures gives it, its test split too.
 absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vector<std::string>& roots,
                                         int64_t memory_budget);
 v1::WorkReport ClickReadyReport(const v1::JobSpec& spec, const ClickData& data);
+
+// A dense dataset as click data: no fields, its features dense ones, its
+// class numbers the labels.
+SparseDataset AsDenseFeatures(Dataset dataset);
 
 // Trains until the job is through on this worker and then until it ends
 // (reporting DONE for its partitions), as Trainer::Train. With `compute`

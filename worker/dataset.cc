@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/counter_rng.h"
+#include "common/memory_budget.h"
 #include "common/param_init.h"
 #include "common/status_macros.h"
 
@@ -314,6 +315,25 @@ Dataset MakeSynthetic(uint64_t seed, int64_t num_examples, int num_features,
     }
   }
   return dataset;
+}
+
+absl::StatusOr<Dataset> LoadDenseSplit(const v1::DataSpec& data, uint64_t seed, bool train,
+                                       const std::vector<std::string>& roots, int64_t budget) {
+  try {  // an allocation that fails fails the job, not the process
+    if (data.dataset() == v1::DataSpec::FASHION_MNIST) return LoadFashionMnist(data.path(), train, roots, budget);
+    const int64_t n = train ? data.synthetic_examples() : std::max<int64_t>(1, data.synthetic_examples() / 5);
+    const int64_t bytes = DatasetBytes(n, data.synthetic_features());
+    if (budget > 0 && bytes > budget) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the synthetic ", train ? "training" : "test", " set (", n, " examples x ", data.synthetic_features(),
+          " features) needs ", FormatBytes(bytes), "; this worker has ", FormatBytes(budget),
+          " left of its memory budget (fulcrum-worker --memory-budget)"));
+    }
+    return MakeSynthetic(seed, n, data.synthetic_features(), data.synthetic_classes(), train ? 0 : 1);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory loading the ", train ? "training" : "test",
+                                                     " set: this worker cannot hold it"));
+  }
 }
 
 }  // namespace fulcrum

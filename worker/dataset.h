@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "fulcrum/v1/job.pb.h"
 
 namespace fulcrum {
 
@@ -76,6 +77,14 @@ absl::StatusOr<Dataset> LoadFashionMnist(
 // no examples.
 Dataset MakeSynthetic(uint64_t seed, int64_t num_examples, int num_features,
                       int num_classes, int split);
+
+// One split of a job's dense data: FASHION_MNIST from data.path (under
+// `roots`), or SYNTHETIC from `seed` (the test split a fifth of
+// data.syntheticExamples, at least one), within `budget` bytes (0: no
+// limit; RESOURCE_EXHAUSTED naming the split beyond it, or when an
+// allocation fails).
+absl::StatusOr<Dataset> LoadDenseSplit(const v1::DataSpec& data, uint64_t seed, bool train,
+                                       const std::vector<std::string>& roots, int64_t budget);
 
 }  // namespace fulcrum
 

@@ -76,27 +76,8 @@ absl::StatusOr<std::shared_ptr<const Dataset>> LoadCached(const v1::DataSpec& da
     auto it = g_cache.find(key);
     if (it != g_cache.end()) return it->second;
   }
-  std::shared_ptr<const Dataset> loaded;
-  try {  // an allocation that fails fails the job, not the process
-    if (data.dataset() == v1::DataSpec::FASHION_MNIST) {
-      ASSIGN_OR_RETURN(Dataset d, LoadFashionMnist(data.path(), train, roots, budget));
-      loaded = std::make_shared<const Dataset>(std::move(d));
-    } else {
-      const int64_t n = train ? data.synthetic_examples() : std::max<int64_t>(1, data.synthetic_examples() / 5);
-      const int64_t bytes = DatasetBytes(n, data.synthetic_features());
-      if (budget > 0 && bytes > budget) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "the synthetic ", train ? "training" : "test", " set (", n, " examples x ", data.synthetic_features(),
-            " features) needs ", FormatBytes(bytes), "; this worker has ", FormatBytes(budget),
-            " left of its memory budget (fulcrum-worker --memory-budget)"));
-      }
-      loaded = std::make_shared<const Dataset>(
-          MakeSynthetic(seed, n, data.synthetic_features(), data.synthetic_classes(), train ? 0 : 1));
-    }
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat("out of memory loading the ", train ? "training" : "test",
-                                                     " set: this worker cannot hold it"));
-  }
+  ASSIGN_OR_RETURN(Dataset split, LoadDenseSplit(data, seed, train, roots, budget));
+  auto loaded = std::make_shared<const Dataset>(std::move(split));
   std::lock_guard<std::mutex> lock(g_cache_mu);
   g_cache[key] = loaded;
   return loaded;
@@ -235,7 +216,7 @@ Trainer::Trainer(std::string worker_id, kernels::Backend* backend, TrainerHooks 
 absl::Status Trainer::Load(const v1::Assignment& assignment) {
   job_id_ = assignment.job_id();
   const v1::JobSpec& spec = assignment.spec();
-  click_ = IsClickModel(spec);
+  click_ = TrainsOnClickPath(spec);
   if (click_) {
     click_spec_ = spec;
     TrimCache({});

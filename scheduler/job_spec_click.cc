@@ -322,15 +322,15 @@ absl::Status ValidateDenseDataGraphLoss(const v1::JobSpec& spec) {
 
 absl::Status ValidateClickLimits(const v1::JobSpec& spec) {
   if (spec.local_sgd().steps() > 1) {
-    return Invalid("localSgd.steps", "applies to dense models only (not to click models)",
+    return Invalid("localSgd.steps", "applies to the MLP path only (kinds MLP, SOFTMAX_REGRESSION, and GRAPHs of an MLP's shape; not to click models or other graphs)",
                    absl::StrCat(spec.local_sgd().steps()));
   }
   if (spec.precision() != v1::FP32) {
-    return Invalid("precision", "must be FP32 for a click model (its layers compute in float32, on the CPU or a GPU)",
+    return Invalid("precision", "must be FP32 for a click model or a GRAPH that is not an MLP (their layers compute in float32, on the CPU or a GPU)",
                    v1::Precision_Name(spec.precision()));
   }
   if (spec.wire_format() != v1::WIRE_FP32 || spec.compression().kind() != v1::CompressionSpec::NONE) {
-    return Invalid("wireFormat", "must be WIRE_FP32 without compression for a click model",
+    return Invalid("wireFormat", "must be WIRE_FP32 without compression for a click model or a GRAPH that is not an MLP",
                    v1::WireFormat_Name(spec.wire_format()));
   }
   return absl::OkStatus();

@@ -139,8 +139,9 @@ GraphConfig CtrModelAsGraph(const CtrModelConfig& config);
 // "bias"'s, which the kind's own tensor already gets).
 std::vector<int> CtrTensorsOfGraph(const CtrModelConfig& config);
 
-// A graph over dense data (FASHION_MNIST, SYNTHETIC) runs on the workers'
-// backend as the MLP of kernels/mlp.h: DENSE_INPUT, then LINEAR layers, each
+// A graph over dense data (FASHION_MNIST, SYNTHETIC) of an MLP's shape runs
+// on the workers' backend as the MLP of kernels/mlp.h (any other runs as a
+// GraphModel): DENSE_INPUT, then LINEAR layers, each
 // but the last followed by one ACTIVATION (one kind throughout), the last
 // of `classes` units, then a SOFTMAX_CROSS_ENTROPY LOSS. Writes the MLP's
 // hidden widths and activation (kNone without hidden layers) and the LINEAR

@@ -530,6 +530,33 @@ TEST_P(GraphOnBackendTest, EveryLayerComputesWhatTheHostComputes) {
   }
 }
 
+// A graph over dense data only (no fields, no tables: how a graph that is
+// not an MLP trains on FASHION_MNIST), wide input, softmax over classes.
+TEST_P(GraphOnBackendTest, ADenseOnlyGraphComputesWhatTheHostComputes) {
+  GraphConfig g;
+  g.num_dense = 300;
+  g.layers = {
+      Layer("x", LayerType::kDenseInput),
+      Linear("h1", "x", 24),
+      Act("a1", "h1", Activation::kRelu),
+      Linear("h2", "a1", 24),
+      Act("a2", "h2", Activation::kTanh),
+      Add("res", {"a1", "a2"}, /*bias=*/false),
+      Layer("both", LayerType::kConcat, {"res", "x"}),
+      Linear("scores", "both", 5),
+      Loss("scores", LossKind::kSoftmaxCrossEntropy),
+  };
+  ASSERT_TRUE(ValidateGraphConfig(g).ok()) << ValidateGraphConfig(g);
+  GraphModel host(g), on_backend(g, backend_.get());
+  std::mt19937 rng(23);
+  for (int32_t batch : {37, 64}) {
+    SCOPED_TRACE(batch);
+    Data d = RandomData(batch, 0, g.num_dense, rng);
+    for (int32_t e = 0; e < d.batch; ++e) d.labels[static_cast<size_t>(e)] = static_cast<float>(e % 5);
+    ExpectBackendComputesWhatTheHostComputes(&host, &on_backend, d, /*weights=*/false, rng);
+  }
+}
+
 // The preset kinds as GPU workers run them (PresetAsGraph: the kind's
 // tensors in and out, through its graph on the backend) against the kinds'
 // own fused code on the host.

@@ -55,8 +55,8 @@ DataShape DataShapeOf(const v1::DataSpec& data) {
   } else {  // Fashion-MNIST (the Debian package's files)
     shape.train_examples = 60000;
     shape.test_examples = 10000;
-    shape.features = 784;
-    shape.classes = 10;
+    shape.features = kFashionMnistFeatures;
+    shape.classes = kFashionMnistClasses;
   }
   return shape;
 }

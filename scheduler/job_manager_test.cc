@@ -1,10 +1,10 @@
 #include "scheduler/job_manager.h"
-#include "scheduler/admission.h"
-#include "common/rpc.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -18,14 +18,17 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/rpc.h"
+#include "common/sync.h"
+#include "common/table_spec.h"
+#include "common/test_util.h"
 #include "fulcrum/v1/cluster.pb.h"
 #include "fulcrum/v1/job.pb.h"
 #include "fulcrum/v1/parameter.pb.h"
-#include "common/test_util.h"
-#include "scheduler/checkpoint_coordinator.h"
 #include "gtest/gtest.h"
 #include "kernels/model_from_spec.h"
-#include "common/sync.h"
+#include "scheduler/admission.h"
+#include "scheduler/checkpoint_coordinator.h"
 
 namespace fulcrum {
 namespace {
@@ -56,7 +59,8 @@ class FakeServers : public ServerControl {
     setups_.push_back({address, request});
     calls_.push_back(absl::StrCat("SetupJob ", address, " v", request.shard_map().version(),
                                   request.await_activation() ? " awaiting activation" : ""));
-    return setup_result_;
+    auto at = setup_results_at_.find(address);
+    return at != setup_results_at_.end() ? at->second : setup_result_;
   }
   absl::Status DropJob(const std::string& address, const std::string& job_id,
                        const std::string& reason, bool keep_parameters, int64_t map_version) override {
@@ -84,9 +88,41 @@ class FakeServers : public ServerControl {
     MutexLock lock(&mu_);
     return calls_;
   }
-  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& /*address*/,
+  // Refused unless AnswerCheckpointsFor gave a map: then every chunk and
+  // table bucket of the shards the address serves in it, at step 5.
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,
                                                     const v1::CheckpointRequest& /*request*/) override {
-    return absl::UnimplementedError("no checkpoints in this fake");
+    MutexLock lock(&mu_);
+    if (!checkpoint_map_.has_value()) return absl::UnimplementedError("no checkpoints in this fake");
+    std::set<int32_t> shards;
+    for (const v1::ShardLocation& shard : checkpoint_map_->shards()) {
+      const auto& backups = shard.backup_addresses();
+      if (shard.address() == address || std::find(backups.begin(), backups.end(), address) != backups.end()) {
+        shards.insert(shard.shard());
+      }
+    }
+    v1::CheckpointResponse response;
+    response.set_max_version(5);
+    response.set_min_version(5);
+    auto add = [&response](int32_t chunk_id) {
+      v1::CheckpointChunk* chunk = response.add_chunks();
+      chunk->set_chunk_id(chunk_id);
+      chunk->set_checksum(static_cast<uint32_t>(chunk_id) + 1);
+      chunk->set_bytes(100);
+    };
+    for (const v1::ChunkLocation& chunk : checkpoint_map_->chunks()) {
+      if (shards.count(chunk.shard()) > 0) add(chunk.chunk_id());
+    }
+    for (int t = 0; t < checkpoint_map_->tables_size(); ++t) {
+      for (int b = 0; b < checkpoint_map_->tables(t).bucket_shards_size(); ++b) {
+        if (shards.count(checkpoint_map_->tables(t).bucket_shards(b)) > 0) add(TableChunkId(t, b));
+      }
+    }
+    return response;
+  }
+  void AnswerCheckpointsFor(const v1::ShardMap& map) {
+    MutexLock lock(&mu_);
+    checkpoint_map_ = map;
   }
   absl::Status DeleteCheckpoint(const std::string& address, const std::string& job_id,
                                 int64_t checkpoint_id) override {
@@ -112,6 +148,11 @@ class FakeServers : public ServerControl {
     MutexLock lock(&mu_);
     setup_result_ = std::move(status);
   }
+  // Setups on `address` answer `status` (over FailSetups').
+  void FailSetupsAt(const std::string& address, absl::Status status) {
+    MutexLock lock(&mu_);
+    setup_results_at_[address] = std::move(status);
+  }
   std::vector<Setup> setups() const {
     MutexLock lock(&mu_);
     return setups_;
@@ -124,6 +165,8 @@ class FakeServers : public ServerControl {
  private:
   mutable Mutex mu_;
   absl::Status setup_result_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Status> setup_results_at_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::ShardMap> checkpoint_map_ ABSL_GUARDED_BY(mu_);
   absl::Status reconfigure_result_ ABSL_GUARDED_BY(mu_);
   std::vector<Setup> setups_ ABSL_GUARDED_BY(mu_);
   std::vector<Drop> drops_ ABSL_GUARDED_BY(mu_);
@@ -1424,6 +1467,58 @@ TEST_F(JobManagerTest, AServerJoiningAJobWithTablesIsTakenThroughACheckpoint) {
   manager_->Tick();
   EXPECT_EQ(GetOk(job_id).checkpoints_size(), 1) << "asked again at once";
   EXPECT_TRUE(servers_.drops().empty());
+}
+
+// A re-shard's restart that a server cannot take part in (here the newcomer
+// refuses its setup, as one that died or lost its room would) starts again
+// from the same checkpoint without that server, and the job trains on
+// where it was; that newcomer is not asked again at once.
+TEST_F(JobManagerTest, AReshardRestartThatAServerFailsGoesOnWithoutIt) {
+  v1::JobSpec spec = SmallClickSpec(2);
+  spec.set_replicas(1);
+  RegisterCluster();
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  ASSERT_NO_FATAL_FAILURE(MakeTraining(job_id));
+  servers_.AnswerCheckpointsFor(GetOk(job_id).shard_map());
+  constexpr char kNewcomer[] = "127.0.0.1:7003";
+  const std::string newcomer = RegisterMember(v1::SERVER, kNewcomer);
+  manager_->Tick();
+  ASSERT_EQ(GetOk(job_id).checkpoints_size(), 1);
+  servers_.FailSetupsAt(kNewcomer, absl::ResourceExhaustedError("no room left"));
+  const size_t setups_before = servers_.setups().size();
+  manager_->RunQueuedCheckpoints();  // complete: a restart over both servers
+  v1::JobStatus status = GetOk(job_id);
+  ASSERT_EQ(status.checkpoints_size(), 1);
+  EXPECT_EQ(status.checkpoints(0).state(), v1::CheckpointInfo::COMPLETE) << status.checkpoints(0).reason();
+  // The setups: the newcomer's fails, and the job restarts without it (the
+  // old server alone, from checkpoint 1) until it trains again.
+  std::vector<std::string> reasons;
+  for (int tick = 0; tick < 8 && GetOk(job_id).reason() != "training"; ++tick) {
+    manager_->Tick();
+    reasons.push_back(GetOk(job_id).reason());
+    if (reasons.back() != "workers loading data") continue;
+    for (const std::string& w : workers_) ReportKind(w, job_id, v1::WorkReport::READY).IgnoreError();
+  }
+  status = GetOk(job_id);
+  ASSERT_EQ(status.state(), v1::RUNNING) << status.reason();
+  ASSERT_EQ(status.reason(), "training") << absl::StrJoin(reasons, "; ");
+  EXPECT_TRUE(
+      Contains(absl::StrJoin(reasons, "; "), "the job restarts from the same checkpoint without " + newcomer))
+      << absl::StrJoin(reasons, "; ");
+  int newcomer_setups = 0, restores = 0;
+  const std::vector<FakeServers::Setup> setups = servers_.setups();
+  for (size_t i = setups_before; i < setups.size(); ++i) {
+    newcomer_setups += setups[i].address == kNewcomer ? 1 : 0;
+    restores += setups[i].request.restore().checkpoint_id() == 1 ? 1 : 0;
+  }
+  EXPECT_EQ(newcomer_setups, 1);
+  EXPECT_GE(restores, 2) << "the first restart's and the second's";
+  ASSERT_EQ(status.shard_map().shards_size(), 1);
+  EXPECT_EQ(status.shard_map().shards(0).address(), kServerAddress);
+  EXPECT_EQ(status.shard_map().tables_size(), 2);
+  manager_->Tick();
+  EXPECT_EQ(GetOk(job_id).checkpoints_size(), 1) << "the newcomer is not asked again at once";
 }
 
 // A server that joins a dense job as a new shard copies its chunks awaiting

@@ -241,6 +241,7 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec) {
     spec->mutable_checkpoint()->set_keep_last(3);
   }
   if (spec->checkpoint().full_every() == 0) spec->mutable_checkpoint()->set_full_every(8);
+  // Click models default to ASP; dense data (every graph over it too) to BSP.
   if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(IsClickModel(*spec) ? v1::ASP : v1::BSP);
   if (spec->precision() == v1::PRECISION_UNSPECIFIED) spec->set_precision(v1::FP32);
   if (spec->wire_format() == v1::WIRE_FORMAT_UNSPECIFIED) spec->set_wire_format(v1::WIRE_FP32);
@@ -297,6 +298,12 @@ absl::Status ValidateEarlyStopping(const v1::JobSpec& spec) {
   }
   if (e.metric() == v1::EarlyStoppingSpec::METRIC_UNSPECIFIED) {
     return Invalid("earlyStopping.metric", "must be TEST_LOSS, TEST_ACCURACY or TEST_AUC with a patience", "unset");
+  }
+  if (e.metric() == v1::EarlyStoppingSpec::TEST_AUC && IsDenseData(spec.data())) {
+    return Invalid(
+        "earlyStopping.metric",
+        "TEST_AUC needs a click model on click data (models over FASHION_MNIST and SYNTHETIC report accuracy and loss)",
+        "TEST_AUC");
   }
   if (e.metric() == v1::EarlyStoppingSpec::TEST_AUC && !TrainsOnClickPath(spec)) {
     return Invalid("earlyStopping.metric", "TEST_AUC needs a click model (other models report no AUC)", "TEST_AUC");

@@ -76,10 +76,11 @@ absl::Status ValidateGraphShape(const v1::ModelSpec& model) {
 // (every layer's values and gradients for a batch, or for an evaluation's).
 absl::Status ValidateClickGraphClaims(const v1::JobSpec& spec, const ModelLayout& layout) {
   if (layout.tensors.empty()) {
-    return Invalid("model.layers",
-                   "need a dense tensor (a LINEAR layer, or an ADD with bias: true): a job's steps and SSP's bound "
-                   "are kept on its dense tensors",
-                   "a graph of tables only");
+    return Invalid(
+        "model.layers",
+        "need a dense tensor (a LINEAR layer, or an ADD with bias: true): a job's steps and SSP's bound "
+        "are kept on its dense tensors",
+        layout.tables.empty() ? "a graph without parameters" : "a graph of tables only");
   }
   const int64_t batch = ClickComputeBatch(spec);
   const int64_t per_example = kernels::GraphValuesPerExample(layout.graph_config);
@@ -286,7 +287,14 @@ absl::Status RefuseClickData(const v1::DataSpec& data) {
 // A GRAPH over dense data (FASHION_MNIST, SYNTHETIC) that is not an MLP:
 // the data has features, no categorical fields, and no click-data settings.
 absl::Status ValidateDenseDataGraph(const v1::JobSpec& spec) {
-  RETURN_IF_ERROR(RefuseClickData(spec.data()));
+  const v1::DataSpec& data = spec.data();
+  if (data.has_synthetic_ctr() || data.has_csv() || !data.test_path().empty() ||
+      data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED) {
+    return Invalid(
+        "data",
+        "syntheticCtr, csv, testPath and onBadRecord apply to click data (SYNTHETIC_CTR, LIBSVM, CSV)",
+        v1::DataSpec::Dataset_Name(data.dataset()));
+  }
   if (spec.model().tables_size() > 0) {
     return Invalid("model.tables", "apply to EMBEDDING layers, which read click data's fields",
                    absl::StrCat(spec.model().tables_size(), " tables"));
@@ -311,11 +319,16 @@ absl::Status ValidateDenseDataGraphLoss(const v1::JobSpec& spec) {
   const int32_t classes =
       data.dataset() == v1::DataSpec::FASHION_MNIST ? kFashionMnistClasses : data.synthetic_classes();
   const int32_t width = kernels::GraphOutputWidth(layout.graph_config);
-  if (kernels::GraphLossOf(layout.graph_config) != kernels::LossKind::kSoftmaxCrossEntropy || width != classes) {
-    return Invalid("model.layers",
-                   absl::StrCat("over ", v1::DataSpec::Dataset_Name(data.dataset()),
-                                " a GRAPH ends in a SOFTMAX_CROSS_ENTROPY loss over the data's ", classes, " classes"),
-                   absl::StrCat("a loss over ", width, " outputs"));
+  const kernels::LossKind loss = kernels::GraphLossOf(layout.graph_config);
+  if (loss != kernels::LossKind::kSoftmaxCrossEntropy || width != classes) {
+    const char* name = loss == kernels::LossKind::kSoftmaxCrossEntropy ? "SOFTMAX_CROSS_ENTROPY"
+                       : loss == kernels::LossKind::kMeanSquaredError  ? "MEAN_SQUARED_ERROR"
+                                                                       : "SIGMOID_CROSS_ENTROPY";
+    return Invalid(
+        "model.layers",
+        absl::StrCat("over ", v1::DataSpec::Dataset_Name(data.dataset()),
+                     " a GRAPH ends in a SOFTMAX_CROSS_ENTROPY loss over the data's ", classes, " classes"),
+        absl::StrCat(name, " over ", width, width == 1 ? " output" : " outputs"));
   }
   return absl::OkStatus();
 }
@@ -343,14 +356,15 @@ absl::Status ValidateDenseGraph(const v1::JobSpec& spec) {
   const v1::DataSpec& data = spec.data();
   const bool mnist = data.dataset() == v1::DataSpec::FASHION_MNIST;
   kernels::GraphConfig graph;
-  graph.num_dense = mnist ? 784 : data.synthetic_features();
+  graph.num_dense = mnist ? kFashionMnistFeatures : data.synthetic_features();
   graph.layers = GraphLayersOf(spec.model());
   absl::Status valid = kernels::ValidateGraphConfig(graph);
   if (valid.ok()) {
     std::vector<int> hidden;
     kernels::Activation activation;
     std::vector<std::string> names;
-    valid = kernels::GraphAsMlp(graph.layers, mnist ? 10 : data.synthetic_classes(), &hidden, &activation, &names);
+    valid = kernels::GraphAsMlp(graph.layers, mnist ? kFashionMnistClasses : data.synthetic_classes(),
+                                &hidden, &activation, &names);
   }
   if (valid.ok()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("job spec: model.layers: ", valid.message()));

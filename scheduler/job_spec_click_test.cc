@@ -161,9 +161,6 @@ TEST(ClickSpecTest, AGraphIsAClickModelWithTheTablesItsLayersName) {
             (std::vector<std::vector<int32_t>>(2, {0, 1, 2, 3, 4, 5, 6, 7})));
 }
 
-// Over FASHION_MNIST or SYNTHETIC data a GRAPH is an MLP: its layout is
-// the kind MLP's tensors, in order, named after its LINEAR layers; any
-// other shape is refused naming the layer.
 // Over dense data a GRAPH of an MLP's shape trains as kind MLP does; any
 // other graph trains on the click path (TrainsOnClickPath), with no fields
 // and the data's features as dense ones, and must end in a softmax over
@@ -238,7 +235,8 @@ TEST(ClickSpecTest, AGraphOverDenseDataIsAnMlpOrTrainsOnTheClickPath) {
          m->mutable_layers(2)->clear_activation();
          m->mutable_layers(3)->set_units(7);
        },
-       "a GRAPH ends in a SOFTMAX_CROSS_ENTROPY loss over the data's 10 classes (got a loss over 7 outputs)"},
+       "a GRAPH ends in a SOFTMAX_CROSS_ENTROPY loss over the data's 10 classes (got SOFTMAX_CROSS_ENTROPY "
+       "over 7 outputs)"},
       {[](v1::ModelSpec* m) {
          m->mutable_layers(0)->set_type(v1::LayerSpec::EMBEDDING);
          m->mutable_layers(0)->set_table("t");
@@ -251,6 +249,45 @@ TEST(ClickSpecTest, AGraphOverDenseDataIsAnMlpOrTrainsOnTheClickPath) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << message;
     EXPECT_TRUE(Contains(status.message(), message)) << status;
   }
+  // What the layer-graph engine does not do, named for such a graph.
+  const std::vector<std::pair<std::function<void(v1::JobSpec*)>, std::string>> limits = {
+      {[](v1::JobSpec* j) { j->mutable_local_sgd()->set_steps(4); },
+       "localSgd.steps applies to the MLP path only (kinds MLP, SOFTMAX_REGRESSION, and GRAPHs of an MLP's "
+       "shape"},
+      {[](v1::JobSpec* j) { j->set_precision(v1::BF16); },
+       "precision must be FP32 for a click model or a GRAPH that is not an MLP"},
+      {[](v1::JobSpec* j) { j->set_wire_format(v1::WIRE_BF16); },
+       "wireFormat must be WIRE_FP32 without compression for a click model or a GRAPH that is not an MLP"},
+      {[](v1::JobSpec* j) { j->mutable_data()->set_test_path("/data/test.svm"); },
+       "syntheticCtr, csv, testPath and onBadRecord apply to click data"},
+      {[](v1::JobSpec* j) {
+         j->mutable_early_stopping()->set_metric(v1::EarlyStoppingSpec::TEST_AUC);
+         j->mutable_early_stopping()->set_patience(2);
+       },
+       "TEST_AUC needs a click model on click data (models over FASHION_MNIST and SYNTHETIC report accuracy and loss)"},
+      {[](v1::JobSpec* j) {
+         v1::ModelSpec* m = j->mutable_model();
+         m->mutable_layers(5)->set_units(1);
+         m->mutable_layers(6)->set_loss(v1::LayerSpec::SIGMOID_CROSS_ENTROPY);
+       },
+       "a SOFTMAX_CROSS_ENTROPY loss over the data's 10 classes (got SIGMOID_CROSS_ENTROPY over 1 output)"},
+  };
+  for (const auto& [edit, message] : limits) {
+    v1::JobSpec spec = spec_of(graphs[1]);
+    edit(&spec);
+    const absl::Status status = ValidateJobSpec(spec);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_TRUE(Contains(status.message(), message)) << status;
+  }
+  // A graph without parameters: named as such, not as a graph of tables.
+  const absl::Status bare = ValidateJobSpec(spec_of([](v1::ModelSpec* m) {
+    m->clear_layers();
+    AddLayer(m, "x", v1::LayerSpec::DENSE_INPUT);
+    AddLayer(m, "a", v1::LayerSpec::ACTIVATION, {"x"})->set_activation(v1::TANH);
+    AddLayer(m, "loss", v1::LayerSpec::LOSS, {"a"})->set_loss(v1::LayerSpec::SOFTMAX_CROSS_ENTROPY);
+  }));
+  EXPECT_TRUE(Contains(bare.message(), "need a dense tensor")) << bare;
+  EXPECT_TRUE(Contains(bare.message(), "a graph without parameters")) << bare;
 }
 
 struct ClickReject {

@@ -346,6 +346,10 @@ absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vect
     // A GRAPH that is not an MLP over FASHION_MNIST or SYNTHETIC: the
     // features as dense ones, the class numbers as labels.
     ASSIGN_OR_RETURN(Dataset train, LoadDenseSplit(data, spec.seed(), /*train=*/true, roots, memory_budget));
+    if (train.num_features != ClickDense(data)) {  // the graph's DENSE_INPUT was laid out for that many
+      return absl::FailedPreconditionError(absl::StrCat(data.path(), ": the images have ", train.num_features,
+                                                        " pixels; FASHION_MNIST's have ", ClickDense(data)));
+    }
     const int64_t left = memory_budget > 0 ? std::max<int64_t>(1, memory_budget - DatasetBytes(train)) : 0;
     ASSIGN_OR_RETURN(Dataset test, LoadDenseSplit(data, spec.seed(), /*train=*/false, roots, left));
     loaded.train = std::make_shared<const SparseDataset>(AsDenseFeatures(std::move(train)));

@@ -1,4 +1,6 @@
-// A worker's share of a click-model job (common/table_spec.h IsClickModel):
+// A worker's share of a job on the click path (kernels/model_from_spec.h
+// TrainsOnClickPath: click models, and graphs over dense data that are not
+// MLPs):
 // each data partition steps through its batches at its own pace (ASP; SSP:
 // at most `staleness` steps ahead of the slowest), and a step pulls the
 // dense tensors, pulls the rows of the batch's distinct keys from the sparse

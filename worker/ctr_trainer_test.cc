@@ -1,8 +1,14 @@
 #include "worker/ctr_trainer.h"
 
 #include <set>
+#include <string>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "common/test_util.h"
+#include "fulcrum/v1/job.pb.h"
 #include "gtest/gtest.h"
+#include "worker/dataset.h"
 
 namespace fulcrum {
 namespace {
@@ -22,6 +28,50 @@ TEST(AffineOrderTest, EachEpochVisitsEveryExampleOnceInItsOwnOrder) {
       EXPECT_TRUE(differ) << n;
     }
   }
+}
+
+// A GRAPH over SYNTHETIC (or FASHION_MNIST) data that is not an MLP trains
+// on the click path: the worker holds both splits as click data with no
+// fields, the features as dense ones and the class numbers as labels, the
+// same examples the dense path would train on; its READY report counts
+// them; beyond its memory budget the load is refused naming the split.
+TEST(LoadClickDataTest, DenseDataIsHeldAsClickDataWithItsFeaturesAndClasses) {
+  v1::JobSpec spec;
+  spec.set_seed(9);
+  spec.mutable_model()->set_kind(v1::ModelSpec::GRAPH);
+  v1::DataSpec* data = spec.mutable_data();
+  data->set_dataset(v1::DataSpec::SYNTHETIC);
+  data->set_synthetic_examples(500);
+  data->set_synthetic_features(6);
+  data->set_synthetic_classes(3);
+  absl::StatusOr<ClickData> loaded = LoadClickData(spec, {}, 0);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_NE(loaded->train, nullptr);
+  ASSERT_NE(loaded->test, nullptr);
+  const Dataset dense = MakeSynthetic(9, 500, 6, 3, /*split=*/0);
+  const SparseDataset& train = *loaded->train;
+  EXPECT_EQ(train.num_fields, 0);
+  EXPECT_EQ(train.num_dense, 6);
+  EXPECT_EQ(train.dense, dense.features);
+  ASSERT_EQ(train.num_examples(), 500);
+  for (int64_t e = 0; e < train.num_examples(); ++e) {
+    ASSERT_EQ(train.labels[static_cast<size_t>(e)], static_cast<float>(dense.labels[static_cast<size_t>(e)]))
+        << e;
+  }
+  EXPECT_EQ(train.offsets, std::vector<int64_t>{0});
+  EXPECT_TRUE(train.ids.empty());
+  EXPECT_EQ(loaded->test->num_examples(), 100);
+  const v1::WorkReport ready = ClickReadyReport(spec, *loaded);
+  EXPECT_EQ(ready.train_examples(), 500);
+  EXPECT_EQ(ready.test_examples(), 100);
+  EXPECT_EQ(ready.features(), 6);
+  EXPECT_EQ(ready.classes(), 3);
+
+  absl::StatusOr<ClickData> refused = LoadClickData(spec, {}, /*memory_budget=*/1000);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("the synthetic training set (500 examples x 6 features)"),
+            std::string::npos)
+      << refused.status();
 }
 
 }  // namespace

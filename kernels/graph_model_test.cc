@@ -149,7 +149,10 @@ void ExpectNear(const std::vector<float>& want, const std::vector<float>& got, c
 // Each preset kind and its graph compute the same loss, logits and
 // gradients from the same parameters (up to float rounding: the graph adds
 // its terms in another order).
-TEST(GraphModelTest, ThePresetKindsAsGraphsComputeWhatTheKindsCompute) {
+// One config of each preset kind: LR, MF (an FM over two fields), DeepFM
+// (a dense first-order term: its graph has an extra bias; mean bags),
+// Wide & Deep, DLRM.
+std::vector<CtrModelConfig> PresetConfigs() {
   std::vector<CtrModelConfig> configs;
   CtrModelConfig lr;
   lr.num_fields = 3;
@@ -183,7 +186,24 @@ TEST(GraphModelTest, ThePresetKindsAsGraphsComputeWhatTheKindsCompute) {
   dlrm.dot_interaction = true;
   dlrm.bottom = {7};
   configs.push_back(dlrm);
+  return configs;
+}
 
+// The batch of a preset kind (its tables read every field: one row index).
+CtrBatch CtrBatchOf(const Data& d, const TableRows& rows) {
+  CtrBatch ctr;
+  ctr.batch = d.batch;
+  ctr.labels = d.labels.data();
+  ctr.dense = d.dense.empty() ? nullptr : d.dense.data();
+  ctr.offsets = d.offsets.data();
+  ctr.weights = d.weights.data();
+  ctr.rows = rows.rows.empty() ? nullptr : rows.rows[0].data();
+  ctr.unique_rows = rows.unique.empty() ? 0 : rows.unique[0];
+  return ctr;
+}
+
+TEST(GraphModelTest, ThePresetKindsAsGraphsComputeWhatTheKindsCompute) {
+  const std::vector<CtrModelConfig> configs = PresetConfigs();
   std::mt19937 rng(7);
   for (size_t k = 0; k < configs.size(); ++k) {
     SCOPED_TRACE(k);
@@ -214,14 +234,7 @@ TEST(GraphModelTest, ThePresetKindsAsGraphsComputeWhatTheKindsCompute) {
       mine.dense[t] = kind.dense[static_cast<size_t>(mapped[t])];
     }
 
-    CtrBatch ctr;
-    ctr.batch = d.batch;
-    ctr.labels = d.labels.data();
-    ctr.dense = d.dense.empty() ? nullptr : d.dense.data();
-    ctr.offsets = d.offsets.data();
-    ctr.weights = d.weights.data();
-    ctr.rows = rows.rows.empty() ? nullptr : rows.rows[0].data();
-    ctr.unique_rows = unique.empty() ? 0 : unique[0];
+    const CtrBatch ctr = CtrBatchOf(d, rows);
     CtrModel model(c);
     Buffers kind_grads = Shaped(kind_tensors, CtrTables(c), unique, 0.0f);
     CtrStats kind_stats;
@@ -561,25 +574,7 @@ TEST_P(GraphOnBackendTest, ADenseOnlyGraphComputesWhatTheHostComputes) {
 // tensors in and out, through its graph on the backend) against the kinds'
 // own fused code on the host.
 TEST_P(GraphOnBackendTest, ThePresetKindsComputeWhatTheirFusedCodeComputes) {
-  CtrModelConfig deepfm;  // a dense first-order term: the graph's extra bias
-  deepfm.num_fields = 4;
-  deepfm.num_dense = 3;
-  deepfm.embedding_dim = 5;
-  deepfm.fm = true;
-  deepfm.hidden = {8, 6};
-  deepfm.combiner = BagCombiner::kMean;
-  CtrModelConfig dlrm;
-  dlrm.num_fields = 3;
-  dlrm.num_dense = 5;
-  dlrm.embedding_dim = 4;
-  dlrm.linear = false;
-  dlrm.hidden = {6};
-  dlrm.dot_interaction = true;
-  dlrm.bottom = {7};
-  CtrModelConfig lr;
-  lr.num_fields = 3;
-  lr.num_dense = 2;
-  for (const CtrModelConfig& c : {deepfm, dlrm, lr}) {
+  for (const CtrModelConfig& c : PresetConfigs()) {
     ASSERT_TRUE(ValidateCtrModelConfig(c).ok()) << ValidateCtrModelConfig(c);
     PresetAsGraph on_backend(c, backend_.get());
     ASSERT_TRUE(on_backend.status().ok()) << on_backend.status();
@@ -592,14 +587,7 @@ TEST_P(GraphOnBackendTest, ThePresetKindsComputeWhatTheirFusedCodeComputes) {
       const std::vector<int32_t> uniques(CtrTables(c).size(), unique);
       Buffers params = Shaped(CtrDenseTensors(c), CtrTables(c), uniques, 0.0f);
       Randomize(&params, rng, 0.5f);
-      CtrBatch ctr;
-      ctr.batch = d.batch;
-      ctr.labels = d.labels.data();
-      ctr.dense = d.dense.empty() ? nullptr : d.dense.data();
-      ctr.offsets = d.offsets.data();
-      ctr.weights = d.weights.data();
-      ctr.rows = rows.rows.empty() ? nullptr : rows.rows[0].data();
-      ctr.unique_rows = unique;
+      const CtrBatch ctr = CtrBatchOf(d, rows);
       Buffers want = Shaped(CtrDenseTensors(c), CtrTables(c), uniques, 0.0f);
       Buffers got = Shaped(CtrDenseTensors(c), CtrTables(c), uniques, std::nanf(""));
       CtrStats want_stats, got_stats;

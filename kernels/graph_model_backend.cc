@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
+#include "kernels/graph_bags.h"
 #include "kernels/graph_model.h"
 
 namespace fulcrum {
@@ -27,6 +28,15 @@ class GrowingBuffer {
       ASSIGN_OR_RETURN(buffer_, Buffer::Make(backend, bytes));
     }
     return buffer_.get<T>();
+  }
+  // As Ensure, every element `value`: filled when the memory is new (the
+  // caller never writes it).
+  absl::StatusOr<float*> EnsureFilled(Backend* backend, int64_t elements, float value) {
+    const bool fresh = buffer_.bytes() < sizeof(float) * static_cast<size_t>(std::max<int64_t>(elements, 1));
+    ASSIGN_OR_RETURN(float* data, Ensure(backend, elements));
+    if (fresh)
+      RETURN_IF_ERROR(backend->Fill(static_cast<int64_t>(buffer_.bytes() / sizeof(float)), value, data));
+    return data;
   }
   template <typename T = float>
   T* get() const {
@@ -127,14 +137,13 @@ absl::Status GraphModel::PassOnBackend(const GraphBatch& batch, const CtrParams&
       RETURN_IF_ERROR(be->Fill(size, 0.0f, row_grads));
     }
   }
-  ASSIGN_OR_RETURN(float* ones, d.ones.Ensure(be, widest));
-  RETURN_IF_ERROR(be->Fill(widest, 1.0f, ones));
-  ASSIGN_OR_RETURN(float* zeros, d.zeros.Ensure(be, widest));
-  RETURN_IF_ERROR(be->Fill(widest, 0.0f, zeros));
+  ASSIGN_OR_RETURN(float* ones, d.ones.EnsureFilled(be, widest, 1.0f));
+  ASSIGN_OR_RETURN(float* zeros, d.zeros.EnsureFilled(be, widest, 0.0f));
   ASSIGN_OR_RETURN(float* scratch, d.scratch.Ensure(be, int64_t{b} * widest));
 
   // Each EMBEDDING layer's bags: one per example and field it reads, ids
-  // as rows of the pulled rows, scales as graph_model.cc's ForEachBagId.
+  // as rows of the pulled rows, with their scales (graph_bags.h).
+  constexpr size_t kMaxIds = std::numeric_limits<int32_t>::max();
   for (size_t n = 0; n < layers; ++n) {
     const Node& node = nodes_[n];
     if (node.type != LayerType::kEmbedding) continue;
@@ -143,28 +152,16 @@ absl::Status GraphModel::PassOnBackend(const GraphBatch& batch, const CtrParams&
     d.host_offsets.assign(1, 0);
     d.host_ids.clear();
     d.host_scales.clear();
-    for (int32_t e = 0; e < b; ++e) {
-      for (int v = 0; v < node.vectors; ++v) {
-        const int f = layer.fields.empty() ? v : layer.fields[static_cast<size_t>(v)];
-        const int64_t bag = int64_t{e} * config_.num_fields + f;
-        const int64_t begin = batch.offsets[bag], end = batch.offsets[bag + 1];
-        auto weight = [&](int64_t j) { return batch.weights == nullptr ? 1.0f : batch.weights[j]; };
-        float factor = 1.0f;
-        if (layer.combiner == BagCombiner::kMean) {
-          double total = 0;
-          for (int64_t j = begin; j < end; ++j) total += weight(j);
-          factor = total > 0 ? static_cast<float>(1.0 / total) : 0.0f;
-        }
-        for (int64_t j = begin; j < end; ++j) {
-          d.host_ids.push_back(rows[j]);
-          d.host_scales.push_back(weight(j) * factor);
-        }
-        if (d.host_ids.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("GraphModel: layer \"", layer.name, "\" reads more than 2^31 ids in one batch"));
-        }
-        d.host_offsets.push_back(static_cast<int32_t>(d.host_ids.size()));
-      }
+    ForEachBagId(
+        batch, config_.num_fields, layer.fields, node.vectors, node.dim, layer.combiner, rows,
+        [&](int64_t /*at*/, int32_t row, float scale) {
+          d.host_ids.push_back(row);
+          d.host_scales.push_back(scale);
+        },
+        [&] { d.host_offsets.push_back(static_cast<int32_t>(d.host_ids.size())); });  // checked below
+    if (d.host_ids.size() > kMaxIds) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GraphModel: layer \"", layer.name, "\" reads more than 2^31 ids in one batch"));
     }
     const auto num_ids = static_cast<int64_t>(d.host_ids.size());
     ASSIGN_OR_RETURN(int32_t * offsets,
@@ -407,25 +404,34 @@ PresetAsGraph::PresetAsGraph(const CtrModelConfig& config, Backend* backend)
   }
 }
 
+namespace {
+
+// The graph's dense tensors from the kind's: per graph tensor its kind's
+// (kind_of), or the spare one where it has none.
+template <typename Pointer>
+std::vector<Pointer> GraphOrder(const std::vector<int>& kind_of, const std::vector<Pointer>& kind,
+                                std::vector<std::vector<float>>* spare) {
+  std::vector<Pointer> mapped;
+  for (size_t t = 0; t < kind_of.size(); ++t) {
+    const bool held = kind_of[t] >= 0 && static_cast<size_t>(kind_of[t]) < kind.size();
+    mapped.push_back(held ? kind[static_cast<size_t>(kind_of[t])] : (*spare)[t].data());
+  }
+  return mapped;
+}
+
+}  // namespace
+
 CtrParams PresetAsGraph::Mapped(const CtrParams& params) {
   CtrParams mapped;
   mapped.tables = params.tables;
-  for (size_t t = 0; t < kind_of_.size(); ++t) {
-    const int kind = kind_of_[t];
-    const bool held = kind >= 0 && static_cast<size_t>(kind) < params.dense.size();
-    mapped.dense.push_back(held ? params.dense[static_cast<size_t>(kind)] : spare_[t].data());
-  }
+  mapped.dense = GraphOrder(kind_of_, params.dense, &spare_);
   return mapped;
 }
 
 CtrGrads PresetAsGraph::Mapped(const CtrGrads& grads) {
   CtrGrads mapped;
   mapped.tables = grads.tables;
-  for (size_t t = 0; t < kind_of_.size(); ++t) {
-    const int kind = kind_of_[t];
-    const bool held = kind >= 0 && static_cast<size_t>(kind) < grads.dense.size();
-    mapped.dense.push_back(held ? grads.dense[static_cast<size_t>(kind)] : spare_grads_[t].data());
-  }
+  mapped.dense = GraphOrder(kind_of_, grads.dense, &spare_grads_);
   return mapped;
 }
 

@@ -273,10 +273,15 @@ absl::Status ValidateClickData(const v1::DataSpec& data) {
 
 // What a job with sparse tables cannot use yet: refused by name rather than
 // run without it.
+// Whether the data spec sets what only click data takes.
+bool HasClickDataSettings(const v1::DataSpec& data) {
+  return data.has_synthetic_ctr() || data.has_csv() || !data.test_path().empty() ||
+         data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED;
+}
+
 absl::Status RefuseClickData(const v1::DataSpec& data) {
   if (data.dataset() == v1::DataSpec::SYNTHETIC_CTR || data.dataset() == v1::DataSpec::LIBSVM ||
-      data.dataset() == v1::DataSpec::CSV || data.has_synthetic_ctr() || data.has_csv() || !data.test_path().empty() ||
-      data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED) {
+      data.dataset() == v1::DataSpec::CSV || HasClickDataSettings(data)) {
     return Invalid("data", "SYNTHETIC_CTR, LIBSVM and CSV are click data (with syntheticCtr, csv, testPath, "
                    "onBadRecord): use a click model (LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP, DEEPFM, DLRM, GRAPH)",
                    v1::DataSpec::Dataset_Name(data.dataset()));
@@ -288,8 +293,7 @@ absl::Status RefuseClickData(const v1::DataSpec& data) {
 // the data has features, no categorical fields, and no click-data settings.
 absl::Status ValidateDenseDataGraph(const v1::JobSpec& spec) {
   const v1::DataSpec& data = spec.data();
-  if (data.has_synthetic_ctr() || data.has_csv() || !data.test_path().empty() ||
-      data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED) {
+  if (HasClickDataSettings(data)) {
     return Invalid(
         "data",
         "syntheticCtr, csv, testPath and onBadRecord apply to click data (SYNTHETIC_CTR, LIBSVM, CSV)",

@@ -1,9 +1,17 @@
 // Writes Fulcrum's synthetic click data to a file, so that a reference
 // implementation (bench/torch_ctr_reference.py) trains on exactly the
-// examples a click job sees. Usage:
+// examples a click job sees, or as libsvm or CSV files to try the file
+// datasets on. Usage:
 //   fulcrum-ctr-data-dump --out=FILE --examples=N --fields=F --vocabulary=V
 //                         --dense=D --fm_dim=K --fm_scale=S --seed=SEED
 //   fulcrum-ctr-data-dump --out=FILE --spec=JOB.yaml --start=START.safetensors
+//   fulcrum-ctr-data-dump --format=libsvm|csv --out=FOLDER --files=N ...
+// With --format=libsvm or csv, FOLDER gets train-0 to train-(N-1) and test
+// (.libsvm or .csv), the training examples dealt over the N files in order:
+// libsvm lines "label id:1 ..." (the fields' ids; no dense features, so
+// --dense must be 0), CSV lines "label,dense...,id..." (examples/ctr-csv.yaml
+// reads them). The best AUC reachable on the test set (the true click
+// probabilities') is printed.
 // Format (little-endian): int64 train, int64 test, int32 fields, int32
 // dense; then train and test examples, each: float label, float truth (the
 // true click probability), D floats, F uint64 ids.
@@ -17,14 +25,17 @@
 // partition, as the job's workers read them. Its metadata holds the spec
 // (`spec`, JSON after the scheduler's defaults). A reference that starts from
 // these values and reads this order computes the job's steps.
+#include <google/protobuf/util/json_util.h>
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <google/protobuf/util/json_util.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -40,7 +51,9 @@
 #include "worker/ctr_data.h"
 #include "worker/ctr_trainer.h"
 
-ABSL_FLAG(std::string, out, "", "file to write");
+ABSL_FLAG(std::string, out, "", "file to write (--format=libsvm or csv: the folder to write the files in)");
+ABSL_FLAG(std::string, format, "binary", "binary (for the PyTorch reference), libsvm or csv");
+ABSL_FLAG(int32_t, files, 4, "--format=libsvm or csv: training files, in [1, 1000]");
 ABSL_FLAG(std::string, spec, "", "a job spec (YAML or JSON) whose synthetic click data to write");
 ABSL_FLAG(std::string, start, "", "with --spec: the safetensors file of the job's initial values and order");
 ABSL_FLAG(int64_t, examples, 50000, "training examples (the test set is a fifth of it)");
@@ -115,6 +128,58 @@ SafetensorsTensor Order(const v1::JobSpec& spec, int64_t examples) {
   return SafetensorsTensor::Ids("order", {steps, partitioning.global_batch()}, std::move(order));
 }
 
+// --format=libsvm or csv: the training examples dealt over `files` files in
+// order, and the test set, in the folder `folder` (made if missing).
+absl::Status WriteTextFiles(const SyntheticCtrSpec& data, bool csv, const std::string& folder,
+                            int32_t files) {
+  if (files < 1 || files > 1000) return absl::InvalidArgumentError("--files must be in [1, 1000]");
+  if (!csv && data.dense != 0) {
+    return absl::InvalidArgumentError(
+        "--format=libsvm holds no dense features: set --dense=0 (or use --format=csv)");
+  }
+  if (mkdir(folder.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot make ", folder, ": ", std::strerror(errno)));
+  }
+  const char* extension = csv ? ".csv" : ".libsvm";
+  const int64_t test_examples = std::clamp<int64_t>(data.examples / 5, 1, 1000000);
+  for (int split = 0; split < 2; ++split) {
+    const int64_t count = split == 0 ? data.examples : test_examples;
+    const int32_t parts = split == 0 ? files : 1;
+    std::vector<float> truth;
+    const SparseDataset examples = MakeSyntheticCtr(data, split, 0, count, &truth);
+    for (int32_t part = 0; part < parts; ++part) {
+      const std::string path = absl::StrCat(
+          folder, "/", split == 0 ? absl::StrCat("train-", part) : std::string("test"), extension);
+      FILE* out = std::fopen(path.c_str(), "w");
+      if (out == nullptr)
+        return absl::FailedPreconditionError(absl::StrCat(path, ": ", std::strerror(errno)));
+      const int64_t begin = count * part / parts, end = count * (part + 1) / parts;
+      bool wrote = true;
+      absl::Status made = absl::OkStatus();
+      for (int64_t e = begin; e < end && wrote && made.ok(); ++e) {
+        absl::StatusOr<std::string> line = ClickRecordText(examples, e, csv);
+        made = line.status();
+        wrote = !line.ok() || std::fwrite(line->data(), 1, line->size(), out) == line->size();
+      }
+      if (!made.ok()) {
+        std::fclose(out);
+        return made;
+      }
+      if (std::fclose(out) != 0 || !wrote) {
+        return absl::DataLossError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+      }
+    }
+    if (split == 1) {
+      std::printf(
+          "wrote %s/train-{0..%d}%s (%lld examples) and test%s (%lld); best reachable test AUC (the true "
+          "click probabilities') %.4f\n",
+          folder.c_str(), files - 1, extension, static_cast<long long>(data.examples), extension,
+          static_cast<long long>(count), Auc(truth, examples.labels));
+    }
+  }
+  return absl::OkStatus();
+}
+
 int Main() {
   SyntheticCtrSpec data;
   v1::JobSpec spec;
@@ -140,6 +205,18 @@ int Main() {
     data.fm_scale = static_cast<float>(absl::GetFlag(FLAGS_fm_scale));
   }
   if (absl::Status valid = ValidateSyntheticCtrSpec(data); !valid.ok()) return Fail(valid);
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format == "libsvm" || format == "csv") {
+    if (!absl::GetFlag(FLAGS_start).empty())
+      return Fail(absl::InvalidArgumentError("--start needs --format=binary"));
+    if (absl::Status written =
+            WriteTextFiles(data, format == "csv", absl::GetFlag(FLAGS_out), absl::GetFlag(FLAGS_files));
+        !written.ok()) {
+      return Fail(written);
+    }
+    return 0;
+  }
+  if (format != "binary") return Fail(absl::InvalidArgumentError("--format must be binary, libsvm or csv"));
   FILE* out = std::fopen(absl::GetFlag(FLAGS_out).c_str(), "wb");
   if (out == nullptr) {
     std::perror("--out");

@@ -324,17 +324,8 @@ class ClickFileTest : public ClusterTest {
     for (int part = 0; part < parts; ++part) {
       std::ofstream out(absl::StrCat(*data_dir_, "/", name, ".", part));
       if (part == 0) out << (format == "csv" ? "1,x,2,a,b,c,d,e\n" : "1 notanid:1\n");
-      for (int64_t e = part; e < examples; e += parts) {
-        const auto u = static_cast<size_t>(e);
-        if (format == "libsvm") {
-          out << data.labels[u];
-          for (int f = 0; f < spec.fields; ++f) out << " " << data.ids[u * 4 + f] << ":1";
-        } else {
-          out << data.labels[u] << "," << data.dense[u * 2] << "," << data.dense[u * 2 + 1];
-          for (int f = 0; f < spec.fields; ++f) out << "," << data.ids[u * 4 + f];
-        }
-        out << "\n";
-      }
+      for (int64_t e = part; e < examples; e += parts)
+        out << ClickRecordText(data, e, format == "csv").value();
     }
   }
   static double BestAuc(const std::string& format) {

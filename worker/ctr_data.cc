@@ -1,10 +1,10 @@
 #include "worker/ctr_data.h"
 
-#include <algorithm>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -16,6 +16,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/counter_rng.h"
 #include "common/param_init.h"
@@ -724,6 +725,37 @@ SparseDataset MakeSyntheticCtr(const SyntheticCtrSpec& spec, int split, int64_t 
     if (truth != nullptr) truth->push_back(static_cast<float>(p));
   }
   return data;
+}
+
+absl::StatusOr<std::string> ClickRecordText(const SparseDataset& data, int64_t example, bool csv) {
+  if (!csv && data.num_dense > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("libsvm holds no dense features; this data has ", data.num_dense, " (write CSV)"));
+  }
+  const auto e = static_cast<size_t>(example);
+  std::string line = absl::StrFormat("%.9g", data.labels[e]);
+  for (size_t d = 0; d < static_cast<size_t>(data.num_dense); ++d) {
+    absl::StrAppendFormat(&line, ",%.9g", data.dense[e * static_cast<size_t>(data.num_dense) + d]);
+  }
+  for (size_t f = 0; f < static_cast<size_t>(data.num_fields); ++f) {
+    const size_t bag = e * static_cast<size_t>(data.num_fields) + f;
+    const auto begin = static_cast<size_t>(data.offsets[bag]),
+               end = static_cast<size_t>(data.offsets[bag + 1]);
+    if (csv && end - begin > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("example ", example, " field ", f, " has ", end - begin,
+                                                     " ids; a CSV column holds one"));
+    }
+    if (csv) line += ',';
+    for (size_t i = begin; i < end; ++i) {
+      if (csv) {
+        absl::StrAppend(&line, data.ids[i]);
+      } else {
+        absl::StrAppendFormat(&line, " %u:%.9g", data.ids[i], data.weights[i]);
+      }
+    }
+  }
+  line += '\n';
+  return line;
 }
 
 double Auc(const std::vector<float>& scores, const std::vector<float>& labels) {

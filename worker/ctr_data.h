@@ -239,6 +239,15 @@ absl::Status ValidateSyntheticCtrSpec(const SyntheticCtrSpec& spec);
 SparseDataset MakeSyntheticCtr(const SyntheticCtrSpec& spec, int split, int64_t first, int64_t count,
                                std::vector<float>* truth = nullptr);
 
+// Example `example` of `data` as one line of a file the readers above take,
+// ending in a newline: libsvm "label id:weight ..." (every field's ids;
+// INVALID_ARGUMENT for data with dense features, which libsvm cannot hold),
+// or CSV "label,dense...,id..." (one column a field; a field without ids is
+// an empty value, one with more is INVALID_ARGUMENT), read by a CsvFormat of
+// a LABEL, num_dense DENSE and num_fields CATEGORICAL columns. Numbers are
+// written so that they read back the same.
+absl::StatusOr<std::string> ClickRecordText(const SparseDataset& data, int64_t example, bool csv);
+
 // The area under the ROC curve of `scores` for binary `labels` (> 0.5 is
 // positive), ties counted half; 0.5 when either class is absent.
 double Auc(const std::vector<float>& scores, const std::vector<float>& labels);

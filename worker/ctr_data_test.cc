@@ -164,6 +164,69 @@ TEST(CtrDataTest, CsvColumnsByTheSpecWithQuotesMissingValuesAndAHeader) {
   EXPECT_EQ(data.weights, (std::vector<float>{1, 1, 1}));
 }
 
+// ClickRecordText writes lines the readers take back as the same records:
+// libsvm ids and weights as they are, CSV dense values exactly and each id as
+// its column's categorical value; what a format cannot hold is refused.
+TEST(CtrDataTest, ClickRecordTextReadsBackAsTheSameRecords) {
+  SyntheticCtrSpec spec;
+  spec.seed = 3;
+  spec.fields = 3;
+  spec.vocabulary = 50;
+  for (const bool csv : {false, true}) {
+    spec.dense = csv ? 2 : 0;
+    SparseDataset data = MakeSyntheticCtr(spec, 0, 0, 200);
+    if (!csv) {
+      for (size_t i = 0; i < data.weights.size(); i += 7) data.weights[i] = 1.0f / 3;  // not 1, not short
+    }
+    std::string text;
+    for (int64_t e = 0; e < data.num_examples(); ++e) text += ClickRecordText(data, e, csv).value();
+    SparseDataset read;
+    ReadStats stats;
+    if (csv) {
+      CsvFormat format;
+      format.columns = {CsvFormat::Column::kLabel, CsvFormat::Column::kDense, CsvFormat::Column::kDense};
+      format.columns.insert(format.columns.end(), 3, CsvFormat::Column::kCategorical);
+      ASSERT_TRUE(ParseCsv(text, "ctr.csv", format, &read, &stats).ok());
+    } else {
+      ASSERT_TRUE(ParseLibsvm(text, "ctr.svm", {}, &read, &stats).ok());
+    }
+    EXPECT_EQ(stats.bad, 0) << csv;
+    ASSERT_EQ(read.num_examples(), 200) << csv;
+    EXPECT_EQ(read.labels, data.labels);
+    EXPECT_EQ(read.dense, data.dense);
+    EXPECT_EQ(read.weights, data.weights);
+    if (csv) {
+      EXPECT_EQ(read.offsets, data.offsets);
+      for (size_t i = 0; i < data.ids.size(); ++i) {
+        ASSERT_EQ(read.ids[i], CategoricalId(static_cast<int32_t>(i % 3), std::to_string(data.ids[i]))) << i;
+      }
+    } else {
+      EXPECT_EQ(read.ids, data.ids);  // libsvm: the example's ids in one field, in order
+      EXPECT_EQ(read.num_fields, 1);
+    }
+  }
+
+  SparseDataset dense = MakeSyntheticCtr(spec, 0, 0, 2);  // spec.dense is 2 here
+  absl::StatusOr<std::string> refused = ClickRecordText(dense, 0, /*csv=*/false);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Has(std::string(refused.status().message()), "libsvm holds no dense features"))
+      << refused.status();
+
+  SparseDataset bags;  // one field: example 0 has no id, example 1 two
+  bags.num_fields = 1;
+  bags.labels = {0, 1};
+  bags.ids = {5, 6};
+  bags.weights = {1, 1};
+  bags.offsets = {0, 0, 2};
+  EXPECT_EQ(ClickRecordText(bags, 0, /*csv=*/true).value(), "0,\n");
+  EXPECT_EQ(ClickRecordText(bags, 1, /*csv=*/false).value(), "1 5:1 6:1\n");
+  refused = ClickRecordText(bags, 1, /*csv=*/true);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(
+      Has(std::string(refused.status().message()), "example 1 field 0 has 2 ids; a CSV column holds one"))
+      << refused.status();
+}
+
 TEST(CtrDataTest, ACsvSpecNeedsExactlyOneLabelColumn) {
   CsvFormat format;
   format.columns = {CsvFormat::Column::kDense, CsvFormat::Column::kCategorical};

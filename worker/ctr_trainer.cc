@@ -3,7 +3,9 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <set>
@@ -21,8 +23,8 @@
 #include "common/table_spec.h"
 #include "kernels/ctr_model.h"
 #include "kernels/model_from_spec.h"
-#include "worker/parameter_client.h"
 #include "worker/dataset.h"
+#include "worker/parameter_client.h"
 #include "worker/sparse_client.h"
 
 namespace fulcrum {
@@ -316,19 +318,41 @@ int64_t TrainExamples(const SparseDataset* held, const RecordIndex* indexed, con
   return synthetic.examples;
 }
 
+// The first folder glob could not read, and why (glob's error callback takes
+// no context; a worker expands one pattern at a time on a thread).
+thread_local std::string glob_failed_path;
+thread_local int glob_failed_errno = 0;
+
+int NoteGlobError(const char* path, int error) {
+  if (glob_failed_errno == 0) {
+    glob_failed_path = path;
+    glob_failed_errno = error;
+  }
+  return 0;  // go on: a folder that does not exist is no match, one that cannot be read fails below
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> ExpandPath(const std::string& pattern) {
   constexpr size_t kMaxFiles = 100000;
+  glob_failed_path.clear();
+  glob_failed_errno = 0;
   glob_t matches{};
-  const int rc = glob(pattern.c_str(), GLOB_ERR, nullptr, &matches);
+  const int rc = glob(pattern.c_str(), 0, NoteGlobError, &matches);
   std::vector<std::string> files;
   if (rc == 0) {
     for (size_t i = 0; i < matches.gl_pathc && files.size() <= kMaxFiles; ++i) files.emplace_back(matches.gl_pathv[i]);
   }
   globfree(&matches);
+  const int error = glob_failed_errno;
+  if (error != 0 && error != ENOENT && error != ENOTDIR) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot list ", pattern, ": cannot read ",
+                                                      glob_failed_path, ": ", std::strerror(error)));
+  }
   if (rc == GLOB_NOMATCH || (rc == 0 && files.empty())) {
-    return absl::NotFoundError(absl::StrCat("no file matches ", pattern));
+    return absl::NotFoundError(absl::StrCat(
+        "no file matches ", pattern,
+        error != 0 ? absl::StrCat(" (", glob_failed_path, ": ", std::strerror(error), ")") : std::string()));
   }
   if (rc != 0) return absl::FailedPreconditionError(absl::StrCat("cannot list ", pattern, " (glob error ", rc, ")"));
   if (files.size() > kMaxFiles) {

@@ -1,5 +1,10 @@
 #include "worker/ctr_trainer.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -28,6 +33,42 @@ TEST(AffineOrderTest, EachEpochVisitsEveryExampleOnceInItsOwnOrder) {
       EXPECT_TRUE(differ) << n;
     }
   }
+}
+
+// A data path is a file or a glob: its matches come sorted; no match, a
+// folder that does not exist and a file taken for a folder are each "no file
+// matches", the first naming what is missing.
+TEST(ExpandPathTest, MatchesComeSortedAndAMissingFolderIsNamed) {
+  std::string dir = ::testing::TempDir() + "/expand-path-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  for (const char* name : {"b.libsvm", "a.libsvm", "c.txt"}) std::ofstream(dir + "/" + name) << "1 1:1\n";
+
+  absl::StatusOr<std::vector<std::string>> files = ExpandPath(dir + "/*.libsvm");
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(*files, (std::vector<std::string>{dir + "/a.libsvm", dir + "/b.libsvm"}));
+  files = ExpandPath(dir + "/c.txt");
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(*files, std::vector<std::string>{dir + "/c.txt"});
+
+  files = ExpandPath(dir + "/*.csv");
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(files.status().message(), "no file matches " + dir + "/*.csv");
+
+  files = ExpandPath(dir + "/missing/train-*.libsvm");
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(files.status().message(), "no file matches " + dir + "/missing/train-*.libsvm (" + dir +
+                                          "/missing: No such file or directory)");
+
+  files = ExpandPath(dir + "/a.libsvm/*");
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kNotFound) << files.status();
+
+  // What the missing folder's expansion noted does not stay for the next one.
+  files = ExpandPath(dir + "/missing/*");
+  files = ExpandPath(dir + "/*.csv");
+  EXPECT_EQ(files.status().message(), "no file matches " + dir + "/*.csv");
+
+  for (const char* name : {"a.libsvm", "b.libsvm", "c.txt"}) std::remove((dir + "/" + name).c_str());
+  rmdir(dir.c_str());
 }
 
 // A GRAPH over SYNTHETIC (or FASHION_MNIST) data that is not an MLP trains

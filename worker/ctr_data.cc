@@ -13,6 +13,7 @@
 #include <numeric>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,7 @@
 #include "common/quote.h"
 #include "common/status_macros.h"
 #include "common/sync.h"
+#include "worker/data_file.h"
 
 namespace fulcrum {
 namespace {
@@ -177,20 +179,24 @@ absl::Status FeedText(absl::string_view text, int64_t max_line_bytes, RecordSink
 // Streams the file at `path` into `sink` in blocks: only the current block
 // and a partial line of at most max_line_bytes are ever held.
 absl::Status FeedFile(const std::string& path, int64_t block_bytes, int64_t max_line_bytes, RecordSink* sink) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return errno == ENOENT ? absl::NotFoundError(absl::StrCat("data file ", Quote(path), " does not exist"))
-                           : absl::FailedPreconditionError(absl::StrCat("cannot open data file ", Quote(path), ": ",
-                                                                        std::strerror(errno)));
-  }
+  ASSIGN_OR_RETURN(const int fd, OpenDataFile(path, "data file"));
+  const absl::Cleanup closed = [fd] { close(fd); };
   std::string block(static_cast<size_t>(std::max<int64_t>(block_bytes, 1)), '\0');
   std::string partial;     // the line the last block ended in
   bool skipping = false;   // inside a line already known to be too long
   int64_t block_start = 0, line_start = 0;  // file offsets
-  for (; in; block_start += static_cast<int64_t>(block.size())) {
-    in.read(block.data(), static_cast<std::streamsize>(block.size()));
-    const auto got = static_cast<size_t>(in.gcount());
-    if (in.bad()) return absl::DataLossError(absl::StrCat("reading data file ", Quote(path), " failed"));
+  for (size_t got = block.size(); got == block.size(); block_start += static_cast<int64_t>(block.size())) {
+    got = 0;
+    while (got < block.size()) {  // a whole block, or what is left of the file
+      const ssize_t n = read(fd, block.data() + got, block.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return absl::DataLossError(
+            absl::StrCat("reading data file ", Quote(path), " failed: ", std::strerror(errno)));
+      }
+      if (n == 0) break;
+      got += static_cast<size_t>(n);
+    }
     absl::string_view rest(block.data(), got);
     while (!rest.empty()) {
       const size_t newline = rest.find('\n');
@@ -426,11 +432,13 @@ class RecordIndex::Opened {
     }
     *owned = fd < 0;
     if (fd >= 0) return fd;
-    fd = open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      return absl::DataLossError(absl::StrCat("data file ", Quote(file.path), " cannot be opened any more (",
-                                              std::strerror(errno), "); it was indexed when the job started"));
+    absl::StatusOr<int> opened = OpenDataFile(file.path, "data file");
+    if (!opened.ok()) {
+      return absl::DataLossError(absl::StrCat(opened.status().message(),
+                                              ": it cannot be read any more; it was ",
+                                              "indexed when the job started"));
     }
+    fd = *opened;
     // Kept open only once it is known to be the file indexed.
     if (const absl::Status same = Check(fd, file); !same.ok()) {
       close(fd);

@@ -281,6 +281,32 @@ TEST(CtrDataTest, FilesThatCannotBeReadOrDoNotMatchAreClearErrors) {
   EXPECT_TRUE(Has(std::string(mixed.message()), "cannot join")) << mixed;
 }
 
+// A data path that names a FIFO, a folder or a device is refused at once,
+// naming what it is: reading a FIFO would wait for a writer that may never
+// come, holding the worker; an index is refused the same way.
+TEST(CtrDataTest, APathThatIsNoRegularFileIsRefusedWithoutWaiting) {
+  std::string dir = ::testing::TempDir() + "/ctr-data-special-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const std::string fifo = dir + "/train.libsvm";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const std::pair<std::string, std::string> cases[] = {
+      {fifo, "(it is a FIFO)"}, {dir, "(it is a folder)"}, {"/dev/null", "(it is a character device)"}};
+  for (const auto& [path, kind] : cases) {
+    SparseDataset data;
+    ReadStats stats;
+    const absl::Status read = ReadLibsvmFile(path, {}, &data, &stats);
+    EXPECT_EQ(read.code(), absl::StatusCode::kFailedPrecondition) << path << ": " << read;
+    EXPECT_TRUE(Has(std::string(read.message()), "data file \"" + path + "\" is not a regular file " + kind))
+        << read;
+    EXPECT_EQ(data.num_examples(), 0);
+    ReadStats index_stats;
+    absl::StatusOr<std::unique_ptr<RecordIndex>> index = RecordIndex::BuildLibsvm({path}, {}, &index_stats);
+    EXPECT_EQ(index.status().code(), absl::StatusCode::kFailedPrecondition) << path << ": " << index.status();
+  }
+  unlink(fifo.c_str());
+  rmdir(dir.c_str());
+}
+
 // Appends every record of `index` read back one at a time, in order.
 SparseDataset ReadAll(const RecordIndex& index) {
   SparseDataset all;

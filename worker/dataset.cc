@@ -1,5 +1,6 @@
 #include "worker/dataset.h"
 
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "common/memory_budget.h"
 #include "common/param_init.h"
 #include "common/status_macros.h"
+#include "worker/data_file.h"
 
 namespace fulcrum {
 namespace {
@@ -47,15 +49,18 @@ std::string Hex(uint32_t value) {
 }
 
 absl::StatusOr<GzPtr> OpenGz(const std::string& path) {
-  errno = 0;
-  GzPtr file(gzopen(path.c_str(), "rb"));
-  if (file != nullptr) return file;
-  const int err = errno;
-  if (err == ENOENT) {
+  absl::StatusOr<int> fd = OpenDataFile(path, "dataset file");
+  if (absl::IsNotFound(fd.status())) {
     return absl::NotFoundError(absl::StrCat(
         "dataset file ", path, ": does not exist; check the path or download "
         "the dataset there"));
   }
+  if (!fd.ok()) return fd.status();
+  errno = 0;
+  GzPtr file(gzdopen(*fd, "rb"));  // owns the descriptor from here
+  if (file != nullptr) return file;
+  const int err = errno;
+  close(*fd);
   return absl::FailedPreconditionError(
       absl::StrCat("dataset file ", path, ": cannot open (",
                    err != 0 ? std::strerror(err) : "out of memory",

@@ -1,8 +1,7 @@
 #include "worker/dataset.h"
 
-#include "absl/strings/str_cat.h"
-
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace fulcrum {
@@ -206,6 +206,19 @@ TEST_F(DatasetTest, MissingFileNamesThePath) {
   const std::string missing = dir_ + "/no-such-images.gz";
   ExpectError(LoadIdx(missing, WriteRaw("labels", GoodLabels())).status(),
               absl::StatusCode::kNotFound, {missing});
+}
+
+// An image file that is a FIFO (or a folder) is refused at once, naming it;
+// reading it would wait for a writer that may never come.
+TEST_F(DatasetTest, AFileThatIsNoRegularFileIsRefusedWithoutWaiting) {
+  const std::string labels = WriteRaw("labels", GoodLabels());
+  const std::string fifo = dir_ + "/images-fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  ExpectError(LoadIdx(fifo, labels).status(), absl::StatusCode::kFailedPrecondition,
+              {fifo, "is not a regular file (it is a FIFO)"});
+  ExpectError(LoadIdx(dir_, labels).status(), absl::StatusCode::kFailedPrecondition,
+              {dir_, "(it is a folder)"});
+  std::filesystem::remove(fifo);
 }
 
 TEST_F(DatasetTest, CorruptGzipIsDataLoss) {

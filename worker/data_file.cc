@@ -1,0 +1,61 @@
+#include "worker/data_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/quote.h"
+
+namespace fulcrum {
+namespace {
+
+const char* KindOf(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "of another type";
+}
+
+}  // namespace
+
+absl::StatusOr<int> OpenDataFile(const std::string& path, const char* what) {
+  // O_NONBLOCK: opening a FIFO does not wait for a writer; fstat tells it apart.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int error = errno;
+    if (error == ENOENT) return absl::NotFoundError(absl::StrCat(what, " ", Quote(path), " does not exist"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open ", what, " ", Quote(path), ": ", std::strerror(error)));
+  }
+  struct stat info {};
+  if (fstat(fd, &info) != 0) {
+    const int error = errno;
+    close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot read ", what, " ", Quote(path), ": ", std::strerror(error)));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " ", Quote(path), " is not a regular file (it is ", KindOf(info.st_mode), ")"));
+  }
+  // Reads of a regular file do not block anyway; blocking mode is what the
+  // readers expect.
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int error = errno;
+    close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open ", what, " ", Quote(path), ": ", std::strerror(error)));
+  }
+  return fd;
+}
+
+}  // namespace fulcrum

@@ -100,6 +100,12 @@ int64_t ClickComputeBatch(const v1::JobSpec& spec) {
   return std::max<int64_t>(spec.data().batch_size(), kClickEvalBatch);
 }
 
+int64_t ClickValuesPerExample(const ModelLayout& layout) {
+  if (layout.graph) return kernels::GraphValuesPerExample(layout.graph_config);
+  if (!layout.click || !kernels::ValidateCtrModelConfig(layout.ctr).ok()) return 0;
+  return kernels::GraphValuesPerExample(kernels::CtrModelAsGraph(layout.ctr));
+}
+
 bool TrainsOnClickPath(const v1::JobSpec& spec) {
   if (IsClickModel(spec)) return true;
   if (spec.model().kind() != v1::ModelSpec::GRAPH) return false;

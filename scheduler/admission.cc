@@ -44,6 +44,10 @@ DataShape DataShapeOf(const v1::DataSpec& data) {
     shape.classes = 2;
     if (data.dataset() == v1::DataSpec::SYNTHETIC_CTR) {
       shape.test_examples = std::clamp<int64_t>(data.synthetic_ctr().examples() / 5, 1, 1000000);
+      // As the worker holds it (worker/ctr_data.h HeldBytes): a label, the
+      // dense values, and per field one id's key, weight and offset; and the
+      // evaluation's score.
+      shape.example_bytes = 4 + 4 * int64_t{ClickDense(data)} + 20 * int64_t{ClickFields(data)} + 4;
     }
     return shape;
   }
@@ -68,14 +72,15 @@ JobClaims ClaimsOf(const v1::JobSpec& spec) {
   int64_t widths = data.features + data.classes;
   for (int hidden : layout.config.hidden) widths += hidden;
   for (const auto& tensor : layout.tensors) claims.parameters += tensor.size;
-  claims.worker_data_bytes = ExamplesBytes(data.train_examples, data.features) +
-                             ExamplesBytes(data.test_examples, data.features);
+  claims.worker_data_bytes = data.example_bytes > 0
+                                 ? (data.train_examples + data.test_examples) * data.example_bytes
+                                 : ExamplesBytes(data.train_examples, data.features) +
+                                       ExamplesBytes(data.test_examples, data.features);
   const bool half_wire = spec.wire_format() == v1::WIRE_BF16 || spec.wire_format() == v1::WIRE_FP16;
   const int64_t batch = spec.data().batch_size();
-  // A click graph's scratch: every layer's values and gradients for a batch
-  // (or an evaluation's), kernels/graph_model.h.
-  const int64_t graph_bytes =
-      layout.graph ? ClickComputeBatch(spec) * kernels::GraphValuesPerExample(layout.graph_config) * kFloat * 2 : 0;
+  // A click model's scratch: every layer's values and gradients for a batch
+  // (or an evaluation's), kernels/graph_model.h; a preset kind's as its graph.
+  const int64_t graph_bytes = ClickComputeBatch(spec) * ClickValuesPerExample(layout) * kFloat * 2;
   claims.worker_bytes = claims.worker_data_bytes + graph_bytes +
                         claims.parameters * kFloat * 3 +              // parameters, pull landing, gradients
                         (half_wire ? claims.parameters * 2 * 2 : 0) +  // 16-bit parameters and gradients

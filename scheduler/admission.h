@@ -39,6 +39,8 @@ struct DataShape {
   int64_t test_examples = 0;
   int features = 0;
   int classes = 0;
+  // Bytes a held example takes; 0: its features as floats and a label.
+  int64_t example_bytes = 0;
 };
 DataShape DataShapeOf(const v1::DataSpec& data);
 

@@ -3,7 +3,9 @@
 #include <string>
 #include <vector>
 
+#include "common/test_util.h"
 #include "gtest/gtest.h"
+#include "kernels/model_from_spec.h"
 #include "scheduler/job_spec.h"
 
 namespace fulcrum {
@@ -76,12 +78,47 @@ TEST(AdmissionTest, ClickDataClaimsItsTestSetOnly) {
   EXPECT_EQ(shape.test_examples, 1000000) << "the test set is capped";
   EXPECT_EQ(shape.features, 13);
   EXPECT_EQ(shape.classes, 2);
+  // Held as the worker holds it: label, dense values, per field an id's
+  // key, weight and offset, and a score.
+  EXPECT_EQ(shape.example_bytes, 4 + 3 * 4 + 10 * 20 + 4);
   data.set_dataset(v1::DataSpec::LIBSVM);
   data.clear_synthetic_ctr();
   data.set_path("/data/x.libsvm");
   shape = DataShapeOf(data);
   EXPECT_EQ(shape.train_examples + shape.test_examples, 0) << "files are measured by the workers";
   EXPECT_EQ(shape.features, 1);
+}
+
+// A preset click kind claims its batch's scratch as its layer graph does,
+// and one past 2^28 values a batch is refused naming the kind: a DLRM of 64
+// fields of 1024 floats holds more than 64k values an example.
+TEST(AdmissionTest, APresetClickKindClaimsItsBatchScratch) {
+  v1::JobSpec spec;
+  spec.set_num_workers(1);
+  spec.mutable_optimizer()->set_lr(0.01f);
+  spec.mutable_model()->set_kind(v1::ModelSpec::DLRM);
+  spec.mutable_model()->set_embedding_dim(64);
+  spec.mutable_model()->add_hidden_sizes(1);
+  v1::DataSpec* data = spec.mutable_data();
+  data->set_dataset(v1::DataSpec::SYNTHETIC_CTR);
+  data->mutable_synthetic_ctr()->set_examples(20000);
+  data->mutable_synthetic_ctr()->set_fields(64);
+  data->set_batch_size(2048);
+  ApplyJobSpecDefaults(&spec);
+  ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  const int64_t per_example = ClickValuesPerExample(LayoutFor(spec, 0, 0));
+  EXPECT_GT(per_example, 64 * 64) << "the fields' embeddings at least";
+  const JobClaims claims = ClaimsOf(spec);
+  EXPECT_GE(claims.worker_bytes - claims.worker_data_bytes, 2048 * per_example * 4 * 2)
+      << "values and gradients of a batch";
+
+  spec.mutable_model()->set_embedding_dim(1024);
+  spec.mutable_data()->set_batch_size(8192);
+  const absl::Status refused = ValidateJobSpec(spec);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(Contains(refused.message(), "model (DLRM) takes")) << refused;
+  EXPECT_TRUE(Contains(refused.message(), "values for a batch of 8192")) << refused;
+  EXPECT_TRUE(Contains(refused.message(), "more than 2^28")) << refused;
 }
 
 }  // namespace

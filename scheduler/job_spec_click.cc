@@ -71,6 +71,24 @@ absl::Status ValidateGraphShape(const v1::ModelSpec& model) {
   return absl::OkStatus();
 }
 
+// A click model's scratch for a batch (or an evaluation's): every layer's
+// values an example, times the examples, at most 2^28 (1 GiB of floats, as
+// much again for their gradients). A preset kind counts as its graph.
+absl::Status ValidateClickBatchValues(const v1::JobSpec& spec, const ModelLayout& layout) {
+  const int64_t batch = ClickComputeBatch(spec);
+  const int64_t per_example = ClickValuesPerExample(layout);
+  const int64_t values = batch * per_example;
+  if (values <= (int64_t{1} << 28)) return absl::OkStatus();
+  const std::string kind = v1::ModelSpec::Kind_Name(spec.model().kind());
+  return Invalid(
+      layout.graph ? "model.layers" : "model",
+      absl::StrCat(layout.graph ? "take " : absl::StrCat("(", kind, ") takes "), values,
+                   " values for a batch of ", batch, " (its examples times every layer's values an example",
+                   layout.graph ? "" : ", as its layer graph", "), more than 2^28: use a smaller ",
+                   layout.graph ? "batch or layers" : "batch, embeddingDim, hiddenSizes or fields"),
+      absl::StrCat(per_example, " values an example"));
+}
+
 // What a click graph claims beyond its shape: a dense tensor (the job's
 // steps and SSP's bound are kept on the dense path), and a bounded scratch
 // (every layer's values and gradients for a batch, or for an evaluation's).
@@ -82,16 +100,7 @@ absl::Status ValidateClickGraphClaims(const v1::JobSpec& spec, const ModelLayout
         "are kept on its dense tensors",
         layout.tables.empty() ? "a graph without parameters" : "a graph of tables only");
   }
-  const int64_t batch = ClickComputeBatch(spec);
-  const int64_t per_example = kernels::GraphValuesPerExample(layout.graph_config);
-  const int64_t values = batch * per_example;
-  if (values > (int64_t{1} << 28)) {
-    return Invalid("model.layers",
-                   absl::StrCat("take ", values, " values for a batch of ", batch,
-                                " (its examples times every layer's values an example), more than 2^28"),
-                   absl::StrCat(per_example, " values an example"));
-  }
-  return absl::OkStatus();
+  return ValidateClickBatchValues(spec, layout);
 }
 
 absl::Status ValidateClickShape(const v1::ModelSpec& model) {
@@ -206,10 +215,12 @@ absl::Status ValidateTables(const v1::JobSpec& spec) {
     if (table.consistency() == v1::TableSpec::SYNC && spec.mode() != v1::BSP) {
       return Invalid(field + ".consistency",
                      "SYNC applies to BSP jobs only (ASP and SSP jobs apply every push as it arrives)",
-                     absl::StrCat("SYNC in a ", v1::Mode_Name(spec.mode()), " job"));
+                     absl::StrCat("SYNC in an ", v1::Mode_Name(spec.mode()), " job"));
     }
   }
-  return layout.graph ? absl::OkStatus() : kernels::ValidateCtrModelConfig(layout.ctr);
+  if (layout.graph) return absl::OkStatus();
+  RETURN_IF_ERROR(kernels::ValidateCtrModelConfig(layout.ctr));
+  return ValidateClickBatchValues(spec, layout);
 }
 
 absl::Status ValidateSyntheticClickData(const v1::DataSpec& data) {

@@ -313,39 +313,53 @@ std::vector<ClickReject> ClickRejects() {
   };
   return {
       {"NoEmbeddingDim", [](S* s) { s->mutable_model()->clear_embedding_dim(); }, {"model.embeddingDim"}},
-      {"EmbeddingDimTooLarge", [](S* s) { s->mutable_model()->set_embedding_dim(1025); }, {"model.embeddingDim"}},
+      {"EmbeddingDimTooLarge",
+       [](S* s) { s->mutable_model()->set_embedding_dim(1025); },
+       {"model.embeddingDim"}},
       {"EmbeddingDimOnLogisticRegression",
        [](S* s) {
          s->mutable_model()->set_kind(v1::ModelSpec::LOGISTIC_REGRESSION);
          s->mutable_model()->clear_hidden_sizes();
        },
        {"model.embeddingDim", "FM"}},
-      {"DeepFmWithoutHiddenSizes", [](S* s) { s->mutable_model()->clear_hidden_sizes(); }, {"model.hiddenSizes"}},
-      {"FmWithHiddenSizes", [](S* s) { s->mutable_model()->set_kind(v1::ModelSpec::FM); }, {"model.hiddenSizes"}},
+      {"DeepFmWithoutHiddenSizes",
+       [](S* s) { s->mutable_model()->clear_hidden_sizes(); },
+       {"model.hiddenSizes"}},
+      {"FmWithHiddenSizes",
+       [](S* s) { s->mutable_model()->set_kind(v1::ModelSpec::FM); },
+       {"model.hiddenSizes"}},
       {"ClickModelOnImages",
        [](S* s) {
          s->mutable_data()->set_dataset(v1::DataSpec::FASHION_MNIST);
          s->mutable_data()->clear_synthetic_ctr();
        },
        {"data.dataset", "SYNTHETIC_CTR"}},
-      {"NoExamples", [](S* s) { s->mutable_data()->mutable_synthetic_ctr()->set_examples(0); },
+      {"NoExamples",
+       [](S* s) { s->mutable_data()->mutable_synthetic_ctr()->set_examples(0); },
        {"data.syntheticCtr.examples"}},
-      {"TooManyFields", [](S* s) { s->mutable_data()->mutable_synthetic_ctr()->set_fields(257); },
+      {"TooManyFields",
+       [](S* s) { s->mutable_data()->mutable_synthetic_ctr()->set_fields(257); },
        {"data.syntheticCtr.fields"}},
-      {"NegativeZipf", [](S* s) { s->mutable_data()->mutable_synthetic_ctr()->set_zipf_exponent(-1); },
+      {"NegativeZipf",
+       [](S* s) { s->mutable_data()->mutable_synthetic_ctr()->set_zipf_exponent(-1); },
        {"data.syntheticCtr.zipfExponent"}},
-      {"NanBias", [](S* s) { s->mutable_data()->mutable_synthetic_ctr()->set_bias(std::nanf("")); },
+      {"NanBias",
+       [](S* s) { s->mutable_data()->mutable_synthetic_ctr()->set_bias(std::nanf("")); },
        {"data.syntheticCtr.bias"}},
-      {"UnknownTable", [table](S* s) { table(s, "user_embedding"); }, {"model.tables[0].name", "linear, embedding"}},
+      {"UnknownTable",
+       [table](S* s) { table(s, "user_embedding"); },
+       {"model.tables[0].name", "linear, embedding"}},
       {"TableTwice",
        [table](S* s) {
          table(s, "linear");
          table(s, "linear");
        },
        {"model.tables[1].name", "twice"}},
-      {"NegativeTableLr", [table](S* s) { table(s, "linear")->mutable_optimizer()->set_lr(-1); },
+      {"NegativeTableLr",
+       [table](S* s) { table(s, "linear")->mutable_optimizer()->set_lr(-1); },
        {"model.tables[0].optimizer.lr"}},
-      {"BetaOnAdagrad", [table](S* s) { table(s, "embedding")->mutable_optimizer()->set_beta1(0.5f); },
+      {"BetaOnAdagrad",
+       [table](S* s) { table(s, "embedding")->mutable_optimizer()->set_beta1(0.5f); },
        {"model.tables[0].optimizer.beta1", "ADAM"}},
       {"L1OnAdam",
        [table](S* s) {
@@ -361,11 +375,15 @@ std::vector<ClickReject> ClickRejects() {
          t->set_init_scale(0.1f);
        },
        {"model.tables[0].initScale", "FTRL"}},
-      {"NegativeAdmitAfter", [table](S* s) { table(s, "linear")->set_admit_after(-1); },
+      {"NegativeAdmitAfter",
+       [table](S* s) { table(s, "linear")->set_admit_after(-1); },
        {"model.tables[0].admitAfter"}},
-      {"TooManyBuckets", [table](S* s) { table(s, "linear")->set_buckets(4097); }, {"model.tables[0].buckets"}},
-      {"SyncTableInAsp", [table](S* s) { table(s, "linear")->set_consistency(v1::TableSpec::SYNC); },
-       {"model.tables[0].consistency", "BSP jobs only", "SYNC in a ASP job"}},
+      {"TooManyBuckets",
+       [table](S* s) { table(s, "linear")->set_buckets(4097); },
+       {"model.tables[0].buckets"}},
+      {"SyncTableInAsp",
+       [table](S* s) { table(s, "linear")->set_consistency(v1::TableSpec::SYNC); },
+       {"model.tables[0].consistency", "BSP jobs only", "SYNC in an ASP job"}},
       {"SyncTableInSsp",
        [table](S* s) {
          s->set_mode(v1::SSP);
@@ -373,7 +391,8 @@ std::vector<ClickReject> ClickRejects() {
          table(s, "embedding")->set_consistency(v1::TableSpec::SYNC);
        },
        {"model.tables[0].consistency", "BSP jobs only"}},
-      {"BottomSizesOnFm", [](S* s) { s->mutable_model()->add_bottom_sizes(4); },
+      {"BottomSizesOnFm",
+       [](S* s) { s->mutable_model()->add_bottom_sizes(4); },
        {"model.bottomSizes", "applies to DLRM only"}},
       {"DlrmBottomSizeZero",
        [](S* s) {
@@ -397,7 +416,9 @@ std::vector<ClickReject> ClickRejects() {
        [table](S* s) { table(s, "linear")->set_consistency(static_cast<v1::TableSpec::Consistency>(9)); },
        {"model.tables[0].consistency", "is not a known value", "9"}},
       {"Bf16Compute", [](S* s) { s->set_precision(v1::BF16); }, {"precision"}},
-      {"Compressed", [](S* s) { s->mutable_compression()->set_kind(v1::CompressionSpec::INT8); }, {"wireFormat"}},
+      {"Compressed",
+       [](S* s) { s->mutable_compression()->set_kind(v1::CompressionSpec::INT8); },
+       {"wireFormat"}},
       {"LibsvmWithoutPath",
        [](S* s) {
          s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);

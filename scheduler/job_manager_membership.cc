@@ -305,7 +305,9 @@ JobManager::StartOutcome JobManager::TryAssign(Job* job) {
   }
   if (static_cast<int>(idle.size()) < wanted || servers_with_room < replicas) {
     std::string reason = absl::StrFormat(
-        "waiting for resources: %d of %d workers idle, %d of %d servers with %s of memory free (%d replicas wanted)",
+        "waiting for resources: %d of %d workers idle, %d of %d servers with the %s of memory it needs free "
+        "(%d "
+        "replicas wanted)",
         idle.size(), wanted, servers_with_room, servers, FormatBytes(per_server), replicas);
     if (job->waiting_since.has_value() && clock_() - *job->waiting_since >= options_.max_queue_wait) {
       absl::StrAppend(&reason, "; jobs queued behind it may start first");

@@ -965,7 +965,8 @@ TEST_F(JobManagerTest, AJobWaitsForServerMemoryOtherJobsHold) {
   ASSERT_EQ(GetOk(first).reason(), "training");
   v1::JobStatus waiting = GetOk(second);
   EXPECT_EQ(waiting.state(), v1::PENDING);
-  EXPECT_TRUE(Contains(waiting.reason(), "0 of 1 servers with 3.1 MiB of memory free")) << waiting.reason();
+  EXPECT_TRUE(Contains(waiting.reason(), "0 of 1 servers with the 3.1 MiB of memory it needs free"))
+      << waiting.reason();
   ASSERT_TRUE(manager_->Cancel(first).ok());
   // A cancelled job's parameters are dropped: its claim is gone.
   manager_->Tick();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
@@ -252,8 +253,17 @@ absl::Status ValidateFileClickData(const v1::DataSpec& data) {
   int labels = 0;
   for (int c : csv.columns()) labels += c == v1::CsvSpec::LABEL ? 1 : 0;
   if (labels != 1) return Invalid("data.csv.columns", "must have exactly one LABEL column", absl::StrCat(labels));
-  if (csv.delimiter().size() > 1 || csv.delimiter() == "\"" || csv.delimiter() == "\n" || csv.delimiter() == "\r") {
-    return Invalid("data.csv.delimiter", "must be one character other than a quote or a line break", Quote(csv.delimiter()));
+  // One printable character that no number holds (so "1.5e-3" stays one
+  // value), or a tab.
+  const std::string& delimiter = csv.delimiter();
+  const bool tab = delimiter == "\t";
+  const auto c = delimiter.empty() ? ',' : delimiter[0];
+  if (delimiter.size() > 1 || (!tab && (c < 0x21 || c > 0x7e)) || c == '"' || absl::ascii_isalnum(c) ||
+      c == '.' || c == '+' || c == '-') {
+    return Invalid(
+        "data.csv.delimiter",
+        "must be one printable character other than a quote, a letter, a digit, '.', '+' or '-' (or a tab)",
+        Quote(delimiter));
   }
   if (ClickFields(data) == 0 && ClickDense(data) == 0) {
     return Invalid("data.csv.columns", "must have a DENSE or CATEGORICAL column", "none");

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/quote.h"
 #include "common/test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/model_from_spec.h"
@@ -296,6 +297,21 @@ struct ClickReject {
   std::vector<std::string> parts;  // each must appear in the message
 };
 
+// A CSV delimiter is any printable character no number holds, or a tab.
+TEST(ClickSpecTest, CsvDelimitersThatNoNumberHoldsAreAccepted) {
+  for (const std::string delimiter : {"", ",", ";", "|", "\t", ":", "#"}) {
+    const absl::Status status = ValidateJobSpec(ClickSpec([&](v1::JobSpec* s) {
+      s->mutable_data()->set_dataset(v1::DataSpec::CSV);
+      s->mutable_data()->clear_synthetic_ctr();
+      s->mutable_data()->set_path("/data/x.csv");
+      s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::LABEL);
+      s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::CATEGORICAL);
+      s->mutable_data()->mutable_csv()->set_delimiter(delimiter);
+    }));
+    EXPECT_TRUE(status.ok()) << Quote(delimiter) << ": " << status;
+  }
+}
+
 class ClickSpecRejectTest : public testing::TestWithParam<ClickReject> {};
 
 TEST_P(ClickSpecRejectTest, IsInvalidArgumentNamingTheField) {
@@ -457,6 +473,36 @@ std::vector<ClickReject> ClickRejects() {
          s->mutable_data()->mutable_csv()->set_delimiter("::");
        },
        {"data.csv.delimiter"}},
+      {"CsvWithADigitDelimiter",
+       [](S* s) {
+         s->mutable_data()->set_dataset(v1::DataSpec::CSV);
+         s->mutable_data()->clear_synthetic_ctr();
+         s->mutable_data()->set_path("/data/x.csv");
+         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::LABEL);
+         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::DENSE);
+         s->mutable_data()->mutable_csv()->set_delimiter("1");
+       },
+       {"data.csv.delimiter", "printable character other than"}},
+      {"CsvWithANulDelimiter",
+       [](S* s) {
+         s->mutable_data()->set_dataset(v1::DataSpec::CSV);
+         s->mutable_data()->clear_synthetic_ctr();
+         s->mutable_data()->set_path("/data/x.csv");
+         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::LABEL);
+         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::DENSE);
+         s->mutable_data()->mutable_csv()->set_delimiter(std::string(1, '\0'));
+       },
+       {"data.csv.delimiter", "printable character other than"}},
+      {"CsvWithAMinusDelimiter",
+       [](S* s) {
+         s->mutable_data()->set_dataset(v1::DataSpec::CSV);
+         s->mutable_data()->clear_synthetic_ctr();
+         s->mutable_data()->set_path("/data/x.csv");
+         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::LABEL);
+         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::DENSE);
+         s->mutable_data()->mutable_csv()->set_delimiter("-");
+       },
+       {"data.csv.delimiter", "printable character other than"}},
       {"OnBadRecordOnSyntheticData",
        [](S* s) { s->mutable_data()->set_on_bad_record(v1::DataSpec::FAIL); },
        {"onBadRecord"}},

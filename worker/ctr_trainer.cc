@@ -252,6 +252,16 @@ void LogRead(const std::string& pattern, size_t files, int64_t records, const Re
              << (stats.first_bad.empty() ? "" : absl::StrCat(" (first: ", stats.first_bad[0], ")"));
 }
 
+// Files without one good record: how many were bad, and the first's reason
+// (the job's reason, where the worker's log has the rest).
+absl::Status NoGoodRecord(const std::string& pattern, size_t files, const ReadStats& stats) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(pattern, ": no good record in ", files, files == 1 ? " file" : " files",
+                   stats.bad > 0 && !stats.first_bad.empty()
+                       ? absl::StrCat(" (", stats.bad, " bad, the first ", stats.first_bad.front(), ")")
+                       : std::string()));
+}
+
 // Indexes the training files `pattern` names (RecordIndex: 8 bytes a
 // record are held, the records are read again as steps need them).
 absl::StatusOr<std::shared_ptr<const RecordIndex>> IndexFiles(const v1::DataSpec& spec, const std::string& pattern,
@@ -269,9 +279,7 @@ absl::StatusOr<std::shared_ptr<const RecordIndex>> IndexFiles(const v1::DataSpec
                                                      " (this worker's memory budget)"));
   }
   LogRead(pattern, files.size(), (*index)->num_examples(), stats, "indexed");
-  if ((*index)->num_examples() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(pattern, ": no good record in ", files.size(), " files"));
-  }
+  if ((*index)->num_examples() == 0) return NoGoodRecord(pattern, files.size(), stats);
   return std::shared_ptr<const RecordIndex>(std::move(*index));
 }
 
@@ -304,9 +312,7 @@ absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadFiles(const v1::DataSpe
     for (float& label : data->labels) label = label > 0 ? 1.0f : 0.0f;
   }
   LogRead(pattern, files.size(), data->num_examples(), stats, "read");
-  if (data->num_examples() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(pattern, ": no good record in ", files.size(), " files"));
-  }
+  if (data->num_examples() == 0) return NoGoodRecord(pattern, files.size(), stats);
   return std::shared_ptr<const SparseDataset>(std::move(data));
 }
 

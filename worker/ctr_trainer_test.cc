@@ -71,6 +71,29 @@ TEST(ExpandPathTest, MatchesComeSortedAndAMissingFolderIsNamed) {
   rmdir(dir.c_str());
 }
 
+// Files without one good record fail the load with the first bad one's
+// reason, file and line (the rest are in the worker's log).
+TEST(LoadClickDataTest, FilesWithoutAGoodRecordNameTheFirstBadOne) {
+  std::string dir = ::testing::TempDir() + "/no-good-record-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  std::ofstream(dir + "/train.libsvm") << "1 notanid:1\n0 5:nan\n";
+  v1::JobSpec spec;
+  spec.mutable_model()->set_kind(v1::ModelSpec::LOGISTIC_REGRESSION);
+  spec.mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
+  spec.mutable_data()->set_path(dir + "/train.libsvm");
+  for (const int64_t budget :
+       {int64_t{0}, int64_t{1}}) {  // held whole, and indexed (a budget too small to hold it)
+    const absl::StatusOr<ClickData> loaded = LoadClickData(spec, {}, budget);
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument) << loaded.status();
+    EXPECT_TRUE(
+        Contains(loaded.status().message(),
+                 "train.libsvm: no good record in 1 file (2 bad, the first " + dir + "/train.libsvm:1: "))
+        << loaded.status();
+  }
+  std::remove((dir + "/train.libsvm").c_str());
+  rmdir(dir.c_str());
+}
+
 // A GRAPH over SYNTHETIC (or FASHION_MNIST) data that is not an MLP trains
 // on the click path: the worker holds both splits as click data with no
 // fields, the features as dense ones and the class numbers as labels, the

@@ -202,7 +202,11 @@ std::vector<ExpiredCheckpoint> JobManager::FinishCheckpoint(const CheckpointTask
       FLOG(WARNING) << "job " << task.job_id << ": checkpoint " << task.id << " failed: " << status.message();
     } else {
       *info = manifest.info();
-      job->last_checkpoint_step = manifest.info().step();
+      // The next periodic one counts from the later of the progress that
+      // queued this one and its cut: an ASP cut (each partition's lowest
+      // step) lies behind that progress, and counting from it would queue
+      // the next at once.
+      job->last_checkpoint_step = std::max(job->last_checkpoint_step, manifest.info().step());
       job->manifests[task.id] = manifest;
       FLOG(INFO) << "job " << task.job_id << ": checkpoint " << task.id << " complete at step " << info->step()
                  << " (" << info->bytes() << " bytes, " << info->duration_seconds() << " s)";

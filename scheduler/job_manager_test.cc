@@ -1373,6 +1373,53 @@ TEST_F(JobManagerTest, AWorkerSlowerThanTheOthersForThreeReportsIsAStraggler) {
   EXPECT_FALSE(flagged(workers_[1]));
 }
 
+// Periodic checkpoints keep their distance in the job's own steps: an ASP
+// checkpoint's cut (each partition's lowest step) lies behind the progress
+// that queued it, and the next one waits for everySteps past that progress,
+// not past the cut (which queued checkpoints back to back).
+TEST_F(JobManagerTest, PeriodicCheckpointsAreEveryStepsApartInAnAspJob) {
+  v1::JobSpec spec = SmallClickSpec(2);
+  spec.set_replicas(1);
+  spec.set_mode(v1::ASP);
+  spec.mutable_data()->mutable_synthetic_ctr()->set_examples(100000);
+  spec.mutable_checkpoint()->set_every_steps(100);
+  spec.mutable_checkpoint()->set_keep_last(10);
+  RegisterCluster();
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  for (const std::string& w : workers_)
+    ASSERT_TRUE(ReportKind(w, job_id, v1::WorkReport::READY, 100000).ok());
+  manager_->Tick();
+  ASSERT_EQ(GetOk(job_id).reason(), "training");
+  ASSERT_GT(GetOk(job_id).progress().total_steps(), 1000);
+  servers_.AnswerCheckpointsFor(GetOk(job_id).shard_map());
+  auto progress_to = [&](int64_t step) {
+    v1::WorkReport report;
+    report.set_member_id(workers_[0]);
+    report.set_job_id(job_id);
+    report.set_kind(v1::WorkReport::PROGRESS);
+    report.set_step(step);
+    ASSERT_TRUE(manager_->Report(report).ok());
+    manager_->Tick();
+  };
+  ASSERT_NO_FATAL_FAILURE(progress_to(99));
+  EXPECT_EQ(GetOk(job_id).checkpoints_size(), 0);
+  ASSERT_NO_FATAL_FAILURE(progress_to(150));
+  ASSERT_EQ(GetOk(job_id).checkpoints_size(), 1);
+  manager_->RunQueuedCheckpoints();
+  v1::JobStatus status = GetOk(job_id);
+  ASSERT_EQ(status.checkpoints(0).state(), v1::CheckpointInfo::COMPLETE) << status.checkpoints(0).reason();
+  ASSERT_LT(status.checkpoints(0).step(), 150)
+      << "the fake's cut lies behind the progress, as an ASP cut may";
+  ASSERT_NO_FATAL_FAILURE(progress_to(151));
+  ASSERT_NO_FATAL_FAILURE(progress_to(249));
+  EXPECT_EQ(GetOk(job_id).checkpoints_size(), 1) << "queued before everySteps past the last one";
+  ASSERT_NO_FATAL_FAILURE(progress_to(250));
+  status = GetOk(job_id);
+  ASSERT_EQ(status.checkpoints_size(), 2);
+  EXPECT_EQ(status.checkpoints(1).trigger(), "every_steps");
+}
+
 TEST_F(JobManagerTest, CheckpointBeingWrittenAtARestartIsFailedAndItsDataDeleted) {
   std::string job_id;
   ASSERT_NO_FATAL_FAILURE(StartCheckpointOne(&job_id));

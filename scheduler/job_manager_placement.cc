@@ -295,6 +295,15 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
   }
   job->total_steps = partitioning.TotalSteps(spec.data().epochs(), spec.data().max_steps());
   job->status.mutable_progress()->set_total_steps(job->total_steps);
+  if (job->restore.has_value() && job->restore->job_id() != job->status.job_id() &&
+      job->status.progress().step() >= job->total_steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resumeFrom: checkpoint ", job->restore->job_id(), "/", job->restore->checkpoint_id(), " is at step ",
+        job->status.progress().step(), ", at or past this job's last step ", job->total_steps,
+        " (its examples, batch and epochs or maxSteps): nothing is left to train; resume into a job with "
+        "more "
+        "data.epochs or data.maxSteps"));
+  }
 
   const ModelLayout layout = LayoutFor(spec, data.features(), data.classes());
   int64_t parameters = 0;

@@ -1420,6 +1420,38 @@ TEST_F(JobManagerTest, PeriodicCheckpointsAreEveryStepsApartInAnAspJob) {
   EXPECT_EQ(status.checkpoints(1).trigger(), "every_steps");
 }
 
+// A job resumed from a checkpoint at or past its own last step (fewer
+// epochs or maxSteps than the job that took it) fails saying so when its
+// steps are known, instead of training from a step beyond its end.
+TEST_F(JobManagerTest, AResumeFromACheckpointPastTheJobsLastStepFailsSayingSo) {
+  std::string source;
+  ASSERT_NO_FATAL_FAILURE(StartCheckpointOne(&source));
+  servers_.AnswerCheckpointsFor(GetOk(source).shard_map());
+  manager_->RunQueuedCheckpoints();
+  v1::JobStatus status = GetOk(source);
+  ASSERT_EQ(status.checkpoints_size(), 1);
+  ASSERT_EQ(status.checkpoints(0).state(), v1::CheckpointInfo::COMPLETE) << status.checkpoints(0).reason();
+  const int64_t cut = status.checkpoints(0).step();
+  ASSERT_GE(cut, 2);
+  ASSERT_TRUE(manager_->Cancel(source).ok());
+  manager_->Tick();
+
+  v1::JobSpec shorter = MlpSpec();
+  shorter.mutable_data()->set_max_steps(cut);
+  absl::StatusOr<v1::JobStatus> resumed = manager_->Submit(shorter, source);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  const std::string job_id = resumed->job_id();
+  manager_->Tick();
+  for (const std::string& w : workers_) ASSERT_TRUE(ReportKind(w, job_id, v1::WorkReport::READY).ok());
+  manager_->Tick();
+  status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::FAILED) << status.reason();
+  EXPECT_TRUE(Contains(status.reason(), absl::StrCat("resumeFrom: checkpoint ", source, "/1 is at step ", cut,
+                                                     ", at or past this job's last step ", cut)))
+      << status.reason();
+  EXPECT_TRUE(Contains(status.reason(), "nothing is left to train")) << status.reason();
+}
+
 TEST_F(JobManagerTest, CheckpointBeingWrittenAtARestartIsFailedAndItsDataDeleted) {
   std::string job_id;
   ASSERT_NO_FATAL_FAILURE(StartCheckpointOne(&job_id));

@@ -201,6 +201,16 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
           checkpoint_id == 0 ? absl::StrCat("resumeFrom: job ", parts[0], " has no complete checkpoint")
                              : absl::StrCat("resumeFrom: job ", parts[0], " has no complete checkpoint ", checkpoint_id));
     }
+    // BSP chunks carry what ASP and SSP ones do not (a gradient buffer per
+    // partition, the last step's values): a checkpoint resumes in its kind.
+    auto bsp = [](const v1::JobSpec& s) { return s.mode() == v1::BSP || s.mode() == v1::MODE_UNSPECIFIED; };
+    if (bsp(source->status.spec()) != bsp(spec)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "resumeFrom: job ", parts[0], " trained in ", v1::Mode_Name(source->status.spec().mode()),
+          " and this job is ", v1::Mode_Name(spec.mode()),
+          ": a checkpoint resumes in BSP if it was taken in BSP and in ASP or SSP otherwise (BSP state keeps "
+          "a gradient buffer per data partition)"));
+    }
   }
   auto job = std::make_unique<Job>();
   job->claims = claims;

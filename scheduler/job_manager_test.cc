@@ -1422,7 +1422,8 @@ TEST_F(JobManagerTest, PeriodicCheckpointsAreEveryStepsApartInAnAspJob) {
 
 // A job resumed from a checkpoint at or past its own last step (fewer
 // epochs or maxSteps than the job that took it) fails saying so when its
-// steps are known, instead of training from a step beyond its end.
+// steps are known, instead of training from a step beyond its end; one in
+// another kind of mode (ASP from BSP) is refused at once.
 TEST_F(JobManagerTest, AResumeFromACheckpointPastTheJobsLastStepFailsSayingSo) {
   std::string source;
   ASSERT_NO_FATAL_FAILURE(StartCheckpointOne(&source));
@@ -1435,6 +1436,14 @@ TEST_F(JobManagerTest, AResumeFromACheckpointPastTheJobsLastStepFailsSayingSo) {
   ASSERT_GE(cut, 2);
   ASSERT_TRUE(manager_->Cancel(source).ok());
   manager_->Tick();
+
+  v1::JobSpec other_mode = MlpSpec();
+  other_mode.set_mode(v1::ASP);
+  const absl::StatusOr<v1::JobStatus> refused = manager_->Submit(other_mode, source);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(refused.status().message(),
+                       "resumeFrom: job " + source + " trained in BSP and this job is ASP"))
+      << refused.status();
 
   v1::JobSpec shorter = MlpSpec();
   shorter.mutable_data()->set_max_steps(cut);

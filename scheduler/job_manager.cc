@@ -329,6 +329,11 @@ absl::Status JobManager::DoReport(const v1::WorkReport& report) {
   switch (report.kind()) {
     case v1::WorkReport::READY:
       worker->ready = true;
+      if (report.bad_records() > 0) {
+        AddEvent(job, absl::StrCat(worker->id, " skipped ", report.bad_records(),
+                                   " bad records of the data files (data.onBadRecord: SKIP); the first: ",
+                                   Quote(report.first_bad_record(), 256)));
+      }
       if (!job->have_data_info) {
         job->data_info = report;
         job->have_data_info = true;

@@ -178,6 +178,10 @@ struct ClickData {
   std::shared_ptr<const SparseDataset> train;
   std::shared_ptr<const RecordIndex> train_index;
   std::shared_ptr<const SparseDataset> test;
+  // Records of the files skipped as bad (data.onBadRecord: SKIP), training
+  // and test together, and "file:line: why" of the first.
+  int64_t bad_records = 0;
+  std::string first_bad_record;
 };
 
 // Zipf-distributed ranks in [1, n], P(k) proportional to k^-exponent

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -252,6 +253,13 @@ void LogRead(const std::string& pattern, size_t files, int64_t records, const Re
              << (stats.first_bad.empty() ? "" : absl::StrCat(" (first: ", stats.first_bad[0], ")"));
 }
 
+// Adds a read's bad records to what the worker reports.
+void CountBad(const ReadStats& stats, ClickData* counts) {
+  counts->bad_records += stats.bad;
+  if (counts->first_bad_record.empty() && !stats.first_bad.empty())
+    counts->first_bad_record = stats.first_bad.front();
+}
+
 // Files without one good record: how many were bad, and the first's reason
 // (the job's reason, where the worker's log has the rest).
 absl::Status NoGoodRecord(const std::string& pattern, size_t files, const ReadStats& stats) {
@@ -264,11 +272,14 @@ absl::Status NoGoodRecord(const std::string& pattern, size_t files, const ReadSt
 
 // Indexes the training files `pattern` names (RecordIndex: 8 bytes a
 // record are held, the records are read again as steps need them).
-absl::StatusOr<std::shared_ptr<const RecordIndex>> IndexFiles(const v1::DataSpec& spec, const std::string& pattern,
+absl::StatusOr<std::shared_ptr<const RecordIndex>> IndexFiles(const v1::DataSpec& spec,
+                                                              const std::string& pattern,
                                                               const std::vector<std::string>& roots,
-                                                              int64_t memory_budget, const Labels& labels) {
+                                                              int64_t memory_budget, const Labels& labels,
+                                                              ClickData* counts) {
   ASSIGN_OR_RETURN(const std::vector<std::string> files, FilesOf(pattern, roots));
   ReadStats stats;
+  const absl::Cleanup counted = [&] { CountBad(stats, counts); };
   absl::StatusOr<std::unique_ptr<RecordIndex>> index =
       spec.dataset() == v1::DataSpec::LIBSVM
           ? RecordIndex::BuildLibsvm(files, LibsvmFormatOf(spec, labels), &stats, memory_budget)
@@ -284,9 +295,11 @@ absl::StatusOr<std::shared_ptr<const RecordIndex>> IndexFiles(const v1::DataSpec
 }
 
 // Reads every file `pattern` names into one dataset (the test set).
-absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadFiles(const v1::DataSpec& spec, const std::string& pattern,
+absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadFiles(const v1::DataSpec& spec,
+                                                               const std::string& pattern,
                                                                const std::vector<std::string>& roots,
-                                                               int64_t memory_budget, const Labels& labels) {
+                                                               int64_t memory_budget, const Labels& labels,
+                                                               ClickData* counts) {
   ASSIGN_OR_RETURN(const std::vector<std::string> files, FilesOf(pattern, roots));
   auto data = std::make_shared<SparseDataset>();
   ReadStats stats;
@@ -313,6 +326,7 @@ absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadFiles(const v1::DataSpe
   }
   LogRead(pattern, files.size(), data->num_examples(), stats, "read");
   if (data->num_examples() == 0) return NoGoodRecord(pattern, files.size(), stats);
+  CountBad(stats, counts);
   return std::shared_ptr<const SparseDataset>(std::move(data));
 }
 
@@ -395,20 +409,22 @@ absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vect
   // budget (a step then copies its examples); beyond, they are indexed and
   // read as steps need them (files bigger than memory).
   absl::StatusOr<std::shared_ptr<const SparseDataset>> held =
-      LoadFiles(data, data.path(), roots, memory_budget > 0 ? std::max<int64_t>(1, memory_budget / 2) : 0, labels);
+      LoadFiles(data, data.path(), roots, memory_budget > 0 ? std::max<int64_t>(1, memory_budget / 2) : 0,
+                labels, &loaded);
   if (held.ok()) {
     loaded.train = *std::move(held);
   } else if (absl::IsResourceExhausted(held.status())) {
     FLOG(INFO) << data.path() << ": the training records take more than half this worker's memory budget ("
                << FormatBytes(memory_budget / 2) << "); indexing the files, records are read as steps need them";
-    ASSIGN_OR_RETURN(loaded.train_index, IndexFiles(data, data.path(), roots, memory_budget, labels));
+    ASSIGN_OR_RETURN(loaded.train_index,
+                     IndexFiles(data, data.path(), roots, memory_budget, labels, &loaded));
   } else {
     return held.status();
   }
   if (!data.test_path().empty()) {
     const int64_t used = loaded.train != nullptr ? HeldBytes(*loaded.train) : loaded.train_index->bytes();
     const int64_t left = memory_budget > 0 ? std::max<int64_t>(1, memory_budget - used) : 0;
-    ASSIGN_OR_RETURN(loaded.test, LoadFiles(data, data.test_path(), roots, left, labels));
+    ASSIGN_OR_RETURN(loaded.test, LoadFiles(data, data.test_path(), roots, left, labels, &loaded));
   }
   return loaded;
 }
@@ -426,6 +442,8 @@ v1::WorkReport ClickReadyReport(const v1::JobSpec& spec, const ClickData& data) 
   report.set_kind(v1::WorkReport::READY);
   report.set_train_examples(TrainExamples(data.train.get(), data.train_index.get(), SyntheticCtrOf(spec)));
   report.set_test_examples(data.test != nullptr ? data.test->num_examples() : 0);
+  report.set_bad_records(data.bad_records);
+  report.set_first_bad_record(data.first_bad_record);
   report.set_features(ClickFields(spec.data()) + ClickDense(spec.data()));
   const v1::DataSpec& d = spec.data();
   report.set_classes(d.dataset() == v1::DataSpec::FASHION_MNIST ? kFashionMnistClasses

@@ -297,17 +297,21 @@ struct ClickReject {
   std::vector<std::string> parts;  // each must appear in the message
 };
 
+// Makes `s` train on CSV files of a label and a `column`, split by `delimiter`.
+void CsvData(const std::string& delimiter, v1::CsvSpec::Column column, v1::JobSpec* s) {
+  s->mutable_data()->set_dataset(v1::DataSpec::CSV);
+  s->mutable_data()->clear_synthetic_ctr();
+  s->mutable_data()->set_path("/data/x.csv");
+  s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::LABEL);
+  s->mutable_data()->mutable_csv()->add_columns(column);
+  s->mutable_data()->mutable_csv()->set_delimiter(delimiter);
+}
+
 // A CSV delimiter is any printable character no number holds, or a tab.
 TEST(ClickSpecTest, CsvDelimitersThatNoNumberHoldsAreAccepted) {
   for (const std::string delimiter : {"", ",", ";", "|", "\t", ":", "#"}) {
-    const absl::Status status = ValidateJobSpec(ClickSpec([&](v1::JobSpec* s) {
-      s->mutable_data()->set_dataset(v1::DataSpec::CSV);
-      s->mutable_data()->clear_synthetic_ctr();
-      s->mutable_data()->set_path("/data/x.csv");
-      s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::LABEL);
-      s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::CATEGORICAL);
-      s->mutable_data()->mutable_csv()->set_delimiter(delimiter);
-    }));
+    const absl::Status status =
+        ValidateJobSpec(ClickSpec([&](v1::JobSpec* s) { CsvData(delimiter, v1::CsvSpec::CATEGORICAL, s); }));
     EXPECT_TRUE(status.ok()) << Quote(delimiter) << ": " << status;
   }
 }
@@ -326,6 +330,10 @@ std::vector<ClickReject> ClickRejects() {
     v1::TableSpec* t = s->mutable_model()->add_tables();
     t->set_name(name);
     return t;
+  };
+  // CSV data of a label and a dense column, split by `delimiter`.
+  auto csv_delimited = [](const std::string& delimiter) {
+    return [delimiter](S* s) { CsvData(delimiter, v1::CsvSpec::DENSE, s); };
   };
   return {
       {"NoEmbeddingDim", [](S* s) { s->mutable_model()->clear_embedding_dim(); }, {"model.embeddingDim"}},
@@ -463,45 +471,15 @@ std::vector<ClickReject> ClickRejects() {
          s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::DENSE);
        },
        {"data.csv.columns", "LABEL"}},
-      {"CsvWithTwoCharacterDelimiter",
-       [](S* s) {
-         s->mutable_data()->set_dataset(v1::DataSpec::CSV);
-         s->mutable_data()->clear_synthetic_ctr();
-         s->mutable_data()->set_path("/data/x.csv");
-         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::LABEL);
-         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::DENSE);
-         s->mutable_data()->mutable_csv()->set_delimiter("::");
-       },
-       {"data.csv.delimiter"}},
+      {"CsvWithTwoCharacterDelimiter", csv_delimited("::"), {"data.csv.delimiter"}},
       {"CsvWithADigitDelimiter",
-       [](S* s) {
-         s->mutable_data()->set_dataset(v1::DataSpec::CSV);
-         s->mutable_data()->clear_synthetic_ctr();
-         s->mutable_data()->set_path("/data/x.csv");
-         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::LABEL);
-         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::DENSE);
-         s->mutable_data()->mutable_csv()->set_delimiter("1");
-       },
+       csv_delimited("1"),
        {"data.csv.delimiter", "printable character other than"}},
       {"CsvWithANulDelimiter",
-       [](S* s) {
-         s->mutable_data()->set_dataset(v1::DataSpec::CSV);
-         s->mutable_data()->clear_synthetic_ctr();
-         s->mutable_data()->set_path("/data/x.csv");
-         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::LABEL);
-         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::DENSE);
-         s->mutable_data()->mutable_csv()->set_delimiter(std::string(1, '\0'));
-       },
+       csv_delimited(std::string(1, '\0')),
        {"data.csv.delimiter", "printable character other than"}},
       {"CsvWithAMinusDelimiter",
-       [](S* s) {
-         s->mutable_data()->set_dataset(v1::DataSpec::CSV);
-         s->mutable_data()->clear_synthetic_ctr();
-         s->mutable_data()->set_path("/data/x.csv");
-         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::LABEL);
-         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::DENSE);
-         s->mutable_data()->mutable_csv()->set_delimiter("-");
-       },
+       csv_delimited("-"),
        {"data.csv.delimiter", "printable character other than"}},
       {"OnBadRecordOnSyntheticData",
        [](S* s) { s->mutable_data()->set_on_bad_record(v1::DataSpec::FAIL); },

@@ -329,7 +329,8 @@ absl::Status JobManager::DoReport(const v1::WorkReport& report) {
   switch (report.kind()) {
     case v1::WorkReport::READY:
       worker->ready = true;
-      if (report.bad_records() > 0) {
+      if (report.bad_records() > 0 && !job->bad_records_told) {  // every worker reads the same files
+        job->bad_records_told = true;
         AddEvent(job, absl::StrCat(worker->id, " skipped ", report.bad_records(),
                                    " bad records of the data files (data.onBadRecord: SKIP); the first: ",
                                    Quote(report.first_bad_record(), 256)));

@@ -53,6 +53,7 @@ struct JobManager::Job {
   std::vector<int64_t> partition_steps;  // ASP: steps done per partition (resume points)
   std::set<int32_t> done_partitions;
   bool have_data_info = false;
+  bool bad_records_told = false;  // the event of records skipped as bad, once a job
   v1::WorkReport data_info;  // the first READY report: dataset sizes
   std::map<std::string, std::string> server_addresses;  // server id -> address
   v1::ShardMap shard_map;

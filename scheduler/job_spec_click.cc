@@ -254,15 +254,15 @@ absl::Status ValidateFileClickData(const v1::DataSpec& data) {
   for (int c : csv.columns()) labels += c == v1::CsvSpec::LABEL ? 1 : 0;
   if (labels != 1) return Invalid("data.csv.columns", "must have exactly one LABEL column", absl::StrCat(labels));
   // One printable character that no number holds (so "1.5e-3" stays one
-  // value), or a tab.
+  // value), a space or a tab.
   const std::string& delimiter = csv.delimiter();
-  const bool tab = delimiter == "\t";
   const auto c = delimiter.empty() ? ',' : delimiter[0];
-  if (delimiter.size() > 1 || (!tab && (c < 0x21 || c > 0x7e)) || c == '"' || absl::ascii_isalnum(c) ||
+  if (delimiter.size() > 1 || (c != '\t' && (c < 0x20 || c > 0x7e)) || c == '"' || absl::ascii_isalnum(c) ||
       c == '.' || c == '+' || c == '-') {
     return Invalid(
         "data.csv.delimiter",
-        "must be one printable character other than a quote, a letter, a digit, '.', '+' or '-' (or a tab)",
+        "must be one printable character other than a quote, a letter, a digit, '.', '+' or '-' (or a "
+        "space or a tab)",
         Quote(delimiter));
   }
   if (ClickFields(data) == 0 && ClickDense(data) == 0) {

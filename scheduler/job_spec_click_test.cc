@@ -307,9 +307,10 @@ void CsvData(const std::string& delimiter, v1::CsvSpec::Column column, v1::JobSp
   s->mutable_data()->mutable_csv()->set_delimiter(delimiter);
 }
 
-// A CSV delimiter is any printable character no number holds, or a tab.
+// A CSV delimiter is any printable character no number holds, a space or a
+// tab.
 TEST(ClickSpecTest, CsvDelimitersThatNoNumberHoldsAreAccepted) {
-  for (const std::string delimiter : {"", ",", ";", "|", "\t", ":", "#"}) {
+  for (const std::string delimiter : {"", ",", ";", "|", "\t", " ", ":", "#"}) {
     const absl::Status status =
         ValidateJobSpec(ClickSpec([&](v1::JobSpec* s) { CsvData(delimiter, v1::CsvSpec::CATEGORICAL, s); }));
     EXPECT_TRUE(status.ok()) << Quote(delimiter) << ": " << status;

@@ -755,6 +755,11 @@ absl::StatusOr<std::string> ClickRecordText(const SparseDataset& data, int64_t e
     }
     if (csv) line += ',';
     for (size_t i = begin; i < end; ++i) {
+      if (csv && data.weights[i] != 1.0f) {
+        return absl::InvalidArgumentError(absl::StrCat("example ", example, " field ", f,
+                                                       " has an id of weight ", data.weights[i],
+                                                       "; a CSV column holds an id of weight 1"));
+      }
       if (csv) {
         absl::StrAppend(&line, data.ids[i]);
       } else {

@@ -247,7 +247,8 @@ SparseDataset MakeSyntheticCtr(const SyntheticCtrSpec& spec, int split, int64_t 
 // ending in a newline: libsvm "label id:weight ..." (every field's ids;
 // INVALID_ARGUMENT for data with dense features, which libsvm cannot hold),
 // or CSV "label,dense...,id..." (one column a field; a field without ids is
-// an empty value, one with more is INVALID_ARGUMENT), read by a CsvFormat of
+// an empty value, one with more, or with an id whose weight is not 1, is
+// INVALID_ARGUMENT), read by a CsvFormat of
 // a LABEL, num_dense DENSE and num_fields CATEGORICAL columns. Numbers are
 // written so that they read back the same.
 absl::StatusOr<std::string> ClickRecordText(const SparseDataset& data, int64_t example, bool csv);

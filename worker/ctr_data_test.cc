@@ -1,11 +1,15 @@
 #include "worker/ctr_data.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <map>
@@ -220,6 +224,14 @@ TEST(CtrDataTest, ClickRecordTextReadsBackAsTheSameRecords) {
   bags.offsets = {0, 0, 2};
   EXPECT_EQ(ClickRecordText(bags, 0, /*csv=*/true).value(), "0,\n");
   EXPECT_EQ(ClickRecordText(bags, 1, /*csv=*/false).value(), "1 5:1 6:1\n");
+  bags.weights = {1, 0.5f};
+  bags.offsets = {0, 1, 2};  // one id a bag; the second weighs 0.5
+  EXPECT_EQ(ClickRecordText(bags, 1, /*csv=*/false).value(), "1 6:0.5\n");
+  refused = ClickRecordText(bags, 1, /*csv=*/true);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Has(std::string(refused.status().message()), "has an id of weight 0.5")) << refused.status();
+  bags.weights = {1, 1};
+  bags.offsets = {0, 0, 2};
   refused = ClickRecordText(bags, 1, /*csv=*/true);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(
@@ -289,8 +301,19 @@ TEST(CtrDataTest, APathThatIsNoRegularFileIsRefusedWithoutWaiting) {
   ASSERT_NE(mkdtemp(dir.data()), nullptr);
   const std::string fifo = dir + "/train.libsvm";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
-  const std::pair<std::string, std::string> cases[] = {
-      {fifo, "(it is a FIFO)"}, {dir, "(it is a folder)"}, {"/dev/null", "(it is a character device)"}};
+  const std::string socket_path = dir + "/train.sock";  // a socket cannot even be opened
+  const int listener = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  ASSERT_LT(socket_path.size(), sizeof(address.sun_path));
+  std::memcpy(address.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  ASSERT_EQ(bind(listener, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0)
+      << std::strerror(errno);
+  const std::pair<std::string, std::string> cases[] = {{fifo, "(it is a FIFO)"},
+                                                       {dir, "(it is a folder)"},
+                                                       {"/dev/null", "(it is a character device)"},
+                                                       {socket_path, "(it is a socket)"}};
   for (const auto& [path, kind] : cases) {
     SparseDataset data;
     ReadStats stats;
@@ -303,6 +326,8 @@ TEST(CtrDataTest, APathThatIsNoRegularFileIsRefusedWithoutWaiting) {
     absl::StatusOr<std::unique_ptr<RecordIndex>> index = RecordIndex::BuildLibsvm({path}, {}, &index_stats);
     EXPECT_EQ(index.status().code(), absl::StatusCode::kFailedPrecondition) << path << ": " << index.status();
   }
+  close(listener);
+  unlink(socket_path.c_str());
   unlink(fifo.c_str());
   rmdir(dir.c_str());
 }

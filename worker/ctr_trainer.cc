@@ -209,6 +209,11 @@ CsvFormat CsvFormatOf(const v1::DataSpec& data, const LineLimits& limits) {
 
 // The files `pattern` names, each under one of `roots`.
 absl::StatusOr<std::vector<std::string>> FilesOf(const std::string& pattern, const std::vector<std::string>& roots) {
+  // The folder the pattern starts from first: the expansion's errors would
+  // name folders outside the roots.
+  const std::string fixed = pattern.substr(0, pattern.find_first_of("*?["));
+  const size_t slash = fixed.rfind('/');
+  RETURN_IF_ERROR(CheckUnderRoots(slash == std::string::npos ? "/" : fixed.substr(0, slash + 1), roots));
   ASSIGN_OR_RETURN(std::vector<std::string> files, ExpandPath(pattern));
   for (const std::string& file : files) RETURN_IF_ERROR(CheckUnderRoots(file, roots));
   return files;

@@ -26,7 +26,15 @@ const char* KindOf(mode_t mode) {
 }  // namespace
 
 absl::StatusOr<int> OpenDataFile(const std::string& path, const char* what) {
-  // O_NONBLOCK: opening a FIFO does not wait for a writer; fstat tells it apart.
+  // What is not a regular file is refused before it is opened: opening some
+  // devices does something (a watchdog arms), a socket cannot be opened.
+  struct stat named {};
+  if (stat(path.c_str(), &named) == 0 && !S_ISREG(named.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " ", Quote(path), " is not a regular file (it is ", KindOf(named.st_mode), ")"));
+  }
+  // It may be replaced between the two: O_NONBLOCK, so that opening a FIFO
+  // does not wait for a writer, and fstat tells it apart.
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int error = errno;

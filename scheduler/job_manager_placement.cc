@@ -295,14 +295,15 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
   }
   job->total_steps = partitioning.TotalSteps(spec.data().epochs(), spec.data().max_steps());
   job->status.mutable_progress()->set_total_steps(job->total_steps);
+  // A checkpoint at the job's last step is there to be evaluated (nothing
+  // left to train); one past it cannot be resumed.
   if (job->restore.has_value() && job->restore->job_id() != job->status.job_id() &&
-      job->status.progress().step() >= job->total_steps) {
+      job->status.progress().step() > job->total_steps) {
     return absl::InvalidArgumentError(absl::StrCat(
         "resumeFrom: checkpoint ", job->restore->job_id(), "/", job->restore->checkpoint_id(), " is at step ",
-        job->status.progress().step(), ", at or past this job's last step ", job->total_steps,
-        " (its examples, batch and epochs or maxSteps): nothing is left to train; resume into a job with "
-        "more "
-        "data.epochs or data.maxSteps"));
+        job->status.progress().step(), ", past this job's last step ", job->total_steps,
+        " (its examples, batch and epochs or maxSteps): set data.maxSteps to ", job->status.progress().step(),
+        " to evaluate it as it is, or more epochs or maxSteps to train on"));
   }
 
   const ModelLayout layout = LayoutFor(spec, data.features(), data.classes());

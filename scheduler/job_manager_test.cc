@@ -1420,9 +1420,10 @@ TEST_F(JobManagerTest, PeriodicCheckpointsAreEveryStepsApartInAnAspJob) {
   EXPECT_EQ(status.checkpoints(1).trigger(), "every_steps");
 }
 
-// A job resumed from a checkpoint at or past its own last step (fewer
-// epochs or maxSteps than the job that took it) fails saying so when its
-// steps are known, instead of training from a step beyond its end; one in
+// A job resumed from a checkpoint past its own last step (fewer epochs or
+// maxSteps than the job that took it) fails saying so when its steps are
+// known, instead of training from a step beyond its end; one that ends at
+// the checkpoint's step sets up (it evaluates the checkpoint); one in
 // another kind of mode (ASP from BSP) is refused at once.
 TEST_F(JobManagerTest, AResumeFromACheckpointPastTheJobsLastStepFailsSayingSo) {
   std::string source;
@@ -1445,20 +1446,30 @@ TEST_F(JobManagerTest, AResumeFromACheckpointPastTheJobsLastStepFailsSayingSo) {
                        "resumeFrom: job " + source + " trained in BSP and this job is ASP"))
       << refused.status();
 
-  v1::JobSpec shorter = MlpSpec();
-  shorter.mutable_data()->set_max_steps(cut);
-  absl::StatusOr<v1::JobStatus> resumed = manager_->Submit(shorter, source);
-  ASSERT_TRUE(resumed.ok()) << resumed.status();
-  const std::string job_id = resumed->job_id();
-  manager_->Tick();
-  for (const std::string& w : workers_) ASSERT_TRUE(ReportKind(w, job_id, v1::WorkReport::READY).ok());
-  manager_->Tick();
-  status = GetOk(job_id);
+  // Resumed into a job of `steps` steps: its state once its data is counted.
+  auto resume_into = [&](int64_t steps) {
+    v1::JobSpec shorter = MlpSpec();
+    shorter.mutable_data()->set_max_steps(steps);
+    absl::StatusOr<v1::JobStatus> resumed = manager_->Submit(shorter, source);
+    EXPECT_TRUE(resumed.ok()) << resumed.status();
+    if (!resumed.ok()) return v1::JobStatus();
+    manager_->Tick();
+    for (const std::string& w : workers_)
+      EXPECT_TRUE(ReportKind(w, resumed->job_id(), v1::WorkReport::READY).ok());
+    manager_->Tick();
+    return GetOk(resumed->job_id());
+  };
+  status = resume_into(cut - 1);
   EXPECT_EQ(status.state(), v1::FAILED) << status.reason();
   EXPECT_TRUE(Contains(status.reason(), absl::StrCat("resumeFrom: checkpoint ", source, "/1 is at step ", cut,
-                                                     ", at or past this job's last step ", cut)))
+                                                     ", past this job's last step ", cut - 1)))
       << status.reason();
-  EXPECT_TRUE(Contains(status.reason(), "nothing is left to train")) << status.reason();
+  EXPECT_TRUE(Contains(status.reason(), absl::StrCat("set data.maxSteps to ", cut, " to evaluate it")))
+      << status.reason();
+
+  status = resume_into(cut);
+  EXPECT_NE(status.state(), v1::FAILED) << status.reason();
+  EXPECT_EQ(status.state(), v1::RUNNING) << status.reason();
 }
 
 TEST_F(JobManagerTest, CheckpointBeingWrittenAtARestartIsFailedAndItsDataDeleted) {

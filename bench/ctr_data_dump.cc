@@ -141,7 +141,7 @@ absl::Status WriteTextFiles(const SyntheticCtrSpec& data, bool csv, const std::s
     return absl::FailedPreconditionError(absl::StrCat("cannot make ", folder, ": ", std::strerror(errno)));
   }
   const char* extension = csv ? ".csv" : ".libsvm";
-  const int64_t test_examples = std::clamp<int64_t>(data.examples / 5, 1, 1000000);
+  const int64_t test_examples = SyntheticCtrTestExamples(data.examples);
   for (int split = 0; split < 2; ++split) {
     const int64_t count = split == 0 ? data.examples : test_examples;
     const int32_t parts = split == 0 ? files : 1;
@@ -223,7 +223,7 @@ int Main() {
     return 2;
   }
   // The test set as the job's evaluating worker makes it.
-  const int64_t counts[2] = {data.examples, std::clamp<int64_t>(data.examples / 5, 1, 1000000)};
+  const int64_t counts[2] = {data.examples, SyntheticCtrTestExamples(data.examples)};
   const int32_t shape[2] = {data.fields, data.dense};
   std::fwrite(counts, sizeof(counts), 1, out);
   std::fwrite(shape, sizeof(shape), 1, out);

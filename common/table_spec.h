@@ -3,6 +3,7 @@
 #ifndef FULCRUM_COMMON_TABLE_SPEC_H_
 #define FULCRUM_COMMON_TABLE_SPEC_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -62,6 +63,16 @@ inline int32_t ClickDense(const v1::DataSpec& data) {
     default: return data.synthetic_ctr().dense();
   }
 }
+
+// The synthetic click test set: a fifth of the training examples, at least 1
+// and at most 10^6 (the workers hold it).
+inline int64_t SyntheticCtrTestExamples(int64_t train_examples) {
+  return std::clamp<int64_t>(train_examples / 5, 1, 1000000);
+}
+// Bytes a worker holds a synthetic click example in (worker/ctr_data.h
+// HeldBytes): a label, the dense values, and per field one id's key, weight
+// and offset.
+inline int64_t SyntheticCtrExampleBytes(int64_t fields, int64_t dense) { return 4 + 4 * dense + 20 * fields; }
 
 // The dense models' data (features and a class per example).
 inline bool IsDenseData(const v1::DataSpec& data) {

@@ -43,11 +43,9 @@ DataShape DataShapeOf(const v1::DataSpec& data) {
     shape.features = ClickFields(data) + ClickDense(data);
     shape.classes = 2;
     if (data.dataset() == v1::DataSpec::SYNTHETIC_CTR) {
-      shape.test_examples = std::clamp<int64_t>(data.synthetic_ctr().examples() / 5, 1, 1000000);
-      // As the worker holds it (worker/ctr_data.h HeldBytes): a label, the
-      // dense values, and per field one id's key, weight and offset; and the
-      // evaluation's score.
-      shape.example_bytes = 4 + 4 * int64_t{ClickDense(data)} + 20 * int64_t{ClickFields(data)} + 4;
+      shape.test_examples = SyntheticCtrTestExamples(data.synthetic_ctr().examples());
+      // As the worker holds it, and the evaluation's score.
+      shape.example_bytes = SyntheticCtrExampleBytes(ClickFields(data), ClickDense(data)) + 4;
     }
     return shape;
   }

@@ -12,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -36,11 +35,6 @@ constexpr absl::Duration kWaitSlice = absl::Seconds(1);
 constexpr absl::Duration kReportEvery = absl::Milliseconds(500);
 constexpr int kMaxFailures = 60;
 constexpr size_t kMaxStepLosses = 8192;
-constexpr int64_t kMaxTestExamples = 1000000;
-
-int64_t TestExamples(const SyntheticCtrSpec& spec) {
-  return std::clamp<int64_t>(spec.examples / 5, 1, kMaxTestExamples);
-}
 
 // A batch of click examples as the model reads it: ids bagged per example
 // and field, offsets relative to the batch.
@@ -175,9 +169,8 @@ absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadSyntheticTestSet(const 
                                                                           int64_t memory_budget) {
   const SyntheticCtrSpec data = SyntheticCtrOf(spec);
   RETURN_IF_ERROR(ValidateSyntheticCtrSpec(data));
-  const int64_t examples = TestExamples(data);
-  // Per example: a label, dense values, and per field an id, a weight and an offset.
-  const int64_t bytes = examples * (4 + 4 * int64_t{data.dense} + int64_t{data.fields} * (8 + 4 + 8));
+  const int64_t examples = SyntheticCtrTestExamples(data.examples);
+  const int64_t bytes = examples * SyntheticCtrExampleBytes(data.fields, data.dense);
   if (memory_budget > 0 && bytes > memory_budget) {
     return absl::ResourceExhaustedError(absl::StrCat("the click test set of ", examples, " examples takes ",
                                                      FormatBytes(bytes), ", beyond this worker's memory budget of ",
@@ -284,7 +277,6 @@ absl::StatusOr<std::shared_ptr<const RecordIndex>> IndexFiles(const v1::DataSpec
                                                               ClickData* counts) {
   ASSIGN_OR_RETURN(const std::vector<std::string> files, FilesOf(pattern, roots));
   ReadStats stats;
-  const absl::Cleanup counted = [&] { CountBad(stats, counts); };
   absl::StatusOr<std::unique_ptr<RecordIndex>> index =
       spec.dataset() == v1::DataSpec::LIBSVM
           ? RecordIndex::BuildLibsvm(files, LibsvmFormatOf(spec, labels), &stats, memory_budget)
@@ -296,6 +288,7 @@ absl::StatusOr<std::shared_ptr<const RecordIndex>> IndexFiles(const v1::DataSpec
   }
   LogRead(pattern, files.size(), (*index)->num_examples(), stats, "indexed");
   if ((*index)->num_examples() == 0) return NoGoodRecord(pattern, files.size(), stats);
+  CountBad(stats, counts);
   return std::shared_ptr<const RecordIndex>(std::move(*index));
 }
 

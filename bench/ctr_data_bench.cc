@@ -6,12 +6,18 @@
 //                                     epoch's shuffled order (what a worker
 //                                     does each step), per batch
 //   BM_load/read, BM_load/index       reading every file at the start
+//   BM_synthetic/fm_dim:D/cache:C     making examples_flag synthetic click
+//                                     examples on one thread (fields_flag
+//                                     fields, FM latent width D of the true
+//                                     model), with and without the cache of
+//                                     ids' true values that workers use
 //
 // counters: examples/s, and MB held in memory by each. The file is written
 // once in a temporary folder and is in the page cache for both (a file
 // bigger than memory would be read from the disk by the indexed case).
 // Flags: --examples=N (default 500000), --fields=N (default 26, as Criteo's
-// categorical ones).
+// categorical ones), --vocabulary=N (ids per field of BM_synthetic, default
+// 10^6).
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +40,7 @@ namespace fulcrum {
 namespace {
 
 int64_t examples_flag = 500000;
+int64_t vocabulary_flag = 1000000;
 int32_t fields_flag = 26;
 constexpr int kBatch = 256;
 
@@ -129,6 +136,26 @@ void BM_Load(benchmark::State& state, bool indexed) {
   state.counters["MB_file"] = static_cast<double>(std::filesystem::file_size(DataFile())) / 1e6;
 }
 
+void BM_Synthetic(benchmark::State& state) {
+  SyntheticCtrSpec spec;
+  spec.examples = examples_flag;
+  spec.fields = fields_flag;
+  spec.vocabulary = vocabulary_flag;
+  spec.fm_dim = static_cast<int32_t>(state.range(0));
+  const bool cached = state.range(1) != 0;
+  for (auto _ : state) {
+    const SyntheticCtrGenerator generator(spec, 1);
+    SyntheticCtrGenerator::IdCache cache(spec);
+    SparseDataset data;
+    data.num_fields = spec.fields;
+    std::vector<float> truth;
+    for (int64_t e = 0; e < spec.examples; ++e) generator.Append(e, &data, &truth, cached ? &cache : nullptr);
+    benchmark::DoNotOptimize(data.labels.data());
+  }
+  state.counters["examples_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * spec.examples), benchmark::Counter::kIsRate);
+}
+
 }  // namespace
 }  // namespace fulcrum
 
@@ -137,6 +164,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
     if (std::strncmp(argv[i], "--examples=", 11) == 0) {
       fulcrum::examples_flag = std::max<int64_t>(fulcrum::kBatch, std::atoll(argv[i] + 11));
+    } else if (std::strncmp(argv[i], "--vocabulary=", 13) == 0) {
+      fulcrum::vocabulary_flag = std::max<int64_t>(1, std::atoll(argv[i] + 13));
     } else if (std::strncmp(argv[i], "--fields=", 9) == 0) {
       fulcrum::fields_flag = std::max(1, std::atoi(argv[i] + 9));
     } else {
@@ -154,6 +183,11 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond)
         ->Iterations(1);
   }
+  benchmark::RegisterBenchmark("BM_synthetic", fulcrum::BM_Synthetic)
+      ->ArgNames({"fm_dim", "cache"})
+      ->ArgsProduct({{0, 16}, {0, 1}})
+      ->Unit(benchmark::kMillisecond)
+      ->Iterations(1);
   fulcrum::DataFile();
   benchmark::RunSpecifiedBenchmarks();
   std::filesystem::remove(fulcrum::DataFile());

@@ -11,9 +11,11 @@
 #include <fstream>
 #include <functional>
 #include <numeric>
+#include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -683,54 +685,130 @@ absl::Status ValidateSyntheticCtrSpec(const SyntheticCtrSpec& spec) {
   return absl::OkStatus();
 }
 
+SyntheticCtrGenerator::SyntheticCtrGenerator(const SyntheticCtrSpec& spec, int split)
+    : spec_(spec),
+      zipf_(spec.vocabulary, spec.zipf_exponent),
+      model_(SplitMix64(spec.seed)),
+      examples_(SplitMix64(model_ ^ SplitMix64(static_cast<uint64_t>(split) + 0x5eed))) {}
+
+SyntheticCtrGenerator::IdCache::IdCache(const SyntheticCtrSpec& spec)
+    : width_(1 + static_cast<size_t>(std::max(spec.fm_dim, 0))) {
+  // At most 8 MiB of values, and 2^18 slots.
+  const size_t slots = std::clamp<size_t>((size_t{8} << 20) / (width_ * sizeof(double)), 64, size_t{1} << 18);
+  keys_.resize(slots);
+  filled_.resize(slots);
+  values_.resize(slots * width_);
+}
+
+const double* SyntheticCtrGenerator::IdValues(uint64_t id, IdCache* cache, double* scratch) const {
+  double* values = scratch;
+  if (cache != nullptr) {
+    const size_t slot = SplitMix64(id) % cache->keys_.size();
+    values = cache->values_.data() + slot * cache->width_;
+    if (cache->filled_[slot] && cache->keys_[slot] == id) return values;
+    cache->keys_[slot] = id;
+    cache->filled_[slot] = true;
+  }
+  values[0] = spec_.weight_scale * CounterRng(SplitMix64(id ^ model_)).Normal();
+  CounterRng latent(Bits(id, model_));  // the id's true latent vector
+  for (int32_t d = 0; d < spec_.fm_dim; ++d) values[1 + d] = spec_.fm_scale * latent.Normal();
+  return values;
+}
+
+void SyntheticCtrGenerator::Append(int64_t example, SparseDataset* out, std::vector<float>* truth,
+                                   IdCache* cache) const {
+  CounterRng rng(Bits(examples_, static_cast<uint64_t>(example)));  // the example's own stream
+  auto uniform = [&rng] { return 1 - rng.Uniform(); };              // [0, 1)
+  double logit = spec_.bias;
+  // Sum over pairs of fields of <v_f, v_g> = (|sum v|^2 - sum |v|^2) / 2.
+  absl::InlinedVector<double, 64> latent_sum(static_cast<size_t>(spec_.fm_dim));
+  absl::InlinedVector<double, 65> scratch(1 + static_cast<size_t>(spec_.fm_dim));
+  double squares = 0;
+  for (int32_t f = 0; f < spec_.fields; ++f) {
+    const int64_t rank = zipf_.Sample(uniform);
+    const uint64_t id = Bits(model_, static_cast<uint64_t>(f) + 1, static_cast<uint64_t>(rank));
+    out->ids.push_back(id);
+    out->weights.push_back(1);
+    out->offsets.push_back(static_cast<int64_t>(out->ids.size()));
+    const double* values = IdValues(id, cache, scratch.data());
+    logit += values[0];
+    for (size_t d = 0; d < latent_sum.size(); ++d) {
+      latent_sum[d] += values[1 + d];
+      squares += values[1 + d] * values[1 + d];
+    }
+  }
+  for (int32_t j = 0; j < spec_.dense; ++j) {
+    const double x = rng.Normal();
+    out->dense.push_back(static_cast<float>(x));
+    logit += spec_.weight_scale * CounterRng(Bits(model_, 0, static_cast<uint64_t>(j) + 1)).Normal() * x;
+  }
+  if (spec_.fm_dim > 0) {
+    double total = 0;
+    for (double v : latent_sum) total += v * v;
+    logit += (total - squares) / 2;
+  }
+  const double p = 1 / (1 + std::exp(-logit));
+  out->labels.push_back(uniform() < p ? 1.0f : 0.0f);
+  if (truth != nullptr) truth->push_back(static_cast<float>(p));
+}
+
+namespace {
+
+// Appends `part` (made for the same spec) to `out`.
+void AppendDataset(const SparseDataset& part, SparseDataset* out) {
+  const int64_t base = static_cast<int64_t>(out->ids.size());
+  out->labels.insert(out->labels.end(), part.labels.begin(), part.labels.end());
+  out->dense.insert(out->dense.end(), part.dense.begin(), part.dense.end());
+  out->ids.insert(out->ids.end(), part.ids.begin(), part.ids.end());
+  out->weights.insert(out->weights.end(), part.weights.begin(), part.weights.end());
+  for (size_t k = 1; k < part.offsets.size(); ++k) out->offsets.push_back(base + part.offsets[k]);
+}
+
+}  // namespace
+
 SparseDataset MakeSyntheticCtr(const SyntheticCtrSpec& spec, int split, int64_t first, int64_t count,
-                               std::vector<float>* truth) {
+                               std::vector<float>* truth, int threads) {
   SparseDataset data;
   data.num_dense = spec.dense;
   data.num_fields = spec.fields;
   if (count <= 0) return data;
-  const ZipfSampler zipf(spec.vocabulary, spec.zipf_exponent);
-  const uint64_t model = SplitMix64(spec.seed);  // the true model's stream
-  const uint64_t examples = SplitMix64(model ^ SplitMix64(static_cast<uint64_t>(split) + 0x5eed));
-  data.labels.reserve(static_cast<size_t>(count));
-  data.ids.reserve(static_cast<size_t>(count * spec.fields));
-  std::vector<double> latent_sum(static_cast<size_t>(spec.fm_dim));
-  for (int64_t e = first; e < first + count; ++e) {
-    CounterRng rng(Bits(examples, static_cast<uint64_t>(e)));  // the example's own stream
-    auto uniform = [&rng] { return 1 - rng.Uniform(); };        // [0, 1)
-    double logit = spec.bias;
-    for (int32_t f = 0; f < spec.fields; ++f) {
-      const int64_t rank = zipf.Sample(uniform);
-      const uint64_t id = Bits(model, static_cast<uint64_t>(f) + 1, static_cast<uint64_t>(rank));
-      data.ids.push_back(id);
-      data.weights.push_back(1);
-      data.offsets.push_back(static_cast<int64_t>(data.ids.size()));
-      logit += spec.weight_scale * CounterRng(SplitMix64(id ^ model)).Normal();
+  const SyntheticCtrGenerator generator(spec, split);
+  constexpr int64_t kPerThread = 65536;  // fewer examples than this a thread are not worth one
+  if (threads <= 0)
+    threads = static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 16));
+  const auto parts = static_cast<int>(std::clamp<int64_t>(count / kPerThread, 1, threads));
+  // Part i makes examples [first + count * i / parts, first + count * (i + 1) / parts).
+  auto make = [&](int i, SparseDataset* out, std::vector<float>* truths) {
+    const int64_t begin = first + count * i / parts, end = first + count * (i + 1) / parts;
+    out->labels.reserve(static_cast<size_t>(end - begin));
+    out->dense.reserve(static_cast<size_t>((end - begin) * spec.dense));
+    out->ids.reserve(static_cast<size_t>((end - begin) * spec.fields));
+    out->weights.reserve(out->ids.capacity());
+    out->offsets.reserve(out->ids.capacity() + 1);
+    if (truths != nullptr) truths->reserve(static_cast<size_t>(end - begin));
+    SyntheticCtrGenerator::IdCache cache(spec);
+    for (int64_t e = begin; e < end; ++e) generator.Append(e, out, truths, &cache);
+  };
+  if (parts == 1) {
+    make(0, &data, truth);
+    return data;
+  }
+  std::vector<SparseDataset> made(static_cast<size_t>(parts), data);
+  std::vector<std::vector<float>> truths(static_cast<size_t>(parts));
+  {
+    std::vector<std::thread> workers;
+    for (int i = 1; i < parts; ++i) {
+      workers.emplace_back(make, i, &made[static_cast<size_t>(i)],
+                           truth != nullptr ? &truths[static_cast<size_t>(i)] : nullptr);
     }
-    for (int32_t j = 0; j < spec.dense; ++j) {
-      const double x = rng.Normal();
-      data.dense.push_back(static_cast<float>(x));
-      logit += spec.weight_scale * CounterRng(Bits(model, 0, static_cast<uint64_t>(j) + 1)).Normal() * x;
-    }
-    if (spec.fm_dim > 0) {  // sum over pairs of <v_f, v_g> = (|sum v|^2 - sum |v|^2) / 2
-      std::fill(latent_sum.begin(), latent_sum.end(), 0.0);
-      double squares = 0;
-      for (int32_t f = 0; f < spec.fields; ++f) {
-        const uint64_t id = data.ids[data.ids.size() - static_cast<size_t>(spec.fields - f)];
-        CounterRng latent(Bits(id, model));  // the id's true latent vector
-        for (int32_t d = 0; d < spec.fm_dim; ++d) {
-          const double v = spec.fm_scale * latent.Normal();
-          latent_sum[d] += v;
-          squares += v * v;
-        }
-      }
-      double total = 0;
-      for (double v : latent_sum) total += v * v;
-      logit += (total - squares) / 2;
-    }
-    const double p = 1 / (1 + std::exp(-logit));
-    data.labels.push_back(uniform() < p ? 1.0f : 0.0f);
-    if (truth != nullptr) truth->push_back(static_cast<float>(p));
+    make(0, &data, truth);
+    for (std::thread& worker : workers) worker.join();
+  }
+  for (int i = 1; i < parts; ++i) {
+    const auto u = static_cast<size_t>(i);
+    AppendDataset(made[u], &data);
+    made[u] = SparseDataset();
+    if (truth != nullptr) truth->insert(truth->end(), truths[u].begin(), truths[u].end());
   }
   return data;
 }

@@ -238,10 +238,50 @@ struct SyntheticCtrSpec {
 // INVALID_ARGUMENT naming the field for a spec outside its bounds.
 absl::Status ValidateSyntheticCtrSpec(const SyntheticCtrSpec& spec);
 
+// The examples of one split (0: train, 1: test) of a spec, one at a time,
+// in any order: a worker makes each step's batch with one. Thread-safe.
+class SyntheticCtrGenerator {
+ public:
+  // What Append computes of an id (its true weight and latent vector) for
+  // the ids met last (up to 2^18 of them in 8 MiB, direct-mapped): Zipf-drawn
+  // ids repeat, and these values take most of an example's time. Values are the same with or without
+  // one. One per thread; made for one spec.
+  class IdCache {
+   public:
+    explicit IdCache(const SyntheticCtrSpec& spec);
+
+   private:
+    friend class SyntheticCtrGenerator;
+    size_t width_;                // 1 + fm_dim values a slot
+    std::vector<uint64_t> keys_;  // by slot: its id, when filled
+    std::vector<bool> filled_;
+    std::vector<double> values_;  // by slot: the weight term, then the latent vector
+  };
+
+  SyntheticCtrGenerator(const SyntheticCtrSpec& spec, int split);
+  // Appends example `example` to `out` (made for this spec: its num_dense
+  // and num_fields are the spec's), and its true click probability to
+  // *truth when given.
+  void Append(int64_t example, SparseDataset* out, std::vector<float>* truth = nullptr,
+              IdCache* cache = nullptr) const;
+
+ private:
+  // The id's weight term and latent vector (1 + fm_dim values), from the
+  // cache or made (and kept there).
+  const double* IdValues(uint64_t id, IdCache* cache, double* scratch) const;
+
+  SyntheticCtrSpec spec_;
+  ZipfSampler zipf_;
+  uint64_t model_;     // the true model's stream
+  uint64_t examples_;  // the split's examples' stream
+};
+
 // Examples [first, first + count) of `split` (0: train, 1: test), with
-// their true click probabilities in *truth when given.
+// their true click probabilities in *truth when given. Large counts are made
+// on up to `threads` threads (0: one per core, at most 16), the same
+// examples whatever the count.
 SparseDataset MakeSyntheticCtr(const SyntheticCtrSpec& spec, int split, int64_t first, int64_t count,
-                               std::vector<float>* truth = nullptr);
+                               std::vector<float>* truth = nullptr, int threads = 0);
 
 // Example `example` of `data` as one line of a file the readers above take,
 // ending in a newline: libsvm "label id:weight ..." (every field's ids;

@@ -626,6 +626,41 @@ TEST(CtrDataTest, SyntheticCtrIsSeededSplittableAndLearnableToAKnownAuc) {
   EXPECT_EQ(ValidateSyntheticCtrSpec(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A large count is made on several threads, and a generator makes the
+// examples one at a time in any order: the same examples either way.
+TEST(CtrDataTest, SyntheticCtrIsTheSameOnAnyNumberOfThreadsAndInAnyOrder) {
+  SyntheticCtrSpec spec;
+  spec.seed = 5;
+  spec.fields = 3;
+  spec.dense = 1;
+  spec.fm_dim = 2;
+  constexpr int64_t kFirst = 7, kCount = 300001;  // four threads' worth, not a multiple of four
+  std::vector<float> one_truth, four_truth;
+  const SparseDataset one = MakeSyntheticCtr(spec, 1, kFirst, kCount, &one_truth, /*threads=*/1);
+  const SparseDataset four = MakeSyntheticCtr(spec, 1, kFirst, kCount, &four_truth, /*threads=*/4);
+  ASSERT_EQ(one.num_examples(), kCount);
+  EXPECT_EQ(four.labels, one.labels);
+  EXPECT_EQ(four.dense, one.dense);
+  EXPECT_EQ(four.ids, one.ids);
+  EXPECT_EQ(four.weights, one.weights);
+  EXPECT_EQ(four.offsets, one.offsets);
+  EXPECT_EQ(four_truth, one_truth);
+
+  const SyntheticCtrGenerator generator(spec, 1);
+  SparseDataset backwards;
+  backwards.num_dense = spec.dense;
+  backwards.num_fields = spec.fields;
+  std::vector<float> truth;
+  for (int64_t e = kFirst + 99; e >= kFirst; --e) generator.Append(e, &backwards, &truth);
+  for (int64_t i = 0; i < 100; ++i) {
+    const auto mine = static_cast<size_t>(99 - i), theirs = static_cast<size_t>(i);
+    ASSERT_EQ(backwards.labels[mine], one.labels[theirs]) << i;
+    ASSERT_EQ(backwards.dense[mine], one.dense[theirs]) << i;
+    ASSERT_EQ(truth[mine], one_truth[theirs]) << i;
+    for (size_t f = 0; f < 3; ++f) ASSERT_EQ(backwards.ids[mine * 3 + f], one.ids[theirs * 3 + f]) << i;
+  }
+}
+
 TEST(CtrDataTest, AucCountsPairsInOrderAndTiesHalf) {
   EXPECT_DOUBLE_EQ(Auc({0.1f, 0.4f, 0.35f, 0.8f}, {0, 0, 1, 1}), 0.75);  // the classic four-point example
   EXPECT_DOUBLE_EQ(Auc({0.1f, 0.2f, 0.3f}, {0, 1, 1}), 1.0);

@@ -474,6 +474,8 @@ class ClickRun {
         writer_id_(WriterId(worker_id)),
         spec_(assignment.spec()),
         synthetic_(SyntheticCtrOf(spec_)),
+        synthetic_train_(synthetic_, /*split=*/0),
+        synthetic_ids_(synthetic_),
         train_(std::move(data.train)),
         train_index_(std::move(data.train_index)),
         test_(std::move(data.test)),
@@ -583,6 +585,9 @@ class ClickRun {
   const std::string writer_id_;
   const v1::JobSpec spec_;
   const SyntheticCtrSpec synthetic_;
+  const SyntheticCtrGenerator synthetic_train_;  // its training examples
+  // What MakeBatch made of the ids it met (only the training thread runs it).
+  mutable SyntheticCtrGenerator::IdCache synthetic_ids_;
   // Users' files, held or indexed; both null: synthetic, made per step.
   const std::shared_ptr<const SparseDataset> train_;
   const std::shared_ptr<const RecordIndex> train_index_;
@@ -629,7 +634,8 @@ absl::StatusOr<Batch> ClickRun::MakeBatch(int32_t partition, int64_t step, Examp
   const AffineOrder order(spec_.data().shuffle_seed(), epoch, examples_);
   const int64_t first = partitioning_.FirstRow(step, partition);
   Batch batch;
-  SparseDataset records;  // indexed files: the batch's records, read at once
+  // Indexed files and synthetic data: the batch's records, read or made at once.
+  SparseDataset records;
   if (train_index_ != nullptr) {
     std::vector<int64_t> examples(static_cast<size_t>(batch_));
     for (int64_t i = 0; i < batch_; ++i) examples[static_cast<size_t>(i)] = order[first + i];
@@ -637,15 +643,18 @@ absl::StatusOr<Batch> ClickRun::MakeBatch(int32_t partition, int64_t step, Examp
     if (binary_labels_) {
       for (float& label : records.labels) label = label > 0 ? 1.0f : 0.0f;
     }
+  } else if (train_ == nullptr) {
+    records.num_dense = synthetic_.dense;
+    records.num_fields = synthetic_.fields;
+    for (int64_t i = 0; i < batch_; ++i)
+      synthetic_train_.Append(order[first + i], &records, nullptr, &synthetic_ids_);
   }
   for (int64_t i = 0; i < batch_; ++i) {
     const int64_t example = order[first + i];
     if (train_ != nullptr) {
       AppendExample(*train_, example, &batch);
-    } else if (train_index_ != nullptr) {
-      AppendExample(records, i, &batch);
     } else {
-      AppendExample(MakeSyntheticCtr(synthetic_, /*split=*/0, example, 1), 0, &batch);
+      AppendExample(records, i, &batch);
     }
     audit->digest += ExampleDigest(epoch, example);
   }

@@ -280,6 +280,35 @@ TEST(SparseShardTest, APushBeyondTheBudgetIsRefusedNamingTheTable) {
   EXPECT_EQ(*shard->Push(PushOf(1, 0, old, linear, embedding)), SparsePushOutcome::kApplied);
 }
 
+// With a frequency filter, keys seen fewer times than admitAfter take filter
+// counts, not rows; those count against the budget too, with the hash map's
+// growth (it doubles when full), so the tables never pass it.
+TEST(SparseShardTest, FilterCountsStayWithinTheBudget) {
+  std::vector<SparseTableSetup> tables = Tables(/*expire_after=*/0, /*shards=*/1);
+  for (SparseTableSetup& table : tables) table.config.admit_after = 3;
+  const int64_t empty_bytes = SparseShard::EmptyBytes(tables, {0});
+  const int64_t budget = empty_bytes + (int64_t{4} << 20);
+  auto self = std::make_shared<SparseShard*>(nullptr);
+  auto made = SparseShard::Create(tables, {0}, /*num_partitions=*/2,
+                                  [self, budget] { return budget - (*self)->bytes(); });
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<SparseShard> shard = *std::move(made);
+  *self = shard.get();
+  std::vector<uint64_t> keys;
+  absl::Status refused;
+  int64_t step = 0;
+  for (uint64_t next = 0; refused.ok() && step < 10000; ++step) {
+    keys.clear();
+    for (int i = 0; i < 1000; ++i) keys.push_back(next++);  // each key once: a filter count each
+    const std::vector<float> linear = Grads(keys.size(), 1, 0.1f), embedding = Grads(keys.size(), 4, 0.1f);
+    refused = shard->Push(PushOf(0, step, keys, linear, embedding)).status();
+    ASSERT_LE(shard->bytes(), budget) << "after step " << step;
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_GT(step, 20) << "the filter counts took a fair share of the budget first";
+  EXPECT_EQ(shard->Stats()[1].rows, 0);
+}
+
 TEST(SparseShardTest, RowsNotPushedForExpireAfterStepsAreDropped) {
   auto shard = MakeOne(0, /*expire_after=*/8);
   const std::vector<uint64_t> stale = {100, 101}, live = {200};

@@ -38,6 +38,16 @@ size_t SlotsFor(int64_t rows, size_t at_least) {
   return slots;
 }
 
+// The slots of a filter-count map of `capacity` slots once it holds `size`
+// keys: absl's hash tables fill to 7/8, then grow to 2 * capacity + 1 (so a
+// push may double what the map takes, not add its keys' share).
+size_t CandidateSlotsFor(size_t size, size_t capacity) {
+  if (size == 0) return capacity;
+  size_t slots = std::max<size_t>(capacity, 1);
+  while (size > slots - slots / 8) slots = slots * 2 + 1;
+  return slots;
+}
+
 absl::Status Bad(const SparseTableConfig& config, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("table ", config.name, ": ", what));
 }
@@ -269,11 +279,11 @@ void SparseTable::Apply(float* row, const float* g) {
   }
 }
 
-int64_t SparseTable::BytesFor(int64_t rows, size_t index_slots, size_t candidates) const {
+int64_t SparseTable::BytesFor(int64_t rows, size_t index_slots, size_t candidate_slots) const {
   const auto blocks = static_cast<int64_t>((static_cast<size_t>(rows) + rows_per_block_ - 1) / rows_per_block_);
-  // A flat_hash_map keeps a control byte beside every slot and stays at most 7/8 full.
-  const int64_t candidate_bytes =
-      static_cast<int64_t>(candidates) * static_cast<int64_t>(sizeof(std::pair<const uint64_t, Sightings>) + 1) * 8 / 7;
+  // A flat_hash_map keeps a control byte beside every slot.
+  const int64_t candidate_bytes = static_cast<int64_t>(candidate_slots) *
+                                  static_cast<int64_t>(sizeof(std::pair<const uint64_t, Sightings>) + 1);
   return blocks * static_cast<int64_t>(rows_per_block_ * (row_bytes_ + sizeof(uint32_t))) +
          static_cast<int64_t>(index_slots * sizeof(uint32_t)) + candidate_bytes;
 }
@@ -351,7 +361,9 @@ SparseTable::Growth SparseTable::GrowthLocked(absl::Span<const uint64_t> keys) c
 int64_t SparseTable::BytesAfterLocked(const Growth& growth) const {
   if (growth.rows + growth.candidates == 0) return BytesLocked();
   const int64_t rows = rows_ + growth.rows;
-  return BytesFor(rows, SlotsFor(rows, index_.size()), candidates_.size() + static_cast<size_t>(growth.candidates));
+  return BytesFor(
+      rows, SlotsFor(rows, index_.size()),
+      CandidateSlotsFor(candidates_.size() + static_cast<size_t>(growth.candidates), candidates_.capacity()));
 }
 
 absl::Status SparseTable::CheckRoomLocked(absl::Span<const uint64_t> keys) const {
@@ -387,7 +399,9 @@ absl::StatusOr<int64_t> SparseTable::BytesAfterCheckedPush(absl::Span<const uint
 int64_t SparseTable::BytesAfterAtMost(size_t keys) const {
   ReaderMutexLock lock(&mu_);
   const int64_t rows = rows_ + static_cast<int64_t>(keys);
-  return std::max(BytesLocked(), BytesFor(rows, SlotsFor(rows, index_.size()), candidates_.size() + keys));
+  return std::max(BytesLocked(),
+                  BytesFor(rows, SlotsFor(rows, index_.size()),
+                           CandidateSlotsFor(candidates_.size() + keys, candidates_.capacity())));
 }
 
 absl::Status SparseTable::Push(int64_t step, absl::Span<const uint64_t> keys, const float* grads) {
@@ -616,8 +630,9 @@ absl::Status SparseTable::ApplyChanges(absl::string_view changes) {
   };
   if (absl::Status checked = ParseTableState(changes, config_.name, stride_, check); !checked.ok()) return checked;
   if (config_.memory_budget > 0) {
-    const int64_t needed = BytesFor(static_cast<int64_t>(rows), SlotsFor(static_cast<int64_t>(rows), index_.size()),
-                                    filtered.size());
+    const int64_t needed =
+        BytesFor(static_cast<int64_t>(rows), SlotsFor(static_cast<int64_t>(rows), index_.size()),
+                 CandidateSlotsFor(filtered.size(), 0));
     if (needed > config_.memory_budget) {
       return absl::ResourceExhaustedError(absl::StrCat("table ", config_.name, ": ", rows,
                                                        " rows do not fit its memory budget of ",

@@ -219,7 +219,9 @@ class SparseTable {
   };
   Growth GrowthLocked(absl::Span<const uint64_t> keys) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   int64_t BytesAfterLocked(const Growth& growth) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  int64_t BytesFor(int64_t rows, size_t index_slots, size_t candidates) const;
+  // What `rows` rows, an index of `index_slots` and a filter-count map of
+  // `candidate_slots` take.
+  int64_t BytesFor(int64_t rows, size_t index_slots, size_t candidate_slots) const;
   size_t rows_per_block_ = 1;  // a power of two
   int block_shift_ = 0;
   int64_t BytesLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -727,5 +727,29 @@ TEST_F(TableJoinTest, AddedServerTakesBucketsOfEveryTableThroughACheckpoint) {
   ExpectSameExport(expected, LiveExport(*id, cluster_->scheduler_address()));
 }
 
+// A server joining an asynchronous job that evaluates all the time: the
+// restart drops the job on the servers while the evaluator pulls rows for
+// its test set, which must be taken as the server change it is (the
+// evaluation runs again), not as the job's failure.
+TEST_F(TableJoinTest, AJoinWhileTheJobEvaluatesFailsNothing) {
+  v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
+  spec.mutable_data()->mutable_synthetic_ctr()->set_examples(200000);  // a test set of 40,000
+  spec.mutable_data()->set_max_steps(400);
+  spec.mutable_data()->set_eval_every_steps(10);  // most of the job's time is evaluation
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::JobStatus running = WaitForStep(*id, 30);
+  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before the join: " << running.reason();
+  auto added = cluster_->AddServer();
+  ASSERT_TRUE(added.ok()) << added.status();
+  const v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  EXPECT_GT(RestoredFrom(done), 0) << "the job did not restart from a checkpoint";
+  bool leads = false;
+  for (const auto& shard : done.shards()) leads |= shard.server_id() == added->id();
+  EXPECT_TRUE(leads) << added->id() << " leads no shard";
+  EXPECT_GT(done.history_size(), 10) << "the job evaluated as it trained";
+}
+
 }  // namespace
 }  // namespace fulcrum

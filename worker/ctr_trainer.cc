@@ -1044,7 +1044,12 @@ absl::Status ClickRun::RunBsp() {
     const bool evaluator = std::count(assignment.partitions().begin(), assignment.partitions().end(),
                                       assignment.eval_partition()) > 0;
     if (evaluator && test_ != nullptr && EvaluatesAt(version) && evaluated < version) {
-      RETURN_IF_ERROR(EvaluateAndReport(version, /*pull=*/false));
+      // Its pulls of rows meet the same server changes as a step's.
+      if (absl::Status status = EvaluateAndReport(version, /*pull=*/false); !status.ok()) {
+        RETURN_IF_ERROR(Recover(status));
+        next = version;
+        continue;
+      }
       evaluated = version;
     }
     if (version >= total_steps_) break;
@@ -1074,7 +1079,12 @@ absl::Status ClickRun::RunBsp() {
     if (!fresh.empty()) {
       MaybeReportProgress(total_steps_, /*force=*/true, positions);
       if (evaluate) {
-        RETURN_IF_ERROR(EvaluateAndReport(total_steps_));
+        if (absl::Status status = EvaluateAndReport(total_steps_); !status.ok()) {
+          RETURN_IF_ERROR(Recover(status));
+          for (int32_t p : fresh) reported.erase(p);  // evaluate and report them again
+          assignment = hooks_.latest_assignment();
+          continue;
+        }
         evaluated = total_steps_;
       }
       ReportDone(fresh);
@@ -1087,8 +1097,17 @@ absl::Status ClickRun::RunBsp() {
 absl::Status ClickRun::RunAsync() {
   std::map<int32_t, int64_t> positions;
   std::set<int32_t> reported_done;
+  int64_t eval_due = -1;  // an evaluation to run (again, after a server change), -1: none
   v1::Assignment assignment = hooks_.latest_assignment();
   while (!hooks_.should_stop()) {
+    if (eval_due >= 0) {
+      if (absl::Status status = EvaluateAndReport(eval_due); !status.ok()) {
+        RETURN_IF_ERROR(Recover(status));
+        assignment = hooks_.latest_assignment();
+        continue;
+      }
+      eval_due = -1;
+    }
     positions = PartitionPositions(assignment, positions);
     const int32_t next = FurthestBehind(positions, total_steps_);
     if (next < 0) {  // every owned partition is through: report, then wait for the job's end
@@ -1099,7 +1118,12 @@ absl::Status ClickRun::RunAsync() {
       if (!fresh.empty()) {
         MaybeReportProgress(total_steps_, /*force=*/true, positions);
         if (positions.count(assignment.eval_partition()) > 0 && test_ != nullptr) {
-          RETURN_IF_ERROR(EvaluateAndReport(total_steps_));
+          if (absl::Status status = EvaluateAndReport(total_steps_); !status.ok()) {
+            RETURN_IF_ERROR(Recover(status));
+            for (int32_t p : fresh) reported_done.erase(p);  // evaluate and report them again
+            assignment = hooks_.latest_assignment();
+            continue;
+          }
         }
         ReportDone(fresh);
       }
@@ -1121,7 +1145,7 @@ absl::Status ClickRun::RunAsync() {
     failures_ = 0;
     positions[next] = step + 1;
     if (next == assignment.eval_partition() && test_ != nullptr && EvaluatesAt(step + 1) && step + 1 < total_steps_) {
-      RETURN_IF_ERROR(EvaluateAndReport(step + 1));
+      eval_due = step + 1;  // next, at the loop's top, where a server change is recovered from
     }
     MaybeReportProgress(step + 1, false, positions);
     assignment = hooks_.latest_assignment();

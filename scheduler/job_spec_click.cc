@@ -395,10 +395,35 @@ absl::Status ValidateDenseGraph(const v1::JobSpec& spec) {
   return absl::InvalidArgumentError(absl::StrCat("job spec: model.layers: ", valid.message()));
 }
 
+// The preset kinds that pair vectors (FM and DeepFM the fields' embeddings,
+// DLRM those and the bottom MLP's output) need two to pair; over fewer their
+// interaction would be zero and the job train a lesser model unsaid.
+absl::Status ValidateClickPairs(const v1::JobSpec& spec) {
+  const v1::ModelSpec::Kind kind = spec.model().kind();
+  if (kind != v1::ModelSpec::FM && kind != v1::ModelSpec::DEEPFM && kind != v1::ModelSpec::DLRM) {
+    return absl::OkStatus();
+  }
+  const int32_t fields = ClickFields(spec.data());
+  const int32_t vectors = fields + (kind == v1::ModelSpec::DLRM && ClickDense(spec.data()) > 0 ? 1 : 0);
+  if (vectors >= 2) return absl::OkStatus();
+  const std::string pairs = kind == v1::ModelSpec::DLRM
+                                ? "pairs the fields' embeddings and the dense features' bottom MLP output"
+                                : "pairs the embeddings of different fields";
+  return Invalid(
+      "model.kind",
+      absl::StrCat(pairs,
+                   ", so it needs data with at least 2 of them (LIBSVM data is one field: every "
+                   "id of a line in one bag); use CSV data with a CATEGORICAL column per field, or "
+                   "LOGISTIC_REGRESSION or WIDE_AND_DEEP"),
+      absl::StrCat(v1::ModelSpec::Kind_Name(kind), " over ", fields, " field", fields == 1 ? "" : "s",
+                   kind == v1::ModelSpec::DLRM ? " and no dense features" : ""));
+}
+
 absl::Status ValidateClickJob(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ValidateClickShape(spec.model()));
   const bool dense = spec.model().kind() == v1::ModelSpec::GRAPH && IsDenseData(spec.data());
   RETURN_IF_ERROR(dense ? ValidateDenseDataGraph(spec) : ValidateClickData(spec.data()));
+  RETURN_IF_ERROR(ValidateClickPairs(spec));
   RETURN_IF_ERROR(ValidateTables(spec));
   if (dense) RETURN_IF_ERROR(ValidateDenseDataGraphLoss(spec));
   return ValidateClickLimits(spec);

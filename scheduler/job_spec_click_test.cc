@@ -311,8 +311,10 @@ void CsvData(const std::string& delimiter, v1::CsvSpec::Column column, v1::JobSp
 // tab.
 TEST(ClickSpecTest, CsvDelimitersThatNoNumberHoldsAreAccepted) {
   for (const std::string delimiter : {"", ",", ";", "|", "\t", " ", ":", "#"}) {
-    const absl::Status status =
-        ValidateJobSpec(ClickSpec([&](v1::JobSpec* s) { CsvData(delimiter, v1::CsvSpec::CATEGORICAL, s); }));
+    const absl::Status status = ValidateJobSpec(ClickSpec([&](v1::JobSpec* s) {
+      CsvData(delimiter, v1::CsvSpec::CATEGORICAL, s);
+      s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::CATEGORICAL);  // DeepFM pairs two fields
+    }));
     EXPECT_TRUE(status.ok()) << Quote(delimiter) << ": " << status;
   }
 }
@@ -444,6 +446,29 @@ std::vector<ClickReject> ClickRejects() {
       {"Compressed",
        [](S* s) { s->mutable_compression()->set_kind(v1::CompressionSpec::INT8); },
        {"wireFormat"}},
+      {"DeepFmOverLibsvm",
+       [](S* s) {
+         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
+         s->mutable_data()->clear_synthetic_ctr();
+         s->mutable_data()->set_path("/data/x.libsvm");
+       },
+       {"model.kind", "DEEPFM over 1 field", "LIBSVM data is one field", "CSV"}},
+      {"FmOverOneCsvColumn",
+       [](S* s) {
+         s->mutable_model()->set_kind(v1::ModelSpec::FM);
+         s->mutable_model()->clear_hidden_sizes();
+         s->mutable_model()->clear_activation();
+         CsvData(",", v1::CsvSpec::CATEGORICAL, s);
+       },
+       {"model.kind", "FM over 1 field"}},
+      {"DlrmOverLibsvm",
+       [](S* s) {
+         s->mutable_model()->set_kind(v1::ModelSpec::DLRM);
+         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
+         s->mutable_data()->clear_synthetic_ctr();
+         s->mutable_data()->set_path("/data/x.libsvm");
+       },
+       {"model.kind", "DLRM over 1 field and no dense features"}},
       {"LibsvmWithoutPath",
        [](S* s) {
          s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);

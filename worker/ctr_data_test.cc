@@ -165,6 +165,10 @@ TEST(CtrDataTest, CsvColumnsByTheSpecWithQuotesMissingValuesAndAHeader) {
   EXPECT_EQ(data.ids, (std::vector<uint64_t>{CategoricalId(0, "news.example"), CategoricalId(1, "phone, large"),
                                              CategoricalId(0, "shop")}));
   EXPECT_NE(CategoricalId(0, "shop"), CategoricalId(1, "shop")) << "the same value in two fields is two ids";
+  // As the README's Python function computes them (its documented formula).
+  EXPECT_EQ(CategoricalId(0, "u8"), 6865445688853725935ULL);
+  EXPECT_EQ(CategoricalId(2, "12345"), 8759186506584096807ULL);
+  EXPECT_EQ(CategoricalId(1, "\xc3\xa9"), 13072732595333664199ULL);  // UTF-8 bytes as they are
   EXPECT_EQ(data.weights, (std::vector<float>{1, 1, 1}));
 }
 

@@ -203,9 +203,17 @@ absl::Status ValidateTables(const v1::JobSpec& spec) {
     if (!seen.insert(table.name()).second) return Invalid(field + ".name", "names a table twice", Quote(table.name()));
     RETURN_IF_ERROR(ValidateSparseOptimizer(field + ".optimizer", table.optimizer()));
     if (table.has_init_scale()) RETURN_IF_ERROR(CheckFloat(field + ".initScale", table.init_scale(), 0, 10, false, false));
-    if (table.optimizer().kind() == v1::SparseOptimizerSpec::FTRL && table.init_scale() > 0) {
-      return Invalid(field + ".initScale", "must be 0 with FTRL (its weights follow from its accumulators)",
-                     absl::StrCat(table.init_scale()));
+    // As the servers set the table up (server/parameter_service_sparse.cc).
+    const float init_scale =
+        table.has_init_scale() ? table.init_scale() : DefaultTableInitScale(table.name());
+    if (table.optimizer().kind() == v1::SparseOptimizerSpec::FTRL && init_scale > 0) {
+      return Invalid(
+          field + ".initScale",
+          "must be 0 with FTRL (its weights follow from its accumulators, so rows start at zero): set "
+          "initScale: 0",
+          table.has_init_scale()
+              ? absl::StrCat(table.init_scale())
+              : absl::StrCat("unset: table ", table.name(), " starts uniform in +-", init_scale));
     }
     RETURN_IF_ERROR(CheckRange(field + ".admitAfter", table.admit_after(), 0, 1000000));
     RETURN_IF_ERROR(CheckRange<int64_t>(field + ".expireAfter", table.expire_after(), 0, 1000000000));

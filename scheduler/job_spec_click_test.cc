@@ -144,6 +144,7 @@ TEST(ClickSpecTest, AGraphIsAClickModelWithTheTablesItsLayersName) {
     v1::TableSpec* table = s->mutable_model()->add_tables();
     table->set_name("items");
     table->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::FTRL);
+    table->set_init_scale(0);  // FTRL's rows start at zero
   });
   ASSERT_TRUE(ValidateJobSpec(graph).ok()) << ValidateJobSpec(graph);
   EXPECT_EQ(graph.mode(), v1::ASP);
@@ -402,6 +403,9 @@ std::vector<ClickReject> ClickRejects() {
          t->set_init_scale(0.1f);
        },
        {"model.tables[0].initScale", "FTRL"}},
+      {"FtrlOnATableThatStartsRandomByDefault",
+       [table](S* s) { table(s, "embedding")->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::FTRL); },
+       {"model.tables[0].initScale", "FTRL", "set initScale: 0", "unset: table embedding starts uniform"}},
       {"NegativeAdmitAfter",
        [table](S* s) { table(s, "linear")->set_admit_after(-1); },
        {"model.tables[0].admitAfter"}},

@@ -173,6 +173,7 @@ absl::StatusOr<ExportResult> PullLive(const v1::JobStatus& job, double timeout) 
     ExportResult result;
     result.tensors = EmptyTensors(map);
     int64_t low = INT64_MAX, high = 0;
+    int64_t clock = INT64_MAX;  // ASP, SSP: the steps every partition has in every chunk
     for (const v1::ChunkLocation& chunk : map.chunks()) {
       v1::PullRequest request;
       request.set_job_id(job.job_id());
@@ -190,10 +191,13 @@ absl::StatusOr<ExportResult> PullLive(const v1::JobStatus& job, double timeout) 
       RETURN_IF_ERROR(Place(chunk, response.chunks(0).data(), &result.tensors));
       low = std::min(low, response.chunks(0).version());
       high = std::max(high, response.chunks(0).version());
+      clock = std::min(clock, response.chunks(0).clock());
     }
     const bool synchronous = job.spec().mode() == v1::BSP || job.spec().mode() == v1::MODE_UNSPECIFIED;
     if (!synchronous || low == high) {
-      result.step = high;
+      // A BSP chunk's version is its steps; an asynchronous one's counts
+      // every partition's pushes.
+      result.step = synchronous ? high : clock;
       std::vector<Gathered> gathered(static_cast<size_t>(map.tables_size()));
       for (int32_t t = 0; t < map.tables_size(); ++t) {
         const v1::TableLayout& table = map.tables(t);

@@ -14,7 +14,7 @@ namespace fulcrum {
 
 struct ExportResult {
   std::vector<SafetensorsTensor> tensors;  // in the model's order, named as in the shard map
-  int64_t step = 0;                        // the update count of the exported state
+  int64_t step = 0;  // the step of the exported state (ASP, SSP live: the slowest partition's)
   int64_t checkpoint_id = 0;               // 0: the live parameters
   // The sparse tables (live or checkpointed), each as two tensors: "table.NAME.ids"
   // (U64, [rows]) and "table.NAME.rows" (F32, [rows, dim]), rows in

@@ -749,6 +749,13 @@ TEST_F(TableJoinTest, AJoinWhileTheJobEvaluatesFailsNothing) {
   for (const auto& shard : done.shards()) leads |= shard.server_id() == added->id();
   EXPECT_TRUE(leads) << added->id() << " leads no shard";
   EXPECT_GT(done.history_size(), 10) << "the job evaluated as it trained";
+  // An asynchronous job's export is at its step (its chunks count every
+  // partition's pushes).
+  const std::string file = MakeTempDir() + "/asp.safetensors";
+  auto [rc, out] =
+      RunCli(absl::StrCat("export ", *id, " -o ", file, " --scheduler ", cluster_->scheduler_address()));
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find(absl::StrCat("step ", done.progress().total_steps(), "\n")), std::string::npos) << out;
 }
 
 }  // namespace

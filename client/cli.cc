@@ -318,15 +318,24 @@ void PrintJob(const v1::JobStatus& job) {
                                                   absl::LocalTimeZone()),
                                  e.membership_epoch(), Printable(e.message()));
   }
+  // Click models' evaluations have an AUC: a column of its own then. Points
+  // are in the order they came (an asynchronous job's evaluation may come
+  // after a progress point of a later step).
+  const bool auc = std::any_of(job.history().begin(), job.history().end(),
+                               [](const v1::MetricPoint& h) { return h.has_test_auc(); });
   std::cout << "History:\n"
-            << absl::StrFormat("  %5s %8s %10s %9s %10s %12s %9s\n", "EPOCH", "STEP", "LOSS", "TEST_ACC",
-                               "TEST_LOSS", "SAMPLES/S", "ELAPSED");
+            << absl::StrFormat("  %5s %8s %10s %9s %10s%s %12s %9s\n", "EPOCH", "STEP", "LOSS", "TEST_ACC",
+                               "TEST_LOSS", auc ? absl::StrFormat(" %9s", "TEST_AUC") : "", "SAMPLES/S",
+                               "ELAPSED");
   for (const auto& h : job.history()) {
-    std::cout << absl::StrFormat("  %5d %8d %10s %9s %10s %12.0f %8.1fs\n", h.epoch(), h.step(),
-                                 h.train_loss() >= 0 ? absl::StrFormat("%.4f", h.train_loss()) : "-",
-                                 h.test_accuracy() >= 0 ? absl::StrFormat("%.4f", h.test_accuracy()) : "-",
-                                 h.evaluation() || h.test_accuracy() >= 0 ? absl::StrFormat("%.4f", h.test_loss()) : "-",
-                                 h.samples_per_second(), h.elapsed_seconds());
+    const std::string auc_column =
+        !auc ? "" : absl::StrFormat(" %9s", h.has_test_auc() ? absl::StrFormat("%.4f", h.test_auc()) : "-");
+    std::cout << absl::StrFormat(
+        "  %5d %8d %10s %9s %10s%s %12.0f %8.1fs\n", h.epoch(), h.step(),
+        h.train_loss() >= 0 ? absl::StrFormat("%.4f", h.train_loss()) : "-",
+        h.test_accuracy() >= 0 ? absl::StrFormat("%.4f", h.test_accuracy()) : "-",
+        h.evaluation() || h.test_accuracy() >= 0 ? absl::StrFormat("%.4f", h.test_loss()) : "-", auc_column,
+        h.samples_per_second(), h.elapsed_seconds());
   }
   const v1::LossCurve& curve = job.loss_curve();
   if (curve.loss_size() > 0) {

@@ -756,6 +756,13 @@ TEST_F(TableJoinTest, AJoinWhileTheJobEvaluatesFailsNothing) {
       RunCli(absl::StrCat("export ", *id, " -o ", file, " --scheduler ", cluster_->scheduler_address()));
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find(absl::StrCat("step ", done.progress().total_steps(), "\n")), std::string::npos) << out;
+  // `fulcrum get` shows the evaluations' AUC in the history.
+  auto [get_rc, get_out] = RunCli(absl::StrCat("get ", *id, " --scheduler ", cluster_->scheduler_address()));
+  ASSERT_EQ(get_rc, 0) << get_out;
+  EXPECT_NE(get_out.find("TEST_LOSS  TEST_AUC"), std::string::npos) << get_out;
+  EXPECT_NE(get_out.find(absl::StrFormat("%.4f", done.history(done.history_size() - 1).test_auc())),
+            std::string::npos)
+      << get_out;
 }
 
 }  // namespace

@@ -26,24 +26,24 @@
 // (`spec`, JSON after the scheduler's defaults). A reference that starts from
 // these values and reads this order computes the job's steps.
 #include <google/protobuf/util/json_util.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "client/safetensors.h"
 #include "client/spec_file.h"
 #include "common/data_partition.h"
 #include "common/param_init.h"
+#include "common/process.h"
 #include "common/table_spec.h"
 #include "kernels/model_from_spec.h"
 #include "scheduler/job_spec.h"
@@ -137,9 +137,9 @@ absl::Status WriteTextFiles(const SyntheticCtrSpec& data, bool csv, const std::s
     return absl::InvalidArgumentError(
         "--format=libsvm holds no dense features: set --dense=0 (or use --format=csv)");
   }
-  if (mkdir(folder.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot make ", folder, ": ", std::strerror(errno)));
-  }
+  std::error_code made;
+  std::filesystem::create_directories(folder, made);
+  if (made) return absl::FailedPreconditionError(absl::StrCat("cannot make ", folder, ": ", made.message()));
   const char* extension = csv ? ".csv" : ".libsvm";
   const int64_t test_examples = SyntheticCtrTestExamples(data.examples);
   for (int split = 0; split < 2; ++split) {
@@ -180,10 +180,38 @@ absl::Status WriteTextFiles(const SyntheticCtrSpec& data, bool csv, const std::s
   return absl::OkStatus();
 }
 
-int Main() {
+// The flags that say what data to make, which --spec says instead.
+constexpr const char* kDataFlags[] = {"examples", "fields",   "vocabulary", "dense",
+                                      "fm_dim",   "fm_scale", "seed"};
+
+// The flags' data within the bounds a job spec's data.syntheticCtr has.
+absl::Status CheckDataFlags(const SyntheticCtrSpec& data) {
+  auto outside = [](const char* flag, int64_t value, int64_t low, int64_t high) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be in [", low, ", ", high, "] (got ",
+                                                   value, "), as a job's data.syntheticCtr"));
+  };
+  if (data.examples < 1 || data.examples > 100000000) return outside("examples", data.examples, 1, 100000000);
+  if (data.fields < 1 || data.fields > 256) return outside("fields", data.fields, 1, 256);
+  if (data.dense < 0 || data.dense > 1024) return outside("dense", data.dense, 0, 1024);
+  if (data.fm_dim < 0 || data.fm_dim > 64) return outside("fm_dim", data.fm_dim, 0, 64);
+  return ValidateSyntheticCtrSpec(data);
+}
+
+int Main(const std::set<std::string>* given) {
   SyntheticCtrSpec data;
   v1::JobSpec spec;
+  if (absl::GetFlag(FLAGS_out).empty()) {
+    return Fail(
+        absl::InvalidArgumentError("--out is required: the file to write (--format=binary) or the folder "
+                                   "(--format=libsvm or csv); see --help"));
+  }
   const bool from_spec = !absl::GetFlag(FLAGS_spec).empty();
+  for (const char* flag : kDataFlags) {
+    if (from_spec && given->count(flag) > 0) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, " does not go with --spec: the spec's data.syntheticCtr and seed say what data")));
+    }
+  }
   if (from_spec) {
     absl::StatusOr<v1::JobSpec> read = ReadJobSpecFile(absl::GetFlag(FLAGS_spec));
     if (!read.ok()) return Fail(read.status());
@@ -203,6 +231,7 @@ int Main() {
     data.dense = absl::GetFlag(FLAGS_dense);
     data.fm_dim = absl::GetFlag(FLAGS_fm_dim);
     data.fm_scale = static_cast<float>(absl::GetFlag(FLAGS_fm_scale));
+    if (absl::Status valid = CheckDataFlags(data); !valid.ok()) return Fail(valid);
   }
   if (absl::Status valid = ValidateSyntheticCtrSpec(data); !valid.ok()) return Fail(valid);
   const std::string format = absl::GetFlag(FLAGS_format);
@@ -266,6 +295,18 @@ int Main() {
 }  // namespace fulcrum
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  return fulcrum::Main();
+  fulcrum::ParseFlags(
+      argc, argv,
+      "writes Fulcrum's synthetic click data: a binary file for the PyTorch reference, or libsvm or "
+      "CSV files to train on.\n"
+      "  fulcrum-ctr-data-dump --out=FILE [--examples=N --fields=F --vocabulary=V --dense=D "
+      "--fm_dim=K --fm_scale=S --seed=SEED]\n"
+      "  fulcrum-ctr-data-dump --out=FILE --spec=JOB.yaml [--start=START.safetensors]\n"
+      "  fulcrum-ctr-data-dump --format=libsvm|csv --out=FOLDER [--files=N] [the data flags]");
+  std::set<std::string> given;  // the flags on the command line
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--", 0) == 0) given.insert(arg.substr(2, arg.find('=') - 2));
+  }
+  return fulcrum::Main(&given);
 }

@@ -50,10 +50,11 @@ void ParseFlags(int argc, char** argv, const char* usage) {
   AcceptDashedFlags(argc, argv);
   absl::FlagsUsageConfig config;
   // Abseil lists on --help only flags defined in a file named like the
-  // program; ours live in each binary's main.cc and the shared daemon files.
+  // program; ours live in each binary's main.cc, the shared daemon files and
+  // the tools' files under bench/.
   config.contains_help_flags = [](absl::string_view file) {
     return absl::EndsWith(file, "main.cc") || absl::EndsWith(file, "common/daemon.cc") ||
-           absl::EndsWith(file, "common/security_flags.cc");
+           absl::EndsWith(file, "common/security_flags.cc") || absl::StrContains(file, "bench/");
   };
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);

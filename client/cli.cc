@@ -269,9 +269,10 @@ void PrintJob(const v1::JobStatus& job) {
   std::cout << "\n";
   if (job.parameters_released_unix_ms() > 0) {
     std::cout << "Parameters: released by the servers at "
-              << absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(job.parameters_released_unix_ms()),
+              << absl::FormatTime("%Y-%m-%d %H:%M:%S UTC",
+                                  absl::FromUnixMillis(job.parameters_released_unix_ms()),
                                   absl::UTCTimeZone())
-              << " (retention); its checkpoints remain\n";
+              << " (retention, or a server restarted without them: see Events); its checkpoints remain\n";
   } else if (job.state() == v1::SUCCEEDED) {
     std::cout << "Parameters: kept on the servers (fulcrum export " << job.job_id() << " -o FILE)\n";
   }

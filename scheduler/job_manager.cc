@@ -563,6 +563,13 @@ void JobManager::ReleaseParameters(Job* job) {
   Touch(job);
 }
 
+void JobManager::LoseParameters(Job* job, const std::string& why) {
+  if (job->status.parameters_released_unix_ms() > 0 || job->server_addresses.empty()) return;
+  AddEvent(job, absl::StrCat("its parameters are gone from the servers: ", why,
+                             "; its checkpoints remain (fulcrum export --checkpoint)"));
+  ReleaseParameters(job);
+}
+
 void JobManager::ApplyRetention() {
   std::vector<Job*> ended;
   for (auto& [id, job] : jobs_) {

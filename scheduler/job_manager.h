@@ -221,6 +221,10 @@ class JobManager {
   // Retention of finished jobs (see SchedulerOptions).
   void ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseParameters(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A finished job whose live parameters a server lost (it restarted
+  // without them, or never came back after the scheduler restarted): the
+  // rest are released too, and the job says why (its checkpoints remain).
+  void LoseParameters(Job* job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status BuildShardPlan(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunSetup(const std::string& job_id, std::map<std::string, v1::SetupJobRequest> requests);
   void OnProgress(Job* job, const v1::WorkReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -50,6 +50,11 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
   // After a scheduler restart, members of running jobs register again: a
   // worker goes back to its job; a server must still hold the job's shards.
   for (auto& [job_id, job] : jobs_) {
+    if (job->phase == Job::Phase::kEnded && request.role() == v1::SERVER &&
+        job->server_addresses.count(id) > 0 &&
+        std::find(request.jobs().begin(), request.jobs().end(), job_id) == request.jobs().end()) {
+      LoseParameters(job.get(), absl::StrCat("server ", id, " restarted without them"));
+    }
     if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
     if (request.role() == v1::WORKER && !known) {
       for (const JobWorker& w : job->workers) {

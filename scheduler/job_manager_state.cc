@@ -202,7 +202,16 @@ void JobManager::CheckRecovery() {
   if (!recovery_deadline_.has_value() || clock_() < *recovery_deadline_) return;
   recovery_deadline_.reset();
   for (auto& [job_id, job] : jobs_) {
-    if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
+    if (job->phase == Job::Phase::kEnded) {
+      for (const auto& [server, address] : job->server_addresses) {
+        if (members_.Contains(server)) continue;
+        LoseParameters(job.get(),
+                       absl::StrCat("server ", server, " did not come back after the scheduler restarted"));
+        break;
+      }
+      continue;
+    }
+    if (job->phase == Job::Phase::kPending) continue;
     std::vector<std::string> gone;
     for (const auto& [server, address] : job->server_addresses) {
       if (!members_.Contains(server)) gone.push_back(server);

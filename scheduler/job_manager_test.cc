@@ -1043,6 +1043,39 @@ TEST_F(JobManagerTest, FinishedJobsParametersAreReleasedAndOldRecordsForgotten) 
   EXPECT_GT(GetOk(jobs[1]).parameters_released_unix_ms(), 0);
 }
 
+// A finished job's live parameters live on its servers: a server that comes
+// back without them (a restarted process), or not at all after the
+// scheduler restarted, has lost them, and the job says so instead of
+// pointing `fulcrum export` at parameters that are gone.
+TEST_F(JobManagerTest, AFinishedJobsParametersAreGoneWhenItsServerRestartsWithoutThem) {
+  const std::string job_id = StartJob();
+  MakeTraining(job_id);
+  for (const std::string& w : workers_) ASSERT_TRUE(ReportKind(w, job_id, v1::WorkReport::DONE).ok());
+  ASSERT_EQ(GetOk(job_id).state(), v1::SUCCEEDED);
+  manager_->Tick();
+  RegisterAs(v1::SERVER, server_, kServerAddress, {job_id});  // the same process: it still holds them
+  EXPECT_EQ(GetOk(job_id).parameters_released_unix_ms(), 0);
+  RegisterAs(v1::SERVER, server_, kServerAddress, {});  // a new process under the same id
+  const v1::JobStatus lost = GetOk(job_id);
+  EXPECT_GT(lost.parameters_released_unix_ms(), 0);
+  EXPECT_EQ(lost.state(), v1::SUCCEEDED);
+  std::string events;
+  for (const auto& e : lost.events()) absl::StrAppend(&events, e.message(), "\n");
+  EXPECT_TRUE(Contains(events, absl::StrCat("server ", server_, " restarted without them"))) << events;
+
+  // After a scheduler restart, a server of a finished job that never comes back.
+  const std::string second = SubmitOk(MlpSpec());
+  manager_->Tick();
+  MakeTraining(second);
+  for (const std::string& w : workers_) ASSERT_TRUE(ReportKind(w, second, v1::WorkReport::DONE).ok());
+  ASSERT_EQ(GetOk(second).state(), v1::SUCCEEDED);
+  Restart();
+  for (const std::string& w : workers_) RegisterAs(v1::WORKER, w);
+  Advance(3 * options_.lease);
+  manager_->Tick();
+  EXPECT_GT(GetOk(second).parameters_released_unix_ms(), 0);
+}
+
 TEST_F(JobManagerTest, ServerLossPromotesBackupsAndBumpsTheMapVersion) {
   RegisterCluster();
   const std::string second = RegisterMember(v1::SERVER, "127.0.0.1:7002");

@@ -19,6 +19,7 @@
 #include "common/logging.h"
 #include "common/memory_budget.h"
 #include "common/param_init.h"
+#include "common/quote.h"
 #include "common/status_macros.h"
 #include "common/table_spec.h"
 #include "kernels/ctr_model.h"
@@ -206,7 +207,11 @@ absl::StatusOr<std::vector<std::string>> FilesOf(const std::string& pattern, con
   // name folders outside the roots.
   const std::string fixed = pattern.substr(0, pattern.find_first_of("*?["));
   const size_t slash = fixed.rfind('/');
-  RETURN_IF_ERROR(CheckUnderRoots(slash == std::string::npos ? "/" : fixed.substr(0, slash + 1), roots));
+  if (absl::Status under =
+          CheckUnderRoots(slash == std::string::npos ? "/" : fixed.substr(0, slash + 1), roots);
+      !under.ok()) {
+    return absl::Status(under.code(), absl::StrCat("data file ", Quote(pattern), ": ", under.message()));
+  }
   ASSIGN_OR_RETURN(std::vector<std::string> files, ExpandPath(pattern));
   for (const std::string& file : files) RETURN_IF_ERROR(CheckUnderRoots(file, roots));
   return files;

@@ -6,9 +6,12 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -21,12 +24,14 @@
 #include "common/param_init.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
+#include "common/sync.h"
 #include "common/table_spec.h"
 #include "kernels/ctr_model.h"
 #include "kernels/model_from_spec.h"
 #include "worker/dataset.h"
 #include "worker/parameter_client.h"
 #include "worker/sparse_client.h"
+#include "worker/work_ahead.h"
 
 namespace fulcrum {
 namespace {
@@ -562,12 +567,14 @@ class ClickRun {
   absl::Status ComputeGradients(const Batch& batch, const std::vector<Bags>& bags, kernels::CtrStats* stats);
   // One partition step: pull, compute, push. DEADLINE_EXCEEDED (SSP): too
   // far ahead of the slowest partition for now.
-  absl::Status Step(int32_t partition, int64_t step);
+  // `then`: the (partition, step) likely next, whose batch is made meanwhile.
+  using Next = std::optional<std::pair<int32_t, int64_t>>;
+  absl::Status Step(int32_t partition, int64_t step, Next then);
   // A step with the dense tensors in params_: pull the rows, compute, push
   // the rows' gradients, then the dense ones (in BSP a step's dense update
   // completes only after every partition's rows were pushed, so a pull of
   // the next step finds the tables' step applied).
-  absl::Status ComputeAndPush(int32_t partition, int64_t step, absl::Time start);
+  absl::Status ComputeAndPush(int32_t partition, int64_t step, absl::Time start, Next then);
   // ASP and SSP: each partition at its own pace. BSP: every owned partition
   // computes the step the servers are at, from one pull.
   absl::Status RunAsync();
@@ -591,7 +598,7 @@ class ClickRun {
   const v1::JobSpec spec_;
   const SyntheticCtrSpec synthetic_;
   const SyntheticCtrGenerator synthetic_train_;  // its training examples
-  // What MakeBatch made of the ids it met (only the training thread runs it).
+  // What MakeBatch made of the ids it met (only ahead_'s thread runs it).
   mutable SyntheticCtrGenerator::IdCache synthetic_ids_;
   // Users' files, held or indexed; both null: synthetic, made per step.
   const std::shared_ptr<const SparseDataset> train_;
@@ -632,6 +639,12 @@ class ClickRun {
   absl::Time window_start_ = absl::Now();
   double last_loss_ = 0, last_samples_per_second_ = 0, last_step_seconds_ = 0;
   std::vector<v1::StepLoss> step_losses_;
+  // Makes the next step's batch meanwhile (MakeBatch). Last: its thread
+  // stops before the members MakeBatch reads go.
+  const std::unique_ptr<WorkAhead<Batch>> ahead_ =
+      std::make_unique<WorkAhead<Batch>>([this](int32_t partition, int64_t step, ExampleAudit* audit) {
+        return MakeBatch(partition, step, audit);
+      });
 };
 
 absl::StatusOr<Batch> ClickRun::MakeBatch(int32_t partition, int64_t step, ExampleAudit* audit) const {
@@ -823,7 +836,7 @@ absl::Status ClickRun::ComputeGradients(const Batch& batch, const std::vector<Ba
   return absl::OkStatus();
 }
 
-absl::Status ClickRun::Step(int32_t partition, int64_t step) {
+absl::Status ClickRun::Step(int32_t partition, int64_t step, Next then) {
   const absl::Time start = absl::Now();
   if (spec_.mode() == v1::SSP) {
     ParameterClient::Versions versions;
@@ -833,12 +846,13 @@ absl::Status ClickRun::Step(int32_t partition, int64_t step) {
   } else {
     RETURN_IF_ERROR(client_->Pull(0, kRpcTimeout, &params_));
   }
-  return ComputeAndPush(partition, step, start);
+  return ComputeAndPush(partition, step, start, then);
 }
 
-absl::Status ClickRun::ComputeAndPush(int32_t partition, int64_t step, absl::Time start) {
+absl::Status ClickRun::ComputeAndPush(int32_t partition, int64_t step, absl::Time start, Next then) {
   ExampleAudit audit;
-  ASSIGN_OR_RETURN(const Batch batch, MakeBatch(partition, step, &audit));
+  ASSIGN_OR_RETURN(const Batch batch, ahead_->Take(partition, step, &audit));
+  if (then.has_value()) ahead_->Start(then->first, then->second);
   const std::vector<Bags> bags = BagsOf(batch, table_reads_);
   RETURN_IF_ERROR(PullRows(bags, step, &rows_));
   const absl::Time compute_start = absl::Now();
@@ -977,9 +991,17 @@ absl::Status ClickRun::Run() { return bsp_ ? RunBsp() : RunAsync(); }
 absl::Status ClickRun::PushOwned(const v1::Assignment& assignment, int64_t step, std::set<int32_t>* pushed) {
   std::vector<int32_t> owned(assignment.partitions().begin(), assignment.partitions().end());
   std::sort(owned.begin(), owned.end());
-  for (int32_t p : owned) {
+  for (size_t i = 0; i < owned.size(); ++i) {
+    const int32_t p = owned[i];
     if (pushed->count(p) > 0) continue;
-    RETURN_IF_ERROR(ComputeAndPush(p, step, absl::Now()));
+    // Next: the following owned partition, or the first at the next step.
+    Next then;
+    if (i + 1 < owned.size()) {
+      then = std::make_pair(owned[i + 1], step);
+    } else if (step + 1 < total_steps_) {
+      then = std::make_pair(owned.front(), step + 1);
+    }
+    RETURN_IF_ERROR(ComputeAndPush(p, step, absl::Now(), then));
     pushed->insert(p);
   }
   return absl::OkStatus();
@@ -1136,7 +1158,11 @@ absl::Status ClickRun::RunAsync() {
       continue;
     }
     const int64_t step = positions[next];
-    const absl::Status status = Step(next, step);
+    std::map<int32_t, int64_t> after = positions;
+    after[next] = step + 1;
+    const int32_t guess = FurthestBehind(after, total_steps_);
+    const absl::Status status =
+        Step(next, step, guess >= 0 ? Next(std::make_pair(guess, after[guess])) : Next());
     if (spec_.mode() == v1::SSP && absl::IsDeadlineExceeded(status)) {  // too far ahead: wait again
       assignment = hooks_.latest_assignment();
       if (assignment.shard_map().version() > client_->map_version()) RETURN_IF_ERROR(Recover(status));

@@ -1,16 +1,16 @@
 #include "client/spec_file.h"
 
 #include <sys/stat.h>
-
-#include <cstdlib>
-#include <set>
-#include <fstream>
-#include <sstream>
-
 #include <yaml-cpp/yaml.h>
 
-#include "absl/strings/str_cat.h"
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
 #include "google/protobuf/descriptor.h"
@@ -221,6 +221,61 @@ absl::StatusOr<std::string> ToJson(const std::string& yaml, const google::protob
 
 }  // namespace
 
+// The JSON parser's message in the spec's own words: field paths as the
+// spec writes them (lowerCamelCase, not the proto's snake_case) and what a
+// value must be instead of the proto's type names.
+std::string SpecWords(std::string message) {
+  // "(data.batch_size): ..." -> "(data.batchSize): ..."
+  if (absl::StartsWith(message, "(")) {
+    const size_t close = message.find(')');
+    if (close != std::string::npos) {
+      std::string path;
+      bool upper = false;
+      for (char c : message.substr(1, close - 1)) {
+        if (c == '_') {
+          upper = true;
+          continue;
+        }
+        path += upper ? absl::ascii_toupper(static_cast<unsigned char>(c)) : c;
+        upper = false;
+      }
+      message = absl::StrCat("(", path, message.substr(close));
+    }
+  }
+  const size_t type_at = message.find(" for type ");
+  if (type_at != std::string::npos) {
+    const std::string type = message.substr(type_at + 10);
+    std::string expected;
+    if (absl::StartsWith(type, "TYPE_INT") || absl::StartsWith(type, "TYPE_UINT") ||
+        absl::StartsWith(type, "TYPE_SINT") || absl::StartsWith(type, "TYPE_FIXED") ||
+        absl::StartsWith(type, "TYPE_SFIXED")) {
+      expected = "a whole number in the field's range";
+    } else if (type == "TYPE_FLOAT" || type == "TYPE_DOUBLE") {
+      expected = "a number";
+    } else if (type == "TYPE_BOOL") {
+      expected = "true or false";
+    } else if (absl::StartsWith(type, "type.googleapis.com/")) {
+      const std::string name = type.substr(20);
+      const auto* pool = google::protobuf::DescriptorPool::generated_pool();
+      if (const google::protobuf::EnumDescriptor* e = pool->FindEnumTypeByName(name); e != nullptr) {
+        std::string names;
+        for (int i = 0; i < e->value_count(); ++i) {
+          if (absl::EndsWith(e->value(i)->name(), "UNSPECIFIED")) continue;
+          absl::StrAppend(&names, names.empty() ? "" : ", ", e->value(i)->name());
+        }
+        expected = absl::StrCat("one of ", names);
+      } else if (pool->FindMessageTypeByName(name) != nullptr) {
+        expected = "a mapping of fields";
+      }
+    }
+    if (!expected.empty()) message = absl::StrCat(message.substr(0, type_at), ": it must be ", expected);
+  }
+  const size_t list = message.find("Proto field is not repeating, cannot start list.");
+  if (list != std::string::npos)
+    message = absl::StrCat(message.substr(0, list), "takes one value, not a list");
+  return message;
+}
+
 absl::StatusOr<std::string> YamlToJson(const std::string& yaml) { return ToJson(yaml, nullptr); }
 
 absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text, const std::string& source) {
@@ -232,7 +287,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text, const std::str
   auto status = google::protobuf::util::JsonStringToMessage(*json, &spec, options);
   if (!status.ok()) {
     // The field names are known by now; the parser's message may quote a value.
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", Printable(std::string(status.message()), 300)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": ", Printable(SpecWords(std::string(status.message())), 300)));
   }
   return spec;
 }

@@ -222,6 +222,17 @@ TEST(SpecFileTest, WrongTypeIsInvalidArgument) {
 
   absl::StatusOr<v1::JobSpec> not_a_message = ParseJobSpec("model: MLP\n", "t.yaml");
   EXPECT_EQ(not_a_message.status().code(), absl::StatusCode::kInvalidArgument);
+
+  // In the spec's words: the field as written, what it takes.
+  EXPECT_TRUE(Contains(word.status().message(), "(data.batchSize)")) << word.status();
+  EXPECT_TRUE(Contains(word.status().message(), "must be a whole number")) << word.status();
+  EXPECT_TRUE(Contains(list.status().message(), "takes one value, not a list")) << list.status();
+  EXPECT_TRUE(Contains(enum_value.status().message(), "must be one of BSP, ASP, SSP")) << enum_value.status();
+  EXPECT_TRUE(Contains(not_a_message.status().message(), "must be a mapping of fields"))
+      << not_a_message.status();
+  absl::StatusOr<v1::JobSpec> number = ParseJobSpec("optimizer: {lr: x}\n", "t.yaml");
+  EXPECT_TRUE(Contains(number.status().message(), "(optimizer.lr): invalid value \"x\": it must be a number"))
+      << number.status();
 }
 
 TEST(SpecFileTest, YamlSyntaxErrorIsInvalidArgumentWithLine) {

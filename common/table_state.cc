@@ -147,14 +147,22 @@ void AppendTableDeltaHeader(int64_t base_checkpoint_id, int32_t stride, const Ta
 }
 
 void AppendTableDeltaRow(uint64_t key, int64_t last_step, absl::Span<const float> floats, std::string* out) {
-  PutU64(key, out);
-  out->push_back('\1');
+  AppendTableDeltaChangedKey(key, out);
   PutStepAndFloats(last_step, floats, out);
 }
 
+void AppendTableDeltaChangedKey(uint64_t key, std::string* out) {
+  char bytes[9];
+  absl::little_endian::Store64(bytes, key);
+  bytes[8] = '\1';
+  out->append(bytes, sizeof(bytes));
+}
+
 void AppendTableDeltaSame(uint64_t key, std::string* out) {
-  PutU64(key, out);
-  out->push_back('\0');
+  char bytes[9];
+  absl::little_endian::Store64(bytes, key);
+  bytes[8] = '\0';
+  out->append(bytes, sizeof(bytes));
 }
 
 absl::StatusOr<int64_t> TableStateBase(absl::string_view bytes, const std::string& table) {

@@ -22,7 +22,7 @@ class KvStore {
 
   // Writes every (key, value) of `puts` and deletes every key of `deletes`
   // atomically and durably (synced before returning).
-  virtual absl::Status Write(const std::vector<std::pair<std::string, std::string>>& puts,
+  virtual absl::Status Write(std::vector<std::pair<std::string, std::string>> puts,
                              const std::vector<std::string>& deletes) = 0;
   // Every (key, value) whose key starts with `prefix`, in key order.
   virtual absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(const std::string& prefix) = 0;

@@ -434,8 +434,7 @@ absl::StatusOr<ChunkSnapshot> DecodeChunkRecord(absl::string_view record) {
 CheckpointStore::CheckpointStore(KvStore* kv) : kv_(kv) {}
 
 absl::StatusOr<std::vector<CheckpointStore::ChunkRecordInfo>> CheckpointStore::Write(
-    const std::string& job_id, int64_t checkpoint_id,
-    const std::vector<std::pair<int32_t, ChunkSnapshot>>& chunks) {
+    const std::string& job_id, int64_t checkpoint_id, std::vector<std::pair<int32_t, ChunkSnapshot>> chunks) {
   RETURN_IF_ERROR(CheckIds(job_id, checkpoint_id));
   RETURN_IF_ERROR(CheckChunkIds(job_id, checkpoint_id, chunks));
 
@@ -444,10 +443,11 @@ absl::StatusOr<std::vector<CheckpointStore::ChunkRecordInfo>> CheckpointStore::W
   puts.reserve(chunks.size() + 1);
   std::vector<ChunkRecordInfo> infos;
   int64_t total_bytes = 0;
-  for (const auto& [chunk_id, snapshot] : chunks) {
+  for (auto& [chunk_id, snapshot] : chunks) {
     ChunkRecordInfo& info = infos.emplace_back();
     info.chunk_id = chunk_id;
     std::string record = EncodeChunkRecord(snapshot, &info.checksum);
+    snapshot = ChunkSnapshot();  // encoded: the state is held once
     info.bytes = static_cast<int64_t>(record.size());
     total_bytes += info.bytes;
     puts.emplace_back(ChunkKey(job_id, checkpoint_id, chunk_id), std::move(record));
@@ -463,9 +463,9 @@ absl::StatusOr<std::vector<CheckpointStore::ChunkRecordInfo>> CheckpointStore::W
   for (auto& key : stored) {
     if (rewritten.count(key) == 0) deletes.push_back(std::move(key));
   }
-  RETURN_IF_ERROR(
-      Annotate(kv_->Write(puts, deletes), absl::StrCat("writing ", Describe(job_id, checkpoint_id), " (",
-                                                       chunks.size(), " chunks, ", total_bytes, " bytes)")));
+  RETURN_IF_ERROR(Annotate(kv_->Write(std::move(puts), deletes),
+                           absl::StrCat("writing ", Describe(job_id, checkpoint_id), " (", chunks.size(),
+                                        " chunks, ", total_bytes, " bytes)")));
   return infos;
 }
 
@@ -627,7 +627,7 @@ void CheckpointWriter::Loop() {
       queue_.pop_front();
     }
     absl::StatusOr<std::vector<CheckpointStore::ChunkRecordInfo>> result =
-        store_->Write(task.job_id, task.checkpoint_id, task.chunks);
+        store_->Write(task.job_id, task.checkpoint_id, std::move(task.chunks));
     if (task.done) task.done(std::move(result));
   }
 }

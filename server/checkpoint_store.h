@@ -72,9 +72,9 @@ class CheckpointStore {
   // All records are in memory at once. Returns each chunk's checksum and
   // record size, in the order of `chunks`. INVALID_ARGUMENT for a chunk id
   // given twice.
-  absl::StatusOr<std::vector<ChunkRecordInfo>> Write(
-      const std::string& job_id, int64_t checkpoint_id,
-      const std::vector<std::pair<int32_t, ChunkSnapshot>>& chunks);
+  // Each chunk's memory is let go once it is encoded.
+  absl::StatusOr<std::vector<ChunkRecordInfo>> Write(const std::string& job_id, int64_t checkpoint_id,
+                                                     std::vector<std::pair<int32_t, ChunkSnapshot>> chunks);
 
   // One chunk of a checkpoint, verified. DATA_LOSS also when
   // `expected_checksum` is not 0 and differs from the stored checksum.

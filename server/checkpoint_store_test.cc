@@ -75,14 +75,14 @@ class FaultyKvStore final : public KvStore {
  public:
   explicit FaultyKvStore(KvStore* base) : base_(base) {}
 
-  absl::Status Write(const std::vector<std::pair<std::string, std::string>>& puts,
+  absl::Status Write(std::vector<std::pair<std::string, std::string>> puts,
                      const std::vector<std::string>& deletes) override {
     if (hold_ != nullptr) hold_->WaitForNotification();
     {
       MutexLock lock(&mu_);
       if (fail_writes_) return absl::UnavailableError("RocksDB write: IO error: No space left on device");
     }
-    return base_->Write(puts, deletes);
+    return base_->Write(std::move(puts), deletes);
   }
 
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(const std::string& prefix) override {

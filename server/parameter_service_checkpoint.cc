@@ -31,6 +31,18 @@ absl::Status NoStore() {
       "this server keeps no checkpoints: start fulcrum-server with --data-dir to take them");
 }
 
+// The bytes a captured chunk holds.
+int64_t SnapshotBytes(const ChunkSnapshot& snapshot) {
+  auto floats = [](const std::vector<std::vector<float>>& vectors) {
+    size_t n = 0;
+    for (const auto& v : vectors) n += v.size();
+    return n;
+  };
+  const size_t n = snapshot.values.size() + snapshot.previous_values.size() +
+                   floats(snapshot.optimizer_state) + floats(snapshot.pending);
+  return static_cast<int64_t>(n * sizeof(float) + snapshot.table_state.size());
+}
+
 }  // namespace
 
 grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* /*context*/, const v1::CheckpointRequest* request,
@@ -64,6 +76,13 @@ grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* /*context*/, 
                                 : kDefaultCaptureWait;
   auto snapshots = (*shard)->CaptureAll(request->checkpoint_id(), request->at_version(), start + wait, base);
   if (!snapshots.ok()) return Finish("Checkpoint", snapshots.status(), received, 0);
+  // The captured state and its encoded copy stay until the write is done:
+  // counted against the budget meanwhile, or the checkpoint fails here.
+  int64_t captured = 0;
+  for (const auto& [chunk_id, snapshot] : *snapshots) captured += SnapshotBytes(snapshot);
+  auto hold = store_->HoldTransient(
+      2 * captured, absl::StrCat("checkpoint ", request->checkpoint_id(), " of job ", request->job_id()));
+  if (!hold.ok()) return Finish("Checkpoint", hold.status(), received, 0);
   for (const auto& [chunk_id, snapshot] : *snapshots) {
     v1::CheckpointChunk* chunk = response->add_chunks();
     chunk->set_chunk_id(chunk_id);

@@ -786,6 +786,42 @@ TEST_F(ParameterServiceTest, CheckpointWithoutCheckpointStoreIsFailedPreconditio
                        grpc::StatusCode::FAILED_PRECONDITION, "--data-dir"));
 }
 
+// A checkpoint holds its captured state and the encoded copy until it is
+// stored: that counts against the server's memory budget while it lasts, and
+// a checkpoint that does not fit fails (the job trains on) instead of taking
+// memory past the budget.
+TEST_F(ParameterServiceTest, ACheckpointThatDoesNotFitTheBudgetFailsAndHoldsNothing) {
+  int64_t state = 0;
+  {
+    std::unique_ptr<TestServer> probe = StartServer("ps-probe", /*with_checkpoints=*/true);
+    ASSERT_NE(probe, nullptr);
+    ASSERT_TRUE(IsOk(SetUpAlone(probe.get(), "job", v1::ASP)));
+    state = probe->store().bytes();
+  }
+  ASSERT_GT(state, 0);
+  for (const bool fits : {false, true}) {
+    SCOPED_TRACE(fits ? "room for the checkpoint" : "no room for it");
+    // The job fits either way; a checkpoint's hold of twice its captured
+    // state (at most the job's state) fits only the larger budget.
+    std::unique_ptr<TestServer> server = StartServer(
+        fits ? "ps-roomy" : "ps-tight", /*with_checkpoints=*/true, fits ? 3 * state : state + state / 2);
+    ASSERT_NE(server, nullptr);
+    ASSERT_TRUE(IsOk(SetUpAlone(server.get(), "job", v1::ASP)));
+    ASSERT_TRUE(IsOk(Push(server->stub(), MakePush("job", 1, 0, 1, {{0, kGradient}}))));
+    v1::CheckpointResponse response;
+    const grpc::Status status = Checkpoint(server->stub(), "job", 1, /*at_version=*/0, &response);
+    if (fits) {
+      EXPECT_TRUE(IsOk(status));
+    } else {
+      EXPECT_TRUE(HasError(status, grpc::StatusCode::RESOURCE_EXHAUSTED, "checkpoint 1 of job job needs"));
+      EXPECT_TRUE(HasError(status, grpc::StatusCode::RESOURCE_EXHAUSTED, "memory budget"));
+    }
+    EXPECT_EQ(server->store().bytes(), state) << "the hold is let go once the checkpoint is done";
+    // The job trains on.
+    EXPECT_TRUE(IsOk(Push(server->stub(), MakePush("job", 2, 1, 1, {{0, kGradient}}))));
+  }
+}
+
 TEST_F(ParameterServiceTest, AspCheckpointWritesEveryChunkAndReadsBack) {
   ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
   ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, kGradient}, {1, {-4, -3, -2, -1}}}))));

@@ -826,7 +826,7 @@ void JobShard::Freeze(const std::string& reason) {
 
 absl::Status ParameterStore::CheckFits(const std::string& job_id, int64_t more_bytes, bool replacing) const {
   if (memory_budget_ <= 0) return absl::OkStatus();
-  int64_t held = 0;
+  int64_t held = transient_.load();
   {
     MutexLock lock(&mu_);
     for (const auto& [id, shard] : jobs_) {
@@ -841,9 +841,26 @@ absl::Status ParameterStore::CheckFits(const std::string& job_id, int64_t more_b
 
 int64_t ParameterStore::bytes() const {
   MutexLock lock(&mu_);
-  int64_t bytes = 0;
+  int64_t bytes = transient_.load();
   for (const auto& [id, shard] : jobs_) bytes += shard->bytes();
   return bytes;
+}
+
+absl::StatusOr<std::unique_ptr<ParameterStore::TransientHold>> ParameterStore::HoldTransient(
+    int64_t bytes, const std::string& what) {
+  MutexLock lock(&mu_);  // holds are added one at a time, each checked against the others
+  int64_t held = transient_.load();
+  for (const auto& [id, shard] : jobs_) held += shard->bytes();
+  if (memory_budget_ > 0 && held + bytes > memory_budget_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " needs ", FormatBytes(bytes), " while it is written, beyond the ",
+                     FormatBytes(std::max<int64_t>(0, memory_budget_ - held)),
+                     " left of this server's memory budget of ", FormatBytes(memory_budget_),
+                     " (fulcrum-server --memory-budget; a checkpoint holds about twice the state "
+                     "it writes until it is stored)"));
+  }
+  transient_ += bytes;
+  return std::make_unique<TransientHold>(this, bytes);
 }
 
 absl::Status ParameterStore::SetupJob(JobShardConfig config) {

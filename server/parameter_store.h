@@ -390,8 +390,27 @@ class ParameterStore {
   // the numbers otherwise.
   absl::Status CheckFits(const std::string& job_id, int64_t more_bytes, bool replacing) const;
   int64_t memory_budget() const { return memory_budget_; }
-  // The bytes all jobs' chunks take now.
+  // The bytes all jobs' chunks take now, with what transient holds (below)
+  // keep.
   int64_t bytes() const;
+
+  // Memory a job's work holds for a while beside its parameters (a
+  // checkpoint's captured state, encoded records and database batch),
+  // counted in bytes() until the hold is dropped.
+  class TransientHold {
+   public:
+    TransientHold(ParameterStore* store, int64_t bytes) : store_(store), bytes_(bytes) {}
+    ~TransientHold() { store_->transient_ -= bytes_; }
+    TransientHold(const TransientHold&) = delete;
+    TransientHold& operator=(const TransientHold&) = delete;
+
+   private:
+    ParameterStore* const store_;
+    const int64_t bytes_;
+  };
+  // Holds `bytes` when they fit the budget next to everything held now;
+  // RESOURCE_EXHAUSTED naming `what` and the numbers otherwise.
+  absl::StatusOr<std::unique_ptr<TransientHold>> HoldTransient(int64_t bytes, const std::string& what);
 
   // Sets the job up with fresh (initialized) chunks, replacing any state of
   // it this server had (a setup the scheduler redoes after a restart).
@@ -414,6 +433,7 @@ class ParameterStore {
   const int64_t memory_budget_;
   mutable Mutex mu_;  // guards jobs_
   std::map<std::string, std::shared_ptr<JobShard>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> transient_{0};  // what TransientHolds keep (added under mu_)
 };
 
 }  // namespace fulcrum

@@ -4,6 +4,7 @@
 // acknowledged once durable; the scheduler commits the manifest after every
 // server has acknowledged. A job started from a checkpoint reads each chunk
 // back here (or from another server that wrote it), checksum verified.
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -12,13 +13,12 @@
 #include "absl/time/clock.h"
 #include "common/checkpoint_read.h"
 #include "common/logging.h"
+#include "common/memory_budget.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "common/sync.h"
 #include "common/table_spec.h"
 #include "server/parameter_service.h"
-
-#include <algorithm>
-#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -74,14 +74,23 @@ grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* /*context*/, 
   const absl::Duration wait =
       request->timeout_ms() > 0 ? std::min(absl::Milliseconds(request->timeout_ms()), kDefaultCaptureWait)
                                 : kDefaultCaptureWait;
+  const std::string what =
+      absl::StrCat("checkpoint ", request->checkpoint_id(), " of job ", request->job_id());
+  if (base.checkpoint_id == 0) {
+    // A whole capture copies the job's state here: refused before it is
+    // made when even that does not fit.
+    auto room = store_->HoldTransient((*shard)->bytes(), what);
+    if (!room.ok()) return Finish("Checkpoint", room.status(), received, 0);
+  }
   auto snapshots = (*shard)->CaptureAll(request->checkpoint_id(), request->at_version(), start + wait, base);
   if (!snapshots.ok()) return Finish("Checkpoint", snapshots.status(), received, 0);
-  // The captured state and its encoded copy stay until the write is done:
-  // counted against the budget meanwhile, or the checkpoint fails here.
+  // The captured state, then its encoded records, the database's batch and
+  // memtable stay until the write is done (about three times the state at
+  // the most): counted against the budget meanwhile, or the checkpoint fails
+  // here.
   int64_t captured = 0;
   for (const auto& [chunk_id, snapshot] : *snapshots) captured += SnapshotBytes(snapshot);
-  auto hold = store_->HoldTransient(
-      2 * captured, absl::StrCat("checkpoint ", request->checkpoint_id(), " of job ", request->job_id()));
+  auto hold = store_->HoldTransient(3 * captured, what);
   if (!hold.ok()) return Finish("Checkpoint", hold.status(), received, 0);
   for (const auto& [chunk_id, snapshot] : *snapshots) {
     v1::CheckpointChunk* chunk = response->add_chunks();
@@ -100,6 +109,10 @@ grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* /*context*/, 
                      written.Notify();
                    });
   written.WaitForNotification();
+  hold->reset();
+  // What the write freed goes back to the kernel instead of staying in the
+  // heap beside the budget (checkpoints are far apart; this takes a few ms).
+  ReleaseFreedMemory();
   if (!result.ok()) {
     return Finish("Checkpoint",
                   absl::Status(result.status().code(),

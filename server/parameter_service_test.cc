@@ -801,10 +801,10 @@ TEST_F(ParameterServiceTest, ACheckpointThatDoesNotFitTheBudgetFailsAndHoldsNoth
   ASSERT_GT(state, 0);
   for (const bool fits : {false, true}) {
     SCOPED_TRACE(fits ? "room for the checkpoint" : "no room for it");
-    // The job fits either way; a checkpoint's hold of twice its captured
-    // state (at most the job's state) fits only the larger budget.
+    // The job fits either way; a checkpoint's hold of three times its
+    // captured state (at most the job's state) fits only the larger budget.
     std::unique_ptr<TestServer> server = StartServer(
-        fits ? "ps-roomy" : "ps-tight", /*with_checkpoints=*/true, fits ? 3 * state : state + state / 2);
+        fits ? "ps-roomy" : "ps-tight", /*with_checkpoints=*/true, fits ? 4 * state : state + state / 2);
     ASSERT_NE(server, nullptr);
     ASSERT_TRUE(IsOk(SetUpAlone(server.get(), "job", v1::ASP)));
     ASSERT_TRUE(IsOk(Push(server->stub(), MakePush("job", 1, 0, 1, {{0, kGradient}}))));

@@ -856,8 +856,8 @@ absl::StatusOr<std::unique_ptr<ParameterStore::TransientHold>> ParameterStore::H
         absl::StrCat(what, " needs ", FormatBytes(bytes), " while it is written, beyond the ",
                      FormatBytes(std::max<int64_t>(0, memory_budget_ - held)),
                      " left of this server's memory budget of ", FormatBytes(memory_budget_),
-                     " (fulcrum-server --memory-budget; a checkpoint holds about twice the state "
-                     "it writes until it is stored)"));
+                     " (fulcrum-server --memory-budget; a checkpoint holds up to three times the "
+                     "state it writes until it is stored)"));
   }
   transient_ += bytes;
   return std::make_unique<TransientHold>(this, bytes);

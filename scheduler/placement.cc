@@ -31,15 +31,33 @@ v1::ShardMap PlanShardMap(const std::vector<kernels::TensorInfo>& tensors, const
   std::vector<uint64_t> keys;
   for (const ServerRef& server : servers) keys.push_back(StableHash(server.id));
   const std::vector<size_t> placement = BalancedShardPlacement(num_shards, keys);
+  // Replicas each server holds so far (its primaries first): backups go to
+  // the servers holding fewest, so that no server holds several shards'
+  // copies while another holds one (every replica holds the shard's table
+  // buckets, whose bytes the chunk counts do not show).
+  std::vector<int> load(servers.size(), 0);
+  std::vector<int32_t> first_primary(servers.size(), -1);  // the first shard each server leads
+  for (int32_t s = 0; s < num_shards; ++s) {
+    ++load[placement[s]];
+    if (first_primary[placement[s]] < 0) first_primary[placement[s]] = s;
+  }
+  // Among servers holding as many: the leaders of the shards that follow s
+  // (a ring: each shard's backups lead the next ones, so every server ends
+  // with as many replicas), then rendezvous order.
+  auto ring_distance = [&](size_t server, int32_t s) {
+    return first_primary[server] < 0 ? num_shards : (first_primary[server] - s + num_shards) % num_shards;
+  };
   for (int32_t s = 0; s < num_shards; ++s) {
     v1::ShardLocation* shard = map.add_shards();
     shard->set_shard(s);
     shard->set_server_id(servers[placement[s]].id);
     shard->set_address(servers[placement[s]].address);
-    // Backups: the servers rendezvous hashing ranks next for this shard.
+    // Backups: the least loaded servers (see ring_distance for ties).
     std::vector<size_t> order(servers.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      if (load[a] != load[b]) return load[a] < load[b];
+      if (ring_distance(a, s) != ring_distance(b, s)) return ring_distance(a, s) < ring_distance(b, s);
       return RendezvousScore(ShardKey(s), keys[a]) > RendezvousScore(ShardKey(s), keys[b]);
     });
     for (size_t i : order) {
@@ -47,6 +65,7 @@ v1::ShardMap PlanShardMap(const std::vector<kernels::TensorInfo>& tensors, const
       if (i == placement[s]) continue;
       shard->add_backup_ids(servers[i].id);
       shard->add_backup_addresses(servers[i].address);
+      ++load[i];
     }
   }
   const std::vector<ChunkSpan> chunks = CutIntoChunks(sizes, chunk_elems);

@@ -1,5 +1,6 @@
 #include "scheduler/placement.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -46,6 +47,25 @@ TEST(PlacementTest, PlanPutsEachShardOnDistinctReplicas) {
   EXPECT_EQ(leaders.size(), 3u) << "one shard per server";
   // Deterministic.
   EXPECT_EQ(map.SerializeAsString(), PlanShardMap(Tensors(), Servers(3), 0, 2, 64, 1).SerializeAsString());
+}
+
+// Every replica holds its shard's share (and its table buckets, which chunk
+// counts do not show): with N shards over N servers and R replicas, each
+// server holds exactly R of them, whatever the server count.
+TEST(PlacementTest, ReplicasSpreadEvenlyOverTheServers) {
+  for (int n = 2; n <= 9; ++n) {
+    for (int replicas = 2; replicas <= std::min(n, 3); ++replicas) {
+      SCOPED_TRACE(testing::Message() << n << " servers, " << replicas << " replicas");
+      const v1::ShardMap map = PlanShardMap(Tensors(), Servers(n), /*num_shards=*/0, replicas, 64, 1);
+      std::map<std::string, int> held;
+      for (const auto& shard : map.shards()) {
+        ++held[shard.server_id()];
+        for (const std::string& b : shard.backup_ids()) ++held[b];
+      }
+      ASSERT_EQ(held.size(), static_cast<size_t>(n));
+      for (const auto& [server, count] : held) EXPECT_EQ(count, replicas) << server;
+    }
+  }
 }
 
 TEST(PlacementTest, RemovingAPrimaryPromotesABackupThatIsNotCopying) {

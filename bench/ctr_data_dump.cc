@@ -190,10 +190,16 @@ absl::Status CheckDataFlags(const SyntheticCtrSpec& data) {
     return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be in [", low, ", ", high, "] (got ",
                                                    value, "), as a job's data.syntheticCtr"));
   };
-  if (data.examples < 1 || data.examples > 100000000) return outside("examples", data.examples, 1, 100000000);
-  if (data.fields < 1 || data.fields > 256) return outside("fields", data.fields, 1, 256);
-  if (data.dense < 0 || data.dense > 1024) return outside("dense", data.dense, 0, 1024);
-  if (data.fm_dim < 0 || data.fm_dim > 64) return outside("fm_dim", data.fm_dim, 0, 64);
+  if (data.examples < 1 || data.examples > kMaxSyntheticCtrExamples) {
+    return outside("examples", data.examples, 1, kMaxSyntheticCtrExamples);
+  }
+  if (data.fields < 1 || data.fields > kMaxSyntheticCtrFields) {
+    return outside("fields", data.fields, 1, kMaxSyntheticCtrFields);
+  }
+  if (data.dense < 0 || data.dense > kMaxSyntheticCtrDense) return outside("dense", data.dense, 0, kMaxSyntheticCtrDense);
+  if (data.fm_dim < 0 || data.fm_dim > kMaxSyntheticCtrFmDim) {
+    return outside("fm_dim", data.fm_dim, 0, kMaxSyntheticCtrFmDim);
+  }
   return ValidateSyntheticCtrSpec(data);
 }
 

@@ -219,8 +219,6 @@ absl::StatusOr<std::string> ToJson(const std::string& yaml, const google::protob
   return std::move(converter.out);
 }
 
-}  // namespace
-
 // The JSON parser's message in the spec's own words: field paths as the
 // spec writes them (lowerCamelCase, not the proto's snake_case) and what a
 // value must be instead of the proto's type names.
@@ -275,6 +273,8 @@ std::string SpecWords(std::string message) {
     message = absl::StrCat(message.substr(0, list), "takes one value, not a list");
   return message;
 }
+
+}  // namespace
 
 absl::StatusOr<std::string> YamlToJson(const std::string& yaml) { return ToJson(yaml, nullptr); }
 

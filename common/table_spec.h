@@ -64,6 +64,13 @@ inline int32_t ClickDense(const v1::DataSpec& data) {
   }
 }
 
+// The bounds of a job spec's data.syntheticCtr (scheduler/job_spec_click.cc);
+// fulcrum-ctr-data-dump's flags keep them too.
+constexpr int64_t kMaxSyntheticCtrExamples = 100000000;
+constexpr int32_t kMaxSyntheticCtrFields = 256;
+constexpr int32_t kMaxSyntheticCtrDense = 1024;
+constexpr int32_t kMaxSyntheticCtrFmDim = 64;
+
 // The synthetic click test set: a fifth of the training examples, at least 1
 // and at most 10^6 (the workers hold it).
 inline int64_t SyntheticCtrTestExamples(int64_t train_examples) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/base/internal/endian.h"
@@ -98,9 +99,24 @@ void PutU32(uint32_t v, std::string* out) {
   out->append(bytes, sizeof(bytes));
 }
 
-// A row's step and floats, as whole and incremental states hold them.
-void PutStepAndFloats(int64_t last_step, absl::Span<const float> floats, std::string* out) {
-  PutU64(static_cast<uint64_t>(last_step), out);
+// A row as whole and incremental states hold it: its key, the flag of an
+// incremental state's changed row when given, its step and its floats, the
+// floats copied at once on a little-endian host (a capture writes every row
+// of a table while it holds its pushes).
+void PutRow(uint64_t key, std::optional<char> flag, int64_t last_step, absl::Span<const float> floats,
+            std::string* out) {
+  char head[17];
+  size_t n = 0;
+  absl::little_endian::Store64(head, key);
+  n += 8;
+  if (flag.has_value()) head[n++] = *flag;
+  absl::little_endian::Store64(head + n, static_cast<uint64_t>(last_step));
+  n += 8;
+  out->append(head, n);
+  if (absl::little_endian::IsLittleEndian()) {
+    out->append(reinterpret_cast<const char*>(floats.data()), floats.size() * sizeof(float));
+    return;
+  }
   for (float value : floats) {
     uint32_t bits;
     std::memcpy(&bits, &value, sizeof(bits));
@@ -116,6 +132,14 @@ absl::Status ReadDeltaBase(StateReader* in, int64_t* base) {
   return absl::OkStatus();
 }
 
+// An incremental state's unchanged row: its key and flag 0, in one append.
+void PutSameRow(uint64_t key, std::string* out) {
+  char bytes[9];
+  absl::little_endian::Store64(bytes, key);
+  bytes[8] = '\0';
+  out->append(bytes, sizeof(bytes));
+}
+
 }  // namespace
 
 void AppendTableStateHeader(int32_t stride, const TableStateCounters& counters, uint64_t rows, std::string* out) {
@@ -127,8 +151,7 @@ void AppendTableStateHeader(int32_t stride, const TableStateCounters& counters, 
 }
 
 void AppendTableStateRow(uint64_t key, int64_t last_step, absl::Span<const float> floats, std::string* out) {
-  PutU64(key, out);
-  PutStepAndFloats(last_step, floats, out);
+  PutRow(key, std::nullopt, last_step, floats, out);
 }
 
 void AppendTableStateCandidates(uint64_t candidates, std::string* out) { PutU64(candidates, out); }
@@ -147,23 +170,10 @@ void AppendTableDeltaHeader(int64_t base_checkpoint_id, int32_t stride, const Ta
 }
 
 void AppendTableDeltaRow(uint64_t key, int64_t last_step, absl::Span<const float> floats, std::string* out) {
-  AppendTableDeltaChangedKey(key, out);
-  PutStepAndFloats(last_step, floats, out);
+  PutRow(key, '\1', last_step, floats, out);
 }
 
-void AppendTableDeltaChangedKey(uint64_t key, std::string* out) {
-  char bytes[9];
-  absl::little_endian::Store64(bytes, key);
-  bytes[8] = '\1';
-  out->append(bytes, sizeof(bytes));
-}
-
-void AppendTableDeltaSame(uint64_t key, std::string* out) {
-  char bytes[9];
-  absl::little_endian::Store64(bytes, key);
-  bytes[8] = '\0';
-  out->append(bytes, sizeof(bytes));
-}
+void AppendTableDeltaSame(uint64_t key, std::string* out) { PutSameRow(key, out); }
 
 absl::StatusOr<int64_t> TableStateBase(absl::string_view bytes, const std::string& table) {
   StateReader in(bytes, table);

@@ -70,9 +70,6 @@ constexpr uint32_t kTableDeltaMark = 0xFFFFFFFFu;
 void AppendTableDeltaHeader(int64_t base_checkpoint_id, int32_t stride, const TableStateCounters& counters,
                             uint64_t rows, std::string* out);
 void AppendTableDeltaRow(uint64_t key, int64_t last_step, absl::Span<const float> floats, std::string* out);
-// A changed row's key and flag alone: its step (8 bytes) and floats
-// (little-endian) follow, as AppendTableDeltaRow writes them.
-void AppendTableDeltaChangedKey(uint64_t key, std::string* out);
 void AppendTableDeltaSame(uint64_t key, std::string* out);
 
 // The base checkpoint id of an incremental state; 0 for a whole one.

@@ -841,6 +841,10 @@ absl::Status ParameterStore::CheckFits(const std::string& job_id, int64_t more_b
 
 int64_t ParameterStore::bytes() const {
   MutexLock lock(&mu_);
+  return BytesLocked();
+}
+
+int64_t ParameterStore::BytesLocked() const {
   int64_t bytes = transient_.load();
   for (const auto& [id, shard] : jobs_) bytes += shard->bytes();
   return bytes;
@@ -849,8 +853,7 @@ int64_t ParameterStore::bytes() const {
 absl::StatusOr<std::unique_ptr<ParameterStore::TransientHold>> ParameterStore::HoldTransient(
     int64_t bytes, const std::string& what) {
   MutexLock lock(&mu_);  // holds are added one at a time, each checked against the others
-  int64_t held = transient_.load();
-  for (const auto& [id, shard] : jobs_) held += shard->bytes();
+  const int64_t held = BytesLocked();
   if (memory_budget_ > 0 && held + bytes > memory_budget_) {
     return absl::ResourceExhaustedError(
         absl::StrCat(what, " needs ", FormatBytes(bytes), " while it is written, beyond the ",

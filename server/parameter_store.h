@@ -430,6 +430,9 @@ class ParameterStore {
   std::vector<std::string> JobIds() const;
 
  private:
+  // bytes(), under mu_.
+  int64_t BytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const int64_t memory_budget_;
   mutable Mutex mu_;  // guards jobs_
   std::map<std::string, std::shared_ptr<JobShard>> jobs_ ABSL_GUARDED_BY(mu_);

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/base/internal/endian.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/table_state.h"
@@ -470,31 +469,12 @@ void SparseTable::AppendStateLocked(std::string* out) const {
   out->reserve(out->size() + 40 + static_cast<size_t>(rows_) * (16 + static_cast<size_t>(stride_) * 4) +
                candidates_.size() * 20);
   AppendTableStateHeader(stride_, TableStateCounters{pushes_, admissions_, expiries_}, rows_, out);
-  for (uint32_t r = 0; r < rows_; ++r) AppendRowLocked(RowAt(r), out);
+  for (uint32_t r = 0; r < rows_; ++r) {
+    char* row = RowAt(r);
+    AppendTableStateRow(Header(row)->key, Header(row)->last_step,
+                        absl::Span<const float>(Floats(row), static_cast<size_t>(stride_)), out);
+  }
   AppendCandidatesLocked(out);
-}
-
-void SparseTable::AppendRowLocked(char* row, std::string* out) const {
-  if (absl::little_endian::IsLittleEndian()) {
-    // A row is its key, its step and its floats, as a state holds them (in
-    // host order): one copy instead of a store per value.
-    static_assert(sizeof(RowHeader) == 2 * sizeof(uint64_t));
-    out->append(row, sizeof(RowHeader) + static_cast<size_t>(stride_) * sizeof(float));
-    return;
-  }
-  AppendTableStateRow(Header(row)->key, Header(row)->last_step,
-                      absl::Span<const float>(Floats(row), static_cast<size_t>(stride_)), out);
-}
-
-void SparseTable::AppendChangedRowLocked(char* row, std::string* out) const {
-  if (absl::little_endian::IsLittleEndian()) {
-    AppendTableDeltaChangedKey(Header(row)->key, out);
-    out->append(row + sizeof(uint64_t),
-                sizeof(int64_t) + static_cast<size_t>(stride_) * sizeof(float));  // step, floats
-    return;
-  }
-  AppendTableDeltaRow(Header(row)->key, Header(row)->last_step,
-                      absl::Span<const float>(Floats(row), static_cast<size_t>(stride_)), out);
 }
 
 void SparseTable::MarkLocked(int64_t checkpoint_id) {
@@ -545,7 +525,8 @@ int64_t SparseTable::AppendCheckpointState(int64_t checkpoint_id, int64_t base, 
   for (uint32_t r = 0; r < rows_; ++r) {
     char* row = RowAt(r);
     if (GenAt(r) > *since) {
-      AppendChangedRowLocked(row, out);
+      AppendTableDeltaRow(Header(row)->key, Header(row)->last_step,
+                          absl::Span<const float>(Floats(row), static_cast<size_t>(stride_)), out);
     } else {
       AppendTableDeltaSame(Header(row)->key, out);
     }

@@ -193,11 +193,6 @@ class SparseTable {
   uint32_t& GenAt(uint32_t r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   static float* Floats(char* row) { return reinterpret_cast<float*>(row + sizeof(RowHeader)); }
   static RowHeader* Header(char* row) { return reinterpret_cast<RowHeader*>(row); }
-  // Appends row `row` as a state holds it (common/table_state.h): its key,
-  // step and floats.
-  void AppendRowLocked(char* row, std::string* out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // The same as an incremental state's changed row.
-  void AppendChangedRowLocked(char* row, std::string* out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The index slot holding `key`, or the empty slot where it would go.
   size_t Probe(uint64_t key) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Row number of `key` (-1: none).

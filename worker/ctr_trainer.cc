@@ -6,12 +6,10 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
-#include <functional>
 #include <map>
 #include <numeric>
 #include <optional>
 #include <set>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -24,7 +22,6 @@
 #include "common/param_init.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
-#include "common/sync.h"
 #include "common/table_spec.h"
 #include "kernels/ctr_model.h"
 #include "kernels/model_from_spec.h"

@@ -196,7 +196,8 @@ absl::Status CheckDataFlags(const SyntheticCtrSpec& data) {
   if (data.fields < 1 || data.fields > kMaxSyntheticCtrFields) {
     return outside("fields", data.fields, 1, kMaxSyntheticCtrFields);
   }
-  if (data.dense < 0 || data.dense > kMaxSyntheticCtrDense) return outside("dense", data.dense, 0, kMaxSyntheticCtrDense);
+  if (data.dense < 0 || data.dense > kMaxSyntheticCtrDense)
+    return outside("dense", data.dense, 0, kMaxSyntheticCtrDense);
   if (data.fm_dim < 0 || data.fm_dim > kMaxSyntheticCtrFmDim) {
     return outside("fm_dim", data.fm_dim, 0, kMaxSyntheticCtrFmDim);
   }

@@ -235,7 +235,8 @@ absl::Status ValidateTables(const v1::JobSpec& spec) {
 absl::Status ValidateSyntheticClickData(const v1::DataSpec& data) {
   if (!data.path().empty()) return Invalid("data.path", "applies to FASHION_MNIST, LIBSVM and CSV data", Quote(data.path()));
   const v1::SyntheticCtrSpec& ctr = data.synthetic_ctr();
-  RETURN_IF_ERROR(CheckRange<int64_t>("data.syntheticCtr.examples", ctr.examples(), 1, kMaxSyntheticCtrExamples));
+  RETURN_IF_ERROR(
+      CheckRange<int64_t>("data.syntheticCtr.examples", ctr.examples(), 1, kMaxSyntheticCtrExamples));
   RETURN_IF_ERROR(CheckRange("data.syntheticCtr.fields", ctr.fields(), 0, kMaxSyntheticCtrFields));
   RETURN_IF_ERROR(CheckRange<int64_t>("data.syntheticCtr.vocabulary", ctr.vocabulary(), 0, 1000000000));
   RETURN_IF_ERROR(CheckFloat("data.syntheticCtr.zipfExponent", ctr.zipf_exponent(), 0, 10, false, false));

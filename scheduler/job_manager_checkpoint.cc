@@ -8,19 +8,19 @@
 #include <utility>
 
 #include "absl/strings/numbers.h"
-#include "common/data_partition.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/data_partition.h"
 #include "common/logging.h"
 #include "common/memory_budget.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
+#include "common/sync.h"
 #include "common/table_spec.h"
 #include "scheduler/admission.h"
 #include "scheduler/job_manager_internal.h"
-#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -103,6 +103,23 @@ void JobManager::ReshardThroughCheckpoint(Job* job, const Member& newcomer) {
                              ", then the job restarts from it on ", job->shard_map.shards_size() + 1, " servers"));
 }
 
+namespace {
+
+// A failure that a failover (a dead or paused server's lease running out),
+// a finished handover or the job moving on clears by itself.
+// NOT_FOUND is a server restarted at once (a new process, without the job)
+// before the scheduler saw it go.
+bool PassingCheckpointFailure(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded ||
+         code == absl::StatusCode::kAborted || code == absl::StatusCode::kNotFound;
+}
+
+// Tries of a checkpoint asked for by a user (the waits between them add up
+// to 23 s, past a failover under a lease of several seconds).
+constexpr int kCheckpointNowTries = 5;
+
+}  // namespace
+
 absl::StatusOr<v1::CheckpointInfo> JobManager::CheckpointNow(const std::string& job_id, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   MutexLock lock(&mu_);
@@ -116,22 +133,60 @@ absl::StatusOr<v1::CheckpointInfo> JobManager::CheckpointNow(const std::string& 
                                                       v1::JobState_Name(job->status.state()), ", ",
                                                       job->status.reason(), "): there is nothing to checkpoint"));
   }
-  // One at a time per job: wait for the one in flight, then take a new one.
-  while (job->checkpointing && training()) {
-    if (changed_.WaitWithDeadline(&mu_, deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat("job ", job_id, ": a checkpoint is still being written"));
+  // A checkpoint that fails because a server is unreachable (killed or
+  // paused, its lease not yet run out) or restarted without the job is taken
+  // again once the job's shard map changes (the failover) or, at the latest,
+  // after a wait that doubles from 1 s to 8 s, up to kCheckpointNowTries
+  // times within the deadline. One is not started while a server copies a
+  // shard in (a checkpoint waits for it), nor while the job restores.
+  absl::Duration backoff = absl::Seconds(1);
+  for (int attempt = 1;; ++attempt) {
+    // A handover is waited for a minute at most; after that the plan
+    // refuses the checkpoint, saying why.
+    const absl::Time handover_deadline = std::min(deadline, absl::Now() + absl::Minutes(1));
+    auto can_start = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return job->phase == Job::Phase::kEnded ||
+             (training() && !job->checkpointing &&
+              (!job->handover.has_value() || absl::Now() >= handover_deadline));
+    };
+    while (!can_start()) {
+      const absl::Time until = job->checkpointing || !training() ? deadline : handover_deadline;
+      if (changed_.WaitWithDeadline(&mu_, until) && until == deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("job ", job_id, ": ",
+                                                        job->checkpointing
+                                                            ? "a checkpoint is still being written"
+                                                        : training() ? "a server is still copying a shard in"
+                                                                     : "it is still restoring"));
+      }
     }
-  }
-  if (!training()) return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " stopped training"));
-  const int64_t id = QueueCheckpoint(job, "manual");
-  while (true) {
+    if (!training()) return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " stopped training"));
+    const int64_t id = QueueCheckpoint(job, "manual");
+    const int64_t map_version = job->shard_map.version();
     v1::CheckpointInfo* info = FindCheckpointInfo(job, id);
-    if (info == nullptr) return absl::InternalError("checkpoint record vanished");
-    if (info->state() != v1::CheckpointInfo::WRITING) return *info;
-    if (changed_.WaitWithDeadline(&mu_, deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat("checkpoint ", id, " of job ", job_id,
-                                                      " is still being written; see `fulcrum get ", job_id, "`"));
+    while (info != nullptr && info->state() == v1::CheckpointInfo::WRITING) {
+      if (changed_.WaitWithDeadline(&mu_, deadline)) {
+        return absl::DeadlineExceededError(absl::StrCat("checkpoint ", id, " of job ", job_id,
+                                                        " is still being written; see `fulcrum get ", job_id,
+                                                        "`"));
+      }
+      info = FindCheckpointInfo(job, id);
     }
+    if (info == nullptr) return absl::InternalError("checkpoint record vanished");
+    if (info->state() != v1::CheckpointInfo::FAILED || job->last_failed_checkpoint != id ||
+        !PassingCheckpointFailure(job->last_failed_code)) {
+      return *info;
+    }
+    const v1::CheckpointInfo failed = *info;
+    const absl::Time retry_at = std::min(deadline, absl::Now() + backoff);
+    if (attempt == kCheckpointNowTries || retry_at >= deadline) return failed;
+    if (attempt == 1) {
+      AddEvent(job, absl::StrCat("checkpoint ", id, " failed (", failed.reason(),
+                                 "); asked for by a user, it is taken again once the job's servers answer"));
+    }
+    while (training() && job->shard_map.version() == map_version) {
+      if (changed_.WaitWithDeadline(&mu_, retry_at)) break;
+    }
+    backoff = std::min(backoff * 2, absl::Seconds(8));
   }
 }
 
@@ -196,6 +251,8 @@ std::vector<ExpiredCheckpoint> JobManager::FinishCheckpoint(const CheckpointTask
       info->set_state(v1::CheckpointInfo::FAILED);
       info->set_reason("skipped");
     } else if (!status.ok()) {
+      job->last_failed_checkpoint = task.id;
+      job->last_failed_code = status.code();
       info->set_state(v1::CheckpointInfo::FAILED);
       info->set_reason(std::string(status.message()));
       info->set_duration_seconds(absl::ToDoubleSeconds(took));

@@ -88,6 +88,10 @@ struct JobManager::Job {
   std::map<int64_t, v1::CheckpointManifest> manifests;
   int64_t next_checkpoint_id = 1;
   bool checkpointing = false;
+  // The last checkpoint that failed and how (CheckpointNow asks again after
+  // a failure a failover or a finished handover may clear).
+  int64_t last_failed_checkpoint = 0;
+  absl::StatusCode last_failed_code = absl::StatusCode::kOk;
   // A job with tables growing onto a new server: the checkpoint it restarts
   // from once complete (0: none) and the server that joins.
   int64_t reshard_checkpoint = 0;

@@ -495,6 +495,38 @@ TEST_F(CheckpointTest, ServerKilledWhileACheckpointIsWrittenKeepsThePreviousOne)
   ExpectSameParameters(expected, done);
 }
 
+// `fulcrum checkpoint` asked right after a server holding the job is killed
+// -9 and started again (a pod restarted at once): the first try meets the
+// dead or restarted server, the request waits for the job to recover (here a
+// restore, one replica a shard) and takes the checkpoint then, instead of
+// failing at once; the job still ends with the undisturbed parameters.
+TEST_F(CheckpointTest, CheckpointAskedAsAServerIsKilledWaitsForTheJobToRecover) {
+  const std::vector<float> expected = Reference();
+  v1::JobSpec spec = Spec(100);
+  spec.mutable_checkpoint()->set_keep_last(1000);  // every checkpoint stays listed
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::JobStatus running = WaitForCheckpoints(*id, 1);
+  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
+  std::string victim;
+  for (const auto& shard : running.shards()) {
+    if (shard.chunks() > 0) victim = shard.server_id();
+  }
+  ASSERT_FALSE(victim.empty());
+  ASSERT_NO_FATAL_FAILURE(KillAndRestartServer(victim));
+
+  const absl::StatusOr<v1::CheckpointInfo> taken = CheckpointNow(*id);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->state(), v1::CheckpointInfo::COMPLETE) << taken->reason();
+  EXPECT_EQ(taken->trigger(), "manual");
+
+  const v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  EXPECT_GT(RestoredFrom(done), 0) << "the job did not restart from a checkpoint";
+  ExpectEveryExampleUsedOncePerEpoch(done, kExamples);
+  ExpectSameParameters(expected, done);
+}
+
 // `fulcrum checkpoint` mid-job, then a new job resumed from it on another
 // number of workers and servers reaches the accuracy of an uninterrupted run;
 // the checkpoint exported to safetensors holds the parameters after its step.

@@ -1,18 +1,18 @@
 // Writes Fulcrum's synthetic click data to a file, so that a reference
 // implementation (bench/torch_ctr_reference.py) trains on exactly the
-// examples a click job sees, or as libsvm or CSV files to try the file
-// datasets on. Usage:
+// examples a click job sees, or as libsvm, libffm or CSV files to try the
+// file datasets on. Usage:
 //   fulcrum-ctr-data-dump --out=FILE --examples=N --fields=F --vocabulary=V
 //                         --dense=D --fm_dim=K --fm_scale=S --seed=SEED
 //   fulcrum-ctr-data-dump --out=FILE --spec=JOB.yaml --start=START.safetensors
-//   fulcrum-ctr-data-dump --format=libsvm|csv --out=FOLDER --files=N ...
-// With --format=libsvm or csv, FOLDER gets train-0 to train-(N-1) and test
-// (.libsvm or .csv), the training examples dealt over the N files in order:
-// libsvm lines "label id:1 ..." (the fields' ids; no dense features, so
-// --dense must be 0), CSV lines "label,dense...,id..." (examples/ctr-csv.yaml
-// reads them). The best AUC reachable on the test set (the true click
-// probabilities') is printed.
-// Format (little-endian): int64 train, int64 test, int32 fields, int32
+//   fulcrum-ctr-data-dump --format=libsvm|libffm|csv --out=FOLDER --files=N ...
+// With --format=libsvm, libffm or csv, FOLDER gets train-0 to train-(N-1)
+// and test (.libsvm, .libffm or .csv), the training examples dealt over the
+// N files in order: libsvm lines "label id:1 ..." (the fields' ids; no dense
+// features, so --dense must be 0), libffm lines "label field:id:1 ..." (the
+// same with each id's field: data.libsvm.fields reads them), CSV lines
+// "label,dense...,id..." (examples/ctr-csv.yaml reads them). The best AUC reachable on the test set (the true
+// click probabilities') is printed. Format (little-endian): int64 train, int64 test, int32 fields, int32
 // dense; then train and test examples, each: float label, float truth (the
 // true click probability), D floats, F uint64 ids.
 //
@@ -51,9 +51,10 @@
 #include "worker/ctr_data.h"
 #include "worker/ctr_trainer.h"
 
-ABSL_FLAG(std::string, out, "", "file to write (--format=libsvm or csv: the folder to write the files in)");
-ABSL_FLAG(std::string, format, "binary", "binary (for the PyTorch reference), libsvm or csv");
-ABSL_FLAG(int32_t, files, 4, "--format=libsvm or csv: training files, in [1, 1000]");
+ABSL_FLAG(std::string, out, "",
+          "file to write (--format=libsvm, libffm or csv: the folder to write the files in)");
+ABSL_FLAG(std::string, format, "binary", "binary (for the PyTorch reference), libsvm, libffm or csv");
+ABSL_FLAG(int32_t, files, 4, "--format=libsvm, libffm or csv: training files, in [1, 1000]");
 ABSL_FLAG(std::string, spec, "", "a job spec (YAML or JSON) whose synthetic click data to write");
 ABSL_FLAG(std::string, start, "", "with --spec: the safetensors file of the job's initial values and order");
 ABSL_FLAG(int64_t, examples, 50000, "training examples (the test set is a fifth of it)");
@@ -128,19 +129,23 @@ SafetensorsTensor Order(const v1::JobSpec& spec, int64_t examples) {
   return SafetensorsTensor::Ids("order", {steps, partitioning.global_batch()}, std::move(order));
 }
 
-// --format=libsvm or csv: the training examples dealt over `files` files in
-// order, and the test set, in the folder `folder` (made if missing).
-absl::Status WriteTextFiles(const SyntheticCtrSpec& data, bool csv, const std::string& folder,
-                            int32_t files) {
+// --format=libsvm, libffm or csv: the training examples dealt over `files`
+// files in order, and the test set, in the folder `folder` (made if missing).
+absl::Status WriteTextFiles(const SyntheticCtrSpec& data, const std::string& format,
+                            const std::string& folder, int32_t files) {
   if (files < 1 || files > 1000) return absl::InvalidArgumentError("--files must be in [1, 1000]");
+  const bool csv = format == "csv";
   if (!csv && data.dense != 0) {
     return absl::InvalidArgumentError(
-        "--format=libsvm holds no dense features: set --dense=0 (or use --format=csv)");
+        absl::StrCat("--format=", format, " holds no dense features: set --dense=0 (or use --format=csv)"));
   }
+  const ClickTextFormat text = csv                  ? ClickTextFormat::kCsv
+                               : format == "libffm" ? ClickTextFormat::kLibffm
+                                                    : ClickTextFormat::kLibsvm;
   std::error_code made;
   std::filesystem::create_directories(folder, made);
   if (made) return absl::FailedPreconditionError(absl::StrCat("cannot make ", folder, ": ", made.message()));
-  const char* extension = csv ? ".csv" : ".libsvm";
+  const std::string extension = "." + format;
   const int64_t test_examples = SyntheticCtrTestExamples(data.examples);
   for (int split = 0; split < 2; ++split) {
     const int64_t count = split == 0 ? data.examples : test_examples;
@@ -157,7 +162,7 @@ absl::Status WriteTextFiles(const SyntheticCtrSpec& data, bool csv, const std::s
       bool wrote = true;
       absl::Status made = absl::OkStatus();
       for (int64_t e = begin; e < end && wrote && made.ok(); ++e) {
-        absl::StatusOr<std::string> line = ClickRecordText(examples, e, csv);
+        absl::StatusOr<std::string> line = ClickRecordText(examples, e, text);
         made = line.status();
         wrote = !line.ok() || std::fwrite(line->data(), 1, line->size(), out) == line->size();
       }
@@ -173,8 +178,8 @@ absl::Status WriteTextFiles(const SyntheticCtrSpec& data, bool csv, const std::s
       std::printf(
           "wrote %s/train-{0..%d}%s (%lld examples) and test%s (%lld); best reachable test AUC (the true "
           "click probabilities') %.4f\n",
-          folder.c_str(), files - 1, extension, static_cast<long long>(data.examples), extension,
-          static_cast<long long>(count), Auc(truth, examples.labels));
+          folder.c_str(), files - 1, extension.c_str(), static_cast<long long>(data.examples),
+          extension.c_str(), static_cast<long long>(count), Auc(truth, examples.labels));
     }
   }
   return absl::OkStatus();
@@ -210,7 +215,7 @@ int Main(const std::set<std::string>* given) {
   if (absl::GetFlag(FLAGS_out).empty()) {
     return Fail(
         absl::InvalidArgumentError("--out is required: the file to write (--format=binary) or the folder "
-                                   "(--format=libsvm or csv); see --help"));
+                                   "(--format=libsvm, libffm or csv); see --help"));
   }
   const bool from_spec = !absl::GetFlag(FLAGS_spec).empty();
   for (const char* flag : kDataFlags) {
@@ -242,17 +247,18 @@ int Main(const std::set<std::string>* given) {
   }
   if (absl::Status valid = ValidateSyntheticCtrSpec(data); !valid.ok()) return Fail(valid);
   const std::string format = absl::GetFlag(FLAGS_format);
-  if (format == "libsvm" || format == "csv") {
+  if (format == "libsvm" || format == "libffm" || format == "csv") {
     if (!absl::GetFlag(FLAGS_start).empty())
       return Fail(absl::InvalidArgumentError("--start needs --format=binary"));
     if (absl::Status written =
-            WriteTextFiles(data, format == "csv", absl::GetFlag(FLAGS_out), absl::GetFlag(FLAGS_files));
+            WriteTextFiles(data, format, absl::GetFlag(FLAGS_out), absl::GetFlag(FLAGS_files));
         !written.ok()) {
       return Fail(written);
     }
     return 0;
   }
-  if (format != "binary") return Fail(absl::InvalidArgumentError("--format must be binary, libsvm or csv"));
+  if (format != "binary")
+    return Fail(absl::InvalidArgumentError("--format must be binary, libsvm, libffm or csv"));
   FILE* out = std::fopen(absl::GetFlag(FLAGS_out).c_str(), "wb");
   if (out == nullptr) {
     std::perror("--out");
@@ -304,12 +310,12 @@ int Main(const std::set<std::string>* given) {
 int main(int argc, char** argv) {
   fulcrum::ParseFlags(
       argc, argv,
-      "writes Fulcrum's synthetic click data: a binary file for the PyTorch reference, or libsvm or "
-      "CSV files to train on.\n"
+      "writes Fulcrum's synthetic click data: a binary file for the PyTorch reference, or libsvm, "
+      "libffm or CSV files to train on.\n"
       "  fulcrum-ctr-data-dump --out=FILE [--examples=N --fields=F --vocabulary=V --dense=D "
       "--fm_dim=K --fm_scale=S --seed=SEED]\n"
       "  fulcrum-ctr-data-dump --out=FILE --spec=JOB.yaml [--start=START.safetensors]\n"
-      "  fulcrum-ctr-data-dump --format=libsvm|csv --out=FOLDER [--files=N] [the data flags]");
+      "  fulcrum-ctr-data-dump --format=libsvm|libffm|csv --out=FOLDER [--files=N] [the data flags]");
   std::set<std::string> given;  // the flags on the command line
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];

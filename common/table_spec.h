@@ -32,8 +32,8 @@ constexpr int32_t kMaxPushParts = 1 << 16;
 inline float DefaultTableInitScale(const std::string& table) { return table == "linear" ? 0.0f : 0.05f; }
 
 // The categorical fields and dense features of a click model's data.
-// LIBSVM: one field, no dense features; CSV: its CATEGORICAL and DENSE
-// columns.
+// LIBSVM: one field (libsvm.fields with libffm lines), no dense features;
+// CSV: its CATEGORICAL and DENSE columns.
 inline int32_t CsvColumns(const v1::DataSpec& data, v1::CsvSpec::Column kind) {
   int32_t n = 0;
   for (int c : data.csv().columns()) n += c == kind ? 1 : 0;
@@ -49,7 +49,8 @@ inline int32_t ClickFields(const v1::DataSpec& data) {
   switch (data.dataset()) {
     case v1::DataSpec::FASHION_MNIST:
     case v1::DataSpec::SYNTHETIC: return 0;
-    case v1::DataSpec::LIBSVM: return 1;
+    case v1::DataSpec::LIBSVM:
+      return std::max(data.libsvm().fields(), 1);
     case v1::DataSpec::CSV: return CsvColumns(data, v1::CsvSpec::CATEGORICAL);
     default: return data.synthetic_ctr().fields() > 0 ? data.synthetic_ctr().fields() : 8;
   }
@@ -70,6 +71,8 @@ constexpr int64_t kMaxSyntheticCtrExamples = 100000000;
 constexpr int32_t kMaxSyntheticCtrFields = 256;
 constexpr int32_t kMaxSyntheticCtrDense = 1024;
 constexpr int32_t kMaxSyntheticCtrFmDim = 64;
+// The most fields of libffm lines (data.libsvm.fields), as CSV's columns.
+constexpr int32_t kMaxLibsvmFields = 4096;
 
 // The synthetic click test set: a fifth of the training examples, at least 1
 // and at most 10^6 (the workers hold it).

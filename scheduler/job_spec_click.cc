@@ -255,8 +255,9 @@ absl::Status ValidateFileClickData(const v1::DataSpec& data) {
   if (!data.test_path().empty()) RETURN_IF_ERROR(ValidateDataPath("data.testPath", data.test_path()));
   if (data.dataset() == v1::DataSpec::LIBSVM) {
     if (data.has_csv()) return Invalid("data.csv", "applies to CSV data only", kind);
-    return absl::OkStatus();
+    return CheckRange("data.libsvm.fields", data.libsvm().fields(), 0, kMaxLibsvmFields);
   }
+  if (data.has_libsvm()) return Invalid("data.libsvm", "applies to LIBSVM data only", kind);
   const v1::CsvSpec& csv = data.csv();
   RETURN_IF_ERROR(CheckRange("data.csv.columns", csv.columns_size(), 1, 4096));
   int labels = 0;
@@ -287,8 +288,10 @@ absl::Status ValidateClickData(const v1::DataSpec& data) {
   }
   switch (data.dataset()) {
     case v1::DataSpec::SYNTHETIC_CTR:
-      if (!data.test_path().empty() || data.has_csv() || data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED) {
-        return Invalid("data", "testPath, csv and onBadRecord apply to LIBSVM and CSV data", "SYNTHETIC_CTR");
+      if (!data.test_path().empty() || data.has_csv() || data.has_libsvm() ||
+          data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED) {
+        return Invalid("data", "testPath, csv, libsvm and onBadRecord apply to LIBSVM and CSV data",
+                       "SYNTHETIC_CTR");
       }
       return ValidateSyntheticClickData(data);
     case v1::DataSpec::LIBSVM:
@@ -305,16 +308,18 @@ absl::Status ValidateClickData(const v1::DataSpec& data) {
 // run without it.
 // Whether the data spec sets what only click data takes.
 bool HasClickDataSettings(const v1::DataSpec& data) {
-  return data.has_synthetic_ctr() || data.has_csv() || !data.test_path().empty() ||
+  return data.has_synthetic_ctr() || data.has_csv() || data.has_libsvm() || !data.test_path().empty() ||
          data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED;
 }
 
 absl::Status RefuseClickData(const v1::DataSpec& data) {
   if (data.dataset() == v1::DataSpec::SYNTHETIC_CTR || data.dataset() == v1::DataSpec::LIBSVM ||
       data.dataset() == v1::DataSpec::CSV || HasClickDataSettings(data)) {
-    return Invalid("data", "SYNTHETIC_CTR, LIBSVM and CSV are click data (with syntheticCtr, csv, testPath, "
-                   "onBadRecord): use a click model (LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP, DEEPFM, DLRM, GRAPH)",
-                   v1::DataSpec::Dataset_Name(data.dataset()));
+    return Invalid(
+        "data",
+        "SYNTHETIC_CTR, LIBSVM and CSV are click data (with syntheticCtr, csv, libsvm, testPath, "
+        "onBadRecord): use a click model (LOGISTIC_REGRESSION, FM, WIDE_AND_DEEP, DEEPFM, DLRM, GRAPH)",
+        v1::DataSpec::Dataset_Name(data.dataset()));
   }
   return absl::OkStatus();
 }
@@ -324,10 +329,10 @@ absl::Status RefuseClickData(const v1::DataSpec& data) {
 absl::Status ValidateDenseDataGraph(const v1::JobSpec& spec) {
   const v1::DataSpec& data = spec.data();
   if (HasClickDataSettings(data)) {
-    return Invalid(
-        "data",
-        "syntheticCtr, csv, testPath and onBadRecord apply to click data (SYNTHETIC_CTR, LIBSVM, CSV)",
-        v1::DataSpec::Dataset_Name(data.dataset()));
+    return Invalid("data",
+                   "syntheticCtr, csv, libsvm, testPath and onBadRecord apply to click data (SYNTHETIC_CTR, "
+                   "LIBSVM, CSV)",
+                   v1::DataSpec::Dataset_Name(data.dataset()));
   }
   if (spec.model().tables_size() > 0) {
     return Invalid("model.tables", "apply to EMBEDDING layers, which read click data's fields",
@@ -422,7 +427,8 @@ absl::Status ValidateClickPairs(const v1::JobSpec& spec) {
       "model.kind",
       absl::StrCat(pairs,
                    ", so it needs data with at least 2 of them (LIBSVM data is one field: every "
-                   "id of a line in one bag); use CSV data with a CATEGORICAL column per field, or "
+                   "id of a line in one bag, unless data.libsvm.fields reads libffm lines, "
+                   "field:id:value); use libffm or CSV data with a CATEGORICAL column per field, or "
                    "LOGISTIC_REGRESSION or WIDE_AND_DEEP"),
       absl::StrCat(v1::ModelSpec::Kind_Name(kind), " over ", fields, " field", fields == 1 ? "" : "s",
                    kind == v1::ModelSpec::DLRM ? " and no dense features" : ""));

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "common/quote.h"
+#include "common/table_spec.h"
 #include "common/test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/model_from_spec.h"
@@ -261,12 +262,13 @@ TEST(ClickSpecTest, AGraphOverDenseDataIsAnMlpOrTrainsOnTheClickPath) {
       {[](v1::JobSpec* j) { j->set_wire_format(v1::WIRE_BF16); },
        "wireFormat must be WIRE_FP32 without compression for a click model or a GRAPH that is not an MLP"},
       {[](v1::JobSpec* j) { j->mutable_data()->set_test_path("/data/test.svm"); },
-       "syntheticCtr, csv, testPath and onBadRecord apply to click data"},
+       "syntheticCtr, csv, libsvm, testPath and onBadRecord apply to click data"},
       {[](v1::JobSpec* j) {
          j->mutable_early_stopping()->set_metric(v1::EarlyStoppingSpec::TEST_AUC);
          j->mutable_early_stopping()->set_patience(2);
        },
-       "TEST_AUC needs a click model on click data (models over FASHION_MNIST and SYNTHETIC report accuracy and loss)"},
+       "TEST_AUC needs a click model on click data (models over FASHION_MNIST and SYNTHETIC report accuracy "
+       "and loss)"},
       {[](v1::JobSpec* j) {
          v1::ModelSpec* m = j->mutable_model();
          m->mutable_layers(5)->set_units(1);
@@ -317,6 +319,27 @@ TEST(ClickSpecTest, CsvDelimitersThatNoNumberHoldsAreAccepted) {
       s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::CATEGORICAL);  // DeepFM pairs two fields
     }));
     EXPECT_TRUE(status.ok()) << Quote(delimiter) << ": " << status;
+  }
+}
+
+// libffm lines (data.libsvm.fields) give LIBSVM data that many fields, so
+// the models that pair fields take it.
+TEST(ClickSpecTest, LibffmDataHasTheFieldsItsSpecNames) {
+  for (const v1::ModelSpec::Kind kind : {v1::ModelSpec::FM, v1::ModelSpec::DEEPFM, v1::ModelSpec::DLRM}) {
+    const v1::JobSpec spec = ClickSpec([kind](v1::JobSpec* s) {
+      s->mutable_model()->set_kind(kind);
+      if (kind == v1::ModelSpec::FM) {
+        s->mutable_model()->clear_hidden_sizes();
+        s->mutable_model()->clear_activation();
+      }
+      s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
+      s->mutable_data()->clear_synthetic_ctr();
+      s->mutable_data()->set_path("/data/x.libffm");
+      s->mutable_data()->mutable_libsvm()->set_fields(39);
+    });
+    const absl::Status status = ValidateJobSpec(spec);
+    EXPECT_TRUE(status.ok()) << v1::ModelSpec::Kind_Name(kind) << ": " << status;
+    EXPECT_EQ(ClickFields(spec.data()), 39);
   }
 }
 
@@ -456,7 +479,33 @@ std::vector<ClickReject> ClickRejects() {
          s->mutable_data()->clear_synthetic_ctr();
          s->mutable_data()->set_path("/data/x.libsvm");
        },
-       {"model.kind", "DEEPFM over 1 field", "LIBSVM data is one field", "CSV"}},
+       {"model.kind", "DEEPFM over 1 field", "LIBSVM data is one field", "data.libsvm.fields", "CSV"}},
+      {"LibffmFieldsOutOfRange",
+       [](S* s) {
+         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
+         s->mutable_data()->clear_synthetic_ctr();
+         s->mutable_data()->set_path("/data/x.libffm");
+         s->mutable_data()->mutable_libsvm()->set_fields(4097);
+       },
+       {"data.libsvm.fields", "4097"}},
+      {"NegativeLibffmFields",
+       [](S* s) {
+         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
+         s->mutable_data()->clear_synthetic_ctr();
+         s->mutable_data()->set_path("/data/x.libffm");
+         s->mutable_data()->mutable_libsvm()->set_fields(-1);
+       },
+       {"data.libsvm.fields", "-1"}},
+      {"LibsvmSpecOnCsvData",
+       [](S* s) {
+         CsvData(",", v1::CsvSpec::CATEGORICAL, s);
+         s->mutable_data()->mutable_csv()->add_columns(v1::CsvSpec::CATEGORICAL);
+         s->mutable_data()->mutable_libsvm()->set_fields(2);
+       },
+       {"data.libsvm", "LIBSVM data only", "CSV"}},
+      {"LibsvmSpecOnSyntheticData",
+       [](S* s) { s->mutable_data()->mutable_libsvm()->set_fields(2); },
+       {"data", "libsvm", "SYNTHETIC_CTR"}},
       {"FmOverOneCsvColumn",
        [](S* s) {
          s->mutable_model()->set_kind(v1::ModelSpec::FM);

@@ -315,7 +315,12 @@ class ClickFileTest : public ClusterTest {
     data.dense = format == "csv" ? 2 : 0;
     return data;
   }
-  // Writes split `split` of Data() as `name` in `format` ("libsvm", "csv"),
+  static ClickTextFormat TextFormat(const std::string& format) {
+    return format == "csv"      ? ClickTextFormat::kCsv
+           : format == "libffm" ? ClickTextFormat::kLibffm
+                                : ClickTextFormat::kLibsvm;
+  }
+  // Writes split `split` of Data() as `name` in `format` ("libsvm", "libffm", "csv"),
   // in `parts` files (name.0, name.1, ...), a bad line in the first.
   static void Write(const std::string& name, int split, const std::string& format, int parts) {
     const SyntheticCtrSpec spec = Data(format);
@@ -325,7 +330,7 @@ class ClickFileTest : public ClusterTest {
       std::ofstream out(absl::StrCat(*data_dir_, "/", name, ".", part));
       if (part == 0) out << (format == "csv" ? "1,x,2,a,b,c,d,e\n" : "1 notanid:1\n");
       for (int64_t e = part; e < examples; e += parts)
-        out << ClickRecordText(data, e, format == "csv").value();
+        out << ClickRecordText(data, e, TextFormat(format)).value();
     }
   }
   static double BestAuc(const std::string& format) {
@@ -394,6 +399,32 @@ TEST_F(ClickFileTest, LibsvmAndCsvFilesBiggerThanTheWorkersBudgetTrainToTheGroun
     }
     EXPECT_EQ(skipped, 1) << "one event a job";
   }
+}
+
+// An FM job on libffm files (data.libsvm.fields): every id in its field's
+// bag, so the model pairs the fields, trained to the data's ground-truth
+// AUC; the same data read as plain libsvm (one field) cannot train an FM
+// and is refused at submit.
+TEST_F(ClickFileTest, FmOnLibffmFilesPairsTheFieldsAndReachesTheGroundTruthAuc) {
+  Write("libffm-train", 0, "libffm", 2);
+  Write("libffm-test", 1, "libffm", 1);
+  v1::JobSpec spec = FileSpec(v1::DataSpec::LIBSVM, "libffm");
+  spec.mutable_model()->set_kind(v1::ModelSpec::FM);
+  spec.mutable_model()->set_embedding_dim(4);
+  v1::TableSpec* embedding = spec.mutable_model()->add_tables();
+  embedding->set_name("embedding");
+  embedding->mutable_optimizer()->set_lr(0.05f);
+  const absl::StatusOr<std::string> refused = Submit(spec);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(refused.status().message(), "data.libsvm.fields")) << refused.status();
+
+  spec.mutable_data()->mutable_libsvm()->set_fields(Data("libffm").fields);
+  v1::JobStatus done;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &done));
+  ASSERT_TRUE(done.progress().has_test_auc());
+  const double best = BestAuc("libffm");
+  EXPECT_GE(done.progress().test_auc(), best - 0.01) << "best reachable " << best;
+  EXPECT_EQ(done.progress().total_steps(), 2 * (Data("libffm").examples / 128));
 }
 
 // A bad record under onBadRecord FAIL fails the job naming its file and

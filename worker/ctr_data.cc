@@ -17,6 +17,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -239,7 +240,7 @@ bool ParseIndex(absl::string_view text, uint64_t* id) {
   return true;
 }
 
-Why ParseLibsvmLine(absl::string_view line, bool nonnegative_values, Record* record) {
+Why ParseLibsvmLine(absl::string_view line, bool nonnegative_values, int32_t fields, Record* record) {
   if (const size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
   // Tokens are separated by spaces and tabs.
   size_t at = 0;
@@ -251,9 +252,24 @@ Why ParseLibsvmLine(absl::string_view line, bool nonnegative_values, Record* rec
   };
   const absl::string_view label = next();
   if (label.empty()) return "a comment where a record was expected";
-  if (!ParseFloat(label, &record->label)) return absl::StrCat("label ", Shown(label), " is not a finite number");
-  auto& ids = record->fields[0];
+  if (!ParseFloat(label, &record->label))
+    return absl::StrCat("label ", Shown(label), " is not a finite number");
   for (absl::string_view token = next(); !token.empty(); token = next()) {
+    size_t field = 0;
+    if (fields > 0 && !absl::StartsWith(token, "qid:")) {  // libffm: field:index:value
+      const size_t colon = token.find(':');
+      const absl::string_view name = token.substr(0, std::min(colon, token.size()));
+      if (colon == absl::string_view::npos || token.find(':', colon + 1) == absl::string_view::npos) {
+        return absl::StrCat("feature ", Shown(token), " is not field:index:value");
+      }
+      uint64_t f = 0;
+      if (!ParseIndex(name, &f) || f >= static_cast<uint64_t>(fields)) {
+        return absl::StrCat("field ", Shown(name), " of feature ", Shown(token),
+                            " is not a field number in [0, ", fields, ")");
+      }
+      field = static_cast<size_t>(f);
+      token.remove_prefix(colon + 1);
+    }
     const size_t colon = token.find(':');
     if (colon == absl::string_view::npos) {
       return absl::StrCat("feature ", Shown(token), " is not index:value");
@@ -269,7 +285,7 @@ Why ParseLibsvmLine(absl::string_view line, bool nonnegative_values, Record* rec
     if (nonnegative_values && weight < 0) {
       return absl::StrCat("value ", weight, " of feature ", id, " is negative (values weigh the ids' rows)");
     }
-    ids.emplace_back(id, weight);
+    record->fields[field].emplace_back(id, weight);
   }
   return {};
 }
@@ -306,8 +322,9 @@ bool SplitCsv(absl::string_view line, char delimiter, std::vector<std::string>* 
 }
 
 LineParser LibsvmParser(const LibsvmFormat& format) {
-  return [nonnegative = format.nonnegative_values](absl::string_view line, Record* record) {
-    return ParseLibsvmLine(line, nonnegative, record);
+  return [nonnegative = format.nonnegative_values, fields = format.fields](absl::string_view line,
+                                                                           Record* record) {
+    return ParseLibsvmLine(line, nonnegative, fields, record);
   };
 }
 
@@ -372,14 +389,14 @@ absl::Status ValidateCsvFormat(const CsvFormat& format) {
 
 absl::Status ParseLibsvm(absl::string_view text, absl::string_view name, const LibsvmFormat& format,
                          SparseDataset* out, ReadStats* stats) {
-  RecordSink sink(name, format.limits, 0, 1, LibsvmParser(format), out, stats);
+  RecordSink sink(name, format.limits, 0, LibsvmFields(format), LibsvmParser(format), out, stats);
   if (absl::Status started = sink.Start(); !started.ok()) return started;
   return FeedText(text, format.limits.max_line_bytes, &sink);
 }
 
 absl::Status ReadLibsvmFile(const std::string& path, const LibsvmFormat& format, SparseDataset* out,
                             ReadStats* stats, int64_t block_bytes) {
-  RecordSink sink(path, format.limits, 0, 1, LibsvmParser(format), out, stats);
+  RecordSink sink(path, format.limits, 0, LibsvmFields(format), LibsvmParser(format), out, stats);
   if (absl::Status started = sink.Start(); !started.ok()) return started;
   return FeedFile(path, block_bytes, format.limits.max_line_bytes, &sink);
 }
@@ -500,7 +517,7 @@ absl::StatusOr<std::unique_ptr<RecordIndex>> RecordIndex::BuildLibsvm(const std:
                                                                       int64_t max_bytes, int64_t block_bytes) {
   std::unique_ptr<RecordIndex> index(new RecordIndex());
   index->format_ = std::make_unique<Format>(Format{format.limits, false, [format] { return LibsvmParser(format); }});
-  index->num_fields_ = 1;
+  index->num_fields_ = LibsvmFields(format);
   return Build(std::move(index), files, stats, max_bytes, block_bytes);
 }
 
@@ -813,10 +830,13 @@ SparseDataset MakeSyntheticCtr(const SyntheticCtrSpec& spec, int split, int64_t 
   return data;
 }
 
-absl::StatusOr<std::string> ClickRecordText(const SparseDataset& data, int64_t example, bool csv) {
+absl::StatusOr<std::string> ClickRecordText(const SparseDataset& data, int64_t example,
+                                            ClickTextFormat format) {
+  const bool csv = format == ClickTextFormat::kCsv;
   if (!csv && data.num_dense > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("libsvm holds no dense features; this data has ", data.num_dense, " (write CSV)"));
+    return absl::InvalidArgumentError(absl::StrCat(format == ClickTextFormat::kLibffm ? "libffm" : "libsvm",
+                                                   " holds no dense features; this data has ", data.num_dense,
+                                                   " (write CSV)"));
   }
   const auto e = static_cast<size_t>(example);
   std::string line = absl::StrFormat("%.9g", data.labels[e]);
@@ -840,6 +860,8 @@ absl::StatusOr<std::string> ClickRecordText(const SparseDataset& data, int64_t e
       }
       if (csv) {
         absl::StrAppend(&line, data.ids[i]);
+      } else if (format == ClickTextFormat::kLibffm) {
+        absl::StrAppendFormat(&line, " %u:%u:%.9g", f, data.ids[i], data.weights[i]);
       } else {
         absl::StrAppendFormat(&line, " %u:%.9g", data.ids[i], data.weights[i]);
       }

@@ -65,12 +65,18 @@ inline int64_t HeldBytes(const SparseDataset& data) {
 
 // libsvm / svmlight: "label index:value index:value ..." (a "qid:n" token is
 // ignored, "#" starts a comment). Each index is a uint64 feature id of the
-// one field, its value the id's weight.
+// one field, its value the id's weight. With `fields` > 0 the lines are
+// libffm's, "label field:index:value ...": each id goes to the bag of its
+// field, in [0, fields) (another field is a bad record).
 struct LibsvmFormat {
   LineLimits limits;
   // A negative value is a bad record (values weigh the ids' rows).
   bool nonnegative_values = false;
+  int32_t fields = 0;  // 0: libsvm, one field; > 0: libffm with that many
 };
+
+// The fields a LibsvmFormat's records have.
+inline int32_t LibsvmFields(const LibsvmFormat& format) { return std::max(format.fields, 1); }
 
 // CSV: one kind per column. Categorical values are hashed, with their field,
 // into feature ids (the same on every machine); an empty one is a missing
@@ -286,12 +292,15 @@ SparseDataset MakeSyntheticCtr(const SyntheticCtrSpec& spec, int split, int64_t 
 // Example `example` of `data` as one line of a file the readers above take,
 // ending in a newline: libsvm "label id:weight ..." (every field's ids;
 // INVALID_ARGUMENT for data with dense features, which libsvm cannot hold),
-// or CSV "label,dense...,id..." (one column a field; a field without ids is
-// an empty value, one with more, or with an id whose weight is not 1, is
-// INVALID_ARGUMENT), read by a CsvFormat of
-// a LABEL, num_dense DENSE and num_fields CATEGORICAL columns. Numbers are
-// written so that they read back the same.
-absl::StatusOr<std::string> ClickRecordText(const SparseDataset& data, int64_t example, bool csv);
+// libffm "label field:id:weight ..." (the same, each id with its field,
+// read by a LibsvmFormat of num_fields fields), or CSV "label,dense...,id..."
+// (one column a field; a field without ids is an empty value, one with
+// more, or with an id whose weight is not 1, is INVALID_ARGUMENT), read by a
+// CsvFormat of a LABEL, num_dense DENSE and num_fields CATEGORICAL columns.
+// Numbers are written so that they read back the same.
+enum class ClickTextFormat { kLibsvm, kLibffm, kCsv };
+absl::StatusOr<std::string> ClickRecordText(const SparseDataset& data, int64_t example,
+                                            ClickTextFormat format);
 
 // The area under the ROC curve of `scores` for binary `labels` (> 0.5 is
 // positive), ties counted half; 0.5 when either class is absent.

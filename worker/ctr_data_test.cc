@@ -94,6 +94,56 @@ TEST(CtrDataTest, BadLibsvmRecordsAreSkippedAndCountedWithFileAndLine) {
   EXPECT_TRUE(Has(std::string(status.message()), "day1.svm:2:")) << status;
 }
 
+// libffm lines (LibsvmFormat.fields): each id goes to its field's bag, in
+// any order on the line; a field out of range, a token without a field, a
+// bad field number, and the libsvm errors after the field are bad records
+// with file and line. The record index reads them the same.
+TEST(CtrDataTest, LibffmRecordsPutEachIdInItsFieldsBag) {
+  LibsvmFormat format;
+  format.fields = 3;
+  const std::string text = absl::StrCat("1 0:3:1 2:7:0.5 0:4:1\n",      // 1 good: field 1 empty
+                                        "0 1:9:2 qid:4 # a comment\n",  // 2 good
+                                        "1 3:5:1\n",                    // 3 field out of range
+                                        "1 5:1\n",                      // 4 no field
+                                        "1 x:5:1\n",                    // 5 bad field
+                                        "1 -1:5:1\n",                   // 6 negative field
+                                        "1 0:5:\n",                     // 7 truncated value
+                                        "1 0:a:1\n",                    // 8 bad index
+                                        "0\n");                         // 9 good: no ids
+  SparseDataset data;
+  ReadStats stats;
+  ASSERT_TRUE(ParseLibsvm(text, "day1.ffm", format, &data, &stats).ok());
+  EXPECT_EQ(stats.records, 3);
+  EXPECT_EQ(stats.bad, 6);
+  EXPECT_EQ(data.num_fields, 3);
+  EXPECT_EQ(data.labels, (std::vector<float>{1, 0, 0}));
+  EXPECT_EQ(data.ids, (std::vector<uint64_t>{3, 4, 7, 9}));
+  EXPECT_EQ(data.weights, (std::vector<float>{1, 1, 0.5f, 2}));
+  EXPECT_EQ(data.offsets, (std::vector<int64_t>{0, 2, 2, 3, 3, 4, 4, 4, 4, 4}));
+  ASSERT_EQ(stats.first_bad.size(), 6u);
+  EXPECT_TRUE(
+      Has(stats.first_bad[0], "day1.ffm:3: field \"3\" of feature \"3:5:1\" is not a field number in [0, 3)"))
+      << stats.first_bad[0];
+  EXPECT_TRUE(Has(stats.first_bad[1], "day1.ffm:4: feature \"5:1\" is not field:index:value"))
+      << stats.first_bad[1];
+  EXPECT_TRUE(Has(stats.first_bad[2], "day1.ffm:5: field \"x\"")) << stats.first_bad[2];
+  EXPECT_TRUE(Has(stats.first_bad[3], "day1.ffm:6: field \"-1\"")) << stats.first_bad[3];
+  EXPECT_TRUE(Has(stats.first_bad[4], "day1.ffm:7: value \"\" of feature 5")) << stats.first_bad[4];
+  EXPECT_TRUE(Has(stats.first_bad[5], "day1.ffm:8: feature index \"a\"")) << stats.first_bad[5];
+
+  TempFile file(text);
+  ReadStats index_stats;
+  auto index = RecordIndex::BuildLibsvm({file.path()}, format, &index_stats);
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ((*index)->num_fields(), 3);
+  ASSERT_EQ((*index)->num_examples(), 3);
+  SparseDataset read;
+  for (int64_t e = 0; e < 3; ++e) ASSERT_TRUE((*index)->Read(e, &read).ok());
+  EXPECT_EQ(read.ids, data.ids);
+  EXPECT_EQ(read.offsets, data.offsets);
+  EXPECT_EQ(read.weights, data.weights);
+}
+
 // A softmax model's labels are class numbers: with label_classes set, any
 // other label is a bad record (skipped and counted, or failing the read),
 // in CSV as in libsvm.
@@ -173,21 +223,25 @@ TEST(CtrDataTest, CsvColumnsByTheSpecWithQuotesMissingValuesAndAHeader) {
 }
 
 // ClickRecordText writes lines the readers take back as the same records:
-// libsvm ids and weights as they are, CSV dense values exactly and each id as
-// its column's categorical value; what a format cannot hold is refused.
+// libsvm ids and weights as they are (in one field), libffm the same in their
+// fields, CSV dense values exactly and each id as its column's categorical
+// value; what a format cannot hold is refused.
 TEST(CtrDataTest, ClickRecordTextReadsBackAsTheSameRecords) {
   SyntheticCtrSpec spec;
   spec.seed = 3;
   spec.fields = 3;
   spec.vocabulary = 50;
-  for (const bool csv : {false, true}) {
+  for (const ClickTextFormat kind :
+       {ClickTextFormat::kLibsvm, ClickTextFormat::kLibffm, ClickTextFormat::kCsv}) {
+    const bool csv = kind == ClickTextFormat::kCsv;
+    SCOPED_TRACE(static_cast<int>(kind));
     spec.dense = csv ? 2 : 0;
     SparseDataset data = MakeSyntheticCtr(spec, 0, 0, 200);
     if (!csv) {
       for (size_t i = 0; i < data.weights.size(); i += 7) data.weights[i] = 1.0f / 3;  // not 1, not short
     }
     std::string text;
-    for (int64_t e = 0; e < data.num_examples(); ++e) text += ClickRecordText(data, e, csv).value();
+    for (int64_t e = 0; e < data.num_examples(); ++e) text += ClickRecordText(data, e, kind).value();
     SparseDataset read;
     ReadStats stats;
     if (csv) {
@@ -196,10 +250,12 @@ TEST(CtrDataTest, ClickRecordTextReadsBackAsTheSameRecords) {
       format.columns.insert(format.columns.end(), 3, CsvFormat::Column::kCategorical);
       ASSERT_TRUE(ParseCsv(text, "ctr.csv", format, &read, &stats).ok());
     } else {
-      ASSERT_TRUE(ParseLibsvm(text, "ctr.svm", {}, &read, &stats).ok());
+      LibsvmFormat format;
+      format.fields = kind == ClickTextFormat::kLibffm ? 3 : 0;
+      ASSERT_TRUE(ParseLibsvm(text, "ctr.svm", format, &read, &stats).ok());
     }
-    EXPECT_EQ(stats.bad, 0) << csv;
-    ASSERT_EQ(read.num_examples(), 200) << csv;
+    EXPECT_EQ(stats.bad, 0);
+    ASSERT_EQ(read.num_examples(), 200);
     EXPECT_EQ(read.labels, data.labels);
     EXPECT_EQ(read.dense, data.dense);
     EXPECT_EQ(read.weights, data.weights);
@@ -208,6 +264,10 @@ TEST(CtrDataTest, ClickRecordTextReadsBackAsTheSameRecords) {
       for (size_t i = 0; i < data.ids.size(); ++i) {
         ASSERT_EQ(read.ids[i], CategoricalId(static_cast<int32_t>(i % 3), std::to_string(data.ids[i]))) << i;
       }
+    } else if (kind == ClickTextFormat::kLibffm) {
+      EXPECT_EQ(read.ids, data.ids);  // libffm: the same ids in the same fields' bags
+      EXPECT_EQ(read.num_fields, 3);
+      EXPECT_EQ(read.offsets, data.offsets);
     } else {
       EXPECT_EQ(read.ids, data.ids);  // libsvm: the example's ids in one field, in order
       EXPECT_EQ(read.num_fields, 1);
@@ -215,7 +275,7 @@ TEST(CtrDataTest, ClickRecordTextReadsBackAsTheSameRecords) {
   }
 
   SparseDataset dense = MakeSyntheticCtr(spec, 0, 0, 2);  // spec.dense is 2 here
-  absl::StatusOr<std::string> refused = ClickRecordText(dense, 0, /*csv=*/false);
+  absl::StatusOr<std::string> refused = ClickRecordText(dense, 0, ClickTextFormat::kLibsvm);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Has(std::string(refused.status().message()), "libsvm holds no dense features"))
       << refused.status();
@@ -226,17 +286,17 @@ TEST(CtrDataTest, ClickRecordTextReadsBackAsTheSameRecords) {
   bags.ids = {5, 6};
   bags.weights = {1, 1};
   bags.offsets = {0, 0, 2};
-  EXPECT_EQ(ClickRecordText(bags, 0, /*csv=*/true).value(), "0,\n");
-  EXPECT_EQ(ClickRecordText(bags, 1, /*csv=*/false).value(), "1 5:1 6:1\n");
+  EXPECT_EQ(ClickRecordText(bags, 0, ClickTextFormat::kCsv).value(), "0,\n");
+  EXPECT_EQ(ClickRecordText(bags, 1, ClickTextFormat::kLibsvm).value(), "1 5:1 6:1\n");
   bags.weights = {1, 0.5f};
   bags.offsets = {0, 1, 2};  // one id a bag; the second weighs 0.5
-  EXPECT_EQ(ClickRecordText(bags, 1, /*csv=*/false).value(), "1 6:0.5\n");
-  refused = ClickRecordText(bags, 1, /*csv=*/true);
+  EXPECT_EQ(ClickRecordText(bags, 1, ClickTextFormat::kLibsvm).value(), "1 6:0.5\n");
+  refused = ClickRecordText(bags, 1, ClickTextFormat::kCsv);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Has(std::string(refused.status().message()), "has an id of weight 0.5")) << refused.status();
   bags.weights = {1, 1};
   bags.offsets = {0, 0, 2};
-  refused = ClickRecordText(bags, 1, /*csv=*/true);
+  refused = ClickRecordText(bags, 1, ClickTextFormat::kCsv);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(
       Has(std::string(refused.status().message()), "example 1 field 0 has 2 ids; a CSV column holds one"))

@@ -249,6 +249,7 @@ LineLimits LimitsOf(const v1::DataSpec& spec, const Labels& labels) {
 LibsvmFormat LibsvmFormatOf(const v1::DataSpec& spec, const Labels& labels) {
   LibsvmFormat format{LimitsOf(spec, labels)};
   format.nonnegative_values = true;
+  format.fields = spec.libsvm().fields();
   return format;
 }
 

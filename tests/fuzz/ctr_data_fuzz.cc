@@ -1,5 +1,6 @@
-// libFuzzer: the libsvm and CSV readers of users' data files. The first byte
-// picks the format, the bad-record policy and a small line limit; the rest is
+// libFuzzer: the libsvm (and libffm) and CSV readers of users' data files.
+// The first byte picks the format (bit 2: a CSV header, or libffm lines of 3
+// fields), the bad-record policy and a small line limit; the rest is
 // the file's text. Properties: no crash; reading never fails under SKIP and
 // fails only with INVALID_ARGUMENT under FAIL; the dataset stays consistent
 // (one offset per field of each record, one weight per id, dense values per
@@ -52,6 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   limits.on_bad_record = fail ? fulcrum::BadRecordPolicy::kFail : fulcrum::BadRecordPolicy::kSkip;
   fulcrum::LibsvmFormat libsvm;
   libsvm.limits = limits;
+  libsvm.fields = (bytes[0] & 4) != 0 ? 3 : 0;
   fulcrum::CsvFormat table;
   using C = fulcrum::CsvFormat::Column;
   table.columns = {C::kLabel, C::kDense, C::kCategorical, C::kIgnore, C::kCategorical};
@@ -67,6 +69,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   }
   CheckConsistent(parsed);
   Check(stats.records == parsed.num_examples());
+  Check(csv || parsed.num_fields == fulcrum::LibsvmFields(libsvm));
   int64_t lines_with_text = 0;
   bool first = true;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {

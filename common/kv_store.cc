@@ -1,18 +1,24 @@
 #include "common/kv_store.h"
 
-#include <filesystem>
-
-#include <mutex>
-
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include <filesystem>
+#include <mutex>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 
 namespace fulcrum {
 namespace {
+
+// The memtable's size: the scheduler's records are small and few, so a
+// 1 MiB memtable is flushed every few hundred jobs instead of growing to
+// RocksDB's default 64 MiB (which read as memory growing with every
+// finished job in the soak).
+constexpr size_t kWriteBufferBytes = size_t{1} << 20;
 
 class RocksDbStore final : public KvStore {
  public:
@@ -30,7 +36,25 @@ class RocksDbStore final : public KvStore {
     options.sync = true;
     rocksdb::Status status = db_->Write(options, &batch);
     if (!status.ok()) return absl::UnavailableError(absl::StrCat("RocksDB write: ", status.ToString()));
+    // A batch past the memtable's size (a checkpoint) is flushed to its file
+    // before returning: the memtable's copy of it goes now, while the caller
+    // still counts the write's memory, not later in the background. The
+    // write is durable already (synced to the log), so a failed flush only
+    // leaves that to the background.
+    if (batch.GetDataSize() > kWriteBufferBytes) {
+      if (rocksdb::Status flushed = db_->Flush(rocksdb::FlushOptions()); !flushed.ok()) {
+        FLOG(WARNING) << "RocksDB flush after a write of " << batch.GetDataSize()
+                      << " bytes failed (the background flush will do it): " << flushed.ToString();
+      }
+    }
     return absl::OkStatus();
+  }
+
+  int64_t BufferedBytes() override {
+    uint64_t bytes = 0;
+    return db_->GetIntProperty(rocksdb::DB::Properties::kCurSizeAllMemTables, &bytes)
+               ? static_cast<int64_t>(bytes)
+               : 0;
   }
 
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(const std::string& prefix) override {
@@ -81,10 +105,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> OpenRocksDbStore(const std::string& dir
   }
   rocksdb::Options options;
   options.create_if_missing = true;
-  // The scheduler's records are small and few: a 1 MiB memtable is flushed
-  // every few hundred jobs instead of growing to RocksDB's default 64 MiB
-  // (which read as memory growing with every finished job in the soak).
-  options.write_buffer_size = 1 << 20;
+  options.write_buffer_size = kWriteBufferBytes;
   rocksdb::DB* db = nullptr;
   rocksdb::Status status = rocksdb::DB::Open(options, dir, &db);
   if (!status.ok()) {

@@ -21,11 +21,17 @@ class KvStore {
   virtual ~KvStore() = default;
 
   // Writes every (key, value) of `puts` and deletes every key of `deletes`
-  // atomically and durably (synced before returning).
+  // atomically and durably (synced before returning). A write larger than
+  // the store's in-memory buffer leaves no copy of itself there (RocksDB:
+  // it is flushed to its file before returning).
   virtual absl::Status Write(std::vector<std::pair<std::string, std::string>> puts,
                              const std::vector<std::string>& deletes) = 0;
   // Every (key, value) whose key starts with `prefix`, in key order.
   virtual absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(const std::string& prefix) = 0;
+
+  // Bytes the store holds in memory beside what it has written to its files
+  // (RocksDB's memtables; 0 for a store that lives in memory).
+  virtual int64_t BufferedBytes() { return 0; }
 
   absl::Status Put(const std::string& key, const std::string& value) { return Write({{key, value}}, {}); }
   absl::Status Delete(const std::string& key) { return Write({}, {key}); }

@@ -417,6 +417,27 @@ INSTANTIATE_TEST_SUITE_P(CheckpointEveryKvStore, CheckpointStoreTest,
                            return info.param == StoreKind::kMemory ? "Memory" : "RocksDb";
                          });
 
+// A checkpoint's batch is flushed to its file before the write returns:
+// RocksDB's memtable does not keep a copy of it after the write (while the
+// server no longer counts it against its budget). Small writes stay in the
+// memtable.
+TEST(CheckpointStoreRocksDbTest, AWriteLeavesNoCopyInTheMemtable) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  absl::StatusOr<std::unique_ptr<KvStore>> kv = OpenRocksDbStore(dir.path());
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  ASSERT_TRUE((*kv)->Put("small", "x").ok());
+  const int64_t small = (*kv)->BufferedBytes();
+  EXPECT_GT(small, 0) << "a small write stays in the memtable";
+  const std::string value(size_t{8} << 20, 'v');  // past the 1 MiB memtable
+  ASSERT_TRUE((*kv)->Put("large", value).ok());
+  EXPECT_LT((*kv)->BufferedBytes(), int64_t{1} << 20) << "an 8 MiB write left its copy in memory";
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> read = (*kv)->Scan("large");
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->size(), 1u);
+  EXPECT_EQ(read->front().second, value);
+}
+
 TEST(CheckpointStoreRocksDbTest, SurvivesReopening) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());

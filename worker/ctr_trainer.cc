@@ -544,8 +544,8 @@ class ClickRun {
   absl::StatusOr<Batch> MakeBatch(int32_t partition, int64_t step, ExampleAudit* audit) const;
   // Pulls the rows of the bags' keys of every table, as steps of `step`
   // read them (BSP; the latest rows otherwise).
-  absl::Status PullRows(const std::vector<Bags>& bags, int64_t step, std::vector<std::vector<float>>* rows) {
-    const std::vector<std::vector<uint64_t>> keys = KeysOf(bags);
+  absl::Status PullRows(const std::vector<std::vector<uint64_t>>& keys, int64_t step,
+                        std::vector<std::vector<float>>* rows) {
     return bsp_ ? sparse_->PullAtStep(keys, rows, step, kRpcTimeout) : sparse_->Pull(keys, rows, kRpcTimeout);
   }
   static std::vector<std::vector<uint64_t>> KeysOf(const std::vector<Bags>& bags) {
@@ -852,7 +852,8 @@ absl::Status ClickRun::ComputeAndPush(int32_t partition, int64_t step, absl::Tim
   ASSIGN_OR_RETURN(const Batch batch, ahead_->Take(partition, step, &audit));
   if (then.has_value()) ahead_->Start(then->first, then->second);
   const std::vector<Bags> bags = BagsOf(batch, table_reads_);
-  RETURN_IF_ERROR(PullRows(bags, step, &rows_));
+  const std::vector<std::vector<uint64_t>> keys = KeysOf(bags);  // every table's, for the pull and the push
+  RETURN_IF_ERROR(PullRows(keys, step, &rows_));
   const absl::Time compute_start = absl::Now();
   kernels::CtrStats stats;
   RETURN_IF_ERROR(ComputeGradients(batch, bags, &stats));
@@ -863,7 +864,6 @@ absl::Status ClickRun::ComputeAndPush(int32_t partition, int64_t step, absl::Tim
     hooks_.observe_compute(absl::ToDoubleSeconds(absl::Now() - compute_start),
                            compute != nullptr ? compute->MemoryInUse() : 0);
   }
-  const std::vector<std::vector<uint64_t>> keys = KeysOf(bags);
   const bool die_mid_push = ExitMidPushNow();
   RETURN_IF_ERROR(sparse_->Push(partition, step, keys, row_grads_, kRpcTimeout));
   if (die_mid_push) {  // SetExitMidPush's fault
@@ -895,7 +895,7 @@ absl::Status ClickRun::EvaluateAndReport(int64_t step, bool pull) {
     const Batch batch = Slice(*test_, first, count);
     const std::vector<Bags> bags = BagsOf(batch, table_reads_);
     std::vector<std::vector<float>> rows;
-    RETURN_IF_ERROR(PullRows(bags, step, &rows));
+    RETURN_IF_ERROR(PullRows(KeysOf(bags), step, &rows));
     std::vector<float> outputs(static_cast<size_t>(count * output_width_));
     RETURN_IF_ERROR(RunModel(ModelBatch(batch, bags), rows, nullptr, &stats, outputs.data()));
     for (int64_t i = 0; i < count; ++i) {

@@ -24,10 +24,19 @@ namespace {
 // whole span at half the resolution.
 constexpr int kMaxHistory = 2000;
 
+// An evaluation goes before the progress points of later steps that came
+// in ahead of it (an ASP job's evaluating partition lags the others), back
+// to the previous evaluation: the history reads in step order.
 void AddHistoryPoint(v1::JobStatus* status, const v1::MetricPoint& point) {
   *status->add_history() = point;
-  if (status->history_size() <= kMaxHistory) return;
   auto* history = status->mutable_history();
+  if (point.evaluation()) {
+    for (int i = history->size() - 1;
+         i > 0 && !history->Get(i - 1).evaluation() && history->Get(i - 1).step() > point.step(); --i) {
+      history->SwapElements(i - 1, i);
+    }
+  }
+  if (status->history_size() <= kMaxHistory) return;
   int kept = 0;
   for (int i = 0; i < history->size(); ++i) {
     // (Points saved before `evaluation` existed: an evaluation had an accuracy.)

@@ -536,6 +536,37 @@ TEST_F(JobManagerTest, MaxStepsCapsTotalSteps) {
   EXPECT_EQ(servers_.setups()[0].request.total_steps(), 5);
 }
 
+// An ASP job's evaluating partition lags the others: its evaluation at
+// step 40 arrives after progress at steps 50 and 60, and the history lists it
+// before them (in step order), not after; later points follow it as they come.
+TEST_F(JobManagerTest, ALateEvaluationTakesItsPlaceInTheHistoryByStep) {
+  const std::string job_id = StartJob();
+  MakeTraining(job_id);
+  auto report = [&](v1::WorkReport::Kind kind, int64_t step) {
+    Advance(absl::Seconds(1));  // a progress point a second at most
+    v1::WorkReport r;
+    r.set_member_id(workers_[0]);
+    r.set_job_id(job_id);
+    r.set_kind(kind);
+    r.set_step(step);
+    r.set_epoch(1);
+    if (kind == v1::WorkReport::EVAL) r.set_test_accuracy(0.5);
+    if (kind == v1::WorkReport::PROGRESS) r.set_loss(1.0);
+    ASSERT_TRUE(manager_->Report(r).ok());
+  };
+  ASSERT_NO_FATAL_FAILURE(report(v1::WorkReport::PROGRESS, 30));
+  ASSERT_NO_FATAL_FAILURE(report(v1::WorkReport::PROGRESS, 50));
+  ASSERT_NO_FATAL_FAILURE(report(v1::WorkReport::PROGRESS, 60));
+  ASSERT_NO_FATAL_FAILURE(report(v1::WorkReport::EVAL, 40));
+  ASSERT_NO_FATAL_FAILURE(report(v1::WorkReport::PROGRESS, 70));
+  std::vector<std::pair<int64_t, bool>> order;
+  const v1::JobStatus status = GetOk(job_id);
+  for (const v1::MetricPoint& point : status.history()) order.emplace_back(point.step(), point.evaluation());
+  const std::vector<std::pair<int64_t, bool>> expected = {
+      {30, false}, {40, true}, {50, false}, {60, false}, {70, false}};
+  EXPECT_EQ(order, expected);
+}
+
 // An evaluation before the first progress report (data.evalEverySteps)
 // records no training loss (-1), not a loss of 0; the step losses of the
 // progress reports that follow build the loss curve.

@@ -136,8 +136,9 @@ absl::Status WriteTextFiles(const SyntheticCtrSpec& data, const std::string& for
   if (files < 1 || files > 1000) return absl::InvalidArgumentError("--files must be in [1, 1000]");
   const bool csv = format == "csv";
   if (!csv && data.dense != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--format=", format, " holds no dense features: set --dense=0 (or use --format=csv)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--format=", format, " holds no dense features and this data has ", data.dense,
+        ": make them 0 (--dense=0, or data.syntheticCtr.dense: 0 in the --spec file), or use --format=csv"));
   }
   const ClickTextFormat text = csv                  ? ClickTextFormat::kCsv
                                : format == "libffm" ? ClickTextFormat::kLibffm

@@ -133,6 +133,12 @@ absl::StatusOr<v1::CheckpointInfo> JobManager::CheckpointNow(const std::string& 
                                                       v1::JobState_Name(job->status.state()), ", ",
                                                       job->status.reason(), "): there is nothing to checkpoint"));
   }
+  // The job ended while the request waited.
+  auto ended = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " ended (", v1::JobState_Name(job->status.state()), ": ",
+                     job->status.reason(), ") before the checkpoint was taken"));
+  };
   // A checkpoint that fails because a server is unreachable (killed or
   // paused, its lease not yet run out) or restarted without the job is taken
   // again once the job's shard map changes (the failover) or, at the latest,
@@ -159,11 +165,12 @@ absl::StatusOr<v1::CheckpointInfo> JobManager::CheckpointNow(const std::string& 
                                                                      : "it is still restoring"));
       }
     }
-    if (!training()) return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " stopped training"));
+    if (!training()) return ended();
     const int64_t id = QueueCheckpoint(job, "manual");
     const int64_t map_version = job->shard_map.version();
     v1::CheckpointInfo* info = FindCheckpointInfo(job, id);
     while (info != nullptr && info->state() == v1::CheckpointInfo::WRITING) {
+      if (job->phase == Job::Phase::kEnded) return ended();  // its calls may still wait on a server
       if (changed_.WaitWithDeadline(&mu_, deadline)) {
         return absl::DeadlineExceededError(absl::StrCat("checkpoint ", id, " of job ", job_id,
                                                         " is still being written; see `fulcrum get ", job_id,
@@ -178,6 +185,7 @@ absl::StatusOr<v1::CheckpointInfo> JobManager::CheckpointNow(const std::string& 
     }
     const v1::CheckpointInfo failed = *info;
     const absl::Time retry_at = std::min(deadline, absl::Now() + backoff);
+    if (job->phase == Job::Phase::kEnded) return ended();
     if (attempt == kCheckpointNowTries || retry_at >= deadline) return failed;
     if (attempt == 1) {
       AddEvent(job, absl::StrCat("checkpoint ", id, " failed (", failed.reason(),
@@ -253,6 +261,12 @@ std::vector<ExpiredCheckpoint> JobManager::FinishCheckpoint(const CheckpointTask
     } else if (!status.ok()) {
       job->last_failed_checkpoint = task.id;
       job->last_failed_code = status.code();
+      // A server of it lost its lease meanwhile (paused, cut off): what it
+      // captured may still be written when it comes back, so it is told to
+      // delete it when it registers again.
+      for (const auto& [server, address] : manifest.server_addresses()) {
+        if (!members_.Contains(server)) job->orphaned_checkpoints.insert(task.id);
+      }
       info->set_state(v1::CheckpointInfo::FAILED);
       info->set_reason(std::string(status.message()));
       info->set_duration_seconds(absl::ToDoubleSeconds(took));

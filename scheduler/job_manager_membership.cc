@@ -36,6 +36,7 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
   RETURN_IF_ERROR(CheckRegistration(request));
   MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(const std::string id, members_.ChooseId(request, clock_()));
+  if (request.role() == v1::SERVER) servers_->MarkAlive(request.address());
   Member* existing = members_.Find(id);
   if (existing != nullptr) {
     // The same id registering again is a restarted process: whatever it held
@@ -216,6 +217,7 @@ void JobManager::ExpireLeases() {
                                              member.role == v1::SERVER ? "server" : "worker", member.id,
                                              absl::ToDoubleSeconds(lost.silent));
     FLOG(WARNING) << what;
+    if (member.role == v1::SERVER) servers_->MarkDead(member.address);  // a paused one holds no call up
     for (auto& [job_id, job] : jobs_) {
       if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
       if (job->server_addresses.count(member.id) > 0) {

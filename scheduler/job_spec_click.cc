@@ -81,12 +81,19 @@ absl::Status ValidateClickBatchValues(const v1::JobSpec& spec, const ModelLayout
   const int64_t values = batch * per_example;
   if (values <= (int64_t{1} << 28)) return absl::OkStatus();
   const std::string kind = v1::ModelSpec::Kind_Name(spec.model().kind());
+  // The evaluation's batch is the larger: a smaller step batch cannot help.
+  const bool evaluation = batch == kClickEvalBatch && spec.data().batch_size() < kClickEvalBatch;
   return Invalid(
       layout.graph ? "model.layers" : "model",
-      absl::StrCat(layout.graph ? "take " : absl::StrCat("(", kind, ") takes "), values,
-                   " values for a batch of ", batch, " (its examples times every layer's values an example",
-                   layout.graph ? "" : ", as its layer graph", "), more than 2^28: use a smaller ",
-                   layout.graph ? "batch or layers" : "batch, embeddingDim, hiddenSizes or fields"),
+      absl::StrCat(
+          layout.graph ? "take " : absl::StrCat("(", kind, ") takes "), values, " values for a batch of ",
+          batch, evaluation ? " (an evaluation's: test examples are scored 1000 at a time)" : "",
+          " (its examples times every layer's values an example", layout.graph ? "" : ", as its layer graph",
+          "), more than 2^28: use ",
+          evaluation
+              ? (layout.graph ? "smaller layers" : "a smaller embeddingDim, hiddenSizes or fewer fields")
+              : (layout.graph ? "a smaller batch or layers"
+                              : "a smaller batch, embeddingDim, hiddenSizes or fewer fields")),
       absl::StrCat(per_example, " values an example"));
 }
 
@@ -288,11 +295,13 @@ absl::Status ValidateClickData(const v1::DataSpec& data) {
   }
   switch (data.dataset()) {
     case v1::DataSpec::SYNTHETIC_CTR:
-      if (!data.test_path().empty() || data.has_csv() || data.has_libsvm() ||
-          data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED) {
-        return Invalid("data", "testPath, csv, libsvm and onBadRecord apply to LIBSVM and CSV data",
-                       "SYNTHETIC_CTR");
+      if (!data.test_path().empty() || data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED) {
+        return Invalid(
+            "data", "testPath and onBadRecord apply to LIBSVM and CSV data (the synthetic test set is made)",
+            "SYNTHETIC_CTR");
       }
+      if (data.has_csv()) return Invalid("data.csv", "applies to CSV data only", "SYNTHETIC_CTR");
+      if (data.has_libsvm()) return Invalid("data.libsvm", "applies to LIBSVM data only", "SYNTHETIC_CTR");
       return ValidateSyntheticClickData(data);
     case v1::DataSpec::LIBSVM:
     case v1::DataSpec::CSV:
@@ -313,6 +322,12 @@ bool HasClickDataSettings(const v1::DataSpec& data) {
 }
 
 absl::Status RefuseClickData(const v1::DataSpec& data) {
+  if (IsDenseData(data) && HasClickDataSettings(data)) {
+    return Invalid("data",
+                   "syntheticCtr, csv, libsvm, testPath and onBadRecord apply to click data (SYNTHETIC_CTR, "
+                   "LIBSVM, CSV): remove them from this job",
+                   v1::DataSpec::Dataset_Name(data.dataset()));
+  }
   if (data.dataset() == v1::DataSpec::SYNTHETIC_CTR || data.dataset() == v1::DataSpec::LIBSVM ||
       data.dataset() == v1::DataSpec::CSV || HasClickDataSettings(data)) {
     return Invalid(
@@ -419,6 +434,17 @@ absl::Status ValidateClickPairs(const v1::JobSpec& spec) {
   }
   const int32_t fields = ClickFields(spec.data());
   const int32_t vectors = fields + (kind == v1::ModelSpec::DLRM && ClickDense(spec.data()) > 0 ? 1 : 0);
+  constexpr int64_t kMaxDlrmPairs = int64_t{1} << 20;  // kernels/ctr_layout.cc's bound
+  const int64_t dot_products = int64_t{vectors} * (vectors - 1) / 2;
+  if (kind == v1::ModelSpec::DLRM && dot_products > kMaxDlrmPairs) {
+    return Invalid(
+        "model.kind",
+        absl::StrCat(
+            "DLRM's MLP reads the dot product of every pair of its ", vectors,
+            " vectors (the fields' embeddings, and the dense features' bottom MLP output): ", dot_products,
+            " pairs, more than ", kMaxDlrmPairs, "; use fewer fields (1449 vectors at most) or DEEPFM"),
+        absl::StrCat("DLRM over ", fields, " fields"));
+  }
   if (vectors >= 2) return absl::OkStatus();
   const std::string pairs = kind == v1::ModelSpec::DLRM
                                 ? "pairs the fields' embeddings and the dense features' bottom MLP output"

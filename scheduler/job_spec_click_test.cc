@@ -504,8 +504,27 @@ std::vector<ClickReject> ClickRejects() {
        },
        {"data.libsvm", "LIBSVM data only", "CSV"}},
       {"LibsvmSpecOnSyntheticData",
-       [](S* s) { s->mutable_data()->mutable_libsvm()->set_fields(2); },
-       {"data", "libsvm", "SYNTHETIC_CTR"}},
+       [](S* s) { s->mutable_data()->mutable_libsvm(); },
+       {"data.libsvm", "applies to LIBSVM data only", "SYNTHETIC_CTR"}},
+      {"DlrmOverTooManyLibffmFields",
+       [](S* s) {
+         s->mutable_model()->set_kind(v1::ModelSpec::DLRM);
+         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
+         s->mutable_data()->clear_synthetic_ctr();
+         s->mutable_data()->set_path("/data/x.libffm");
+         s->mutable_data()->mutable_libsvm()->set_fields(1450);
+       },
+       {"model.kind", "1450 vectors", "1050525 pairs, more than 1048576", "DEEPFM", "DLRM over 1450 fields"}},
+      {"AnEvaluationBatchTooLarge",
+       [](S* s) {  // a million pairs an example, at a step batch of 1
+         s->mutable_model()->set_kind(v1::ModelSpec::DLRM);
+         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
+         s->mutable_data()->clear_synthetic_ctr();
+         s->mutable_data()->set_path("/data/x.libffm");
+         s->mutable_data()->mutable_libsvm()->set_fields(1448);
+         s->mutable_data()->set_batch_size(1);
+       },
+       {"model", "for a batch of 1000 (an evaluation's", "fewer fields"}},
       {"FmOverOneCsvColumn",
        [](S* s) {
          s->mutable_model()->set_kind(v1::ModelSpec::FM);

@@ -36,6 +36,12 @@ class ServerControl {
                                         int64_t checkpoint_id) = 0;
   // Cancels the calls in flight (the scheduler is stopping).
   virtual void CancelAll() {}
+  // The server at `address` lost its lease (killed, paused, cut off): its
+  // calls in flight are cut short and new ones fail at once, UNAVAILABLE,
+  // until MarkAlive (it registers again), so that no call waits out its
+  // deadline on a process that may never answer.
+  virtual void MarkDead(const std::string& /*address*/) {}
+  virtual void MarkAlive(const std::string& /*address*/) {}
 };
 
 }  // namespace fulcrum

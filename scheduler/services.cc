@@ -126,11 +126,19 @@ absl::Status GrpcServerControl::Call(const std::string& address,
   {
     MutexLock lock(&mu_);
     if (cancelled_) return absl::CancelledError("the scheduler is stopping");
-    in_flight_.insert(&context);
+    if (dead_.count(address) > 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "the server at ", address, " lost its lease; it is not called until it registers again"));
+    }
+    in_flight_.emplace(&context, address);
   }
   absl::Status status = FromGrpcStatus((stub->*method)(&context, request, response));
   MutexLock lock(&mu_);
   in_flight_.erase(&context);
+  if (cut_.erase(&context) > 0) {
+    return absl::UnavailableError(
+        absl::StrCat("the server at ", address, " lost its lease while the call was in flight: cut short"));
+  }
   return status;
 }
 
@@ -186,7 +194,22 @@ absl::StatusOr<v1::CheckpointResponse> GrpcServerControl::Checkpoint(const std::
 void GrpcServerControl::CancelAll() {
   MutexLock lock(&mu_);
   cancelled_ = true;
-  for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+  for (const auto& [context, address] : in_flight_) context->TryCancel();
+}
+
+void GrpcServerControl::MarkDead(const std::string& address) {
+  MutexLock lock(&mu_);
+  dead_.insert(address);
+  for (const auto& [context, to] : in_flight_) {
+    if (to != address) continue;
+    cut_.insert(context);
+    context->TryCancel();
+  }
+}
+
+void GrpcServerControl::MarkAlive(const std::string& address) {
+  MutexLock lock(&mu_);
+  dead_.erase(address);
 }
 
 absl::Status GrpcServerControl::DeleteCheckpoint(const std::string& address, const std::string& job_id,

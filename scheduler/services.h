@@ -61,6 +61,8 @@ class GrpcServerControl final : public ServerControl {
   absl::Status DeleteCheckpoint(const std::string& address, const std::string& job_id,
                                 int64_t checkpoint_id) override;
   void CancelAll() override;
+  void MarkDead(const std::string& address) override;
+  void MarkAlive(const std::string& address) override;
 
  private:
   v1::ParameterService::Stub* Stub(const std::string& address);
@@ -71,7 +73,10 @@ class GrpcServerControl final : public ServerControl {
                     const Request& request, Response* response, double seconds);
   Mutex mu_;  // guards stubs_
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
-  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);  // calls CancelAll cancels
+  // Calls CancelAll and MarkDead cancel, with their servers' addresses.
+  std::map<grpc::ClientContext*, std::string> in_flight_ ABSL_GUARDED_BY(mu_);
+  std::set<grpc::ClientContext*> cut_ ABSL_GUARDED_BY(mu_);  // cancelled by MarkDead
+  std::set<std::string> dead_ ABSL_GUARDED_BY(mu_);          // addresses MarkDead named
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 

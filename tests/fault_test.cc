@@ -321,6 +321,41 @@ TEST_F(StoppedPrimaryTest, StoppedPrimaryIsFailedOverWhileStillStopped) {
   ExpectEveryExampleUsedOncePerEpoch(done, 4096);
 }
 
+// `fulcrum checkpoint` asked while a primary is paused: the scheduler cuts
+// short its calls to the paused server once its lease runs out (instead of
+// waiting out their deadline), the failed try is taken again after the
+// failover, and the checkpoint is COMPLETE while the server is still
+// stopped. Resumed, the server comes back and the job ends.
+TEST_F(StoppedPrimaryTest, ACheckpointAskedWhileAPrimaryIsStoppedIsTakenAfterItsFailover) {
+  v1::JobSpec spec = LongSpec(6);
+  spec.set_num_shards(1);
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::JobStatus running = WaitForStep(*id, 30);
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  const std::string victim = running.shards(0).server_id();
+  ASSERT_TRUE(cluster_->Signal(victim, SIGSTOP).ok());
+  grpc::ClientContext context;
+  SetDeadline(&context, 60);  // its calls' own deadline is 90 s
+  v1::CheckpointJobRequest request;
+  request.set_job_id(*id);
+  v1::CheckpointInfo info;
+  const grpc::Status asked = stub_->CheckpointJob(&context, request, &info);
+  grpc::ClientContext get_context;
+  v1::GetJobRequest get;
+  get.set_job_id(*id);
+  v1::JobStatus after;
+  const grpc::Status got = stub_->GetJob(&get_context, get, &after);
+  ASSERT_TRUE(cluster_->Signal(victim, SIGCONT).ok());
+  ASSERT_TRUE(asked.ok()) << asked.error_message() << Events(after);
+  EXPECT_EQ(info.state(), v1::CheckpointInfo::COMPLETE) << info.reason() << Events(after);
+  ASSERT_TRUE(got.ok()) << got.error_message();
+  EXPECT_NE(after.shards(0).server_id(), victim) << "the stopped primary still leads";
+  const v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  ExpectEveryExampleUsedOncePerEpoch(done, 4096);
+}
+
 // Issue 13, case 10: the scheduler is gone for several seconds (long enough
 // for clients' reconnect backoff to grow) and comes back on its state: every
 // live server registers again in time, so none is failed over.

@@ -427,6 +427,29 @@ TEST_F(ClickFileTest, FmOnLibffmFilesPairsTheFieldsAndReachesTheGroundTruthAuc) 
   EXPECT_EQ(done.progress().total_steps(), 2 * (Data("libffm").examples / 128));
 }
 
+// A value far beyond float32's useful range (1e30, a good record) makes the
+// gradients overflow: the job fails saying the model diverged or the data's
+// values are too large, naming the step, not only the servers' refusal.
+TEST_F(ClickFileTest, ValuesTooLargeForFloatFailTheJobSayingSo) {
+  {
+    std::ofstream out(*data_dir_ + "/huge-train.0");
+    for (int i = 0; i < 2000; ++i) out << (i % 2) << " 0:3:1e30 1:" << 4 + i % 7 << ":1\n";
+  }
+  v1::JobSpec spec = FileSpec(v1::DataSpec::LIBSVM, "huge");
+  spec.mutable_data()->clear_test_path();
+  spec.mutable_data()->mutable_libsvm()->set_fields(2);
+  spec.mutable_model()->set_kind(v1::ModelSpec::FM);
+  spec.mutable_model()->set_embedding_dim(4);
+  spec.mutable_model()->add_tables()->set_name("embedding");
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::JobStatus done = WaitForEnd(*id);
+  EXPECT_EQ(done.state(), v1::FAILED);
+  EXPECT_TRUE(Contains(done.reason(), "non-finite gradient")) << done.reason();
+  EXPECT_TRUE(Contains(done.reason(), "too large for float32")) << done.reason();
+  EXPECT_TRUE(Contains(done.reason(), "step ")) << done.reason();
+}
+
 // A bad record under onBadRecord FAIL fails the job naming its file and
 // line; files outside the workers' data roots, and a pattern that matches
 // nothing, fail it naming the path.

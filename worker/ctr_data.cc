@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/counter_rng.h"
 #include "common/param_init.h"
 #include "common/quote.h"
@@ -242,6 +243,7 @@ bool ParseIndex(absl::string_view text, uint64_t* id) {
 
 Why ParseLibsvmLine(absl::string_view line, bool nonnegative_values, int32_t fields, Record* record) {
   if (const size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
+  absl::ConsumePrefix(&line, "\xEF\xBB\xBF");  // a UTF-8 byte order mark (a file's first line)
   // Tokens are separated by spaces and tabs.
   size_t at = 0;
   const auto next = [line, &at]() {
@@ -255,6 +257,7 @@ Why ParseLibsvmLine(absl::string_view line, bool nonnegative_values, int32_t fie
   if (!ParseFloat(label, &record->label))
     return absl::StrCat("label ", Shown(label), " is not a finite number");
   for (absl::string_view token = next(); !token.empty(); token = next()) {
+    const absl::string_view whole = token;
     size_t field = 0;
     if (fields > 0 && !absl::StartsWith(token, "qid:")) {  // libffm: field:index:value
       const size_t colon = token.find(':');
@@ -280,7 +283,14 @@ Why ParseLibsvmLine(absl::string_view line, bool nonnegative_values, int32_t fie
     float weight = 0;
     if (!ParseIndex(index, &id)) return absl::StrCat("feature index ", Shown(index), " is not a uint64");
     if (!ParseFloat(value, &weight)) {
-      return absl::StrCat("value ", Shown(value), " of feature ", id, " is not a finite number");
+      if (fields > 0) {
+        return absl::StrCat("value ", Shown(value), " of feature ", Shown(whole), " (id ", id, " of field ",
+                            field, ") is not a finite number");
+      }
+      return absl::StrCat("value ", Shown(value), " of feature ", id, " is not a finite number",
+                          value.find(':') != absl::string_view::npos
+                              ? " (a libffm line, field:id:value? set data.libsvm.fields to its fields)"
+                              : "");
     }
     if (nonnegative_values && weight < 0) {
       return absl::StrCat("value ", weight, " of feature ", id, " is negative (values weigh the ids' rows)");

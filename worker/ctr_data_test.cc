@@ -128,8 +128,28 @@ TEST(CtrDataTest, LibffmRecordsPutEachIdInItsFieldsBag) {
       << stats.first_bad[1];
   EXPECT_TRUE(Has(stats.first_bad[2], "day1.ffm:5: field \"x\"")) << stats.first_bad[2];
   EXPECT_TRUE(Has(stats.first_bad[3], "day1.ffm:6: field \"-1\"")) << stats.first_bad[3];
-  EXPECT_TRUE(Has(stats.first_bad[4], "day1.ffm:7: value \"\" of feature 5")) << stats.first_bad[4];
+  EXPECT_TRUE(Has(stats.first_bad[4], "day1.ffm:7: value \"\" of feature \"0:5:\" (id 5 of field 0)"))
+      << stats.first_bad[4];
   EXPECT_TRUE(Has(stats.first_bad[5], "day1.ffm:8: feature index \"a\"")) << stats.first_bad[5];
+
+  // A byte order mark starts a line well; a libffm value that is no number
+  // names the whole token; libffm lines read as libsvm point to the setting.
+  SparseDataset marked;
+  ReadStats marked_stats;
+  ASSERT_TRUE(ParseLibsvm("\xEF\xBB\xBF"
+                          "1 0:3:1\n1 1:2:3:4\n",
+                          "bom.ffm", format, &marked, &marked_stats)
+                  .ok());
+  EXPECT_EQ(marked.ids, (std::vector<uint64_t>{3}));
+  ASSERT_EQ(marked_stats.first_bad.size(), 1u);
+  EXPECT_TRUE(Has(marked_stats.first_bad[0],
+                  "bom.ffm:2: value \"3:4\" of feature \"1:2:3:4\" (id 2 of field 1) is not a finite number"))
+      << marked_stats.first_bad[0];
+  SparseDataset plain;
+  ReadStats plain_stats;
+  ASSERT_TRUE(ParseLibsvm("1 0:3:1\n", "ffm.svm", {}, &plain, &plain_stats).ok());
+  ASSERT_EQ(plain_stats.first_bad.size(), 1u);
+  EXPECT_TRUE(Has(plain_stats.first_bad[0], "set data.libsvm.fields")) << plain_stats.first_bad[0];
 
   TempFile file(text);
   ReadStats index_stats;

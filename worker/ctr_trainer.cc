@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/data_partition.h"
@@ -865,12 +866,26 @@ absl::Status ClickRun::ComputeAndPush(int32_t partition, int64_t step, absl::Tim
                            compute != nullptr ? compute->MemoryInUse() : 0);
   }
   const bool die_mid_push = ExitMidPushNow();
-  RETURN_IF_ERROR(sparse_->Push(partition, step, keys, row_grads_, kRpcTimeout));
+  // A gradient that is not finite is refused by the servers, naming the
+  // tensor or table; the job's reason says what may have caused it.
+  auto diverged = [&](absl::Status status) {
+    if (!absl::IsInvalidArgument(status) || !absl::StrContains(status.message(), "non-finite gradient")) {
+      return status;
+    }
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, " of partition ", partition, ": ",
+                                                   status.message(), " (loss ",
+                                                   stats.loss_sum / std::max<int64_t>(1, stats.count),
+                                                   "): the model diverged (a smaller optimizer.lr or a "
+                                                   "table's lr may help) or the data holds values too "
+                                                   "large for float32 (a libsvm value weighs its id's row)"));
+  };
+  RETURN_IF_ERROR(diverged(sparse_->Push(partition, step, keys, row_grads_, kRpcTimeout)));
   if (die_mid_push) {  // SetExitMidPush's fault
     FLOG(ERROR) << "--exit-mid-push: killing this process between the rows' push and the dense one";
     raise(SIGKILL);
   }
-  RETURN_IF_ERROR(client_->Push(++seq_, partition, step, grads_, kRpcTimeout, audit.examples, audit.digest));
+  RETURN_IF_ERROR(
+      diverged(client_->Push(++seq_, partition, step, grads_, kRpcTimeout, audit.examples, audit.digest)));
   window_.loss_sum += stats.loss_sum;
   window_.count += stats.count;
   if (step_losses_.size() >= kMaxStepLosses) step_losses_.erase(step_losses_.begin());

@@ -63,6 +63,19 @@ bool Alive(pid_t pid) {
   return paren == std::string::npos || paren + 2 >= stat->size() || (*stat)[paren + 2] != 'Z';
 }
 
+// Whether `pid` is still the cluster's process `id` of folder `dir`, not
+// another that took its pid after it exited: every process of a local
+// cluster has its own --port_file on its command line.
+bool StillOurs(pid_t pid, const std::string& dir, const std::string& id) {
+  auto cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+  if (!cmdline.ok()) return false;
+  const std::string flag = absl::StrCat("--port_file=", dir, "/run/", id, ".ports");
+  for (absl::string_view arg : absl::StrSplit(*cmdline, '\0')) {
+    if (arg == flag) return true;
+  }
+  return false;
+}
+
 std::string LogTail(const std::string& path) {
   auto text = ReadFile(path);
   if (!text.ok()) return "";
@@ -122,7 +135,8 @@ std::string DefaultBinDir() {
 LocalCluster::~LocalCluster() {
   if (!owned_) return;
   for (const v1::LocalProcess& p : file_.processes()) {
-    kill(static_cast<pid_t>(p.pid()), SIGKILL);
+    if (StillOurs(static_cast<pid_t>(p.pid()), file_.dir(), p.id()))
+      kill(static_cast<pid_t>(p.pid()), SIGKILL);
     waitpid(static_cast<pid_t>(p.pid()), nullptr, 0);
   }
 }
@@ -344,6 +358,9 @@ absl::StatusOr<v1::LocalProcess> LocalCluster::RestartScheduler() {
 absl::Status LocalCluster::Signal(const std::string& id, int signal) {
   for (const auto& p : file_.processes()) {
     if (p.id() != id) continue;
+    if (!StillOurs(static_cast<pid_t>(p.pid()), file_.dir(), p.id())) {
+      return absl::NotFoundError(absl::StrCat(id, " (pid ", p.pid(), ") is no longer running"));
+    }
     if (kill(static_cast<pid_t>(p.pid()), signal) != 0) {
       return absl::NotFoundError(absl::StrCat("signal to ", id, " (pid ", p.pid(), "): ", strerror(errno)));
     }
@@ -358,17 +375,25 @@ absl::Status LocalCluster::Down(absl::Duration grace) {
   absl::Time deadline = absl::Now() + grace;
   std::vector<std::string> killed;
   for (bool scheduler : {false, true}) {
-    for (const auto& p : file_.processes()) {
-      if ((p.role() == "scheduler") == scheduler) kill(static_cast<pid_t>(p.pid()), SIGTERM);
-    }
+    // A process that exited (killed by hand, say) may have left its pid to
+    // another: only pids that are still the cluster's are signalled.
+    std::vector<const v1::LocalProcess*> ours;
     for (const auto& p : file_.processes()) {
       if ((p.role() == "scheduler") != scheduler) continue;
-      pid_t pid = static_cast<pid_t>(p.pid());
+      if (!StillOurs(static_cast<pid_t>(p.pid()), file_.dir(), p.id())) {
+        waitpid(static_cast<pid_t>(p.pid()), nullptr, WNOHANG);  // ours and exited: reaped
+        continue;
+      }
+      ours.push_back(&p);
+      kill(static_cast<pid_t>(p.pid()), SIGTERM);
+    }
+    for (const v1::LocalProcess* p : ours) {
+      pid_t pid = static_cast<pid_t>(p->pid());
       while (Alive(pid) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
-      if (Alive(pid)) {
+      if (Alive(pid) && StillOurs(pid, file_.dir(), p->id())) {
         kill(pid, SIGKILL);
         waitpid(pid, nullptr, 0);
-        killed.push_back(p.id());
+        killed.push_back(p->id());
       }
     }
   }

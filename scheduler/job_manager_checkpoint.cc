@@ -330,9 +330,16 @@ std::vector<ExpiredCheckpoint> JobManager::FinishCheckpoint(const CheckpointTask
     for (int i = infos->size() - 1; i >= 0; --i) {
       const v1::CheckpointInfo& c = infos->Get(i);
       bool gone = c.state() == v1::CheckpointInfo::COMPLETE && job->manifests.count(c.id()) == 0;
-      bool old_failure = c.state() == v1::CheckpointInfo::FAILED && infos->size() > kMaxCheckpointInfos;
       bool skipped = c.state() == v1::CheckpointInfo::FAILED && c.reason() == "skipped";
-      if (gone || old_failure || skipped) infos->DeleteSubrange(i, 1);
+      if (gone || skipped) infos->DeleteSubrange(i, 1);
+    }
+    // Past the bound, the oldest failures go first.
+    for (int i = 0; i < infos->size() && infos->size() > kMaxCheckpointInfos;) {
+      if (infos->Get(i).state() == v1::CheckpointInfo::FAILED) {
+        infos->DeleteSubrange(i, 1);
+      } else {
+        ++i;
+      }
     }
     Touch(job);
   }

@@ -1484,6 +1484,44 @@ TEST_F(JobManagerTest, PeriodicCheckpointsAreEveryStepsApartInAnAspJob) {
   EXPECT_EQ(status.checkpoints(1).trigger(), "every_steps");
 }
 
+// A job keeps at most 100 checkpoint records: past that the oldest failures
+// are forgotten, the latest ones stay.
+TEST_F(JobManagerTest, TheLatestCheckpointFailuresAreKept) {
+  v1::JobSpec spec = SmallClickSpec(2);
+  spec.set_replicas(1);
+  spec.set_mode(v1::ASP);
+  spec.mutable_data()->mutable_synthetic_ctr()->set_examples(1000000);
+  spec.mutable_checkpoint()->set_every_steps(1);
+  RegisterCluster();
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  for (const std::string& w : workers_)
+    ASSERT_TRUE(ReportKind(w, job_id, v1::WorkReport::READY, 1000000).ok());
+  manager_->Tick();
+  ASSERT_EQ(GetOk(job_id).reason(), "training");
+  // The fake refuses every checkpoint (no AnswerCheckpointsFor).
+  for (int64_t step = 1; step <= 130; ++step) {
+    v1::WorkReport report;
+    report.set_member_id(workers_[0]);
+    report.set_job_id(job_id);
+    report.set_kind(v1::WorkReport::PROGRESS);
+    report.set_step(step);
+    ASSERT_TRUE(manager_->Report(report).ok());
+    manager_->Tick();
+    manager_->RunQueuedCheckpoints();
+  }
+  const v1::JobStatus status = GetOk(job_id);
+  ASSERT_EQ(status.checkpoints_size(), 100);
+  int64_t last = 0;
+  for (const v1::CheckpointInfo& c : status.checkpoints()) {
+    EXPECT_EQ(c.state(), v1::CheckpointInfo::FAILED);
+    EXPECT_GT(c.id(), last);
+    last = c.id();
+  }
+  EXPECT_GE(status.checkpoints(0).id(), 30) << "the oldest are forgotten first";
+  EXPECT_GE(last, 129) << "the latest are kept";
+}
+
 // A job resumed from a checkpoint past its own last step (fewer epochs or
 // maxSteps than the job that took it) fails saying so when its steps are
 // known, instead of training from a step beyond its end; one that ends at

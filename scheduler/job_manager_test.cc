@@ -337,6 +337,35 @@ class JobManagerTest : public ::testing::Test {
     manager_->Tick();  // queues checkpoint 1
   }
 
+  // An ASP click job of `examples` training examples checkpointing every
+  // `every_steps`, submitted and run to training in *job_id.
+  void StartAspClickJob(int64_t examples, int64_t every_steps, int keep_last, std::string* job_id) {
+    v1::JobSpec spec = SmallClickSpec(2);
+    spec.set_replicas(1);
+    spec.set_mode(v1::ASP);
+    spec.mutable_data()->mutable_synthetic_ctr()->set_examples(examples);
+    spec.mutable_checkpoint()->set_every_steps(every_steps);
+    spec.mutable_checkpoint()->set_keep_last(keep_last);
+    RegisterCluster();
+    *job_id = SubmitOk(spec);
+    manager_->Tick();
+    for (const std::string& w : workers_)
+      ASSERT_TRUE(ReportKind(w, *job_id, v1::WorkReport::READY, examples).ok());
+    manager_->Tick();
+    ASSERT_EQ(GetOk(*job_id).reason(), "training");
+  }
+
+  // Worker 0 reports progress at `step`; a tick follows.
+  void ProgressTo(const std::string& job_id, int64_t step) {
+    v1::WorkReport report;
+    report.set_member_id(workers_[0]);
+    report.set_job_id(job_id);
+    report.set_kind(v1::WorkReport::PROGRESS);
+    report.set_step(step);
+    ASSERT_TRUE(manager_->Report(report).ok());
+    manager_->Tick();
+  }
+
   // Runs a started job through READY and shard setup to training.
   void MakeTraining(const std::string& job_id) {
     for (const std::string& w : workers_) {
@@ -1442,30 +1471,11 @@ TEST_F(JobManagerTest, AWorkerSlowerThanTheOthersForThreeReportsIsAStraggler) {
 // that queued it, and the next one waits for everySteps past that progress,
 // not past the cut (which queued checkpoints back to back).
 TEST_F(JobManagerTest, PeriodicCheckpointsAreEveryStepsApartInAnAspJob) {
-  v1::JobSpec spec = SmallClickSpec(2);
-  spec.set_replicas(1);
-  spec.set_mode(v1::ASP);
-  spec.mutable_data()->mutable_synthetic_ctr()->set_examples(100000);
-  spec.mutable_checkpoint()->set_every_steps(100);
-  spec.mutable_checkpoint()->set_keep_last(10);
-  RegisterCluster();
-  const std::string job_id = SubmitOk(spec);
-  manager_->Tick();
-  for (const std::string& w : workers_)
-    ASSERT_TRUE(ReportKind(w, job_id, v1::WorkReport::READY, 100000).ok());
-  manager_->Tick();
-  ASSERT_EQ(GetOk(job_id).reason(), "training");
+  std::string job_id;
+  ASSERT_NO_FATAL_FAILURE(StartAspClickJob(100000, 100, 10, &job_id));
   ASSERT_GT(GetOk(job_id).progress().total_steps(), 1000);
   servers_.AnswerCheckpointsFor(GetOk(job_id).shard_map());
-  auto progress_to = [&](int64_t step) {
-    v1::WorkReport report;
-    report.set_member_id(workers_[0]);
-    report.set_job_id(job_id);
-    report.set_kind(v1::WorkReport::PROGRESS);
-    report.set_step(step);
-    ASSERT_TRUE(manager_->Report(report).ok());
-    manager_->Tick();
-  };
+  auto progress_to = [&](int64_t step) { ProgressTo(job_id, step); };
   ASSERT_NO_FATAL_FAILURE(progress_to(99));
   EXPECT_EQ(GetOk(job_id).checkpoints_size(), 0);
   ASSERT_NO_FATAL_FAILURE(progress_to(150));
@@ -1487,27 +1497,11 @@ TEST_F(JobManagerTest, PeriodicCheckpointsAreEveryStepsApartInAnAspJob) {
 // A job keeps at most 100 checkpoint records: past that the oldest failures
 // are forgotten, the latest ones stay.
 TEST_F(JobManagerTest, TheLatestCheckpointFailuresAreKept) {
-  v1::JobSpec spec = SmallClickSpec(2);
-  spec.set_replicas(1);
-  spec.set_mode(v1::ASP);
-  spec.mutable_data()->mutable_synthetic_ctr()->set_examples(1000000);
-  spec.mutable_checkpoint()->set_every_steps(1);
-  RegisterCluster();
-  const std::string job_id = SubmitOk(spec);
-  manager_->Tick();
-  for (const std::string& w : workers_)
-    ASSERT_TRUE(ReportKind(w, job_id, v1::WorkReport::READY, 1000000).ok());
-  manager_->Tick();
-  ASSERT_EQ(GetOk(job_id).reason(), "training");
+  std::string job_id;
+  ASSERT_NO_FATAL_FAILURE(StartAspClickJob(1000000, 1, 0, &job_id));
   // The fake refuses every checkpoint (no AnswerCheckpointsFor).
   for (int64_t step = 1; step <= 130; ++step) {
-    v1::WorkReport report;
-    report.set_member_id(workers_[0]);
-    report.set_job_id(job_id);
-    report.set_kind(v1::WorkReport::PROGRESS);
-    report.set_step(step);
-    ASSERT_TRUE(manager_->Report(report).ok());
-    manager_->Tick();
+    ASSERT_NO_FATAL_FAILURE(ProgressTo(job_id, step));
     manager_->RunQueuedCheckpoints();
   }
   const v1::JobStatus status = GetOk(job_id);

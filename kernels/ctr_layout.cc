@@ -20,7 +20,6 @@ constexpr int64_t kMaxDense = 65536;
 constexpr int64_t kMaxEmbeddingDim = 4096;
 constexpr int64_t kMaxHiddenWidth = 65536;
 constexpr size_t kMaxHiddenLayers = 16;
-constexpr int64_t kMaxInteractions = int64_t{1} << 20;  // pairs of the dot interaction
 
 // The dot interaction's vectors: x0 (with dense features), then the fields.
 int64_t InteractionVectors(const CtrModelConfig& c) { return int64_t{c.num_fields} + (c.num_dense > 0 ? 1 : 0); }
@@ -102,10 +101,10 @@ absl::Status ValidateTerms(const CtrModelConfig& c) {
   }
   if (!c.bottom.empty() && c.num_dense == 0) return ConfigError("bottom needs num_dense > 0");
   const int64_t vectors = InteractionVectors(c);
-  if (vectors < 2 || vectors * (vectors - 1) / 2 > kMaxInteractions) {
+  if (vectors < 2 || vectors * (vectors - 1) / 2 > kMaxDotInteractionPairs) {
     return ConfigError(absl::StrCat("dot_interaction pairs ", vectors,
                                     " vectors (the fields, and x0 with dense features): it needs at least 2 ",
-                                    "and at most ", kMaxInteractions, " pairs"));
+                                    "and at most ", kMaxDotInteractionPairs, " pairs"));
   }
   return absl::OkStatus();
 }

@@ -70,6 +70,9 @@ struct CtrModelConfig {
   std::vector<int> bottom;
 };
 
+// The most pairs a dot interaction (DLRM) reads: every two of its vectors.
+constexpr int64_t kMaxDotInteractionPairs = int64_t{1} << 20;
+
 // OK, or INVALID_ARGUMENT naming the offending field: a size out of range,
 // fm without an embedding, an embedding without fields or that no term reads
 // (fm or hidden), hidden layers without an input, no inputs at all (no fields

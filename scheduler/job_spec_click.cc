@@ -87,7 +87,10 @@ absl::Status ValidateClickBatchValues(const v1::JobSpec& spec, const ModelLayout
       layout.graph ? "model.layers" : "model",
       absl::StrCat(
           layout.graph ? "take " : absl::StrCat("(", kind, ") takes "), values, " values for a batch of ",
-          batch, evaluation ? " (an evaluation's: test examples are scored 1000 at a time)" : "",
+          batch,
+          evaluation
+              ? absl::StrCat(" (an evaluation's: test examples are scored ", kClickEvalBatch, " at a time)")
+              : "",
           " (its examples times every layer's values an example", layout.graph ? "" : ", as its layer graph",
           "), more than 2^28: use ",
           evaluation
@@ -434,15 +437,16 @@ absl::Status ValidateClickPairs(const v1::JobSpec& spec) {
   }
   const int32_t fields = ClickFields(spec.data());
   const int32_t vectors = fields + (kind == v1::ModelSpec::DLRM && ClickDense(spec.data()) > 0 ? 1 : 0);
-  constexpr int64_t kMaxDlrmPairs = int64_t{1} << 20;  // kernels/ctr_layout.cc's bound
-  const int64_t dot_products = int64_t{vectors} * (vectors - 1) / 2;
-  if (kind == v1::ModelSpec::DLRM && dot_products > kMaxDlrmPairs) {
+  const auto pairs_of = [](int64_t n) { return n * (n - 1) / 2; };
+  if (kind == v1::ModelSpec::DLRM && pairs_of(vectors) > kernels::kMaxDotInteractionPairs) {
+    int64_t most = vectors;
+    while (pairs_of(most) > kernels::kMaxDotInteractionPairs) --most;
     return Invalid(
         "model.kind",
-        absl::StrCat(
-            "DLRM's MLP reads the dot product of every pair of its ", vectors,
-            " vectors (the fields' embeddings, and the dense features' bottom MLP output): ", dot_products,
-            " pairs, more than ", kMaxDlrmPairs, "; use fewer fields (1449 vectors at most) or DEEPFM"),
+        absl::StrCat("DLRM's MLP reads the dot product of every pair of its ", vectors,
+                     " vectors (the fields' embeddings, and the dense features' bottom MLP output): ",
+                     pairs_of(vectors), " pairs, more than ", kernels::kMaxDotInteractionPairs,
+                     "; use fewer fields (", most, " vectors at most) or DEEPFM"),
         absl::StrCat("DLRM over ", fields, " fields"));
   }
   if (vectors >= 2) return absl::OkStatus();

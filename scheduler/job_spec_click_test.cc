@@ -514,7 +514,8 @@ std::vector<ClickReject> ClickRejects() {
          s->mutable_data()->set_path("/data/x.libffm");
          s->mutable_data()->mutable_libsvm()->set_fields(1450);
        },
-       {"model.kind", "1450 vectors", "1050525 pairs, more than 1048576", "DEEPFM", "DLRM over 1450 fields"}},
+       {"model.kind", "1450 vectors", "1050525 pairs, more than 1048576", "(1448 vectors at most)", "DEEPFM",
+        "DLRM over 1450 fields"}},
       {"AnEvaluationBatchTooLarge",
        [](S* s) {  // a million pairs an example, at a step batch of 1
          s->mutable_model()->set_kind(v1::ModelSpec::DLRM);

@@ -264,10 +264,8 @@ absl::Status ValidateFileClickData(const v1::DataSpec& data) {
   RETURN_IF_ERROR(ValidateDataPath("data.path", data.path()));
   if (!data.test_path().empty()) RETURN_IF_ERROR(ValidateDataPath("data.testPath", data.test_path()));
   if (data.dataset() == v1::DataSpec::LIBSVM) {
-    if (data.has_csv()) return Invalid("data.csv", "applies to CSV data only", kind);
     return CheckRange("data.libsvm.fields", data.libsvm().fields(), 0, kMaxLibsvmFields);
   }
-  if (data.has_libsvm()) return Invalid("data.libsvm", "applies to LIBSVM data only", kind);
   const v1::CsvSpec& csv = data.csv();
   RETURN_IF_ERROR(CheckRange("data.csv.columns", csv.columns_size(), 1, 4096));
   int labels = 0;
@@ -296,6 +294,14 @@ absl::Status ValidateClickData(const v1::DataSpec& data) {
     return Invalid("data.synthetic*", "apply to SYNTHETIC data only (SYNTHETIC_CTR takes data.syntheticCtr)",
                    "a value");
   }
+  // Each format's own settings on another click dataset.
+  const std::string kind = v1::DataSpec::Dataset_Name(data.dataset());
+  if (data.has_csv() && data.dataset() != v1::DataSpec::CSV) {
+    return Invalid("data.csv", "applies to CSV data only", kind);
+  }
+  if (data.has_libsvm() && data.dataset() != v1::DataSpec::LIBSVM) {
+    return Invalid("data.libsvm", "applies to LIBSVM data only", kind);
+  }
   switch (data.dataset()) {
     case v1::DataSpec::SYNTHETIC_CTR:
       if (!data.test_path().empty() || data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED) {
@@ -303,16 +309,15 @@ absl::Status ValidateClickData(const v1::DataSpec& data) {
             "data", "testPath and onBadRecord apply to LIBSVM and CSV data (the synthetic test set is made)",
             "SYNTHETIC_CTR");
       }
-      if (data.has_csv()) return Invalid("data.csv", "applies to CSV data only", "SYNTHETIC_CTR");
-      if (data.has_libsvm()) return Invalid("data.libsvm", "applies to LIBSVM data only", "SYNTHETIC_CTR");
       return ValidateSyntheticClickData(data);
     case v1::DataSpec::LIBSVM:
     case v1::DataSpec::CSV:
       return ValidateFileClickData(data);
     default:
-      return Invalid("data.dataset", "must be SYNTHETIC_CTR, LIBSVM or CSV for a click model (a GRAPH also takes "
-                                     "FASHION_MNIST and SYNTHETIC)",
-                     v1::DataSpec::Dataset_Name(data.dataset()));
+      return Invalid("data.dataset",
+                     "must be SYNTHETIC_CTR, LIBSVM or CSV for a click model (a GRAPH also takes "
+                     "FASHION_MNIST and SYNTHETIC)",
+                     kind);
   }
 }
 
@@ -324,13 +329,17 @@ bool HasClickDataSettings(const v1::DataSpec& data) {
          data.on_bad_record() != v1::DataSpec::ON_BAD_RECORD_UNSPECIFIED;
 }
 
+// Dense data (FASHION_MNIST, SYNTHETIC) that sets what only click data takes.
+absl::Status RefuseClickDataSettings(const v1::DataSpec& data) {
+  if (!HasClickDataSettings(data)) return absl::OkStatus();
+  return Invalid("data",
+                 "syntheticCtr, csv, libsvm, testPath and onBadRecord apply to click data (SYNTHETIC_CTR, "
+                 "LIBSVM, CSV): remove them from this job",
+                 v1::DataSpec::Dataset_Name(data.dataset()));
+}
+
 absl::Status RefuseClickData(const v1::DataSpec& data) {
-  if (IsDenseData(data) && HasClickDataSettings(data)) {
-    return Invalid("data",
-                   "syntheticCtr, csv, libsvm, testPath and onBadRecord apply to click data (SYNTHETIC_CTR, "
-                   "LIBSVM, CSV): remove them from this job",
-                   v1::DataSpec::Dataset_Name(data.dataset()));
-  }
+  if (IsDenseData(data)) RETURN_IF_ERROR(RefuseClickDataSettings(data));
   if (data.dataset() == v1::DataSpec::SYNTHETIC_CTR || data.dataset() == v1::DataSpec::LIBSVM ||
       data.dataset() == v1::DataSpec::CSV || HasClickDataSettings(data)) {
     return Invalid(
@@ -346,12 +355,7 @@ absl::Status RefuseClickData(const v1::DataSpec& data) {
 // the data has features, no categorical fields, and no click-data settings.
 absl::Status ValidateDenseDataGraph(const v1::JobSpec& spec) {
   const v1::DataSpec& data = spec.data();
-  if (HasClickDataSettings(data)) {
-    return Invalid("data",
-                   "syntheticCtr, csv, libsvm, testPath and onBadRecord apply to click data (SYNTHETIC_CTR, "
-                   "LIBSVM, CSV)",
-                   v1::DataSpec::Dataset_Name(data.dataset()));
-  }
+  RETURN_IF_ERROR(RefuseClickDataSettings(data));
   if (spec.model().tables_size() > 0) {
     return Invalid("model.tables", "apply to EMBEDDING layers, which read click data's fields",
                    absl::StrCat(spec.model().tables_size(), " tables"));

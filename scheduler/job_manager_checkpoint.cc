@@ -265,7 +265,9 @@ std::vector<ExpiredCheckpoint> JobManager::FinishCheckpoint(const CheckpointTask
       // captured may still be written when it comes back, so it is told to
       // delete it when it registers again.
       for (const auto& [server, address] : manifest.server_addresses()) {
-        if (!members_.Contains(server)) job->orphaned_checkpoints.insert(task.id);
+        if (members_.Contains(server)) continue;
+        job->orphaned_checkpoints.insert(task.id);
+        break;
       }
       info->set_state(v1::CheckpointInfo::FAILED);
       info->set_reason(std::string(status.message()));

@@ -300,6 +300,15 @@ struct ClickReject {
   std::vector<std::string> parts;  // each must appear in the message
 };
 
+// Makes `s` train on libsvm files (`fields` 0), or on libffm files of
+// `fields` fields.
+void LibsvmData(int32_t fields, v1::JobSpec* s) {
+  s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
+  s->mutable_data()->clear_synthetic_ctr();
+  s->mutable_data()->set_path(fields == 0 ? "/data/x.libsvm" : "/data/x.libffm");
+  if (fields != 0) s->mutable_data()->mutable_libsvm()->set_fields(fields);
+}
+
 // Makes `s` train on CSV files of a label and a `column`, split by `delimiter`.
 void CsvData(const std::string& delimiter, v1::CsvSpec::Column column, v1::JobSpec* s) {
   s->mutable_data()->set_dataset(v1::DataSpec::CSV);
@@ -332,10 +341,7 @@ TEST(ClickSpecTest, LibffmDataHasTheFieldsItsSpecNames) {
         s->mutable_model()->clear_hidden_sizes();
         s->mutable_model()->clear_activation();
       }
-      s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
-      s->mutable_data()->clear_synthetic_ctr();
-      s->mutable_data()->set_path("/data/x.libffm");
-      s->mutable_data()->mutable_libsvm()->set_fields(39);
+      LibsvmData(39, s);
     });
     const absl::Status status = ValidateJobSpec(spec);
     EXPECT_TRUE(status.ok()) << v1::ModelSpec::Kind_Name(kind) << ": " << status;
@@ -474,28 +480,10 @@ std::vector<ClickReject> ClickRejects() {
        [](S* s) { s->mutable_compression()->set_kind(v1::CompressionSpec::INT8); },
        {"wireFormat"}},
       {"DeepFmOverLibsvm",
-       [](S* s) {
-         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
-         s->mutable_data()->clear_synthetic_ctr();
-         s->mutable_data()->set_path("/data/x.libsvm");
-       },
+       [](S* s) { LibsvmData(0, s); },
        {"model.kind", "DEEPFM over 1 field", "LIBSVM data is one field", "data.libsvm.fields", "CSV"}},
-      {"LibffmFieldsOutOfRange",
-       [](S* s) {
-         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
-         s->mutable_data()->clear_synthetic_ctr();
-         s->mutable_data()->set_path("/data/x.libffm");
-         s->mutable_data()->mutable_libsvm()->set_fields(4097);
-       },
-       {"data.libsvm.fields", "4097"}},
-      {"NegativeLibffmFields",
-       [](S* s) {
-         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
-         s->mutable_data()->clear_synthetic_ctr();
-         s->mutable_data()->set_path("/data/x.libffm");
-         s->mutable_data()->mutable_libsvm()->set_fields(-1);
-       },
-       {"data.libsvm.fields", "-1"}},
+      {"LibffmFieldsOutOfRange", [](S* s) { LibsvmData(4097, s); }, {"data.libsvm.fields", "4097"}},
+      {"NegativeLibffmFields", [](S* s) { LibsvmData(-1, s); }, {"data.libsvm.fields", "-1"}},
       {"LibsvmSpecOnCsvData",
        [](S* s) {
          CsvData(",", v1::CsvSpec::CATEGORICAL, s);
@@ -509,20 +497,14 @@ std::vector<ClickReject> ClickRejects() {
       {"DlrmOverTooManyLibffmFields",
        [](S* s) {
          s->mutable_model()->set_kind(v1::ModelSpec::DLRM);
-         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
-         s->mutable_data()->clear_synthetic_ctr();
-         s->mutable_data()->set_path("/data/x.libffm");
-         s->mutable_data()->mutable_libsvm()->set_fields(1450);
+         LibsvmData(1450, s);
        },
        {"model.kind", "1450 vectors", "1050525 pairs, more than 1048576", "(1448 vectors at most)", "DEEPFM",
         "DLRM over 1450 fields"}},
       {"AnEvaluationBatchTooLarge",
        [](S* s) {  // a million pairs an example, at a step batch of 1
          s->mutable_model()->set_kind(v1::ModelSpec::DLRM);
-         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
-         s->mutable_data()->clear_synthetic_ctr();
-         s->mutable_data()->set_path("/data/x.libffm");
-         s->mutable_data()->mutable_libsvm()->set_fields(1448);
+         LibsvmData(1448, s);
          s->mutable_data()->set_batch_size(1);
        },
        {"model", "for a batch of 1000 (an evaluation's", "fewer fields"}},
@@ -537,9 +519,7 @@ std::vector<ClickReject> ClickRejects() {
       {"DlrmOverLibsvm",
        [](S* s) {
          s->mutable_model()->set_kind(v1::ModelSpec::DLRM);
-         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
-         s->mutable_data()->clear_synthetic_ctr();
-         s->mutable_data()->set_path("/data/x.libsvm");
+         LibsvmData(0, s);
        },
        {"model.kind", "DLRM over 1 field and no dense features"}},
       {"LibsvmWithoutPath",
@@ -556,9 +536,7 @@ std::vector<ClickReject> ClickRejects() {
        {"data.syntheticCtr", "SYNTHETIC_CTR"}},
       {"RelativeTestPath",
        [](S* s) {
-         s->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
-         s->mutable_data()->clear_synthetic_ctr();
-         s->mutable_data()->set_path("/data/x.libsvm");
+         LibsvmData(0, s);
          s->mutable_data()->set_test_path("y.libsvm");
        },
        {"data.testPath", "absolute"}},

@@ -101,6 +101,15 @@ class CheckpointTest : public ClusterTest {
     return id;
   }
 
+  // A server that holds dense chunks of the job (the last such shard's).
+  static std::string AServerWithChunks(const v1::JobStatus& job) {
+    std::string server;
+    for (const auto& shard : job.shards()) {
+      if (shard.chunks() > 0) server = shard.server_id();
+    }
+    return server;
+  }
+
   static const v1::CheckpointInfo* Info(const v1::JobStatus& job, int64_t id) {
     for (const auto& c : job.checkpoints()) {
       if (c.id() == id) return &c;
@@ -472,10 +481,7 @@ TEST_F(CheckpointTest, ServerKilledWhileACheckpointIsWrittenKeepsThePreviousOne)
       absl::Seconds(60));
   ASSERT_EQ(writing.state(), v1::RUNNING);
   const int64_t in_flight = writing.checkpoints().rbegin()->id();
-  std::string victim;
-  for (const auto& shard : writing.shards()) {
-    if (shard.chunks() > 0) victim = shard.server_id();
-  }
+  const std::string victim = AServerWithChunks(writing);
   ASSERT_FALSE(victim.empty());
   ASSERT_NO_FATAL_FAILURE(KillAndRestartServer(victim));
 
@@ -508,10 +514,7 @@ TEST_F(CheckpointTest, CheckpointAskedAsAServerIsKilledWaitsForTheJobToRecover) 
   ASSERT_TRUE(id.ok()) << id.status();
   const v1::JobStatus running = WaitForCheckpoints(*id, 1);
   ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before a checkpoint: " << running.reason();
-  std::string victim;
-  for (const auto& shard : running.shards()) {
-    if (shard.chunks() > 0) victim = shard.server_id();
-  }
+  const std::string victim = AServerWithChunks(running);
   ASSERT_FALSE(victim.empty());
   ASSERT_NO_FATAL_FAILURE(KillAndRestartServer(victim));
 

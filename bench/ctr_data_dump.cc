@@ -11,8 +11,9 @@
 // N files in order: libsvm lines "label id:1 ..." (the fields' ids; no dense
 // features, so --dense must be 0), libffm lines "label field:id:1 ..." (the
 // same with each id's field: data.libsvm.fields reads them), CSV lines
-// "label,dense...,id..." (examples/ctr-csv.yaml reads them). The best AUC reachable on the test set (the true
-// click probabilities') is printed. Format (little-endian): int64 train, int64 test, int32 fields, int32
+// "label,dense...,id..." (examples/ctr-csv.yaml reads them). The best AUC
+// reachable on the test set (the true click probabilities') is printed.
+// Format (little-endian): int64 train, int64 test, int32 fields, int32
 // dense; then train and test examples, each: float label, float truth (the
 // true click probability), D floats, F uint64 ids.
 //

@@ -2,8 +2,10 @@
 // that was built against another kernels/backend.h, or that has no table (an
 // older plugin) is refused with a message saying so, and none of its entry
 // points is called. Each test runs in its own process (the loader loads once).
+#include <dlfcn.h>
 #include <stdlib.h>
 
+#include <fstream>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -41,6 +43,34 @@ TEST(PluginLoaderTest, APluginBuiltAgainstAnotherBackendInterfaceIsRefused) {
 
 TEST(PluginLoaderTest, AnOlderPluginWithoutTheTableIsRefused) {
   ExpectRefused("libfake_plugin_no_table.so", {"not a Fulcrum CUDA plugin", "no FulcrumCudaPlugin table"});
+}
+
+// Whether a library whose path contains `name` is mapped into this process.
+bool Mapped(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (absl::StrContains(line, name)) return true;
+  }
+  return false;
+}
+
+// Loading the plugin maps cuBLAS (about 150 MB resident, never given back),
+// so --device auto on a machine without a CUDA driver does not load it.
+TEST(PluginLoaderTest, AutoWithoutACudaDriverLeavesThePluginUnloaded) {
+  if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL); driver != nullptr) {
+    dlclose(driver);
+    GTEST_SKIP() << "this machine has a CUDA driver (libcuda.so.1 loads)";
+  }
+  ASSERT_EQ(unsetenv("FULCRUM_CUDA_PLUGIN"), 0);
+  absl::StatusOr<BackendChoice> choice = MakeBackend("auto");
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_TRUE(absl::StrContains(choice->explanation, "using the CPU because no CUDA driver")) << choice->explanation;
+  EXPECT_FALSE(Mapped("libfulcrum_kernels_cuda")) << "the plugin was loaded";
+  EXPECT_FALSE(Mapped("libcublas")) << "cuBLAS was loaded";
+  // Asked for by name, the plugin is still loaded and says why it cannot run.
+  absl::StatusOr<BackendChoice> cuda = MakeBackend("cuda");
+  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -18,9 +18,12 @@ ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 ABSL_FLAG(bool, keep_freed_memory, true,
           "Keep memory freed by finished requests for the next ones instead of returning it to the kernel at once "
           "(see KeepFreedMemoryForReuse in common/memory_budget.h): faster transfers, RSS at the peak of use");
-ABSL_FLAG(std::string, memory_budget, "",
-          "Memory the jobs this process serves may claim, e.g. 8GiB (default: 80% of the machine's memory or of "
-          "the cgroup limit, whichever is smaller)");
+ABSL_FLAG(
+    std::string, memory_budget, "",
+    "Memory the jobs this process serves may claim, e.g. 8GiB (default: 80% of the machine's memory or of "
+    "the cgroup limit, whichever is smaller, at most that limit less 64 MiB); more than the limit less 64 "
+    "MiB "
+    "for the process's own memory is refused");
 
 namespace fulcrum {
 
@@ -33,11 +36,15 @@ absl::Status Daemon::Init(int argc, char** argv, const std::function<std::string
   SetLogTag(role_);
   RETURN_IF_ERROR(SetMinLogLevelFromString(absl::GetFlag(FLAGS_log_level)));
   const std::string budget = absl::GetFlag(FLAGS_memory_budget);
+  const MemoryLimit limit = ReadMemoryLimit();
   if (budget.empty()) {
-    memory_budget_ = DefaultMemoryBudget();
+    memory_budget_ = DefaultMemoryBudget(limit.bytes);
   } else {
     absl::StatusOr<int64_t> parsed = ParseBytes(budget);
     if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("--memory-budget: ", parsed.status().message()));
+    if (absl::Status fits = CheckMemoryBudget(*parsed, limit); !fits.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--memory-budget ", budget, ": ", fits.message()));
+    }
     memory_budget_ = *parsed;
   }
   RETURN_IF_ERROR(ConfigureSecurityFromFlags(job_token_file ? job_token_file() : ""));
@@ -45,6 +52,9 @@ absl::Status Daemon::Init(int argc, char** argv, const std::function<std::string
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = MetricsEndpoint::Start(host_, absl::GetFlag(FLAGS_metrics_port));
   if (!metrics.ok()) return metrics.status();
   metrics_ = *std::move(metrics);
+  budget_gauge_ = metrics_->AddScrapedGauge(
+      "fulcrum_memory_budget_bytes", "What the jobs this process serves may claim (--memory-budget)",
+      [budget = memory_budget_] { return static_cast<double>(budget); });
   FLOG(INFO) << role_ << ": memory budget " << FormatBytes(memory_budget_);
   return absl::OkStatus();
 }

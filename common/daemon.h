@@ -70,6 +70,7 @@ class Daemon {
   std::string host_;
   int64_t memory_budget_ = 0;
   std::unique_ptr<MetricsEndpoint> metrics_;
+  std::unique_ptr<ScrapedGauge> budget_gauge_;  // fulcrum_memory_budget_bytes
   RunningServer server_;
   std::optional<RunningServer> health_server_;
 };

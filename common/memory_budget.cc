@@ -40,14 +40,36 @@ int64_t MemTotal() {
 
 }  // namespace
 
-int64_t DefaultMemoryBudget(double fraction) {
-  int64_t budget = MemTotal();
+MemoryLimit ReadMemoryLimit() {
+  MemoryLimit limit{MemTotal(), "the machine's memory"};
   for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    int64_t limit = ReadLimit(path);
-    if (limit > 0 && (budget == 0 || limit < budget)) budget = limit;
+    const int64_t cgroup = ReadLimit(path);
+    if (cgroup > 0 && (limit.bytes == 0 || cgroup < limit.bytes)) {
+      limit = {cgroup, absl::StrCat("the cgroup's memory limit (", path, ")")};
+    }
   }
-  if (budget <= 0) budget = int64_t{4} << 30;  // nothing readable: assume a small machine
-  return static_cast<int64_t>(static_cast<double>(budget) * fraction);
+  return limit;
+}
+
+int64_t MaxMemoryBudget(int64_t limit) {
+  if (limit <= 0) return 0;
+  return limit >= 2 * kProcessReserveBytes ? limit - kProcessReserveBytes : limit / 2;
+}
+
+int64_t DefaultMemoryBudget(int64_t limit, double fraction) {
+  if (limit <= 0)
+    return static_cast<int64_t>(static_cast<double>(int64_t{4} << 30) * fraction);  // a small machine
+  return std::min(static_cast<int64_t>(static_cast<double>(limit) * fraction), MaxMemoryBudget(limit));
+}
+
+absl::Status CheckMemoryBudget(int64_t budget, const MemoryLimit& limit) {
+  const int64_t most = MaxMemoryBudget(limit.bytes);
+  if (most == 0 || budget <= most) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      FormatBytes(budget), " is more than this process can hold: ", limit.source, " is ",
+      FormatBytes(limit.bytes), ", and the process needs about ", FormatBytes(limit.bytes - most),
+      " of it for itself (code, gRPC, RocksDB); set at most ", FormatBytes(most), " (", most,
+      " bytes), or leave it unset for ", FormatBytes(DefaultMemoryBudget(limit.bytes))));
 }
 
 absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {

@@ -4,18 +4,40 @@
 #ifndef FULCRUM_COMMON_METRICS_H_
 #define FULCRUM_COMMON_METRICS_H_
 
-#include <memory>
-#include <string>
-
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
 #include "absl/status/statusor.h"
+#include "common/sync.h"
 
 namespace fulcrum {
+
+// Gauges whose values are read when /metrics is scraped (ScrapedGauges
+// below).
+class ScrapedGauges;
+
+// While it lives, the gauge it was returned for is served; once it is
+// destroyed its read function is never called again.
+class ScrapedGauge {
+ public:
+  ScrapedGauge(std::shared_ptr<ScrapedGauges> gauges, int64_t id) : gauges_(std::move(gauges)), id_(id) {}
+  ~ScrapedGauge();
+  ScrapedGauge(const ScrapedGauge&) = delete;
+  ScrapedGauge& operator=(const ScrapedGauge&) = delete;
+
+ private:
+  std::shared_ptr<ScrapedGauges> gauges_;
+  int64_t id_;
+};
 
 class MetricsEndpoint {
  public:
@@ -28,6 +50,12 @@ class MetricsEndpoint {
   // fulcrum_rpc_received_bytes_total / fulcrum_rpc_sent_bytes_total by method.
   void CountBytes(const std::string& method, int64_t received, int64_t sent);
 
+  // A gauge `name` whose value `read` gives at every scrape (called on the
+  // exposer's thread), for a figure another object knows: what a server's
+  // jobs hold of its memory budget. Served until the handle is destroyed.
+  std::unique_ptr<ScrapedGauge> AddScrapedGauge(std::string name, std::string help,
+                                                std::function<double()> read);
+
  private:
   MetricsEndpoint() = default;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -35,7 +63,26 @@ class MetricsEndpoint {
   int port_ = 0;
   prometheus::Family<prometheus::Counter>* received_ = nullptr;
   prometheus::Family<prometheus::Counter>* sent_ = nullptr;
+  // Also serves the process_* metrics (ReadProcessStats).
+  std::shared_ptr<ScrapedGauges> scraped_;
 };
+
+// What /proc says of this process, for the standard process_* metrics of
+// Prometheus's client guidelines (prometheus-cpp has none): resident and
+// virtual memory, CPU seconds, threads, open and allowed file descriptors,
+// start time (Unix seconds).
+struct ProcessStats {
+  int64_t resident_bytes = 0;
+  int64_t resident_peak_bytes = 0;  // VmHWM
+  int64_t virtual_bytes = 0;
+  double cpu_seconds = 0;
+  int64_t threads = 0;
+  int64_t open_fds = 0;
+  int64_t max_fds = 0;
+  double start_time_seconds = 0;
+};
+// INTERNAL when /proc/self cannot be read or parsed.
+absl::StatusOr<ProcessStats> ReadProcessStats();
 
 // Default histogram buckets for durations in seconds (100 us .. 60 s).
 prometheus::Histogram::BucketBoundaries DurationBuckets();

@@ -38,6 +38,11 @@ int Run(int argc, char** argv) {
     FLOG(WARNING) << "no --data-dir: this server takes no checkpoints";
   }
   ParameterStore store(daemon.memory_budget());
+  const std::unique_ptr<ScrapedGauge> budget_used = daemon.metrics()->AddScrapedGauge(
+      "fulcrum_server_budget_used_bytes",
+      "Bytes of the memory budget this server's jobs hold now: parameters, optimizer state, tables and a "
+      "checkpoint's copies while it is written",
+      [&store] { return static_cast<double>(store.bytes()); });
   std::atomic<MembershipClient*> membership_ptr{nullptr};
   ParameterServiceImpl service(
       &store, daemon.metrics(),

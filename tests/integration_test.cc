@@ -911,7 +911,8 @@ TEST_F(ClusterTest, MissingDataFileFailsTheJobNamingThePath) {
 
 // `fulcrum local up --server-memory-budget` gives every server that
 // budget, also one added later with `local add server`; a value that is no
-// size is refused before anything starts.
+// size is refused before anything starts, and one beyond the machine's
+// memory by the process it is given to.
 TEST(LocalUpTest, MemoryBudgetsReachEveryServerAndWorker) {
   const std::string dir = MakeTempDir();
   for (const std::string role : {"server", "worker"}) {
@@ -919,6 +920,16 @@ TEST(LocalUpTest, MemoryBudgetsReachEveryServerAndWorker) {
                                                      dir, " --", role, "-memory-budget lots 2>&1"));
     EXPECT_NE(bad_rc, 0);
     EXPECT_NE(bad_out.find("--" + role + "-memory-budget must be a size"), std::string::npos) << bad_out;
+    // A budget the machine cannot hold beside the process's own memory: the
+    // process refuses to start, naming the most it can take.
+    auto [big_rc, big_out] =
+        RunCommand(absl::StrCat(DefaultBinDir(), "/fulcrum local up --servers 1 --workers 1 --detach --dir ",
+                                dir, " --", role, "-memory-budget 4096TiB 2>&1"));
+    EXPECT_NE(big_rc, 0);
+    for (const char* part :
+         {"--memory-budget 4096TiB: 4.0 PiB is more than this process can hold", "set at most"}) {
+      EXPECT_NE(big_out.find(part), std::string::npos) << part << " in " << big_out;
+    }
   }
   // However the test ends, the processes are stopped (by their recorded pids).
   auto down = absl::MakeCleanup([&dir] { RunCli(absl::StrCat("local down --dir ", dir)); });

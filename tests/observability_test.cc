@@ -3,6 +3,7 @@
 // query only metrics Fulcrum exports; the alert rules pass their promtool
 // unit tests; and a real Prometheus server scrapes the cluster and answers a
 // query for a Fulcrum metric through its HTTP API.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,10 +14,9 @@
 #include <sstream>
 #include <string>
 
-#include <gtest/gtest.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/metrics.h"
 #include "tests/cluster_fixture.h"
 
 namespace fulcrum {
@@ -36,6 +36,44 @@ std::string Body(const std::string& response) {
 
 // Runs a shell command; returns its exit code and output (stdout + stderr).
 std::pair<int, std::string> Shell(const std::string& command) { return RunCommand(absl::StrCat(command, " 2>&1")); }
+
+// Every endpoint serves the standard process_* metrics read from /proc at
+// the scrape, and a scraped gauge while its handle lives.
+TEST(ProcessMetricsTest, AnEndpointServesTheProcessesMemoryAndItsScrapedGauges) {
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint = MetricsEndpoint::Start("127.0.0.1", 0);
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*endpoint)->port());
+  double answer = 42;
+  auto gauge =
+      (*endpoint)->AddScrapedGauge("fulcrum_test_answer", "A test gauge", [&answer] { return answer; });
+  const std::string before = Body(HttpGet(address, "/metrics"));
+  EXPECT_EQ(MetricValue(before, "fulcrum_test_answer"), 42) << before;
+  answer = 43;  // read at every scrape
+  EXPECT_EQ(MetricValue(Body(HttpGet(address, "/metrics")), "fulcrum_test_answer"), 43);
+  const double resident = MetricValue(before, "process_resident_memory_bytes");
+  EXPECT_GT(resident, 1 << 20) << before;
+  EXPECT_GE(MetricValue(before, "process_resident_memory_max_bytes"), resident);
+  EXPECT_GE(MetricValue(before, "process_threads"), 2);  // this one and the exposer's
+  EXPECT_GT(MetricValue(before, "process_open_fds"), 2);
+  EXPECT_GE(MetricValue(before, "process_max_fds"), MetricValue(before, "process_open_fds"));
+  const double now = static_cast<double>(absl::ToUnixMicros(absl::Now())) / 1e6;
+  EXPECT_GT(MetricValue(before, "process_start_time_seconds"), now - 3600);
+  EXPECT_LE(MetricValue(before, "process_start_time_seconds"), now + 1);
+  // 64 MiB touched shows in the resident memory.
+  std::vector<char> touched(64 << 20, 1);
+  const std::string after = Body(HttpGet(address, "/metrics"));
+  EXPECT_GT(MetricValue(after, "process_resident_memory_bytes"), resident + (48 << 20))
+      << touched[touched.size() / 2];
+  gauge.reset();  // no longer served, never read again
+  answer = 44;
+  EXPECT_EQ(MetricValue(Body(HttpGet(address, "/metrics")), "fulcrum_test_answer"), -1);
+  if (Installed("promtool")) {
+    const std::string file = absl::StrCat(MakeTempDir(), "/process.prom");
+    std::ofstream(file) << after;
+    auto [rc, out] = Shell(absl::StrCat("promtool check metrics < ", file));
+    EXPECT_EQ(rc, 0) << out;
+  }
+}
 
 class ObservabilityTest : public ClusterTest {
  protected:
@@ -128,9 +166,11 @@ TEST_F(ObservabilityTest, EveryEndpointPassesPromtoolAndDashboardsUseExportedMet
   }
   Cancel(id);
   Cancel(click_id);
-  for (const char* expected : {"grpc_server_handled_total", "grpc_server_handling_seconds", "fulcrum_job_step",
-                               "fulcrum_server_replication_seconds", "fulcrum_job_last_checkpoint_timestamp_seconds",
-                               "fulcrum_job_test_auc", "fulcrum_server_table_rows"}) {
+  for (const char* expected :
+       {"grpc_server_handled_total", "grpc_server_handling_seconds", "fulcrum_job_step",
+        "fulcrum_server_replication_seconds", "fulcrum_job_last_checkpoint_timestamp_seconds",
+        "fulcrum_job_test_auc", "fulcrum_server_table_rows", "process_resident_memory_bytes",
+        "process_cpu_seconds_total", "fulcrum_memory_budget_bytes", "fulcrum_server_budget_used_bytes"}) {
     EXPECT_EQ(names.count(expected), 1u) << expected << " is not exported";
   }
   const std::string names_file = dir + "/names.txt";

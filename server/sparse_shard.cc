@@ -568,8 +568,9 @@ void SparseShard::ApplyGatheredStepLocked(GatheredStep step) {
     partition.shards.resize(bucket_shards_.size());
   }
   whole_partitions_ = 0;
-  held_bytes_ = undo_bytes;
   undo_step_ = sync_step_;
+  undo_bytes += ExpireSynchronousLocked(sync_step_);
+  held_bytes_ = undo_bytes;
   now_ = std::max(now_, sync_step_);
   ++sync_step_;
   for (int64_t& changes : changes_) ++changes;
@@ -580,13 +581,54 @@ void SparseShard::ApplyGatheredStepLocked(GatheredStep step) {
   }
 }
 
+int64_t SparseShard::ExpireSynchronousLocked(int64_t step) {
+  int64_t every = 0;
+  for (const Table& table : tables_) {
+    const int64_t after = table.setup.config.expire_after;
+    if (table.setup.synchronous && after > 0) every = every == 0 ? after : std::min(every, after);
+  }
+  if (every == 0 || step % std::max<int64_t>(1, every / 4) != 0) return 0;
+  int64_t bytes = 0;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const Table& table = tables_[t];
+    if (!table.setup.synchronous || table.setup.config.expire_after <= 0) continue;
+    const auto dim = static_cast<size_t>(table.setup.config.dim);
+    Undo& undo = undo_[t];
+    const size_t before = undo.keys.size();
+    for (const auto& bucket : table.buckets) {
+      if (bucket != nullptr) bucket->Expire(step, &undo.keys, &undo.rows);
+    }
+    if (undo.keys.size() == before) continue;
+    // Back into (bucket, key) order, as PullAtStep looks keys up; no
+    // dropped row is one the step pushed (it was pushed at `step`).
+    const auto buckets = static_cast<int32_t>(table.buckets.size());
+    std::vector<size_t> order(undo.keys.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&undo, buckets](size_t a, size_t b) {
+      const int32_t ba = BucketOf(undo.keys[a], buckets), bb = BucketOf(undo.keys[b], buckets);
+      return ba != bb ? ba < bb : undo.keys[a] < undo.keys[b];
+    });
+    Undo sorted;
+    sorted.keys.reserve(order.size());
+    sorted.rows.reserve(order.size() * dim);
+    for (size_t i : order) {
+      sorted.keys.push_back(undo.keys[i]);
+      sorted.rows.insert(sorted.rows.end(), undo.rows.begin() + static_cast<std::ptrdiff_t>(i * dim),
+                         undo.rows.begin() + static_cast<std::ptrdiff_t>((i + 1) * dim));
+    }
+    undo = std::move(sorted);
+    bytes += static_cast<int64_t>((undo.keys.size() - before) * (sizeof(uint64_t) + dim * sizeof(float)));
+  }
+  return bytes;
+}
+
 void SparseShard::MaybeExpireLocked(int64_t now) {
   if (now < next_expiry_) return;
   for (int64_t& changes : changes_) ++changes;
   int64_t every = 0;
   for (const Table& table : tables_) {
     const int64_t after = table.setup.config.expire_after;
-    if (after <= 0) continue;
+    if (after <= 0 || table.setup.synchronous) continue;
     every = every == 0 ? after : std::min(every, after);
     for (const auto& bucket : table.buckets) {
       if (bucket != nullptr) bucket->Expire(now);

@@ -261,7 +261,16 @@ class SparseShard {
                                CaptureOf of) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // Expires rows of tables with expire_after once the job's step passes the
   // next expiry point.
+  // Expires the asynchronous tables' rows once `now` reaches next_expiry_
+  // (after a push).
   void MaybeExpireLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+  // Expires the synchronous tables' rows at the boundary of `step`, just
+  // applied, when `step` is a multiple of a quarter of their shortest
+  // expireAfter: the same steps whichever partition pushed first and across
+  // restores, never while a step is half gathered (pulls of the next step
+  // read the same rows in every run). The dropped rows join undo_, so a
+  // late pull of `step` reads them as they were. Returns the bytes added.
+  int64_t ExpireSynchronousLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // Synchronous tables, once every partition's step is whole: the step's
   // summed gradients, checked (finite, fitting the budget) but not applied;
   // then applied, which cannot fail.

@@ -434,8 +434,9 @@ TEST(SparseShardTest, ARestoreBeyondTheBudgetIsRefusedNamingTheTable) {
 
 
 // Synchronous (BSP) tables: both tables of Tables(), on one shard.
-std::unique_ptr<SparseShard> MakeSync(int64_t budget = 0, bool async_embedding = false) {
-  std::vector<SparseTableSetup> tables = Tables(/*expire_after=*/0, /*shards=*/1);
+std::unique_ptr<SparseShard> MakeSync(int64_t budget = 0, bool async_embedding = false,
+                                      int64_t expire_after = 0) {
+  std::vector<SparseTableSetup> tables = Tables(expire_after, /*shards=*/1);
   tables[0].synchronous = true;
   tables[1].synchronous = !async_embedding;
   auto self = std::make_shared<SparseShard*>(nullptr);
@@ -574,6 +575,40 @@ TEST(SparseShardSyncTest, APullOfAStepReadsTheRowsBeforeItsUpdateAlsoOnceApplied
   // pulls (no step) read the latest.
   EXPECT_EQ(pull_at(0, keys, &rows).code(), absl::StatusCode::kAborted);
   EXPECT_EQ(pull_at(3, keys, &rows).code(), absl::StatusCode::kUnavailable);
+}
+
+// Expiry of a synchronous table happens at a step boundary: pulls of a step
+// read the same rows whichever partition pushed first (expiring when the
+// first push of a step came let a slower partition's pull of that step read
+// a dropped row as new), and a late pull of the step reads a row dropped at
+// its end as it was.
+TEST(SparseShardSyncTest, ExpiryComesBetweenStepsAndLatePullsReadTheDroppedRowsAsTheyWere) {
+  auto shard = MakeSync(/*budget=*/0, /*async_embedding=*/false, /*expire_after=*/4);  // every step (4 / 4)
+  ASSERT_NE(shard, nullptr);
+  const std::vector<uint64_t> old_key = {7}, busy = {8};
+  auto pull_at = [&](int64_t step, std::vector<float>* rows) {
+    rows->assign(4, 0.0f);
+    return shard->PullAtStep(1, old_key, step, rows->data());
+  };
+  const std::vector<float> fresh = PullAll(*shard, 1, old_key);
+  ASSERT_TRUE(PushPartitionStep(shard.get(), 0, 0, old_key, 1.0f).ok());
+  ASSERT_TRUE(PushPartitionStep(shard.get(), 1, 0, old_key, 1.0f).ok());
+  const std::vector<float> trained = PullAll(*shard, 1, old_key);
+  ASSERT_NE(trained, fresh);
+  // Key 7, last pushed at step 0, is dropped once a step s has 0 < s - 4.
+  std::vector<float> rows;
+  for (int64_t step = 1; step <= 5; ++step) {
+    ASSERT_TRUE(PushPartitionStep(shard.get(), 0, step, busy, 1.0f).ok());
+    ASSERT_TRUE(pull_at(step, &rows).ok());
+    EXPECT_EQ(rows, trained) << "step " << step << ", half gathered: the row is as before the step";
+    ASSERT_TRUE(PushPartitionStep(shard.get(), 1, step, busy, 1.0f).ok());
+    ASSERT_TRUE(pull_at(step, &rows).ok());
+    EXPECT_EQ(rows, trained) << "a late pull of step " << step;
+  }
+  EXPECT_EQ(shard->Stats()[1].expiries, 1);
+  EXPECT_EQ(shard->Stats()[1].rows, 1) << "only key 8 is left";
+  ASSERT_TRUE(pull_at(6, &rows).ok());
+  EXPECT_EQ(rows, fresh) << "step 6 reads the dropped row as a new one";
 }
 
 TEST(SparseShardSyncTest, ASumThatIsNotFiniteOrDoesNotFitRefusesTheLastPushAndKeepsTheStep) {

@@ -436,7 +436,7 @@ absl::Status SparseTable::PushChecked(int64_t step, absl::Span<const uint64_t> k
   return absl::OkStatus();
 }
 
-int64_t SparseTable::Expire(int64_t now) {
+int64_t SparseTable::Expire(int64_t now, std::vector<uint64_t>* keys, std::vector<float>* values) {
   if (config_.expire_after <= 0) return 0;
   const int64_t oldest = now - config_.expire_after;
   MutexLock lock(&mu_);
@@ -444,6 +444,11 @@ int64_t SparseTable::Expire(int64_t now) {
   // From the end: the last row, moved into a dropped one's place, is already checked.
   for (uint32_t r = rows_; r-- > 0;) {
     if (Header(RowAt(r))->last_step < oldest) {
+      if (keys != nullptr) {
+        keys->push_back(Header(RowAt(r))->key);
+        const float* row = Floats(RowAt(r));
+        values->insert(values->end(), row, row + config_.dim);
+      }
       RemoveRow(r);
       ++dropped;
     }

@@ -123,8 +123,9 @@ class SparseTable {
 
   // Drops the rows last pushed before `now` - expire_after (nothing when
   // expire_after is 0) and filter counts of keys not seen since; returns the
-  // rows dropped.
-  int64_t Expire(int64_t now);
+  // rows dropped. With `keys` and `values`, appends each dropped row's key
+  // and its dim values (as Pull read them).
+  int64_t Expire(int64_t now, std::vector<uint64_t>* keys = nullptr, std::vector<float>* values = nullptr);
 
   // The table's whole state as bytes (checkpoints): every row's key, last
   // pushed step, values and optimizer state, the frequency filter's counts

@@ -6,31 +6,30 @@
 #define FULCRUM_TESTS_CLUSTER_FIXTURE_H_
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <sys/socket.h>
-#include <unistd.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
-#include <utility>
-
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/local_cluster.h"
+#include "common/half.h"
 #include "common/rpc.h"
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
-#include "worker/parameter_client.h"
 #include "worker/example_audit.h"
-#include "common/half.h"
+#include "worker/parameter_client.h"
 
 namespace fulcrum {
 
@@ -260,6 +259,16 @@ inline std::string HttpGet(const std::string& address, const std::string& path) 
   while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
   close(fd);
   return response;
+}
+
+// The sum of `metric` over the servers of `cluster` (an absent one counts 0).
+inline double ServersTotal(const v1::LocalClusterFile& cluster, const std::string& metric) {
+  double total = 0;
+  for (const auto& process : cluster.processes()) {
+    if (process.role() != "server") continue;
+    total += std::max(0.0, MetricValue(HttpGet(process.metrics_address(), "/metrics"), metric));
+  }
+  return total;
 }
 
 }  // namespace fulcrum

@@ -53,16 +53,6 @@ namespace {
 const char kPushedBytes[] = "fulcrum_rpc_received_bytes_total{method=\"Push\"}";
 const char kPulledBytes[] = "fulcrum_rpc_sent_bytes_total{method=\"Pull\"}";
 
-// The sum of `metric` over the servers of `cluster` (an absent one counts 0).
-double ServersTotal(const v1::LocalClusterFile& cluster, const std::string& metric) {
-  double total = 0;
-  for (const auto& process : cluster.processes()) {
-    if (process.role() != "server") continue;
-    total += std::max(0.0, MetricValue(HttpGet(process.metrics_address(), "/metrics"), metric));
-  }
-  return total;
-}
-
 TEST_F(ClusterTest, BspTwoWorkersMatchOneWorkerWithDoubleBatch) {
   constexpr int64_t kSteps = 25;
   auto two = Submit(SyntheticSpec(v1::BSP, 2, 16, kSteps));

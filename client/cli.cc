@@ -517,6 +517,8 @@ int Export(Client& client, const Args& args) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("--checkpoint must be a checkpoint id (a positive number), got ", args.Get("--checkpoint"))));
   }
+  // Before the gather, which may take a while: the same check as the write.
+  if (absl::Status replaceable = CheckReplaceable(path); !replaceable.ok()) return Fail(replaceable);
   const std::string& job_id = args.positional[1];
   auto gathered = GatherParameters(client.address(), job_id, checkpoint_id, client.timeout());
   if (!gathered.ok()) return Fail(gathered.status());

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -73,11 +74,41 @@ void AcceptDashedFlags(int argc, char** argv) {
   }
 }
 
+absl::Status CheckReplaceable(const std::string& path) {
+  struct stat info {};
+  if (lstat(path.c_str(), &info) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
+  }
+  const char* what = S_ISLNK(info.st_mode)    ? "a symbolic link (give the path of the file it points to)"
+                     : S_ISDIR(info.st_mode)  ? "a folder"
+                     : S_ISCHR(info.st_mode)  ? "a character device"
+                     : S_ISBLK(info.st_mode)  ? "a block device"
+                     : S_ISFIFO(info.st_mode) ? "a FIFO"
+                     : S_ISSOCK(info.st_mode) ? "a socket"
+                     : S_ISREG(info.st_mode)  ? nullptr
+                                              : "not a regular file";
+  if (what != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("will not write ", path, ": it is ", what, ", and only a regular file is replaced"));
+  }
+  if (access(path.c_str(), W_OK) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("will not replace ", path, ": it is not writable (", strerror(errno), ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  if (absl::Status replaceable = CheckReplaceable(path); !replaceable.ok()) return replaceable;
   std::string temp = absl::StrCat(path, ".tmp.", getpid());
-  FILE* file = fopen(temp.c_str(), "w");
+  unlink(temp.c_str());  // a leftover of an earlier process with this pid
+  const int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  FILE* file = fd >= 0 ? fdopen(fd, "w") : nullptr;
   if (file == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot write ", temp, ": ", strerror(errno)));
+    const int error = errno;
+    if (fd >= 0) close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot write ", temp, ": ", strerror(error)));
   }
   size_t written = fwrite(contents.data(), 1, contents.size(), file);
   bool ok = written == contents.size() && fflush(file) == 0 && fsync(fileno(file)) == 0;

@@ -30,7 +30,16 @@ void ParseFlags(int argc, char** argv, const char* usage);
 // binary accepts the dashed spelling of its (Abseil, underscored) flags.
 void AcceptDashedFlags(int argc, char** argv);
 
-// Atomically writes `contents` to `path` (write to a temp file, rename).
+// Whether WriteFileAtomically may put a file at `path`: nothing is there,
+// or a regular file this process may write. FAILED_PRECONDITION naming
+// what is there otherwise (a device, FIFO, socket, folder or symbolic link:
+// renaming over it would replace it, /dev/full with a plain file when run
+// as root) or that the file is not writable.
+absl::Status CheckReplaceable(const std::string& path);
+
+// Atomically writes `contents` to `path` (write to a temp file, rename),
+// once CheckReplaceable(path) agrees. The temp file is created anew (never
+// through a link left at its name).
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
 
 // Writes {"grpc_port": G, "metrics_port": M, "pid": P, "id": "..."} to path.

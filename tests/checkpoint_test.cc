@@ -1,20 +1,21 @@
 // Checkpoints, multi-process on loopback: whole-cluster kill -9 and resume,
 // a server killed while a checkpoint is written, a corrupt stored chunk,
 // resuming onto another topology, and export to safetensors.
+#include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -743,6 +744,46 @@ TEST_F(CheckpointTest, BadCheckpointRequestsAreRefusedClearly) {
   auto [rc, out] = RunCli(absl::StrCat("export ", *done, " --checkpoint 3 -o /nonexistent/x.safetensors --scheduler ",
                                        cluster_->scheduler_address()));
   EXPECT_NE(rc, 0);
+}
+
+// `fulcrum export -o` writes a regular file (a new one, or one it replaces
+// whole); it refuses a FIFO, a symbolic link or a folder at the path before
+// asking for the parameters, naming what is there, and leaves it as it was.
+// (It used to rename its file over whatever was there: as root, -o /dev/full
+// replaced the device with a plain file.)
+TEST_F(CheckpointTest, ExportReplacesOnlyARegularFile) {
+  auto done = Submit(Spec(0));
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ(WaitForEnd(*done).state(), v1::SUCCEEDED);
+  const std::string dir = MakeTempDir();
+  auto export_to = [&](const std::string& path) {
+    return RunCommand(absl::StrCat(DefaultBinDir(), "/fulcrum export ", *done, " -o ", path, " --scheduler ",
+                                   cluster_->scheduler_address(), " 2>&1"));
+  };
+  const std::string fifo = dir + "/fifo", link = dir + "/link", target = dir + "/target",
+                    folder = dir + "/folder";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  std::ofstream(target) << "kept";
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  ASSERT_EQ(mkdir(folder.c_str(), 0700), 0);
+  for (const auto& [path, what] :
+       {std::pair{fifo, "a FIFO"}, std::pair{link, "a symbolic link"}, std::pair{folder, "a folder"}}) {
+    auto [rc, out] = export_to(path);
+    EXPECT_NE(rc, 0) << path;
+    EXPECT_NE(out.find(absl::StrCat("will not write ", path, ": it is ", what)), std::string::npos) << out;
+  }
+  struct stat info {};
+  ASSERT_EQ(lstat(fifo.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISFIFO(info.st_mode)) << "the FIFO was replaced";
+  ASSERT_EQ(lstat(link.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISLNK(info.st_mode)) << "the link was replaced";
+  std::ifstream kept(target);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(kept)), std::istreambuf_iterator<char>()), "kept");
+  // A regular file is replaced whole.
+  auto [rc, out] = export_to(target);
+  EXPECT_EQ(rc, 0) << out;
+  ASSERT_EQ(lstat(target.c_str(), &info), 0);
+  EXPECT_GT(info.st_size, 100) << "the file was not replaced by the export";
 }
 
 // A server joining a job with sparse tables: the job takes a checkpoint and

@@ -299,6 +299,14 @@ absl::Status ValidateEarlyStopping(const v1::JobSpec& spec) {
   if (e.metric() == v1::EarlyStoppingSpec::METRIC_UNSPECIFIED) {
     return Invalid("earlyStopping.metric", "must be TEST_LOSS, TEST_ACCURACY or TEST_AUC with a patience", "unset");
   }
+  const v1::DataSpec::Dataset dataset = spec.data().dataset();
+  if ((dataset == v1::DataSpec::LIBSVM || dataset == v1::DataSpec::CSV) && spec.data().test_path().empty()) {
+    return Invalid(
+        "earlyStopping",
+        absl::StrCat("needs a test set to watch: set data.testPath (", v1::DataSpec::Dataset_Name(dataset),
+                     " files are evaluated on it only; without it the job would never stop early)"),
+        absl::StrCat("patience ", e.patience()));
+  }
   if (e.metric() == v1::EarlyStoppingSpec::TEST_AUC && IsDenseData(spec.data())) {
     return Invalid(
         "earlyStopping.metric",

@@ -319,6 +319,19 @@ void CsvData(const std::string& delimiter, v1::CsvSpec::Column column, v1::JobSp
   s->mutable_data()->mutable_csv()->set_delimiter(delimiter);
 }
 
+// Early stopping watches the test set: files need a testPath for it (a job
+// without one used to run to its end, never stopping).
+TEST(ClickSpecTest, EarlyStoppingOverFilesWatchesTheirTestSet) {
+  v1::JobSpec spec = ClickSpec([](v1::JobSpec* s) {
+    LibsvmData(4, s);
+    s->mutable_early_stopping()->set_metric(v1::EarlyStoppingSpec::TEST_AUC);
+    s->mutable_early_stopping()->set_patience(2);
+  });
+  EXPECT_EQ(ValidateJobSpec(spec).code(), absl::StatusCode::kInvalidArgument);
+  spec.mutable_data()->set_test_path("/data/x-test.libffm");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
 // A CSV delimiter is any printable character no number holds, a space or a
 // tab.
 TEST(ClickSpecTest, CsvDelimitersThatNoNumberHoldsAreAccepted) {
@@ -534,6 +547,13 @@ std::vector<ClickReject> ClickRejects() {
          s->mutable_data()->set_path("/data/x.libsvm");
        },
        {"data.syntheticCtr", "SYNTHETIC_CTR"}},
+      {"EarlyStoppingWithoutATestSet",
+       [](S* s) {
+         LibsvmData(4, s);
+         s->mutable_early_stopping()->set_metric(v1::EarlyStoppingSpec::TEST_AUC);
+         s->mutable_early_stopping()->set_patience(2);
+       },
+       {"earlyStopping", "needs a test set to watch: set data.testPath", "LIBSVM", "patience 2"}},
       {"RelativeTestPath",
        [](S* s) {
          LibsvmData(0, s);

@@ -220,6 +220,7 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
           ": a checkpoint resumes in BSP if it was taken in BSP and in ASP or SSP otherwise (BSP state keeps "
           "a gradient buffer per data partition)"));
     }
+    RETURN_IF_ERROR(ValidateResume(source->status.spec(), spec));
   }
   auto job = std::make_unique<Job>();
   job->claims = claims;

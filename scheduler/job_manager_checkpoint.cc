@@ -508,8 +508,22 @@ absl::Status JobManager::CheckRestoreFits(const v1::ShardMap& plan, const v1::Re
                                                       restore.job_id(), " does not fit this job: ", what));
   };
   const v1::ShardMap& saved = manifest.shard_map();
+  // Names of a map's tensors or tables, the first 8.
+  auto names = [](const auto& items) {
+    std::vector<std::string> listed;
+    for (const auto& item : items) {
+      if (listed.size() == 8) {
+        listed.push_back("...");
+        break;
+      }
+      listed.push_back(item.name());
+    }
+    return absl::StrJoin(listed, ", ");
+  };
   if (saved.tensors_size() != plan.tensors_size()) {
-    return mismatch(absl::StrCat(saved.tensors_size(), " tensors saved, the model has ", plan.tensors_size()));
+    return mismatch(absl::StrCat(saved.tensors_size(), " tensors saved (", names(saved.tensors()),
+                                 "), the model has ", plan.tensors_size(), " (", names(plan.tensors()),
+                                 "): a different model?"));
   }
   for (int t = 0; t < plan.tensors_size(); ++t) {
     if (saved.tensors(t).size() != plan.tensors(t).size() || saved.tensors(t).name() != plan.tensors(t).name()) {
@@ -519,7 +533,8 @@ absl::Status JobManager::CheckRestoreFits(const v1::ShardMap& plan, const v1::Re
     }
   }
   if (saved.tables_size() != plan.tables_size()) {
-    return mismatch(absl::StrCat(saved.tables_size(), " sparse tables saved, the model has ", plan.tables_size()));
+    return mismatch(absl::StrCat(saved.tables_size(), " sparse tables saved (", names(saved.tables()),
+                                 "), the model has ", plan.tables_size(), " (", names(plan.tables()), ")"));
   }
   for (int t = 0; t < plan.tables_size(); ++t) {
     const v1::TableLayout& a = plan.tables(t);

@@ -1541,11 +1541,23 @@ TEST_F(JobManagerTest, AResumeFromACheckpointPastTheJobsLastStepFailsSayingSo) {
   EXPECT_TRUE(Contains(refused.status().message(),
                        "resumeFrom: job " + source + " trained in BSP and this job is ASP"))
       << refused.status();
+  // Another optimizer would read the saved slots as its own: refused at once.
+  v1::JobSpec other_optimizer = MlpSpec();
+  other_optimizer.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAGRAD);
+  const absl::StatusOr<v1::JobStatus> mismatched = manager_->Submit(other_optimizer, source);
+  EXPECT_EQ(mismatched.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(
+      Contains(mismatched.status().message(), "resumeFrom: the checkpoint's dense optimizer state is"))
+      << mismatched.status();
 
   // Resumed into a job of `steps` steps: its state once its data is counted.
-  auto resume_into = [&](int64_t steps) {
+  auto resume_into = [&](int64_t steps, bool softmax = false) {
     v1::JobSpec shorter = MlpSpec();
     shorter.mutable_data()->set_max_steps(steps);
+    if (softmax) {  // another model: its tensors are not the checkpoint's
+      shorter.mutable_model()->set_kind(v1::ModelSpec::SOFTMAX_REGRESSION);
+      shorter.mutable_model()->clear_hidden_sizes();
+    }
     absl::StatusOr<v1::JobStatus> resumed = manager_->Submit(shorter, source);
     EXPECT_TRUE(resumed.ok()) << resumed.status();
     if (!resumed.ok()) return v1::JobStatus();
@@ -1561,6 +1573,13 @@ TEST_F(JobManagerTest, AResumeFromACheckpointPastTheJobsLastStepFailsSayingSo) {
                                                      ", past this job's last step ", cut - 1)))
       << status.reason();
   EXPECT_TRUE(Contains(status.reason(), absl::StrCat("set data.maxSteps to ", cut, " to evaluate it")))
+      << status.reason();
+
+  status = resume_into(cut, /*softmax=*/true);
+  EXPECT_EQ(status.state(), v1::FAILED) << status.reason();
+  EXPECT_TRUE(Contains(status.reason(),
+                       "4 tensors saved (layer0.weight, layer0.bias, layer1.weight, layer1.bias), the "
+                       "model has 2 (layer0.weight, layer0.bias)"))
       << status.reason();
 
   status = resume_into(cut);

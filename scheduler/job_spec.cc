@@ -1,6 +1,8 @@
 #include "scheduler/job_spec.h"
 
 #include <cmath>
+#include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/data_partition.h"
@@ -9,10 +11,10 @@
 #include "common/status_macros.h"
 #include "common/table_spec.h"
 #include "common/tensor_codec.h"
-#include "kernels/model_from_spec.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
 #include "google/protobuf/unknown_field_set.h"
+#include "kernels/model_from_spec.h"
 
 namespace fulcrum {
 namespace {
@@ -326,6 +328,87 @@ absl::Status ValidateEarlyStopping(const v1::JobSpec& spec) {
     if (e.metric() == v1::EarlyStoppingSpec::TEST_ACCURACY && loss == kernels::LossKind::kMeanSquaredError) {
       return Invalid("earlyStopping.metric", "TEST_ACCURACY needs a classification loss (MEAN_SQUARED_ERROR reports none)",
                      "TEST_ACCURACY");
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// What a dense optimizer's saved state holds, slot for slot.
+std::string DenseStateOf(const v1::OptimizerSpec& opt) {
+  switch (opt.kind()) {
+    case v1::OptimizerSpec::ADAM:
+    case v1::OptimizerSpec::ADAMW:
+    case v1::OptimizerSpec::LAMB:
+      return "Adam's two moments";
+    case v1::OptimizerSpec::ADAGRAD:
+      return "Adagrad's sum of squared gradients";
+    case v1::OptimizerSpec::RMSPROP:
+      return absl::StrCat("RMSprop's squared-gradient average", opt.centered() ? ", gradient average" : "",
+                          opt.momentum() > 0 ? ", momentum buffer" : "");
+    default:
+      return opt.momentum() > 0 ? "SGD's momentum buffer" : "nothing (SGD without momentum)";
+  }
+}
+
+// The same for a table's optimizer (KIND_UNSPECIFIED is Adagrad).
+std::string TableStateOf(const v1::SparseOptimizerSpec& opt) {
+  switch (opt.kind()) {
+    case v1::SparseOptimizerSpec::SGD:
+      return "nothing (SGD)";
+    case v1::SparseOptimizerSpec::FTRL:
+      return "FTRL's z and n";
+    case v1::SparseOptimizerSpec::ADAM:
+      return "lazy Adam's two moments";
+    default:
+      return "Adagrad's sum of squared gradients";
+  }
+}
+
+std::string OptimizerName(const v1::OptimizerSpec& opt) {
+  const std::string kind =
+      opt.kind() == v1::OptimizerSpec::KIND_UNSPECIFIED ? "SGD" : v1::OptimizerSpec::Kind_Name(opt.kind());
+  return absl::StrCat(kind, opt.momentum() > 0 ? " with momentum" : "", opt.centered() ? ", centered" : "");
+}
+
+std::string TableOptimizerName(const v1::SparseOptimizerSpec& opt) {
+  return opt.kind() == v1::SparseOptimizerSpec::KIND_UNSPECIFIED
+             ? "ADAGRAD"
+             : v1::SparseOptimizerSpec::Kind_Name(opt.kind());
+}
+
+}  // namespace
+
+absl::Status ValidateResume(const v1::JobSpec& source, const v1::JobSpec& spec) {
+  const std::string from = DenseStateOf(source.optimizer()), to = DenseStateOf(spec.optimizer());
+  if (from != to) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resumeFrom: the checkpoint's dense optimizer state is ", from, " (",
+        OptimizerName(source.optimizer()), "), and this job's optimizer ", OptimizerName(spec.optimizer()),
+        " keeps ", to,
+        ": the state is read back as it was saved, so resume with the same optimizer (ADAM, ADAMW and LAMB "
+        "may replace each other), or start without resumeFrom"));
+  }
+  // A table either spec names (one the other leaves out has the default optimizer).
+  auto optimizer_of = [](const v1::JobSpec& of, const std::string& name) {
+    for (const v1::TableSpec& table : of.model().tables()) {
+      if (table.name() == name) return table.optimizer();
+    }
+    return v1::SparseOptimizerSpec();
+  };
+  std::set<std::string> names;
+  for (const v1::JobSpec* of : {&source, &spec}) {
+    for (const v1::TableSpec& table : of->model().tables()) names.insert(table.name());
+  }
+  for (const std::string& name : names) {
+    const v1::SparseOptimizerSpec saved = optimizer_of(source, name), now = optimizer_of(spec, name);
+    const std::string was = TableStateOf(saved), is = TableStateOf(now);
+    if (was != is) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "resumeFrom: table ", name, "'s rows were saved with ", was, " (", TableOptimizerName(saved),
+          "), and this job's table optimizer ", TableOptimizerName(now), " keeps ", is,
+          ": resume with the same table optimizer, or start without resumeFrom"));
     }
   }
   return absl::OkStatus();

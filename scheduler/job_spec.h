@@ -37,6 +37,16 @@ absl::Status ValidateNotClick(const v1::JobSpec& spec);
 // classes.
 absl::Status ValidateDenseGraph(const v1::JobSpec& spec);
 
+// Whether `spec` may start from a checkpoint of a job of spec `source`
+// (both after ApplyJobSpecDefaults) as far as the specs tell: the
+// checkpoint's optimizer state is read back slot for slot, so the dense
+// optimizer and each table's (by name) must keep what their state means
+// (ADAM, ADAMW and LAMB share Adam's moments; SGD with and without momentum
+// do not). FAILED_PRECONDITION naming the change otherwise. The model's
+// tensors and tables are checked against the checkpoint itself when the job
+// starts.
+absl::Status ValidateResume(const v1::JobSpec& source, const v1::JobSpec& spec);
+
 }  // namespace fulcrum
 
 #endif  // FULCRUM_SCHEDULER_JOB_SPEC_H_

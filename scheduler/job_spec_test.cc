@@ -1,16 +1,16 @@
 #include "scheduler/job_spec.h"
 
 #include <cmath>
-
 #include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
-#include "fulcrum/v1/job.pb.h"
 #include "common/test_util.h"
+#include "fulcrum/v1/job.pb.h"
 #include "gtest/gtest.h"
 
 namespace fulcrum {
@@ -664,6 +664,49 @@ std::vector<RejectCase> RejectCases() {
 INSTANTIATE_TEST_SUITE_P(
     Rejections, JobSpecRejectTest, ::testing::ValuesIn(RejectCases()),
     [](const ::testing::TestParamInfo<RejectCase>& info) { return info.param.name; });
+
+// A checkpoint's optimizer slots are read back as they were saved: a resume
+// keeps what they mean, for the dense optimizer and for each table (by
+// name, a table left out having the default, Adagrad).
+TEST(ResumeSpecTest, AnOptimizerWhoseStateMeansSomethingElseIsRefusedNamingIt) {
+  v1::JobSpec source;
+  source.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+  v1::TableSpec* table = source.mutable_model()->add_tables();
+  table->set_name("linear");
+  table->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::FTRL);
+  auto resume = [&source](const std::function<void(v1::JobSpec*)>& change) {
+    v1::JobSpec spec = source;
+    change(&spec);
+    return ValidateResume(source, spec);
+  };
+  EXPECT_TRUE(resume([](v1::JobSpec*) {}).ok());
+  for (v1::OptimizerSpec::Kind kind : {v1::OptimizerSpec::ADAMW, v1::OptimizerSpec::LAMB}) {
+    EXPECT_TRUE(resume([kind](v1::JobSpec* s) { s->mutable_optimizer()->set_kind(kind); }).ok()) << kind;
+  }
+  EXPECT_TRUE(resume([](v1::JobSpec* s) { s->mutable_optimizer()->set_lr(0.5f); }).ok())
+      << "hyperparameters may change";
+  const absl::Status rmsprop = resume([](v1::JobSpec* s) {
+    s->mutable_optimizer()->set_kind(v1::OptimizerSpec::RMSPROP);
+    s->mutable_optimizer()->set_centered(true);
+  });
+  EXPECT_EQ(rmsprop.code(), absl::StatusCode::kFailedPrecondition);
+  for (const char* part : {"dense optimizer state is Adam's two moments (ADAM)", "RMSPROP, centered",
+                           "squared-gradient average, gradient average"}) {
+    EXPECT_TRUE(absl::StrContains(rmsprop.message(), part)) << part << " in " << rmsprop;
+  }
+  const absl::Status ftrl_to_adam = resume([](v1::JobSpec* s) {
+    s->mutable_model()->mutable_tables(0)->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::ADAM);
+  });
+  EXPECT_EQ(ftrl_to_adam.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(
+      absl::StrContains(ftrl_to_adam.message(), "table linear's rows were saved with FTRL's z and n (FTRL)"))
+      << ftrl_to_adam;
+  EXPECT_FALSE(resume([](v1::JobSpec* s) { s->mutable_model()->clear_tables(); }).ok())
+      << "FTRL to the default";
+  v1::JobSpec momentum;
+  momentum.mutable_optimizer()->set_momentum(0.9f);
+  EXPECT_FALSE(ValidateResume(momentum, v1::JobSpec()).ok()) << "SGD with momentum to SGD without";
+}
 
 }  // namespace
 }  // namespace fulcrum

@@ -464,10 +464,16 @@ void SparseTable::AppendState(std::string* out) const {
 }
 
 void SparseTable::AppendCandidatesLocked(std::string* out) const {
-  AppendTableStateCandidates(candidates_.size(), out);
-  for (const auto& [key, sightings] : candidates_) {
+  // In key order: the map's own order differs from process to process
+  // (Abseil seeds its hash per process), and replicas of a bucket must write
+  // the same bytes, or the checkpoint's manifest lists only the primary as
+  // holding it (checksums differ): no backup to restore from, and no base
+  // for the next checkpoint's changes.
+  std::vector<std::pair<uint64_t, Sightings>> sorted(candidates_.begin(), candidates_.end());
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  AppendTableStateCandidates(sorted.size(), out);
+  for (const auto& [key, sightings] : sorted)
     AppendTableStateCandidate(key, sightings.count, sightings.last_step, out);
-  }
 }
 
 void SparseTable::AppendStateLocked(std::string* out) const {

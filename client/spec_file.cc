@@ -5,8 +5,11 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -104,6 +107,7 @@ absl::Status Converter::Append(const YAML::Node& node, const google::protobuf::D
       out.push_back('{');
       bool first = true;
       std::set<std::string> seen;
+      std::map<int, std::string> fields_seen;  // by field number: its JSON and proto names are one field
       for (const auto& entry : node) {
         if (!entry.first.IsScalar()) return absl::InvalidArgumentError("map keys must be plain names");
         const std::string& key = entry.first.Scalar();
@@ -121,6 +125,12 @@ absl::Status Converter::Append(const YAML::Node& node, const google::protobuf::D
             return absl::InvalidArgumentError(absl::StrCat("unknown field ", FieldName(key),
                                                            path.empty() ? "" : absl::StrCat(" in ", path), " (line ",
                                                            line, ")"));
+          }
+          auto [earlier, first_time] = fields_seen.emplace(field->number(), key);
+          if (!first_time) {
+            return absl::InvalidArgumentError(absl::StrCat("field ", FieldName(key),
+                                                           " is given twice, also as ",
+                                                           FieldName(earlier->second), " (line ", line, ")"));
           }
         }
         if (!first) out.push_back(',');
@@ -206,13 +216,22 @@ absl::StatusOr<std::string> ToJson(const std::string& yaml, const google::protob
   if (FlowDepth(yaml) > kMaxDepth) {
     return absl::InvalidArgumentError(absl::StrCat("brackets nested more than ", kMaxDepth, " deep"));
   }
-  YAML::Node root;
+  std::vector<YAML::Node> documents;
   try {  // yaml-cpp reports syntax errors by throwing; keep that at this edge.
-    root = YAML::Load(yaml);
+    documents = YAML::LoadAll(yaml);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("YAML syntax error at line ", e.mark.line + 1,
                                                    ", column ", e.mark.column + 1, ": ", Printable(e.msg, 200)));
   }
+  // One spec: a second document ("---", a second JSON object, or text after
+  // the first) would otherwise be dropped without a word.
+  for (size_t d = 1; d < documents.size(); ++d) {
+    if (documents[d].IsNull()) continue;  // an empty one ("---" at the end)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the spec must be one document; more follows the first at line ", documents[d].Mark().line + 1,
+        " (a second \"---\" document, JSON object or stray text)"));
+  }
+  const YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
   if (!root.IsMap()) return absl::InvalidArgumentError("the spec must be a mapping of field names to values");
   Converter converter;
   RETURN_IF_ERROR(converter.Append(root, message, "", 0));

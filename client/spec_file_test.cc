@@ -203,6 +203,33 @@ TEST(SpecFileTest, UnknownFieldIsInvalidArgumentNamingIt) {
   EXPECT_TRUE(Contains(nested.status().message(), "learningRate"));
 }
 
+// A field given twice is refused, also when once by its JSON name and once
+// by its proto name (the last one used to win).
+TEST(SpecFileTest, AFieldGivenTwiceUnderItsTwoNamesIsRefused) {
+  for (const char* text : {"data:\n  batchSize: 64\n  batch_size: 32\n",
+                           "{\"data\": {\"batchSize\": 64, \"batch_size\": 32}}\n"}) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(text, "twice.yaml");
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_TRUE(
+        Contains(spec.status().message(), "field \"batch_size\" is given twice, also as \"batchSize\""))
+        << spec.status();
+  }
+  absl::StatusOr<v1::JobSpec> same = ParseJobSpec("name: a\nname: b\n", "twice.yaml");
+  EXPECT_TRUE(Contains(same.status().message(), "field \"name\" is given twice")) << same.status();
+}
+
+// A spec is one document: what follows it (a second JSON object, a "---"
+// document, stray text) is refused, not dropped.
+TEST(SpecFileTest, MoreThanOneDocumentIsRefused) {
+  for (const char* text : {"{\"name\": \"a\"}{\"name\": \"b\"}\n", "{\"name\": \"a\"} xyz\n",
+                           "{\"name\": \"a\"}\n{\"name\": \"b\"}\n", "name: a\n---\nname: b\n"}) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(text, "two.json");
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_TRUE(Contains(spec.status().message(), "the spec must be one document")) << spec.status();
+  }
+  EXPECT_TRUE(ParseJobSpec("name: a\n---\n", "one.yaml").ok()) << "an empty document after the end marker";
+}
+
 TEST(SpecFileTest, WrongTypeIsInvalidArgument) {
   absl::StatusOr<v1::JobSpec> word = ParseJobSpec("data:\n  batchSize: \"abc\"\n", "t.yaml");
   EXPECT_EQ(word.status().code(), absl::StatusCode::kInvalidArgument);

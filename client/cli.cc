@@ -275,6 +275,11 @@ void PrintJob(const v1::JobStatus& job) {
               << " (retention, or a server restarted without them: see Events); its checkpoints remain\n";
   } else if (job.state() == v1::SUCCEEDED) {
     std::cout << "Parameters: kept on the servers (fulcrum export " << job.job_id() << " -o FILE)\n";
+  } else if (job.state() == v1::CANCELLED || job.state() == v1::FAILED) {
+    std::cout
+        << "Parameters: dropped by the servers when the job ended (only a job that succeeded keeps them); "
+           "its checkpoints remain (fulcrum export "
+        << job.job_id() << " --checkpoint ID -o FILE)\n";
   }
   std::cout << "Membership: epoch " << job.membership_epoch() << ", " << job.workers_size() << " workers (min "
             << spec.min_workers() << ", max " << spec.max_workers() << "), " << spec.max_workers()

@@ -293,6 +293,22 @@ absl::StatusOr<ExportResult> GatherParameters(const std::string& scheduler, cons
     grpc::ClientContext context;
     SetDeadline(&context, timeout);
     RETURN_IF_ERROR(FromGrpcStatus(jobs->GetJob(&context, request, &job)));
+    if (job.state() == v1::CANCELLED || job.state() == v1::FAILED || job.parameters_released_unix_ms() > 0) {
+      // Its servers dropped the parameters when it ended (only a job that
+      // succeeded keeps them) or retention released them.
+      std::vector<std::string> complete;
+      for (const v1::CheckpointInfo& info : job.checkpoints()) {
+        if (info.state() == v1::CheckpointInfo::COMPLETE) complete.push_back(absl::StrCat(info.id()));
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job.job_id(), " (", v1::JobState_Name(job.state()), ") holds no live parameters: ",
+          job.parameters_released_unix_ms() > 0 ? "the servers released them (retention)"
+                                                : "the servers dropped them when it ended (only a job that "
+                                                  "succeeded keeps them)",
+          complete.empty() ? "; it has no complete checkpoint to export either"
+                           : absl::StrCat("; export one of its checkpoints instead (--checkpoint ",
+                                          absl::StrJoin(complete, ", "), ")")));
+    }
     return PullLive(job, timeout);
   }
   v1::GetCheckpointRequest request;

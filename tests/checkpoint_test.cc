@@ -786,6 +786,41 @@ TEST_F(CheckpointTest, ExportReplacesOnlyARegularFile) {
   EXPECT_GT(info.st_size, 100) << "the file was not replaced by the export";
 }
 
+// A cancelled job's servers drop its parameters: exporting it says so and
+// names the checkpoints to export instead (it used to fail pulling a chunk,
+// "not set up on this server"), and `fulcrum get` says where they went.
+TEST_F(CheckpointTest, ExportOfACancelledJobPointsToItsCheckpoints) {
+  v1::JobSpec spec = Spec(20);
+  spec.mutable_data()->set_epochs(50);
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::JobStatus running = WaitForCheckpoints(*id, 1);
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.reason();
+  const std::string scheduler = absl::StrCat(" --scheduler ", cluster_->scheduler_address());
+  ASSERT_EQ(RunCli(absl::StrCat("cancel ", *id, scheduler)).first, 0);
+  const v1::JobStatus cancelled = WaitForEnd(*id);
+  ASSERT_EQ(cancelled.state(), v1::CANCELLED);
+  int64_t complete = 0;
+  for (const auto& c : cancelled.checkpoints()) {
+    if (c.state() == v1::CheckpointInfo::COMPLETE) complete = c.id();
+  }
+  ASSERT_GT(complete, 0);
+  const std::string file = MakeTempDir() + "/cancelled.safetensors";
+  auto [rc, out] =
+      RunCommand(absl::StrCat(DefaultBinDir(), "/fulcrum export ", *id, " -o ", file, scheduler, " 2>&1"));
+  EXPECT_NE(rc, 0);
+  for (const std::string& part : {absl::StrCat("job ", *id, " (CANCELLED) holds no live parameters"),
+                                  std::string("export one of its checkpoints instead (--checkpoint ")}) {
+    EXPECT_NE(out.find(part), std::string::npos) << part << " in " << out;
+  }
+  auto [get_rc, get_out] = RunCli(absl::StrCat("get ", *id, scheduler));
+  EXPECT_NE(get_out.find("Parameters: dropped by the servers when the job ended"), std::string::npos)
+      << get_out;
+  auto [from_rc, from_out] =
+      RunCli(absl::StrCat("export ", *id, " --checkpoint ", complete, " -o ", file, scheduler));
+  EXPECT_EQ(from_rc, 0) << from_out;
+}
+
 // A server joining a job with sparse tables: the job takes a checkpoint and
 // starts again from it over three servers, where every table's buckets are
 // spread over all three (the newcomer leads a shard), and it ends with the

@@ -1,11 +1,13 @@
 #include "client/spec_file.h"
 
 #include <sys/stat.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -209,6 +211,50 @@ int FlowDepth(absl::string_view text) {
   return deepest;
 }
 
+// The events of a document, only to tell an empty one (a lone null) from
+// one that holds something, and where it starts.
+class DocumentProbe : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    start_ = mark;
+    empty_ = true;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override { empty_ = false; }
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {
+    empty_ = false;
+  }
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    empty_ = false;
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    empty_ = false;
+  }
+  void OnMapEnd() override {}
+  bool empty() const { return empty_; }
+  int line() const { return start_.line + 1; }
+
+ private:
+  YAML::Mark start_;
+  bool empty_ = true;
+};
+
+// The line of a second document that holds something, if `yaml` has one.
+// Two documents are read and no more: yaml-cpp's LoadAll loops for ever on
+// some malformed input (found by fuzzing), and nothing past the second
+// matters. Throws YAML::Exception as Load does.
+std::optional<int> SecondDocumentLine(const std::string& yaml) {
+  std::istringstream in(yaml);
+  YAML::Parser parser(in);
+  DocumentProbe probe;
+  if (!parser.HandleNextDocument(probe) || !parser.HandleNextDocument(probe) || probe.empty())
+    return std::nullopt;
+  return probe.line();
+}
+
 absl::StatusOr<std::string> ToJson(const std::string& yaml, const google::protobuf::Descriptor* message) {
   if (yaml.size() > kMaxSpecBytes) {
     return absl::InvalidArgumentError(absl::StrCat("the spec is over ", kMaxSpecBytes, " bytes"));
@@ -216,22 +262,22 @@ absl::StatusOr<std::string> ToJson(const std::string& yaml, const google::protob
   if (FlowDepth(yaml) > kMaxDepth) {
     return absl::InvalidArgumentError(absl::StrCat("brackets nested more than ", kMaxDepth, " deep"));
   }
-  std::vector<YAML::Node> documents;
+  YAML::Node root;
+  std::optional<int> second_document;  // the line a second, non-empty document starts at
   try {  // yaml-cpp reports syntax errors by throwing; keep that at this edge.
-    documents = YAML::LoadAll(yaml);
+    root = YAML::Load(yaml);
+    second_document = SecondDocumentLine(yaml);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("YAML syntax error at line ", e.mark.line + 1,
                                                    ", column ", e.mark.column + 1, ": ", Printable(e.msg, 200)));
   }
   // One spec: a second document ("---", a second JSON object, or text after
   // the first) would otherwise be dropped without a word.
-  for (size_t d = 1; d < documents.size(); ++d) {
-    if (documents[d].IsNull()) continue;  // an empty one ("---" at the end)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the spec must be one document; more follows the first at line ", documents[d].Mark().line + 1,
-        " (a second \"---\" document, JSON object or stray text)"));
+  if (second_document.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the spec must be one document; more follows the first at line ", *second_document,
+                     " (a second \"---\" document, JSON object or stray text)"));
   }
-  const YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
   if (!root.IsMap()) return absl::InvalidArgumentError("the spec must be a mapping of field names to values");
   Converter converter;
   RETURN_IF_ERROR(converter.Append(root, message, "", 0));

@@ -74,7 +74,8 @@ void AddProcessGauges(ScrapedGauges* gauges) {
   static constexpr Field kFields[] = {
       {"process_resident_memory_bytes", "Resident memory size in bytes",
        [](const ProcessStats& s) { return static_cast<double>(s.resident_bytes); }},
-      {"process_resident_memory_max_bytes", "Largest resident memory size in bytes since the process started",
+      {"fulcrum_process_resident_memory_peak_bytes",
+       "Largest resident memory size in bytes since the process started",
        [](const ProcessStats& s) { return static_cast<double>(s.resident_peak_bytes); }},
       {"process_virtual_memory_bytes", "Virtual memory size in bytes",
        [](const ProcessStats& s) { return static_cast<double>(s.virtual_bytes); }},

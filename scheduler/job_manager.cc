@@ -221,6 +221,19 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
           "a gradient buffer per data partition)"));
     }
     RETURN_IF_ERROR(ValidateResume(source->status.spec(), spec));
+    // Keys hash by their table's bucket count: a resumed table keeps the
+    // checkpoint's, so a spec asking for another is refused, not ignored.
+    for (const v1::TableSpec& table : spec.model().tables()) {
+      for (const v1::TableLayout& saved : resume->shard_map().tables()) {
+        if (saved.name() == table.name() && table.buckets() > 0 && table.buckets() != saved.buckets()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "resumeFrom: table ", table.name(), " is in ", saved.buckets(), " buckets in checkpoint ",
+              resume->info().id(), " of job ", parts[0], ", and keys hash by that count, so it stays ",
+              saved.buckets(), " (the spec asks for ", table.buckets(),
+              "): leave buckets unset or set it to ", saved.buckets()));
+        }
+      }
+    }
   }
   auto job = std::make_unique<Job>();
   job->claims = claims;

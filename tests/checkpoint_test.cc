@@ -276,6 +276,24 @@ TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) 
   moved.clear_checkpoint();
   moved.set_num_shards(1);
   moved.mutable_data()->set_max_steps(incremental.step());
+  {
+    // Keys hash by the checkpoint's bucket count: a spec asking for another
+    // is refused at submit, naming it (it used to be ignored).
+    const int32_t saved = done.shard_map().tables(1).buckets();
+    v1::JobSpec rebucketed = moved;
+    rebucketed.mutable_model()->mutable_tables(1)->set_buckets(saved * 2);
+    grpc::ClientContext c;
+    SetDeadline(&c, 10);
+    v1::SubmitJobRequest r;
+    *r.mutable_spec() = rebucketed;
+    r.set_resume_from(absl::StrCat(*id, "/", incremental.id()));
+    v1::SubmitJobResponse refused;
+    const grpc::Status status = stub_->SubmitJob(&c, r, &refused);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+    EXPECT_NE(status.error_message().find(absl::StrCat("leave buckets unset or set it to ", saved)),
+              std::string::npos)
+        << status.error_message();
+  }
   grpc::ClientContext context;
   SetDeadline(&context, 10);
   v1::SubmitJobRequest request;

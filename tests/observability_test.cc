@@ -52,7 +52,7 @@ TEST(ProcessMetricsTest, AnEndpointServesTheProcessesMemoryAndItsScrapedGauges) 
   EXPECT_EQ(MetricValue(Body(HttpGet(address, "/metrics")), "fulcrum_test_answer"), 43);
   const double resident = MetricValue(before, "process_resident_memory_bytes");
   EXPECT_GT(resident, 1 << 20) << before;
-  EXPECT_GE(MetricValue(before, "process_resident_memory_max_bytes"), resident);
+  EXPECT_GE(MetricValue(before, "fulcrum_process_resident_memory_peak_bytes"), resident);
   EXPECT_GE(MetricValue(before, "process_threads"), 2);  // this one and the exposer's
   EXPECT_GT(MetricValue(before, "process_open_fds"), 2);
   EXPECT_GE(MetricValue(before, "process_max_fds"), MetricValue(before, "process_open_fds"));

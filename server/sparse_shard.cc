@@ -30,6 +30,21 @@ struct BucketPart {
   std::vector<float> grad_copy;
 };
 
+// The order that sorts `keys` by bucket, then ascending (each bucket's
+// keys one run), as a step's keys and its undo are kept; `bucket_of` gets
+// each key's bucket.
+std::vector<uint32_t> BucketOrder(absl::Span<const uint64_t> keys, int32_t buckets,
+                                  std::vector<int32_t>* bucket_of) {
+  bucket_of->resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) (*bucket_of)[i] = BucketOf(keys[i], buckets);
+  std::vector<uint32_t> order(keys.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::sort(order.begin(), order.end(), [&keys, &of = *bucket_of](uint32_t a, uint32_t b) {
+    return of[a] != of[b] ? of[a] < of[b] : keys[a] < keys[b];
+  });
+  return order;
+}
+
 // Splits `keys` (with `grads` rows of `dim`, when given) by bucket. Runs of
 // one bucket become parts without copying when no bucket has two runs.
 std::vector<BucketPart> SplitByBucket(absl::Span<const uint64_t> keys, const float* grads, int32_t dim,
@@ -489,14 +504,8 @@ absl::StatusOr<SparseShard::GatheredStep> SparseShard::SumGatheredStepLocked() c
         }
       }
     }
-    // Keys by bucket, then ascending: each bucket's keys are one run.
-    std::vector<uint32_t> order(keys.size());
-    std::iota(order.begin(), order.end(), 0u);
-    std::vector<int32_t> bucket_of(keys.size());
-    for (size_t i = 0; i < keys.size(); ++i) bucket_of[i] = BucketOf(keys[i], buckets);
-    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-      return bucket_of[a] != bucket_of[b] ? bucket_of[a] < bucket_of[b] : keys[a] < keys[b];
-    });
+    std::vector<int32_t> bucket_of;
+    const std::vector<uint32_t> order = BucketOrder(keys, buckets, &bucket_of);
     std::vector<uint64_t>& sorted_keys = step.keys[t];
     std::vector<float>& grads = step.grads[t];
     sorted_keys.resize(keys.size());
@@ -581,13 +590,20 @@ void SparseShard::ApplyGatheredStepLocked(GatheredStep step) {
   }
 }
 
-int64_t SparseShard::ExpireSynchronousLocked(int64_t step) {
-  int64_t every = 0;
+int64_t SparseShard::ExpiryPeriodLocked(bool synchronous) const {
+  int64_t shortest = 0;
   for (const Table& table : tables_) {
     const int64_t after = table.setup.config.expire_after;
-    if (table.setup.synchronous && after > 0) every = every == 0 ? after : std::min(every, after);
+    if (table.setup.synchronous == synchronous && after > 0)
+      shortest = shortest == 0 ? after : std::min(shortest, after);
   }
-  if (every == 0 || step % std::max<int64_t>(1, every / 4) != 0) return 0;
+  // Rows live at most a quarter of their lifetime past it.
+  return shortest == 0 ? 0 : std::max<int64_t>(1, shortest / 4);
+}
+
+int64_t SparseShard::ExpireSynchronousLocked(int64_t step) {
+  const int64_t period = ExpiryPeriodLocked(/*synchronous=*/true);
+  if (period == 0 || step % period != 0) return 0;
   int64_t bytes = 0;
   for (size_t t = 0; t < tables_.size(); ++t) {
     const Table& table = tables_[t];
@@ -599,19 +615,13 @@ int64_t SparseShard::ExpireSynchronousLocked(int64_t step) {
       if (bucket != nullptr) bucket->Expire(step, &undo.keys, &undo.rows);
     }
     if (undo.keys.size() == before) continue;
-    // Back into (bucket, key) order, as PullAtStep looks keys up; no
-    // dropped row is one the step pushed (it was pushed at `step`).
-    const auto buckets = static_cast<int32_t>(table.buckets.size());
-    std::vector<size_t> order(undo.keys.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&undo, buckets](size_t a, size_t b) {
-      const int32_t ba = BucketOf(undo.keys[a], buckets), bb = BucketOf(undo.keys[b], buckets);
-      return ba != bb ? ba < bb : undo.keys[a] < undo.keys[b];
-    });
+    // Back into the undo's order, as PullAtStep looks keys up; no dropped
+    // row is one the step pushed (it was pushed at `step`).
+    std::vector<int32_t> bucket_of;
     Undo sorted;
-    sorted.keys.reserve(order.size());
-    sorted.rows.reserve(order.size() * dim);
-    for (size_t i : order) {
+    sorted.keys.reserve(undo.keys.size());
+    sorted.rows.reserve(undo.rows.size());
+    for (uint32_t i : BucketOrder(undo.keys, static_cast<int32_t>(table.buckets.size()), &bucket_of)) {
       sorted.keys.push_back(undo.keys[i]);
       sorted.rows.insert(sorted.rows.end(), undo.rows.begin() + static_cast<std::ptrdiff_t>(i * dim),
                          undo.rows.begin() + static_cast<std::ptrdiff_t>((i + 1) * dim));
@@ -625,17 +635,14 @@ int64_t SparseShard::ExpireSynchronousLocked(int64_t step) {
 void SparseShard::MaybeExpireLocked(int64_t now) {
   if (now < next_expiry_) return;
   for (int64_t& changes : changes_) ++changes;
-  int64_t every = 0;
   for (const Table& table : tables_) {
-    const int64_t after = table.setup.config.expire_after;
-    if (after <= 0 || table.setup.synchronous) continue;
-    every = every == 0 ? after : std::min(every, after);
+    if (table.setup.synchronous || table.setup.config.expire_after <= 0) continue;
     for (const auto& bucket : table.buckets) {
       if (bucket != nullptr) bucket->Expire(now);
     }
   }
-  // Rows live at most a quarter of their lifetime past it.
-  next_expiry_ = every == 0 ? std::numeric_limits<int64_t>::max() : now + std::max<int64_t>(1, every / 4);
+  const int64_t period = ExpiryPeriodLocked(/*synchronous=*/false);
+  next_expiry_ = period == 0 ? std::numeric_limits<int64_t>::max() : now + period;
 }
 
 std::vector<int32_t> SparseShard::chunk_ids() const {

@@ -261,6 +261,9 @@ class SparseShard {
                                CaptureOf of) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // Expires rows of tables with expire_after once the job's step passes the
   // next expiry point.
+  // A quarter of the shortest expireAfter of the synchronous (or the
+  // asynchronous) tables, at least 1; 0 when none of them expires rows.
+  int64_t ExpiryPeriodLocked(bool synchronous) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // Expires the asynchronous tables' rows once `now` reaches next_expiry_
   // (after a push).
   void MaybeExpireLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);

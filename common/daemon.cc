@@ -20,10 +20,8 @@ ABSL_FLAG(bool, keep_freed_memory, true,
           "(see KeepFreedMemoryForReuse in common/memory_budget.h): faster transfers, RSS at the peak of use");
 ABSL_FLAG(
     std::string, memory_budget, "",
-    "Memory the jobs this process serves may claim, e.g. 8GiB (default: 80% of the machine's memory or of "
-    "the cgroup limit, whichever is smaller, at most that limit less 64 MiB); more than the limit less 64 "
-    "MiB "
-    "for the process's own memory is refused");
+    "Memory the jobs this process serves may claim, e.g. 8GiB; at most the machine's or cgroup's memory "
+    "less 64 MiB for the process itself (default: 80% of it, within that bound)");
 
 namespace fulcrum {
 

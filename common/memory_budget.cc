@@ -57,8 +57,8 @@ int64_t MaxMemoryBudget(int64_t limit) {
 }
 
 int64_t DefaultMemoryBudget(int64_t limit, double fraction) {
-  if (limit <= 0)
-    return static_cast<int64_t>(static_cast<double>(int64_t{4} << 30) * fraction);  // a small machine
+  constexpr int64_t kUnknownLimit = int64_t{4} << 30;  // nothing readable: assume a small machine
+  if (limit <= 0) return static_cast<int64_t>(static_cast<double>(kUnknownLimit) * fraction);
   return std::min(static_cast<int64_t>(static_cast<double>(limit) * fraction), MaxMemoryBudget(limit));
 }
 

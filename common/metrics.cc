@@ -7,14 +7,14 @@
 
 #include <exception>
 #include <fstream>
-#include <sstream>
+#include <map>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/process.h"
 
 namespace fulcrum {
 
@@ -36,15 +36,8 @@ class ScrapedGauges : public prometheus::Collectable {
       prometheus::MetricFamily& family = families.emplace_back();
       family.name = gauge.name;
       family.help = gauge.help;
-      family.type = absl::EndsWith(gauge.name, "_total") ? prometheus::MetricType::Counter
-                                                         : prometheus::MetricType::Gauge;
-      prometheus::ClientMetric& metric = family.metric.emplace_back();
-      const double value = gauge.read();
-      if (family.type == prometheus::MetricType::Counter) {
-        metric.counter.value = value;
-      } else {
-        metric.gauge.value = value;
-      }
+      family.type = prometheus::MetricType::Gauge;
+      family.metric.emplace_back().gauge.value = gauge.read();
     }
     return families;
   }
@@ -64,39 +57,51 @@ ScrapedGauge::~ScrapedGauge() { gauges_->Remove(id_); }
 
 namespace {
 
-// The process_* gauges, each read from one ReadProcessStats per scrape.
-void AddProcessGauges(ScrapedGauges* gauges) {
-  struct Field {
-    const char* name;
-    const char* help;
-    double (*of)(const ProcessStats&);
-  };
-  static constexpr Field kFields[] = {
-      {"process_resident_memory_bytes", "Resident memory size in bytes",
-       [](const ProcessStats& s) { return static_cast<double>(s.resident_bytes); }},
-      {"fulcrum_process_resident_memory_peak_bytes",
-       "Largest resident memory size in bytes since the process started",
-       [](const ProcessStats& s) { return static_cast<double>(s.resident_peak_bytes); }},
-      {"process_virtual_memory_bytes", "Virtual memory size in bytes",
-       [](const ProcessStats& s) { return static_cast<double>(s.virtual_bytes); }},
-      {"process_cpu_seconds_total", "Total user and system CPU time spent in seconds",
-       [](const ProcessStats& s) { return s.cpu_seconds; }},
-      {"process_threads", "Number of OS threads in the process",
-       [](const ProcessStats& s) { return static_cast<double>(s.threads); }},
-      {"process_open_fds", "Number of open file descriptors",
-       [](const ProcessStats& s) { return static_cast<double>(s.open_fds); }},
-      {"process_max_fds", "Maximum number of open file descriptors",
-       [](const ProcessStats& s) { return static_cast<double>(s.max_fds); }},
-      {"process_start_time_seconds", "Start time of the process since unix epoch in seconds",
-       [](const ProcessStats& s) { return s.start_time_seconds; }},
-  };
-  for (const Field& field : kFields) {
-    gauges->Add(field.name, field.help, [of = field.of] {
-      absl::StatusOr<ProcessStats> stats = ReadProcessStats();
-      return stats.ok() ? of(*stats) : 0.0;
-    });
+// The process_* metrics, from one ReadProcessStats per scrape.
+class ProcessCollector : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    absl::StatusOr<ProcessStats> stats = ReadProcessStats();
+    if (!stats.ok()) return {};
+    struct Field {
+      const char* name;
+      const char* help;
+      prometheus::MetricType type;
+      double value;
+    };
+    const Field fields[] = {
+        {"process_resident_memory_bytes", "Resident memory size in bytes", prometheus::MetricType::Gauge,
+         static_cast<double>(stats->resident_bytes)},
+        {"fulcrum_process_resident_memory_peak_bytes",
+         "Largest resident memory size in bytes since the process "
+         "started",
+         prometheus::MetricType::Gauge, static_cast<double>(stats->resident_peak_bytes)},
+        {"process_virtual_memory_bytes", "Virtual memory size in bytes", prometheus::MetricType::Gauge,
+         static_cast<double>(stats->virtual_bytes)},
+        {"process_cpu_seconds_total", "Total user and system CPU time spent in seconds",
+         prometheus::MetricType::Counter, stats->cpu_seconds},
+        {"process_threads", "Number of OS threads in the process", prometheus::MetricType::Gauge,
+         static_cast<double>(stats->threads)},
+        {"process_open_fds", "Number of open file descriptors", prometheus::MetricType::Gauge,
+         static_cast<double>(stats->open_fds)},
+        {"process_max_fds", "Maximum number of open file descriptors", prometheus::MetricType::Gauge,
+         static_cast<double>(stats->max_fds)},
+        {"process_start_time_seconds", "Start time of the process since unix epoch in seconds",
+         prometheus::MetricType::Gauge, stats->start_time_seconds},
+    };
+    std::vector<prometheus::MetricFamily> families;
+    for (const Field& field : fields) {
+      prometheus::MetricFamily& family = families.emplace_back();
+      family.name = field.name;
+      family.help = field.help;
+      family.type = field.type;
+      prometheus::ClientMetric& metric = family.metric.emplace_back();
+      (field.type == prometheus::MetricType::Counter ? metric.counter.value : metric.gauge.value) =
+          field.value;
+    }
+    return families;
   }
-}
+};
 
 absl::Status Unreadable(absl::string_view what) {
   return absl::InternalError(absl::StrCat("cannot read ", what, " of this process"));
@@ -127,8 +132,9 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const st
                          .Help("Response payload bytes sent, by method")
                          .Register(*endpoint->registry_);
   endpoint->scraped_ = std::make_shared<ScrapedGauges>();
-  AddProcessGauges(endpoint->scraped_.get());
   endpoint->exposer_->RegisterCollectable(endpoint->scraped_);
+  endpoint->process_ = std::make_shared<ProcessCollector>();
+  endpoint->exposer_->RegisterCollectable(endpoint->process_);
   return endpoint;
 }
 
@@ -164,18 +170,7 @@ absl::StatusOr<ProcessStats> ReadProcessStats() {
   stats.threads = static_cast<int64_t>(threads);
   stats.virtual_bytes = static_cast<int64_t>(vsize);
   stats.resident_bytes = static_cast<int64_t>(rss_pages) * sysconf(_SC_PAGESIZE);
-  {
-    std::ifstream in("/proc/self/status");
-    std::string line;
-    while (std::getline(in, line)) {
-      absl::string_view rest = line;
-      int64_t kib = 0;
-      if (absl::ConsumePrefix(&rest, "VmHWM:") &&
-          absl::SimpleAtoi(absl::StripSuffix(absl::StripAsciiWhitespace(rest), " kB"), &kib)) {
-        stats.resident_peak_bytes = kib * 1024;
-      }
-    }
-  }
+  stats.resident_peak_bytes = PeakResidentBytes(getpid());
   {
     std::ifstream in("/proc/stat");
     std::string line;

@@ -12,7 +12,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 
@@ -63,8 +62,11 @@ class MetricsEndpoint {
   int port_ = 0;
   prometheus::Family<prometheus::Counter>* received_ = nullptr;
   prometheus::Family<prometheus::Counter>* sent_ = nullptr;
-  // Also serves the process_* metrics (ReadProcessStats).
+  // The gauges AddScrapedGauge added, and the process_* metrics (from
+  // ReadProcessStats at each scrape).
   std::shared_ptr<ScrapedGauges> scraped_;
+  // The exposer holds what it serves weakly: these own it.
+  std::shared_ptr<prometheus::Collectable> process_;
 };
 
 // What /proc says of this process, for the standard process_* metrics of

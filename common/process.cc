@@ -127,11 +127,14 @@ absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_p
                          ", \"pid\": ", getpid(), ", \"id\": \"", id, "\"}\n"));
 }
 
-int64_t ResidentBytes(int64_t pid) {
+namespace {
+
+// The bytes of a "KEY: N kB" line of /proc/PID/status; 0 when absent.
+int64_t StatusBytes(int64_t pid, const std::string& key) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
+  std::string word;
+  while (in >> word) {
+    if (word == key) {
       int64_t kib = 0;
       in >> kib;
       return kib * 1024;
@@ -140,5 +143,11 @@ int64_t ResidentBytes(int64_t pid) {
   }
   return 0;
 }
+
+}  // namespace
+
+int64_t ResidentBytes(int64_t pid) { return StatusBytes(pid, "VmRSS:"); }
+
+int64_t PeakResidentBytes(int64_t pid) { return StatusBytes(pid, "VmHWM:"); }
 
 }  // namespace fulcrum

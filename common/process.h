@@ -49,6 +49,8 @@ absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_p
 // The resident set size of process `pid` in bytes (VmRSS), 0 when it cannot
 // be read (the process is gone).
 int64_t ResidentBytes(int64_t pid);
+// Its peak resident set size (VmHWM), the same way.
+int64_t PeakResidentBytes(int64_t pid);
 
 }  // namespace fulcrum
 

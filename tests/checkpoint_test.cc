@@ -276,33 +276,22 @@ TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) 
   moved.clear_checkpoint();
   moved.set_num_shards(1);
   moved.mutable_data()->set_max_steps(incremental.step());
+  const std::string from = absl::StrCat(*id, "/", incremental.id());
   {
     // Keys hash by the checkpoint's bucket count: a spec asking for another
     // is refused at submit, naming it (it used to be ignored).
     const int32_t saved = done.shard_map().tables(1).buckets();
     v1::JobSpec rebucketed = moved;
     rebucketed.mutable_model()->mutable_tables(1)->set_buckets(saved * 2);
-    grpc::ClientContext c;
-    SetDeadline(&c, 10);
-    v1::SubmitJobRequest r;
-    *r.mutable_spec() = rebucketed;
-    r.set_resume_from(absl::StrCat(*id, "/", incremental.id()));
-    v1::SubmitJobResponse refused;
-    const grpc::Status status = stub_->SubmitJob(&c, r, &refused);
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
-    EXPECT_NE(status.error_message().find(absl::StrCat("leave buckets unset or set it to ", saved)),
+    const absl::StatusOr<std::string> refused = Submit(rebucketed, from);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+    EXPECT_NE(refused.status().message().find(absl::StrCat("leave buckets unset or set it to ", saved)),
               std::string::npos)
-        << status.error_message();
+        << refused.status();
   }
-  grpc::ClientContext context;
-  SetDeadline(&context, 10);
-  v1::SubmitJobRequest request;
-  *request.mutable_spec() = moved;
-  request.set_resume_from(absl::StrCat(*id, "/", incremental.id()));
-  v1::SubmitJobResponse response;
-  const grpc::Status submitted = stub_->SubmitJob(&context, request, &response);
-  ASSERT_TRUE(submitted.ok()) << submitted.error_message();
-  v1::JobStatus resumed = WaitForEnd(response.job_id());
+  const absl::StatusOr<std::string> submitted = Submit(moved, from);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  v1::JobStatus resumed = WaitForEnd(*submitted);
   ASSERT_EQ(resumed.state(), v1::SUCCEEDED) << resumed.reason();
   EXPECT_EQ(resumed.shards_size(), 1);
   ASSERT_EQ(resumed.shard_map().tables_size(), 2);
@@ -346,8 +335,8 @@ TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) 
   // (every bucket copied from the one server now holding it) is the
   // checkpoint's, tables and dense tensors alike.
   const std::string live = MakeTempDir() + "/live.safetensors";
-  auto [live_rc, live_out] =
-      RunCli(absl::StrCat("export ", response.job_id(), " -o ", live, " --scheduler ", cluster_->scheduler_address()));
+  auto [live_rc, live_out] = RunCli(
+      absl::StrCat("export ", *submitted, " -o ", live, " --scheduler ", cluster_->scheduler_address()));
   ASSERT_EQ(live_rc, 0) << live_out;
   EXPECT_NE(live_out.find("table embedding ("), std::string::npos) << live_out;
   auto live_tensors = ReadSafetensorsFile(live);
@@ -631,14 +620,9 @@ TEST_F(CheckpointTest, ResumeOnAnotherTopologyAndExport) {
   // Resume on one worker (same global batch) and one shard.
   v1::JobSpec moved = AccuracySpec(1, 8);
   moved.set_num_shards(1);
-  grpc::ClientContext context;
-  SetDeadline(&context, 10);
-  v1::SubmitJobRequest request;
-  *request.mutable_spec() = moved;
-  request.set_resume_from(absl::StrCat(*first, "/", taken.id()));
-  v1::SubmitJobResponse response;
-  ASSERT_TRUE(stub_->SubmitJob(&context, request, &response).ok());
-  v1::JobStatus resumed = WaitForEnd(response.job_id());
+  const absl::StatusOr<std::string> submitted = Submit(moved, absl::StrCat(*first, "/", taken.id()));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  v1::JobStatus resumed = WaitForEnd(*submitted);
   ASSERT_EQ(resumed.state(), v1::SUCCEEDED) << resumed.reason();
   EXPECT_EQ(resumed.resumed_from(), absl::StrCat(*first, "/", taken.id()));
   EXPECT_EQ(resumed.shards_size(), 1);
@@ -703,13 +687,9 @@ TEST_F(CheckpointTest, ResumeWithAnotherModelFailsNamingTheMismatch) {
   ASSERT_GT(Complete(done), 0);
   v1::JobSpec other = Spec(0);
   other.mutable_model()->set_hidden_sizes(0, 32);
-  grpc::ClientContext context;
-  v1::SubmitJobRequest request;
-  *request.mutable_spec() = other;
-  request.set_resume_from(*source);
-  v1::SubmitJobResponse response;
-  ASSERT_TRUE(stub_->SubmitJob(&context, request, &response).ok());
-  v1::JobStatus failed = WaitForEnd(response.job_id());
+  const absl::StatusOr<std::string> submitted = Submit(other, *source);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  v1::JobStatus failed = WaitForEnd(*submitted);
   EXPECT_EQ(failed.state(), v1::FAILED);
   EXPECT_NE(failed.reason().find("does not fit"), std::string::npos) << failed.reason();
   EXPECT_NE(failed.reason().find("layer0.weight"), std::string::npos) << failed.reason();

@@ -118,11 +118,13 @@ class ClusterTest : public testing::Test {
     cluster_.reset();  // SIGKILLs and reaps every process it started
   }
 
-  static absl::StatusOr<std::string> Submit(const v1::JobSpec& spec) {
+  // Submits `spec`, from checkpoint `resume_from` (JOB or JOB/ID) when given.
+  static absl::StatusOr<std::string> Submit(const v1::JobSpec& spec, const std::string& resume_from = "") {
     grpc::ClientContext context;
     SetDeadline(&context, 10);
     v1::SubmitJobRequest request;
     *request.mutable_spec() = spec;
+    request.set_resume_from(resume_from);
     v1::SubmitJobResponse response;
     grpc::Status status = stub_->SubmitJob(&context, request, &response);
     if (!status.ok()) return FromGrpcStatus(status);

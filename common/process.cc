@@ -74,20 +74,25 @@ void AcceptDashedFlags(int argc, char** argv) {
   }
 }
 
+const char* FileKindOf(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "of another type";
+}
+
 absl::Status CheckReplaceable(const std::string& path) {
   struct stat info {};
   if (lstat(path.c_str(), &info) != 0) {
     if (errno == ENOENT) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
   }
-  const char* what = S_ISLNK(info.st_mode)    ? "a symbolic link (give the path of the file it points to)"
-                     : S_ISDIR(info.st_mode)  ? "a folder"
-                     : S_ISCHR(info.st_mode)  ? "a character device"
-                     : S_ISBLK(info.st_mode)  ? "a block device"
-                     : S_ISFIFO(info.st_mode) ? "a FIFO"
-                     : S_ISSOCK(info.st_mode) ? "a socket"
-                     : S_ISREG(info.st_mode)  ? nullptr
-                                              : "not a regular file";
+  const char* what = S_ISLNK(info.st_mode)   ? "a symbolic link (give the path of the file it points to)"
+                     : S_ISREG(info.st_mode) ? nullptr
+                                             : FileKindOf(info.st_mode);
   if (what != nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("will not write ", path, ": it is ", what, ", and only a regular file is replaced"));

@@ -4,6 +4,8 @@
 #ifndef FULCRUM_COMMON_PROCESS_H_
 #define FULCRUM_COMMON_PROCESS_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 
@@ -29,6 +31,11 @@ void ParseFlags(int argc, char** argv, const char* usage);
 // Rewrites "--flag-name[=v]" as "--flag_name[=v]" in place so that every
 // binary accepts the dashed spelling of its (Abseil, underscored) flags.
 void AcceptDashedFlags(int argc, char** argv);
+
+// What a file of `mode` that is not a regular one is, for messages: "a
+// folder", "a FIFO", "a socket", "a character device", "a block device",
+// "a symbolic link" (from lstat) or "of another type".
+const char* FileKindOf(mode_t mode);
 
 // Whether WriteFileAtomically may put a file at `path`: nothing is there,
 // or a regular file this process may write. FAILED_PRECONDITION naming

@@ -9,29 +9,18 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/process.h"
 #include "common/quote.h"
 
 namespace fulcrum {
-namespace {
-
-const char* KindOf(mode_t mode) {
-  if (S_ISDIR(mode)) return "a folder";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  return "of another type";
-}
-
-}  // namespace
 
 absl::StatusOr<int> OpenDataFile(const std::string& path, const char* what) {
   // What is not a regular file is refused before it is opened: opening some
   // devices does something (a watchdog arms), a socket cannot be opened.
   struct stat named {};
   if (stat(path.c_str(), &named) == 0 && !S_ISREG(named.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " ", Quote(path), " is not a regular file (it is ", KindOf(named.st_mode), ")"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " ", Quote(path), " is not a regular file (it is ", FileKindOf(named.st_mode), ")"));
   }
   // It may be replaced between the two: O_NONBLOCK, so that opening a FIFO
   // does not wait for a writer, and fstat tells it apart.
@@ -51,8 +40,8 @@ absl::StatusOr<int> OpenDataFile(const std::string& path, const char* what) {
   }
   if (!S_ISREG(info.st_mode)) {
     close(fd);
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " ", Quote(path), " is not a regular file (it is ", KindOf(info.st_mode), ")"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " ", Quote(path), " is not a regular file (it is ", FileKindOf(info.st_mode), ")"));
   }
   // Reads of a regular file do not block anyway; blocking mode is what the
   // readers expect.

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/finite.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/activation.h"
 
@@ -36,14 +37,6 @@ int TableIndex(const std::vector<CtrTableInfo>& tables, const std::string& name)
 template <typename T>
 void Grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
-}
-
-// Index of the first non-finite element of x[n], or -1.
-int64_t FirstNonFinite(const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[i])) return i;
-  }
-  return -1;
 }
 
 absl::Status CheckPointers(const char* what, size_t expected, size_t actual, bool any_null) {

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/finite.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/graph_bags.h"
@@ -22,13 +23,6 @@ namespace kernels {
 namespace {
 
 absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError(absl::StrCat("GraphModel: ", message)); }
-
-int64_t FirstNonFinite(const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[i])) return i;
-  }
-  return -1;
-}
 
 template <typename T>
 bool AnyNull(const std::vector<T*>& pointers) {

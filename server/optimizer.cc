@@ -1,13 +1,12 @@
 #include "server/optimizer.h"
-#include "server/vector_clones.h"
-
-#include <cstring>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/vector_clones.h"
 
 namespace fulcrum {
 namespace {
@@ -33,7 +32,7 @@ absl::Status CheckBeta(const char* name, float value) {
 // it): coefficients in locals, arrays __restrict, loop-invariant branches
 // hoisted. Each element's arithmetic is unchanged (and never contracted into
 // FMAs), so results are bit-identical to the scalar loops whatever the CPU
-// (server/vector_clones.h).
+// (common/vector_clones.h).
 
 FULCRUM_VECTOR_CLONES void SgdPlain(float lr, float wd, int64_t n, const float* __restrict grad,
                                     float* __restrict param) {
@@ -53,19 +52,6 @@ FULCRUM_VECTOR_CLONES void SgdMomentum(float lr, float wd, float momentum, bool 
     velocity[i] = v;
     param[i] -= lr * (nesterov ? g + momentum * v : v);
   }
-}
-
-// Whether any of n floats is an infinity or NaN: the largest magnitude bits
-// (a max reduction, which vectorizes) reach the all-ones exponent.
-FULCRUM_VECTOR_CLONES bool AnyNonFinite(int64_t n, const float* __restrict values) {
-  uint32_t largest = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &values[i], sizeof(bits));
-    bits &= 0x7fffffffu;
-    largest = bits > largest ? bits : largest;
-  }
-  return largest >= 0x7f800000u;
 }
 
 void ApplySgd(const OptimizerConfig& c, float lr, int64_t n, const float* grad,
@@ -204,14 +190,6 @@ void ApplyRmsprop(const OptimizerConfig& c, float lr, int64_t n, const float* gr
 }
 
 }  // namespace
-
-int64_t FirstNonFinite(const float* values, int64_t n) {
-  if (n <= 0 || !AnyNonFinite(n, values)) return -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(values[i])) return i;
-  }
-  return -1;
-}
 
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
   if (absl::Status s = CheckFiniteNonNegative("momentum", config.momentum);

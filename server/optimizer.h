@@ -124,11 +124,6 @@ float LambTrustRatio(const LambNorms& tensor);
 void ApplyLamb(const OptimizerConfig& config, float lr, int64_t step, int64_t n, const float* grad, float* param,
                float* const* state, const LambNorms& tensor);
 
-// The index of the first infinity or NaN among n values; -1 when all are
-// finite (checked vectorized first: a gradient's check costs a fraction of
-// its copy).
-int64_t FirstNonFinite(const float* values, int64_t n);
-
 }  // namespace fulcrum
 
 #endif  // FULCRUM_SERVER_OPTIMIZER_H_

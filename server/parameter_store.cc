@@ -1,16 +1,17 @@
 #include "server/parameter_store.h"
 
 #include <algorithm>
-#include <limits>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/finite.h"
 #include "common/memory_budget.h"
 #include "common/status_macros.h"
-#include "common/tensor_codec.h"
 #include "common/sync.h"
+#include "common/tensor_codec.h"
 
 namespace fulcrum {
 

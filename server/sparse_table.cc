@@ -7,9 +7,10 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/finite.h"
 #include "common/table_state.h"
+#include "common/vector_clones.h"
 #include "server/optimizer.h"
-#include "server/vector_clones.h"
 
 namespace fulcrum {
 namespace {

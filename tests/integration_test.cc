@@ -419,7 +419,8 @@ TEST_F(ClickFileTest, FmOnLibffmFilesPairsTheFieldsAndReachesTheGroundTruthAuc) 
 
 // A value far beyond float32's useful range (1e30, a good record) makes the
 // gradients overflow: the job fails saying the model diverged or the data's
-// values are too large, naming the step, not only the servers' refusal.
+// values are too large, naming the step and the table or tensor. The worker
+// finds it before it pushes: nothing of the step reaches the servers.
 TEST_F(ClickFileTest, ValuesTooLargeForFloatFailTheJobSayingSo) {
   {
     std::ofstream out(*data_dir_ + "/huge-train.0");
@@ -435,7 +436,10 @@ TEST_F(ClickFileTest, ValuesTooLargeForFloatFailTheJobSayingSo) {
   ASSERT_TRUE(id.ok()) << id.status();
   const v1::JobStatus done = WaitForEnd(*id);
   EXPECT_EQ(done.state(), v1::FAILED);
-  EXPECT_TRUE(Contains(done.reason(), "non-finite gradient")) << done.reason();
+  EXPECT_TRUE(Contains(done.reason(), "non-finite gradient in t"))
+      << "names the table or tensor: " << done.reason();
+  EXPECT_TRUE(Contains(done.reason(), "it was not pushed"))
+      << "the worker checks before pushing: " << done.reason();
   EXPECT_TRUE(Contains(done.reason(), "too large for float32")) << done.reason();
   EXPECT_TRUE(Contains(done.reason(), "step ")) << done.reason();
 }

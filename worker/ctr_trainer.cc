@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/data_partition.h"
+#include "common/finite.h"
 #include "common/logging.h"
 #include "common/memory_budget.h"
 #include "common/param_init.h"
@@ -564,6 +564,9 @@ class ClickRun {
   // gradient accumulation as data.batchSize micro-batches one after the
   // other, each adding its share of the mean.
   absl::Status ComputeGradients(const Batch& batch, const std::vector<Bags>& bags, kernels::CtrStats* stats);
+  // InvalidArgument naming the first table or tensor whose gradient in
+  // row_grads_ or grads_ holds an infinity or a NaN.
+  absl::Status CheckGradientsFinite(int32_t partition, int64_t step, const kernels::CtrStats& stats) const;
   // One partition step: pull, compute, push. DEADLINE_EXCEEDED (SSP): too
   // far ahead of the slowest partition for now.
   // `then`: the (partition, step) likely next, whose batch is made meanwhile.
@@ -744,6 +747,31 @@ kernels::CtrGrads GradsOf(std::vector<std::vector<float>>* dense, std::vector<st
 
 }  // namespace
 
+absl::Status ClickRun::CheckGradientsFinite(int32_t partition, int64_t step,
+                                            const kernels::CtrStats& stats) const {
+  std::string where;
+  for (size_t t = 0; t < row_grads_.size() && where.empty(); ++t) {
+    const int64_t i = FirstNonFinite(row_grads_[t].data(), static_cast<int64_t>(row_grads_[t].size()));
+    if (i >= 0) {
+      where = absl::StrCat("table ", sparse_->table_name(static_cast<int>(t)), " (", row_grads_[t][i],
+                           " in the gradient of one of its rows)");
+    }
+  }
+  for (size_t t = 0; t < grads_.size() && where.empty(); ++t) {
+    const int64_t i = FirstNonFinite(grads_[t].data(), static_cast<int64_t>(grads_[t].size()));
+    if (i >= 0) {
+      where = absl::StrCat("tensor ", client_->tensor_name(static_cast<int>(t)), " (", grads_[t][i],
+                           " at element ", i, ")");
+    }
+  }
+  if (where.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "step ", step, " of partition ", partition, " has a non-finite gradient in ", where,
+      "; it was not pushed (loss ", stats.loss_sum / std::max<int64_t>(1, stats.count),
+      "): the model diverged (a smaller optimizer.lr or a table's lr may help) or the data holds values too "
+      "large for float32 (a libsvm value weighs its id's row)"));
+}
+
 absl::Status ClickRun::ComputeGradients(const Batch& batch, const std::vector<Bags>& bags,
                                         kernels::CtrStats* stats) {
   row_grads_.resize(rows_.size());
@@ -866,26 +894,16 @@ absl::Status ClickRun::ComputeAndPush(int32_t partition, int64_t step, absl::Tim
                            compute != nullptr ? compute->MemoryInUse() : 0);
   }
   const bool die_mid_push = ExitMidPushNow();
-  // A gradient that is not finite is refused by the servers, naming the
-  // tensor or table; the job's reason says what may have caused it.
-  auto diverged = [&](absl::Status status) {
-    if (!absl::IsInvalidArgument(status) || !absl::StrContains(status.message(), "non-finite gradient")) {
-      return status;
-    }
-    return absl::InvalidArgumentError(absl::StrCat("step ", step, " of partition ", partition, ": ",
-                                                   status.message(), " (loss ",
-                                                   stats.loss_sum / std::max<int64_t>(1, stats.count),
-                                                   "): the model diverged (a smaller optimizer.lr or a "
-                                                   "table's lr may help) or the data holds values too "
-                                                   "large for float32 (a libsvm value weighs its id's row)"));
-  };
-  RETURN_IF_ERROR(diverged(sparse_->Push(partition, step, keys, row_grads_, kRpcTimeout)));
+  // A gradient that is not finite is not pushed (the servers would refuse
+  // it): the job fails naming the table or tensor, and nothing of the step
+  // reaches the servers.
+  RETURN_IF_ERROR(CheckGradientsFinite(partition, step, stats));
+  RETURN_IF_ERROR(sparse_->Push(partition, step, keys, row_grads_, kRpcTimeout));
   if (die_mid_push) {  // SetExitMidPush's fault
     FLOG(ERROR) << "--exit-mid-push: killing this process between the rows' push and the dense one";
     raise(SIGKILL);
   }
-  RETURN_IF_ERROR(
-      diverged(client_->Push(++seq_, partition, step, grads_, kRpcTimeout, audit.examples, audit.digest)));
+  RETURN_IF_ERROR(client_->Push(++seq_, partition, step, grads_, kRpcTimeout, audit.examples, audit.digest));
   window_.loss_sum += stats.loss_sum;
   window_.count += stats.count;
   if (step_losses_.size() >= kMaxStepLosses) step_losses_.erase(step_losses_.begin());

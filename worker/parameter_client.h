@@ -57,6 +57,7 @@ class ParameterClient {
     for (const auto& tensor : map_.tensors()) buffers.emplace_back(tensor.size(), T{});
     return buffers;
   }
+  const std::string& tensor_name(int tensor) const { return map_.tensors(tensor).name(); }
 
   // The chunks' update counts seen by a pull.
   struct Versions {

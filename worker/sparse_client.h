@@ -31,6 +31,7 @@ class SparseClient {
 
   int num_tables() const { return map_.tables_size(); }
   int32_t dim(int table) const { return map_.tables(table).dim(); }
+  const std::string& table_name(int table) const { return map_.tables(table).name(); }
   int64_t map_version() const { return map_.version(); }
 
   // keys[t]: distinct keys of table t, in any order (one vector per table of

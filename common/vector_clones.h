@@ -3,8 +3,8 @@
 // loops of the dense optimizers and the sparse tables). ThreadSanitizer's
 // runtime is not up yet when the loader runs the clones' resolver: its
 // builds get the default clone only.
-#ifndef FULCRUM_SERVER_VECTOR_CLONES_H_
-#define FULCRUM_SERVER_VECTOR_CLONES_H_
+#ifndef FULCRUM_COMMON_VECTOR_CLONES_H_
+#define FULCRUM_COMMON_VECTOR_CLONES_H_
 
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)
@@ -20,4 +20,4 @@
 #define FULCRUM_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #endif
 
-#endif  // FULCRUM_SERVER_VECTOR_CLONES_H_
+#endif  // FULCRUM_COMMON_VECTOR_CLONES_H_

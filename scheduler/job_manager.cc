@@ -349,6 +349,17 @@ absl::Status JobManager::DoReport(const v1::WorkReport& report) {
     return absl::PermissionDeniedError(
         absl::StrCat(report.member_id(), " is not a worker of job ", report.job_id()));
   }
+  if (report.has_rank() && report.rank() != worker->rank) {
+    // Sent before the worker saw that it was taken out and added back: its
+    // earlier run's failure (a push refused by servers that dropped the job
+    // for a restore) or progress is not this run's.
+    FLOG(INFO) << "job " << report.job_id() << ": ignoring a " << v1::WorkReport::Kind_Name(report.kind())
+               << " report of " << report.member_id() << " as rank " << report.rank()
+               << ", which it is no longer (" << worker->rank << " now)";
+    return absl::FailedPreconditionError(absl::StrCat(report.member_id(), " is rank ", worker->rank,
+                                                      " of job ", report.job_id(), ", not ", report.rank(),
+                                                      ": the report is of a run that is over"));
+  }
   switch (report.kind()) {
     case v1::WorkReport::READY:
       worker->ready = true;

@@ -721,6 +721,64 @@ TEST_F(JobManagerTest, LostWorkerLeaseMovesItsPartitionsToTheOthers) {
   EXPECT_EQ(GetOk(job_id).state(), v1::SUCCEEDED);
 }
 
+// A worker taken out of a job (its lease lost) and added back under a new
+// rank may still report from its earlier run, which it has not yet seen end
+// (a push refused by servers that dropped the job): such a report is
+// refused, so it neither fails nor advances the job. Its new rank's reports
+// count, and a report without a rank is taken as today.
+TEST_F(JobManagerTest, AReportOfARankTheWorkerNoLongerHoldsIsRefused) {
+  const std::string job_id = StartJob();
+  MakeTraining(job_id);
+  const int32_t old_rank = HeartbeatOk(workers_[1], job_id).rank();
+  Advance(options_.lease / 2);
+  HeartbeatOk(server_);
+  HeartbeatOk(workers_[0], job_id);
+  Advance(options_.lease / 2 + absl::Milliseconds(100));
+  manager_->Tick();
+  ASSERT_EQ(GetOk(job_id).workers_size(), 1) << "worker 1 was taken out";
+  ASSERT_EQ(RegisterAs(v1::WORKER, workers_[1]), workers_[1]);
+  manager_->Tick();
+  const v1::Assignment back = HeartbeatOk(workers_[1]);
+  ASSERT_EQ(back.job_id(), job_id) << "added back";
+  ASSERT_NE(back.rank(), old_rank);
+
+  v1::WorkReport stale;
+  stale.set_member_id(workers_[1]);
+  stale.set_job_id(job_id);
+  stale.set_kind(v1::WorkReport::FAILED);
+  stale.set_reason("server 127.0.0.1:1: sparse tables take no pushes: the job restarts from a checkpoint");
+  stale.set_rank(old_rank);
+  const absl::Status refused = manager_->Report(stale);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(Contains(refused.message(), "a run that is over")) << refused;
+  stale.set_kind(v1::WorkReport::DONE);
+  stale.add_partitions(0);
+  stale.add_partitions(1);
+  EXPECT_EQ(manager_->Report(stale).code(), absl::StatusCode::kFailedPrecondition);
+  manager_->Tick();
+  EXPECT_EQ(GetOk(job_id).state(), v1::RUNNING) << GetOk(job_id).reason();
+
+  v1::WorkReport ready;
+  ready.set_member_id(workers_[1]);
+  ready.set_job_id(job_id);
+  ready.set_kind(v1::WorkReport::READY);
+  ready.set_train_examples(kTrainExamples);
+  ready.set_test_examples(200);
+  ready.set_features(kFeatures);
+  ready.set_classes(kClasses);
+  ready.set_rank(back.rank());
+  EXPECT_TRUE(manager_->Report(ready).ok());
+  v1::WorkReport failed = stale;
+  failed.clear_partitions();
+  failed.set_kind(v1::WorkReport::FAILED);
+  failed.clear_rank();
+  failed.set_reason("out of memory");
+  EXPECT_TRUE(manager_->Report(failed).ok());
+  manager_->Tick();
+  EXPECT_EQ(GetOk(job_id).state(), v1::FAILED);
+  EXPECT_TRUE(Contains(GetOk(job_id).reason(), "out of memory")) << GetOk(job_id).reason();
+}
+
 TEST_F(JobManagerTest, LostServerLeaseFailsJob) {
   const std::string job_id = StartJob();
   MakeTraining(job_id);

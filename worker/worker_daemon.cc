@@ -113,8 +113,9 @@ void WorkerDaemon::Run(MembershipClient* membership) {
 
 void WorkerDaemon::RunJob(MembershipClient* membership, v1::Assignment assignment) {
   const std::string job_id = assignment.job_id();
-  auto report = [membership, job_id](v1::WorkReport r) {
+  auto report = [membership, job_id, rank = assignment.rank()](v1::WorkReport r) {
     r.set_job_id(job_id);
+    r.set_rank(rank);  // a report of a run that is over is refused, not taken as this one's
     absl::Status status = membership->Report(std::move(r));
     if (!status.ok()) FLOG(WARNING) << "report for job " << job_id << " failed: " << status;
   };

@@ -108,11 +108,20 @@ grpc::Status ClusterServiceImpl::Leave(grpc::ServerContext* /*context*/, const v
   return ToGrpcStatus(manager_->Leave(request->member_id()));
 }
 
-v1::ParameterService::Stub* GrpcServerControl::Stub(const std::string& address) {
-  MutexLock lock(&mu_);
+std::shared_ptr<v1::ParameterService::Stub> GrpcServerControl::StubLocked(const std::string& address) {
   auto& stub = stubs_[address];
   if (stub == nullptr) stub = v1::ParameterService::NewStub(MakeChannel(address));
-  return stub.get();
+  return stub;
+}
+
+size_t GrpcServerControl::channels() const {
+  MutexLock lock(&mu_);
+  return stubs_.size();
+}
+
+bool GrpcServerControl::dead(const std::string& address) const {
+  MutexLock lock(&mu_);
+  return dead_.count(address) > 0;
 }
 
 template <typename Request, typename Response>
@@ -122,7 +131,7 @@ absl::Status GrpcServerControl::Call(const std::string& address,
                                      const Request& request, Response* response, double seconds) {
   grpc::ClientContext context;
   SetDeadline(&context, seconds);
-  v1::ParameterService::Stub* stub = Stub(address);
+  std::shared_ptr<v1::ParameterService::Stub> stub;
   {
     MutexLock lock(&mu_);
     if (cancelled_) return absl::CancelledError("the scheduler is stopping");
@@ -130,9 +139,10 @@ absl::Status GrpcServerControl::Call(const std::string& address,
       return absl::UnavailableError(absl::StrCat(
           "the server at ", address, " lost its lease; it is not called until it registers again"));
     }
+    stub = StubLocked(address);
     in_flight_.emplace(&context, address);
   }
-  absl::Status status = FromGrpcStatus((stub->*method)(&context, request, response));
+  absl::Status status = FromGrpcStatus((stub.get()->*method)(&context, request, response));
   MutexLock lock(&mu_);
   in_flight_.erase(&context);
   if (cut_.erase(&context) > 0) {
@@ -199,7 +209,14 @@ void GrpcServerControl::CancelAll() {
 
 void GrpcServerControl::MarkDead(const std::string& address) {
   MutexLock lock(&mu_);
-  dead_.insert(address);
+  stubs_.erase(address);  // its channel closes once the calls in flight end
+  if (dead_.insert(address).second) {
+    dead_order_.push_back(address);
+    if (dead_order_.size() > kMaxDeadAddresses) {
+      dead_.erase(dead_order_.front());
+      dead_order_.pop_front();
+    }
+  }
   for (const auto& [context, to] : in_flight_) {
     if (to != address) continue;
     cut_.insert(context);
@@ -209,7 +226,7 @@ void GrpcServerControl::MarkDead(const std::string& address) {
 
 void GrpcServerControl::MarkAlive(const std::string& address) {
   MutexLock lock(&mu_);
-  dead_.erase(address);
+  if (dead_.erase(address) > 0) dead_order_.erase(std::find(dead_order_.begin(), dead_order_.end(), address));
 }
 
 absl::Status GrpcServerControl::DeleteCheckpoint(const std::string& address, const std::string& job_id,

@@ -4,17 +4,18 @@
 #ifndef FULCRUM_SCHEDULER_SERVICES_H_
 #define FULCRUM_SCHEDULER_SERVICES_H_
 
+#include <deque>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "common/sync.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "scheduler/job_manager.h"
-#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -64,19 +65,31 @@ class GrpcServerControl final : public ServerControl {
   void MarkDead(const std::string& address) override;
   void MarkAlive(const std::string& address) override;
 
+  // The addresses MarkDead names and no MarkAlive followed are kept, at most
+  // this many (the oldest forgotten first): a pod restarted advertises a new
+  // IP, so addresses that never come back pile up in a long-lived scheduler.
+  static constexpr size_t kMaxDeadAddresses = 1024;
+  // The channels held: one per address called and not marked dead since.
+  size_t channels() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether calls to `address` fail at once (it lost its lease).
+  bool dead(const std::string& address) const ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
-  v1::ParameterService::Stub* Stub(const std::string& address);
+  std::shared_ptr<v1::ParameterService::Stub> StubLocked(const std::string& address)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One call with a deadline of `seconds`; CancelAll cancels it.
   template <typename Request, typename Response>
   absl::Status Call(const std::string& address,
                     grpc::Status (v1::ParameterService::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
                     const Request& request, Response* response, double seconds);
-  Mutex mu_;  // guards stubs_
-  std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  mutable Mutex mu_;
+  // A call holds its stub while MarkDead drops it from here.
+  std::map<std::string, std::shared_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   // Calls CancelAll and MarkDead cancel, with their servers' addresses.
   std::map<grpc::ClientContext*, std::string> in_flight_ ABSL_GUARDED_BY(mu_);
   std::set<grpc::ClientContext*> cut_ ABSL_GUARDED_BY(mu_);  // cancelled by MarkDead
   std::set<std::string> dead_ ABSL_GUARDED_BY(mu_);          // addresses MarkDead named
+  std::deque<std::string> dead_order_ ABSL_GUARDED_BY(mu_);  // dead_, oldest first
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -1,0 +1,56 @@
+// GrpcServerControl's bookkeeping of servers that lost their lease: calls to
+// them fail at once, their channels are dropped, and the addresses kept are
+// bounded (pods restarted advertise new IPs that never come back).
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/test_util.h"
+#include "gtest/gtest.h"
+#include "scheduler/services.h"
+
+namespace fulcrum {
+namespace {
+
+// Port 1 on loopback: nobody listens there, so a call fails UNAVAILABLE at once.
+constexpr char kNobody[] = "127.0.0.1:1";
+
+TEST(GrpcServerControlTest, ADeadServersChannelIsDroppedAndItsCallsFailAtOnceUntilItIsAlive) {
+  GrpcServerControl control;
+  const std::string other = "localhost:1";
+  EXPECT_TRUE(absl::IsUnavailable(control.DropJob(kNobody, "job", "test", false, 1)));
+  EXPECT_TRUE(absl::IsUnavailable(control.DropJob(other, "job", "test", false, 1)));
+  EXPECT_EQ(control.channels(), 2u) << "one channel per address called";
+
+  control.MarkDead(kNobody);
+  EXPECT_EQ(control.channels(), 1u) << "the dead server's channel is let go";
+  EXPECT_TRUE(control.dead(kNobody));
+  const absl::Status refused = control.DropJob(kNobody, "job", "test", false, 1);
+  EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
+  EXPECT_TRUE(Contains(refused.message(), "lost its lease")) << refused;
+  EXPECT_EQ(control.channels(), 1u) << "a refused call opens no channel";
+
+  control.MarkAlive(kNobody);
+  EXPECT_FALSE(control.dead(kNobody));
+  const absl::Status tried = control.DropJob(kNobody, "job", "test", false, 1);
+  EXPECT_FALSE(Contains(tried.message(), "lost its lease")) << "called again: " << tried;
+  EXPECT_EQ(control.channels(), 2u);
+}
+
+TEST(GrpcServerControlTest, TheDeadAddressesKeptAreBoundedOldestFirst) {
+  GrpcServerControl control;
+  const size_t n = GrpcServerControl::kMaxDeadAddresses + 10;
+  auto address = [](size_t i) { return absl::StrCat("10.", i / 256 % 256, ".", i % 256, ".7:7000"); };
+  for (size_t i = 0; i < n; ++i) control.MarkDead(address(i));
+  control.MarkDead(address(n - 1));  // again: kept once
+  for (size_t i = 0; i < 10; ++i) EXPECT_FALSE(control.dead(address(i))) << "the oldest are forgotten: " << i;
+  for (size_t i = 10; i < n; ++i) ASSERT_TRUE(control.dead(address(i))) << i;
+  // An address that comes back leaves the list; the next death forgets none.
+  control.MarkAlive(address(10));
+  control.MarkDead(address(0));
+  EXPECT_TRUE(control.dead(address(11)));
+  EXPECT_TRUE(control.dead(address(0)));
+}
+
+}  // namespace
+}  // namespace fulcrum

@@ -44,8 +44,12 @@ struct Record {
 using Why = std::string;
 using LineParser = std::function<Why(absl::string_view line, Record* record)>;
 
+// A finite decimal number, with spaces around it allowed (a CSV's "1, 2").
+// SimpleAtof (strtof) also reads hexadecimal ("0x10" as 16), which no other
+// reader of such files does: refused.
 bool ParseFloat(absl::string_view text, float* value) {
-  return absl::SimpleAtof(absl::StripAsciiWhitespace(text), value) && std::isfinite(*value);
+  return text.find_first_of("xX") == absl::string_view::npos &&
+         absl::SimpleAtof(absl::StripAsciiWhitespace(text), value) && std::isfinite(*value);
 }
 
 std::string Shown(absl::string_view text) { return Quote(text.substr(0, 40)); }

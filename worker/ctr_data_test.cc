@@ -63,26 +63,30 @@ TEST(CtrDataTest, LibsvmRecordsBecomeLabelsIdsAndWeights) {
 // Each kind of bad record is counted and skipped with its file and line;
 // the records around it are kept.
 TEST(CtrDataTest, BadLibsvmRecordsAreSkippedAndCountedWithFileAndLine) {
-  const std::string text = absl::StrCat("1 1:1\n",          // 1 good
-                                        "1 3:\n",           // 2 truncated value
-                                        "x 1:1\n",          // 3 bad label
-                                        "1 a:1\n",          // 4 bad index
-                                        "1 3:nan\n",        // 5 non-finite value
-                                        "1 3\n",            // 6 not index:value
+  const std::string text = absl::StrCat("1 1:1\n",                            // 1 good
+                                        "1 3:\n",                             // 2 truncated value
+                                        "x 1:1\n",                            // 3 bad label
+                                        "1 a:1\n",                            // 4 bad index
+                                        "1 3:nan\n",                          // 5 non-finite value
+                                        "1 3\n",                              // 6 not index:value
                                         "1 ", std::string(200, '9'), ":1\n",  // 7 index beyond uint64
-                                        "0 2:1\n");         // 8 good
+                                        "1 3:0x10\n",                         // 8 a hexadecimal value
+                                        "0x1p0 1:1\n",                        // 9 a hexadecimal label
+                                        "0 2:1\n");                           // 10 good
   SparseDataset data;
   ReadStats stats;
   ASSERT_TRUE(ParseLibsvm(text, "day1.svm", {}, &data, &stats).ok());
   EXPECT_EQ(stats.records, 2);
-  EXPECT_EQ(stats.bad, 6);
-  ASSERT_EQ(stats.first_bad.size(), 6u);
+  EXPECT_EQ(stats.bad, 8);
+  ASSERT_EQ(stats.first_bad.size(), 8u);
   EXPECT_TRUE(Has(stats.first_bad[0], "day1.svm:2: value \"\" of feature 3")) << stats.first_bad[0];
   EXPECT_TRUE(Has(stats.first_bad[1], "day1.svm:3: label \"x\"")) << stats.first_bad[1];
   EXPECT_TRUE(Has(stats.first_bad[2], "day1.svm:4: feature index \"a\"")) << stats.first_bad[2];
   EXPECT_TRUE(Has(stats.first_bad[3], "day1.svm:5:")) << stats.first_bad[3];
   EXPECT_TRUE(Has(stats.first_bad[4], "day1.svm:6: feature \"3\" is not index:value")) << stats.first_bad[4];
   EXPECT_TRUE(Has(stats.first_bad[5], "day1.svm:7:")) << stats.first_bad[5];
+  EXPECT_TRUE(Has(stats.first_bad[6], "day1.svm:8: value \"0x10\" of feature 3")) << stats.first_bad[6];
+  EXPECT_TRUE(Has(stats.first_bad[7], "day1.svm:9: label \"0x1p0\"")) << stats.first_bad[7];
   EXPECT_EQ(data.ids, (std::vector<uint64_t>{1, 2}));
   // Under FAIL the first bad record ends the read, naming it.
   LibsvmFormat fail;
@@ -214,18 +218,20 @@ TEST(CtrDataTest, CsvColumnsByTheSpecWithQuotesMissingValuesAndAHeader) {
       "clicked,price,site,note,device,age\n"
       "1,2.5,news.example,x,\"phone, large\",30\n"
       "0,,shop,\"a \"\"quoted\"\" note\",,\n"
-      "1,1,shop,y,tablet\n"          // 4: five columns
-      "0,1,\"open,1,2,3\n"            // 5: a quote that never ends
-      "0,abc,shop,y,tablet,1\n";     // 6: a dense value that is not a number
+      "1,1,shop,y,tablet\n"        // 4: five columns
+      "0,1,\"open,1,2,3\n"         // 5: a quote that never ends
+      "0,abc,shop,y,tablet,1\n"    // 6: a dense value that is not a number
+      "0,0x10,shop,y,tablet,1\n";  // 7: nor is a hexadecimal one
   SparseDataset data;
   ReadStats stats;
   ASSERT_TRUE(ParseCsv(text, "ads.csv", format, &data, &stats).ok());
   EXPECT_EQ(stats.records, 2);
-  EXPECT_EQ(stats.bad, 3);
-  ASSERT_EQ(stats.first_bad.size(), 3u);
+  EXPECT_EQ(stats.bad, 4);
+  ASSERT_EQ(stats.first_bad.size(), 4u);
   EXPECT_TRUE(Has(stats.first_bad[0], "ads.csv:4: 5 columns where the column spec has 6")) << stats.first_bad[0];
   EXPECT_TRUE(Has(stats.first_bad[1], "ads.csv:5: a quoted field")) << stats.first_bad[1];
   EXPECT_TRUE(Has(stats.first_bad[2], "ads.csv:6: dense value \"abc\" in column 2")) << stats.first_bad[2];
+  EXPECT_TRUE(Has(stats.first_bad[3], "ads.csv:7: dense value \"0x10\" in column 2")) << stats.first_bad[3];
   EXPECT_EQ(data.num_dense, 2);
   EXPECT_EQ(data.num_fields, 2);
   EXPECT_EQ(data.labels, (std::vector<float>{1, 0}));

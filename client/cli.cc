@@ -560,11 +560,11 @@ int List(Client& client, bool json) {
   std::cout << absl::StrFormat("%-10s %-24s %-10s %-15s %-9s %s\n", "JOB", "NAME", "STATE", "STEP", "TEST_ACC", "REASON");
   for (const auto& job : response.jobs()) {
     const auto& p = job.progress();
-    std::cout << absl::StrFormat("%-10s %-24s %-10s %-15s %-9s %s\n", Printable(job.job_id()),
-                                 Printable(job.spec().name()).substr(0, 24), v1::JobState_Name(job.state()),
-                                 absl::StrCat(p.step(), "/", p.total_steps()),
-                                 p.test_accuracy() >= 0 ? absl::StrFormat("%.4f", p.test_accuracy()) : "-",
-                                 Printable(job.reason()));
+    // A name is any UTF-8: its column is cut and padded by terminal cells.
+    std::cout << absl::StrFormat(
+        "%-10s %s %-10s %-15s %-9s %s\n", Printable(job.job_id()), Column(Printable(job.spec().name()), 24),
+        v1::JobState_Name(job.state()), absl::StrCat(p.step(), "/", p.total_steps()),
+        p.test_accuracy() >= 0 ? absl::StrFormat("%.4f", p.test_accuracy()) : "-", Printable(job.reason()));
   }
   return 0;
 }

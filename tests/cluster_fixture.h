@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
@@ -116,6 +117,13 @@ class ClusterTest : public testing::Test {
   static void TearDownTestSuite() {
     stub_.reset();
     cluster_.reset();  // SIGKILLs and reaps every process it started
+    // The cluster's folder (logs, state: tens of MB) stays only for a suite
+    // that failed, to be read.
+    const testing::TestSuite* suite = testing::UnitTest::GetInstance()->current_test_suite();
+    if (!options_.dir.empty() && suite != nullptr && suite->Passed()) {
+      std::error_code ignored;
+      std::filesystem::remove_all(options_.dir, ignored);
+    }
   }
 
   // Submits `spec`, from checkpoint `resume_from` (JOB or JOB/ID) when given.

@@ -97,6 +97,7 @@ bool MembershipClient::RegisterOnce() {
 bool MembershipClient::HeartbeatOnce() {
   v1::HeartbeatRequest request;
   request.set_member_id(member_id());
+  request.set_incarnation(incarnation_);
   if (options_.current_job) request.set_job_id(options_.current_job());
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
@@ -150,6 +151,7 @@ void MembershipClient::Hurry(absl::Duration period) {
 bool MembershipClient::LeaveAndDrain(absl::Duration timeout) {
   v1::LeaveRequest request;
   request.set_member_id(member_id());
+  request.set_incarnation(incarnation_);
   if (request.member_id().empty()) return false;
   {
     MutexLock lock(&mu_);

@@ -121,7 +121,8 @@ class JobManager {
   std::vector<v1::MemberInfo> Members() const;
   // A server asks to leave: its shards move to other servers (a backup is
   // promoted, or one is made first), then heartbeats answer drained.
-  absl::Status Leave(const std::string& member_id);
+  // `incarnation`: the process asking (RegisterRequest.incarnation; 0: any).
+  absl::Status Leave(const std::string& member_id, uint64_t incarnation = 0);
 
   // One pass of lease expiry, scheduling and server calls (the background
   // thread runs it every options.tick; tests may call it directly).

@@ -126,8 +126,24 @@ void JobManager::ReconcileCopies(const std::string& server_id, const v1::Registe
   }
 }
 
+namespace {
+
+// NOT_FOUND when `member` is held by another process than `incarnation`
+// (0: any): a process paused while a replacement registered under its id
+// renews no lease and drains nothing when it comes back.
+absl::Status CheckIncarnation(const Member* member, uint64_t incarnation) {
+  if (member == nullptr || incarnation == 0 || member->incarnation == incarnation) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrFormat(
+      "member \"%s\" is held by another process (pid %d, address %s) that registered since: this one was "
+      "replaced; register again",
+      member->id, member->pid, member->address.empty() ? "none" : member->address));
+}
+
+}  // namespace
+
 absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatRequest& request) {
   MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckIncarnation(members_.Find(request.member_id()), request.incarnation()));
   const Member* member = members_.Renew(request.member_id(), clock_());
   if (member == nullptr) {
     return absl::NotFoundError(absl::StrCat("member ", Quote(request.member_id()),
@@ -139,10 +155,11 @@ absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatR
   return response;
 }
 
-absl::Status JobManager::Leave(const std::string& member_id) {
+absl::Status JobManager::Leave(const std::string& member_id, uint64_t incarnation) {
   MutexLock lock(&mu_);
   Member* member = members_.Find(member_id);
   if (member == nullptr) return absl::NotFoundError(absl::StrCat("member ", Quote(member_id), " is not registered"));
+  RETURN_IF_ERROR(CheckIncarnation(member, incarnation));
   if (member->role != v1::SERVER) return absl::InvalidArgumentError("only servers leave through Leave");
   if (!member->draining) FLOG(INFO) << "server " << member_id << " leaves: moving its shards away";
   member->draining = true;

@@ -1432,6 +1432,50 @@ TEST_F(JobManagerTest, AnIdHeldByALiveMemberIsRefusedUntilItsLeaseExpires) {
   EXPECT_EQ(taken->member_id(), "worker-a");
 }
 
+// A server paused past its lease, replaced under its id by a new process,
+// then resumed: its heartbeats renew nothing (NOT_FOUND, naming the holder)
+// and its leave drains nothing, so the replacement's lease runs out when the
+// replacement dies, whatever the old process sends.
+TEST_F(JobManagerTest, AReplacedProcessesHeartbeatsAndLeaveAreRefused) {
+  v1::RegisterRequest old_process;
+  old_process.set_role(v1::SERVER);
+  old_process.set_requested_id("server-a");
+  old_process.set_address("127.0.0.1:7101");
+  old_process.set_incarnation(11);
+  old_process.set_pid(100);
+  ASSERT_TRUE(manager_->Register(old_process).ok());
+  Advance(options_.lease + absl::Milliseconds(1));
+  manager_->Tick();  // the old one's lease runs out
+  v1::RegisterRequest replacement = old_process;
+  replacement.set_address("127.0.0.1:7202");
+  replacement.set_incarnation(22);
+  replacement.set_pid(200);
+  ASSERT_TRUE(manager_->Register(replacement).ok());
+
+  v1::HeartbeatRequest stale;
+  stale.set_member_id("server-a");
+  stale.set_incarnation(11);
+  const absl::Status refused = manager_->Heartbeat(stale).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kNotFound) << refused;
+  EXPECT_TRUE(Contains(refused.message(), "pid 200")) << refused;
+  EXPECT_TRUE(Contains(refused.message(), "replaced")) << refused;
+  EXPECT_EQ(manager_->Leave("server-a", 11).code(), absl::StatusCode::kNotFound);
+  v1::HeartbeatRequest current = stale;
+  current.set_incarnation(22);
+  EXPECT_TRUE(manager_->Heartbeat(current).ok());
+
+  // The replacement dies; the old process keeps heartbeating: the lease runs out.
+  for (int i = 0; i < 4; ++i) {
+    Advance(options_.lease / 3);
+    EXPECT_FALSE(manager_->Heartbeat(stale).ok());
+    manager_->Tick();
+  }
+  EXPECT_EQ(manager_->Heartbeat(current).status().code(), absl::StatusCode::kNotFound) << "the lease ran out";
+  v1::HeartbeatRequest unchecked = stale;
+  unchecked.set_incarnation(0);
+  EXPECT_EQ(manager_->Heartbeat(unchecked).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(JobManagerTest, ServerRejoiningWithAStaleCopyIsToldToDropIt) {
   const std::string job_id = StartJob();
   MakeTraining(job_id);

@@ -105,7 +105,7 @@ grpc::Status ClusterServiceImpl::ListMembers(grpc::ServerContext* /*context*/, c
 }
 
 grpc::Status ClusterServiceImpl::Leave(grpc::ServerContext* /*context*/, const v1::LeaveRequest* request, v1::LeaveResponse*) {
-  return ToGrpcStatus(manager_->Leave(request->member_id()));
+  return ToGrpcStatus(manager_->Leave(request->member_id(), request->incarnation()));
 }
 
 std::shared_ptr<v1::ParameterService::Stub> GrpcServerControl::StubLocked(const std::string& address) {

@@ -270,9 +270,12 @@ class JobManager {
   // for missing holders (a server restarting with its volume) for a while,
   // then tries an older checkpoint.
   bool RestoreSourcesLive(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A restore's setup failed: a checkpoint that did not verify is marked
-  // CORRUPT, one that could not be read is skipped, and the previous one is
-  // tried. False when none is left.
+  // A restore's setup failed: one that failed for a reason that passes
+  // (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, CANCELLED: a server paused or
+  // cut off) tries the same checkpoint again, up to 5 times in a row; a
+  // checkpoint that did not verify is marked CORRUPT, one that could not be
+  // read is skipped, and the previous one is tried. False when none is left,
+  // and for RESOURCE_EXHAUSTED (an older checkpoint needs as much budget).
   bool RestoreFailed(Job* job, const absl::Status& failure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SchedulerOptions options_;

@@ -469,7 +469,7 @@ bool JobManager::RestoreSourcesLive(Job* job) {
     return false;
   }
   job->restore_waiting_since.reset();
-  absl::Status gone = absl::UnavailableError(absl::StrCat(who, " did not come back"));
+  absl::Status gone = absl::NotFoundError(absl::StrCat(who, " did not come back"));
   if (!RestoreFailed(job, gone)) {
     EndJob(job, v1::FAILED, absl::StrCat("cannot restore: checkpoint ", restore.checkpoint_id(), ": ", gone.message()));
   }
@@ -481,6 +481,23 @@ bool JobManager::RestoreFailed(Job* job, const absl::Status& failure) {
   const int64_t bad = job->restore->checkpoint_id();
   auto it = job->manifests.find(bad);
   if (it == job->manifests.end() || job->restore->job_id() != job->status.job_id()) return false;
+  // Short of memory budget: an older checkpoint needs as much (the job fails
+  // naming the budget, not the checkpoint).
+  if (absl::IsResourceExhausted(failure)) return false;
+  // A server paused, restarted or cut off during the setup: the checkpoint is
+  // as good as it was; the next setup runs over the servers live then.
+  constexpr int kRestoreSetupRetries = 5;
+  if ((absl::IsUnavailable(failure) || absl::IsDeadlineExceeded(failure) || absl::IsAborted(failure) ||
+       absl::IsCancelled(failure)) &&
+      ++job->restore_setup_retries <= kRestoreSetupRetries) {
+    job->restore.reset();
+    FLOG(WARNING) << "job " << job->status.job_id() << ": setting up checkpoint " << bad
+                  << " failed for now (try " << job->restore_setup_retries << " of " << kRestoreSetupRetries
+                  << "): " << failure.message();
+    return RestoreFromCheckpoint(job, absl::StrCat("setting up checkpoint ", bad, " failed for now (",
+                                                   failure.message(), "); trying it again"));
+  }
+  job->restore_setup_retries = 0;
   if (!absl::IsDataLoss(failure)) {  // unreadable, not proven bad: skipped, kept
     job->restore_skipped.insert(bad);
     job->restore.reset();

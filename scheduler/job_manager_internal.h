@@ -114,6 +114,9 @@ struct JobManager::Job {
   std::optional<v1::RestoreSource> restore;
   std::optional<absl::Time> restore_waiting_since;  // for missing holders
   std::set<int64_t> restore_skipped;                // unreadable checkpoints, not tried again
+  // Restore setups in a row that failed for a reason that passes (a server
+  // paused or cut off): the same checkpoint is tried again, this many times.
+  int restore_setup_retries = 0;
   // Checkpoints that were being written when the scheduler stopped: never
   // committed; servers that register are told to delete their data.
   std::set<int64_t> orphaned_checkpoints;

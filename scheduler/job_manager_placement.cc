@@ -560,6 +560,7 @@ void JobManager::RunSetup(const std::string& job_id, std::map<std::string, v1::S
   job->restore_excluded.clear();
   const bool restored = job->restore.has_value();
   job->restore_skipped.clear();
+  job->restore_setup_retries = 0;
   if (restored) {
     AddEvent(job, absl::StrCat("restored from checkpoint ", job->restore->checkpoint_id(), " of job ",
                                job->restore->job_id(), " at step ", job->status.progress().step()));

@@ -1709,6 +1709,53 @@ TEST_F(JobManagerTest, CheckpointBeingWrittenAtARestartIsFailedAndItsDataDeleted
   EXPECT_EQ(deleted[0].second, absl::StrCat(job_id, "/1"));
 }
 
+// A restore whose setup fails for a reason that passes (a server paused or
+// cut off while it set up: UNAVAILABLE) tries the same checkpoint again,
+// rather than giving it up as unreadable and failing the job when no older
+// one is left; one that fails for the servers' budget fails the job naming
+// the budget, without walking back through older checkpoints.
+TEST_F(JobManagerTest, ARestoreSetupThatFailsForNowTriesTheSameCheckpointAgain) {
+  std::string job_id;
+  ASSERT_NO_FATAL_FAILURE(StartCheckpointOne(&job_id));
+  servers_.AnswerCheckpointsFor(GetOk(job_id).shard_map());
+  manager_->RunQueuedCheckpoints();
+  ASSERT_EQ(GetOk(job_id).checkpoints(0).state(), v1::CheckpointInfo::COMPLETE);
+  auto restart_from_checkpoint = [&](absl::Status setup) {
+    Restart();
+    servers_.FailSetups(std::move(setup));
+    RegisterAs(v1::SERVER, server_, kServerAddress);  // came back without the job's parameters
+    for (const std::string& w : workers_) RegisterAs(v1::WORKER, w);
+    manager_->Tick();
+    for (const std::string& w : workers_) (void)ReportKind(w, job_id, v1::WorkReport::READY);
+    for (int i = 0; i < 3; ++i) manager_->Tick();  // the setup, and what its failure queues
+  };
+  ASSERT_NO_FATAL_FAILURE(restart_from_checkpoint(absl::UnavailableError(
+      "the server at 127.0.0.1:7001 lost its lease while the call was in flight: cut short")));
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::RUNNING) << status.reason();
+  EXPECT_EQ(status.checkpoints(0).state(), v1::CheckpointInfo::COMPLETE);
+  std::string events;
+  for (const auto& e : status.events()) absl::StrAppend(&events, e.message(), "\n");
+  EXPECT_TRUE(Contains(events, "setting up checkpoint 1 failed for now")) << events;
+  EXPECT_FALSE(Contains(events, "cannot be read")) << events;
+  servers_.FailSetups(absl::OkStatus());
+  manager_->Tick();
+  for (const std::string& w : workers_) (void)ReportKind(w, job_id, v1::WorkReport::READY);
+  for (int i = 0; i < 3; ++i) manager_->Tick();
+  const std::vector<FakeServers::Setup> setups = servers_.setups();
+  ASSERT_FALSE(setups.empty());
+  EXPECT_EQ(setups.back().request.restore().checkpoint_id(), 1) << "the same checkpoint, set up again";
+  EXPECT_NE(GetOk(job_id).state(), v1::FAILED) << GetOk(job_id).reason();
+
+  ASSERT_NO_FATAL_FAILURE(restart_from_checkpoint(absl::ResourceExhaustedError(
+      "sparse table embedding does not fit this server: its rows take 9 bytes, beyond the 8 bytes left")));
+  status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_TRUE(Contains(status.reason(), "does not fit this server")) << status.reason();
+  EXPECT_EQ(status.checkpoints(0).state(), v1::CheckpointInfo::COMPLETE)
+      << "nothing is wrong with the checkpoint";
+}
+
 // The manifest is the commit point, and the job's record catches up after
 // it: a scheduler stopped between the two finds the record saying WRITING
 // and the manifest stored. That checkpoint is complete; its data stays.

@@ -1,21 +1,21 @@
 #include "client/export.h"
 
 #include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
 
 #include "absl/base/internal/endian.h"
 #include "absl/container/flat_hash_set.h"
-#include "common/checkpoint_read.h"
-#include "common/table_spec.h"
-#include "common/table_state.h"
-
-#include <map>
-#include <memory>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/checkpoint_read.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "common/table_spec.h"
+#include "common/table_state.h"
 #include "common/tensor_codec.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "fulcrum/v1/job.grpc.pb.h"
@@ -166,8 +166,33 @@ absl::StatusOr<ExportResult> PullLive(const v1::JobStatus& job, double timeout) 
     return absl::FailedPreconditionError(absl::StrCat("job ", job.job_id(), " (", v1::JobState_Name(job.state()),
                                                       ") holds no parameters yet"));
   }
-  std::map<int32_t, std::string> primary;
-  for (const v1::ShardLocation& shard : map.shards()) primary[shard.shard()] = shard.address();
+  // Each shard's servers, its primary first, then its backups: a replicated
+  // job's backups hold what its primary holds (a finished job's final
+  // parameters), so a primary that cannot be reached (killed, paused) is
+  // read from them. One found unreachable is tried last after that.
+  std::map<int32_t, std::vector<std::string>> holders;
+  for (const v1::ShardLocation& shard : map.shards()) {
+    std::vector<std::string>& servers = holders[shard.shard()];
+    servers.push_back(shard.address());
+    servers.insert(servers.end(), shard.backup_addresses().begin(), shard.backup_addresses().end());
+  }
+  std::set<std::string> unreachable;
+  auto from_holders = [&](int32_t shard, const std::function<absl::Status(const std::string&)>& read) {
+    std::vector<std::string> servers = holders[shard];
+    std::stable_partition(servers.begin(), servers.end(),
+                          [&](const std::string& address) { return unreachable.count(address) == 0; });
+    if (servers.empty())
+      return absl::NotFoundError(absl::StrCat("the shard map names no server for shard ", shard));
+    std::vector<std::string> failures;
+    absl::Status status;
+    for (const std::string& address : servers) {
+      status = read(address);
+      if (status.ok() || !(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status))) return status;
+      unreachable.insert(address);
+      failures.emplace_back(status.message());
+    }
+    return absl::Status(status.code(), absl::StrJoin(failures, "; "));
+  };
   Stubs stubs;
   for (int attempt = 0; attempt < kConsistentReadAttempts; ++attempt) {
     ExportResult result;
@@ -180,13 +205,14 @@ absl::StatusOr<ExportResult> PullLive(const v1::JobStatus& job, double timeout) 
       request.add_chunk_ids(chunk.chunk_id());
       request.set_map_version(map.version());
       v1::PullResponse response;
-      grpc::ClientContext context;
-      SetDeadline(&context, timeout);
-      absl::Status status = FromGrpcStatus(stubs.For(primary[chunk.shard()])->Pull(&context, request, &response));
-      if (!status.ok()) {
-        return absl::Status(status.code(), absl::StrCat("pulling chunk ", chunk.chunk_id(), " from ",
-                                                        primary[chunk.shard()], ": ", status.message()));
-      }
+      RETURN_IF_ERROR(from_holders(chunk.shard(), [&](const std::string& address) {
+        grpc::ClientContext context;
+        SetDeadline(&context, timeout);
+        absl::Status status = FromGrpcStatus(stubs.For(address)->Pull(&context, request, &response));
+        if (status.ok()) return status;
+        return absl::Status(status.code(), absl::StrCat("pulling chunk ", chunk.chunk_id(), " from ", address,
+                                                        ": ", status.message()));
+      }));
       if (response.chunks_size() != 1) return absl::DataLossError("pull answered with the wrong chunks");
       RETURN_IF_ERROR(Place(chunk, response.chunks(0).data(), &result.tensors));
       low = std::min(low, response.chunks(0).version());
@@ -202,9 +228,10 @@ absl::StatusOr<ExportResult> PullLive(const v1::JobStatus& job, double timeout) 
       for (int32_t t = 0; t < map.tables_size(); ++t) {
         const v1::TableLayout& table = map.tables(t);
         for (int32_t b = 0; b < table.bucket_shards_size(); ++b) {
-          const std::string& address = primary[table.bucket_shards(b)];
-          RETURN_IF_ERROR(CopyBucket(stubs.For(address), address, job.job_id(), table, t, b, timeout,
-                                     &gathered[static_cast<size_t>(t)]));
+          RETURN_IF_ERROR(from_holders(table.bucket_shards(b), [&](const std::string& address) {
+            return CopyBucket(stubs.For(address), address, job.job_id(), table, t, b, timeout,
+                              &gathered[static_cast<size_t>(t)]);
+          }));
         }
       }
       result.tables = TableTensors(map, std::move(gathered));
@@ -302,9 +329,11 @@ absl::StatusOr<ExportResult> GatherParameters(const std::string& scheduler, cons
       }
       return absl::FailedPreconditionError(absl::StrCat(
           "job ", job.job_id(), " (", v1::JobState_Name(job.state()), ") holds no live parameters: ",
-          job.parameters_released_unix_ms() > 0 ? "the servers released them (retention)"
-                                                : "the servers dropped them when it ended (only a job that "
-                                                  "succeeded keeps them)",
+          job.parameters_released_unix_ms() > 0
+              ? "the servers released them (retention, or every server holding a "
+                "shard of them restarted; fulcrum get says which)"
+              : "the servers dropped them when it ended (only a job that "
+                "succeeded keeps them)",
           complete.empty() ? "; it has no complete checkpoint to export either"
                            : absl::StrCat("; export one of its checkpoints instead (--checkpoint ",
                                           absl::StrJoin(complete, ", "), ")")));

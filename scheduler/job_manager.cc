@@ -597,6 +597,32 @@ void JobManager::ReleaseParameters(Job* job) {
   Touch(job);
 }
 
+bool JobManager::ForgetHolder(Job* job, const std::string& id) {
+  v1::ShardMap map = job->shard_map;
+  for (v1::ShardLocation& shard : *map.mutable_shards()) {
+    std::vector<std::pair<std::string, std::string>> others;  // the backups but `id`: ids and addresses
+    for (int i = 0; i < shard.backup_ids_size() && i < shard.backup_addresses_size(); ++i) {
+      if (shard.backup_ids(i) != id) others.emplace_back(shard.backup_ids(i), shard.backup_addresses(i));
+    }
+    if (shard.server_id() == id) {
+      if (others.empty()) return false;
+      shard.set_server_id(others.front().first);
+      shard.set_address(others.front().second);
+      others.erase(others.begin());
+    }
+    shard.clear_backup_ids();
+    shard.clear_backup_addresses();
+    for (const auto& [backup, address] : others) {
+      shard.add_backup_ids(backup);
+      shard.add_backup_addresses(address);
+    }
+  }
+  job->shard_map = std::move(map);
+  job->server_addresses.erase(id);
+  Touch(job);
+  return true;
+}
+
 void JobManager::LoseParameters(Job* job, const std::string& why) {
   if (job->status.parameters_released_unix_ms() > 0 || job->server_addresses.empty()) return;
   AddEvent(job, absl::StrCat("its parameters are gone from the servers: ", why,

@@ -225,6 +225,11 @@ class JobManager {
   // A finished job whose live parameters a server lost (it restarted
   // without them, or never came back after the scheduler restarted): the
   // rest are released too, and the job says why (its checkpoints remain).
+  // An ended job's parameters without server `id` (it restarted without
+  // them): each shard it held is read from another holder, a backup becoming
+  // the primary where it was one (the map's version stays: the servers hold
+  // that version). False, changing nothing, when a shard has no other holder.
+  bool ForgetHolder(Job* job, const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoseParameters(Job* job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status BuildShardPlan(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunSetup(const std::string& job_id, std::map<std::string, v1::SetupJobRequest> requests);

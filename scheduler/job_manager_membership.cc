@@ -54,7 +54,13 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
     if (job->phase == Job::Phase::kEnded && request.role() == v1::SERVER &&
         job->server_addresses.count(id) > 0 &&
         std::find(request.jobs().begin(), request.jobs().end(), job_id) == request.jobs().end()) {
-      LoseParameters(job.get(), absl::StrCat("server ", id, " restarted without them"));
+      if (job->status.parameters_released_unix_ms() == 0 && ForgetHolder(job.get(), id)) {
+        AddEvent(job.get(), absl::StrCat("server ", id,
+                                         " restarted without its parameters; the shards it held are "
+                                         "read from their other replicas"));
+      } else {
+        LoseParameters(job.get(), absl::StrCat("server ", id, " restarted without them"));
+      }
     }
     if (job->phase == Job::Phase::kEnded || job->phase == Job::Phase::kPending) continue;
     if (request.role() == v1::WORKER && !known) {

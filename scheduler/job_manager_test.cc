@@ -1161,6 +1161,48 @@ TEST_F(JobManagerTest, FinishedJobsParametersAreReleasedAndOldRecordsForgotten) 
   EXPECT_GT(GetOk(jobs[1]).parameters_released_unix_ms(), 0);
 }
 
+// A finished job with replicas keeps its live parameters when one server
+// restarts without them: the shards it held are read from their other
+// replicas (the map names them), and only the loss of the last holder of a
+// shard releases the job's parameters.
+TEST_F(JobManagerTest, AFinishedJobsReplicasStandInForAServerThatRestartedWithoutThem) {
+  RegisterCluster();
+  const std::string second = RegisterMember(v1::SERVER, "127.0.0.1:7002");
+  v1::JobSpec spec = MlpSpec();
+  spec.set_replicas(2);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  MakeTraining(job_id);
+  for (const std::string& w : workers_) ASSERT_TRUE(ReportKind(w, job_id, v1::WorkReport::DONE).ok());
+  ASSERT_EQ(GetOk(job_id).state(), v1::SUCCEEDED);
+  bool primary_somewhere = false;
+  const v1::JobStatus done = GetOk(job_id);
+  for (const v1::ShardLocation& shard : done.shard_map().shards()) {
+    primary_somewhere |= shard.server_id() == server_;
+    ASSERT_EQ(shard.backup_ids_size(), 1);
+  }
+  ASSERT_TRUE(primary_somewhere);
+
+  RegisterAs(v1::SERVER, server_, kServerAddress, {});  // a new process under the same id
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.parameters_released_unix_ms(), 0) << "the other replicas hold them";
+  for (const v1::ShardLocation& shard : status.shard_map().shards()) {
+    EXPECT_EQ(shard.server_id(), second) << "shard " << shard.shard();
+    EXPECT_EQ(shard.address(), "127.0.0.1:7002");
+    EXPECT_EQ(shard.backup_ids_size(), 0);
+  }
+  std::string events;
+  for (const auto& e : status.events()) absl::StrAppend(&events, e.message(), "\n");
+  EXPECT_TRUE(Contains(events, "read from their other replicas")) << events;
+
+  RegisterAs(v1::SERVER, second, "127.0.0.1:7002", {});  // the last holder restarts too
+  status = GetOk(job_id);
+  EXPECT_GT(status.parameters_released_unix_ms(), 0);
+  events.clear();
+  for (const auto& e : status.events()) absl::StrAppend(&events, e.message(), "\n");
+  EXPECT_TRUE(Contains(events, absl::StrCat("server ", second, " restarted without them"))) << events;
+}
+
 // A finished job's live parameters live on its servers: a server that comes
 // back without them (a restarted process), or not at all after the
 // scheduler restarted, has lost them, and the job says so instead of

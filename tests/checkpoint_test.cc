@@ -819,6 +819,52 @@ TEST_F(CheckpointTest, ExportOfACancelledJobPointsToItsCheckpoints) {
   EXPECT_EQ(from_rc, 0) << from_out;
 }
 
+// A finished job with replicas: its primary killed, `fulcrum export` reads
+// the shards from their backups (it failed pulling from the dead primary);
+// the primary restarted without the parameters, the scheduler points the
+// map at the backups instead of calling the parameters gone. The export is
+// the same, bit for bit, each time.
+class ReplicatedExportTest : public CheckpointTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(2, 1, /*replicas=*/2); }
+};
+
+TEST_F(ReplicatedExportTest, AFinishedJobIsExportedFromItsBackupsWhenAPrimaryIsGone) {
+  v1::JobSpec spec = ClickSpec(v1::ModelSpec::FM, 2);
+  spec.set_num_workers(1);
+  spec.set_replicas(2);
+  v1::JobStatus done;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &done));
+  const std::map<std::string, SafetensorsTensor> expected =
+      LiveExport(done.job_id(), cluster_->scheduler_address());
+  ASSERT_FALSE(expected.empty());
+  ASSERT_GE(done.shard_map().shards_size(), 1);
+  const std::string primary = done.shard_map().shards(0).server_id();
+  ASSERT_EQ(done.shard_map().shards(0).backup_ids_size(), 1);
+  ASSERT_TRUE(cluster_->Signal(primary, SIGKILL).ok());
+  {
+    SCOPED_TRACE("primary dead");
+    ExpectSameExport(expected, LiveExport(done.job_id(), cluster_->scheduler_address()));
+  }
+  auto restarted = cluster_->RestartServer(primary);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  // The restarted server registers without the job: polled until the map moves.
+  v1::JobStatus moved;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(30); absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(50))) {
+    grpc::ClientContext context;
+    SetDeadline(&context, 5);
+    v1::GetJobRequest request;
+    request.set_job_id(done.job_id());
+    ASSERT_TRUE(stub_->GetJob(&context, request, &moved).ok());
+    if (moved.shard_map().shards_size() > 0 && moved.shard_map().shards(0).server_id() != primary) break;
+  }
+  ASSERT_NE(moved.shard_map().shards(0).server_id(), primary) << "the map still names the restarted primary";
+  EXPECT_EQ(moved.parameters_released_unix_ms(), 0) << "the backups hold them";
+  SCOPED_TRACE("primary restarted without them");
+  ExpectSameExport(expected, LiveExport(done.job_id(), cluster_->scheduler_address()));
+}
+
 // A server joining a job with sparse tables: the job takes a checkpoint and
 // starts again from it over three servers, where every table's buckets are
 // spread over all three (the newcomer leads a shard), and it ends with the

@@ -517,9 +517,13 @@ class ClickRun {
       if (hooks_.expect_change) hooks_.expect_change();
       return hooks_.latest_assignment().shard_map().version() > version;
     };
+    // The daemon cancels the old clients' requests when a newer map comes:
+    // it lets go of them before they go.
+    if (hooks_.watch_client) hooks_.watch_client(nullptr, job_id_);
     client_ = std::make_unique<ParameterClient>(map, job_id_, writer_id_, superseded, v1::WIRE_FP32, transport_);
     client_->set_lamb(spec_.optimizer().kind() == v1::OptimizerSpec::LAMB);
     sparse_ = std::make_unique<SparseClient>(map, job_id_, writer_id_, transport_);
+    client_->set_also_supersede([sparse = sparse_.get()] { sparse->Supersede(); });
     // In a BSP job a table is synchronous unless its spec says ASYNC (as the
     // servers read it: server/parameter_service_sparse.cc TableSetupsOf).
     bool synchronous = false;

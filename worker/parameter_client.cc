@@ -94,9 +94,12 @@ ParameterClient::ParameterClient(const v1::ShardMap& map, std::string job_id, st
 }
 
 void ParameterClient::Supersede() {
-  MutexLock lock(&calls_mu_);
-  superseded_now_ = true;
-  for (ParameterTransport::Call* call : calls_in_flight_) call->Cancel();
+  {
+    MutexLock lock(&calls_mu_);
+    superseded_now_ = true;
+    for (ParameterTransport::Call* call : calls_in_flight_) call->Cancel();
+  }
+  if (also_supersede_) also_supersede_();
 }
 
 bool ParameterClient::superseded() const {

@@ -232,6 +232,9 @@ class ParameterClient {
   // Thread-safe; may be called from any thread while the client is used.
   void Supersede();
   bool superseded() const;
+  // Supersede calls `also` too (a job's SparseClient, routing by the same
+  // map). Set before the client is shared.
+  void set_also_supersede(std::function<void()> also) { also_supersede_ = std::move(also); }
 
   // Payload bytes of one whole push or pull in the wire format.
   int64_t total_bytes() const { return total_bytes_; }
@@ -289,6 +292,7 @@ class ParameterClient {
   mutable Mutex calls_mu_;
   std::set<ParameterTransport::Call*> calls_in_flight_ ABSL_GUARDED_BY(calls_mu_);
   bool superseded_now_ ABSL_GUARDED_BY(calls_mu_) = false;
+  std::function<void()> also_supersede_;
   const std::function<bool()> superseded_;
   const v1::WireFormat format_;
   GradientCompressor* compressor_ = nullptr;

@@ -19,6 +19,7 @@
 #include "server/parameter_service.h"
 #include "server/parameter_store.h"
 #include "worker/in_process_transport.h"
+#include "worker/parameter_client.h"
 
 namespace fulcrum {
 namespace {
@@ -139,6 +140,38 @@ TEST_F(SparseClientTest, AServerThatIsGoneFailsTheCallNamingIt) {
   EXPECT_NE(pulled.message().find(map_.shards(0).address()), std::string::npos) << pulled;
 }
 
+// A newer shard map (the worker daemon's heartbeat, through the job's
+// ParameterClient) supersedes the sparse client too: a call in flight that
+// it cancels answers ABORTED, which the trainer takes as "refresh the map",
+// and later calls fail so at once without reaching a server (they used to
+// wait out their deadline on a paused server).
+TEST_F(SparseClientTest, ASupersededClientsCallsAnswerAbortedAtOnce) {
+  SparseClient client(map_, kJob, "w0", &transport_);
+  ParameterClient dense(map_, kJob, "w0", nullptr, v1::WIRE_FP32, &transport_);
+  dense.set_also_supersede([&client] { client.Supersede(); });
+  int reached = 0;
+  transport_.set_fault([&](const std::string&, ParameterTransport::Method method,
+                           InProcessTransport::Stage stage) -> absl::Status {
+    if (method != ParameterTransport::Method::kSparsePull ||
+        stage != InProcessTransport::Stage::kBeforeServer) {
+      return absl::OkStatus();
+    }
+    ++reached;
+    dense.Supersede();  // the heartbeat with a newer map, while the call is out
+    return absl::CancelledError("cancelled by the client");  // what gRPC answers a cancelled call
+  });
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 64; ++k) keys.push_back(k);
+  std::vector<std::vector<float>> rows;
+  const absl::Status cut = client.Pull({keys, keys}, &rows, absl::Seconds(60));
+  EXPECT_EQ(cut.code(), absl::StatusCode::kAborted) << cut;
+  EXPECT_NE(cut.message().find("superseded"), std::string::npos) << cut;
+  ASSERT_GT(reached, 0);
+  const int before = reached;
+  const absl::Status later = client.Pull({keys, keys}, &rows, absl::Seconds(60));
+  EXPECT_EQ(later.code(), absl::StatusCode::kAborted) << later;
+  EXPECT_EQ(reached, before) << "a superseded client's call reached a server";
+}
 
 // gRPC may hold a request's bytes after its call ended (a write stuck on a
 // paused peer): a kept sparse request's bytes stay what was sent after the

@@ -426,6 +426,7 @@ bool JobManager::RestoreFromCheckpoint(Job* job, const std::string& why) {
   job->workers.clear();
   job->done_partitions.clear();
   PlanRestore(job, *latest);
+  job->restore_since = clock_();
   job->phase = Job::Phase::kPending;
   job->status.set_restores(job->status.restores() + 1);
   pending_.push_front(id);

@@ -117,6 +117,9 @@ struct JobManager::Job {
   // Restore setups in a row that failed for a reason that passes (a server
   // paused or cut off): the same checkpoint is tried again, this many times.
   int restore_setup_retries = 0;
+  // When the job last went back to a checkpoint of its own (it restarts on
+  // fewer workers than numWorkers once they had two leases to come back).
+  std::optional<absl::Time> restore_since;
   // Checkpoints that were being written when the scheduler stopped: never
   // committed; servers that register are told to delete their data.
   std::set<int64_t> orphaned_checkpoints;

@@ -306,7 +306,7 @@ std::vector<Member*> JobManager::ServersWithRoom(int64_t per_server) const {
 }
 
 JobManager::StartOutcome JobManager::TryAssign(Job* job) {
-  const int wanted = job->status.spec().num_workers();
+  int wanted = job->status.spec().num_workers();
   const int replicas = std::max(1, job->status.spec().replicas());
   std::vector<Member*> idle;
   int workers_fitting = 0, servers = 0;
@@ -315,6 +315,14 @@ JobManager::StartOutcome JobManager::TryAssign(Job* job) {
     if (member->role != v1::WORKER || !WorkerFits(*member, *job)) continue;
     ++workers_fitting;
     if (member->job_id.empty()) idle.push_back(member.get());
+  }
+  // A job going back to its own checkpoint (it lost a server) may have lost
+  // workers too and run on fewer since: once they had two leases to come
+  // back, it restarts on the workers there are. Its data partitions are
+  // fixed, so it computes the same; idle workers join it later.
+  if (job->restore.has_value() && job->restore_since.has_value() && workers_fitting >= 1 &&
+      workers_fitting < wanted && clock_() - *job->restore_since >= options_.lease * 2) {
+    wanted = workers_fitting;
   }
   const int64_t per_server = PerServerBytes(job->claims, job->status.spec(), std::max(1, servers));
   const int servers_with_room = static_cast<int>(ServersWithRoom(per_server).size());

@@ -1798,6 +1798,33 @@ TEST_F(JobManagerTest, ARestoreSetupThatFailsForNowTriesTheSameCheckpointAgain) 
       << "nothing is wrong with the checkpoint";
 }
 
+// A job going back to its checkpoint on a cluster that lost a worker (it
+// ran on the survivor) restarts on the workers there are once they had two
+// leases to come back, instead of waiting for numWorkers for good.
+TEST_F(JobManagerTest, ARestoreStartsOnTheWorkersThereAreAfterTwoLeases) {
+  std::string job_id;
+  ASSERT_NO_FATAL_FAILURE(StartCheckpointOne(&job_id));
+  servers_.AnswerCheckpointsFor(GetOk(job_id).shard_map());
+  manager_->RunQueuedCheckpoints();
+  ASSERT_EQ(GetOk(job_id).checkpoints(0).state(), v1::CheckpointInfo::COMPLETE);
+  Restart();
+  RegisterAs(v1::SERVER, server_, kServerAddress);  // back without the job's parameters
+  RegisterAs(v1::WORKER, workers_[0]);              // worker 1 is gone for good
+  manager_->Tick();
+  EXPECT_EQ(GetOk(job_id).workers_size(), 0) << "waits for its workers first";
+  EXPECT_TRUE(Contains(GetOk(job_id).reason(), "needs 2 workers")) << GetOk(job_id).reason();
+  for (int i = 0; i < 3; ++i) {
+    Advance(options_.lease * 2 / 3);
+    HeartbeatOk(server_);
+    HeartbeatOk(workers_[0]);
+    manager_->Tick();
+  }
+  const v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::RUNNING) << status.reason();
+  ASSERT_EQ(status.workers_size(), 1) << status.reason();
+  EXPECT_EQ(status.workers(0).worker_id(), workers_[0]);
+}
+
 // The manifest is the commit point, and the job's record catches up after
 // it: a scheduler stopped between the two finds the record saying WRITING
 // and the manifest stored. That checkpoint is complete; its data stays.

@@ -500,7 +500,13 @@ void JobManager::FailOver(Job* job, const std::string& server_id, const std::str
   if (lost.has_value()) {
     std::string why_lost = absl::StrCat(why, "; it held the only replica of shard ", *lost);
     if (!RestoreFromCheckpoint(job, why_lost)) {
-      EndJob(job, v1::FAILED, absl::StrCat(why_lost, " (set replicas >= 2, or checkpoints, to survive this)"));
+      // What would have saved it: more replicas only where it had one.
+      const bool replicated = job->status.spec().replicas() >= 2;
+      EndJob(job, v1::FAILED,
+             absl::StrCat(why_lost, replicated ? " (every replica of it was lost at once, and the job has no "
+                                                 "complete checkpoint: set checkpoint.everySteps or everySeconds "
+                                                 "to survive this)"
+                                               : " (set replicas >= 2, or checkpoints, to survive this)"));
     }
     return;
   }

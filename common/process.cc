@@ -8,12 +8,15 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <vector>
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
@@ -60,7 +63,14 @@ void ParseFlags(int argc, char** argv, const char* usage) {
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);
   absl::SetProgramUsageMessage(usage);
-  absl::ParseCommandLine(argc, argv);
+  // Every option is a flag: anything else (a second command line pasted
+  // after the first, a value without its flag) is refused, not ignored.
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::fprintf(stderr, "%s: unexpected argument \"%s\": every option is a --flag (--help lists them)\n",
+                 argv[0], absl::CHexEscape(rest[1]).c_str());
+    std::exit(1);
+  }
 }
 
 void AcceptDashedFlags(int argc, char** argv) {

@@ -26,6 +26,7 @@ void RequestShutdown();
 
 // Parses the command line of a Fulcrum binary: accepts dashed flag names,
 // makes --help list the binary's own flags, and sets the usage message.
+// Exits 1 on an argument that is not a flag.
 void ParseFlags(int argc, char** argv, const char* usage);
 
 // Rewrites "--flag-name[=v]" as "--flag_name[=v]" in place so that every

@@ -907,6 +907,19 @@ TEST_F(ClusterTest, MissingDataFileFailsTheJobNamingThePath) {
 // budget, also one added later with `local add server`; a value that is no
 // size is refused before anything starts, and one beyond the machine's
 // memory by the process it is given to.
+// A daemon's command line holds flags only: a stray argument (a second
+// command line pasted after the first, a value without its flag) stops it
+// at start-up, exit code 1, naming the argument, instead of being ignored.
+TEST(DaemonFlagsTest, AnArgumentThatIsNoFlagIsRefused) {
+  for (const char* binary : {"fulcrum-scheduler", "fulcrum-server", "fulcrum-worker"}) {
+    SCOPED_TRACE(binary);
+    auto [rc, out] =
+        RunCommand(absl::StrCat(DefaultBinDir(), "/", binary, " --log_level=info stray-argument 2>&1"));
+    EXPECT_EQ(rc, 1) << out;
+    EXPECT_NE(out.find("unexpected argument \"stray-argument\""), std::string::npos) << out;
+  }
+}
+
 TEST(LocalUpTest, MemoryBudgetsReachEveryServerAndWorker) {
   const std::string dir = MakeTempDir();
   for (const std::string role : {"server", "worker"}) {

@@ -327,6 +327,14 @@ absl::Status SparseShard::CheckPushArgs(const SparsePushArgs& args) const {
   return absl::OkStatus();
 }
 
+// What the "table is full" errors add: where the rest of the budget went
+// and what makes room.
+constexpr char kFullHint[] =
+    " (the server's other jobs hold the rest, finished ones too until retention releases them: "
+    "fulcrum-scheduler --retain-finished-jobs and --retain-finished-for; add servers, raise --memory-budget, "
+    "or "
+    "set admitAfter/expireAfter)";
+
 absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) {
   if (absl::Status valid = CheckPushArgs(args); !valid.ok()) return valid;
   absl::StatusOr<size_t> slot = SlotOf(args.shard);
@@ -422,11 +430,10 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
       growth += std::max<int64_t>(0, more);
     }
     if (growth > 0 && growth + gathered_bytes > room) {  // a push that adds nothing passes (room may be below 0)
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "sparse table ", grown_tables, " is full on this server: the job's tables take ", bytes(),
-          " bytes and this push would add ", growth + gathered_bytes, ", beyond the ", std::max<int64_t>(0, room),
-          " bytes left in the server's memory budget (add servers, raise --memory-budget, or set "
-          "admitAfter/expireAfter)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("sparse table ", grown_tables, " is full on this server: the job's tables take ",
+                       bytes(), " bytes and this push would add ", growth + gathered_bytes, ", beyond the ",
+                       std::max<int64_t>(0, room), " bytes left in the server's memory budget", kFullHint));
     }
   }
   ++changes_[*slot];
@@ -545,12 +552,11 @@ absl::StatusOr<SparseShard::GatheredStep> SparseShard::SumGatheredStepLocked() c
   if (room_ && growth + undo > freed) {
     const int64_t room = room_() + freed;
     if (growth + undo > room) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "sparse table ", grown_tables.empty() ? std::string("state") : grown_tables,
-          " is full on this server: the job's tables take ", bytes(), " bytes and step ", sync_step_,
-          " would add ", growth + undo, ", beyond the ", std::max<int64_t>(0, room),
-          " bytes left in the server's memory budget (add servers, raise --memory-budget, or set "
-          "admitAfter/expireAfter)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("sparse table ", grown_tables.empty() ? std::string("state") : grown_tables,
+                       " is full on this server: the job's tables take ", bytes(), " bytes and step ",
+                       sync_step_, " would add ", growth + undo, ", beyond the ", std::max<int64_t>(0, room),
+                       " bytes left in the server's memory budget", kFullHint));
     }
   }
   return step;

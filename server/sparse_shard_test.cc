@@ -273,6 +273,8 @@ TEST(SparseShardTest, APushBeyondTheBudgetIsRefusedNamingTheTable) {
   }
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_NE(refused.message().find("embedding"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("--retain-finished-jobs"), std::string::npos)
+      << "says that finished jobs' parameters take budget too: " << refused;
   EXPECT_LE(shard->bytes(), empty_bytes + (int64_t{8} << 20));
   // Rows that exist still train.
   const std::vector<uint64_t> old = {0, 1};

@@ -6,7 +6,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -156,13 +158,22 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   if (access((options.dir + "/cluster.json").c_str(), F_OK) == 0) {
     auto existing = Open(options.dir);
     if (existing.ok()) {
+      int recorded_servers = 0;
       for (const auto& p : (*existing)->file().processes()) {
         if (Alive(static_cast<pid_t>(p.pid()))) {
           return absl::AlreadyExistsError(absl::StrCat(
               "a local cluster is already running in ", options.dir, " (", p.role(), " pid ", p.pid(),
               "): run `fulcrum local down --dir ", options.dir, "` first"));
         }
+        if (p.role() == "server") {
+          recorded_servers =
+              std::max(recorded_servers, std::atoi(p.id().substr(p.id().rfind('-') + 1).c_str()) + 1);
+        }
       }
+      // A cluster that was killed (`local down` removes cluster.json): its
+      // servers come back under their ids, those `local add server` added
+      // too, as their state folders hold the checkpoints its jobs resume from.
+      options.servers = std::max(options.servers, recorded_servers);
     }
   }
   std::unique_ptr<LocalCluster> cluster(new LocalCluster());

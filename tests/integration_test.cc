@@ -903,10 +903,6 @@ TEST_F(ClusterTest, MissingDataFileFailsTheJobNamingThePath) {
   EXPECT_NE(done.reason().find("/nonexistent/fashion"), std::string::npos) << done.reason();
 }
 
-// `fulcrum local up --server-memory-budget` gives every server that
-// budget, also one added later with `local add server`; a value that is no
-// size is refused before anything starts, and one beyond the machine's
-// memory by the process it is given to.
 // A daemon's command line holds flags only: a stray argument (a second
 // command line pasted after the first, a value without its flag) stops it
 // at start-up, exit code 1, naming the argument, instead of being ignored.
@@ -920,6 +916,35 @@ TEST(DaemonFlagsTest, AnArgumentThatIsNoFlagIsRefused) {
   }
 }
 
+// A cluster killed whole (no `local down`, which removes cluster.json):
+// `local up` in its folder starts every server it had, under their ids, one
+// `local add server` added too, since their state folders hold the
+// checkpoints its jobs resume from (the added one was left out, and the job
+// waited for it in vain).
+TEST(LocalUpTest, AKilledClusterComesBackWithEveryServerItHad) {
+  LocalCluster::Options options;
+  options.dir = MakeTempDir();
+  options.servers = 1;
+  options.workers = 0;
+  options.replicas = 1;
+  {
+    auto cluster = LocalCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    ASSERT_TRUE((*cluster)->AddServer().ok());
+  }  // every process SIGKILLed; cluster.json stays
+  auto again = LocalCluster::Start(options);
+  ASSERT_TRUE(again.ok()) << again.status();
+  std::set<std::string> servers;
+  for (const auto& process : (*again)->file().processes()) {
+    if (process.role() == "server") servers.insert(process.id());
+  }
+  EXPECT_EQ(servers, (std::set<std::string>{"server-0", "server-1"}));
+}
+
+// `fulcrum local up --server-memory-budget` gives every server that
+// budget, also one added later with `local add server`; a value that is no
+// size is refused before anything starts, and one beyond the machine's
+// memory by the process it is given to.
 TEST(LocalUpTest, MemoryBudgetsReachEveryServerAndWorker) {
   const std::string dir = MakeTempDir();
   for (const std::string role : {"server", "worker"}) {

@@ -52,6 +52,7 @@ Usage:
   fulcrum local up [--servers N] [--workers M] [--replicas R (default min(2, N))] [--dir DIR] [--detach] [--device D] [--tls]
                    [--server-memory-budget SIZE] [--worker-memory-budget SIZE]
   fulcrum local add worker|server [--dir DIR] [--device D]
+  fulcrum local restart ID [--dir DIR]   (a dead scheduler, server-N or worker-N, as before)
   fulcrum local down [--dir DIR]
 
 Options:
@@ -677,7 +678,8 @@ int LocalUp(const Args& args, bool json) {
 }
 
 int Local(const Args& args, bool json) {
-  if (args.positional.size() < 2) return Fail(absl::InvalidArgumentError("local needs up, add or down"));
+  if (args.positional.size() < 2)
+    return Fail(absl::InvalidArgumentError("local needs up, add, restart or down"));
   const std::string& verb = args.positional[1];
   if (verb == "up") return LocalUp(args, json);
   auto cluster = LocalCluster::Open(LocalDir(args));
@@ -705,7 +707,28 @@ int Local(const Args& args, bool json) {
     }
     return 0;
   }
-  return Fail(absl::InvalidArgumentError(absl::StrCat("unknown local verb ", verb, " (up, add, down)")));
+  if (verb == "restart") {
+    // A process that died or was killed, started again as a restarted pod
+    // would be: under its id, with its flags, a server on its state folder,
+    // the scheduler on its port (a hand-started copy of its recorded command
+    // line would bind a new port, which no member knows).
+    const std::string id = args.positional.size() > 2 ? args.positional[2] : "";
+    if (id.empty())
+      return Fail(absl::InvalidArgumentError(
+          "local restart needs the id of a process (scheduler, server-N, worker-N)"));
+    auto process = id == "scheduler" ? (*cluster)->RestartScheduler() : (*cluster)->RestartMember(id);
+    (*cluster)->Release();
+    if (!process.ok()) return Fail(process.status());
+    if (json) {
+      std::cout << ToJson(*process) << "\n";
+    } else {
+      std::cout << "restarted " << process->role() << " " << process->id() << " (pid " << process->pid()
+                << ")\n";
+    }
+    return 0;
+  }
+  return Fail(
+      absl::InvalidArgumentError(absl::StrCat("unknown local verb ", verb, " (up, add, restart, down)")));
 }
 
 }  // namespace

@@ -916,6 +916,38 @@ TEST(DaemonFlagsTest, AnArgumentThatIsNoFlagIsRefused) {
   }
 }
 
+// `fulcrum local restart` starts a killed scheduler on its old port (the
+// members find it again) and refuses a process that still runs.
+TEST(LocalUpTest, ARestartedSchedulerKeepsItsAddress) {
+  const std::string dir = MakeTempDir();
+  auto down = absl::MakeCleanup([&dir] { RunCli(absl::StrCat("local down --dir ", dir)); });
+  auto [rc, out] = RunCli(absl::StrCat("local up --servers 1 --workers 0 --detach --dir ", dir));
+  ASSERT_EQ(rc, 0) << out;
+  auto before = LocalCluster::Open(dir);
+  ASSERT_TRUE(before.ok()) << before.status();
+  const std::string address = (*before)->scheduler_address();
+  ASSERT_TRUE((*before)->Signal("scheduler", SIGKILL).ok());
+  auto [still_rc, still_out] =
+      RunCommand(absl::StrCat(DefaultBinDir(), "/fulcrum local restart server-0 --dir ", dir, " 2>&1"));
+  EXPECT_NE(still_rc, 0);
+  EXPECT_NE(still_out.find("still running"), std::string::npos) << still_out;
+  // The killed scheduler is not this process's child: until init reaps it,
+  // its pid still answers; the restart is tried until it is gone.
+  std::pair<int, std::string> restarted;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    restarted =
+        RunCommand(absl::StrCat(DefaultBinDir(), "/fulcrum local restart scheduler --dir ", dir, " 2>&1"));
+    if (restarted.first == 0 || restarted.second.find("still running") == std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(restarted.first, 0) << restarted.second;
+  auto after = LocalCluster::Open(dir);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ((*after)->scheduler_address(), address);
+  auto [cluster_rc, cluster_out] = RunCli(absl::StrCat("cluster --scheduler ", address));
+  EXPECT_EQ(cluster_rc, 0) << cluster_out;
+}
+
 // A cluster killed whole (no `local down`, which removes cluster.json):
 // `local up` in its folder starts every server it had, under their ids, one
 // `local add server` added too, since their state folders hold the

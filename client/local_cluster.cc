@@ -383,9 +383,11 @@ absl::Status LocalCluster::Signal(const std::string& id, int signal) {
 absl::Status LocalCluster::Down(absl::Duration grace) {
   // Workers and servers first (servers hand their shards over through the
   // scheduler), the scheduler last.
-  absl::Time deadline = absl::Now() + grace;
   std::vector<std::string> killed;
   for (bool scheduler : {false, true}) {
+    // Each stage has the whole grace: a process that needs it all (a paused
+    // one) does not leave the scheduler none.
+    const absl::Time deadline = absl::Now() + grace;
     // A process that exited (killed by hand, say) may have left its pid to
     // another: only pids that are still the cluster's are signalled.
     std::vector<const v1::LocalProcess*> ours;
@@ -397,6 +399,7 @@ absl::Status LocalCluster::Down(absl::Duration grace) {
       }
       ours.push_back(&p);
       kill(static_cast<pid_t>(p.pid()), SIGTERM);
+      kill(static_cast<pid_t>(p.pid()), SIGCONT);  // a paused (SIGSTOP) process wakes to handle it
     }
     for (const v1::LocalProcess* p : ours) {
       pid_t pid = static_cast<pid_t>(p->pid());

@@ -917,7 +917,8 @@ TEST(DaemonFlagsTest, AnArgumentThatIsNoFlagIsRefused) {
 }
 
 // `fulcrum local restart` starts a killed scheduler on its old port (the
-// members find it again) and refuses a process that still runs.
+// members find it again) and refuses a process that still runs; `local
+// down` stops a paused process cleanly.
 TEST(LocalUpTest, ARestartedSchedulerKeepsItsAddress) {
   const std::string dir = MakeTempDir();
   auto down = absl::MakeCleanup([&dir] { RunCli(absl::StrCat("local down --dir ", dir)); });
@@ -946,6 +947,13 @@ TEST(LocalUpTest, ARestartedSchedulerKeepsItsAddress) {
   EXPECT_EQ((*after)->scheduler_address(), address);
   auto [cluster_rc, cluster_out] = RunCli(absl::StrCat("cluster --scheduler ", address));
   EXPECT_EQ(cluster_rc, 0) << cluster_out;
+  // A paused process stops cleanly too: local down wakes it to handle its
+  // SIGTERM (it was SIGKILLed after the grace, and the scheduler with it).
+  ASSERT_TRUE((*after)->Signal("server-0", SIGSTOP).ok());
+  auto [down_rc, down_out] =
+      RunCommand(absl::StrCat(DefaultBinDir(), "/fulcrum local down --dir ", dir, " 2>&1"));
+  EXPECT_EQ(down_rc, 0) << down_out;
+  EXPECT_EQ(down_out.find("were killed"), std::string::npos) << down_out;
 }
 
 // A cluster killed whole (no `local down`, which removes cluster.json):

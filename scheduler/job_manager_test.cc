@@ -310,6 +310,19 @@ class JobManagerTest : public ::testing::Test {
     return manager_->Report(report);
   }
 
+  // Registers the cluster and a second server (*second), and runs a 2-worker
+  // MLP job with 2 replicas of each shard to training; returns its id.
+  std::string StartReplicatedJob(std::string* second) {
+    RegisterCluster();
+    *second = RegisterMember(v1::SERVER, "127.0.0.1:7002");
+    v1::JobSpec spec = MlpSpec();
+    spec.set_replicas(2);
+    const std::string job_id = SubmitOk(spec);
+    manager_->Tick();
+    MakeTraining(job_id);
+    return job_id;
+  }
+
   // Submits a 2-worker MLP job and runs it to RUNNING/loading.
   std::string StartJob() {
     RegisterCluster();
@@ -1166,13 +1179,8 @@ TEST_F(JobManagerTest, FinishedJobsParametersAreReleasedAndOldRecordsForgotten) 
 // replicas (the map names them), and only the loss of the last holder of a
 // shard releases the job's parameters.
 TEST_F(JobManagerTest, AFinishedJobsReplicasStandInForAServerThatRestartedWithoutThem) {
-  RegisterCluster();
-  const std::string second = RegisterMember(v1::SERVER, "127.0.0.1:7002");
-  v1::JobSpec spec = MlpSpec();
-  spec.set_replicas(2);
-  const std::string job_id = SubmitOk(spec);
-  manager_->Tick();
-  MakeTraining(job_id);
+  std::string second;
+  const std::string job_id = StartReplicatedJob(&second);
   for (const std::string& w : workers_) ASSERT_TRUE(ReportKind(w, job_id, v1::WorkReport::DONE).ok());
   ASSERT_EQ(GetOk(job_id).state(), v1::SUCCEEDED);
   bool primary_somewhere = false;
@@ -1237,13 +1245,8 @@ TEST_F(JobManagerTest, AFinishedJobsParametersAreGoneWhenItsServerRestartsWithou
 }
 
 TEST_F(JobManagerTest, ServerLossPromotesBackupsAndBumpsTheMapVersion) {
-  RegisterCluster();
-  const std::string second = RegisterMember(v1::SERVER, "127.0.0.1:7002");
-  v1::JobSpec spec = MlpSpec();
-  spec.set_replicas(2);
-  const std::string job_id = SubmitOk(spec);
-  manager_->Tick();
-  MakeTraining(job_id);
+  std::string second;
+  const std::string job_id = StartReplicatedJob(&second);
   v1::JobStatus status = GetOk(job_id);
   ASSERT_EQ(status.shards_size(), 2);
   for (const auto& shard : status.shards()) {
@@ -1433,13 +1436,8 @@ TEST_F(JobManagerTest, AServerLostDuringAHandoverLeavesShardsToTheirWholeBackups
 }
 
 TEST_F(JobManagerTest, BothReplicasLostAtOnceFailsTheJobNamingTheShard) {
-  RegisterCluster();
-  const std::string second = RegisterMember(v1::SERVER, "127.0.0.1:7002");
-  v1::JobSpec spec = MlpSpec();
-  spec.set_replicas(2);
-  const std::string job_id = SubmitOk(spec);
-  manager_->Tick();
-  MakeTraining(job_id);
+  std::string second;
+  const std::string job_id = StartReplicatedJob(&second);
   // Both servers go silent in the same lease period; the workers stay.
   Advance(options_.lease / 2);
   for (const std::string& w : workers_) HeartbeatOk(w, job_id);

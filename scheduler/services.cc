@@ -209,10 +209,14 @@ void GrpcServerControl::CancelAll() {
 
 void GrpcServerControl::MarkDead(const std::string& address) {
   MutexLock lock(&mu_);
-  stubs_.erase(address);  // its channel closes once the calls in flight end
   if (dead_.insert(address).second) {
     dead_order_.push_back(address);
     if (dead_order_.size() > kMaxDeadAddresses) {
+      // Forgotten: its channel goes too (it closes once the calls in flight
+      // end). A dead server's channel is kept until then: one that comes
+      // back (a paused process) is called on its open connection at once,
+      // and the calls queued for it go out in the order they were made.
+      stubs_.erase(dead_order_.front());
       dead_.erase(dead_order_.front());
       dead_order_.pop_front();
     }

@@ -69,7 +69,7 @@ class GrpcServerControl final : public ServerControl {
   // this many (the oldest forgotten first): a pod restarted advertises a new
   // IP, so addresses that never come back pile up in a long-lived scheduler.
   static constexpr size_t kMaxDeadAddresses = 1024;
-  // The channels held: one per address called and not marked dead since.
+  // The channels held: one per address called and not forgotten since.
   size_t channels() const ABSL_LOCKS_EXCLUDED(mu_);
   // Whether calls to `address` fail at once (it lost its lease).
   bool dead(const std::string& address) const ABSL_LOCKS_EXCLUDED(mu_);

@@ -300,7 +300,18 @@ absl::Status Replicator::AdoptCopies(ParameterStore* store, JobShardConfig confi
     if ((*existing)->sparse() != nullptr) {
       RETURN_IF_ERROR(AdoptTables((*existing)->sparse(), table_shards, config.job_id, default_source));
     }
-    return (*existing)->Configure(map_version, std::move(roles), std::move(chunk_shards));
+    RETURN_IF_ERROR((*existing)->Configure(map_version, std::move(roles), std::move(chunk_shards)));
+    // A DropJob that came during the copy (the scheduler telling this server
+    // to drop the stale copy it adopted into) took the job away: the setup
+    // failed, and the scheduler sets it up again, instead of believing this
+    // server replicates a job it no longer holds.
+    if (auto now = store->Find(config.job_id); !now.ok() || now->get() != existing->get()) {
+      return absl::UnavailableError(
+          absl::StrCat("job ", config.job_id,
+                       " was dropped on this server while its chunks were copied here; "
+                       "set it up again"));
+    }
+    return absl::OkStatus();
   }
   std::vector<ChunkConfig> chunks = config.chunks;
   const std::string job_id = config.job_id;

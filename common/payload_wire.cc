@@ -131,7 +131,10 @@ bool ReadTag(google::protobuf::io::CodedInputStream* in, uint32_t* tag, bool* ba
 
 bool ReadLength(google::protobuf::io::CodedInputStream* in, uint32_t* length) {
   const int before = in->CurrentPosition();
-  return in->ReadVarint32(length) && in->CurrentPosition() - before <= 5 && *length <= 0x7fffffffu;
+  uint64_t value = 0;  // all 35 bits of a 5-byte encoding: ReadVarint32 drops those above 32
+  if (!in->ReadVarint64(&value) || in->CurrentPosition() - before > 5 || value > 0x7fffffffu) return false;
+  *length = static_cast<uint32_t>(value);
+  return true;
 }
 
 // WireFormatLite::SkipField, except that a group's fields are read with
@@ -141,6 +144,18 @@ bool ReadLength(google::protobuf::io::CodedInputStream* in, uint32_t* length) {
 // refused by protobuf).
 bool SkipField(google::protobuf::io::CodedInputStream* in, uint32_t tag,
                google::protobuf::io::CodedOutputStream* out) {
+  if (WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+    // The length as protobuf's parser reads it (WireFormatLite's skipper
+    // takes a 10-byte length with its high bits dropped: the payload_wire
+    // fuzzer found such a field accepted here and refused by protobuf).
+    uint32_t length = 0;
+    std::string bytes;
+    if (!ReadLength(in, &length) || !in->ReadString(&bytes, static_cast<int>(length))) return false;
+    out->WriteVarint32(tag);
+    out->WriteVarint32(length);
+    out->WriteString(bytes);
+    return true;
+  }
   if (WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_START_GROUP) {
     return WireFormatLite::SkipField(in, tag, out);
   }

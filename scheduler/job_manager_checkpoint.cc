@@ -488,9 +488,7 @@ bool JobManager::RestoreFailed(Job* job, const absl::Status& failure) {
   // A server paused, restarted or cut off during the setup: the checkpoint is
   // as good as it was; the next setup runs over the servers live then.
   constexpr int kRestoreSetupRetries = 5;
-  if ((absl::IsUnavailable(failure) || absl::IsDeadlineExceeded(failure) || absl::IsAborted(failure) ||
-       absl::IsCancelled(failure)) &&
-      ++job->restore_setup_retries <= kRestoreSetupRetries) {
+  if (FailedForNow(failure) && ++job->restore_setup_retries <= kRestoreSetupRetries) {
     job->restore.reset();
     FLOG(WARNING) << "job " << job->status.job_id() << ": setting up checkpoint " << bad
                   << " failed for now (try " << job->restore_setup_retries << " of " << kRestoreSetupRetries

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "fulcrum/v1/scheduler_state.pb.h"
 #include "scheduler/admission.h"
@@ -23,6 +24,14 @@ namespace fulcrum {
 
 // The key of a job's record in the scheduler's store.
 std::string JobRecordKey(const std::string& job_id);
+
+// Whether a call to a server failed for a reason that passes (it was
+// paused, restarted, cut off or slow): the same work is tried again (a
+// handover's copy, a restore's setup) rather than given up.
+inline bool FailedForNow(const absl::Status& status) {
+  return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) || absl::IsAborted(status) ||
+         absl::IsCancelled(status);
+}
 
 // A worker taking part in a job.
 struct JobWorker {

@@ -128,9 +128,7 @@ std::optional<v1::ShardMap> JobManager::FinishHandover(const std::string& job_id
   // anything else (the newcomer refuses: its memory budget, a bad request)
   // puts the map back.
   constexpr int kMaxAttempts = 20;
-  const bool retryable = absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
-                         absl::IsAborted(status) || absl::IsCancelled(status);
-  if (!retryable || ++job->handover_attempts >= kMaxAttempts) {
+  if (!FailedForNow(status) || ++job->handover_attempts >= kMaxAttempts) {
     AbandonHandover(job, absl::StrCat("copying onto ", server_id, " failed: ", status.message()));
     return std::nullopt;
   }

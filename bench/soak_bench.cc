@@ -29,7 +29,8 @@ ABSL_FLAG(int, warmup, 100, "Jobs before the slope is measured (allocator and ca
 ABSL_FLAG(int, retain_finished_jobs, 10, "The scheduler's --retain-finished-jobs");
 ABSL_FLAG(int, max_finished_records, 50, "The scheduler's --max-finished-records");
 ABSL_FLAG(bool, keep_logs, false, "Keep the cluster's folder (process logs)");
-ABSL_FLAG(bool, keep_freed_memory, true, "Every process's --keep-freed-memory (false: glibc's defaults)");
+ABSL_FLAG(bool, processes_keep_freed_memory, true,
+          "Every process's --keep-freed-memory (false: glibc's defaults)");
 
 namespace fulcrum {
 namespace bench {
@@ -54,7 +55,8 @@ int Run() {
   options.workers = 2;
   options.scheduler_flags = {absl::StrCat("--retain-finished-jobs=", absl::GetFlag(FLAGS_retain_finished_jobs)),
                              absl::StrCat("--max-finished-records=", absl::GetFlag(FLAGS_max_finished_records))};
-  const std::string keep = absl::StrCat("--keep-freed-memory=", absl::GetFlag(FLAGS_keep_freed_memory));
+  const std::string keep =
+      absl::StrCat("--keep-freed-memory=", absl::GetFlag(FLAGS_processes_keep_freed_memory));
   options.scheduler_flags.push_back(keep);
   options.server_flags = {keep};
   options.worker_flags = {keep};

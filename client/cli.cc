@@ -580,15 +580,20 @@ int Cluster(Client& client, bool json) {
     std::cout << ToJson(response) << "\n";
     return 0;
   }
-  std::cout << absl::StrFormat("%-12s %-7s %-22s %-22s %-8s %-10s %s\n", "MEMBER", "ROLE", "GRPC", "METRICS", "DEVICE",
-                               "JOB", "HEALTH");
+  std::cout << absl::StrFormat("%-12s %-7s %-22s %-22s %-8s %-10s %-21s %s\n", "MEMBER", "ROLE", "GRPC",
+                               "METRICS", "DEVICE", "JOB", "MEMORY", "HEALTH");
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   for (const auto& m : response.members()) {
     std::string health = absl::StrFormat("heartbeat %.1fs ago", (now_ms - m.last_heartbeat_unix_ms()) / 1000.0);
     if (m.draining()) absl::StrAppend(&health, ", draining");
-    std::cout << absl::StrFormat("%-12s %-7s %-22s %-22s %-8s %-10s %s\n", m.member_id(), v1::Role_Name(m.role()),
-                                 m.address().empty() ? "-" : m.address(), m.metrics_address(),
-                                 m.device().empty() ? "-" : m.device(), m.job_id().empty() ? "-" : m.job_id(), health);
+    // Servers: what the jobs on it claim (each its estimate, or what the
+    // server holds of it when more) of the budget; workers: the budget.
+    std::string memory = m.memory_budget_bytes() > 0 ? FormatBytes(m.memory_budget_bytes()) : "-";
+    if (m.role() == v1::SERVER) memory = absl::StrCat(FormatBytes(m.memory_claimed_bytes()), "/", memory);
+    std::cout << absl::StrFormat("%-12s %-7s %-22s %-22s %-8s %-10s %-21s %s\n", m.member_id(),
+                                 v1::Role_Name(m.role()), m.address().empty() ? "-" : m.address(),
+                                 m.metrics_address(), m.device().empty() ? "-" : m.device(),
+                                 m.job_id().empty() ? "-" : m.job_id(), memory, health);
   }
   // The shards of running jobs: primaries, backups, epochs.
   v1::ListJobsResponse jobs;

@@ -99,6 +99,9 @@ bool MembershipClient::HeartbeatOnce() {
   request.set_member_id(member_id());
   request.set_incarnation(incarnation_);
   if (options_.current_job) request.set_job_id(options_.current_job());
+  if (options_.held_bytes) {
+    for (const auto& [job, bytes] : options_.held_bytes()) (*request.mutable_held_bytes())[job] = bytes;
+  }
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, 2.0);

@@ -6,6 +6,7 @@
 #define FULCRUM_COMMON_MEMBERSHIP_CLIENT_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -14,8 +15,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "fulcrum/v1/cluster.grpc.pb.h"
 #include "common/sync.h"
+#include "fulcrum/v1/cluster.grpc.pb.h"
 
 namespace fulcrum {
 
@@ -35,6 +36,9 @@ class MembershipClient {
     std::function<std::string()> current_job;
     // Servers: the jobs whose parameters this process holds (sent on register).
     std::function<std::vector<std::string>()> held_jobs;
+    // Servers: the bytes each held job takes now (sent with every
+    // heartbeat: the scheduler's claims follow the tables as they grow).
+    std::function<std::map<std::string, int64_t>()> held_bytes;
   };
 
   explicit MembershipClient(Options options);

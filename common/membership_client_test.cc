@@ -4,6 +4,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -12,9 +15,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/rpc.h"
+#include "common/sync.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "gtest/gtest.h"
-#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -27,10 +30,16 @@ class SlowScheduler : public v1::ClusterService::Service {
     response->set_heartbeat_interval_ms(60000);
     return grpc::Status::OK;
   }
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override {
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse*) override {
     MutexLock lock(&mu_);
     ++heartbeats_;
+    last_ = *request;
     return grpc::Status::OK;
+  }
+  v1::HeartbeatRequest last() {
+    MutexLock lock(&mu_);
+    return last_;
   }
   // True once `n` heartbeats arrived, waiting up to `timeout`.
   bool WaitForHeartbeats(int n, absl::Duration timeout) {
@@ -42,6 +51,7 @@ class SlowScheduler : public v1::ClusterService::Service {
  private:
   Mutex mu_;
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::HeartbeatRequest last_ ABSL_GUARDED_BY(mu_);
 };
 
 TEST(MembershipClientTest, HurryHeartbeatsAtOnceAndOftenThenStopsPromptly) {
@@ -63,6 +73,36 @@ TEST(MembershipClientTest, HurryHeartbeatsAtOnceAndOftenThenStopsPromptly) {
   const absl::Time stop = absl::Now();
   client.Stop();
   EXPECT_LT(absl::Now() - stop, absl::Seconds(10)) << "Stop waited out a heartbeat interval";
+  server->server->Shutdown();
+}
+
+// A server's heartbeats carry what each job it holds takes now, read at
+// each heartbeat: the scheduler's claims follow the tables as they grow.
+TEST(MembershipClientTest, HeartbeatsCarryTheBytesEachHeldJobTakesNow) {
+  SlowScheduler scheduler;
+  absl::StatusOr<RunningServer> server = StartGrpcServer("127.0.0.1", 0, {&scheduler});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::atomic<int64_t> held{1000};
+  MembershipClient::Options options;
+  options.scheduler = absl::StrCat("127.0.0.1:", server->port);
+  options.role = v1::SERVER;
+  options.address = "127.0.0.1:1";
+  options.held_bytes = [&held] {
+    return std::map<std::string, int64_t>{{"job-1", held.load()}, {"job-2", 7}};
+  };
+  MembershipClient client(options);
+  client.Start();
+  ASSERT_TRUE(scheduler.WaitForHeartbeats(1, absl::Seconds(30))) << "no heartbeat after registering";
+  v1::HeartbeatRequest first = scheduler.last();
+  EXPECT_EQ(first.held_bytes().size(), 2u);
+  EXPECT_EQ(first.held_bytes().at("job-1"), 1000);
+  EXPECT_EQ(first.held_bytes().at("job-2"), 7);
+
+  held = 5000;
+  client.Hurry(absl::Seconds(30));
+  ASSERT_TRUE(scheduler.WaitForHeartbeats(3, absl::Seconds(20)));
+  EXPECT_EQ(scheduler.last().held_bytes().at("job-1"), 5000);
+  client.Stop();
   server->server->Shutdown();
 }
 

@@ -66,20 +66,6 @@ void ExpectAllClose(const std::vector<float>& actual, const std::vector<double>&
   ExpectAllClose(actual, expected, scale);
 }
 
-double ReferenceActivate(Activation act, double z) {
-  switch (act) {
-    case Activation::kRelu:
-      return z > 0 ? z : 0;
-    case Activation::kTanh:
-      return std::tanh(z);
-    case Activation::kSigmoid:
-      return 1 / (1 + std::exp(-z));
-    case Activation::kNone:
-      break;
-  }
-  return z;
-}
-
 double ReferenceGrad(Activation act, double y) {
   switch (act) {
     case Activation::kRelu:

@@ -6,6 +6,7 @@
 #define FULCRUM_KERNELS_BACKEND_TEST_UTIL_H_
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <functional>
 #include <limits>
@@ -24,6 +25,22 @@
 
 namespace fulcrum {
 namespace kernels {
+
+// An activation in double precision, the reference the float kernels are
+// checked against.
+inline double ReferenceActivate(Activation act, double z) {
+  switch (act) {
+    case Activation::kRelu:
+      return z > 0 ? z : 0;
+    case Activation::kTanh:
+      return std::tanh(z);
+    case Activation::kSigmoid:
+      return 1 / (1 + std::exp(-z));
+    case Activation::kNone:
+      break;
+  }
+  return z;
+}
 
 struct BackendFactory {
   std::string name;         // test-name suffix

@@ -10,13 +10,12 @@
 #include "common/status_macros.h"
 #include "common/table_spec.h"
 #include "kernels/ctr_model.h"
+#include "kernels/model_util.h"
 
 namespace fulcrum {
 namespace kernels {
 namespace {
 
-constexpr int64_t kMaxFields = 4096;
-constexpr int64_t kMaxDense = 65536;
 constexpr int64_t kMaxEmbeddingDim = 4096;
 constexpr int64_t kMaxHiddenWidth = 65536;
 constexpr size_t kMaxHiddenLayers = 16;
@@ -34,8 +33,8 @@ absl::Status CheckRange(const std::string& field, int64_t value, int64_t lo, int
 }
 
 absl::Status ValidateSizes(const CtrModelConfig& c) {
-  RETURN_IF_ERROR(CheckRange("num_fields", c.num_fields, 0, kMaxFields));
-  RETURN_IF_ERROR(CheckRange("num_dense", c.num_dense, 0, kMaxDense));
+  RETURN_IF_ERROR(CheckRange("num_fields", c.num_fields, 0, kMaxClickFields));
+  RETURN_IF_ERROR(CheckRange("num_dense", c.num_dense, 0, kMaxClickDense));
   RETURN_IF_ERROR(CheckRange("embedding_dim", c.embedding_dim, 0, kMaxEmbeddingDim));
   if (c.hidden.size() > kMaxHiddenLayers) {
     return ConfigError(

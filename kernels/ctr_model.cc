@@ -15,6 +15,7 @@
 #include "common/finite.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/activation.h"
+#include "kernels/model_util.h"
 
 namespace fulcrum {
 namespace kernels {
@@ -39,32 +40,15 @@ void Grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
-absl::Status CheckPointers(const char* what, size_t expected, size_t actual, bool any_null) {
-  if (actual != expected) {
-    return absl::InvalidArgumentError(absl::StrCat("CtrModel: got ", actual, " ", what,
-                                                   " pointers, expected ", expected,
-                                                   " (see CtrDenseTensors and CtrTables)"));
-  }
-  if (any_null) {
-    return absl::InvalidArgumentError(absl::StrCat("CtrModel: a ", what, " pointer is null"));
-  }
-  return absl::OkStatus();
-}
-
-template <typename T>
-bool AnyNull(const std::vector<T*>& pointers) {
-  return std::any_of(pointers.begin(), pointers.end(), [](T* p) { return p == nullptr; });
+// A pointer list of a CtrModel call.
+absl::Status CheckCtrPointers(const char* what, size_t expected, size_t actual, bool any_null) {
+  return kernels::CheckPointers("CtrModel", "CtrDenseTensors and CtrTables", what, expected, actual,
+                                any_null);
 }
 
 absl::Status CheckNotNull(const char* name, const void* ptr) {
   if (ptr != nullptr) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("CtrModel: batch.", name, " is null"));
-}
-
-float Sigmoid(float z) {
-  if (z >= 0.0f) return 1.0f / (1.0f + std::exp(-z));
-  const float e = std::exp(z);
-  return e / (1.0f + e);
 }
 
 // c[m, n] = op(a) * op(b), row-major with natural leading dimensions: a is
@@ -129,9 +113,9 @@ absl::Status CtrModel::ValidateInputs(const CtrBatch& batch, const CtrParams& pa
   if (config_.num_dense > 0) RETURN_IF_ERROR(CheckNotNull("dense", batch.dense));
   if (config_.num_fields > 0) RETURN_IF_ERROR(CheckNotNull("offsets", batch.offsets));
   RETURN_IF_ERROR(
-      CheckPointers("params.dense", dense_tensors_.size(), params.dense.size(), AnyNull(params.dense)));
-  RETURN_IF_ERROR(CheckPointers("params.tables", tables_.size(), params.tables.size(),
-                                batch.unique_rows > 0 && AnyNull(params.tables)));
+      CheckCtrPointers("params.dense", dense_tensors_.size(), params.dense.size(), AnyNull(params.dense)));
+  RETURN_IF_ERROR(CheckCtrPointers("params.tables", tables_.size(), params.tables.size(),
+                                   batch.unique_rows > 0 && AnyNull(params.tables)));
   RETURN_IF_ERROR(ValidateIds(batch));
   RETURN_IF_ERROR(ValidateValues(batch, need_labels));
   return ValidateParamValues(batch, params);
@@ -205,9 +189,9 @@ absl::Status CtrModel::ValidateParamValues(const CtrBatch& batch, const CtrParam
 
 absl::Status CtrModel::ValidateGrads(const CtrBatch& batch, const CtrGrads& grads) const {
   RETURN_IF_ERROR(
-      CheckPointers("grads.dense", dense_tensors_.size(), grads.dense.size(), AnyNull(grads.dense)));
-  return CheckPointers("grads.tables", tables_.size(), grads.tables.size(),
-                       batch.unique_rows > 0 && AnyNull(grads.tables));
+      CheckCtrPointers("grads.dense", dense_tensors_.size(), grads.dense.size(), AnyNull(grads.dense)));
+  return CheckCtrPointers("grads.tables", tables_.size(), grads.tables.size(),
+                          batch.unique_rows > 0 && AnyNull(grads.tables));
 }
 
 // ---------------------------------------------------------------------------

@@ -10,10 +10,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/param_init.h"
 #include "absl/strings/str_cat.h"
+#include "common/param_init.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/backend_test_util.h"
 
 namespace fulcrum {
 namespace kernels {
@@ -137,20 +138,6 @@ DoubleParams ToDouble(const Problem& p) {
   for (const auto& t : p.dense_params) d.dense.emplace_back(t.begin(), t.end());
   for (const auto& t : p.tables) d.tables.emplace_back(t.begin(), t.end());
   return d;
-}
-
-double ReferenceActivate(Activation act, double z) {
-  switch (act) {
-    case Activation::kRelu:
-      return z > 0 ? z : 0;
-    case Activation::kTanh:
-      return std::tanh(z);
-    case Activation::kSigmoid:
-      return 1 / (1 + std::exp(-z));
-    case Activation::kNone:
-      break;
-  }
-  return z;
 }
 
 // The deep part's output for one example's input.

@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "common/table_spec.h"
 #include "kernels/graph_model.h"
+#include "kernels/model_util.h"
 
 namespace fulcrum {
 namespace kernels {
@@ -23,8 +24,6 @@ namespace {
 
 constexpr size_t kMaxLayers = 256;
 constexpr size_t kMaxName = 64;
-constexpr int64_t kMaxFields = 4096;
-constexpr int64_t kMaxDense = 65536;
 constexpr int64_t kMaxUnits = 65536;
 constexpr int64_t kMaxDim = 1024;
 constexpr int64_t kMaxWidth = int64_t{1} << 20;       // values a layer's output has per example
@@ -108,10 +107,10 @@ absl::Status CheckInputCount(size_t i, const GraphLayer& layer) {
 // Resolves every layer's inputs and shape; the checks of
 // ValidateGraphConfig, in layer order.
 absl::Status Resolve(const GraphConfig& config, std::vector<std::vector<int>>* inputs, std::vector<GraphShape>* shapes) {
-  if (config.num_fields < 0 || config.num_fields > kMaxFields) {
+  if (config.num_fields < 0 || config.num_fields > kMaxClickFields) {
     return absl::InvalidArgumentError(absl::StrCat("graph: num_fields = ", config.num_fields, " is outside [0, 4096]"));
   }
-  if (config.num_dense < 0 || config.num_dense > kMaxDense) {
+  if (config.num_dense < 0 || config.num_dense > kMaxClickDense) {
     return absl::InvalidArgumentError(absl::StrCat("graph: num_dense = ", config.num_dense, " is outside [0, 65536]"));
   }
   const std::vector<GraphLayer>& layers = config.layers;

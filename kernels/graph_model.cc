@@ -17,6 +17,7 @@
 #include "common/status_macros.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/graph_bags.h"
+#include "kernels/model_util.h"
 
 namespace fulcrum {
 namespace kernels {
@@ -24,24 +25,10 @@ namespace {
 
 absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError(absl::StrCat("GraphModel: ", message)); }
 
-template <typename T>
-bool AnyNull(const std::vector<T*>& pointers) {
-  return std::any_of(pointers.begin(), pointers.end(), [](T* p) { return p == nullptr; });
-}
-
-absl::Status CheckPointers(const char* what, size_t expected, size_t actual, bool any_null) {
-  if (actual != expected) {
-    return Bad(absl::StrCat("got ", actual, " ", what, " pointers, expected ", expected,
-                            " (see GraphDenseTensors and GraphTables)"));
-  }
-  if (any_null) return Bad(absl::StrCat("a ", what, " pointer is null"));
-  return absl::OkStatus();
-}
-
-float Sigmoid(float z) {
-  if (z >= 0.0f) return 1.0f / (1.0f + std::exp(-z));
-  const float e = std::exp(z);
-  return e / (1.0f + e);
+// A pointer list of a GraphModel call.
+absl::Status CheckGraphPointers(const char* what, size_t expected, size_t actual, bool any_null) {
+  return kernels::CheckPointers("GraphModel", "GraphDenseTensors and GraphTables", what, expected, actual,
+                                any_null);
 }
 
 // c[m, n] = op(a) * op(b) + beta * c, row-major (see ctr_model.cc).
@@ -103,8 +90,9 @@ absl::Status GraphModel::ValidateInputs(const GraphBatch& batch, const CtrParams
     return Bad(absl::StrCat("batch has rows for ", batch.rows.size(), " and unique_rows for ", batch.unique_rows.size(),
                             " tables, the model has ", tables_.size()));
   }
-  RETURN_IF_ERROR(CheckPointers("params.dense", dense_tensors_.size(), params.dense.size(), AnyNull(params.dense)));
-  RETURN_IF_ERROR(CheckPointers("params.tables", tables_.size(), params.tables.size(), false));
+  RETURN_IF_ERROR(
+      CheckGraphPointers("params.dense", dense_tensors_.size(), params.dense.size(), AnyNull(params.dense)));
+  RETURN_IF_ERROR(CheckGraphPointers("params.tables", tables_.size(), params.tables.size(), false));
   const int64_t bags = int64_t{batch.batch} * config_.num_fields;
   int64_t num_ids = 0;
   if (config_.num_fields > 0) {
@@ -495,8 +483,9 @@ void GraphModel::Report(const GraphBatch& batch, double loss_sum, CtrStats* stat
 absl::Status GraphModel::ForwardBackward(const GraphBatch& batch, const CtrParams& params, const CtrGrads& grads,
                                          CtrStats* stats, float* outputs) {
   RETURN_IF_ERROR(ValidateInputs(batch, params, /*need_labels=*/true));
-  RETURN_IF_ERROR(CheckPointers("grads.dense", dense_tensors_.size(), grads.dense.size(), AnyNull(grads.dense)));
-  RETURN_IF_ERROR(CheckPointers("grads.tables", tables_.size(), grads.tables.size(), false));
+  RETURN_IF_ERROR(
+      CheckGraphPointers("grads.dense", dense_tensors_.size(), grads.dense.size(), AnyNull(grads.dense)));
+  RETURN_IF_ERROR(CheckGraphPointers("grads.tables", tables_.size(), grads.tables.size(), false));
   for (size_t t = 0; t < tables_.size(); ++t) {
     if (batch.unique_rows[t] > 0 && grads.tables[t] == nullptr) return Bad("a grads.tables pointer is null");
   }

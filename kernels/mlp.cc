@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/model_util.h"
 
 namespace fulcrum {
 namespace kernels {
@@ -23,7 +24,7 @@ std::vector<int> LayerDims(const ModelConfig& config) {
   return dims;
 }
 
-absl::Status CheckPointers(const char* what, size_t expected, size_t actual_count, bool any_null) {
+absl::Status CheckMlpPointers(const char* what, size_t expected, size_t actual_count, bool any_null) {
   if (actual_count != expected) {
     return absl::InvalidArgumentError(absl::StrCat("Mlp: got ", actual_count, " ", what,
                                                    " pointers, expected ", expected,
@@ -35,11 +36,6 @@ absl::Status CheckPointers(const char* what, size_t expected, size_t actual_coun
                                                    "tensor in MlpTensors order"));
   }
   return absl::OkStatus();
-}
-
-template <typename T>
-bool AnyNull(const std::vector<T*>& pointers) {
-  return std::any_of(pointers.begin(), pointers.end(), [](T* p) { return p == nullptr; });
 }
 
 }  // namespace
@@ -100,7 +96,7 @@ absl::Status Mlp::ValidateInputs(const std::vector<const float*>& params, const 
   if (x == nullptr || labels == nullptr) {
     return absl::InvalidArgumentError("Mlp: x and labels must be non-null");
   }
-  return CheckPointers("param", 2 * num_layers(), params.size(), AnyNull(params));
+  return CheckMlpPointers("param", 2 * num_layers(), params.size(), AnyNull(params));
 }
 
 // Grows every scratch buffer to `batch` rows; the old contents are dropped.
@@ -173,7 +169,7 @@ absl::Status Mlp::ForwardBackward(const std::vector<const float*>& params, const
                                                    " examples in a batch of ", micro.total_batch));
   }
   const int total = micro.total_batch > 0 ? micro.total_batch : batch;
-  RETURN_IF_ERROR(CheckPointers("grad", params.size(), grads.size(), AnyNull(grads)));
+  RETURN_IF_ERROR(CheckMlpPointers("grad", params.size(), grads.size(), AnyNull(grads)));
   RETURN_IF_ERROR(Forward(params, x, batch));
   double loss_sum = 0.0;
   int64_t correct = 0;

@@ -92,20 +92,6 @@ Params MakeParams(const ModelConfig& config, uint64_t seed, float scale_override
   return params;
 }
 
-double ReferenceActivate(Activation act, double z) {
-  switch (act) {
-    case Activation::kRelu:
-      return z > 0 ? z : 0;
-    case Activation::kTanh:
-      return std::tanh(z);
-    case Activation::kSigmoid:
-      return 1 / (1 + std::exp(-z));
-    case Activation::kNone:
-      break;
-  }
-  return z;
-}
-
 // Mean softmax cross-entropy of the MLP, computed in double precision.
 double ReferenceLoss(const ModelConfig& config, const std::vector<std::vector<double>>& params,
                      const std::vector<float>& x, const std::vector<int32_t>& labels) {

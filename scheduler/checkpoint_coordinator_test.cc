@@ -194,7 +194,7 @@ TEST(AssembleManifestTest, AChunkMissingFromItsPrimaryFailsTheCheckpoint) {
 
 // Servers "a" and "b" holding chunk 0 (a leads) and chunk 1 (b leads) at
 // version `version`; a cut below that answers ABORTED (the job outran it).
-class FakeServers : public ServerControl {
+class CoordinatorServers : public ServerControl {
  public:
   absl::Status SetupJob(const std::string&, const v1::SetupJobRequest&) override { return absl::OkStatus(); }
   absl::Status DropJob(const std::string&, const std::string&, const std::string&, bool, int64_t) override {
@@ -255,7 +255,7 @@ class CheckpointCoordinatorTest : public ::testing::Test {
             }};
   }
 
-  FakeServers servers_;
+  CoordinatorServers servers_;
   std::unique_ptr<KvStore> store_ = NewMemoryStore();
   absl::Status plan_error_;
   int64_t total_steps_ = 1000;

@@ -47,8 +47,6 @@ void AddHistoryPoint(v1::JobStatus* status, const v1::MetricPoint& point) {
   history->DeleteSubrange(kept, history->size() - kept);
 }
 
-int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
-
 }  // namespace
 
 JobManager::JobManager(SchedulerOptions options, ServerControl* servers, Clock clock, KvStore* store)
@@ -242,7 +240,7 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
   *job->status.mutable_spec() = std::move(spec);
   job->status.set_state(v1::PENDING);
   job->status.set_reason("waiting for workers and servers");
-  job->status.set_submit_time_unix_ms(UnixMillis(clock_()));
+  job->status.set_submit_time_unix_ms(absl::ToUnixMillis(clock_()));
   job->status.mutable_progress()->set_epochs(job->status.spec().data().epochs());
   job->status.mutable_progress()->set_test_accuracy(-1);
   job->num_partitions = job->status.spec().max_workers();
@@ -308,7 +306,7 @@ void JobManager::EndJob(Job* job, v1::JobState state, const std::string& reason)
   job->phase = Job::Phase::kEnded;
   job->status.set_state(state);
   job->status.set_reason(reason);
-  job->status.set_end_time_unix_ms(UnixMillis(clock_()));
+  job->status.set_end_time_unix_ms(absl::ToUnixMillis(clock_()));
   if (was_pending) pending_.erase(std::remove(pending_.begin(), pending_.end(), id), pending_.end());
   for (const JobWorker& worker : job->workers) {
     Member* member = members_.Find(worker.id);
@@ -585,7 +583,7 @@ void JobManager::ReleaseParameters(Job* job) {
   }
   job->server_addresses.clear();
   job->server_claim = 0;
-  job->status.set_parameters_released_unix_ms(UnixMillis(clock_()));
+  job->status.set_parameters_released_unix_ms(absl::ToUnixMillis(clock_()));
   // What a finished job keeps: its summary, the last of its history and events.
   constexpr int kKeptHistory = 100, kKeptEvents = 20;
   auto* history = job->status.mutable_history();
@@ -640,7 +638,7 @@ void JobManager::ApplyRetention() {
     return std::make_pair(a->status.end_time_unix_ms(), a->status.job_id()) >
            std::make_pair(b->status.end_time_unix_ms(), b->status.job_id());
   });
-  const int64_t now = UnixMillis(clock_());
+  const int64_t now = absl::ToUnixMillis(clock_());
   for (size_t i = 0; i < ended.size(); ++i) {
     Job* job = ended[i];
     const bool old = now - job->status.end_time_unix_ms() > absl::ToInt64Milliseconds(options_.retain_finished_for);

@@ -214,9 +214,11 @@ class JobManager {
   enum class StartOutcome { kStarted, kWaiting, kNotOnThisCluster };
   StartOutcome TryAssign(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Admission (scheduler/admission.h): whether a worker's budget takes the
-  // job; the memory the jobs placed on a server claim of it.
+  // job; the memory the jobs placed on a server (but `except`) claim of it:
+  // each its estimate or, when more, what the server last said it holds.
   bool WorkerFits(const Member& worker, const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t ServerClaimed(const std::string& server_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t ServerClaimed(const std::string& server_id, const Job* except = nullptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Live servers with room for `per_server` bytes more.
   std::vector<Member*> ServersWithRoom(int64_t per_server) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Retention of finished jobs (see SchedulerOptions).

@@ -29,8 +29,6 @@ constexpr int kMaxCheckpointInfos = 100;  // FAILED entries beyond this are forg
 constexpr int kDefaultKeepLast = 3;
 constexpr int64_t kNearEndSteps = 16;  // no periodic checkpoint this close to the end
 
-int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -52,7 +50,7 @@ int64_t JobManager::QueueCheckpoint(Job* job, const std::string& trigger) {
   v1::CheckpointInfo* info = job->status.add_checkpoints();
   info->set_id(id);
   info->set_step(job->status.progress().step());
-  info->set_time_unix_ms(UnixMillis(clock_()));
+  info->set_time_unix_ms(absl::ToUnixMillis(clock_()));
   info->set_state(v1::CheckpointInfo::WRITING);
   info->set_trigger(trigger);
   checkpoints_.Enqueue({job->status.job_id(), id});
@@ -87,9 +85,19 @@ void JobManager::ReshardThroughCheckpoint(Job* job, const Member& newcomer) {
   if (job->status.progress().step() + kNearEndSteps >= job->total_steps) return;  // not worth a restart
   // The newcomer must have room for its share, or the restart would place
   // the job on the same servers again (and the next tick ask once more).
-  const int64_t share = PerServerBytes(job->claims, job->status.spec(), job->shard_map.shards_size() + 1);
-  int64_t claimed = ServerClaimed(newcomer.id);
-  if (job->server_addresses.count(newcomer.id) > 0) claimed -= job->server_claim;  // a backup of the job already
+  // A share is the estimate's, or of what the job's servers hold now when
+  // more (its tables grew), laid over one server more.
+  const int servers = job->shard_map.shards_size() + 1;
+  int64_t held = 0;
+  for (const auto& [id, address] : job->server_addresses) {
+    if (const Member* server = members_.Find(id); server != nullptr) {
+      auto it = server->held_bytes.find(job->status.job_id());
+      if (it != server->held_bytes.end()) held += it->second;
+    }
+  }
+  const int64_t share =
+      std::max(PerServerBytes(job->claims, job->status.spec(), servers), (held + servers - 1) / servers);
+  const int64_t claimed = ServerClaimed(newcomer.id, job);  // not counting what it holds of the job already
   if (newcomer.memory_budget > 0 && claimed + share > newcomer.memory_budget) {
     job->reshard_declined[newcomer.id] = clock_() + absl::Minutes(1);
     AddEvent(job, absl::StrCat(newcomer.id, " does not join: a share of the job takes ", FormatBytes(share), ", its ",

@@ -24,8 +24,6 @@ namespace {
 
 constexpr int kMaxEvents = 200;
 
-int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
-
 std::string PartitionList(const std::vector<int32_t>& partitions) {
   return absl::StrCat("{", absl::StrJoin(partitions, ","), "}");
 }
@@ -145,15 +143,38 @@ absl::Status CheckIncarnation(const Member* member, uint64_t incarnation) {
       member->id, member->pid, member->address.empty() ? "none" : member->address));
 }
 
+// INVALID_ARGUMENT for held bytes no server reports: too many jobs, a
+// negative count.
+absl::Status CheckHeldBytes(const v1::HeartbeatRequest& request) {
+  if (request.held_bytes_size() > kMaxHeldJobs) {
+    return absl::InvalidArgumentError(absl::StrCat("heartbeat: held bytes of ", request.held_bytes_size(),
+                                                   " jobs; at most ", kMaxHeldJobs));
+  }
+  for (const auto& [job_id, bytes] : request.held_bytes()) {
+    if (bytes < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("heartbeat: job ", Quote(job_id, 64), " holds ", bytes,
+                                                     " bytes; a count is at least 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatRequest& request) {
   MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckIncarnation(members_.Find(request.member_id()), request.incarnation()));
-  const Member* member = members_.Renew(request.member_id(), clock_());
+  RETURN_IF_ERROR(CheckHeldBytes(request));
+  Member* member = members_.Renew(request.member_id(), clock_());
   if (member == nullptr) {
     return absl::NotFoundError(absl::StrCat("member ", Quote(request.member_id()),
                                             " is not registered (lease expired?): register again"));
+  }
+  if (member->role == v1::SERVER) {
+    member->held_bytes.clear();
+    for (const auto& [job_id, bytes] : request.held_bytes()) {
+      if (FindJob(job_id) != nullptr) member->held_bytes[job_id] = bytes;
+    }
   }
   v1::HeartbeatResponse response;
   if (member->role == v1::WORKER) *response.mutable_assignment() = AssignmentFor(*member);
@@ -223,7 +244,7 @@ std::vector<v1::MemberInfo> JobManager::Members() const {
     info.set_address(member->address);
     info.set_metrics_address(member->metrics_address);
     info.set_job_id(member->job_id);
-    info.set_last_heartbeat_unix_ms(UnixMillis(member->last_heartbeat));
+    info.set_last_heartbeat_unix_ms(absl::ToUnixMillis(member->last_heartbeat));
     info.set_device(member->device);
     info.set_draining(member->draining);
     info.set_memory_budget_bytes(member->memory_budget);
@@ -285,12 +306,22 @@ bool JobManager::WorkerFits(const Member& worker, const Job& job) const {
   return worker.memory_budget == 0 || job.claims.worker_bytes <= worker.memory_budget;
 }
 
-int64_t JobManager::ServerClaimed(const std::string& server_id) const {
+int64_t JobManager::ServerClaimed(const std::string& server_id, const Job* except) const {
+  const Member* server = members_.Find(server_id);
   int64_t claimed = 0;
   for (const auto& [id, job] : jobs_) {
+    if (job.get() == except) continue;
+    int64_t held = 0;
+    if (server != nullptr) {
+      auto it = server->held_bytes.find(id);
+      if (it != server->held_bytes.end()) held = it->second;
+    }
     // A job loading its data is not placed yet: it may land on any server.
+    // A placed one claims its estimate, or what it holds when more (its
+    // tables grew); one no longer placed here what it still holds.
     const bool unplaced = job->phase == Job::Phase::kLoading;
-    if (unplaced || job->server_addresses.count(server_id) > 0) claimed += job->server_claim;
+    claimed +=
+        unplaced || job->server_addresses.count(server_id) > 0 ? std::max(job->server_claim, held) : held;
   }
   return claimed;
 }
@@ -358,7 +389,7 @@ JobManager::StartOutcome JobManager::TryAssign(Job* job) {
   job->started = clock_();
   job->status.set_state(v1::RUNNING);
   job->status.set_reason("workers loading data");
-  job->status.set_start_time_unix_ms(UnixMillis(job->started));
+  job->status.set_start_time_unix_ms(absl::ToUnixMillis(job->started));
   for (int i = 0; i < wanted; ++i) AddWorker(job, idle[i]);
   FLOG(INFO) << "job " << job->status.job_id() << " assigned to " << wanted << " workers";
   return StartOutcome::kStarted;
@@ -439,7 +470,7 @@ void JobManager::Rebalance(Job* job) {
 void JobManager::AddEvent(Job* job, const std::string& message) {
   job->status.set_membership_epoch(job->status.membership_epoch() + 1);
   v1::JobEvent* event = job->status.add_events();
-  event->set_time_unix_ms(UnixMillis(clock_()));
+  event->set_time_unix_ms(absl::ToUnixMillis(clock_()));
   event->set_membership_epoch(job->status.membership_epoch());
   event->set_message(message);
   if (job->status.events_size() > kMaxEvents) job->status.mutable_events()->DeleteSubrange(0, 1);

@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/memory_budget.h"
 #include "common/rpc.h"
 #include "common/sync.h"
 #include "common/table_spec.h"
@@ -29,6 +30,7 @@
 #include "kernels/model_from_spec.h"
 #include "scheduler/admission.h"
 #include "scheduler/checkpoint_coordinator.h"
+#include "scheduler/membership.h"
 
 namespace fulcrum {
 namespace {
@@ -1898,6 +1900,77 @@ TEST_F(JobManagerTest, AServerJoiningAJobWithTablesIsTakenThroughACheckpoint) {
   manager_->Tick();
   EXPECT_EQ(GetOk(job_id).checkpoints_size(), 1) << "asked again at once";
   EXPECT_TRUE(servers_.drops().empty());
+}
+
+// A job's claim on a server follows what the server says it holds of it
+// when that is more than the estimate (tables grow with their rows, which no
+// spec says beforehand): a job that no longer fits beside it waits, and a
+// server joining the job is asked only with room for a share of what the
+// job holds. Held bytes no server could report are refused.
+TEST_F(JobManagerTest, AServersHeldBytesRaiseItsClaimAndHoldBackWhatNoLongerFits) {
+  constexpr int64_t kBudget = int64_t{1} << 30;
+  server_ = RegisterMember(v1::SERVER, kServerAddress, kBudget);
+  workers_.push_back(RegisterMember(v1::WORKER));
+  workers_.push_back(RegisterMember(v1::WORKER));
+  v1::JobSpec spec = SmallClickSpec(2);
+  spec.set_replicas(1);
+  const std::string click = SubmitOk(spec);
+  manager_->Tick();
+  ASSERT_NO_FATAL_FAILURE(MakeTraining(click));
+  auto claimed = [&](const std::string& id) {
+    for (const v1::MemberInfo& m : manager_->Members()) {
+      if (m.member_id() == id) return m.memory_claimed_bytes();
+    }
+    return int64_t{-1};
+  };
+  const int64_t estimate = claimed(server_);
+  ASSERT_GT(estimate, 0);
+  ASSERT_LT(estimate, kBudget / 4);
+
+  auto heartbeat = [&](const std::map<std::string, int64_t>& held) {
+    v1::HeartbeatRequest request;
+    request.set_member_id(server_);
+    for (const auto& [job, bytes] : held) (*request.mutable_held_bytes())[job] = bytes;
+    return manager_->Heartbeat(request).status();
+  };
+  // Less than the estimate: the estimate stands. A job the scheduler does
+  // not know counts for nothing.
+  ASSERT_TRUE(heartbeat({{click, estimate / 2}, {"no-such-job", kBudget}}).ok());
+  EXPECT_EQ(claimed(server_), estimate);
+  // The tables grew to most of the budget.
+  const int64_t held = kBudget - (int64_t{1} << 20);
+  ASSERT_TRUE(heartbeat({{click, held}}).ok());
+  EXPECT_EQ(claimed(server_), held);
+
+  // A server joining the click job must have room for half of what it holds.
+  const std::string small = RegisterMember(v1::SERVER, "127.0.0.1:7002", held / 4);
+  manager_->Tick();
+  v1::JobStatus status = GetOk(click);
+  EXPECT_EQ(status.checkpoints_size(), 0);
+  EXPECT_TRUE(
+      Contains(status.events().rbegin()->message(),
+               absl::StrCat(small, " does not join: a share of the job takes ", FormatBytes(held / 2))))
+      << status.events().rbegin()->message();
+  ASSERT_TRUE(manager_->Leave(small).ok());
+
+  // A second job's claim (a few MB) no longer fits beside it: it waits.
+  workers_.push_back(RegisterMember(v1::WORKER));
+  const std::string mlp = SubmitOk(MlpSpec(1));
+  manager_->Tick();
+  status = GetOk(mlp);
+  EXPECT_EQ(status.state(), v1::PENDING);
+  EXPECT_TRUE(Contains(status.reason(), "0 of 1 servers with the")) << status.reason();
+
+  // The tables shrank (rows expired): the second job starts.
+  ASSERT_TRUE(heartbeat({{click, estimate}}).ok());
+  manager_->Tick();
+  EXPECT_EQ(GetOk(mlp).state(), v1::RUNNING) << GetOk(mlp).reason();
+
+  // Counts no server reports are refused, and renew nothing.
+  EXPECT_EQ(heartbeat({{click, -1}}).code(), absl::StatusCode::kInvalidArgument);
+  std::map<std::string, int64_t> many;
+  for (int i = 0; i <= kMaxHeldJobs; ++i) many[absl::StrCat("job-", i)] = 1;
+  EXPECT_EQ(heartbeat(many).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // A re-shard's restart that a server cannot take part in (here the newcomer

@@ -15,6 +15,7 @@
 #include "google/protobuf/reflection.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "kernels/model_from_spec.h"
+#include "scheduler/job_spec_checks.h"
 
 namespace fulcrum {
 namespace {
@@ -22,26 +23,9 @@ namespace {
 using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 
-absl::Status Invalid(const std::string& field, const std::string& rule, const std::string& got) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("job spec: ", field, " ", rule, " (got ", got, ")"));
-}
-
-template <typename T>
-absl::Status CheckRange(const std::string& field, T value, T lo, T hi) {
-  if (value >= lo && value <= hi) return absl::OkStatus();
-  return Invalid(field, absl::StrCat("must be in [", lo, ", ", hi, "]"), absl::StrCat(value));
-}
-
-absl::Status CheckFloat(const std::string& field, float value, float lo, float hi, bool lo_open,
-                        bool hi_open) {
-  bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) &&
-            (hi_open ? value < hi : value <= hi);
-  if (ok) return absl::OkStatus();
-  return Invalid(field,
-                 absl::StrCat("must be in ", lo_open ? "(" : "[", lo, ", ", hi, hi_open ? ")" : "]"),
-                 absl::StrCat(value));
-}
+using job_spec_checks::CheckFloat;
+using job_spec_checks::CheckRange;
+using job_spec_checks::Invalid;
 
 // Unknown fields and out-of-range enum numbers, recursively.
 absl::Status CheckWellFormed(const Message& message, const std::string& path) {

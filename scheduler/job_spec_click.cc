@@ -11,26 +11,14 @@
 #include "common/table_spec.h"
 #include "kernels/model_from_spec.h"
 #include "scheduler/job_spec.h"
+#include "scheduler/job_spec_checks.h"
 
 namespace fulcrum {
 namespace {
 
-absl::Status Invalid(const std::string& field, const std::string& rule, const std::string& got) {
-  return absl::InvalidArgumentError(absl::StrCat("job spec: ", field, " ", rule, " (got ", got, ")"));
-}
-
-template <typename T>
-absl::Status CheckRange(const std::string& field, T value, T lo, T hi) {
-  if (value >= lo && value <= hi) return absl::OkStatus();
-  return Invalid(field, absl::StrCat("must be in [", lo, ", ", hi, "]"), absl::StrCat(value));
-}
-
-absl::Status CheckFloat(const std::string& field, double value, double lo, double hi, bool lo_open, bool hi_open) {
-  const bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) && (hi_open ? value < hi : value <= hi);
-  if (ok) return absl::OkStatus();
-  return Invalid(field, absl::StrCat("must be in ", lo_open ? "(" : "[", lo, ", ", hi, hi_open ? ")" : "]"),
-                 absl::StrCat(value));
-}
+using job_spec_checks::CheckFloat;
+using job_spec_checks::CheckRange;
+using job_spec_checks::Invalid;
 
 bool HasHidden(v1::ModelSpec::Kind kind) {
   return kind == v1::ModelSpec::WIDE_AND_DEEP || kind == v1::ModelSpec::DEEPFM || kind == v1::ModelSpec::DLRM;

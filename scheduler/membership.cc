@@ -42,7 +42,8 @@ absl::Status CheckRegistration(const v1::RegisterRequest& request) {
                                                      "characters (got ", Quote(*value, 64), ")"));
     }
   }
-  if (request.jobs_size() > 100000) return absl::InvalidArgumentError("register: too many held jobs listed");
+  if (request.jobs_size() > kMaxHeldJobs)
+    return absl::InvalidArgumentError("register: too many held jobs listed");
   for (const std::string& job : request.jobs()) {
     if (job.size() > 256 || !IsPrintable(job)) {
       return absl::InvalidArgumentError(absl::StrCat("register: held job id ", Quote(job, 64), " is not a job id"));

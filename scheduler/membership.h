@@ -33,7 +33,13 @@ struct Member {
   std::string job_id;  // workers: the job assigned, if any
   bool draining = false;  // servers: asked to leave; their shards move away
   int64_t memory_budget = 0;  // as registered; 0: not reported
+  // Servers: the bytes each job held there took at the last heartbeat (of
+  // jobs the scheduler knows).
+  std::map<std::string, int64_t> held_bytes;
 };
+
+// The most jobs a server may list as held (registration, heartbeats).
+inline constexpr int kMaxHeldJobs = 100000;
 
 // INVALID_ARGUMENT naming the field for a registration no member may make: a
 // role other than SERVER or WORKER, a server without an address, an id that

@@ -13,7 +13,8 @@
 #          in-process gRPC servers run under ASan only: Debian's gRPC is not
 #          built with TSan, and the hand-overs inside it make TSan report
 #          races it cannot order (tests/tsan.supp says more).
-#   tidy   clang-tidy (bugprone-*, concurrency-*, .clang-tidy) on every source
+#   tidy   clang-tidy (bugprone-*, concurrency-*, .clang-tidy) on every source,
+#          each alone (the builds compile them in unity batches)
 # Each prints its ctest output; the last line of each is
 #   "<check>: N passed, M failed, K skipped"
 # and the exit code is non-zero if any failed.
@@ -30,7 +31,8 @@ run_ctest() {
   shift 2
   local log
   log="$(mktemp)"
-  ( cd "$dir" && ctest --output-on-failure --timeout 600 "$@" ) 2>&1 | tee "$log"
+  # -j: unit tests a core each, integration tests alone (RUN_SERIAL).
+  ( cd "$dir" && ctest --output-on-failure --timeout 600 -j "$JOBS" "$@" ) 2>&1 | tee "$log"
   local status=${PIPESTATUS[0]}
   local summary skipped total failed
   summary="$(grep -E '^[0-9]+% tests passed' "$log" | tail -1)"
@@ -73,7 +75,7 @@ for check in "${CHECKS[@]}"; do
       # The fuzz targets are single-threaded and run for a fixed time each:
       # two at once, one a core.
       ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-        run_ctest build-asan fuzz -L fuzz -j 2 || rc=1
+        run_ctest build-asan fuzz -L fuzz || rc=1
       ;;
     tsan)
       configure build-tsan -DFULCRUM_SANITIZE=thread -DFULCRUM_BENCH=OFF || { echo "tsan: configure failed"; rc=1; continue; }
@@ -94,12 +96,18 @@ for check in "${CHECKS[@]}"; do
           || rc=1
       ;;
     tidy)
-      configure build-asan -DFULCRUM_SANITIZE=address,undefined -DFULCRUM_FUZZ=ON || { echo "tidy: configure failed"; rc=1; continue; }
-      # The generated protobuf headers must exist.
-      cmake --build build-asan -j "$JOBS" --target fulcrum_proto >&2 || { echo "tidy: build failed"; rc=1; continue; }
+      # A folder of its own with one compile command per source (the builds
+      # above compile in unity batches), configured as the ASan build is so
+      # that every source (fuzz targets, benchmarks) has its command; only
+      # the generated protobuf headers are made.
+      configure build-tidy -DCMAKE_UNITY_BUILD=OFF -DFULCRUM_SANITIZE=address,undefined -DFULCRUM_FUZZ=ON ||
+        { echo "tidy: configure failed"; rc=1; continue; }
+      headers=$(ninja -C build-tidy -t targets all | grep -oE '^proto/[^:]*\.pb\.h' | sort -u)
+      # shellcheck disable=SC2086
+      ninja -C build-tidy -j "$JOBS" $headers >&2 || { echo "tidy: protoc failed"; rc=1; continue; }
       files=$(git ls-files '*.cc' | grep -v '^kernels/cuda/')
       log="$(mktemp)"
-      if run-clang-tidy -quiet -p build-asan -j "$JOBS" $files >"$log" 2>&1; then
+      if run-clang-tidy -quiet -p build-tidy -j "$JOBS" $files >"$log" 2>&1; then
         echo "tidy: 1 passed, 0 failed, 0 skipped ($(echo $files | wc -w) files clean)"
       else
         grep -E "error:|warning:" "$log" | sort -u | head -100

@@ -13,9 +13,10 @@ cd "$(dirname "$0")/.."
 BUILD_DIR="${FULCRUM_BUILD_DIR:-build}"
 
 LOG="$(mktemp)"
-# Integration tests start their own processes; run test binaries one at a
-# time on small machines so that timing-sensitive parts (leases) keep margin.
-( cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 "$@" ) 2>&1 | tee "$LOG"
+# Unit tests run a core each; integration tests start clusters of processes
+# whose leases want the machine, so each runs alone (RUN_SERIAL, set by
+# fulcrum_test in CMakeLists.txt).
+( cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 -j "${FULCRUM_JOBS:-$(nproc)}" "$@" ) 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
 summary="$(grep -E '^[0-9]+% tests passed' "$LOG" | tail -1)"
 skipped="$(grep -c '\*\*\*Skipped' "$LOG" || true)"

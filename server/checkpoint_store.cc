@@ -87,9 +87,9 @@ uint32_t Crc32(absl::string_view bytes) {
 // Reads a payload front to back; every failure is DATA_LOSS saying what was
 // being read and where. Counts are checked against the bytes left before
 // anything is allocated for them.
-class PayloadReader {
+class RecordReader {
  public:
-  PayloadReader(absl::string_view bytes, absl::string_view what) : bytes_(bytes), what_(what) {}
+  RecordReader(absl::string_view bytes, absl::string_view what) : bytes_(bytes), what_(what) {}
 
   absl::Status U64(uint64_t* v, absl::string_view field) {
     RETURN_IF_ERROR(Need(8, field));
@@ -161,7 +161,7 @@ class PayloadReader {
   size_t pos_ = 0;
 };
 
-absl::Status ReadFloatArrays(PayloadReader& in, std::vector<std::vector<float>>* arrays,
+absl::Status ReadFloatArrays(RecordReader& in, std::vector<std::vector<float>>* arrays,
                              absl::string_view field) {
   uint64_t n = 0;
   RETURN_IF_ERROR(in.Count(&n, 8, field));
@@ -170,7 +170,7 @@ absl::Status ReadFloatArrays(PayloadReader& in, std::vector<std::vector<float>>*
   return absl::OkStatus();
 }
 
-absl::Status ReadWatermarks(PayloadReader& in, std::vector<std::pair<std::string, int64_t>>* watermarks) {
+absl::Status ReadWatermarks(RecordReader& in, std::vector<std::pair<std::string, int64_t>>* watermarks) {
   uint64_t n = 0;
   RETURN_IF_ERROR(in.Count(&n, 16, "watermarks"));
   watermarks->resize(n);
@@ -181,7 +181,7 @@ absl::Status ReadWatermarks(PayloadReader& in, std::vector<std::pair<std::string
   return absl::OkStatus();
 }
 
-absl::Status ReadInt64s(PayloadReader& in, std::vector<int64_t>* values, absl::string_view field) {
+absl::Status ReadInt64s(RecordReader& in, std::vector<int64_t>* values, absl::string_view field) {
   uint64_t n = 0;
   RETURN_IF_ERROR(in.Count(&n, 8, field));
   values->resize(n);
@@ -294,7 +294,7 @@ std::string EncodeIndex(const std::vector<CheckpointStore::ChunkRecordInfo>& chu
 absl::StatusOr<std::vector<CheckpointStore::ChunkRecordInfo>> DecodeIndex(absl::string_view record) {
   uint32_t checksum = 0;
   ASSIGN_OR_RETURN(absl::string_view payload, OpenRecord(record, kIndexMagic, &checksum));
-  PayloadReader in(payload, "index record");
+  RecordReader in(payload, "index record");
   uint64_t n = 0;
   RETURN_IF_ERROR(in.Count(&n, kIndexEntryBytes, "chunks"));
   std::vector<CheckpointStore::ChunkRecordInfo> chunks(n);
@@ -395,7 +395,7 @@ std::string EncodeChunkSnapshot(const ChunkSnapshot& snapshot) {
 }
 
 absl::StatusOr<ChunkSnapshot> DecodeChunkSnapshot(absl::string_view payload) {
-  PayloadReader in(payload, "chunk snapshot");
+  RecordReader in(payload, "chunk snapshot");
   ChunkSnapshot s;
   RETURN_IF_ERROR(in.I64(&s.version, "version"));
   RETURN_IF_ERROR(in.I64(&s.examples_seen, "examples_seen"));

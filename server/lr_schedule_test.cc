@@ -9,7 +9,7 @@ namespace {
 
 // Expected values were computed by hand / once with python3 in double
 // precision.
-constexpr float kTol = 1e-7f;
+constexpr float kScheduleTol = 1e-7f;
 
 LrScheduleConfig WarmupCosineConfig() {
   LrScheduleConfig c;
@@ -36,20 +36,20 @@ TEST(LearningRateTest, ConstantIgnoresStep) {
 
 TEST(LearningRateTest, WarmupIsLinear) {
   const LrScheduleConfig c = WarmupCosineConfig();
-  EXPECT_NEAR(LearningRate(c, 0.1f, 0), 0.01f, kTol);  // first warmup step
-  EXPECT_NEAR(LearningRate(c, 0.1f, 4), 0.05f, kTol);
-  EXPECT_NEAR(LearningRate(c, 0.1f, 9), 0.1f, kTol);  // last warmup step
+  EXPECT_NEAR(LearningRate(c, 0.1f, 0), 0.01f, kScheduleTol);  // first warmup step
+  EXPECT_NEAR(LearningRate(c, 0.1f, 4), 0.05f, kScheduleTol);
+  EXPECT_NEAR(LearningRate(c, 0.1f, 9), 0.1f, kScheduleTol);  // last warmup step
 }
 
 TEST(LearningRateTest, CosineDecaysToMinLr) {
   const LrScheduleConfig c = WarmupCosineConfig();
-  EXPECT_NEAR(LearningRate(c, 0.1f, 10), 0.1f, kTol);  // cosine start
-  EXPECT_NEAR(LearningRate(c, 0.1f, 35), 0.08550178567f, kTol);  // quarter
-  EXPECT_NEAR(LearningRate(c, 0.1f, 60), 0.0505f, kTol);  // midpoint
-  EXPECT_NEAR(LearningRate(c, 0.1f, 85), 0.01549821433f, kTol);
-  EXPECT_NEAR(LearningRate(c, 0.1f, 109), 0.001024425262f, kTol);
-  EXPECT_NEAR(LearningRate(c, 0.1f, 110), 0.001f, kTol);  // end
-  EXPECT_NEAR(LearningRate(c, 0.1f, 1000), 0.001f, kTol);  // stays at min
+  EXPECT_NEAR(LearningRate(c, 0.1f, 10), 0.1f, kScheduleTol);            // cosine start
+  EXPECT_NEAR(LearningRate(c, 0.1f, 35), 0.08550178567f, kScheduleTol);  // quarter
+  EXPECT_NEAR(LearningRate(c, 0.1f, 60), 0.0505f, kScheduleTol);         // midpoint
+  EXPECT_NEAR(LearningRate(c, 0.1f, 85), 0.01549821433f, kScheduleTol);
+  EXPECT_NEAR(LearningRate(c, 0.1f, 109), 0.001024425262f, kScheduleTol);
+  EXPECT_NEAR(LearningRate(c, 0.1f, 110), 0.001f, kScheduleTol);   // end
+  EXPECT_NEAR(LearningRate(c, 0.1f, 1000), 0.001f, kScheduleTol);  // stays at min
 }
 
 TEST(LearningRateTest, CosineWithoutWarmup) {
@@ -57,9 +57,9 @@ TEST(LearningRateTest, CosineWithoutWarmup) {
   c.warmup_steps = 0;
   c.total_steps = 100;
   c.min_lr = 0;
-  EXPECT_NEAR(LearningRate(c, 0.2f, 0), 0.2f, kTol);
-  EXPECT_NEAR(LearningRate(c, 0.2f, 50), 0.1f, kTol);
-  EXPECT_NEAR(LearningRate(c, 0.2f, 100), 0.0f, kTol);
+  EXPECT_NEAR(LearningRate(c, 0.2f, 0), 0.2f, kScheduleTol);
+  EXPECT_NEAR(LearningRate(c, 0.2f, 50), 0.1f, kScheduleTol);
+  EXPECT_NEAR(LearningRate(c, 0.2f, 100), 0.0f, kScheduleTol);
 }
 
 TEST(LearningRateTest, CosineIsMonotoneNonIncreasingAfterWarmup) {
@@ -75,8 +75,8 @@ TEST(LearningRateTest, CosineIsMonotoneNonIncreasingAfterWarmup) {
 TEST(LearningRateTest, WarmupEqualToTotalDropsToMinLr) {
   LrScheduleConfig c = WarmupCosineConfig();
   c.total_steps = 10;
-  EXPECT_NEAR(LearningRate(c, 0.1f, 9), 0.1f, kTol);
-  EXPECT_NEAR(LearningRate(c, 0.1f, 10), 0.001f, kTol);
+  EXPECT_NEAR(LearningRate(c, 0.1f, 9), 0.1f, kScheduleTol);
+  EXPECT_NEAR(LearningRate(c, 0.1f, 10), 0.001f, kScheduleTol);
 }
 
 TEST(LearningRateTest, StepDecayBoundariesExact) {
@@ -92,14 +92,14 @@ TEST(LearningRateTest, StepDecayBoundariesExact) {
 
 TEST(LearningRateTest, StepDecayGammaTenth) {
   const LrScheduleConfig c = StepDecayConfig(0.1f);
-  EXPECT_NEAR(LearningRate(c, 0.1f, 29), 0.1f, kTol);
-  EXPECT_NEAR(LearningRate(c, 0.1f, 30), 0.01f, kTol);
+  EXPECT_NEAR(LearningRate(c, 0.1f, 29), 0.1f, kScheduleTol);
+  EXPECT_NEAR(LearningRate(c, 0.1f, 30), 0.01f, kScheduleTol);
   EXPECT_NEAR(LearningRate(c, 0.1f, 60), 0.001f, 1e-9f);
   EXPECT_NEAR(LearningRate(c, 0.1f, 90), 0.0001f, 1e-10f);
 }
 
 TEST(LearningRateTest, NegativeStepTreatedAsZero) {
-  EXPECT_NEAR(LearningRate(WarmupCosineConfig(), 0.1f, -5), 0.01f, kTol);
+  EXPECT_NEAR(LearningRate(WarmupCosineConfig(), 0.1f, -5), 0.01f, kScheduleTol);
   EXPECT_EQ(LearningRate(StepDecayConfig(0.5f), 0.1f, -5), 0.1f);
 }
 

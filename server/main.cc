@@ -60,6 +60,7 @@ int Run(int argc, char** argv) {
   options.requested_id = absl::GetFlag(FLAGS_id);
   options.memory_budget = daemon.memory_budget();
   options.held_jobs = [&store] { return store.JobIds(); };
+  options.held_bytes = [&store] { return store.JobBytes(); };
   MembershipClient membership(options);
   membership_ptr = &membership;
   membership.Start();

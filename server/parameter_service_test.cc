@@ -43,7 +43,7 @@ namespace {
 
 constexpr int kNumChunks = 2;
 constexpr int64_t kChunkLength = 4;
-constexpr float kLr = 0.5f;  // SGD without momentum: values -= 0.5 * gradient, exact in float
+constexpr float kServiceLr = 0.5f;  // SGD without momentum: values -= 0.5 * gradient, exact in float
 constexpr double kRpcSeconds = 10.0;
 
 // One metrics endpoint for every server of the test binary, never destroyed:
@@ -158,7 +158,7 @@ v1::SetupJobRequest MakeSetup(const std::string& job_id, v1::Mode mode, const v1
   request.set_job_id(job_id);
   request.mutable_spec()->set_mode(mode);
   request.mutable_spec()->mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
-  request.mutable_spec()->mutable_optimizer()->set_lr(kLr);
+  request.mutable_spec()->mutable_optimizer()->set_lr(kServiceLr);
   request.set_num_partitions(1);
   request.set_total_steps(100);
   *request.mutable_shard_map() = map;
@@ -628,7 +628,7 @@ TEST_F(ParameterServiceTest, LambNormsTravelAsPullsAndPushesAndBadOnesAreRefused
     std::vector<float> expected = c == 0 ? before : before1;
     std::vector<std::vector<float>> moments(2, std::vector<float>(kChunkLength, 0.0f));
     float* slots[2] = {moments[0].data(), moments[1].data()};
-    ApplyLamb(config, kLr, 1, kChunkLength, gradient.data(), expected.data(), slots, {w_sq, r_sq});
+    ApplyLamb(config, kServiceLr, 1, kChunkLength, gradient.data(), expected.data(), slots, {w_sq, r_sq});
     ExpectChunk(server_.get(), "lamb", c, 1, expected, 1);
   }
 }

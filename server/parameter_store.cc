@@ -924,6 +924,13 @@ std::vector<std::string> ParameterStore::JobIds() const {
   return ids;
 }
 
+std::map<std::string, int64_t> ParameterStore::JobBytes() const {
+  MutexLock lock(&mu_);
+  std::map<std::string, int64_t> bytes;
+  for (const auto& [id, shard] : jobs_) bytes[id] = shard->bytes();
+  return bytes;
+}
+
 size_t ParameterStore::num_jobs() const {
   MutexLock lock(&mu_);
   return jobs_.size();

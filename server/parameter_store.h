@@ -428,6 +428,9 @@ class ParameterStore {
   absl::StatusOr<std::shared_ptr<JobShard>> Find(const std::string& job_id) const;
   size_t num_jobs() const;
   std::vector<std::string> JobIds() const;
+  // Each held job's bytes() (its chunks and tables; the transient holds
+  // are nobody's).
+  std::map<std::string, int64_t> JobBytes() const;
 
  private:
   // bytes(), under mu_.

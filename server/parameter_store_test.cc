@@ -30,7 +30,7 @@ constexpr int64_t kOffset = 100;
 constexpr int64_t kLength = 8;
 constexpr float kScale = 0.5f;
 // A power of two so that lr * g is exact for the small gradients used below.
-constexpr float kLr = 0.25f;
+constexpr float kStoreLr = 0.25f;
 
 uint32_t Bits(float f) {
   uint32_t b;
@@ -54,7 +54,7 @@ JobShardConfig TestJob(bool synchronous, int32_t num_workers,
   JobShardConfig config;
   config.job_id = job_id;
   config.optimizer.kind = OptimizerKind::kSgd;
-  config.lr = kLr;
+  config.lr = kStoreLr;
   config.synchronous = synchronous;
   config.num_partitions = num_workers;
   config.seed = kSeed;
@@ -167,7 +167,7 @@ TEST_F(ParameterStoreTest, AspPushAppliesImmediately) {
   EXPECT_EQ(version, 1);
   const std::vector<float> init = InitValues();
   for (int64_t i = 0; i < kLength; ++i) {
-    EXPECT_EQ(values[i], init[i] - kLr * g[i]) << "element " << i;
+    EXPECT_EQ(values[i], init[i] - kStoreLr * g[i]) << "element " << i;
   }
 
   // A second worker's push is applied on its own too (no waiting for a step).
@@ -176,7 +176,7 @@ TEST_F(ParameterStoreTest, AspPushAppliesImmediately) {
   const std::vector<float> values2 = PullNow(shard.get(), &version);
   EXPECT_EQ(version, 2);
   for (int64_t i = 0; i < kLength; ++i) {
-    EXPECT_EQ(values2[i], values[i] - kLr * g2[i]) << "element " << i;
+    EXPECT_EQ(values2[i], values[i] - kStoreLr * g2[i]) << "element " << i;
   }
 }
 
@@ -268,7 +268,7 @@ TEST_F(ParameterStoreTest, LeasedValuesStayAsTheyWereReadWhileTheChunkMovesOn) {
   ASSERT_TRUE(shard->Push(Args("w0", 0, 3, 2, Encode(Grad(1.0f)))).ok());
   const std::vector<float> g = Grad(1.0f);
   const std::vector<float> now = PullNow(shard.get(), &version);
-  for (int64_t i = 0; i < kLength; ++i) EXPECT_EQ(now[i], 7.0f - kLr * g[i]) << "element " << i;
+  for (int64_t i = 0; i < kLength; ++i) EXPECT_EQ(now[i], 7.0f - kStoreLr * g[i]) << "element " << i;
   // Other formats are encoded copies, lease or not.
   ASSERT_TRUE(shard->Read(kChunkId, v1::WIRE_BF16, &data, &version, &clock, -1, &lease).ok());
   EXPECT_TRUE(lease.empty());
@@ -294,7 +294,7 @@ TEST_F(ParameterStoreTest, BspLeasesOfBothVersionsOutliveTheSteps) {
   for (int64_t step = 1; step < 5; ++step) {
     ASSERT_TRUE(shard->Push(Args("w0", 0, step + 1, step, Encode(Grad(static_cast<float>(step))))).ok());
     const std::vector<float> g = Grad(static_cast<float>(step));
-    for (int64_t i = 0; i < kLength; ++i) expected[i] -= kLr * g[i];
+    for (int64_t i = 0; i < kLength; ++i) expected[i] -= kStoreLr * g[i];
     if (!before.empty()) {
       EXPECT_EQ(LeasedValues(before), InitValues()) << "step " << step;
     }
@@ -347,7 +347,7 @@ TEST_F(ParameterStoreTest, BspWaitsForEveryRankThenAppliesTheMean) {
   const std::vector<float> values = Decode(data);
   const std::vector<float> init = InitValues();
   for (int64_t i = 0; i < kLength; ++i) {
-    EXPECT_EQ(values[i], init[i] - kLr * ((g0[i] + g1[i]) / 2)) << i;
+    EXPECT_EQ(values[i], init[i] - kStoreLr * ((g0[i] + g1[i]) / 2)) << i;
   }
 }
 
@@ -417,7 +417,7 @@ TEST_F(ParameterStoreTest, LambStepWaitsForItsTensorsNormsThenAppliesTheWholeTen
     std::vector<float> expected = inits[c];
     std::vector<std::vector<float>> moments(2, std::vector<float>(kLength, 0.0f));
     float* slots[2] = {moments[0].data(), moments[1].data()};
-    ApplyLamb(config.optimizer, kLr, 1, kLength, mean.data(), expected.data(), slots, sums);
+    ApplyLamb(config.optimizer, kStoreLr, 1, kLength, mean.data(), expected.data(), slots, sums);
     values.clear();
     ASSERT_TRUE(shard->Read(kChunkId + c, v1::WIRE_FP32, &values, &version, &clock).ok());
     EXPECT_EQ(version, 1);
@@ -603,7 +603,7 @@ TEST_F(ParameterStoreTest, BspDuplicateIsAcknowledgedNotReapplied) {
 
   const std::vector<float> init = InitValues();
   for (int64_t i = 0; i < kLength; ++i) {
-    EXPECT_EQ(after_step[i], init[i] - kLr * ((g0[i] + g1[i]) / 2)) << i;
+    EXPECT_EQ(after_step[i], init[i] - kStoreLr * ((g0[i] + g1[i]) / 2)) << i;
   }
 }
 

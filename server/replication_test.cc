@@ -21,7 +21,7 @@
 namespace fulcrum {
 namespace {
 
-constexpr int64_t kLength = 4;
+constexpr int64_t kChunkElems = 4;
 
 JobShardConfig TwoChunkJob(const std::string& job_id = "job") {
   JobShardConfig config;
@@ -35,8 +35,8 @@ JobShardConfig TwoChunkJob(const std::string& job_id = "job") {
     ChunkConfig chunk;
     chunk.chunk_id = id;
     chunk.shard = id;
-    chunk.offset = id * kLength;
-    chunk.length = kLength;
+    chunk.offset = id * kChunkElems;
+    chunk.length = kChunkElems;
     config.chunks.push_back(chunk);
   }
   return config;
@@ -60,8 +60,8 @@ std::unique_ptr<ReceivedPush> Received(const std::string& job_id, int64_t map_ve
   for (int32_t id : chunk_ids) {
     v1::ChunkData* chunk = request.add_chunks();
     chunk->set_chunk_id(id);
-    const std::vector<float> values(kLength, value + static_cast<float>(id));
-    EncodeFloats(values.data(), kLength, chunk->mutable_data());
+    const std::vector<float> values(kChunkElems, value + static_cast<float>(id));
+    EncodeFloats(values.data(), kChunkElems, chunk->mutable_data());
   }
   auto received = std::make_unique<ReceivedPush>();
   received->bytes = SerializeMovingPayloads(&request);
@@ -211,8 +211,8 @@ TEST_F(ReplicationTest, AForwardSendsEachBackupItsChunksBytesUnchanged) {
   ASSERT_EQ(b2.payloads.size(), 2u);
   for (int32_t id : {0, 1}) {
     std::string expected;
-    const std::vector<float> values(kLength, 10.0f + static_cast<float>(id));
-    EncodeFloats(values.data(), kLength, &expected);
+    const std::vector<float> values(kChunkElems, 10.0f + static_cast<float>(id));
+    EncodeFloats(values.data(), kChunkElems, &expected);
     EXPECT_EQ(b2.payloads.at(id), expected) << id;
   }
   EXPECT_EQ(b1.payloads.at(0), b2.payloads.at(0));
@@ -324,7 +324,7 @@ TEST_F(ReplicationTest, CopiesComeFromEachChunksSourceAndAreAdoptedWhole) {
   // The primaries' states: chunk 0 at "p0" (version 5), chunk 1 at "p1".
   for (int32_t id : {0, 1}) {
     ChunkSnapshot snapshot;
-    snapshot.values.assign(kLength, 1.5f + static_cast<float>(id));
+    snapshot.values.assign(kChunkElems, 1.5f + static_cast<float>(id));
     snapshot.version = 5 + id;
     snapshot.partition_steps = {snapshot.version};
     snapshot.watermarks = {{"worker-0", 40 + id}};
@@ -345,7 +345,7 @@ TEST_F(ReplicationTest, CopiesComeFromEachChunksSourceAndAreAdoptedWhole) {
   for (int32_t id : {0, 1}) {
     auto snapshot = (*shard)->Snapshot(id);
     ASSERT_TRUE(snapshot.ok()) << snapshot.status();
-    EXPECT_EQ(snapshot->values, std::vector<float>(kLength, 1.5f + static_cast<float>(id)));
+    EXPECT_EQ(snapshot->values, std::vector<float>(kChunkElems, 1.5f + static_cast<float>(id)));
     EXPECT_EQ(snapshot->version, 5 + id);
     EXPECT_EQ(snapshot->watermarks, (std::vector<std::pair<std::string, int64_t>>{{"worker-0", 40 + id}}));
   }
@@ -358,7 +358,7 @@ TEST_F(ReplicationTest, CopiesComeFromEachChunksSourceAndAreAdoptedWhole) {
   // A copied state of the wrong shape is refused, not adopted.
   {
     ChunkSnapshot wrong;
-    wrong.values.assign(kLength + 1, 0.0f);
+    wrong.values.assign(kChunkElems + 1, 0.0f);
     wrong.partition_steps = {0};
     v1::ChunkState state;
     ToChunkState(wrong, 0, &state);

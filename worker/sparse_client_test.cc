@@ -24,7 +24,7 @@
 namespace fulcrum {
 namespace {
 
-constexpr char kJob[] = "job-sparse";
+constexpr char kSparseJob[] = "job-sparse";
 constexpr int kDim = 1024;  // 4 KiB a row: 3000 keys take several requests per server
 
 MetricsEndpoint* Metrics() {
@@ -69,7 +69,7 @@ class SparseClientTest : public testing::Test {
     AddTableLayouts(layout.tables, spec_, &map_);
     for (size_t i = 0; i < services_.size(); ++i) {
       v1::SetupJobRequest request;
-      request.set_job_id(kJob);
+      request.set_job_id(kSparseJob);
       *request.mutable_spec() = spec_;
       request.set_num_partitions(1);
       request.set_total_steps(10);
@@ -93,7 +93,7 @@ class SparseClientTest : public testing::Test {
 
 TEST_F(SparseClientTest, PushesInPartsApplyOnceAndPullsAnswerInKeyOrder) {
   ASSERT_EQ(map_.tables_size(), 2);
-  SparseClient client(map_, kJob, "w0", &transport_);
+  SparseClient client(map_, kSparseJob, "w0", &transport_);
   std::vector<uint64_t> keys;
   for (uint64_t k = 0; k < 3000; ++k) keys.push_back(k * 7919 + 13);
   const std::vector<std::vector<uint64_t>> both = {keys, keys};
@@ -116,7 +116,7 @@ TEST_F(SparseClientTest, PushesInPartsApplyOnceAndPullsAnswerInKeyOrder) {
   // Both servers hold rows, each only its buckets'.
   int64_t held = 0;
   for (const auto& store : stores_) {
-    auto shard = store->Find(kJob);
+    auto shard = store->Find(kSparseJob);
     ASSERT_TRUE(shard.ok());
     const int64_t rows_here = (*shard)->sparse()->Stats()[1].rows;
     EXPECT_GT(rows_here, 0);
@@ -130,7 +130,7 @@ TEST_F(SparseClientTest, PushesInPartsApplyOnceAndPullsAnswerInKeyOrder) {
 }
 
 TEST_F(SparseClientTest, AServerThatIsGoneFailsTheCallNamingIt) {
-  SparseClient client(map_, kJob, "w0", &transport_);
+  SparseClient client(map_, kSparseJob, "w0", &transport_);
   transport_.Serve(map_.shards(0).address(), nullptr);
   std::vector<uint64_t> keys;
   for (uint64_t k = 0; k < 64; ++k) keys.push_back(k);
@@ -146,8 +146,8 @@ TEST_F(SparseClientTest, AServerThatIsGoneFailsTheCallNamingIt) {
 // and later calls fail so at once without reaching a server (they used to
 // wait out their deadline on a paused server).
 TEST_F(SparseClientTest, ASupersededClientsCallsAnswerAbortedAtOnce) {
-  SparseClient client(map_, kJob, "w0", &transport_);
-  ParameterClient dense(map_, kJob, "w0", nullptr, v1::WIRE_FP32, &transport_);
+  SparseClient client(map_, kSparseJob, "w0", &transport_);
+  ParameterClient dense(map_, kSparseJob, "w0", nullptr, v1::WIRE_FP32, &transport_);
   dense.set_also_supersede([&client] { client.Supersede(); });
   int reached = 0;
   transport_.set_fault([&](const std::string&, ParameterTransport::Method method,
@@ -177,7 +177,7 @@ TEST_F(SparseClientTest, ASupersededClientsCallsAnswerAbortedAtOnce) {
 // paused peer): a kept sparse request's bytes stay what was sent after the
 // client returned and made other requests (they are the request's own).
 TEST_F(SparseClientTest, RequestsKeptPastTheirCallKeepTheirBytes) {
-  SparseClient client(map_, kJob, "w0", &transport_);
+  SparseClient client(map_, kSparseJob, "w0", &transport_);
   transport_.set_keep([](ParameterTransport::Method method) {
     return method == ParameterTransport::Method::kSparsePush || method == ParameterTransport::Method::kSparsePull;
   });

@@ -9,15 +9,20 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 ./scripts/install-deps.sh || exit 1
+# Where the time goes: a "time: PHASE N s" line after each phase.
+t=$SECONDS
 ./scripts/build.sh || { echo "build failed"; exit 1; }
+echo "time: release build $((SECONDS - t)) s"
 BUILD_DIR="${FULCRUM_BUILD_DIR:-build}"
 
 LOG="$(mktemp)"
+t=$SECONDS
 # Unit tests run a core each; integration tests start clusters of processes
 # whose leases want the machine, so each runs alone (RUN_SERIAL, set by
 # fulcrum_test in CMakeLists.txt).
 ( cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 -j "${FULCRUM_JOBS:-$(nproc)}" "$@" ) 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
+echo "time: release tests $((SECONDS - t)) s"
 summary="$(grep -E '^[0-9]+% tests passed' "$LOG" | tail -1)"
 skipped="$(grep -c '\*\*\*Skipped' "$LOG" || true)"
 rm -f "$LOG"

@@ -94,37 +94,19 @@ ParameterClient::ParameterClient(const v1::ShardMap& map, std::string job_id, st
 }
 
 void ParameterClient::Supersede() {
-  {
-    MutexLock lock(&calls_mu_);
-    superseded_now_ = true;
-    for (ParameterTransport::Call* call : calls_in_flight_) call->Cancel();
-  }
+  calls_.Supersede();
   if (also_supersede_) also_supersede_();
 }
 
-bool ParameterClient::superseded() const {
-  MutexLock lock(&calls_mu_);
-  return superseded_now_;
-}
+bool ParameterClient::superseded() const { return calls_.superseded(); }
 
-bool ParameterClient::Track(ParameterTransport::Call* call) {
-  MutexLock lock(&calls_mu_);
-  if (superseded_now_) return false;
-  calls_in_flight_.insert(call);
-  return true;
-}
+bool ParameterClient::Track(ParameterTransport::Call* call) { return calls_.Track(call); }
 
-void ParameterClient::Untrack(ParameterTransport::Call* call) {
-  MutexLock lock(&calls_mu_);
-  calls_in_flight_.erase(call);
-}
+void ParameterClient::Untrack(ParameterTransport::Call* call) { calls_.Untrack(call); }
 
 absl::Status ParameterClient::Outcome(const grpc::Status& status, absl::string_view what) const {
-  if (status.error_code() == grpc::StatusCode::CANCELLED && superseded()) {
-    return absl::AbortedError(absl::StrCat(what, ": cancelled, the shard map changed (version ", map_.version(),
-                                           " is superseded)"));
-  }
-  return absl::Status(FromGrpcStatus(status).code(), absl::StrCat(what, ": ", status.error_message()));
+  const absl::Status outcome = calls_.Outcome(FromGrpcStatus(status), map_.version());
+  return absl::Status(outcome.code(), absl::StrCat(what, ": ", outcome.message()));
 }
 
 absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& requests,

@@ -10,7 +10,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -19,12 +18,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "fulcrum/v1/parameter.grpc.pb.h"
-#include "worker/gradient_compressor.h"
-#include "worker/parameter_transport.h"
-#include "fulcrum/v1/shard_map.pb.h"
 #include "common/slice_loan.h"
 #include "common/sync.h"
+#include "fulcrum/v1/parameter.grpc.pb.h"
+#include "fulcrum/v1/shard_map.pb.h"
+#include "worker/gradient_compressor.h"
+#include "worker/parameter_transport.h"
 
 namespace fulcrum {
 
@@ -289,9 +288,7 @@ class ParameterClient {
   absl::Status Outcome(const grpc::Status& status, absl::string_view what) const;
 
   const v1::ShardMap map_;
-  mutable Mutex calls_mu_;
-  std::set<ParameterTransport::Call*> calls_in_flight_ ABSL_GUARDED_BY(calls_mu_);
-  bool superseded_now_ ABSL_GUARDED_BY(calls_mu_) = false;
+  CallSet calls_;  // in flight
   std::function<void()> also_supersede_;
   const std::function<bool()> superseded_;
   const v1::WireFormat format_;

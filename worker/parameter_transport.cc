@@ -50,4 +50,33 @@ std::unique_ptr<ParameterTransport::Call> GrpcParameterTransport::NewCall(const 
   return std::make_unique<GrpcCall>(stub.get(), method);
 }
 
+bool CallSet::Track(ParameterTransport::Call* call) {
+  MutexLock lock(&mu_);
+  if (superseded_) return false;
+  calls_.insert(call);
+  return true;
+}
+
+void CallSet::Untrack(ParameterTransport::Call* call) {
+  MutexLock lock(&mu_);
+  calls_.erase(call);
+}
+
+void CallSet::Supersede() {
+  MutexLock lock(&mu_);
+  superseded_ = true;
+  for (ParameterTransport::Call* call : calls_) call->Cancel();
+}
+
+bool CallSet::superseded() const {
+  MutexLock lock(&mu_);
+  return superseded_;
+}
+
+absl::Status CallSet::Outcome(absl::Status status, int64_t map_version) const {
+  if (!absl::IsCancelled(status) || !superseded()) return status;
+  return absl::AbortedError(
+      absl::StrCat("cancelled, the shard map changed (version ", map_version, " is superseded)"));
+}
+
 }  // namespace fulcrum

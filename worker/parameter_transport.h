@@ -8,16 +8,19 @@
 #ifndef FULCRUM_WORKER_PARAMETER_TRANSPORT_H_
 #define FULCRUM_WORKER_PARAMETER_TRANSPORT_H_
 
-#include <functional>
-#include <map>
-#include <memory>
-#include <string>
-
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/status.h>
 
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/sync.h"
 
@@ -44,6 +47,32 @@ class ParameterTransport {
   virtual ~ParameterTransport() = default;
   // A call of `method` to the server at `address`. Thread-safe.
   virtual std::unique_ptr<Call> NewCall(const std::string& address, Method method) = 0;
+};
+
+// The calls a client (ParameterClient, SparseClient) has in flight under one
+// shard map, so that when the map is superseded (a failover) they are all
+// cancelled at once instead of waiting out their deadline on a server that
+// may be paused, and later ones are refused. Thread-safe.
+class CallSet {
+ public:
+  // Registers a call before it starts; false once superseded (do not start
+  // it).
+  bool Track(ParameterTransport::Call* call) ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets a call that is over. Never called while holding a lock the
+  // call's callback takes.
+  void Untrack(ParameterTransport::Call* call) ABSL_LOCKS_EXCLUDED(mu_);
+  // Cancels every call in flight and refuses later ones.
+  void Supersede() ABSL_LOCKS_EXCLUDED(mu_);
+  bool superseded() const ABSL_LOCKS_EXCLUDED(mu_);
+  // ABORTED, which tells the caller to refresh its map, for a call that
+  // ended CANCELLED because the map (of `map_version`) was superseded; else
+  // `status` as it is.
+  absl::Status Outcome(absl::Status status, int64_t map_version) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  mutable Mutex mu_;
+  std::set<ParameterTransport::Call*> calls_ ABSL_GUARDED_BY(mu_);
+  bool superseded_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // Calls over gRPC, through a generic stub per address (one channel each, kept

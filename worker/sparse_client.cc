@@ -111,23 +111,16 @@ absl::Status SparseClient::Send(ParameterTransport::Method method, const std::ve
     call.request = std::move(messages[i]);
     call.call = transport_->NewCall(requests[i].address, method);
   }
-  const auto superseded = [this] {
-    return absl::AbortedError(
-        absl::StrCat("cancelled, the shard map changed (version ", map_.version(), " is superseded)"));
-  };
-  {
-    MutexLock lock(&calls_mu_);
-    if (superseded_) return superseded();
-    for (const Call& call : calls) calls_in_flight_.insert(call.call.get());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (!calls_.Track(calls[i].call.get())) {
+      for (size_t j = 0; j < i; ++j) calls_.Untrack(calls[j].call.get());
+      return calls_.Outcome(absl::CancelledError(), map_.version());
+    }
   }
   for (size_t i = 0; i < requests.size(); ++i) {
     Call& call = calls[i];
     call.call->Start(&call.request, &call.response, timeout, [&, i](grpc::Status status) {
-      absl::Status result = FromGrpcStatus(status);
-      if (absl::IsCancelled(result)) {
-        MutexLock lock(&calls_mu_);
-        if (superseded_) result = superseded();
-      }
+      absl::Status result = calls_.Outcome(FromGrpcStatus(status), map_.version());
       if (result.ok()) result = answer(i, calls[i].response);
       MutexLock lock(&mu);
       if (!result.ok() && first_error.ok()) {
@@ -140,16 +133,11 @@ absl::Status SparseClient::Send(ParameterTransport::Method method, const std::ve
     MutexLock lock(&mu);
     while (pending > 0) done_cv.Wait(&mu);
   }
-  MutexLock lock(&calls_mu_);
-  for (const Call& call : calls) calls_in_flight_.erase(call.call.get());
+  for (const Call& call : calls) calls_.Untrack(call.call.get());
   return first_error;
 }
 
-void SparseClient::Supersede() {
-  MutexLock lock(&calls_mu_);
-  superseded_ = true;
-  for (ParameterTransport::Call* call : calls_in_flight_) call->Cancel();
-}
+void SparseClient::Supersede() { calls_.Supersede(); }
 
 absl::Status SparseClient::Pull(const std::vector<std::vector<uint64_t>>& keys, std::vector<std::vector<float>>* rows,
                                 absl::Duration timeout) {

@@ -10,13 +10,11 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/sync.h"
 #include "fulcrum/v1/shard_map.pb.h"
 #include "worker/parameter_transport.h"
 
@@ -61,7 +59,7 @@ class SparseClient {
   // A newer shard map is out (a failover) or the job ended: the requests in
   // flight are cancelled at once, and they and later ones answer ABORTED,
   // instead of waiting out their deadline on a server that may be paused.
-  void Supersede() ABSL_LOCKS_EXCLUDED(calls_mu_);
+  void Supersede();
 
  private:
   // One request: a shard, its primary's address and, per table, the
@@ -86,9 +84,7 @@ class SparseClient {
   std::unique_ptr<ParameterTransport> own_transport_;  // gRPC, when none was given
   ParameterTransport* const transport_;
   bool synchronous_ = false;
-  Mutex calls_mu_;
-  std::set<ParameterTransport::Call*> calls_in_flight_ ABSL_GUARDED_BY(calls_mu_);
-  bool superseded_ ABSL_GUARDED_BY(calls_mu_) = false;
+  CallSet calls_;  // in flight
 };
 
 }  // namespace fulcrum

@@ -90,10 +90,7 @@ void JobManager::ReshardThroughCheckpoint(Job* job, const Member& newcomer) {
   const int servers = job->shard_map.shards_size() + 1;
   int64_t held = 0;
   for (const auto& [id, address] : job->server_addresses) {
-    if (const Member* server = members_.Find(id); server != nullptr) {
-      auto it = server->held_bytes.find(job->status.job_id());
-      if (it != server->held_bytes.end()) held += it->second;
-    }
+    if (const Member* server = members_.Find(id); server != nullptr) held += server->HeldBytes(job->status.job_id());
   }
   const int64_t share =
       std::max(PerServerBytes(job->claims, job->status.spec(), servers), (held + servers - 1) / servers);

@@ -311,11 +311,7 @@ int64_t JobManager::ServerClaimed(const std::string& server_id, const Job* excep
   int64_t claimed = 0;
   for (const auto& [id, job] : jobs_) {
     if (job.get() == except) continue;
-    int64_t held = 0;
-    if (server != nullptr) {
-      auto it = server->held_bytes.find(id);
-      if (it != server->held_bytes.end()) held = it->second;
-    }
+    const int64_t held = server != nullptr ? server->HeldBytes(id) : 0;
     // A job loading its data is not placed yet: it may land on any server.
     // A placed one claims its estimate, or what it holds when more (its
     // tables grew); one no longer placed here what it still holds.

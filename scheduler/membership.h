@@ -36,6 +36,11 @@ struct Member {
   // Servers: the bytes each job held there took at the last heartbeat (of
   // jobs the scheduler knows).
   std::map<std::string, int64_t> held_bytes;
+  // What the last heartbeat said job `job_id` takes here (0: nothing).
+  int64_t HeldBytes(const std::string& job_id) const {
+    auto it = held_bytes.find(job_id);
+    return it == held_bytes.end() ? 0 : it->second;
+  }
 };
 
 // The most jobs a server may list as held (registration, heartbeats).

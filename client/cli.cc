@@ -306,17 +306,20 @@ void PrintJob(const v1::JobStatus& job) {
   if (!job.resumed_from().empty()) std::cout << "Resumed:    from checkpoint " << job.resumed_from() << "\n";
   if (job.checkpoints_size() > 0) {
     std::cout << "Checkpoints:\n"
-              << absl::StrFormat("  %4s %-9s %8s %-8s %12s %6s %8s %-13s %s\n", "ID", "STATE", "STEP", "TIME", "BYTES",
-                                 "BASE", "SECONDS", "TRIGGER", "REASON");
+              << absl::StrFormat("  %4s %-9s %8s %-8s %12s %10s %6s %8s %-13s %s\n", "ID", "STATE", "STEP",
+                                 "TIME", "BYTES", "IN_MEMORY", "BASE", "SECONDS", "TRIGGER", "REASON");
   }
   for (const auto& c : job.checkpoints()) {
-    // BASE: the checkpoint whose tables it stores the changes of ("-": whole).
-    std::cout << absl::StrFormat("  %4d %-9s %8d %-8s %12d %6s %8.2f %-13s %s\n", c.id(),
-                                 v1::CheckpointInfo::State_Name(c.state()), c.step(),
-                                 absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(c.time_unix_ms()),
-                                                  absl::LocalTimeZone()),
-                                 c.bytes(), c.base_id() > 0 ? absl::StrCat(c.base_id()) : "-", c.duration_seconds(),
-                                 c.trigger(), Printable(c.reason()));
+    // IN_MEMORY: what one copy took on the servers when taken (its restore
+    // is placed by it). BASE: the checkpoint whose tables it stores the
+    // changes of ("-": whole).
+    std::cout << absl::StrFormat(
+        "  %4d %-9s %8d %-8s %12d %10s %6s %8.2f %-13s %s\n", c.id(),
+        v1::CheckpointInfo::State_Name(c.state()), c.step(),
+        absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(c.time_unix_ms()), absl::LocalTimeZone()),
+        c.bytes(), c.server_bytes() > 0 ? FormatBytes(c.server_bytes()) : "-",
+        c.base_id() > 0 ? absl::StrCat(c.base_id()) : "-", c.duration_seconds(), c.trigger(),
+        Printable(c.reason()));
   }
   if (job.events_size() > 0) std::cout << "Events:\n";
   for (const auto& e : job.events()) {

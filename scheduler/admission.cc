@@ -29,7 +29,7 @@ int OptimizerSlots(const v1::OptimizerSpec& optimizer) {
 
 bool Synchronous(const v1::JobSpec& spec) { return spec.mode() == v1::BSP || spec.mode() == v1::MODE_UNSPECIFIED; }
 
-int64_t CeilDiv(int64_t a, int64_t b) { return b <= 0 ? a : (a + b - 1) / b; }
+int64_t CeilDiv(int64_t a, int64_t b) { return b <= 0 ? a : a / b + (a % b != 0 ? 1 : 0); }
 
 }  // namespace
 
@@ -111,9 +111,24 @@ int64_t PerServerBytes(const JobClaims& claims, const v1::JobSpec& spec, int ser
   return held * CeilDiv(claims.parameters, shards) * claims.server_bytes_per_parameter;
 }
 
+int64_t RestoredShareBytes(int64_t copy_bytes, int replicas, int servers) {
+  if (servers <= 0 || copy_bytes <= 0) return 0;
+  // Keys hash to many buckets spread over the servers: each holds about
+  // min(replicas, servers) / servers of the copies. (Divided first: a
+  // reported count near 2^63 must not overflow.)
+  const int64_t copies = std::min(std::max(1, replicas), servers);
+  return CeilDiv(copy_bytes, servers) * copies;
+}
+
+int64_t PerServerClaimBytes(const JobClaims& claims, const v1::JobSpec& spec, int64_t restored_copy_bytes,
+                            int servers) {
+  return std::max(PerServerBytes(claims, spec, servers),
+                  RestoredShareBytes(restored_copy_bytes, spec.replicas(), servers));
+}
+
 absl::Status CheckFitsBudgets(const JobClaims& claims, const v1::JobSpec& spec,
                               const std::vector<int64_t>& worker_budgets,
-                              const std::vector<int64_t>& server_budgets) {
+                              const std::vector<int64_t>& server_budgets, int64_t restored_copy_bytes) {
   if (!worker_budgets.empty()) {
     const int64_t largest = *std::max_element(worker_budgets.begin(), worker_budgets.end());
     if (largest > 0 && claims.worker_bytes > largest) {
@@ -134,6 +149,19 @@ absl::Status CheckFitsBudgets(const JobClaims& claims, const v1::JobSpec& spec,
     for (int64_t b : server_budgets) total += b;
     const int64_t needed = claims.parameters * claims.server_bytes_per_parameter * std::max(1, spec.replicas());
     const bool unknown = std::count(server_budgets.begin(), server_budgets.end(), 0) > 0;
+    // A checkpoint whose tables grew past the estimate: its copies must fit.
+    const int64_t restored_share = RestoredShareBytes(restored_copy_bytes, spec.replicas(), servers);
+    const int64_t copies = std::min(std::max(1, spec.replicas()), servers);
+    if (!unknown && restored_share > per_server &&
+        (restored_share > largest || restored_copy_bytes > total / copies)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "resumeFrom: the checkpoint's state took ", FormatBytes(restored_copy_bytes),
+          " of the servers' memory when it was taken (its tables as they had grown): ",
+          FormatBytes(restored_share), " on each of ", servers, " servers holding ",
+          copies == 1 ? std::string("one copy") : absl::StrCat(copies, " copies (replicas)"),
+          "; their memory budgets are ", FormatBytes(largest), " at most and ", FormatBytes(total),
+          " together (fulcrum-server --memory-budget): add servers or give them larger budgets"));
+    }
     if (!unknown && (per_server > largest || needed > total)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "this job's ", claims.parameters, " parameters need ", FormatBytes(needed), " on the servers (",

@@ -58,12 +58,26 @@ int64_t ChunkElemsFor(const JobClaims& claims, int64_t chunk_elems);
 // shards (numShards, or one per server) with spec.replicas() each.
 int64_t PerServerBytes(const JobClaims& claims, const v1::JobSpec& spec, int servers);
 
+// The most any one server holds of a restored copy of `copy_bytes` (a
+// checkpoint's CheckpointInfo.server_bytes) laid over `servers` servers with
+// `replicas` replicas: the checkpoint's tables as they had grown, which the
+// spec's estimate does not know of.
+int64_t RestoredShareBytes(int64_t copy_bytes, int replicas, int servers);
+
+// What a job takes on each of `servers` servers: its estimate, or the share
+// of the checkpoint it restores from (`restored_copy_bytes`, 0: none) when
+// more.
+int64_t PerServerClaimBytes(const JobClaims& claims, const v1::JobSpec& spec, int64_t restored_copy_bytes,
+                            int servers);
+
 // OK when the job could run on processes with these budgets (empty: none
 // registered, nothing to check); RESOURCE_EXHAUSTED naming what it needs and
 // what the cluster has otherwise. A budget of 0 is unknown (not checked).
+// `restored_copy_bytes`: the server bytes of the checkpoint it resumes from
+// (0: none), which it needs on the servers when more than its estimate.
 absl::Status CheckFitsBudgets(const JobClaims& claims, const v1::JobSpec& spec,
                               const std::vector<int64_t>& worker_budgets,
-                              const std::vector<int64_t>& server_budgets);
+                              const std::vector<int64_t>& server_budgets, int64_t restored_copy_bytes = 0);
 
 }  // namespace fulcrum
 

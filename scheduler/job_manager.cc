@@ -181,14 +181,6 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   const JobClaims claims = ClaimsOf(spec);
   MutexLock lock(&mu_);
-  {
-    // What can never fit the processes' memory budgets is refused now.
-    std::vector<int64_t> worker_budgets, server_budgets;
-    for (const auto& [id, member] : members_.all()) {
-      (member->role == v1::WORKER ? worker_budgets : server_budgets).push_back(member->memory_budget);
-    }
-    RETURN_IF_ERROR(CheckFitsBudgets(claims, spec, worker_budgets, server_budgets));
-  }
   const v1::CheckpointManifest* resume = nullptr;
   if (!resume_from.empty()) {
     std::vector<std::string> parts = absl::StrSplit(resume_from, absl::MaxSplits('/', 1));
@@ -232,6 +224,15 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
         }
       }
     }
+  }
+  {
+    // What can never fit the processes' memory budgets is refused now.
+    std::vector<int64_t> worker_budgets, server_budgets;
+    for (const auto& [id, member] : members_.all()) {
+      (member->role == v1::WORKER ? worker_budgets : server_budgets).push_back(member->memory_budget);
+    }
+    RETURN_IF_ERROR(CheckFitsBudgets(claims, spec, worker_budgets, server_budgets,
+                                     resume != nullptr ? resume->info().server_bytes() : 0));
   }
   auto job = std::make_unique<Job>();
   job->claims = claims;

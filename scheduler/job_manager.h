@@ -221,6 +221,11 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Live servers with room for `per_server` bytes more.
   std::vector<Member*> ServersWithRoom(int64_t per_server) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The manifest of the checkpoint `job` restores from (null: none, or its
+  // job is gone), and what the job claims on each of `servers` servers: its
+  // estimate, or that checkpoint's share when more (admission.h).
+  const v1::CheckpointManifest* RestoreManifest(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t PerServerClaim(const Job& job, int servers) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Retention of finished jobs (see SchedulerOptions).
   void ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseParameters(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -234,6 +234,18 @@ absl::StatusOr<CheckpointPlan> JobManager::PlanCheckpoint(const CheckpointTask& 
   *manifest.mutable_progress() = job->status.progress();
   *manifest.mutable_spec() = job->status.spec();
   if (const v1::CheckpointInfo* info = FindCheckpointInfo(job, task.id)) *manifest.mutable_info() = *info;
+  // What one copy takes on the servers now: their heartbeats' counts over
+  // the replicas there are (a restore is placed by it).
+  int64_t held = 0, holders = 0;
+  for (const auto& [id, address] : plan.servers) {
+    if (const Member* server = members_.Find(id); server != nullptr) held += server->HeldBytes(task.job_id);
+  }
+  for (const v1::ShardLocation& shard : job->shard_map.shards()) {
+    if (holding.count(shard.shard()) > 0) holders += 1 + shard.backup_ids_size();
+  }
+  if (holders > 0) {
+    manifest.mutable_info()->set_server_bytes(held / holders * static_cast<int64_t>(holding.size()));
+  }
   // Tables are stored incrementally on the latest committed checkpoint
   // while its chain is shorter than full_every.
   const int full_every = std::max(1, job->status.spec().checkpoint().full_every());

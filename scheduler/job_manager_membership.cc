@@ -144,16 +144,16 @@ absl::Status CheckIncarnation(const Member* member, uint64_t incarnation) {
 }
 
 // INVALID_ARGUMENT for held bytes no server reports: too many jobs, a
-// negative count.
+// negative count or one past any server's memory.
 absl::Status CheckHeldBytes(const v1::HeartbeatRequest& request) {
   if (request.held_bytes_size() > kMaxHeldJobs) {
     return absl::InvalidArgumentError(absl::StrCat("heartbeat: held bytes of ", request.held_bytes_size(),
                                                    " jobs; at most ", kMaxHeldJobs));
   }
   for (const auto& [job_id, bytes] : request.held_bytes()) {
-    if (bytes < 0) {
+    if (bytes < 0 || bytes > kMaxHeldBytes) {
       return absl::InvalidArgumentError(absl::StrCat("heartbeat: job ", Quote(job_id, 64), " holds ", bytes,
-                                                     " bytes; a count is at least 0"));
+                                                     " bytes; a count is 0 to ", kMaxHeldBytes));
     }
   }
   return absl::OkStatus();
@@ -351,7 +351,7 @@ JobManager::StartOutcome JobManager::TryAssign(Job* job) {
       workers_fitting < wanted && clock_() - *job->restore_since >= options_.lease * 2) {
     wanted = workers_fitting;
   }
-  const int64_t per_server = PerServerBytes(job->claims, job->status.spec(), std::max(1, servers));
+  const int64_t per_server = PerServerClaim(*job, std::max(1, servers));
   const int servers_with_room = static_cast<int>(ServersWithRoom(per_server).size());
   auto wait = [&](StartOutcome start, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (job->status.reason() != reason) {

@@ -232,12 +232,7 @@ void JobManager::StartSetups() {
       continue;
     }
     if (job->restore.has_value()) {
-      Job* source = FindJob(job->restore->job_id());
-      const v1::CheckpointManifest* manifest = nullptr;
-      if (source != nullptr) {
-        auto it = source->manifests.find(job->restore->checkpoint_id());
-        if (it != source->manifests.end()) manifest = &it->second;
-      }
+      const v1::CheckpointManifest* manifest = RestoreManifest(*job);
       status = manifest == nullptr ? absl::NotFoundError(absl::StrCat("checkpoint ", job->restore->checkpoint_id(),
                                                                       " of job ", job->restore->job_id(), " is gone"))
                                    : CheckRestoreFits(job->shard_map, *job->restore, *manifest);
@@ -278,6 +273,20 @@ void JobManager::StartSetups() {
       RunSetup(id, std::move(requests));
     });
   }
+}
+
+const v1::CheckpointManifest* JobManager::RestoreManifest(const Job& job) const {
+  if (!job.restore.has_value()) return nullptr;
+  const Job* source = FindJob(job.restore->job_id());
+  if (source == nullptr) return nullptr;
+  auto it = source->manifests.find(job.restore->checkpoint_id());
+  return it != source->manifests.end() ? &it->second : nullptr;
+}
+
+int64_t JobManager::PerServerClaim(const Job& job, int servers) const {
+  const v1::CheckpointManifest* saved = RestoreManifest(job);
+  return PerServerClaimBytes(job.claims, job.status.spec(),
+                             saved != nullptr ? saved->info().server_bytes() : 0, servers);
 }
 
 absl::Status JobManager::BuildShardPlan(Job* job) {
@@ -324,7 +333,7 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
   int64_t per_server = 0;
   for (size_t count = 0; count != servers.size() && !servers.empty();) {
     count = servers.size();
-    per_server = PerServerBytes(job->claims, spec, static_cast<int>(count));
+    per_server = PerServerClaim(*job, static_cast<int>(count));
     std::vector<Member*> roomy = with_room(per_server);
     std::vector<Member*> kept;
     for (Member* m : servers) {
@@ -333,10 +342,15 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
     servers.swap(kept);
   }
   job->server_claim = per_server;  // reserved (on every server while it waits)
+  const v1::CheckpointManifest* saved = RestoreManifest(*job);
   if (servers.empty()) {
-    return absl::UnavailableError(
-        absl::StrCat("waiting for a parameter server with room: the job claims ", FormatBytes(per_server),
-                     " on each, none is live with that much of its memory budget free"));
+    const int64_t copy = saved != nullptr ? saved->info().server_bytes() : 0;
+    return absl::UnavailableError(absl::StrCat(
+        "waiting for a parameter server with room: the job claims ", FormatBytes(per_server), " on each",
+        copy > 0 ? absl::StrCat(" (checkpoint ", saved->job_id(), "/", saved->info().id(), " held ",
+                                FormatBytes(copy), " a copy when taken)")
+                 : std::string(),
+        ", none is live with that much of its memory budget free"));
   }
   const int replicas = std::max(1, spec.replicas());
   if (static_cast<int>(servers.size()) < replicas) {
@@ -347,14 +361,7 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
   job->shard_map = PlanShardMap(layout.tensors, refs, spec.num_shards(), replicas,
                                 ChunkElemsFor(job->claims, options_.chunk_elems),
                                 job->shard_map.version() + 1);  // > 1 when set up again (a restore)
-  const v1::ShardMap* saved = nullptr;
-  if (job->restore.has_value()) {
-    if (const Job* source = FindJob(job->restore->job_id()); source != nullptr) {
-      auto it = source->manifests.find(job->restore->checkpoint_id());
-      if (it != source->manifests.end()) saved = &it->second.shard_map();
-    }
-  }
-  AddTableLayouts(layout.tables, spec, &job->shard_map, saved);
+  AddTableLayouts(layout.tables, spec, &job->shard_map, saved != nullptr ? &saved->shard_map() : nullptr);
   for (const v1::ShardLocation& shard : job->shard_map.shards()) {
     job->server_addresses[shard.server_id()] = shard.address();
     for (int b = 0; b < shard.backup_ids_size(); ++b) job->server_addresses[shard.backup_ids(b)] = shard.backup_addresses(b);

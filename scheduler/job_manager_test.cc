@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -263,8 +264,8 @@ class JobManagerTest : public ::testing::Test {
     workers_.push_back(RegisterMember(v1::WORKER));
   }
 
-  std::string SubmitOk(v1::JobSpec spec) {
-    absl::StatusOr<v1::JobStatus> status = manager_->Submit(std::move(spec));
+  std::string SubmitOk(v1::JobSpec spec, const std::string& resume_from = "") {
+    absl::StatusOr<v1::JobStatus> status = manager_->Submit(std::move(spec), resume_from);
     EXPECT_TRUE(status.ok()) << status.status();
     return status.ok() ? status->job_id() : "";
   }
@@ -1968,9 +1969,110 @@ TEST_F(JobManagerTest, AServersHeldBytesRaiseItsClaimAndHoldBackWhatNoLongerFits
 
   // Counts no server reports are refused, and renew nothing.
   EXPECT_EQ(heartbeat({{click, -1}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(heartbeat({{click, kMaxHeldBytes + 1}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(heartbeat({{click, std::numeric_limits<int64_t>::max()}}).code(), absl::StatusCode::kInvalidArgument);
   std::map<std::string, int64_t> many;
   for (int i = 0; i <= kMaxHeldJobs; ++i) many[absl::StrCat("job-", i)] = 1;
   EXPECT_EQ(heartbeat(many).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A checkpoint records what one copy of the job took on the servers (its
+// tables as they had grown), and a job resumed from it is placed by that, not
+// by the spec's estimate: refused at submit where the servers' budgets can
+// never hold it, waiting while they have no room, placed where they do.
+TEST_F(JobManagerTest, AResumeIsPlacedByWhatTheCheckpointTookOnTheServers) {
+  constexpr int64_t kBudget = int64_t{1} << 30;
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  constexpr char kOtherAddress[] = "127.0.0.1:7002";
+  const std::string a = RegisterMember(v1::SERVER, kServerAddress, kBudget);
+  const std::string b = RegisterMember(v1::SERVER, kOtherAddress, kBudget);
+  workers_.push_back(RegisterMember(v1::WORKER));
+  workers_.push_back(RegisterMember(v1::WORKER));
+  auto heartbeat = [&](const std::string& server, const std::map<std::string, int64_t>& held) {
+    v1::HeartbeatRequest request;
+    request.set_member_id(server);
+    for (const auto& [job, bytes] : held) (*request.mutable_held_bytes())[job] = bytes;
+    return manager_->Heartbeat(request).status();
+  };
+  v1::JobSpec spec = SmallClickSpec(2);
+  spec.set_replicas(1);
+  spec.mutable_checkpoint()->set_every_steps(1);
+  const std::string source = SubmitOk(spec);
+  manager_->Tick();
+  ASSERT_NO_FATAL_FAILURE(MakeTraining(source));
+  ASSERT_EQ(GetOk(source).shard_map().shards_size(), 2);
+  // The tables grew to 600 MiB on each server; then a checkpoint.
+  ASSERT_TRUE(heartbeat(a, {{source, 600 * kMiB}}).ok());
+  ASSERT_TRUE(heartbeat(b, {{source, 600 * kMiB}}).ok());
+  v1::WorkReport progress;
+  progress.set_member_id(workers_[0]);
+  progress.set_job_id(source);
+  progress.set_kind(v1::WorkReport::PROGRESS);
+  progress.set_step(2);
+  ASSERT_TRUE(manager_->Report(progress).ok());
+  manager_->Tick();  // queues checkpoint 1
+  servers_.AnswerCheckpointsFor(GetOk(source).shard_map());
+  manager_->RunQueuedCheckpoints();
+  v1::JobStatus status = GetOk(source);
+  ASSERT_EQ(status.checkpoints_size(), 1);
+  ASSERT_EQ(status.checkpoints(0).state(), v1::CheckpointInfo::COMPLETE) << status.checkpoints(0).reason();
+  EXPECT_EQ(status.checkpoints(0).server_bytes(), 1200 * kMiB);
+  ASSERT_TRUE(manager_->Cancel(source).ok());
+  manager_->Tick();
+  ASSERT_TRUE(heartbeat(a, {}).ok());
+  ASSERT_TRUE(heartbeat(b, {}).ok());
+  v1::JobSpec resumed = SmallClickSpec(2);
+  resumed.set_replicas(1);
+
+  // With server a gone, b's 1 GiB can never hold the 1.2 GiB: refused now
+  // (the estimate alone, well under 1 MiB, would have been placed there
+  // and refused by b's budget mid-restore).
+  ASSERT_TRUE(manager_->Leave(a).ok());
+  Advance(options_.lease / 2);
+  for (const std::string& member : {b, workers_[0], workers_[1]}) ASSERT_TRUE(heartbeat(member, {}).ok());
+  Advance(options_.lease / 2 + absl::Milliseconds(100));
+  manager_->Tick();  // a's lease ran out: it is gone
+  ASSERT_EQ(manager_->Members().size(), 3u);
+  absl::StatusOr<v1::JobStatus> refused = manager_->Submit(resumed, source);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_TRUE(Contains(refused.status().message(), "resumeFrom: the checkpoint's state took 1.2 GiB"))
+      << refused.status();
+
+  // a back (the same id: it holds half the checkpoint), but still holding
+  // 500 MiB of the ended job: the share of 600 MiB fits only b, and all of
+  // it fits neither.
+  v1::RegisterRequest again;
+  again.set_role(v1::SERVER);
+  again.set_address(kServerAddress);
+  again.set_requested_id(a);
+  again.set_memory_budget_bytes(kBudget);
+  ASSERT_TRUE(manager_->Register(again).ok());
+  ASSERT_TRUE(heartbeat(a, {{source, 500 * kMiB}}).ok());
+  const std::string job = SubmitOk(resumed, source);
+  manager_->Tick();
+  for (const std::string& w : workers_) ASSERT_TRUE(ReportKind(w, job, v1::WorkReport::READY).ok());
+  manager_->Tick();
+  status = GetOk(job);
+  EXPECT_NE(status.reason(), "training");
+  EXPECT_TRUE(Contains(
+      status.reason(),
+      absl::StrCat("waiting for a parameter server with room: the job claims ", FormatBytes(1200 * kMiB),
+                   " on each (checkpoint ", source, "/1 held ", FormatBytes(1200 * kMiB))))
+      << status.reason();
+
+  // Dropped there: placed on both, each claiming its 600 MiB share.
+  ASSERT_TRUE(heartbeat(a, {}).ok());
+  manager_->Tick();
+  status = GetOk(job);
+  ASSERT_EQ(status.reason(), "training");
+  std::set<std::string> placed;
+  for (const v1::ShardLocation& shard : status.shard_map().shards()) placed.insert(shard.server_id());
+  EXPECT_EQ(placed, (std::set<std::string>{a, b}));
+  for (const v1::MemberInfo& m : manager_->Members()) {
+    if (m.member_id() == a || m.member_id() == b) {
+      EXPECT_EQ(m.memory_claimed_bytes(), 600 * kMiB) << m.member_id();
+    }
+  }
 }
 
 // A re-shard's restart that a server cannot take part in (here the newcomer

@@ -45,6 +45,10 @@ struct Member {
 
 // The most jobs a server may list as held (registration, heartbeats).
 inline constexpr int kMaxHeldJobs = 100000;
+// The most bytes a heartbeat may say one job takes on a server (64 TiB, more
+// than any server's memory): sums over every job a server lists stay far
+// from overflowing.
+inline constexpr int64_t kMaxHeldBytes = int64_t{1} << 46;
 
 // INVALID_ARGUMENT naming the field for a registration no member may make: a
 // role other than SERVER or WORKER, a server without an address, an id that

@@ -264,6 +264,9 @@ TEST_F(CheckpointTest, ClickJobTablesSurviveAWholeClusterKillAndMoveToOneShard) 
   const v1::CheckpointInfo incremental = *taken;
   ASSERT_EQ(incremental.state(), v1::CheckpointInfo::COMPLETE) << incremental.reason();
   ASSERT_EQ(incremental.base_id(), whole->id()) << "incremental on the one before";
+  // What its tables took in the servers' memory (their heartbeats): a
+  // restore is placed by it.
+  EXPECT_GT(incremental.server_bytes(), 0);
 
   KillAndRestartWholeCluster();
   v1::JobStatus done = WaitForEnd(*id);

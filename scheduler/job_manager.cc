@@ -181,6 +181,15 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   const JobClaims claims = ClaimsOf(spec);
   MutexLock lock(&mu_);
+  const auto active = std::count_if(jobs_.begin(), jobs_.end(), [](const auto& entry) {
+    return entry.second->phase != Job::Phase::kEnded;
+  });
+  if (active >= options_.max_active_jobs) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("submit: the scheduler holds ", active,
+                     " jobs that have not ended (pending or running), the most it takes ",
+                     "(fulcrum-scheduler --max_active_jobs): wait for some to end, or cancel some"));
+  }
   const v1::CheckpointManifest* resume = nullptr;
   if (!resume_from.empty()) {
     std::vector<std::string> parts = absl::StrSplit(resume_from, absl::MaxSplits('/', 1));

@@ -68,6 +68,12 @@ struct SchedulerOptions {
   int retain_finished_jobs = 100;
   absl::Duration retain_finished_for = absl::Hours(24);
   int max_finished_records = 1000;
+  // Bounds on what clients can make the scheduler hold: jobs not ended
+  // (pending or running; Submit past it is RESOURCE_EXHAUSTED) and members
+  // (a registration under a new id past it is RESOURCE_EXHAUSTED; a member
+  // that stops heartbeating frees its place when its lease runs out).
+  int max_active_jobs = 1000;
+  int max_members = 10000;
 };
 
 class JobManager {

@@ -34,6 +34,12 @@ absl::StatusOr<v1::RegisterResponse> JobManager::Register(const v1::RegisterRequ
   RETURN_IF_ERROR(CheckRegistration(request));
   MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(const std::string id, members_.ChooseId(request, clock_()));
+  if (!members_.Contains(id) && members_.all().size() >= static_cast<size_t>(options_.max_members)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "register: the cluster has ", members_.all().size(),
+        " members, the most this scheduler takes (fulcrum-scheduler --max_members); a member that stops "
+        "heartbeating frees its place when its lease runs out"));
+  }
   if (request.role() == v1::SERVER) servers_->MarkAlive(request.address());
   Member* existing = members_.Find(id);
   if (existing != nullptr) {

@@ -1976,6 +1976,42 @@ TEST_F(JobManagerTest, AServersHeldBytesRaiseItsClaimAndHoldBackWhatNoLongerFits
   EXPECT_EQ(heartbeat(many).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// What clients can make the scheduler hold is bounded: jobs not ended and
+// members. Past either, RESOURCE_EXHAUSTED naming the flag; a job that ends
+// or a member whose lease runs out frees its place, and a member registering
+// again under its own id is not a new one.
+TEST_F(JobManagerTest, JobsAndMembersPastTheSchedulersBoundsAreRefused) {
+  options_.max_active_jobs = 2;
+  options_.max_members = 3;
+  ASSERT_NO_FATAL_FAILURE(Restart());
+  RegisterCluster();
+  v1::RegisterRequest fourth;
+  fourth.set_role(v1::WORKER);
+  absl::StatusOr<v1::RegisterResponse> refused = manager_->Register(fourth);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_TRUE(Contains(refused.status().message(), "the cluster has 3 members")) << refused.status();
+  EXPECT_TRUE(Contains(refused.status().message(), "--max_members")) << refused.status();
+  EXPECT_EQ(RegisterAs(v1::SERVER, server_, kServerAddress), server_);  // a restart of the same one
+
+  const std::string first = SubmitOk(MlpSpec());
+  SubmitOk(MlpSpec());
+  absl::StatusOr<v1::JobStatus> third = manager_->Submit(MlpSpec());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+  EXPECT_TRUE(Contains(third.status().message(), "holds 2 jobs that have not ended")) << third.status();
+  EXPECT_TRUE(Contains(third.status().message(), "--max_active_jobs")) << third.status();
+  ASSERT_TRUE(manager_->Cancel(first).ok());
+  SubmitOk(MlpSpec());
+
+  // A worker silent past its lease is gone: its place is free.
+  Advance(options_.lease / 2);
+  HeartbeatOk(server_);
+  HeartbeatOk(workers_[0]);
+  Advance(options_.lease / 2 + absl::Milliseconds(100));
+  manager_->Tick();
+  ASSERT_EQ(manager_->Members().size(), 2u);
+  EXPECT_TRUE(manager_->Register(fourth).ok());
+}
+
 // A checkpoint records what one copy of the job took on the servers (its
 // tables as they had grown), and a job resumed from it is placed by that, not
 // by the spec's estimate: refused at submit where the servers' budgets can

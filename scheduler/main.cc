@@ -36,6 +36,13 @@ ABSL_FLAG(absl::Duration, retain_finished_for, absl::Hours(24),
           "Servers release a finished job's parameters this long after it ended, at the latest");
 ABSL_FLAG(int, max_finished_records, 1000,
           "The scheduler keeps the records (status, events, checkpoints) of at most this many finished jobs");
+ABSL_FLAG(int, max_active_jobs, 1000,
+          "At most this many jobs not ended (pending or running); a submit past it is refused with "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(
+    int, max_members, 10000,
+    "At most this many registered servers and workers; a registration under a new id past it is refused "
+    "with RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, data_dir, "",
           "Keep the scheduler's state (jobs, shard maps, membership) in a RocksDB database here, so that a "
           "restarted scheduler carries on with running jobs (default: in memory only)");
@@ -56,6 +63,11 @@ absl::StatusOr<SchedulerOptions> OptionsFromFlags() {
   options.retain_finished_jobs = absl::GetFlag(FLAGS_retain_finished_jobs);
   options.retain_finished_for = absl::GetFlag(FLAGS_retain_finished_for);
   options.max_finished_records = absl::GetFlag(FLAGS_max_finished_records);
+  options.max_active_jobs = absl::GetFlag(FLAGS_max_active_jobs);
+  options.max_members = absl::GetFlag(FLAGS_max_members);
+  if (options.max_active_jobs < 1 || options.max_members < 1) {
+    return absl::InvalidArgumentError("--max_active_jobs and --max_members must be at least 1");
+  }
   if (options.retain_finished_jobs < 0 || options.max_finished_records < options.retain_finished_jobs) {
     return absl::InvalidArgumentError("--retain-finished-jobs must be in [0, --max-finished-records]");
   }

@@ -149,7 +149,7 @@ namespace {
 // a setup whose chunks could not be copied or restored is refused up front.
 absl::Status CheckChunkStatesFit(const v1::SetupJobRequest& request, const JobShardConfig& config) {
   for (const ChunkConfig& chunk : config.chunks) {
-    const int64_t bytes = JobShard::ChunkBytes(chunk.length, config);
+    const int64_t bytes = JobShard::ChunkStateBytes(chunk.length, config);
     if (bytes > kMaxChunkStateBytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "job ", request.job_id(), ": chunk ", chunk.chunk_id, " of ", chunk.length, " values would hold ", bytes,

@@ -9,11 +9,11 @@
 #include <prometheus/registry.h>
 
 #include <atomic>
-#include <filesystem>
 #include <cmath>
+#include <filesystem>
 #include <functional>
-#include <map>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -26,9 +26,11 @@
 #include "absl/time/clock.h"
 #include "common/half.h"
 #include "common/kv_store.h"
+#include "common/memory_budget.h"
 #include "common/metrics.h"
 #include "common/param_init.h"
 #include "common/rpc.h"
+#include "common/sync.h"
 #include "common/table_spec.h"
 #include "common/tensor_codec.h"
 #include "common/test_util.h"
@@ -36,7 +38,6 @@
 #include "gtest/gtest.h"
 #include "server/checkpoint_store.h"
 #include "server/parameter_store.h"
-#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -940,20 +941,60 @@ TEST_F(ParameterServiceTest, SetupJobOfATrainedJobIsAlreadyExistsAndChangesNothi
 }
 
 // Each chunk of MakeSetup's jobs (SGD without momentum, BSP, 1 partition)
-// takes 4 floats x (value + partition buffer + sum + previous values) = 64
-// bytes: 128 a job.
+// holds 4 arrays of 4 floats (value, partition buffer, sum, previous values):
+// 64 bytes, and its bookkeeping beside them; a job adds its own. An ASP job's
+// chunks hold the values alone.
 TEST_F(ParameterServiceTest, SetupBeyondTheMemoryBudgetIsResourceExhaustedNamingTheNumbers) {
-  std::unique_ptr<TestServer> small = StartServer("ps-small", /*with_checkpoints=*/false, /*memory_budget=*/170);
+  constexpr int64_t kBspJob =
+      JobShard::kJobFixedBytes + 2 * (64 + JobShard::kChunkFixedBytes + 4 * JobShard::kArrayFixedBytes);
+  constexpr int64_t kAspJob =
+      JobShard::kJobFixedBytes + 2 * (16 + JobShard::kChunkFixedBytes + JobShard::kArrayFixedBytes);
+  constexpr int64_t kBudget = kBspJob + kAspJob + 100;  // not two BSP jobs
+  static_assert(2 * kBspJob > kBudget);
+  std::unique_ptr<TestServer> small = StartServer("ps-small", /*with_checkpoints=*/false, kBudget);
   ASSERT_NE(small, nullptr);
   ASSERT_TRUE(IsOk(SetUpAlone(small.get(), "job-1", v1::BSP)));
+  EXPECT_EQ(small->store().bytes(), kBspJob);
   grpc::Status refused = SetUpAlone(small.get(), "job-2", v1::BSP);
-  EXPECT_TRUE(HasError(refused, grpc::StatusCode::RESOURCE_EXHAUSTED, "128 B"));
-  EXPECT_TRUE(HasError(refused, grpc::StatusCode::RESOURCE_EXHAUSTED, "memory budget of 170 B"));
+  EXPECT_TRUE(
+      HasError(refused, grpc::StatusCode::RESOURCE_EXHAUSTED, "job job-2 needs " + FormatBytes(kBspJob)));
+  EXPECT_TRUE(
+      HasError(refused, grpc::StatusCode::RESOURCE_EXHAUSTED, "memory budget of " + FormatBytes(kBudget)));
   // The first job is untouched and the server keeps serving.
   ASSERT_TRUE(IsOk(Push(small->stub(), MakePush("job-1", 1, 0, 1, {{0, kGradient}}))));
   ExpectChunk(small.get(), "job-1", 0, 1, kOneStep, 1);
-  // An ASP job needs no step buffers (2 chunks x 4 floats = 32 B): it fits beside.
+  // An ASP job needs no step buffers: it fits beside.
   EXPECT_TRUE(IsOk(SetUpAlone(small.get(), "job-3", v1::ASP)));
+  EXPECT_EQ(small->store().bytes(), kBspJob + kAspJob);
+}
+
+// A setup of many tiny chunks counts each chunk's bookkeeping, not only its
+// floats: a message of a few MiB cannot make the server hold a hundred times
+// what its budget counts.
+TEST_F(ParameterServiceTest, ASetupOfManyTinyChunksCountsWhatEachChunkTakes) {
+  constexpr int kChunks = 100000;
+  std::unique_ptr<TestServer> small =
+      StartServer("ps-small", /*with_checkpoints=*/false, /*memory_budget=*/int64_t{32} << 20);
+  ASSERT_NE(small, nullptr);
+  v1::ShardMap map = AloneMap(small.get(), 1);
+  map.set_chunk_elems(1);
+  map.clear_chunks();
+  map.mutable_tensors(0)->set_size(kChunks);
+  map.mutable_tensors(0)->set_shape(0, kChunks);
+  for (int c = 0; c < kChunks; ++c) {
+    v1::ChunkLocation* chunk = map.add_chunks();
+    chunk->set_chunk_id(c);
+    chunk->set_offset(c);
+    chunk->set_length(1);
+  }
+  const v1::SetupJobRequest setup = MakeSetup("tiny", v1::ASP, map, small->id());
+  ASSERT_EQ(setup.chunks_size(), kChunks);
+  ASSERT_LT(setup.ByteSizeLong(), size_t{4} << 20);
+  // 100,000 floats, 400 KB of values: more than 100 MB with their
+  // bookkeeping, past the 32 MiB budget.
+  EXPECT_TRUE(
+      HasError(SetupJob(small->stub(), setup), grpc::StatusCode::RESOURCE_EXHAUSTED, "job tiny needs"));
+  EXPECT_EQ(small->store().bytes(), 0);
 }
 
 TEST_F(ParameterServiceTest, SetupJobWithEmptyChunkIsInvalidArgument) {

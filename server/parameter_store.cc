@@ -513,9 +513,24 @@ void Chunk::Drop(const std::string& reason) {
 
 JobShard::JobShard(JobShardConfig config) : config_(std::move(config)) {}
 
-int64_t JobShard::ChunkBytes(int64_t length, const JobShardConfig& job) {
+// The Chunk, its values' shared blocks and its node in the job's map.
+static_assert(sizeof(Chunk) + 2 * sizeof(ChunkValues) + 128 <= JobShard::kChunkFixedBytes);
+static_assert(sizeof(JobShard) <= JobShard::kJobFixedBytes / 4);
+
+namespace {
+
+// The arrays a chunk of `job` holds: values, optimizer slots and (BSP) a
+// gradient buffer per data partition, a sum and the previous step's values.
+int64_t ChunkArrays(const JobShardConfig& job) {
   int64_t copies = 1 + OptimizerStateSlots(job.optimizer);
   if (job.synchronous) copies += std::max(0, job.num_partitions) + 2;
+  return copies;
+}
+
+}  // namespace
+
+int64_t JobShard::ChunkStateBytes(int64_t length, const JobShardConfig& job) {
+  const int64_t copies = ChunkArrays(job);
   // A setup's sizes are checked against budgets before its chunks are
   // validated (Create): a length out of range counts as nothing (Create
   // refuses it) or as everything, never as an overflowed product.
@@ -525,8 +540,16 @@ int64_t JobShard::ChunkBytes(int64_t length, const JobShardConfig& job) {
   return length * per_value;
 }
 
+int64_t JobShard::ChunkBytes(int64_t length, const JobShardConfig& job) {
+  const int64_t state = ChunkStateBytes(length, job);
+  if (state == 0) return 0;
+  const int64_t fixed = kChunkFixedBytes + ChunkArrays(job) * kArrayFixedBytes;
+  return state > std::numeric_limits<int64_t>::max() - fixed ? std::numeric_limits<int64_t>::max()
+                                                             : state + fixed;
+}
+
 int64_t JobShard::ConfigBytes(const JobShardConfig& config) {
-  int64_t bytes = SparseShard::EmptyBytes(config.tables, config.table_shards);
+  int64_t bytes = kJobFixedBytes + SparseShard::EmptyBytes(config.tables, config.table_shards);
   for (const ChunkConfig& chunk : config.chunks) {
     const int64_t more = ChunkBytes(chunk.length, config);
     if (more > std::numeric_limits<int64_t>::max() - bytes) return std::numeric_limits<int64_t>::max();
@@ -537,7 +560,7 @@ int64_t JobShard::ConfigBytes(const JobShardConfig& config) {
 
 int64_t JobShard::bytes() const {
   MutexLock lock(&chunks_mu_);
-  int64_t bytes = 0;
+  int64_t bytes = kJobFixedBytes;
   for (const auto& [id, chunk] : chunks_) bytes += ChunkBytes(chunk->length(), config_);
   if (sparse_ != nullptr) bytes += sparse_->bytes();
   return bytes;

@@ -277,12 +277,23 @@ class JobShard {
 
   // The memory one chunk of `job` takes at most: values, optimizer state and
   // (BSP) a gradient buffer per data partition, a sum buffer and the
-  // previous step's values.
+  // previous step's values; and the bookkeeping beside them (the Chunk, each
+  // array's header), so that a setup of many tiny chunks counts what it
+  // really takes: a setup message of a few MiB never claims 100x that.
   static int64_t ChunkBytes(int64_t length, const JobShardConfig& job);
-  // ... and all chunks of `config`.
+  // The arrays alone: what a chunk's state takes in one message (CopyChunk,
+  // a checkpoint's record).
+  static int64_t ChunkStateBytes(int64_t length, const JobShardConfig& job);
+  // ... and all chunks of `config`, with the job's own bookkeeping.
   static int64_t ConfigBytes(const JobShardConfig& config);
-  // What the chunks held now take (by ChunkBytes).
+  // What the job held now takes (by ChunkBytes, the tables' bytes and the
+  // job's own bookkeeping).
   int64_t bytes() const;
+  // The bookkeeping counted per chunk beside its arrays, per array, and per
+  // job (generous: each bounds what it stands for).
+  static constexpr int64_t kChunkFixedBytes = 1024;
+  static constexpr int64_t kArrayFixedBytes = 48;
+  static constexpr int64_t kJobFixedBytes = 16 << 10;
 
   absl::StatusOr<PushOutcome> Push(const PushArgs& args);
   absl::Status Validate(const PushArgs& args);

@@ -290,9 +290,10 @@ class JobShard {
   // job's own bookkeeping).
   int64_t bytes() const;
   // The bookkeeping counted per chunk beside its arrays, per array, and per
-  // job (generous: each bounds what it stands for).
-  static constexpr int64_t kChunkFixedBytes = 1024;
-  static constexpr int64_t kArrayFixedBytes = 48;
+  // job (generous: each bounds what it stands for; 100,000 one-float ASP
+  // chunks measured 1.2 KiB each in the process's resident memory).
+  static constexpr int64_t kChunkFixedBytes = 1536;
+  static constexpr int64_t kArrayFixedBytes = 64;
   static constexpr int64_t kJobFixedBytes = 16 << 10;
 
   absl::StatusOr<PushOutcome> Push(const PushArgs& args);

@@ -12,7 +12,25 @@
 
 namespace fulcrum {
 
-JobServiceImpl::JobServiceImpl(JobManager* manager) : manager_(manager) {}
+JobServiceImpl::JobServiceImpl(JobManager* manager, int max_waiting_calls)
+    : manager_(manager), max_waiting_calls_(max_waiting_calls) {}
+
+JobServiceImpl::WaitingCall::WaitingCall(JobServiceImpl* service)
+    : service_(service), admitted_(service->waiting_calls_.fetch_add(1) < service->max_waiting_calls_) {
+  if (!admitted_) service_->waiting_calls_.fetch_sub(1);
+}
+
+JobServiceImpl::WaitingCall::~WaitingCall() {
+  if (admitted_) service_->waiting_calls_.fetch_sub(1);
+}
+
+grpc::Status JobServiceImpl::TooManyWaiting(const char* what) const {
+  return grpc::Status(
+      grpc::StatusCode::RESOURCE_EXHAUSTED,
+      absl::StrCat(what, ": the scheduler serves at most ", max_waiting_calls_,
+                   " watches and checkpoint waits at once, and all are taken; retry later, or poll "
+                   "with GetJob"));
+}
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* /*context*/, const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
@@ -45,6 +63,8 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* /*context*/, const v
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobStatus>* writer) {
+  const WaitingCall place(this);
+  if (!place) return TooManyWaiting("WatchJob");
   int64_t version = -1;
   while (!context->IsCancelled()) {
     int64_t seen = version;
@@ -61,6 +81,8 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::Wa
 grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* context, const v1::CheckpointJobRequest* request,
                                            v1::CheckpointInfo* response) {
   // Waits for the checkpoint, within the client's deadline (10 minutes at most).
+  const WaitingCall place(this);
+  if (!place) return TooManyWaiting("CheckpointJob");
   absl::Duration timeout = absl::Minutes(10);
   if (context->deadline() != std::chrono::system_clock::time_point::max()) {
     timeout = std::min(timeout, absl::FromChrono(context->deadline()) - absl::Now());

@@ -4,6 +4,7 @@
 #ifndef FULCRUM_SCHEDULER_SERVICES_H_
 #define FULCRUM_SCHEDULER_SERVICES_H_
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -21,8 +22,14 @@ namespace fulcrum {
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
+  // Calls that hold a thread while they wait (WatchJob for the job's life,
+  // CheckpointJob until the checkpoint is written) run at most this many at
+  // once; past it they are refused with RESOURCE_EXHAUSTED, so a flood of
+  // them cannot take every thread the process can make.
+  static constexpr int kDefaultMaxWaitingCalls = 256;
+
   // Calls are counted and timed by the server's interceptor (grpc_server_*).
-  explicit JobServiceImpl(JobManager* manager);
+  explicit JobServiceImpl(JobManager* manager, int max_waiting_calls = kDefaultMaxWaitingCalls);
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::JobStatus*) override;
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse*) override;
@@ -34,7 +41,25 @@ class JobServiceImpl final : public v1::JobService::Service {
                              v1::CheckpointManifest*) override;
 
  private:
+  // A place among the waiting calls, given back when it goes out of scope;
+  // empty (false) when all are taken.
+  class WaitingCall {
+   public:
+    explicit WaitingCall(JobServiceImpl* service);
+    ~WaitingCall();
+    WaitingCall(const WaitingCall&) = delete;
+    WaitingCall& operator=(const WaitingCall&) = delete;
+    explicit operator bool() const { return admitted_; }
+
+   private:
+    JobServiceImpl* service_;
+    bool admitted_;
+  };
+  grpc::Status TooManyWaiting(const char* what) const;
+
   JobManager* manager_;
+  const int max_waiting_calls_;
+  std::atomic<int> waiting_calls_{0};
 };
 
 class ClusterServiceImpl final : public v1::ClusterService::Service {

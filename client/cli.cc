@@ -552,10 +552,28 @@ int Export(Client& client, const Args& args) {
   return 0;
 }
 
-int List(Client& client, bool json) {
+// Every job's summary: the pages of ListJobs, one after another.
+absl::Status ListAllJobs(Client& client, v1::ListJobsResponse* all) {
   v1::ListJobsRequest request;
+  do {
+    v1::ListJobsResponse page;
+    absl::Status status =
+        client.Run([&](grpc::ClientContext* c) { return client.jobs()->ListJobs(c, request, &page); });
+    if (!status.ok()) return status;
+    // A token that does not move on (a scheduler gone wrong) ends the list.
+    if (!page.next_page_token().empty() && page.next_page_token() <= request.page_token()) {
+      return absl::InternalError(absl::StrCat("ListJobs: page token ", Quote(page.next_page_token(), 64),
+                                              " does not follow ", Quote(request.page_token(), 64)));
+    }
+    for (v1::JobStatus& job : *page.mutable_jobs()) *all->add_jobs() = std::move(job);
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty());
+  return absl::OkStatus();
+}
+
+int List(Client& client, bool json) {
   v1::ListJobsResponse response;
-  absl::Status status = client.Run([&](grpc::ClientContext* c) { return client.jobs()->ListJobs(c, request, &response); });
+  absl::Status status = ListAllJobs(client, &response);
   if (!status.ok()) return Fail(status);
   if (json) {
     std::cout << ToJson(response) << "\n";
@@ -600,8 +618,7 @@ int Cluster(Client& client, bool json) {
   }
   // The shards of running jobs: primaries, backups, epochs.
   v1::ListJobsResponse jobs;
-  absl::Status listed =
-      client.Run([&](grpc::ClientContext* c) { return client.jobs()->ListJobs(c, v1::ListJobsRequest(), &jobs); });
+  absl::Status listed = ListAllJobs(client, &jobs);
   if (!listed.ok()) return Fail(listed);
   for (const auto& job : jobs.jobs()) {
     if (job.state() != v1::RUNNING || job.shards_size() == 0) continue;

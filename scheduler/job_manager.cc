@@ -274,15 +274,56 @@ absl::StatusOr<v1::JobStatus> JobManager::Get(const std::string& job_id) const {
   return Render(*job);
 }
 
+namespace {
+
+// What a list shows of a job: its status less what only GetJob needs (and
+// what grows with the job: history, loss curve, events, the shard map's
+// chunks and tables).
+v1::JobStatus Summarize(v1::JobStatus status) {
+  status.clear_history();
+  status.clear_loss_curve();
+  status.clear_events();
+  const int64_t version = status.shard_map().version();
+  status.clear_shard_map();
+  if (version != 0) status.mutable_shard_map()->set_version(version);
+  return status;
+}
+
+}  // namespace
+
 std::vector<v1::JobStatus> JobManager::List() const {
   MutexLock lock(&mu_);
   std::vector<v1::JobStatus> jobs;
-  for (const auto& [id, job] : jobs_) {
-    jobs.push_back(Render(*job));
-    jobs.back().clear_history();
-    jobs.back().clear_loss_curve();
-  }
+  for (const auto& [id, job] : jobs_) jobs.push_back(Summarize(Render(*job)));
   return jobs;
+}
+
+absl::StatusOr<v1::ListJobsResponse> JobManager::ListPage(const v1::ListJobsRequest& request) const {
+  if (request.page_size() < 0 || request.page_size() > kMaxListPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat("ListJobs: page_size must be in [0, ", kMaxListPageSize,
+                                                   "] (got ", request.page_size(), ")"));
+  }
+  if (request.page_token().size() > 128 || !IsPrintable(request.page_token())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ListJobs: page_token ", Quote(request.page_token(), 64),
+                     " must be a page's next_page_token (printable, at most 128 characters)"));
+  }
+  v1::ListJobsResponse response;
+  int64_t bytes = 0;
+  MutexLock lock(&mu_);
+  const size_t most = request.page_size() > 0 ? static_cast<size_t>(request.page_size()) : jobs_.size() + 1;
+  for (auto it = jobs_.upper_bound(request.page_token()); it != jobs_.end(); ++it) {
+    v1::JobStatus summary = Summarize(Render(*it->second));
+    const auto size = static_cast<int64_t>(summary.ByteSizeLong());
+    if (static_cast<size_t>(response.jobs_size()) == most ||
+        (response.jobs_size() > 0 && bytes + size > options_.list_page_bytes)) {
+      response.set_next_page_token(response.jobs().rbegin()->job_id());
+      break;
+    }
+    bytes += size;
+    *response.add_jobs() = std::move(summary);
+  }
+  return response;
 }
 
 absl::StatusOr<v1::JobStatus> JobManager::DoCancel(const std::string& job_id) {

@@ -74,6 +74,9 @@ struct SchedulerOptions {
   // that stops heartbeating frees its place when its lease runs out).
   int max_active_jobs = 1000;
   int max_members = 10000;
+  // The most bytes of job summaries one ListJobs page carries (messages are
+  // at most 8 MiB).
+  int64_t list_page_bytes = 4 << 20;
 };
 
 class JobManager {
@@ -102,7 +105,15 @@ class JobManager {
   absl::StatusOr<v1::JobStatus> Submit(v1::JobSpec spec, const std::string& resume_from = "");
   // NOT_FOUND for an unknown id.
   absl::StatusOr<v1::JobStatus> Get(const std::string& job_id) const;
+  // Every job's summary, in id order: its status without history, loss
+  // curve and events, and of the shard map its version alone.
   std::vector<v1::JobStatus> List() const;
+  // One page of them for ListJobs (see ListJobsRequest): at most page_size
+  // (0: no count) and never past SchedulerOptions::list_page_bytes (but one
+  // job). INVALID_ARGUMENT for a page size outside [0, kMaxListPageSize] or
+  // a token no page could have given.
+  static constexpr int kMaxListPageSize = 1000;
+  absl::StatusOr<v1::ListJobsResponse> ListPage(const v1::ListJobsRequest& request) const;
   // FAILED_PRECONDITION if the job already ended.
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id);
   // Waits until the job's status changes past `*version` (or `timeout`

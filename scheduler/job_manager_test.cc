@@ -1014,6 +1014,58 @@ TEST_F(JobManagerTest, ListShowsEveryJob) {
   EXPECT_EQ(ids, (std::set<std::string>{a, b}));
 }
 
+// ListJobs comes in pages: at most page_size jobs and never past the page
+// byte bound (but one job), each page's token leading to the next, so a
+// list of any length fits a message. Summaries leave out what grows with a
+// job (history, events, the shard map but its version).
+TEST_F(JobManagerTest, ListJobsComesInPagesThatFitTheirBounds) {
+  options_.list_page_bytes = 400;
+  ASSERT_NO_FATAL_FAILURE(Restart());
+  std::vector<std::string> submitted;
+  for (int i = 0; i < 7; ++i) submitted.push_back(SubmitOk(MlpSpec()));
+  const int64_t one = static_cast<int64_t>(manager_->List()[0].ByteSizeLong());
+  ASSERT_LE(2 * one, options_.list_page_bytes);
+  ASSERT_GT(3 * one, options_.list_page_bytes) << "pages of 2 jobs by bytes";
+
+  auto all_pages = [&](int page_size) {
+    std::vector<std::string> listed;
+    v1::ListJobsRequest request;
+    request.set_page_size(page_size);
+    for (int pages = 0; pages < 20; ++pages) {
+      absl::StatusOr<v1::ListJobsResponse> page = manager_->ListPage(request);
+      EXPECT_TRUE(page.ok()) << page.status();
+      if (!page.ok()) break;
+      EXPECT_LE(page->jobs_size(), page_size > 0 ? page_size : 2);
+      int64_t bytes = 0;
+      for (const v1::JobStatus& job : page->jobs()) {
+        listed.push_back(job.job_id());
+        bytes += static_cast<int64_t>(job.ByteSizeLong());
+        EXPECT_EQ(job.events_size(), 0);
+        EXPECT_EQ(job.shard_map().chunks_size(), 0);
+      }
+      EXPECT_LE(bytes, options_.list_page_bytes);
+      if (page->next_page_token().empty()) break;
+      EXPECT_EQ(page->next_page_token(), listed.back());
+      request.set_page_token(page->next_page_token());
+    }
+    return listed;
+  };
+  EXPECT_EQ(all_pages(0), submitted) << "pages by bytes";
+  EXPECT_EQ(all_pages(1), submitted) << "one job a page";
+  EXPECT_EQ(all_pages(3), submitted) << "three jobs a page, or fewer by bytes";
+
+  for (const int size : {-1, JobManager::kMaxListPageSize + 1}) {
+    v1::ListJobsRequest bad;
+    bad.set_page_size(size);
+    EXPECT_EQ(manager_->ListPage(bad).status().code(), absl::StatusCode::kInvalidArgument) << size;
+  }
+  v1::ListJobsRequest garbage;
+  garbage.set_page_token(std::string("job-\0\x01", 6));
+  EXPECT_EQ(manager_->ListPage(garbage).status().code(), absl::StatusCode::kInvalidArgument);
+  garbage.set_page_token(std::string(129, 'j'));
+  EXPECT_EQ(manager_->ListPage(garbage).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(JobManagerTest, ReplicasNeedEnoughServers) {
   RegisterCluster();
   v1::JobSpec spec = MlpSpec();

@@ -48,10 +48,11 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* /*context*/, const v1::
   return ToGrpcStatus(status.status());
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* /*context*/, const v1::ListJobsRequest*,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* /*context*/, const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
-  for (v1::JobStatus& job : manager_->List()) *response->add_jobs() = std::move(job);
-  return ToGrpcStatus(absl::OkStatus());
+  auto page = manager_->ListPage(*request);
+  if (page.ok()) *response = std::move(*page);
+  return ToGrpcStatus(page.status());
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* /*context*/, const v1::CancelJobRequest* request,

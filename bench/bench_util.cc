@@ -94,6 +94,7 @@ int BenchMain(int argc, char** argv, absl::string_view flags_file, const char* u
               const std::function<int()>& run) {
   // Before any thread: SIGINT / SIGTERM are taken by the watcher below.
   BlockTerminationSignals();
+  SetMutexDeadlockDetection(false);  // as every daemon (common/sync.h)
   ParseBenchFlags(argc, argv, flags_file, usage);
   std::thread watcher([] {
     const int sig = WaitForShutdown();

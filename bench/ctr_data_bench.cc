@@ -34,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/benchmark_main.h"
 #include "benchmark/benchmark.h"
+#include "common/sync.h"
 #include "worker/ctr_data.h"
 
 namespace fulcrum {
@@ -160,6 +161,7 @@ void BM_Synthetic(benchmark::State& state) {
 }  // namespace fulcrum
 
 int main(int argc, char** argv) {
+  fulcrum::SetMutexDeadlockDetection(false);  // as every daemon (common/sync.h)
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     if (std::strncmp(argv[i], "--examples=", 11) == 0) {

@@ -45,6 +45,7 @@
 #include "common/data_partition.h"
 #include "common/param_init.h"
 #include "common/process.h"
+#include "common/sync.h"
 #include "common/table_spec.h"
 #include "kernels/model_from_spec.h"
 #include "scheduler/job_spec.h"
@@ -310,6 +311,7 @@ int Main(const std::set<std::string>* given) {
 }  // namespace fulcrum
 
 int main(int argc, char** argv) {
+  fulcrum::SetMutexDeadlockDetection(false);  // as every daemon (common/sync.h)
   fulcrum::ParseFlags(
       argc, argv,
       "writes Fulcrum's synthetic click data: a binary file for the PyTorch reference, or libsvm, "

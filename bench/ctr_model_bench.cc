@@ -20,11 +20,11 @@
 // counters: examples/s.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cstdio>
-#include <memory>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/benchmark_main.h"
 #include "benchmark/benchmark.h"
+#include "common/sync.h"
 #include "kernels/backend_loader.h"
 #include "kernels/ctr_model.h"
 #include "kernels/graph_model.h"
@@ -159,6 +160,7 @@ void BM_Step(benchmark::State& state, bool dlrm, Path path) {
 }  // namespace fulcrum
 
 int main(int argc, char** argv) {
+  fulcrum::SetMutexDeadlockDetection(false);  // as every daemon (common/sync.h)
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     if (std::strncmp(argv[i], "--device=", 9) == 0) {

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/sync.h"
 #include "server/optimizer.h"
 
 namespace fulcrum {
@@ -138,6 +139,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
 }  // namespace fulcrum
 
 int main(int argc, char** argv) {
+  fulcrum::SetMutexDeadlockDetection(false);  // as every daemon (common/sync.h)
   std::vector<char*> args(argv, argv + argc);
   // Defaults: repetitions in random interleaving (each its own buffers), so
   // that no case runs on caches or pages another left warm.

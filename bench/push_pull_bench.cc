@@ -26,6 +26,10 @@
 //   fulcrum-bench [--sizes=1,16,64] [--servers=1,2] [--batches=5]
 //                 [--seconds=1.5] [--rtt_pushes=3000] [--pin_rtt=0]
 #include <arpa/inet.h>
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sched.h>
@@ -45,11 +49,7 @@
 #include <thread>
 #include <vector>
 
-#include <grpcpp/generic/async_generic_service.h>
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/security/server_credentials.h>
-#include <grpcpp/server_builder.h>
-
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
@@ -78,6 +78,9 @@
 ABSL_FLAG(std::vector<std::string>, sizes, std::vector<std::string>({"1", "16", "64"}), "Model sizes in MiB");
 ABSL_FLAG(std::vector<std::string>, servers, std::vector<std::string>({"1", "2"}), "Server counts");
 ABSL_FLAG(int, batches, 5, "Times every case runs (alternating)");
+// Daemon's flag (common/daemon.cc): on runs the cases with Abseil's
+// lock-order checks, as Debian's Abseil does by default (common/sync.h).
+ABSL_DECLARE_FLAG(bool, mutex_deadlock_detection);
 ABSL_FLAG(double, seconds, 1.5, "Timed seconds per case and batch (after one warm-up iteration)");
 ABSL_FLAG(int, rtt_pushes, 3000, "Small pushes timed one by one for the round-trip case (0: no such case)");
 ABSL_FLAG(int, pin_rtt, 0, "CPU the round-trip case's process is pinned to (-1: not pinned)");
@@ -554,9 +557,12 @@ absl::StatusOr<std::vector<double>> RunChild(const std::string& self, const std:
   int out[2];
   if (pipe(out) != 0) return absl::InternalError("pipe failed");
   const std::vector<std::string> args = {
-      self, absl::StrCat("--run_case=", spec), absl::StrCat("--seconds=", absl::GetFlag(FLAGS_seconds)),
+      self,
+      absl::StrCat("--run_case=", spec),
+      absl::StrCat("--seconds=", absl::GetFlag(FLAGS_seconds)),
       absl::StrCat("--rtt_pushes=", absl::GetFlag(FLAGS_rtt_pushes)),
-      absl::StrCat("--pin_rtt=", absl::GetFlag(FLAGS_pin_rtt))};
+      absl::StrCat("--pin_rtt=", absl::GetFlag(FLAGS_pin_rtt)),
+      absl::StrCat("--mutex_deadlock_detection=", absl::GetFlag(FLAGS_mutex_deadlock_detection))};
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
@@ -748,7 +754,9 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   fulcrum::ParseFlags(argc, argv,
                       "fulcrum-bench [--sizes=1,16,64] [--servers=1,2] [--batches=5] [--seconds=1.5] "
-                      "[--rtt_pushes=3000] [--pin_rtt=0] [--sparse=10000:64,100000:16]");
+                      "[--rtt_pushes=3000] [--pin_rtt=0] [--sparse=10000:64,100000:16] "
+                      "[--mutex_deadlock_detection]");
+  fulcrum::SetMutexDeadlockDetection(absl::GetFlag(FLAGS_mutex_deadlock_detection));
   const std::string spec = absl::GetFlag(FLAGS_run_case);
   if (!spec.empty()) return fulcrum::RunCase(spec);
   char self[4096];

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/sync.h"
 #include "server/sparse_table.h"
 
 namespace fulcrum {
@@ -223,6 +224,7 @@ void BM_Restore(benchmark::State& state, bool incremental, int changed_batches) 
 }  // namespace fulcrum
 
 int main(int argc, char** argv) {
+  fulcrum::SetMutexDeadlockDetection(false);  // as every daemon (common/sync.h)
   // Every allocation of 128 KiB or more (a table's blocks of rows, a state's
   // bytes) is a mapping of its own, whatever was freed before: glibc would
   // otherwise raise that threshold as big blocks are freed and serve later

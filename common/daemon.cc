@@ -1,14 +1,17 @@
 #include "common/daemon.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <string_view>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "common/status_macros.h"
 #include "common/memory_budget.h"
 #include "common/process.h"
 #include "common/security_flags.h"
+#include "common/status_macros.h"
+#include "common/sync.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind and advertise");
 ABSL_FLAG(int, port, 0, "gRPC port (0 = pick a free one)");
@@ -18,6 +21,11 @@ ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 ABSL_FLAG(bool, keep_freed_memory, true,
           "Keep memory freed by finished requests for the next ones instead of returning it to the kernel at once "
           "(see KeepFreedMemoryForReuse in common/memory_budget.h): faster transfers, RSS at the peak of use");
+ABSL_FLAG(
+    bool, mutex_deadlock_detection, false,
+    "Check the lock order of every mutex lock (Abseil's deadlock detection: slow, one global lock; see "
+    "SetMutexDeadlockDetection in common/sync.h). Also on when FULCRUM_MUTEX_DEADLOCK_DETECTION=1, as the "
+    "tests set it");
 ABSL_FLAG(
     std::string, memory_budget, "",
     "Memory the jobs this process serves may claim, e.g. 8GiB; at most the machine's or cgroup's memory "
@@ -30,6 +38,9 @@ Daemon::Daemon(std::string role, std::string usage) : role_(std::move(role)), us
 absl::Status Daemon::Init(int argc, char** argv, const std::function<std::string()>& job_token_file) {
   BlockTerminationSignals();
   ParseFlags(argc, argv, usage_.c_str());
+  const char* detection = std::getenv("FULCRUM_MUTEX_DEADLOCK_DETECTION");
+  SetMutexDeadlockDetection(absl::GetFlag(FLAGS_mutex_deadlock_detection) ||
+                            (detection != nullptr && std::string_view(detection) == "1"));
   if (absl::GetFlag(FLAGS_keep_freed_memory)) KeepFreedMemoryForReuse();
   SetLogTag(role_);
   RETURN_IF_ERROR(SetMinLogLevelFromString(absl::GetFlag(FLAGS_log_level)));

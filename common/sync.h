@@ -186,4 +186,22 @@ class Notification {
 
 #endif  // FULCRUM_TSAN_SYNC
 
+namespace fulcrum {
+
+// Debian's Abseil is built without NDEBUG, so by default every
+// absl::Mutex::Lock in the process (ours and gRPC's, which uses absl::Mutex
+// too) checks lock order: it takes one process-wide spinlock and looks the
+// mutex up in a lock-order graph of every mutex alive. That costs about 0.1
+// us a lock with a hundred mutexes and 3 us with 200,000 (a server holding
+// many chunks), and serialises every thread on the spinlock. Processes that
+// serve or measure turn it off first thing (Daemon::Init, the benches, the
+// CLI); the test binaries keep it, and have the daemons they start keep it
+// (FULCRUM_MUTEX_DEADLOCK_DETECTION=1), so lock-order cycles still abort the
+// tests. Call before other threads exist.
+inline void SetMutexDeadlockDetection(bool on) {
+  absl::SetMutexDeadlockDetectionMode(on ? absl::OnDeadlockCycle::kAbort : absl::OnDeadlockCycle::kIgnore);
+}
+
+}  // namespace fulcrum
+
 #endif  // FULCRUM_COMMON_SYNC_H_

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/data_partition.h"
 #include "common/lr_scaling.h"
+#include "common/memory_budget.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
 #include "common/table_spec.h"
@@ -417,6 +418,11 @@ absl::Status ValidateLrScaling(const v1::JobSpec& spec) {
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  if (const size_t bytes = spec.ByteSizeLong(); bytes > kMaxJobSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: the spec takes ",
+                                                   FormatBytes(static_cast<int64_t>(bytes)),
+                                                   " serialized, at most ", FormatBytes(kMaxJobSpecBytes)));
+  }
   RETURN_IF_ERROR(CheckWellFormed(spec, ""));
   if (Utf8Length(spec.name()) > 128) {
     return Invalid("name", "must be at most 128 characters", absl::StrCat(Utf8Length(spec.name())));

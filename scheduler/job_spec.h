@@ -3,6 +3,7 @@
 #ifndef FULCRUM_SCHEDULER_JOB_SPEC_H_
 #define FULCRUM_SCHEDULER_JOB_SPEC_H_
 
+#include <cstddef>
 #include <string>
 
 #include "absl/status/status.h"
@@ -11,6 +12,11 @@
 namespace fulcrum {
 
 constexpr char kDefaultFashionMnistPath[] = "/usr/share/datasets/fashion-mnist";
+
+// The most a job spec may take serialized (the CLI reads spec files of at
+// most as many bytes of text): the scheduler keeps, stores and sends it with
+// the job's status, assignments and checkpoints.
+constexpr size_t kMaxJobSpecBytes = 1 << 20;
 
 // Fills the documented defaults of fields left unset (epochs 1, numWorkers 1,
 // mode BSP (ASP for click models), activation RELU, optimizer SGD, schedule

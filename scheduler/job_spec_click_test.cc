@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/quote.h"
 #include "common/table_spec.h"
 #include "common/test_util.h"
@@ -138,6 +140,38 @@ v1::JobSpec GraphSpec(const std::function<void(v1::JobSpec*)>& mutate = nullptr)
     AddLayer(model, "loss", v1::LayerSpec::LOSS, {"logit"});
     if (mutate) mutate(s);
   });
+}
+
+// A spec is at most kMaxJobSpecBytes serialized, whatever makes it big: it
+// is kept, stored and sent with the job's status and assignments. Here
+// layers that each sum one layer 256 times under a 64-character name, each
+// of them valid, make a graph of `layers` layers.
+v1::JobSpec SpecOfManySums(int layers) {
+  return GraphSpec([layers](v1::JobSpec* s) {
+    v1::ModelSpec* model = s->mutable_model();
+    model->mutable_layers()->DeleteSubrange(3, 2);  // logit and loss come last
+    std::string previous = "dot";
+    for (int i = 0; i < layers - 5; ++i) {
+      std::string name = absl::StrCat("sum", i, "_");
+      name.resize(64, 'x');
+      AddLayer(model, name, v1::LayerSpec::ADD, std::vector<std::string>(256, previous));
+      previous = name;
+    }
+    AddLayer(model, "logit", v1::LayerSpec::ADD, {previous})->set_bias(true);
+    AddLayer(model, "loss", v1::LayerSpec::LOSS, {"logit"});
+  });
+}
+
+TEST(ClickSpecTest, ASpecPastItsSizeBoundIsRefusedWhateverMakesItBig) {
+  const v1::JobSpec small = SpecOfManySums(40);
+  ASSERT_LT(small.ByteSizeLong(), kMaxJobSpecBytes);
+  EXPECT_TRUE(ValidateJobSpec(small).ok()) << ValidateJobSpec(small);
+  const v1::JobSpec big = SpecOfManySums(256);
+  ASSERT_GT(big.ByteSizeLong(), kMaxJobSpecBytes);
+  const absl::Status status = ValidateJobSpec(big);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "the spec takes")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "at most 1.0 MiB")) << status;
 }
 
 TEST(ClickSpecTest, AGraphIsAClickModelWithTheTablesItsLayersName) {

@@ -65,6 +65,11 @@ v1::CheckpointChunk ChainEntry(const v1::CheckpointChunk& entry) {
 
 }  // namespace
 
+bool ChainsOnto(const v1::CheckpointManifest& latest, int full_every) {
+  return latest.info().state() == v1::CheckpointInfo::COMPLETE && latest.info().chain() + 1 < full_every &&
+         latest.ByteSizeLong() <= kMaxChainedManifestBytes;
+}
+
 absl::Status AssembleManifest(bool synchronous, int64_t cut,
                               const std::map<std::string, v1::CheckpointResponse>& responses,
                               v1::CheckpointManifest* manifest, const v1::CheckpointManifest* base) {

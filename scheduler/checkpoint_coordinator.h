@@ -66,6 +66,20 @@ struct ExpiredCheckpoint {
   std::map<std::string, std::string> holders;  // server id -> address
 };
 
+// The largest manifest a checkpoint may store its tables incrementally on.
+// An incremental manifest nests its bases' entries (AssembleManifest), so it
+// is about its base's size plus its own entries: past this the next
+// checkpoint is whole, and no manifest grows past a message (a job of 16
+// tables of 4096 buckets chaining 64 checkpoints would otherwise reach
+// about 150 MB).
+constexpr size_t kMaxChainedManifestBytes = 2 << 20;
+
+// Whether the next checkpoint of a job with sparse tables stores them as
+// their changes since `latest` (its latest complete checkpoint): while the
+// chain is shorter than `full_every` and latest's manifest at most
+// kMaxChainedManifestBytes.
+bool ChainsOnto(const v1::CheckpointManifest& latest, int full_every);
+
 // The key of a committed checkpoint's manifest in the scheduler's store.
 std::string CheckpointManifestKey(const std::string& job_id, int64_t id);
 

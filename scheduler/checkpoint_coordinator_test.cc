@@ -182,6 +182,36 @@ TEST(AssembleManifestTest, IncrementalBucketsCarryTheirBasesEntry) {
   EXPECT_EQ(AssembleManifest(true, 12, responses, &no_base).code(), absl::StatusCode::kInternal);
 }
 
+// A chain stops at full_every, and before a manifest would pass a message:
+// an incremental manifest nests its base's entries, so each link grows it.
+TEST(AssembleManifestTest, AChainStopsAtFullEveryOrWhenItsManifestGrowsLarge) {
+  v1::CheckpointManifest latest = Skeleton(1);
+  latest.mutable_info()->set_state(v1::CheckpointInfo::COMPLETE);
+  latest.mutable_info()->set_chain(2);
+  EXPECT_TRUE(ChainsOnto(latest, 4));
+  EXPECT_FALSE(ChainsOnto(latest, 3)) << "the fourth link of full_every 3";
+  EXPECT_FALSE(ChainsOnto(latest, 1)) << "full_every 1 is always whole";
+  latest.mutable_info()->set_state(v1::CheckpointInfo::CORRUPT);
+  EXPECT_FALSE(ChainsOnto(latest, 4)) << "never on a corrupt checkpoint";
+  latest.mutable_info()->set_state(v1::CheckpointInfo::COMPLETE);
+  // Buckets whose entries nest a long chain: past the bound, whole again.
+  v1::CheckpointChunk bucket;
+  v1::CheckpointChunk* link = &bucket;
+  for (int depth = 0; depth < 32; ++depth) {
+    link->set_chunk_id(TableChunkId(0, 1));
+    link->set_base_checkpoint_id(depth + 1);
+    link->add_server_ids("server-0");
+    link = link->mutable_base();
+  }
+  // Each entry takes its bytes and a tag and length of at most 4 bytes.
+  const size_t fit = (kMaxChainedManifestBytes - latest.ByteSizeLong()) / (bucket.ByteSizeLong() + 4);
+  for (size_t i = 0; i < fit; ++i) *latest.add_chunks() = bucket;
+  ASSERT_LE(latest.ByteSizeLong(), kMaxChainedManifestBytes);
+  EXPECT_TRUE(ChainsOnto(latest, 64)) << latest.ByteSizeLong() << " bytes";
+  while (latest.ByteSizeLong() <= kMaxChainedManifestBytes) *latest.add_chunks() = bucket;
+  EXPECT_FALSE(ChainsOnto(latest, 64));
+}
+
 TEST(AssembleManifestTest, AChunkMissingFromItsPrimaryFailsTheCheckpoint) {
   std::map<std::string, v1::CheckpointResponse> responses;
   *responses["a"].add_chunks() = Chunk(0, 1);

@@ -247,12 +247,12 @@ absl::StatusOr<CheckpointPlan> JobManager::PlanCheckpoint(const CheckpointTask& 
     manifest.mutable_info()->set_server_bytes(held / holders * static_cast<int64_t>(holding.size()));
   }
   // Tables are stored incrementally on the latest committed checkpoint
-  // while its chain is shorter than full_every.
+  // while its chain is shorter than full_every (and its manifest small).
   const int full_every = std::max(1, job->status.spec().checkpoint().full_every());
   if (job->shard_map.tables_size() > 0 && full_every > 1) {
     for (auto it = job->manifests.rbegin(); it != job->manifests.rend(); ++it) {
       if (it->first >= task.id || it->second.info().state() != v1::CheckpointInfo::COMPLETE) continue;
-      if (it->second.info().chain() + 1 < full_every) plan.base = it->second;
+      if (ChainsOnto(it->second, full_every)) plan.base = it->second;
       break;
     }
   }

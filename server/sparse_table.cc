@@ -16,6 +16,10 @@ namespace fulcrum {
 namespace {
 
 constexpr size_t kBlockBytes = size_t{256} << 10;
+// The first block starts this small and doubles up to a whole block, so a
+// bucket of a few rows takes a few rows' bytes, not a whole block (a table
+// of 4096 buckets of ten rows each took 256 KiB a bucket).
+constexpr size_t kFirstBlockRows = 16;
 constexpr size_t kMinIndexSlots = 16;
 
 // An index entry: the row number + 1 in the low 26 bits (0: empty), the top
@@ -150,10 +154,38 @@ void SparseTable::GrowIndex() {
   }
 }
 
+size_t SparseTable::CapacityFor(int64_t rows) const {
+  if (rows <= 0) return 0;
+  const auto wanted = static_cast<size_t>(rows);
+  if (wanted > rows_per_block_) return (wanted + rows_per_block_ - 1) / rows_per_block_ * rows_per_block_;
+  size_t first = std::min(kFirstBlockRows, rows_per_block_);
+  while (first < wanted) first <<= 1;
+  return first;
+}
+
+void SparseTable::GrowFirstBlock(size_t rows) {
+  const size_t capacity = CapacityFor(static_cast<int64_t>(rows));
+  auto block = std::make_unique<char[]>(capacity * row_bytes_);
+  auto gens = std::make_unique<uint32_t[]>(capacity);
+  if (!blocks_.empty()) {
+    const size_t held = std::min<size_t>(rows_, first_block_rows_);
+    std::memcpy(block.get(), blocks_[0].get(), held * row_bytes_);
+    std::memcpy(gens.get(), gens_[0].get(), held * sizeof(uint32_t));
+    blocks_[0] = std::move(block);
+    gens_[0] = std::move(gens);
+  } else {
+    blocks_.push_back(std::move(block));
+    gens_.push_back(std::move(gens));
+  }
+  first_block_rows_ = capacity;
+}
+
 uint32_t SparseTable::AddRow(uint64_t key, int64_t step) {
   if (static_cast<size_t>(rows_) + 1 > index_.size() / 4 * 3) GrowIndex();
   const uint32_t r = rows_++;
-  if ((r >> block_shift_) >= blocks_.size()) {
+  if (r < rows_per_block_) {
+    if (r >= first_block_rows_) GrowFirstBlock(static_cast<size_t>(r) + 1);  // moves the rows of block 0
+  } else if ((r >> block_shift_) >= blocks_.size()) {
     blocks_.push_back(std::make_unique<char[]>(rows_per_block_ * row_bytes_));
     gens_.push_back(std::make_unique<uint32_t[]>(rows_per_block_));
   }
@@ -191,6 +223,7 @@ void SparseTable::RemoveRow(uint32_t r) {
   if (rows_ == 0 || ((rows_ - 1) >> block_shift_) + 1 < blocks_.size()) {
     blocks_.pop_back();
     gens_.pop_back();
+    if (blocks_.empty()) first_block_rows_ = 0;
   }
 }
 
@@ -281,17 +314,16 @@ void SparseTable::Apply(float* row, const float* g) {
 }
 
 int64_t SparseTable::BytesFor(int64_t rows, size_t index_slots, size_t candidate_slots) const {
-  const auto blocks = static_cast<int64_t>((static_cast<size_t>(rows) + rows_per_block_ - 1) / rows_per_block_);
   // A flat_hash_map keeps a control byte beside every slot.
   const int64_t candidate_bytes = static_cast<int64_t>(candidate_slots) *
                                   static_cast<int64_t>(sizeof(std::pair<const uint64_t, Sightings>) + 1);
-  return blocks * static_cast<int64_t>(rows_per_block_ * (row_bytes_ + sizeof(uint32_t))) +
+  return static_cast<int64_t>(CapacityFor(rows) * (row_bytes_ + sizeof(uint32_t))) +
          static_cast<int64_t>(index_slots * sizeof(uint32_t)) + candidate_bytes;
 }
 
 int64_t SparseTable::BytesLocked() const {
-  return static_cast<int64_t>(blocks_.size() * rows_per_block_ * (row_bytes_ + sizeof(uint32_t)) +
-                              index_.size() * sizeof(uint32_t) +
+  const size_t capacity = blocks_.empty() ? 0 : first_block_rows_ + (blocks_.size() - 1) * rows_per_block_;
+  return static_cast<int64_t>(capacity * (row_bytes_ + sizeof(uint32_t)) + index_.size() * sizeof(uint32_t) +
                               candidates_.capacity() * (sizeof(std::pair<const uint64_t, Sightings>) + 1));
 }
 
@@ -362,9 +394,11 @@ SparseTable::Growth SparseTable::GrowthLocked(absl::Span<const uint64_t> keys) c
 int64_t SparseTable::BytesAfterLocked(const Growth& growth) const {
   if (growth.rows + growth.candidates == 0) return BytesLocked();
   const int64_t rows = rows_ + growth.rows;
-  return BytesFor(
-      rows, SlotsFor(rows, index_.size()),
-      CandidateSlotsFor(candidates_.size() + static_cast<size_t>(growth.candidates), candidates_.capacity()));
+  // At least what it takes now: rows removed leave the first block as large.
+  return std::max(BytesLocked(),
+                  BytesFor(rows, SlotsFor(rows, index_.size()),
+                           CandidateSlotsFor(candidates_.size() + static_cast<size_t>(growth.candidates),
+                                             candidates_.capacity())));
 }
 
 absl::Status SparseTable::CheckRoomLocked(absl::Span<const uint64_t> keys) const {
@@ -693,6 +727,7 @@ void SparseTable::Clear() {
 void SparseTable::ClearLocked() {
   blocks_.clear();
   gens_.clear();
+  first_block_rows_ = 0;
   marks_.clear();
   rows_ = 0;
   index_.assign(kMinIndexSlots, 0);

@@ -7,12 +7,13 @@
 // initial values. No gRPC here.
 //
 // Storage is an open-addressing index (linear probing; 32-bit entries of a
-// row number and 6 bits of the key's hash) over rows kept in fixed-size
-// blocks, each row its key, the step it was last pushed, its values and its
+// row number and 6 bits of the key's hash) over rows kept in blocks of 256
+// KiB, each row its key, the step it was last pushed, its values and its
 // optimizer state, side by side, and beside each block the generation of
 // each row (what changed since a checkpoint): about 8 + 8 + 4 + 5 bytes of
-// overhead a row beside its values and state, and no reallocation of rows
-// as the table grows.
+// overhead a row beside its values and state. The first block starts at 16
+// rows and doubles (its rows move) until it is whole, so a small bucket
+// takes what its rows take; after it, rows never move as the table grows.
 #ifndef FULCRUM_SERVER_SPARSE_TABLE_H_
 #define FULCRUM_SERVER_SPARSE_TABLE_H_
 
@@ -225,6 +226,11 @@ class SparseTable {
   int64_t BytesFor(int64_t rows, size_t index_slots, size_t candidate_slots) const;
   size_t rows_per_block_ = 1;  // a power of two
   int block_shift_ = 0;
+  // The rows blocks of `rows` rows hold: a first block grows by doubling
+  // (from kFirstBlockRows), the others are whole.
+  size_t CapacityFor(int64_t rows) const;
+  // Makes the first block hold at least `rows` rows (moving its rows).
+  void GrowFirstBlock(size_t rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t BytesLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const SparseTableConfig config_;
@@ -234,7 +240,10 @@ class SparseTable {
   const uint64_t init_key_;  // the initializer's stream for this table
 
   mutable Mutex mu_;
-  std::vector<std::unique_ptr<char[]>> blocks_ ABSL_GUARDED_BY(mu_);  // kRowsPerBlock rows each
+  // rows_per_block_ rows each, but the first: first_block_rows_ (a power
+  // of two, growing as rows come; 0 with no block).
+  std::vector<std::unique_ptr<char[]>> blocks_ ABSL_GUARDED_BY(mu_);
+  size_t first_block_rows_ ABSL_GUARDED_BY(mu_) = 0;
   // Beside each block, the generation of each of its rows: the value of
   // generation_ when the row was last pushed (or created); 0 for rows as
   // loaded. A checkpoint capture records generation_ and then advances it,

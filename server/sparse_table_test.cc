@@ -540,6 +540,33 @@ TEST(SparseTableTest, MemoryPerRowIsWithinAThirdOfItsValuesAndState) {
   EXPECT_LE(per_row, 1.3 * 128) << per_row << " bytes a row";
 }
 
+// A table of a few rows takes a few rows' bytes (a table of 4096 buckets
+// with ten rows each took a 256 KiB block a bucket), and rows keep their
+// values as its first block grows and the table passes into whole blocks.
+TEST(SparseTableTest, ASmallTableTakesWhatItsRowsTakeAndRowsSurviveItsGrowth) {
+  auto table = Make(Table(SparseOptimizerKind::kSgd, 16));
+  ASSERT_NE(table, nullptr);
+  const std::vector<float> grads(16, 0.5f);
+  for (uint64_t key = 0; key < 10; ++key) ASSERT_TRUE(table->Push(1, {key}, grads.data()).ok());
+  EXPECT_EQ(table->rows(), 10);
+  EXPECT_LE(table->bytes(), 4096) << "ten rows of " << table->raw_row_bytes() << " bytes";
+  // Through the first block's doublings into whole blocks (80-byte rows:
+  // 2048 a block): every row as a model of the pushes says.
+  std::map<uint64_t, std::vector<float>> expected;
+  for (uint64_t key = 0; key < 5000; ++key) expected[key] = PullOne(*table, key);
+  for (int64_t step = 2; step < 6; ++step) {
+    for (uint64_t key = 0; key < 5000; key += static_cast<uint64_t>(step) - 1) {
+      std::vector<float> g(16);
+      for (int j = 0; j < 16; ++j) g[j] = static_cast<float>((key * 7 + static_cast<uint64_t>(j)) % 13) - 6;
+      ASSERT_TRUE(table->Push(step, {key}, g.data()).ok());
+      for (int j = 0; j < 16; ++j) expected[key][j] -= 0.1f * g[j];
+    }
+  }
+  EXPECT_EQ(table->rows(), 5000);
+  for (const auto& [key, row] : expected) ASSERT_EQ(PullOne(*table, key), row) << "key " << key;
+  EXPECT_LE(table->bytes(), 2 * 5000 * (table->raw_row_bytes() + 32));
+}
+
 TEST(SparseTableTest, ConfigsTheTableCannotRunAreRefusedNamingTheField) {
   auto refused = [](SparseTableConfig config, const std::string& needle) {
     absl::Status status = ValidateSparseTableConfig(config);

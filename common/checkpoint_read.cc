@@ -57,6 +57,18 @@ absl::StatusOr<v1::ChunkState> ReadCheckpointChunkFrom(v1::ParameterService::Stu
   });
 }
 
+std::vector<const google::protobuf::RepeatedField<int64_t>*> PartitionStepsOf(
+    const v1::CheckpointResponse& response) {
+  static const google::protobuf::RepeatedField<int64_t> kNone;
+  std::vector<const google::protobuf::RepeatedField<int64_t>*> steps;
+  steps.reserve(static_cast<size_t>(response.chunks_size()));
+  for (const v1::CheckpointChunk& chunk : response.chunks()) {
+    const bool same = chunk.same_partition_steps();
+    steps.push_back(same ? (steps.empty() ? &kNone : steps.back()) : &chunk.partition_steps());
+  }
+  return steps;
+}
+
 absl::StatusOr<std::vector<TableLink>> TableChainOf(int64_t checkpoint_id, const v1::CheckpointChunk& chunk) {
   std::vector<TableLink> links = {{checkpoint_id, &chunk}};
   while (links.back().entry->base_checkpoint_id() != 0) {

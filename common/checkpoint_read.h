@@ -29,6 +29,12 @@ absl::StatusOr<v1::ChunkState> ReadSlicedChunk(
 absl::StatusOr<v1::ChunkState> ReadCheckpointChunkFrom(v1::ParameterService::Stub* stub,
                                                        v1::ReadCheckpointRequest request, double timeout_seconds);
 
+// Each chunk's partition_steps in a CheckpointResponse, in its order: its
+// own, or with same_partition_steps those of the chunk before it (empty for
+// a first chunk that says so).
+std::vector<const google::protobuf::RepeatedField<int64_t>*> PartitionStepsOf(
+    const v1::CheckpointResponse& response);
+
 // The longest chain of incremental table checkpoints a reader follows
 // (CheckpointSpec.full_every is at most 64).
 constexpr int kMaxCheckpointChain = 64;

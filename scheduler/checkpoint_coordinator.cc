@@ -6,9 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/checkpoint_read.h"
 #include "common/logging.h"
-#include "common/table_spec.h"
 #include "common/status_macros.h"
+#include "common/table_spec.h"
 
 namespace fulcrum {
 namespace {
@@ -85,13 +86,30 @@ absl::Status AssembleManifest(bool synchronous, int64_t cut,
     }
   }
   std::map<std::string, std::map<int32_t, const v1::CheckpointChunk*>> by_server;
+  // Each chunk's partition steps (listed, or the same as the chunk before).
+  std::map<const v1::CheckpointChunk*, const google::protobuf::RepeatedField<int64_t>*> steps_of;
   int64_t bytes = 0;
   for (const auto& [id, response] : responses) {
-    for (const v1::CheckpointChunk& chunk : response.chunks()) {
+    const auto steps = PartitionStepsOf(response);
+    for (int i = 0; i < response.chunks_size(); ++i) {
+      const v1::CheckpointChunk& chunk = response.chunks(i);
       by_server[id][chunk.chunk_id()] = &chunk;
+      steps_of[&chunk] = steps[static_cast<size_t>(i)];
       bytes += chunk.bytes();
     }
   }
+  // Each partition's lowest step goes into the manifest's partition_steps;
+  // its entries carry none (a manifest of 8192 buckets of 512 partitions
+  // would take megabytes).
+  auto lower_positions = [&](const v1::CheckpointChunk* chunk, v1::CheckpointChunk* entry,
+                             std::vector<int64_t>* positions) {
+    const google::protobuf::RepeatedField<int64_t>& steps = *steps_of[chunk];
+    for (int p = 0; !synchronous && p < steps.size() && p < static_cast<int>(positions->size()); ++p) {
+      (*positions)[p] = std::min((*positions)[p], steps[p]);
+    }
+    entry->clear_partition_steps();
+    entry->clear_same_partition_steps();
+  };
   const int32_t partitions = std::max(0, manifest->num_partitions());
   std::vector<int64_t> positions(partitions, synchronous ? cut : INT64_MAX);
   for (const v1::ChunkLocation& location : manifest->shard_map().chunks()) {
@@ -113,9 +131,7 @@ absl::Status AssembleManifest(bool synchronous, int64_t cut,
         chunk->add_server_ids(server);
       }
     }
-    for (int p = 0; !synchronous && p < chunk->partition_steps_size() && p < partitions; ++p) {
-      positions[p] = std::min(positions[p], chunk->partition_steps(p));
-    }
+    lower_positions(found->second, chunk, &positions);
   }
   // Table buckets: each on the primary of its shard (and on the backups
   // whose copy is the same), with the steps from which each partition must
@@ -143,9 +159,7 @@ absl::Status AssembleManifest(bool synchronous, int64_t cut,
           chunk->add_server_ids(server);
         }
       }
-      for (int p = 0; !synchronous && p < chunk->partition_steps_size() && p < partitions; ++p) {
-        positions[p] = std::min(positions[p], chunk->partition_steps(p));
-      }
+      lower_positions(found->second, chunk, &positions);
       if (chunk->base_checkpoint_id() != 0) {
         // Stored as its changes since `base`: the entry says where that is.
         auto entry = base_entries.find(chunk_id);

@@ -85,6 +85,35 @@ TEST(AssembleManifestTest, AsynchronousResumesEachPartitionAtItsLowestStep) {
   EXPECT_EQ(manifest.info().step(), 3);
 }
 
+// A server lists a capture's steps once: chunks after it say they have the
+// same. Those steps hold back the positions like listed ones; the manifest's
+// entries carry no steps of their own.
+TEST(AssembleManifestTest, StepsSharedWithTheChunkBeforeCountAndEntriesCarryNone) {
+  v1::CheckpointManifest manifest = Skeleton(2);
+  manifest.mutable_shard_map()->mutable_chunks(1)->set_shard(0);  // both chunks on a
+  std::map<std::string, v1::CheckpointResponse> responses;
+  *responses["a"].add_chunks() = Chunk(0, 1, {5, 9});
+  *responses["a"].add_chunks() = Chunk(1, 2);
+  responses["a"].mutable_chunks(1)->set_same_partition_steps(true);
+  *responses["b"].add_chunks() = Chunk(0, 1, {1, 1});  // a backup's: not the checkpoint's
+  ASSERT_TRUE(AssembleManifest(/*synchronous=*/false, 0, responses, &manifest).ok());
+  EXPECT_EQ(std::vector<int64_t>(manifest.partition_steps().begin(), manifest.partition_steps().end()),
+            (std::vector<int64_t>{5, 9}));
+  for (const v1::CheckpointChunk& chunk : manifest.chunks()) {
+    EXPECT_EQ(chunk.partition_steps_size(), 0) << chunk.chunk_id();
+    EXPECT_FALSE(chunk.same_partition_steps()) << chunk.chunk_id();
+  }
+  // Its own steps, lower, hold the positions back further.
+  responses["a"].mutable_chunks(1)->set_same_partition_steps(false);
+  responses["a"].mutable_chunks(1)->add_partition_steps(2);
+  responses["a"].mutable_chunks(1)->add_partition_steps(20);
+  v1::CheckpointManifest lower = Skeleton(2);
+  lower.mutable_shard_map()->mutable_chunks(1)->set_shard(0);
+  ASSERT_TRUE(AssembleManifest(/*synchronous=*/false, 0, responses, &lower).ok());
+  EXPECT_EQ(std::vector<int64_t>(lower.partition_steps().begin(), lower.partition_steps().end()),
+            (std::vector<int64_t>{2, 9}));
+}
+
 // Table buckets are chunks of the checkpoint too, on their shard's primary;
 // their steps hold back where each partition resumes.
 TEST(AssembleManifestTest, TableBucketsAreChunksOfTheirShardsPrimary) {

@@ -92,12 +92,18 @@ grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* /*context*/, 
   for (const auto& [chunk_id, snapshot] : *snapshots) captured += SnapshotBytes(snapshot);
   auto hold = store_->HoldTransient(3 * captured, what);
   if (!hold.ok()) return Finish("Checkpoint", hold.status(), received, 0);
+  const std::vector<int64_t>* previous = nullptr;
   for (const auto& [chunk_id, snapshot] : *snapshots) {
     v1::CheckpointChunk* chunk = response->add_chunks();
     chunk->set_chunk_id(chunk_id);
     chunk->set_version(snapshot.version);
     chunk->set_base_checkpoint_id(snapshot.table_base);
-    for (int64_t s : snapshot.partition_steps) chunk->add_partition_steps(s);
+    if (previous != nullptr && *previous == snapshot.partition_steps) {
+      chunk->set_same_partition_steps(true);
+    } else {
+      for (int64_t s : snapshot.partition_steps) chunk->add_partition_steps(s);
+    }
+    previous = &snapshot.partition_steps;
   }
   // The request path only waits here; the write itself runs on the writer
   // thread, so pushes and pulls of every job go on meanwhile.

@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/checkpoint_read.h"
 #include "common/half.h"
 #include "common/kv_store.h"
 #include "common/memory_budget.h"
@@ -1483,14 +1484,18 @@ TEST(ParameterServiceSparseTest, TablesAreCheckpointedAndRestoredHereAndOnAnothe
   ASSERT_NO_FATAL_FAILURE(PushAllKeys(**writer, "old", all_keys, /*step=*/4));
   v1::CheckpointResponse written;
   ASSERT_TRUE(IsOk(Checkpoint((*writer)->stub(), "old", 3, /*at_version=*/0, &written)));
-  int buckets = 0;
-  for (const v1::CheckpointChunk& chunk : written.chunks()) {
+  int buckets = 0, listed = 0;
+  const auto steps = PartitionStepsOf(written);
+  for (int i = 0; i < written.chunks_size(); ++i) {
+    const v1::CheckpointChunk& chunk = written.chunks(i);
     if (chunk.chunk_id() < kTableChunkBase) continue;
     ++buckets;
-    ASSERT_EQ(chunk.partition_steps_size(), 1);
-    EXPECT_EQ(chunk.partition_steps(0), 4) << "step 4 may have more parts: it runs again";
+    listed += chunk.partition_steps_size() > 0 ? 1 : 0;
+    ASSERT_EQ(steps[static_cast<size_t>(i)]->size(), 1);
+    EXPECT_EQ(steps[static_cast<size_t>(i)]->Get(0), 4) << "step 4 may have more parts: it runs again";
   }
   EXPECT_EQ(buckets, 8) << "2 tables x 4 buckets";
+  EXPECT_EQ(listed, 1) << "the buckets of one capture share their steps: listed once";
 
   // What a pull of some keys reads from a job.
   const std::vector<uint64_t> probe = {all_keys[0], all_keys[77777], all_keys[kKeys - 1], 12345};

@@ -70,6 +70,7 @@ JobClaims ClaimsOf(const v1::JobSpec& spec) {
   int64_t widths = data.features + data.classes;
   for (int hidden : layout.config.hidden) widths += hidden;
   for (const auto& tensor : layout.tensors) claims.parameters += tensor.size;
+  claims.tensors = static_cast<int64_t>(layout.tensors.size());
   claims.worker_data_bytes = data.example_bytes > 0
                                  ? (data.train_examples + data.test_examples) * data.example_bytes
                                  : ExamplesBytes(data.train_examples, data.features) +
@@ -97,8 +98,31 @@ JobClaims ClaimsOf(const v1::JobSpec& spec) {
   return claims;
 }
 
+namespace {
+
+// The longest chunk whose whole state fits kMaxChunkStateBytes.
+int64_t MaxChunkElems(const JobClaims& claims) {
+  return std::max<int64_t>(1, kMaxChunkStateBytes / std::max<int64_t>(1, claims.server_bytes_per_parameter));
+}
+
+}  // namespace
+
 int64_t ChunkElemsFor(const JobClaims& claims, int64_t chunk_elems) {
-  return std::max<int64_t>(1, std::min(chunk_elems, kMaxChunkStateBytes / std::max<int64_t>(1, claims.server_bytes_per_parameter)));
+  const int64_t few_enough = CeilDiv(claims.parameters, kMaxJobChunks);
+  return std::min(std::max(chunk_elems, few_enough), MaxChunkElems(claims));
+}
+
+absl::Status CheckChunkCount(const JobClaims& claims, int64_t chunk_elems) {
+  const int64_t elems = ChunkElemsFor(claims, chunk_elems);
+  // Tensors are cut apart, so each may end in a short chunk.
+  const int64_t chunks = CeilDiv(claims.parameters, elems) + claims.tensors;
+  if (chunks <= kMaxJobChunks) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the model's ", claims.parameters, " dense parameters in ", claims.tensors,
+      " tensors would be cut into ", chunks, " chunks of at most ", elems, " (a chunk's whole state, ",
+      claims.server_bytes_per_parameter, " bytes a parameter with this optimizer and mode, must stay within ",
+      FormatBytes(kMaxChunkStateBytes), "); a job has at most ", kMaxJobChunks,
+      " chunks: a smaller model, fewer maxWorkers in BSP, or a lighter optimizer"));
 }
 
 int64_t PerServerBytes(const JobClaims& claims, const v1::JobSpec& spec, int servers) {

@@ -20,6 +20,7 @@ namespace fulcrum {
 
 struct JobClaims {
   int64_t parameters = 0;    // float32 values of the model
+  int64_t tensors = 0;       // dense tensors (each cut into chunks of its own)
   // Each worker: the training and test sets, its parameter, gradient and
   // landing buffers, activations of one batch.
   int64_t worker_bytes = 0;
@@ -47,12 +48,25 @@ DataShape DataShapeOf(const v1::DataSpec& data);
 // `spec` after ApplyJobSpecDefaults and validation.
 JobClaims ClaimsOf(const v1::JobSpec& spec);
 
-// The elements per chunk for a job: `chunk_elems` (--chunk-bytes / 4), or
-// fewer when a chunk's whole state (values, optimizer slots and, in BSP, a
-// buffer per data partition) would not fit kMaxChunkStateBytes: a job with
-// many partitions gets smaller chunks, so re-replication and checkpoint
-// reads, which send a chunk's state as one message, always work.
+// The most chunks a job's dense tensors are cut into: its shard map goes
+// with its status, every worker's assignment and every server's setup, and
+// its checkpoints list every chunk with its holders, each within a message
+// (a 203,530-parameter MLP cut into 203,530 chunks by --chunk-bytes 4 took
+// seconds a step).
+constexpr int64_t kMaxJobChunks = 8192;
+
+// The elements per chunk for a job: `chunk_elems` (--chunk-bytes / 4), more
+// when the job would take over kMaxJobChunks chunks, and fewer when a
+// chunk's whole state (values, optimizer slots and, in BSP, a buffer per
+// data partition) would not fit kMaxChunkStateBytes: a job with many
+// partitions gets smaller chunks, so re-replication and checkpoint reads,
+// which send a chunk's state as one message, always work. The state bound
+// wins: CheckChunkCount refuses a job it leaves over kMaxJobChunks chunks.
 int64_t ChunkElemsFor(const JobClaims& claims, int64_t chunk_elems);
+
+// INVALID_ARGUMENT when ChunkElemsFor still cuts the job's dense tensors
+// into more than kMaxJobChunks chunks, naming the numbers.
+absl::Status CheckChunkCount(const JobClaims& claims, int64_t chunk_elems);
 
 // The most any one server holds of the job when `servers` servers carry its
 // shards (numShards, or one per server) with spec.replicas() each.

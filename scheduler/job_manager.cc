@@ -243,6 +243,7 @@ absl::StatusOr<v1::JobStatus> JobManager::DoSubmit(v1::JobSpec spec, const std::
     RETURN_IF_ERROR(CheckFitsBudgets(claims, spec, worker_budgets, server_budgets,
                                      resume != nullptr ? resume->info().server_bytes() : 0));
   }
+  RETURN_IF_ERROR(CheckChunkCount(claims, options_.chunk_elems));
   auto job = std::make_unique<Job>();
   job->claims = claims;
   std::string id = absl::StrFormat("job-%04d", next_job_++);

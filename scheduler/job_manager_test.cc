@@ -1105,6 +1105,41 @@ TEST_F(JobManagerTest, JobsBeyondEveryMemoryBudgetAreRefusedAtSubmit) {
   SubmitOk(MlpSpec(1));
 }
 
+// A job's dense tensors take at most kMaxJobChunks chunks: --chunk-bytes 4
+// cut the demo's MLP into 203,530 chunks (seconds a step, and a shard map
+// that passes a message for a model ten times larger). Chunks grow instead,
+// within the bound on a chunk's state; a job that would still take more is
+// refused naming the numbers.
+TEST_F(JobManagerTest, AJobTakesAtMostItsChunkBoundAndGrowsItsChunksToStayWithin) {
+  options_.chunk_elems = 1;  // --chunk-bytes 4
+  Restart();
+  RegisterMember(v1::SERVER, kServerAddress);
+  workers_.push_back(RegisterMember(v1::WORKER));
+  const v1::JobSpec spec = MlpSpec(1);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  ASSERT_TRUE(ReportKind(workers_[0], job_id, v1::WorkReport::READY).ok());
+  manager_->Tick();
+  const std::vector<FakeServers::Setup> setups = servers_.setups();
+  ASSERT_EQ(setups.size(), 1u);
+  const JobClaims claims = ClaimsOf(spec);
+  EXPECT_LE(setups[0].request.chunks_size(), kMaxJobChunks);
+  EXPECT_GT(setups[0].request.chunks_size(), kMaxJobChunks / 2) << "cut larger than needed";
+  int64_t elements = 0;
+  for (const auto& chunk : setups[0].request.chunks()) elements += chunk.length();
+  EXPECT_EQ(elements, claims.parameters);
+
+  // Where a chunk's state bounds its size (BSP over 1024 partitions: 4 KiB
+  // a parameter), a model of 10^9 parameters would take 600,000 chunks.
+  JobClaims huge = claims;
+  huge.parameters = 1000000000;
+  huge.server_bytes_per_parameter = 4 * (1 + 2 + 1024 + 2);
+  const absl::Status refused = CheckChunkCount(huge, 65536);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(Contains(refused.message(), "at most 8192 chunks")) << refused;
+  EXPECT_TRUE(CheckChunkCount(claims, 1).ok());
+}
+
 // A chunk's whole state (values, Adam's two slots, a BSP buffer per data
 // partition, the sum and the previous values) travels as one message when a
 // replica is copied: a job with many partitions gets chunks small enough.

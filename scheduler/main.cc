@@ -21,7 +21,7 @@ ABSL_FLAG(std::string, token_file, "",
 ABSL_FLAG(double, straggler_factor, 2.0,
           "Flag a worker whose step time stays above this many times the other workers' median");
 ABSL_FLAG(int, heartbeat_ms, 300, "Heartbeat interval members are told to use");
-ABSL_FLAG(int64_t, chunk_bytes, 256 << 10, "Dense tensors are cut into chunks of this many bytes");
+ABSL_FLAG(int64_t, chunk_bytes, 256 << 10, "Dense tensors are cut into chunks of this many bytes (larger for a model that would take over 8192)");
 ABSL_FLAG(int, default_replicas, 1, "Replicas per parameter shard for jobs whose spec sets none");
 ABSL_FLAG(bool, grow_shards, true,
           "Servers joining the cluster become new shards of running jobs with numShards 0 "

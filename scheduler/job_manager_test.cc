@@ -232,6 +232,19 @@ class JobManagerTest : public ::testing::Test {
     ASSERT_TRUE(manager_->Recover().ok());
   }
 
+  // Registers a server and a worker, submits `spec` and starts it: the
+  // server's one setup.
+  void StartOnOneServer(const v1::JobSpec& spec, std::vector<FakeServers::Setup>* setups) {
+    RegisterMember(v1::SERVER, kServerAddress);
+    workers_.push_back(RegisterMember(v1::WORKER));
+    const std::string job_id = SubmitOk(spec);
+    manager_->Tick();
+    ASSERT_TRUE(ReportKind(workers_[0], job_id, v1::WorkReport::READY).ok());
+    manager_->Tick();
+    *setups = servers_.setups();
+    ASSERT_EQ(setups->size(), 1u);
+  }
+
   std::string RegisterAs(v1::Role role, const std::string& id, const std::string& address = "",
                          const std::vector<std::string>& jobs = {}) {
     v1::RegisterRequest request;
@@ -1113,15 +1126,9 @@ TEST_F(JobManagerTest, JobsBeyondEveryMemoryBudgetAreRefusedAtSubmit) {
 TEST_F(JobManagerTest, AJobTakesAtMostItsChunkBoundAndGrowsItsChunksToStayWithin) {
   options_.chunk_elems = 1;  // --chunk-bytes 4
   Restart();
-  RegisterMember(v1::SERVER, kServerAddress);
-  workers_.push_back(RegisterMember(v1::WORKER));
   const v1::JobSpec spec = MlpSpec(1);
-  const std::string job_id = SubmitOk(spec);
-  manager_->Tick();
-  ASSERT_TRUE(ReportKind(workers_[0], job_id, v1::WorkReport::READY).ok());
-  manager_->Tick();
-  const std::vector<FakeServers::Setup> setups = servers_.setups();
-  ASSERT_EQ(setups.size(), 1u);
+  std::vector<FakeServers::Setup> setups;
+  ASSERT_NO_FATAL_FAILURE(StartOnOneServer(spec, &setups));
   const JobClaims claims = ClaimsOf(spec);
   EXPECT_LE(setups[0].request.chunks_size(), kMaxJobChunks);
   EXPECT_GT(setups[0].request.chunks_size(), kMaxJobChunks / 2) << "cut larger than needed";
@@ -1144,18 +1151,12 @@ TEST_F(JobManagerTest, AJobTakesAtMostItsChunkBoundAndGrowsItsChunksToStayWithin
 // partition, the sum and the previous values) travels as one message when a
 // replica is copied: a job with many partitions gets chunks small enough.
 TEST_F(JobManagerTest, AJobWithManyPartitionsGetsChunksWhoseStateFitsOneMessage) {
-  RegisterMember(v1::SERVER, kServerAddress);
-  workers_.push_back(RegisterMember(v1::WORKER));
   v1::JobSpec spec = MlpSpec(1);
   spec.set_max_workers(64);
   spec.mutable_data()->set_batch_size(8);  // the fake training set has 1000 examples
   spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
-  const std::string job_id = SubmitOk(spec);
-  manager_->Tick();
-  ASSERT_TRUE(ReportKind(workers_[0], job_id, v1::WorkReport::READY).ok());
-  manager_->Tick();
-  const std::vector<FakeServers::Setup> setups = servers_.setups();
-  ASSERT_EQ(setups.size(), 1u);
+  std::vector<FakeServers::Setup> setups;
+  ASSERT_NO_FATAL_FAILURE(StartOnOneServer(spec, &setups));
   const int64_t state_bytes_per_value = 4 * (1 + 2 + 64 + 2);
   int64_t longest = 0;
   for (const auto& chunk : setups[0].request.chunks()) longest = std::max(longest, chunk.length());

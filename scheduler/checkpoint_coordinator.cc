@@ -85,53 +85,57 @@ absl::Status AssembleManifest(bool synchronous, int64_t cut,
       if (chunk.shard() == shard.shard()) primary_of[chunk.chunk_id()] = shard.server_id();
     }
   }
-  std::map<std::string, std::map<int32_t, const v1::CheckpointChunk*>> by_server;
-  // Each chunk's partition steps (listed, or the same as the chunk before).
-  std::map<const v1::CheckpointChunk*, const google::protobuf::RepeatedField<int64_t>*> steps_of;
+  // Each server's answered chunks by id, with their partition steps (listed,
+  // or the same as the chunk before).
+  struct Answered {
+    const v1::CheckpointChunk* chunk;
+    const google::protobuf::RepeatedField<int64_t>* steps;
+  };
+  std::map<std::string, std::map<int32_t, Answered>> by_server;
   int64_t bytes = 0;
   for (const auto& [id, response] : responses) {
     const auto steps = PartitionStepsOf(response);
     for (int i = 0; i < response.chunks_size(); ++i) {
       const v1::CheckpointChunk& chunk = response.chunks(i);
-      by_server[id][chunk.chunk_id()] = &chunk;
-      steps_of[&chunk] = steps[static_cast<size_t>(i)];
+      by_server[id][chunk.chunk_id()] = {&chunk, steps[static_cast<size_t>(i)]};
       bytes += chunk.bytes();
     }
   }
-  // Each partition's lowest step goes into the manifest's partition_steps;
-  // its entries carry none (a manifest of 8192 buckets of 512 partitions
-  // would take megabytes).
-  auto lower_positions = [&](const v1::CheckpointChunk* chunk, v1::CheckpointChunk* entry,
-                             std::vector<int64_t>* positions) {
-    const google::protobuf::RepeatedField<int64_t>& steps = *steps_of[chunk];
-    for (int p = 0; !synchronous && p < steps.size() && p < static_cast<int>(positions->size()); ++p) {
-      (*positions)[p] = std::min((*positions)[p], steps[p]);
-    }
-    entry->clear_partition_steps();
-    entry->clear_same_partition_steps();
-  };
   const int32_t partitions = std::max(0, manifest->num_partitions());
   std::vector<int64_t> positions(partitions, synchronous ? cut : INT64_MAX);
+  // The entry of a chunk: the primary's copy, held also by the replicas
+  // whose copy has the same checksum. Each partition's lowest step goes into
+  // the manifest's partition_steps; the entries carry none (a manifest of
+  // 8192 buckets of 512 partitions would take megabytes).
+  auto add_entry = [&](const std::string& primary, const Answered& answered) {
+    v1::CheckpointChunk* chunk = manifest->add_chunks();
+    *chunk = *answered.chunk;
+    chunk->clear_server_ids();
+    chunk->clear_base();  // the scheduler's to set, from its own manifests
+    chunk->clear_partition_steps();
+    chunk->clear_same_partition_steps();
+    chunk->add_server_ids(primary);
+    for (const auto& [server, chunks] : by_server) {
+      auto other = chunks.find(chunk->chunk_id());
+      if (server != primary && other != chunks.end() &&
+          other->second.chunk->checksum() == chunk->checksum()) {
+        chunk->add_server_ids(server);
+      }
+    }
+    const google::protobuf::RepeatedField<int64_t>& steps = *answered.steps;
+    for (int p = 0; !synchronous && p < steps.size() && p < partitions; ++p) {
+      positions[p] = std::min(positions[p], steps[p]);
+    }
+    return chunk;
+  };
   for (const v1::ChunkLocation& location : manifest->shard_map().chunks()) {
     const std::string& primary = primary_of[location.chunk_id()];
     auto found = by_server[primary].find(location.chunk_id());
     if (found == by_server[primary].end()) {
-      return absl::InternalError(
-          absl::StrCat("chunk ", location.chunk_id(), " is missing from its primary ", primary, "'s checkpoint"));
+      return absl::InternalError(absl::StrCat("chunk ", location.chunk_id(), " is missing from its primary ",
+                                              primary, "'s checkpoint"));
     }
-    v1::CheckpointChunk* chunk = manifest->add_chunks();
-    *chunk = *found->second;
-    chunk->clear_server_ids();
-    chunk->clear_base();  // dense chunks are always whole
-    chunk->clear_base_checkpoint_id();
-    chunk->add_server_ids(primary);
-    for (const auto& [server, chunks] : by_server) {
-      auto other = chunks.find(location.chunk_id());
-      if (server != primary && other != chunks.end() && other->second->checksum() == chunk->checksum()) {
-        chunk->add_server_ids(server);
-      }
-    }
-    lower_positions(found->second, chunk, &positions);
+    add_entry(primary, found->second)->clear_base_checkpoint_id();  // dense chunks are always whole
   }
   // Table buckets: each on the primary of its shard (and on the backups
   // whose copy is the same), with the steps from which each partition must
@@ -148,18 +152,7 @@ absl::Status AssembleManifest(bool synchronous, int64_t cut,
         return absl::InternalError(absl::StrCat("bucket ", b, " of table ", table.name(), " is missing from ",
                                                 primary, "'s checkpoint"));
       }
-      v1::CheckpointChunk* chunk = manifest->add_chunks();
-      *chunk = *found->second;
-      chunk->clear_server_ids();
-      chunk->clear_base();  // the scheduler's to set, from its own manifests
-      chunk->add_server_ids(primary);
-      for (const auto& [server, chunks] : by_server) {
-        auto other = chunks.find(chunk_id);
-        if (server != primary && other != chunks.end() && other->second->checksum() == chunk->checksum()) {
-          chunk->add_server_ids(server);
-        }
-      }
-      lower_positions(found->second, chunk, &positions);
+      v1::CheckpointChunk* chunk = add_entry(primary, found->second);
       if (chunk->base_checkpoint_id() != 0) {
         // Stored as its changes since `base`: the entry says where that is.
         auto entry = base_entries.find(chunk_id);

@@ -108,7 +108,8 @@ int64_t MaxChunkElems(const JobClaims& claims) {
 }  // namespace
 
 int64_t ChunkElemsFor(const JobClaims& claims, int64_t chunk_elems) {
-  const int64_t few_enough = CeilDiv(claims.parameters, kMaxJobChunks);
+  // Each tensor may end in a short chunk: the others share what is left.
+  const int64_t few_enough = CeilDiv(claims.parameters, std::max<int64_t>(1, kMaxJobChunks - claims.tensors));
   return std::min(std::max(chunk_elems, few_enough), MaxChunkElems(claims));
 }
 

@@ -1145,6 +1145,12 @@ TEST_F(JobManagerTest, AJobTakesAtMostItsChunkBoundAndGrowsItsChunksToStayWithin
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_TRUE(Contains(refused.message(), "at most 8192 chunks")) << refused;
   EXPECT_TRUE(CheckChunkCount(claims, 1).ok());
+  // Each tensor's short last chunk is left room for: a model of exactly
+  // 8192 chunks' worth of parameters in four tensors still fits.
+  JobClaims even = claims;
+  even.parameters = kMaxJobChunks * 25;
+  even.tensors = 4;
+  EXPECT_TRUE(CheckChunkCount(even, 1).ok()) << CheckChunkCount(even, 1);
 }
 
 // A chunk's whole state (values, Adam's two slots, a BSP buffer per data

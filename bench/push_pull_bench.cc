@@ -86,6 +86,10 @@ ABSL_FLAG(int, rtt_pushes, 3000, "Small pushes timed one by one for the round-tr
 ABSL_FLAG(int, pin_rtt, 0, "CPU the round-trip case's process is pinned to (-1: not pinned)");
 ABSL_FLAG(std::vector<std::string>, sparse, std::vector<std::string>({"10000:64", "100000:16"}),
           "Sparse pull and push cases, KEYS:DIM (distinct keys of rows of DIM floats; empty: none)");
+ABSL_FLAG(
+    std::vector<std::string>, chunked, std::vector<std::string>({"4096:25"}),
+    "Many small chunks, as COUNT:FLOATS (a job cut fine): push + pull of them against the same floats in "
+    "one chunk");
 ABSL_FLAG(std::string, run_case, "", "Internal: run one case in this process and print its RESULT line");
 
 namespace fulcrum {
@@ -113,7 +117,8 @@ struct ServerProcess {
 // floats (Adagrad), 8 buckets a server.
 class Fleet {
  public:
-  Fleet(int servers, int64_t elements, int32_t table_dim = 0) {
+  // `chunk_elems`: the floats a chunk holds (the last one may hold fewer).
+  Fleet(int servers, int64_t elements, int32_t table_dim = 0, int64_t chunk_elems = kChunkElems) {
     std::vector<uint64_t> ids;
     for (int i = 0; i < servers; ++i) {
       auto server = std::make_unique<ServerProcess>();
@@ -124,10 +129,10 @@ class Fleet {
       servers_.push_back(std::move(server));
       ids.push_back(SplitMix64(i + 1));
     }
-    auto chunks = CutIntoChunks({elements}, std::min(kChunkElems, elements));
+    auto chunks = CutIntoChunks({elements}, std::min(chunk_elems, elements));
     auto shard_of = AssignChunksToShards(chunks, servers);
     auto placement = BalancedShardPlacement(servers, ids);
-    map_.set_chunk_elems(kChunkElems);
+    map_.set_chunk_elems(chunk_elems);
     auto* tensor = map_.add_tensors();
     tensor->set_name("weights");
     tensor->add_shape(elements);
@@ -223,9 +228,11 @@ absl::StatusOr<Moved> TimeIterations(int64_t bytes_per_iteration, Iteration iter
 }
 
 // `what`: "fulcrum" (push then pull), "push" or "pull" (one of them only),
-// or "inproc" (push then pull without gRPC).
-absl::StatusOr<Moved> RunFulcrum(const std::string& what, int64_t bytes, int servers) {
-  Fleet fleet(servers, bytes / 4);
+// or "inproc" (push then pull without gRPC); the model cut into chunks of
+// `chunk_elems` floats.
+absl::StatusOr<Moved> RunFulcrum(const std::string& what, int64_t bytes, int servers,
+                                 int64_t chunk_elems = kChunkElems) {
+  Fleet fleet(servers, bytes / 4, /*table_dim=*/0, chunk_elems);
   InProcessTransport in_process;
   fleet.Serve(&in_process);
   ParameterClient client(fleet.map(), "bench", "bench-worker", nullptr, v1::WIRE_FP32,
@@ -516,6 +523,25 @@ int RunCase(const std::string& spec) {
     std::printf("RESULT %.3f %.3f\n", rtt->first, rtt->second);
     return 0;
   }
+  if (parts[0] == "chunked" || parts[0] == "chunked-whole") {
+    int64_t count = 0, floats = 0;
+    if (parts.size() != 4 || !absl::SimpleAtoi(parts[1], &count) || !absl::SimpleAtoi(parts[2], &floats) ||
+        !absl::SimpleAtoi(parts[3], &servers) || count <= 0 || floats <= 0) {
+      std::fprintf(stderr, "bad --run_case %s\n", spec.c_str());
+      return 2;
+    }
+    // "chunked": `count` chunks of `floats`; "chunked-whole": the same
+    // floats in one chunk.
+    auto moved =
+        RunFulcrum("fulcrum", 4 * count * floats, servers, parts[0] == "chunked" ? floats : count * floats);
+    if (!moved.ok()) {
+      std::fprintf(stderr, "%s\n", moved.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("RESULT %lld %.6f %.6f\n", static_cast<long long>(moved->bytes), moved->seconds,
+                moved->cpu_seconds);
+    return 0;
+  }
   if (parts[0] == "sparse-pull" || parts[0] == "sparse-push" || parts[0] == "tcp-bytes") {
     int64_t keys = 0, bytes = 0;
     int32_t dim = 0;
@@ -660,6 +686,22 @@ int Run(const std::string& self) {
       cases.push_back(absl::StrCat("sparse-push:", keys, ":", dim, ":", n));
     }
   }
+  std::vector<std::pair<int64_t, int64_t>> chunked;  // (chunks, floats each)
+  for (const std::string& s : absl::GetFlag(FLAGS_chunked)) {
+    std::vector<std::string> cf = absl::StrSplit(s, ':');
+    int64_t count = 0, floats = 0;
+    if (cf.size() != 2 || !absl::SimpleAtoi(cf[0], &count) || !absl::SimpleAtoi(cf[1], &floats) ||
+        count <= 0 || count > 8192 || floats <= 0 || count * floats > (int64_t{1} << 24)) {
+      std::fprintf(stderr, "bad --chunked entry %s (COUNT in [1, 8192], COUNT x FLOATS at most 2^24)\n",
+                   s.c_str());
+      return 2;
+    }
+    chunked.emplace_back(count, floats);
+    for (int n : server_counts) {
+      cases.push_back(absl::StrCat("chunked:", count, ":", floats, ":", n));
+      cases.push_back(absl::StrCat("chunked-whole:", count, ":", floats, ":", n));
+    }
+  }
   std::map<std::string, Samples> samples;
   const int batches = absl::GetFlag(FLAGS_batches);
   for (int b = 0; b < batches; ++b) {
@@ -743,6 +785,32 @@ int Run(const std::string& self) {
                   At(pull, 0.5) / std::max(At(tcp, 0.5), 1e-12), At(push, 0.5) / std::max(At(tcp, 0.5), 1e-12));
     }
   }
+  if (!chunked.empty()) {
+    std::printf(
+        "\nA model cut into many small chunks against the same floats in one chunk (push + pull over gRPC, "
+        "ASP); microseconds an iteration, min / median / max:\n\n"
+        "| chunks x floats | servers | many chunks us | one chunk us | ratio | us a chunk beyond one chunk "
+        "|\n"
+        "|---|---|---|---|---|---|\n");
+  }
+  for (const auto& [count, floats] : chunked) {
+    const double bytes = 2.0 * 4.0 * static_cast<double>(count * floats);  // pushed and pulled
+    auto us = [bytes](const std::vector<double>& rates) {
+      std::vector<double> out;
+      for (double rate : rates) out.push_back(bytes / (rate * 1e9) * 1e6);
+      return out;
+    };
+    for (int n : server_counts) {
+      const std::vector<double> many =
+          us(samples[absl::StrCat("chunked:", count, ":", floats, ":", n)].rates);
+      const std::vector<double> one =
+          us(samples[absl::StrCat("chunked-whole:", count, ":", floats, ":", n)].rates);
+      std::printf("| %lld x %lld | %d | %s | %s | %.2f | %.2f |\n", static_cast<long long>(count),
+                  static_cast<long long>(floats), n, MinMedMax(many, 0).c_str(), MinMedMax(one, 0).c_str(),
+                  At(many, 0.5) / std::max(At(one, 0.5), 1e-12),
+                  (At(many, 0.5) - At(one, 0.5)) / static_cast<double>(std::max<int64_t>(count - 1, 1)));
+    }
+  }
   std::printf("\ngoals missed: %d\n", goals_missed);
   return 0;
 }
@@ -754,7 +822,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   fulcrum::ParseFlags(argc, argv,
                       "fulcrum-bench [--sizes=1,16,64] [--servers=1,2] [--batches=5] [--seconds=1.5] "
-                      "[--rtt_pushes=3000] [--pin_rtt=0] [--sparse=10000:64,100000:16] "
+                      "[--rtt_pushes=3000] [--pin_rtt=0] [--sparse=10000:64,100000:16] [--chunked=4096:25] "
                       "[--mutex_deadlock_detection]");
   fulcrum::SetMutexDeadlockDetection(absl::GetFlag(FLAGS_mutex_deadlock_detection));
   const std::string spec = absl::GetFlag(FLAGS_run_case);

@@ -372,6 +372,20 @@ void BasicPayloadReader<Part>::ForEachRows(
 template class BasicPayloadReader<v1::ChunkData>;
 template class BasicPayloadReader<v1::SparseKeys>;
 
+std::vector<int32_t> ChunkIdsOf(const PayloadReader& chunks) {
+  std::vector<int32_t> ids;
+  ids.reserve(static_cast<size_t>(chunks.chunks()));
+  for (int i = 0; i < chunks.chunks(); ++i) ids.push_back(chunks.chunk(i).chunk_id());
+  return ids;
+}
+
+std::optional<int32_t> ListedTwice(std::vector<int32_t> ids) {
+  std::sort(ids.begin(), ids.end());
+  auto twice = std::adjacent_find(ids.begin(), ids.end());
+  if (twice == ids.end()) return std::nullopt;
+  return *twice;
+}
+
 PayloadWriter::PayloadWriter(const google::protobuf::MessageLite& header, int chunks_field)
     : chunks_field_(chunks_field) {
   header.AppendToString(&pending_);

@@ -124,6 +124,11 @@ extern template class BasicPayloadReader<v1::SparseKeys>;
 using PayloadReader = BasicPayloadReader<v1::ChunkData>;
 using SparsePayloadReader = BasicPayloadReader<v1::SparseKeys>;
 
+// The chunk ids of a push's parts, in their order.
+std::vector<int32_t> ChunkIdsOf(const PayloadReader& chunks);
+// An id that `ids` lists more than once (the lowest such), if any.
+std::optional<int32_t> ListedTwice(std::vector<int32_t> ids);
+
 // Builds a message with payload slices from parts: the fields of `header`
 // (its own parts must be empty), then, for each part (a ChunkData or a
 // SparseKeys), its fields and its payload given as slices (which may share

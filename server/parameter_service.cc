@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <set>
+#include <optional>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -16,9 +16,9 @@
 #include "common/quote.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "common/sync.h"
 #include "common/table_spec.h"
 #include "common/tensor_codec.h"
-#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -621,15 +621,13 @@ absl::Status ParameterServiceImpl::CheckPull(const JobShard& shard, const v1::Pu
   }
   // Every chunk once, and a response that fits a message: the work and
   // memory one request can cause are those of one bounded answer.
-  std::set<int32_t> seen;
-  int64_t bytes = 0;
-  for (int32_t chunk_id : request.chunk_ids()) {
-    if (!seen.insert(chunk_id).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("job ", request.job_id(), ": pull lists chunk ", chunk_id, " more than once"));
-    }
-    bytes += shard.ChunkLength(chunk_id) * bytes_per_value;
+  if (std::optional<int32_t> twice =
+          ListedTwice(std::vector<int32_t>(request.chunk_ids().begin(), request.chunk_ids().end()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", request.job_id(), ": pull lists chunk ", *twice, " more than once"));
   }
+  int64_t bytes = 0;
+  for (int32_t chunk_id : request.chunk_ids()) bytes += shard.ChunkLength(chunk_id) * bytes_per_value;
   if (bytes > kMaxPullBytes) {
     return absl::InvalidArgumentError(absl::StrCat("job ", request.job_id(), ": pull of ", request.chunk_ids_size(),
                                                    " chunks asks for ", bytes, " bytes in one response; at most ",
@@ -666,8 +664,13 @@ class PendingPull final : public HeldPull {
         deadline_(deadline),
         finish_(std::move(finish)) {}
 
+  // A chunk's version, clock and LAMB step only go up, so a chunk found
+  // ready stays so: each check goes on from the first chunk not ready at the
+  // last one, and a pull of many chunks costs one look at each over all the
+  // rounds it waits, not one each round. (Complete reads them all anyway.)
   bool Ready() override {
-    for (int32_t chunk_id : chunk_ids_) {
+    for (; ready_ < chunk_ids_.size(); ++ready_) {
+      const int32_t chunk_id = chunk_ids_[ready_];
       const bool ready =
           lamb_step_ >= 0 ? shard_->LambReady(chunk_id, lamb_step_) : shard_->Ready(chunk_id, min_version_, min_clock_);
       if (!ready) return false;
@@ -748,6 +751,7 @@ class PendingPull final : public HeldPull {
   const std::function<void(const absl::Status&)> finish_;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> ended_{false};
+  size_t ready_ = 0;  // chunk_ids_[0, ready_) were ready (Ready's thread only)
 };
 
 // gRPC's Pull: HandlePull's answer, or the cancellation of the call.

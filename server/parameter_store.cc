@@ -598,7 +598,10 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::CreateChunks(JobShardConfig 
     auto [it, inserted] =
         [&] {
           MutexLock lock(&shard->chunks_mu_);
-          return shard->chunks_.emplace(chunk.chunk_id, std::make_unique<Chunk>(chunk, shard->config_));
+          auto emplaced =
+              shard->chunks_.emplace(chunk.chunk_id, std::make_unique<Chunk>(chunk, shard->config_));
+          if (emplaced.second) shard->index_[chunk.chunk_id] = emplaced.first->second.get();
+          return emplaced;
         }();
     if (!inserted) {
       return absl::InvalidArgumentError(
@@ -614,12 +617,12 @@ absl::StatusOr<Chunk*> JobShard::Find(int32_t chunk_id) const {
     return absl::UnavailableError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
                                                " is being copied to this server: retry"));
   }
-  auto it = chunks_.find(chunk_id);
-  if (it == chunks_.end()) {
+  auto it = index_.find(chunk_id);
+  if (it == index_.end()) {
     return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
                                             " is not on this server (stale shard map?)"));
   }
-  return it->second.get();
+  return it->second;
 }
 
 absl::StatusOr<PushOutcome> JobShard::Push(const PushArgs& args) {
@@ -696,6 +699,7 @@ absl::Status JobShard::AdoptChunks(const std::vector<ChunkConfig>& chunks,
       auto& slot = chunks_[chunks[i].chunk_id];
       if (slot == nullptr) slot = std::make_unique<Chunk>(chunks[i], config_);
       chunk = slot.get();
+      index_[chunks[i].chunk_id] = chunk;
     }
     {
       MutexLock lock(&roles_mu_);
@@ -809,19 +813,36 @@ int64_t JobShard::map_version() const {
 }
 
 absl::StatusOr<JobShard::ShardRole> JobShard::RoleOf(int32_t chunk_id) const {
+  const int32_t one[] = {chunk_id};
+  ASSIGN_OR_RETURN(ChunkRoles roles, RolesOf(one));
+  return std::move(roles.roles.begin()->second);
+}
+
+absl::StatusOr<JobShard::ChunkRoles> JobShard::RolesOf(absl::Span<const int32_t> chunk_ids) const {
+  ChunkRoles out;
+  out.shard_of.reserve(chunk_ids.size());
   MutexLock lock(&roles_mu_);
-  auto shard = shard_of_.find(chunk_id);
-  if (shard == shard_of_.end()) {
-    return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
-                                            " is not on this server (stale shard map?)"));
+  for (int32_t chunk_id : chunk_ids) {
+    auto shard = shard_of_.find(chunk_id);
+    if (shard == shard_of_.end()) {
+      return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
+                                              " is not on this server (stale shard map?)"));
+    }
+    out.shard_of.push_back(shard->second);
+    if (out.roles.count(shard->second) > 0) continue;
+    auto role = roles_.find(shard->second);
+    if (role == roles_.end()) {
+      if (!configured_) {  // never configured: a lone replica
+        out.roles.emplace(shard->second, ShardRole{/*primary=*/true, {}});
+        continue;
+      }
+      return absl::AbortedError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
+                                             " moved to shard ", shard->second,
+                                             ", which this server does not hold: refresh the map"));
+    }
+    out.roles.emplace(shard->second, role->second);
   }
-  auto role = roles_.find(shard->second);
-  if (role == roles_.end()) {
-    if (!configured_) return ShardRole{/*primary=*/true, {}};  // never configured: a lone replica
-    return absl::AbortedError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id, " moved to shard ",
-                                           shard->second, ", which this server does not hold: refresh the map"));
-  }
-  return role->second;
+  return out;
 }
 
 absl::StatusOr<JobShard::ShardRole> JobShard::RoleOfShard(int32_t shard) const {

@@ -1,13 +1,14 @@
 #include "server/replication.h"
 
+#include <grpcpp/support/slice.h>
+#include <prometheus/counter.h>
+#include <prometheus/histogram.h>
+
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
-
-#include <prometheus/counter.h>
-#include <prometheus/histogram.h>
-#include <grpcpp/support/slice.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -88,18 +89,18 @@ absl::Status Replicator::CheckWrite(const JobShard& shard, const v1::PushRequest
                                     bool as_primary) const {
   const int64_t held = shard.map_version();
   RETURN_IF_ERROR(CheckFence(header.job_id(), header.map_version(), held));
-  std::set<int32_t> seen;
-  for (int i = 0; i < chunks.chunks(); ++i) {
-    const int32_t chunk = chunks.chunk(i).chunk_id();
-    if (!seen.insert(chunk).second) {
-      return absl::InvalidArgumentError(absl::StrCat("job ", header.job_id(), ": push lists chunk ", chunk,
-                                                     " more than once"));
-    }
-    ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOf(chunk));
-    if (role.primary != as_primary) {
-      return absl::AbortedError(absl::StrCat("chunk ", chunk, " of job ", header.job_id(),
-                                             as_primary ? ": this server is not its primary" : ": this server is not its backup",
-                                             " in shard map version ", held));
+  const std::vector<int32_t> ids = ChunkIdsOf(chunks);
+  if (std::optional<int32_t> twice = ListedTwice(ids)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", header.job_id(), ": push lists chunk ", *twice, " more than once"));
+  }
+  ASSIGN_OR_RETURN(JobShard::ChunkRoles roles, shard.RolesOf(ids));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (roles.roles.at(roles.shard_of[i]).primary != as_primary) {
+      return absl::AbortedError(
+          absl::StrCat("chunk ", ids[i], " of job ", header.job_id(),
+                       as_primary ? ": this server is not its primary" : ": this server is not its backup",
+                       " in shard map version ", held));
     }
   }
   return absl::OkStatus();
@@ -109,9 +110,10 @@ absl::Status Replicator::Forward(const JobShard& shard, const v1::PushRequest& h
   // Per backup, the chunks it replicates: their payloads as slices of the
   // received message (a chunk with two backups goes to both, still uncopied).
   std::map<std::string, PayloadWriter> messages;
+  ASSIGN_OR_RETURN(JobShard::ChunkRoles roles, shard.RolesOf(ChunkIdsOf(chunks)));
   for (int i = 0; i < chunks.chunks(); ++i) {
-    ASSIGN_OR_RETURN(JobShard::ShardRole role, shard.RoleOf(chunks.chunk(i).chunk_id()));
-    for (const std::string& backup : role.backup_addresses) {
+    for (const std::string& backup :
+         roles.roles.at(roles.shard_of[static_cast<size_t>(i)]).backup_addresses) {
       auto message = messages.try_emplace(backup, header, v1::PushRequest::kChunksFieldNumber).first;
       std::vector<grpc::Slice> payload;
       chunks.AppendPayloadSlices(i, &payload);

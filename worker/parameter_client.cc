@@ -45,11 +45,24 @@ void AwaitCalls(Mutex* mu, Finished finished, Failed failed, Cancel cancel) {
 
 std::vector<ParameterClient::Batch> ParameterClient::GroupByServer(const v1::ShardMap& map,
                                                                    const std::vector<int>& chunks, int element_bytes) {
-  std::map<std::string, std::vector<int>> by_server;
-  for (int chunk : chunks) by_server[map.shards(map.chunks(chunk).shard()).address()].push_back(chunk);
+  // The servers in address order, and each shard's (a server may lead
+  // several shards): the chunks are grouped by an index, not by looking up
+  // an address string for each chunk of every step.
+  std::map<std::string, size_t> servers;
+  for (const v1::ShardLocation& shard : map.shards()) servers.emplace(shard.address(), 0);
+  std::vector<const std::string*> addresses;
+  for (auto& [address, index] : servers) {
+    index = addresses.size();
+    addresses.push_back(&address);
+  }
+  std::vector<size_t> server_of_shard(static_cast<size_t>(map.shards_size()));
+  for (int s = 0; s < map.shards_size(); ++s) server_of_shard[s] = servers.at(map.shards(s).address());
+  std::vector<std::vector<int>> by_server(addresses.size());
+  for (int chunk : chunks) by_server[server_of_shard[map.chunks(chunk).shard()]].push_back(chunk);
   std::vector<ParameterClient::Batch> batches;
-  for (auto& [address, indices] : by_server) {
-    ParameterClient::Batch batch{address, {}};
+  for (size_t server = 0; server < addresses.size(); ++server) {
+    const std::vector<int>& indices = by_server[server];
+    ParameterClient::Batch batch{*addresses[server], {}};
     int64_t bytes = 0;
     for (int chunk : indices) {
       const int64_t chunk_bytes = map.chunks(chunk).length() * element_bytes;

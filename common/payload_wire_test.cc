@@ -51,6 +51,14 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
   return std::string(reinterpret_cast<const char*>(whole.begin()), whole.size());
 }
 
+TEST(PayloadWireTest, ListedTwiceNamesTheLowestIdListedMoreThanOnce) {
+  EXPECT_EQ(ListedTwice({}), std::nullopt);
+  EXPECT_EQ(ListedTwice({3, 1, 2}), std::nullopt);
+  EXPECT_EQ(ListedTwice({3, 1, 3}), 3);
+  EXPECT_EQ(ListedTwice({9, 4, 1, 9, 4}), 4);
+  EXPECT_EQ(ListedTwice({-1, 5, -1}), -1);
+}
+
 TEST(PayloadWireTest, MovedPayloadsAreProtobufsOwnEncoding) {
   const v1::PushRequest original = SamplePush();
   v1::PushRequest moved = original;

@@ -186,11 +186,45 @@ TEST_F(ReplicationTest, WritesPassFencingOnlyWithTheLeaseTheMapVersionAndTheRole
   expect(*Received("job", 3, {1}), true, absl::StatusCode::kAborted, "this server is not its primary");
   expect(*Received("job", 3, {0}), false, absl::StatusCode::kAborted, "this server is not its backup");
   expect(*Received("job", 3, {0, 0}), true, absl::StatusCode::kInvalidArgument, "more than once");
+  expect(*Received("job", 3, {0, 1, 0}), true, absl::StatusCode::kInvalidArgument, "chunk 0 more than once");
   expect(*Received("job", 3, {5}), true, absl::StatusCode::kNotFound, "chunk 5");
+  // Every chunk of a push is checked, whichever comes first.
+  expect(*Received("job", 3, {0, 1}), true, absl::StatusCode::kAborted,
+         "chunk 1 of job job: this server is not its primary");
+  expect(*Received("job", 3, {1, 0}), false, absl::StatusCode::kAborted,
+         "chunk 0 of job job: this server is not its backup");
+  expect(*Received("job", 3, {0, 5}), true, absl::StatusCode::kNotFound, "chunk 5");
   EXPECT_EQ(refused_->Value(), 1);  // the older map
   lease_ = false;
   expect(*Received("job", 3, {0}), true, absl::StatusCode::kUnavailable, "lost its lease");
   EXPECT_EQ(refused_->Value(), 2);
+}
+
+// A chunk moved to a shard this server does not hold is refused in any push
+// that names it, also beside chunks it does hold; one never configured is
+// held as its lone primary.
+TEST_F(ReplicationTest, AChunkMovedAwayIsRefusedInAnyPushThatNamesIt) {
+  std::map<int32_t, JobShard::ShardRole> roles;
+  roles[0] = {true, {"b1"}};
+  ASSERT_TRUE(shard_->Configure(4, roles, {{1, 7}}).ok());
+  for (const std::vector<int32_t>& ids : {std::vector<int32_t>{1}, {0, 1}, {1, 0}}) {
+    auto push = Received("job", 4, ids);
+    absl::Status status = replicator_->CheckWrite(*shard_, push->header, push->chunks, /*as_primary=*/true);
+    EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), "chunk 1 of job job moved to shard 7")) << status;
+  }
+  auto push = Received("job", 4, {0});
+  EXPECT_TRUE(replicator_->CheckWrite(*shard_, push->header, push->chunks, /*as_primary=*/true).ok());
+
+  auto alone = JobShard::Create(TwoChunkJob());
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  auto both = Received("job", 0, {0, 1});
+  EXPECT_TRUE(replicator_->CheckWrite(**alone, both->header, both->chunks, /*as_primary=*/true).ok());
+  absl::StatusOr<JobShard::ChunkRoles> lone = (*alone)->RolesOf({0, 1});
+  ASSERT_TRUE(lone.ok()) << lone.status();
+  EXPECT_EQ(lone->shard_of, (std::vector<int32_t>{0, 1}));
+  ASSERT_EQ(lone->roles.size(), 2u);
+  EXPECT_TRUE(lone->roles.at(0).primary && lone->roles.at(1).primary);
 }
 
 TEST_F(ReplicationTest, AForwardSendsEachBackupItsChunksBytesUnchanged) {

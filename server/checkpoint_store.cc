@@ -105,6 +105,28 @@ class RecordReader {
     return absl::OkStatus();
   }
 
+  // The next u64, not consumed.
+  absl::Status PeekU64(uint64_t* v, absl::string_view field) const {
+    RETURN_IF_ERROR(Need(8, field));
+    *v = LoadU64(bytes_.data() + pos_);
+    return absl::OkStatus();
+  }
+
+  absl::Status U8(uint8_t* v, absl::string_view field) {
+    RETURN_IF_ERROR(Need(1, field));
+    *v = static_cast<uint8_t>(bytes_[pos_]);
+    pos_ += 1;
+    return absl::OkStatus();
+  }
+
+  // `n` bytes as they are.
+  absl::Status Fixed(uint64_t n, std::string* out, absl::string_view field) {
+    RETURN_IF_ERROR(Need(n, field));
+    out->assign(bytes_.data() + pos_, n);
+    pos_ += n;
+    return absl::OkStatus();
+  }
+
   absl::Status U32(uint32_t* v, absl::string_view field) {
     RETURN_IF_ERROR(Need(4, field));
     *v = LoadU32(bytes_.data() + pos_);
@@ -181,11 +203,68 @@ absl::Status ReadWatermarks(RecordReader& in, std::vector<std::pair<std::string,
   return absl::OkStatus();
 }
 
-absl::Status ReadInt64s(RecordReader& in, std::vector<int64_t>* values, absl::string_view field) {
+// Partition steps (see the record layout in checkpoint_store.h): a count
+// with this bit set says they follow as distances from the lowest.
+constexpr uint64_t kCompactSteps = uint64_t{1} << 63;
+
+// The bytes that hold every distance of `steps` from their lowest.
+int StepWidth(const std::vector<int64_t>& steps) {
+  const auto [low, high] = std::minmax_element(steps.begin(), steps.end());
+  const uint64_t span = static_cast<uint64_t>(*high) - static_cast<uint64_t>(*low);
+  return span == 0 ? 0 : span <= 0xff ? 1 : span <= 0xffff ? 2 : span <= 0xffffffffu ? 4 : 8;
+}
+
+size_t StepsSize(const std::vector<int64_t>& steps) {
+  if (steps.empty()) return 8;
+  return 8 + 8 + 1 + steps.size() * static_cast<size_t>(StepWidth(steps));
+}
+
+void PutSteps(const std::vector<int64_t>& steps, std::string* out) {
+  if (steps.empty()) return PutU64(0, out);
+  const int width = StepWidth(steps);
+  const int64_t base = *std::min_element(steps.begin(), steps.end());
+  PutU64(steps.size() | kCompactSteps, out);
+  PutI64(base, out);
+  out->push_back(static_cast<char>(width));
+  char bytes[8];
+  for (int64_t step : steps) {
+    StoreU64(static_cast<uint64_t>(step) - static_cast<uint64_t>(base),
+             bytes);  // little-endian: low bytes first
+    out->append(bytes, static_cast<size_t>(width));
+  }
+}
+
+absl::Status ReadSteps(RecordReader& in, std::vector<int64_t>* steps) {
   uint64_t n = 0;
-  RETURN_IF_ERROR(in.Count(&n, 8, field));
-  values->resize(n);
-  for (int64_t& v : *values) RETURN_IF_ERROR(in.I64(&v, field));
+  RETURN_IF_ERROR(in.PeekU64(&n, "partition_steps"));
+  if ((n & kCompactSteps) == 0) {  // as written before: an i64 each
+    RETURN_IF_ERROR(in.Count(&n, 8, "partition_steps"));
+    steps->resize(n);
+    for (int64_t& step : *steps) RETURN_IF_ERROR(in.I64(&step, "partition_steps"));
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(in.U64(&n, "partition_steps"));
+  n &= ~kCompactSteps;
+  if (n == 0 || n > static_cast<uint64_t>(kMaxPartitions)) {
+    return absl::DataLossError(absl::StrCat("chunk snapshot: partition_steps claims ", n,
+                                            " partitions (a job has 1 to ", kMaxPartitions, ")"));
+  }
+  int64_t base = 0;
+  RETURN_IF_ERROR(in.I64(&base, "partition_steps base"));
+  uint8_t width = 0;
+  RETURN_IF_ERROR(in.U8(&width, "partition_steps width"));
+  if (width != 0 && width != 1 && width != 2 && width != 4 && width != 8) {
+    return absl::DataLossError(
+        absl::StrCat("chunk snapshot: partition_steps width ", width, " (must be 0, 1, 2, 4 or 8)"));
+  }
+  std::string distances;
+  RETURN_IF_ERROR(in.Fixed(n * width, &distances, "partition_steps"));
+  steps->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    char bytes[8] = {};
+    std::memcpy(bytes, distances.data() + i * width, width);
+    (*steps)[i] = static_cast<int64_t>(static_cast<uint64_t>(base) + LoadU64(bytes));
+  }
   return absl::OkStatus();
 }
 
@@ -197,7 +276,7 @@ size_t EncodedSize(const ChunkSnapshot& s) {
   for (const auto& gradient : s.pending) size += 8 + 4 * gradient.size();
   size += 8;
   for (const auto& [worker, seq] : s.watermarks) size += 16 + worker.size();
-  size += 8 + 8 * s.partition_steps.size();
+  size += StepsSize(s.partition_steps);
   return size + (s.table_state.empty() ? 0 : 8 + s.table_state.size());
 }
 
@@ -216,8 +295,7 @@ void AppendChunkSnapshot(const ChunkSnapshot& s, std::string* out) {
     out->append(worker);
     PutI64(seq, out);
   }
-  PutU64(s.partition_steps.size(), out);
-  for (int64_t step : s.partition_steps) PutI64(step, out);
+  PutSteps(s.partition_steps, out);
   if (!s.table_state.empty()) {
     PutU64(s.table_state.size(), out);
     out->append(s.table_state);
@@ -404,7 +482,7 @@ absl::StatusOr<ChunkSnapshot> DecodeChunkSnapshot(absl::string_view payload) {
   RETURN_IF_ERROR(ReadFloatArrays(in, &s.optimizer_state, "optimizer_state"));
   RETURN_IF_ERROR(ReadFloatArrays(in, &s.pending, "pending"));
   RETURN_IF_ERROR(ReadWatermarks(in, &s.watermarks));
-  RETURN_IF_ERROR(ReadInt64s(in, &s.partition_steps, "partition_steps"));
+  RETURN_IF_ERROR(ReadSteps(in, &s.partition_steps));
   if (!in.AtEnd()) RETURN_IF_ERROR(in.Bytes(&s.table_state, "table_state"));
   RETURN_IF_ERROR(in.Finish());
   return s;

@@ -152,6 +152,74 @@ TEST(CheckpointEncodingTest, RoundTripsATableBucketsStateAndLeavesDenseChunksAsT
   EXPECT_TRUE(DecodeChunkSnapshot(EncodeChunkSnapshot(dense))->table_state.empty());
 }
 
+// Partition steps are written as distances from the lowest, in as few bytes
+// as the widest needs: a BSP capture's equal steps take 17 bytes whatever
+// the partitions, and records written with an i64 a step still read.
+TEST(CheckpointEncodingTest, PartitionStepsTakeTheBytesTheirSpreadNeedsAndOldRecordsStillRead) {
+  const int64_t big = int64_t{1} << 40;
+  const std::vector<std::pair<std::vector<int64_t>, size_t>> cases = {
+      {{}, 8},
+      {std::vector<int64_t>(1024, 77), 17},
+      {{5, 5, 260, 9}, 17 + 4 * 1},
+      {{big, big + 65535, big + 3}, 17 + 3 * 2},
+      {{0, 65536, 1}, 17 + 3 * 4},
+      {{-3, big, INT64_MAX, INT64_MIN}, 17 + 4 * 8},
+  };
+  const size_t without_steps = EncodeChunkSnapshot(ChunkSnapshot()).size() - 8;
+  for (const auto& [steps, bytes] : cases) {
+    ChunkSnapshot snapshot = TestSnapshot(2);
+    snapshot.partition_steps = steps;
+    const std::string payload = EncodeChunkSnapshot(snapshot);
+    ChunkSnapshot none = TestSnapshot(2);
+    none.partition_steps.clear();
+    EXPECT_EQ(payload.size(), EncodeChunkSnapshot(none).size() - 8 + bytes) << steps.size() << " steps";
+    absl::StatusOr<ChunkSnapshot> decoded = DecodeChunkSnapshot(payload);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    ExpectSameSnapshot(snapshot, *decoded);
+  }
+  EXPECT_EQ(without_steps + 8, EncodeChunkSnapshot(ChunkSnapshot()).size());
+
+  // As written before: u64 count, then an i64 a step.
+  ChunkSnapshot old = TestSnapshot(2);
+  old.partition_steps.clear();
+  std::string payload = EncodeChunkSnapshot(old);
+  payload.resize(payload.size() - 8);
+  const std::vector<int64_t> steps = {9, -1, int64_t{1} << 50};
+  auto put = [&payload](uint64_t v) {
+    for (int i = 0; i < 8; ++i) payload.push_back(static_cast<char>(v >> (8 * i)));
+  };
+  put(steps.size());
+  for (int64_t step : steps) put(static_cast<uint64_t>(step));
+  absl::StatusOr<ChunkSnapshot> decoded = DecodeChunkSnapshot(payload);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->partition_steps, steps);
+}
+
+TEST(CheckpointEncodingTest, BadCompactPartitionStepsAreDataLossWithoutAllocating) {
+  ChunkSnapshot snapshot;
+  snapshot.partition_steps = {4, 6};  // width 1
+  const std::string good = EncodeChunkSnapshot(snapshot);
+  const size_t at = good.size() - (8 + 8 + 1 + 2);  // the steps' count
+  auto with = [&](size_t offset, const std::string& bytes) {
+    std::string payload = good;
+    payload.replace(offset, bytes.size(), bytes);
+    return DecodeChunkSnapshot(payload).status();
+  };
+  const std::string flag_only("\0\0\0\0\0\0\0\x80", 8);           // count 0
+  const std::string huge("\xff\xff\xff\xff\xff\xff\xff\xff", 8);  // count 2^63 - 1
+  const std::string too_many("\x01\x04\0\0\0\0\0\x80", 8);        // 1025 partitions
+  for (const std::string& count : {flag_only, huge, too_many}) {
+    absl::Status status = with(at, count);
+    EXPECT_TRUE(absl::IsDataLoss(status)) << status;
+    EXPECT_TRUE(Contains(status.message(), "partition_steps claims")) << status;
+  }
+  absl::Status width = with(at + 16, std::string("\x03", 1));
+  EXPECT_TRUE(absl::IsDataLoss(width)) << width;
+  EXPECT_TRUE(Contains(width.message(), "width 3")) << width;
+  absl::Status wider = with(at + 16, std::string("\x08", 1));  // 16 bytes of distances where 2 follow
+  EXPECT_TRUE(absl::IsDataLoss(wider)) << wider;
+}
+
 TEST(CheckpointEncodingTest, TruncatedOrTrailingBytesAreDataLoss) {
   const std::string payload = EncodeChunkSnapshot(TestSnapshot(3));
   for (size_t size = 0; size < payload.size(); ++size) {

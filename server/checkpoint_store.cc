@@ -228,8 +228,8 @@ void PutSteps(const std::vector<int64_t>& steps, std::string* out) {
   out->push_back(static_cast<char>(width));
   char bytes[8];
   for (int64_t step : steps) {
-    StoreU64(static_cast<uint64_t>(step) - static_cast<uint64_t>(base),
-             bytes);  // little-endian: low bytes first
+    // Little-endian: the distance's low `width` bytes come first.
+    StoreU64(static_cast<uint64_t>(step) - static_cast<uint64_t>(base), bytes);
     out->append(bytes, static_cast<size_t>(width));
   }
 }

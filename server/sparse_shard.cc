@@ -471,8 +471,10 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
   if (args.step > applied.step) {
     applied.step = args.step;
     applied.parts.clear();
+    applied.expected = 0;
   }
   applied.parts.insert(args.part);
+  if (applied.expected == 0) applied.expected = args.parts;
   now_ = std::max(now_, args.step);
   if (step.has_value()) ApplyGatheredStepLocked(*std::move(step));
   MaybeExpireLocked(now_);
@@ -661,13 +663,19 @@ std::vector<int32_t> SparseShard::chunk_ids() const {
   return ids;
 }
 
-std::vector<int64_t> SparseShard::CapturePositionsLocked() const {
-  std::vector<int64_t> positions(applied_.size());
+std::vector<std::vector<int64_t>> SparseShard::CapturePositionsLocked() const {
+  std::vector<std::vector<int64_t>> positions(bucket_shards_.size(),
+                                              std::vector<int64_t>(applied_.size(), 0));
   for (size_t p = 0; p < applied_.size(); ++p) {
-    // The last step pushed here runs again (it may have more parts to come).
-    int64_t last = 0;
-    for (const Applied& shard : applied_[p]) last = std::max(last, shard.step);
-    positions[p] = std::max(restored_[p], last);
+    for (size_t slot = 0; slot < bucket_shards_.size(); ++slot) {
+      // The last step pushed to the shard runs again while it may have more
+      // parts to come; once all are in, the partition goes on after it (its
+      // dense chunks say the same), so a resumed job applies it once.
+      const Applied& applied = applied_[p][slot];
+      const bool whole =
+          applied.expected > 0 && static_cast<int32_t>(applied.parts.size()) == applied.expected;
+      positions[slot][p] = std::max<int64_t>(0, whole ? applied.step + 1 : applied.step);
+    }
   }
   return positions;
 }
@@ -755,6 +763,7 @@ absl::StatusOr<ChunkSnapshot> SparseShard::CaptureShardState(int32_t shard) cons
     v1::TableShardState::Partition* partition = state.add_partitions();
     partition->set_applied_step(applied_[p][slot].step);
     for (int32_t part : applied_[p][slot].parts) partition->add_applied_parts(part);
+    partition->set_applied_parts_expected(applied_[p][slot].expected);
     const ShardGather& gathered = gather_[p].shards[slot];
     partition->set_parts(gathered.parts);
     for (int32_t part : gathered.seen) partition->add_seen(part);
@@ -876,6 +885,7 @@ absl::Status SparseShard::AdoptShardState(const std::string& serialized) {
     Applied& applied = applied_[static_cast<size_t>(p)][0];
     applied.step = partition.applied_step();
     applied.parts = std::set<int32_t>(partition.applied_parts().begin(), partition.applied_parts().end());
+    applied.expected = partition.applied_parts_expected();
     PartitionGather& gather = gather_[static_cast<size_t>(p)];
     gather = PartitionGather();
     gather.shards.resize(1);
@@ -927,7 +937,8 @@ absl::Status SparseShard::AdoptShardState(const std::string& serialized) {
 }
 
 ChunkSnapshot SparseShard::SnapshotLocked(const Table& table, int32_t chunk_id, SparseTable& bucket,
-                                          const std::vector<int64_t>& positions, CaptureOf of) const {
+                                          const std::vector<std::vector<int64_t>>& positions,
+                                          CaptureOf of) const {
   ChunkSnapshot snapshot;
   if (table.setup.synchronous) {
     // Every step before the one being gathered is in; that one runs again.
@@ -935,7 +946,18 @@ ChunkSnapshot SparseShard::SnapshotLocked(const Table& table, int32_t chunk_id, 
     snapshot.partition_steps.assign(static_cast<size_t>(num_partitions_), sync_step_);
   } else {
     snapshot.version = now_;
-    snapshot.partition_steps = positions;
+    const int32_t t = (chunk_id - kTableChunkBase) / kMaxTableBuckets;
+    const int32_t b = (chunk_id - kTableChunkBase) % kMaxTableBuckets;
+    absl::StatusOr<size_t> slot = SlotOf(table.setup.bucket_shards[static_cast<size_t>(b)]);
+    snapshot.partition_steps = slot.ok() ? positions[*slot] : std::vector<int64_t>(applied_.size(), 0);
+    // A restored bucket holds every step before its own floor (a restore
+    // onto other servers brings buckets of different captures together).
+    const std::vector<int64_t>* floor =
+        floors_.empty() ? nullptr : &floors_[static_cast<size_t>(t)][static_cast<size_t>(b)];
+    const std::vector<int64_t>& below = floor != nullptr && !floor->empty() ? *floor : restored_;
+    for (size_t p = 0; p < snapshot.partition_steps.size() && p < below.size(); ++p) {
+      snapshot.partition_steps[p] = std::max(snapshot.partition_steps[p], below[p]);
+    }
   }
   if (of.checkpoint_id > 0) {
     const int64_t base = of.base == nullptr ? 0 : of.base->checkpoint_id;
@@ -949,7 +971,7 @@ ChunkSnapshot SparseShard::SnapshotLocked(const Table& table, int32_t chunk_id, 
 
 void SparseShard::SnapshotTablesLocked(bool synchronous, CaptureOf of,
                                        std::vector<std::pair<int32_t, ChunkSnapshot>>* out) const {
-  const std::vector<int64_t> positions = CapturePositionsLocked();
+  const std::vector<std::vector<int64_t>> positions = CapturePositionsLocked();
   for (size_t t = 0; t < tables_.size(); ++t) {
     if (tables_[t].setup.synchronous != synchronous) continue;
     for (size_t b = 0; b < tables_[t].buckets.size(); ++b) {

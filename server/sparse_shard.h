@@ -148,8 +148,10 @@ class SparseShard {
   // Checkpoints. Capture: every held bucket's state, taken at once between
   // pushes, by chunk id (TableChunkId); each snapshot's partition_steps say
   // from which step each partition must run again for its pushes to be in
-  // (asynchronous: the last step pushed here, which may have been applied in
-  // part; synchronous: the step being gathered).
+  // (asynchronous: the step after the last one pushed to the bucket's shard
+  // once every part of that step is in, else that step, whose parts may
+  // still come; never below what the bucket was restored from; synchronous:
+  // the step being gathered).
   std::vector<std::pair<int32_t, ChunkSnapshot>> Capture() const;
   // A checkpoint's capture in two halves, as the dense chunks take theirs
   // (server/parameter_store.h): ArmCapture before the dense chunks are
@@ -175,9 +177,10 @@ class SparseShard {
   // (or, for a job restored onto another number of partitions, `repartitioned_at`
   // for every partition) become the floor of the next captures'. Pushes to
   // the bucket of a partition's step before its captured step are skipped
-  // (their gradients are in its rows); the captured step itself applies
-  // again, so a resumed asynchronous job may apply the parts of one step per
-  // partition twice, never lose one.
+  // (their gradients are in its rows); from the captured step on they
+  // apply. So a resumed asynchronous job applies every step once, except a
+  // step caught with only some of its parts to a shard in: its parts apply
+  // again (at least once, never lost).
   // INVALID_ARGUMENT for a chunk id not held here; the table's LoadState
   // errors; RESOURCE_EXHAUSTED naming the table when the rows do not fit the
   // budget's room. The snapshot's table state must be whole.
@@ -247,18 +250,22 @@ class SparseShard {
   absl::StatusOr<SparseTable*> BucketOfShard(const Table& table, uint64_t key, int32_t shard) const;
   // The held bucket of a table chunk id; null when there is none here.
   SparseTable* HeldBucket(int32_t chunk_id) const;
-  // The steps each partition runs again from, for a capture now.
-  std::vector<int64_t> CapturePositionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+  // By slot, then partition: the step each partition runs again from in the
+  // buckets of the slot's shard, for a capture now: the last step pushed
+  // there, or the one after it once every part of it is in.
+  std::vector<std::vector<int64_t>> CapturePositionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // Which checkpoint a capture is of (id 0: a live copy, not a checkpoint),
   // and what it may be incremental on.
   struct CaptureOf {
     int64_t checkpoint_id = 0;
     const IncrementalBase* base = nullptr;
   };
-  // A held bucket's state as a checkpoint chunk: with those positions
-  // (asynchronous), or at the step being gathered (synchronous).
-  ChunkSnapshot SnapshotLocked(const Table& table, int32_t chunk_id, SparseTable& bucket, const std::vector<int64_t>& positions,
-                               CaptureOf of) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+  // A held bucket's state as a checkpoint chunk: at its shard's positions,
+  // never below what the bucket was restored from (asynchronous), or at the
+  // step being gathered (synchronous).
+  ChunkSnapshot SnapshotLocked(const Table& table, int32_t chunk_id, SparseTable& bucket,
+                               const std::vector<std::vector<int64_t>>& positions, CaptureOf of) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // Expires rows of tables with expire_after once the job's step passes the
   // next expiry point.
   // A quarter of the shortest expireAfter of the synchronous (or the
@@ -308,10 +315,12 @@ class SparseShard {
   const bool holds_sync_;  // and this server holds buckets of one (else its checkpoints never wait for a step)
 
   mutable Mutex push_mu_;  // serializes pushes; guards the members below
-  // By partition, then slot: the last step applied, and which of its parts.
+  // By partition, then slot: the last step applied, which of its parts,
+  // and how many parts the step sends the shard (0: not said).
   struct Applied {
     int64_t step = -1;
     std::set<int32_t> parts;
+    int32_t expected = 0;
   };
   std::vector<std::vector<Applied>> applied_ ABSL_GUARDED_BY(push_mu_);
   // By partition: the step a restore says it runs again from.

@@ -675,7 +675,8 @@ TEST(SparseShardSyncTest, ACheckpointCutsTheTablesAtItsStepAndRestoresThere) {
       EXPECT_EQ(snapshot.partition_steps, (std::vector<int64_t>{1, 1})) << "synchronous: at the cut";
       EXPECT_EQ(snapshot.version, 1);
     } else {
-      EXPECT_EQ(snapshot.partition_steps, (std::vector<int64_t>{1, 1})) << "asynchronous: as pushed when taken";
+      EXPECT_EQ(snapshot.partition_steps, (std::vector<int64_t>{2, 2}))
+          << "asynchronous: after the steps pushed whole when taken";
     }
     ASSERT_TRUE(restored->Restore(chunk_id, snapshot).ok());
   }
@@ -686,8 +687,65 @@ TEST(SparseShardSyncTest, ACheckpointCutsTheTablesAtItsStepAndRestoresThere) {
   ASSERT_EQ(*PushPartitionStep(restored.get(), 0, 1, keys, 4.0f), SparsePushOutcome::kApplied);
   ASSERT_EQ(*PushPartitionStep(restored.get(), 1, 1, keys, 4.0f), SparsePushOutcome::kApplied);
   EXPECT_EQ(PullAll(*restored, 0, keys), PullAll(*shard, 0, keys)) << "the same step 1 on the same rows";
+  EXPECT_EQ(PullAll(*restored, 1, keys), PullAll(*shard, 1, keys))
+      << "the asynchronous table's capture holds step 1 whole: it is not applied again";
 }
 
+// An asynchronous capture resumes each partition after its last step once
+// every part of that step is in on the bucket's shard, and at that step
+// while parts may still come; a restored bucket never says less than it
+// was restored from. So a resumed job applies each part once (a step caught
+// half in applies its parts that were in again, never loses one).
+TEST(SparseShardTest, AnAsynchronousCaptureResumesAfterEveryStepWhoseEveryPartIsIn) {
+  auto original = Make({0, 1});
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 1; k <= 64; ++k) keys.push_back(k * 104729);
+  const std::vector<float> linear = Grads(keys.size(), 1, 0.1f), embedding = Grads(keys.size(), 4, 0.01f);
+  auto push = [&](SparseShard* to, int32_t partition, int64_t step, int32_t on, int32_t part, int32_t parts) {
+    const ShardPart rows = PartOnShard(keys, linear, embedding, on);
+    SparsePushArgs args = PushOf(partition, step, rows.keys, rows.linear, rows.embedding);
+    args.shard = on;
+    args.part = part;
+    args.parts = parts;
+    return to->Push(args);
+  };
+  // Partition 0, step 4: shard 0's one part, and one of shard 1's two.
+  ASSERT_TRUE(push(original.get(), 0, 4, 0, 0, 1).ok());
+  ASSERT_TRUE(push(original.get(), 0, 4, 1, 1, 2).ok());
+  // Partition 1, step 2: both shards whole; no part count said on shard 1's step 3.
+  ASSERT_TRUE(push(original.get(), 1, 2, 0, 0, 1).ok());
+  ASSERT_TRUE(push(original.get(), 1, 2, 1, 0, 1).ok());
+  ASSERT_TRUE(push(original.get(), 1, 3, 1, 0, 0).ok());
+  auto expect_steps = [](SparseShard& holder, const std::vector<int64_t>& on_0,
+                         const std::vector<int64_t>& on_1, const std::string& what) {
+    for (const auto& [chunk_id, snapshot] : holder.Capture()) {
+      EXPECT_EQ(snapshot.partition_steps, holder.ShardOfBucket(chunk_id) == 0 ? on_0 : on_1)
+          << what << ", chunk " << chunk_id;
+    }
+  };
+  const std::vector<std::pair<int32_t, ChunkSnapshot>> captured = original->Capture();
+  expect_steps(*original, {5, 3}, {4, 3}, "the capture");
+
+  // Restored: each bucket keeps its own floor, and a capture before any push
+  // says what each was restored from, not the highest of them.
+  auto restored = Make({0, 1});
+  for (const auto& [chunk_id, snapshot] : captured) ASSERT_TRUE(restored->Restore(chunk_id, snapshot).ok());
+  expect_steps(*restored, {5, 3}, {4, 3}, "a capture after the restore");
+  // The original gets the part it lacked; the resumed partition 0 replays
+  // step 4: shard 0's buckets skip it (applied once), shard 1's take both
+  // parts (the one caught in applies again, the lost one once).
+  ASSERT_TRUE(push(original.get(), 0, 4, 1, 0, 2).ok());
+  ASSERT_TRUE(push(restored.get(), 0, 4, 0, 0, 1).ok());
+  ASSERT_TRUE(push(restored.get(), 0, 4, 1, 0, 2).ok());
+  ASSERT_TRUE(push(restored.get(), 0, 4, 1, 1, 2).ok());
+  const std::vector<uint64_t> on_0 = PartOnShard(keys, linear, embedding, 0).keys;
+  ASSERT_FALSE(on_0.empty());
+  for (int32_t table = 0; table < 2; ++table) {
+    EXPECT_EQ(PullAll(*restored, table, on_0), PullAll(*original, table, on_0)) << "table " << table;
+  }
+  expect_steps(*original, {5, 3}, {5, 3}, "the original, step 4 whole");
+  expect_steps(*restored, {5, 3}, {5, 3}, "the restored, step 4 whole");
+}
 
 // Synchronous tables over two shards, of which a server holds `held` (a
 // primary of one shard and a backup of the other holds both).

@@ -280,7 +280,7 @@ absl::StatusOr<ExportResult> ReadCheckpoint(const v1::CheckpointManifest& manife
     Gathered* into = nullptr;
     auto location = locations.find(chunk.chunk_id());
     if (chunk.chunk_id() >= kTableChunkBase) {
-      const int32_t t = (chunk.chunk_id() - kTableChunkBase) / kMaxTableBuckets;
+      const int32_t t = TableBucketOf(chunk.chunk_id()).table;
       if (t >= manifest.shard_map().tables_size()) {
         return absl::DataLossError(absl::StrCat("manifest: chunk ", chunk.chunk_id(), " is of no table"));
       }

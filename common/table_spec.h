@@ -22,6 +22,15 @@ constexpr int32_t kTableChunkBase = 1 << 30;
 inline int32_t TableChunkId(int32_t table, int32_t bucket) {
   return kTableChunkBase + table * kMaxTableBuckets + bucket;
 }
+// The table and bucket of a TableChunkId (chunk_id >= kTableChunkBase).
+struct TableBucket {
+  int32_t table;
+  int32_t bucket;
+};
+inline TableBucket TableBucketOf(int32_t chunk_id) {
+  const int32_t relative = chunk_id - kTableChunkBase;
+  return {relative / kMaxTableBuckets, relative % kMaxTableBuckets};
+}
 // Requests one sparse push of a partition step may take to one server.
 constexpr int32_t kMaxPushParts = 1 << 16;
 

@@ -35,8 +35,7 @@ std::map<std::string, std::vector<int32_t>> BaseChunksByServer(const v1::Checkpo
   std::map<std::string, std::vector<int32_t>> chunks;
   for (const v1::CheckpointChunk& chunk : base.chunks()) {
     if (chunk.chunk_id() < kTableChunkBase) continue;
-    const int32_t t = (chunk.chunk_id() - kTableChunkBase) / kMaxTableBuckets;
-    const int32_t b = (chunk.chunk_id() - kTableChunkBase) % kMaxTableBuckets;
+    const auto [t, b] = TableBucketOf(chunk.chunk_id());
     if (t >= now.tables_size() || b >= now.tables(t).bucket_shards_size()) continue;
     auto group = replicas.find(now.tables(t).bucket_shards(b));
     if (group == replicas.end()) continue;

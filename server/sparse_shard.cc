@@ -681,9 +681,8 @@ std::vector<std::vector<int64_t>> SparseShard::CapturePositionsLocked() const {
 }
 
 SparseTable* SparseShard::HeldBucket(int32_t chunk_id) const {
-  const int32_t relative = chunk_id - kTableChunkBase;
-  if (relative < 0) return nullptr;
-  const int32_t t = relative / kMaxTableBuckets, b = relative % kMaxTableBuckets;
+  if (chunk_id < kTableChunkBase) return nullptr;
+  const auto [t, b] = TableBucketOf(chunk_id);
   if (t >= num_tables() || b >= static_cast<int32_t>(tables_[static_cast<size_t>(t)].buckets.size())) return nullptr;
   return tables_[static_cast<size_t>(t)].buckets[static_cast<size_t>(b)].get();
 }
@@ -693,7 +692,7 @@ absl::StatusOr<ChunkSnapshot> SparseShard::CaptureBucket(int32_t chunk_id) const
   if (bucket == nullptr) {
     return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
   }
-  const Table& table = tables_[static_cast<size_t>((chunk_id - kTableChunkBase) / kMaxTableBuckets)];
+  const Table& table = tables_[static_cast<size_t>(TableBucketOf(chunk_id).table)];
   MutexLock lock(&push_mu_);  // between pushes
   ChunkSnapshot snapshot = SnapshotLocked(table, chunk_id, *bucket, CapturePositionsLocked(), CaptureOf());
   absl::StatusOr<size_t> slot = SlotOf(ShardOfBucket(chunk_id));
@@ -703,8 +702,7 @@ absl::StatusOr<ChunkSnapshot> SparseShard::CaptureBucket(int32_t chunk_id) const
 
 int32_t SparseShard::ShardOfBucket(int32_t chunk_id) const {
   if (HeldBucket(chunk_id) == nullptr) return -1;
-  const int32_t t = (chunk_id - kTableChunkBase) / kMaxTableBuckets;
-  const int32_t b = (chunk_id - kTableChunkBase) % kMaxTableBuckets;
+  const auto [t, b] = TableBucketOf(chunk_id);
   return tables_[static_cast<size_t>(t)].setup.bucket_shards[static_cast<size_t>(b)];
 }
 
@@ -817,8 +815,7 @@ absl::Status SparseShard::LoadBucketLocked(int32_t chunk_id, const std::string& 
   if (HeldBucket(chunk_id) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
   }
-  const int32_t t = (chunk_id - kTableChunkBase) / kMaxTableBuckets;
-  const int32_t b = (chunk_id - kTableChunkBase) % kMaxTableBuckets;
+  const auto [t, b] = TableBucketOf(chunk_id);
   const Table& table = tables_[static_cast<size_t>(t)];
   SparseTable* bucket = table.buckets[static_cast<size_t>(b)].get();
   const int64_t before = bucket->bytes();
@@ -922,9 +919,9 @@ absl::Status SparseShard::AdoptShardState(const std::string& serialized) {
       floors_.resize(tables_.size());
       for (size_t i = 0; i < tables_.size(); ++i) floors_[i].resize(tables_[i].buckets.size());
     }
-    const int32_t relative = floors.chunk_id() - kTableChunkBase;
-    floors_[static_cast<size_t>(relative / kMaxTableBuckets)][static_cast<size_t>(relative % kMaxTableBuckets)]
-        .assign(floors.steps().begin(), floors.steps().end());
+    const auto [t, b] = TableBucketOf(floors.chunk_id());
+    floors_[static_cast<size_t>(t)][static_cast<size_t>(b)].assign(floors.steps().begin(),
+                                                                   floors.steps().end());
   }
   // A step whose every part was in at the source applies here now: no push
   // of it is coming.
@@ -946,8 +943,7 @@ ChunkSnapshot SparseShard::SnapshotLocked(const Table& table, int32_t chunk_id, 
     snapshot.partition_steps.assign(static_cast<size_t>(num_partitions_), sync_step_);
   } else {
     snapshot.version = now_;
-    const int32_t t = (chunk_id - kTableChunkBase) / kMaxTableBuckets;
-    const int32_t b = (chunk_id - kTableChunkBase) % kMaxTableBuckets;
+    const auto [t, b] = TableBucketOf(chunk_id);
     absl::StatusOr<size_t> slot = SlotOf(table.setup.bucket_shards[static_cast<size_t>(b)]);
     snapshot.partition_steps = slot.ok() ? positions[*slot] : std::vector<int64_t>(applied_.size(), 0);
     // A restored bucket holds every step before its own floor (a restore
@@ -1056,8 +1052,7 @@ absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapsho
   if (HeldBucket(chunk_id) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
   }
-  const int32_t t = (chunk_id - kTableChunkBase) / kMaxTableBuckets;
-  const int32_t b = (chunk_id - kTableChunkBase) % kMaxTableBuckets;
+  const auto [t, b] = TableBucketOf(chunk_id);
   if (!repartitioned_at.has_value() && snapshot.partition_steps.size() != static_cast<size_t>(num_partitions_)) {
     return absl::InvalidArgumentError(absl::StrCat("table bucket chunk ", chunk_id, " has steps of ",
                                                    snapshot.partition_steps.size(), " partitions; the job has ",

@@ -207,22 +207,26 @@ absl::Status ReadWatermarks(RecordReader& in, std::vector<std::pair<std::string,
 // with this bit set says they follow as distances from the lowest.
 constexpr uint64_t kCompactSteps = uint64_t{1} << 63;
 
-// The bytes that hold every distance of `steps` from their lowest.
-int StepWidth(const std::vector<int64_t>& steps) {
+// The lowest of (non-empty) `steps`, and the bytes that hold every
+// distance from it.
+struct StepsLayout {
+  int64_t base;
+  int width;
+};
+StepsLayout LayoutOf(const std::vector<int64_t>& steps) {
   const auto [low, high] = std::minmax_element(steps.begin(), steps.end());
   const uint64_t span = static_cast<uint64_t>(*high) - static_cast<uint64_t>(*low);
-  return span == 0 ? 0 : span <= 0xff ? 1 : span <= 0xffff ? 2 : span <= 0xffffffffu ? 4 : 8;
+  return {*low, span == 0 ? 0 : span <= 0xff ? 1 : span <= 0xffff ? 2 : span <= 0xffffffffu ? 4 : 8};
 }
 
 size_t StepsSize(const std::vector<int64_t>& steps) {
   if (steps.empty()) return 8;
-  return 8 + 8 + 1 + steps.size() * static_cast<size_t>(StepWidth(steps));
+  return 8 + 8 + 1 + steps.size() * static_cast<size_t>(LayoutOf(steps).width);
 }
 
 void PutSteps(const std::vector<int64_t>& steps, std::string* out) {
   if (steps.empty()) return PutU64(0, out);
-  const int width = StepWidth(steps);
-  const int64_t base = *std::min_element(steps.begin(), steps.end());
+  const auto [base, width] = LayoutOf(steps);
   PutU64(steps.size() | kCompactSteps, out);
   PutI64(base, out);
   out->push_back(static_cast<char>(width));

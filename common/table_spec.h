@@ -33,6 +33,11 @@ inline TableBucket TableBucketOf(int32_t chunk_id) {
 }
 // Requests one sparse push of a partition step may take to one server.
 constexpr int32_t kMaxPushParts = 1 << 16;
+// The highest step a table takes or keeps (a push's, a pull's, a restored
+// or copied position, expireAfter): 2^40, beyond any job's steps, so that
+// a step and a period add without overflow. A server also refuses steps
+// past its job's total.
+constexpr int64_t kMaxSparseStep = int64_t{1} << 40;
 
 // Rows of "linear" start at 0 (a logistic regression's usual start); other
 // tables uniform in [-0.05, 0.05]: small enough that the FM and deep terms

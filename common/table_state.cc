@@ -9,9 +9,14 @@
 #include "absl/base/internal/endian.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/table_spec.h"
 
 namespace fulcrum {
 namespace {
+
+// The most pushes, admissions or expiries a table state may count (2^62:
+// more than any job makes, with room to count on without overflow).
+constexpr int64_t kMaxTableCounter = int64_t{1} << 62;
 
 // Reads the bytes front to back; every failure is DATA_LOSS naming the
 // table, the field and the offset.
@@ -29,6 +34,14 @@ class StateReader {
     uint64_t u = 0;
     if (absl::Status read = U64(&u, field); !read.ok()) return read;
     *v = static_cast<int64_t>(u);
+    return absl::OkStatus();
+  }
+  // An i64 in [lowest, highest] (a step or counter that is not is no
+  // table's: corrupt, and past it a step's arithmetic would overflow).
+  absl::Status I64In(int64_t* v, int64_t lowest, int64_t highest, absl::string_view field) {
+    if (absl::Status read = I64(v, field); !read.ok()) return read;
+    if (*v < lowest || *v > highest)
+      return Bad(absl::StrCat(field, " ", *v, " is outside [", lowest, ", ", highest, "]"));
     return absl::OkStatus();
   }
   absl::Status U8(uint8_t* v, absl::string_view field) {
@@ -50,13 +63,15 @@ class StateReader {
     pos_ += 4;
     return absl::OkStatus();
   }
-  // n floats, each finite.
+  // n floats, as they are: a row a diverged model made non-finite (finite
+  // gradients an optimizer's arithmetic overflowed) is the table's state,
+  // which a copy and a checkpoint keep as the dense chunks do; workers
+  // refuse the gradients it leads to, naming the divergence.
   absl::Status Floats(float* out, size_t n, absl::string_view field) {
     if (absl::Status need = Need(n * 4, field); !need.ok()) return need;
     for (size_t i = 0; i < n; ++i) {
       const uint32_t bits = absl::little_endian::Load32(bytes_.data() + pos_ + i * 4);
       std::memcpy(out + i, &bits, sizeof(bits));
-      if (!std::isfinite(out[i])) return Bad(absl::StrCat(field, " holds a non-finite value"));
     }
     pos_ += n * 4;
     return absl::OkStatus();
@@ -249,7 +264,7 @@ absl::StatusOr<std::string> ComposeTableState(absl::string_view base, absl::stri
   }
   TableStateCounters counters;
   for (int64_t* counter : {&counters.pushes, &counters.admissions, &counters.expiries}) {
-    if (absl::Status s = d.I64(counter, "counters"); !s.ok()) return s;
+    if (absl::Status s = d.I64In(counter, 0, kMaxTableCounter, "counter"); !s.ok()) return s;
   }
   uint64_t rows = 0;
   if (absl::Status s = d.Count(&rows, 9, "rows"); !s.ok()) return s;
@@ -315,7 +330,7 @@ absl::Status ParseTableState(absl::string_view bytes, const std::string& table, 
   }
   TableStateCounters counters;
   for (int64_t* counter : {&counters.pushes, &counters.admissions, &counters.expiries}) {
-    if (absl::Status s = in.I64(counter, "counters"); !s.ok()) return s;
+    if (absl::Status s = in.I64In(counter, 0, kMaxTableCounter, "counter"); !s.ok()) return s;
   }
   uint64_t rows = 0;
   if (absl::Status s = in.Count(&rows, incremental ? 9 : 16 + static_cast<size_t>(stride) * 4, "rows"); !s.ok()) {
@@ -336,7 +351,7 @@ absl::Status ParseTableState(absl::string_view bytes, const std::string& table, 
       }
       if (changed != 1) return in.Bad(absl::StrCat("row flag ", int{changed}, " is neither 0 nor 1"));
     }
-    if (absl::Status s = in.I64(&last_step, "row step"); !s.ok()) return s;
+    if (absl::Status s = in.I64In(&last_step, 0, kMaxSparseStep + 1, "row step"); !s.ok()) return s;
     if (absl::Status s = in.Floats(floats.data(), floats.size(), "row"); !s.ok()) return s;
     if (absl::Status s = visit.row(key, last_step, floats); !s.ok()) return s;
   }
@@ -348,7 +363,7 @@ absl::Status ParseTableState(absl::string_view bytes, const std::string& table, 
     int64_t last_step = 0;
     if (absl::Status s = in.U64(&key, "filter key"); !s.ok()) return s;
     if (absl::Status s = in.U32(&count, "filter count"); !s.ok()) return s;
-    if (absl::Status s = in.I64(&last_step, "filter step"); !s.ok()) return s;
+    if (absl::Status s = in.I64In(&last_step, 0, kMaxSparseStep + 1, "filter step"); !s.ok()) return s;
     if (visit.candidate) {
       if (absl::Status s = visit.candidate(key, static_cast<int32_t>(count), last_step); !s.ok()) return s;
     }

@@ -45,7 +45,8 @@ struct TableStateCounters {
 struct TableStateVisitor {
   // Once, with the row count (checked against the bytes left) and counters.
   std::function<absl::Status(uint64_t rows, const TableStateCounters&)> begin;
-  // Per row: its key, last step and floats (finite, `stride` of them).
+  // Per row: its key, last step and floats (`stride` of them, as stored:
+  // a diverged row's may be non-finite).
   std::function<absl::Status(uint64_t key, int64_t last_step, absl::Span<const float> floats)> row;
   // Per frequency-filter count (may be null: skipped).
   std::function<absl::Status(uint64_t key, int32_t count, int64_t last_step)> candidate;
@@ -89,7 +90,8 @@ absl::StatusOr<std::string> ComposeTableState(absl::string_view base, absl::stri
 // Reads a table state whose rows must be `stride` floats (an incremental
 // one only with visit.same). DATA_LOSS naming `table`, the field and the
 // offset for bytes that are truncated or trailing, of another row width,
-// with a count larger than the bytes left or a non-finite float.
+// with a count larger than the bytes left, or a step or counter outside
+// what a table keeps (kMaxSparseStep; counters in [0, 2^62]).
 absl::Status ParseTableState(absl::string_view bytes, const std::string& table, int32_t stride,
                              const TableStateVisitor& visit);
 

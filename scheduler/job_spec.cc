@@ -176,6 +176,14 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& opt) {
   if (opt.kind() != v1::OptimizerSpec::ADAGRAD && opt.initial_accumulator() != 0) {
     return Invalid("optimizer.initialAccumulator", "applies to ADAGRAD only", "a value");
   }
+  if (opt.has_epsilon() && opt.epsilon() == 0 &&
+      !(opt.kind() == v1::OptimizerSpec::ADAGRAD && opt.initial_accumulator() > 0)) {
+    return Invalid(
+        "optimizer.epsilon",
+        "must be > 0 (or, for ADAGRAD, optimizer.initialAccumulator > 0): a zero gradient would divide "
+        "0 by 0",
+        "0");
+  }
   return absl::OkStatus();
 }
 

@@ -161,6 +161,11 @@ absl::Status ValidateSparseOptimizer(const std::string& field, const v1::SparseO
     if (!adagrad) return Invalid(field + ".initialAccumulator", "applies to ADAGRAD only", "a value");
     RETURN_IF_ERROR(CheckFloat(field + ".initialAccumulator", opt.initial_accumulator(), 0, 1e6, false, false));
   }
+  if (opt.has_epsilon() && opt.epsilon() == 0 && !(adagrad && opt.initial_accumulator() > 0)) {
+    return Invalid(
+        field + ".epsilon",
+        "must be > 0 (or, for ADAGRAD, initialAccumulator > 0): a zero gradient would divide 0 by 0", "0");
+  }
   for (const auto& [name, has, value] : {std::tuple<const char*, bool, float>{"beta1", opt.has_beta1(), opt.beta1()},
                                          {"beta2", opt.has_beta2(), opt.beta2()}}) {
     if (!has) continue;

@@ -462,6 +462,16 @@ std::vector<ClickReject> ClickRejects() {
       {"NegativeTableLr",
        [table](S* s) { table(s, "linear")->mutable_optimizer()->set_lr(-1); },
        {"model.tables[0].optimizer.lr"}},
+      {"ZeroEpsilonOnAdam",
+       [table](S* s) {
+         v1::TableSpec* t = table(s, "embedding");
+         t->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::ADAM);
+         t->mutable_optimizer()->set_epsilon(0);
+       },
+       {"model.tables[0].optimizer.epsilon", "> 0", "0 by 0"}},
+      {"ZeroEpsilonOnAdagradWithoutAnAccumulator",
+       [table](S* s) { table(s, "embedding")->mutable_optimizer()->set_epsilon(0); },
+       {"model.tables[0].optimizer.epsilon", "initialAccumulator > 0"}},
       {"BetaOnAdagrad",
        [table](S* s) { table(s, "embedding")->mutable_optimizer()->set_beta1(0.5f); },
        {"model.tables[0].optimizer.beta1", "ADAM"}},

@@ -507,6 +507,24 @@ std::vector<RejectCase> RejectCases() {
          s->mutable_optimizer()->set_epsilon(-1e-8f);
        },
        {"optimizer.epsilon", "[0, 1]"}},
+      {"EpsilonZeroOnAdam",
+       [](S* s) {
+         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+         s->mutable_optimizer()->set_epsilon(0);
+       },
+       {"optimizer.epsilon", "> 0", "0 by 0"}},
+      {"EpsilonZeroOnRmsprop",
+       [](S* s) {
+         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::RMSPROP);
+         s->mutable_optimizer()->set_epsilon(0);
+       },
+       {"optimizer.epsilon", "> 0"}},
+      {"EpsilonZeroOnAdagradWithoutAnAccumulator",
+       [](S* s) {
+         s->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAGRAD);
+         s->mutable_optimizer()->set_epsilon(0);
+       },
+       {"optimizer.epsilon", "initialAccumulator > 0"}},
       {"WeightDecayNegative",
        [](S* s) { s->mutable_optimizer()->set_weight_decay(-1.0f); },
        {"optimizer.weightDecay", "[0, 10]"}},

@@ -205,6 +205,15 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
       !s.ok()) {
     return s;
   }
+  // Without epsilon a zero gradient on a zero second moment is 0 / 0 (NaN
+  // parameters from finite gradients); Adagrad's starting accumulator
+  // keeps its denominator above zero too.
+  const bool adagrad_kept = config.kind == OptimizerKind::kAdagrad && config.initial_accumulator > 0;
+  if (config.kind != OptimizerKind::kSgd && config.epsilon == 0 && !adagrad_kept) {
+    return absl::InvalidArgumentError(
+        "epsilon must be > 0 (or, for Adagrad, initial_accumulator > 0): a zero gradient would divide 0 by "
+        "0");
+  }
   if (absl::Status s =
           CheckFiniteNonNegative("weight_decay", config.weight_decay);
       !s.ok()) {

@@ -42,7 +42,9 @@ struct OptimizerConfig {
 };
 
 // Returns InvalidArgument if `config` is not usable: negative momentum,
-// nesterov without momentum, betas outside [0, 1), negative epsilon,
+// nesterov without momentum, betas outside [0, 1), negative epsilon (or 0
+// where it divides: every kind but SGD, Adagrad with an initial
+// accumulator apart),
 // weight_decay or initial_accumulator, or any non-finite field. ApplyOptimizer
 // assumes a config that passed this check.
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);

@@ -389,6 +389,30 @@ TEST(ValidateOptimizerConfigTest, RejectsBadFields) {
   EXPECT_FALSE(ValidateOptimizerConfig(c).ok());
 }
 
+// A zero epsilon divides 0 by 0 on a zero gradient of a fresh parameter
+// (NaN parameters from finite gradients): refused where it divides, and
+// kept where nothing does (SGD) or where Adagrad's starting accumulator
+// keeps the denominator above zero.
+TEST(ValidateOptimizerConfigTest, ZeroEpsilonIsRefusedWhereItDivides) {
+  for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW, OptimizerKind::kLamb,
+                             OptimizerKind::kRmsprop, OptimizerKind::kAdagrad}) {
+    OptimizerConfig c;
+    c.kind = kind;
+    c.epsilon = 0;
+    const absl::Status status = ValidateOptimizerConfig(c);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << static_cast<int>(kind);
+    EXPECT_NE(status.message().find("epsilon must be > 0"), std::string::npos) << status;
+  }
+  OptimizerConfig sgd;
+  sgd.epsilon = 0;
+  EXPECT_TRUE(ValidateOptimizerConfig(sgd).ok());
+  OptimizerConfig adagrad;
+  adagrad.kind = OptimizerKind::kAdagrad;
+  adagrad.epsilon = 0;
+  adagrad.initial_accumulator = 0.1f;
+  EXPECT_TRUE(ValidateOptimizerConfig(adagrad).ok());
+}
+
 }  // namespace
 }  // namespace fulcrum
 

@@ -332,6 +332,16 @@ grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::Setu
     if (!chunk.copy_from().empty()) sources[chunk.chunk_id()] = chunk.copy_from();
   }
   absl::Status status;
+  // Bounded before anything is built from them.
+  for (const auto& [field, count] :
+       {std::pair<const char*, int>{"shard_map.tables", request->shard_map().tables_size()},
+        {"spec.model.tables", request->spec().model().tables_size()}}) {
+    if (count > kMaxTables) {
+      return ToGrpcStatus(
+          absl::InvalidArgumentError(absl::StrCat("job ", request->job_id(), ": ", field, " lists ", count,
+                                                  " tables; a job has at most ", kMaxTables)));
+    }
+  }
   try {  // an allocation that fails fails the setup, not the process
     JobShardConfig config = ConfigFor(*request);
     status = CheckChunkStatesFit(*request, config);

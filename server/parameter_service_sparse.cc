@@ -3,13 +3,14 @@
 // is bounded (keys, and the answer's bytes) before any work is done.
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "common/tensor_codec.h"
 #include "common/table_spec.h"
+#include "common/tensor_codec.h"
 #include "server/parameter_service.h"
 
 namespace fulcrum {
@@ -32,7 +33,8 @@ SparseOptimizerConfig ToSparseOptimizer(const v1::SparseOptimizerSpec& spec) {
       config.kind = SparseOptimizerKind::kAdagrad;
       break;
   }
-  config.lr = spec.lr() > 0 ? spec.lr() : kDefaultTableLr;
+  // 0: not set. A negative or NaN rate is the table's to refuse.
+  config.lr = spec.lr() != 0 ? spec.lr() : kDefaultTableLr;
   if (spec.has_epsilon()) config.epsilon = spec.epsilon();
   config.initial_accumulator = spec.initial_accumulator();
   if (spec.has_beta1()) config.beta1 = spec.beta1();
@@ -99,17 +101,33 @@ absl::Status CheckSparseRequest(const std::string& job_id, const JobShard& shard
   return absl::OkStatus();
 }
 
+// A step of a sparse pull or push: one of the job's (the server would keep
+// a step past the job's end as the partition's last, taking no push of it
+// after). The job's total is what SetupJob gave (0: not said, where the
+// tables' own bound holds).
+absl::Status CheckSparseStep(const std::string& job_id, const JobShard& shard, int64_t step,
+                             const char* what) {
+  const int64_t total = shard.config().schedule.total_steps;
+  if (step < 0 || (total > 0 && step > total)) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", job_id, ": sparse ", what, " of step ", step,
+                                                   "; the job's steps are in [0, ",
+                                                   total > 0 ? total : kMaxSparseStep, "]"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<SparseTableSetup> TableSetupsOf(const v1::JobSpec& spec, const v1::ShardMap& map) {
   // As the dense chunks read the mode (parameter_service.cc).
   const bool bsp = spec.mode() == v1::BSP || spec.mode() == v1::MODE_UNSPECIFIED;
+  std::map<std::string, const v1::TableSpec*> by_name;
+  for (const v1::TableSpec& named : spec.model().tables())
+    by_name[named.name()] = &named;  // the last of a name
   std::vector<SparseTableSetup> setups;
   for (const v1::TableLayout& layout : map.tables()) {
-    v1::TableSpec table;
-    for (const v1::TableSpec& named : spec.model().tables()) {
-      if (named.name() == layout.name()) table = named;
-    }
+    auto named = by_name.find(layout.name());
+    const v1::TableSpec table = named == by_name.end() ? v1::TableSpec() : *named->second;
     SparseTableSetup setup;
     setup.config.name = layout.name();
     setup.config.dim = layout.dim();
@@ -132,6 +150,7 @@ absl::Status ParameterServiceImpl::HandleSparsePull(const grpc::ByteBuffer& byte
   RETURN_IF_ERROR(ParseMessage(bytes, &request));
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
   RETURN_IF_ERROR(CheckSparseRequest(request.job_id(), *shard, request.map_version(), request.tables()));
+  if (request.has_step()) RETURN_IF_ERROR(CheckSparseStep(request.job_id(), *shard, request.step(), "pull"));
   std::vector<uint64_t> copied;
   int64_t keys_pulled = 0;
   // Each table's rows are pulled straight into a slice of their own, which
@@ -173,6 +192,7 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const grpc::ByteBuffer& byte
   ReaderMutexLock writes(&writes_mu_);
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
   RETURN_IF_ERROR(CheckSparseRequest(request.job_id(), *shard, request.map_version(), request.tables()));
+  RETURN_IF_ERROR(CheckSparseStep(request.job_id(), *shard, request.step(), "push"));
   SparseTables& sparse = *shard->sparse();
   // Fencing as for the dense chunks: the lease, the map, this server's role
   // in the request's shard (whose tables it may still be copying: then

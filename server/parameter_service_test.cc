@@ -1396,6 +1396,16 @@ TEST(ParameterServiceSparseTest, MalformedSparseRequestsAreRefusedWithReasons) {
   pull.mutable_tables(0)->set_keys(Keys({1}));
   pull.set_map_version(0);
   EXPECT_EQ(pull_status(pull).error_code(), grpc::StatusCode::ABORTED) << "an older shard map";
+  pull.set_map_version(1);
+  // Steps outside the job's (MakeSetup: 100 steps).
+  for (int64_t step : {int64_t{-1}, int64_t{101}, std::numeric_limits<int64_t>::max()}) {
+    pull.set_step(step);
+    const grpc::Status refused = pull_status(pull);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << step;
+    EXPECT_NE(refused.error_message().find("the job's steps are in [0, 100]"), std::string::npos)
+        << refused.error_message();
+  }
+  pull.clear_step();
   pull.set_job_id("no-such-job");
   EXPECT_EQ(pull_status(pull).error_code(), grpc::StatusCode::NOT_FOUND);
 
@@ -1420,7 +1430,35 @@ TEST(ParameterServiceSparseTest, MalformedSparseRequestsAreRefusedWithReasons) {
   (*server)->set_lease_valid(false);
   EXPECT_EQ(push_status(push).error_code(), grpc::StatusCode::UNAVAILABLE) << "fenced without its lease";
   (*server)->set_lease_valid(true);
-  EXPECT_TRUE(push_status(push).ok());
+  for (int64_t step : {int64_t{-1}, int64_t{101}, std::numeric_limits<int64_t>::max()}) {
+    push.set_step(step);
+    const grpc::Status refused = push_status(push);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << step;
+    EXPECT_NE(refused.error_message().find("the job's steps are in [0, 100]"), std::string::npos)
+        << refused.error_message();
+  }
+  push.set_step(1);
+  EXPECT_TRUE(push_status(push).ok()) << "the refused steps moved nothing";
+
+  // A setup listing more tables than a job has is refused before any is
+  // built (a message of millions of empty tables, matched name by name,
+  // would take hours).
+  for (bool in_map : {true, false}) {
+    v1::SetupJobRequest many = MakeTableSetup("job-many", **server);
+    for (int i = 0; i < 100000; ++i) {
+      if (in_map) {
+        many.mutable_shard_map()->add_tables();
+      } else {
+        many.mutable_spec()->mutable_model()->add_tables();
+      }
+    }
+    grpc::ClientContext context;
+    v1::SetupJobResponse response;
+    const grpc::Status refused = (*server)->stub()->SetupJob(&context, many, &response);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(refused.error_message().find("a job has at most 16"), std::string::npos)
+        << refused.error_message();
+  }
 
   // A job without tables answers neither.
   grpc::ClientContext dense_context;

@@ -8,6 +8,7 @@
 
 #include "absl/base/internal/endian.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
@@ -265,6 +266,10 @@ absl::Status SparseShard::Pull(int32_t table, absl::Span<const uint64_t> keys, f
 
 absl::Status SparseShard::PullAtStep(int32_t table, absl::Span<const uint64_t> keys, int64_t step,
                                      float* out) const {
+  if (step < 0 || step > kMaxSparseStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse pull of step ", step, " (steps are in [0, ", kMaxSparseStep, "])"));
+  }
   if (table < 0 || table >= num_tables() || !tables_[static_cast<size_t>(table)].setup.synchronous) {
     return Pull(table, keys, out);
   }
@@ -302,7 +307,11 @@ absl::Status SparseShard::CheckPushArgs(const SparsePushArgs& args) const {
     return absl::InvalidArgumentError(
         absl::StrCat("sparse push from partition ", args.partition, "; the job has ", num_partitions_));
   }
-  if (args.step < 0 || args.part < 0 || args.part > kMaxPushParts) {
+  if (args.step < 0 || args.step > kMaxSparseStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse push of step ", args.step, " (steps are in [0, ", kMaxSparseStep, "])"));
+  }
+  if (args.part < 0 || args.part > kMaxPushParts) {
     return absl::InvalidArgumentError(absl::StrCat("sparse push of step ", args.step, " part ", args.part,
                                                    " (parts are in [0, ", kMaxPushParts, "])"));
   }
@@ -387,10 +396,9 @@ absl::StatusOr<SparsePushOutcome> SparseShard::Push(const SparsePushArgs& args) 
         if (absl::Status checked = (*bucket)->CheckPush(part.keys, part.grads); !checked.ok()) return checked;
         continue;
       }
-      if (!floors_.empty()) {
-        const std::vector<int64_t>& floor =
-            floors_[static_cast<size_t>(rows.table)][static_cast<size_t>(part.bucket)];
-        if (!floor.empty() && args.step < floor[static_cast<size_t>(args.partition)]) continue;  // in its rows
+      if (const std::vector<int64_t>* floor = FloorOfLocked(rows.table, part.bucket);
+          floor != nullptr && args.step < (*floor)[static_cast<size_t>(args.partition)]) {
+        continue;  // in its rows
       }
       if (absl::Status checked = (*bucket)->CheckPush(part.keys, part.grads); !checked.ok()) return checked;
       if ((*bucket)->rows() + static_cast<int64_t>(part.keys.size()) > SparseTable::kMaxRows) {
@@ -772,13 +780,18 @@ absl::StatusOr<ChunkSnapshot> SparseShard::CaptureShardState(int32_t shard) cons
   for (size_t t = 0; t < undo_.size(); ++t) {
     rows_of_shard(static_cast<int32_t>(t), 0, undo_[t].keys, undo_[t].rows, state.add_undo());
   }
+  // One entry per distinct floor, naming the buckets that share it.
+  absl::flat_hash_map<const std::vector<int64_t>*, v1::TableShardState::Floors*> entry_of;
   for (size_t t = 0; !floors_.empty() && t < tables_.size(); ++t) {
     for (size_t b = 0; b < tables_[t].buckets.size(); ++b) {
-      const std::vector<int64_t>& floor = floors_[t][b];
-      if (floor.empty() || tables_[t].setup.bucket_shards[b] != shard) continue;
-      v1::TableShardState::Floors* floors = state.add_floors();
-      floors->set_chunk_id(TableChunkId(static_cast<int32_t>(t), static_cast<int32_t>(b)));
-      floors->mutable_steps()->Assign(floor.begin(), floor.end());
+      const std::vector<int64_t>* floor = floors_[t][b].get();
+      if (floor == nullptr || tables_[t].setup.bucket_shards[b] != shard) continue;
+      v1::TableShardState::Floors*& floors = entry_of[floor];
+      if (floors == nullptr) {
+        floors = state.add_floors();
+        floors->mutable_steps()->Assign(floor->begin(), floor->end());
+      }
+      floors->add_chunk_ids(TableChunkId(static_cast<int32_t>(t), static_cast<int32_t>(b)));
     }
   }
   ChunkSnapshot snapshot;
@@ -843,6 +856,44 @@ absl::Status SparseShard::AdoptBucket(int32_t chunk_id, const std::string& table
   return LoadBucketLocked(chunk_id, table_state);
 }
 
+namespace {
+
+// The steps and part numbers of a copied shard state, within what a shard
+// can hold (a peer's corrupt or hostile state would otherwise skip every
+// later push, or overflow a step's arithmetic).
+absl::Status CheckShardStateSteps(const v1::TableShardState& state) {
+  constexpr int64_t kHighest = kMaxSparseStep + 1;  // a position is the step after
+  std::string bad;
+  auto check = [&bad](const char* what, int64_t value, int64_t lowest, int64_t highest) {
+    if (bad.empty() && (value < lowest || value > highest)) {
+      bad = absl::StrCat(what, " ", value, " is outside [", lowest, ", ", highest, "]");
+    }
+  };
+  check("sync_step", state.sync_step(), 0, kHighest);
+  check("now", state.now(), 0, kHighest);
+  check("undo_step", state.undo_step(), -1, kHighest);
+  if (state.next_expiry() != std::numeric_limits<int64_t>::max()) {  // max: no expiry
+    check("next_expiry", state.next_expiry(), 0, 2 * kHighest);
+  }
+  for (int64_t step : state.restored()) check("a restored step", step, 0, kHighest);
+  for (const v1::TableShardState::Partition& partition : state.partitions()) {
+    check("an applied step", partition.applied_step(), -1, kMaxSparseStep);
+    check("an applied part count", partition.applied_parts_expected(), 0, kMaxPushParts);
+    check("a part count", partition.parts(), 0, kMaxPushParts);
+    check("a partition's applied parts", partition.applied_parts_size(), 0, kMaxPushParts);
+    check("a partition's parts seen", partition.seen_size(), 0, kMaxPushParts);
+    for (int32_t part : partition.applied_parts()) check("an applied part", part, 0, kMaxPushParts);
+    for (int32_t part : partition.seen()) check("a part seen", part, 0, kMaxPushParts);
+  }
+  for (const v1::TableShardState::Floors& floors : state.floors()) {
+    for (int64_t step : floors.steps()) check("a floor", step, 0, kHighest);
+  }
+  if (bad.empty()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("shard ", state.shard(), "'s table state: ", bad));
+}
+
+}  // namespace
+
 absl::Status SparseShard::AdoptShardState(const std::string& serialized) {
   v1::TableShardState state;
   if (!state.ParseFromString(serialized)) return absl::DataLossError("a shard's table state does not parse");
@@ -856,6 +907,7 @@ absl::Status SparseShard::AdoptShardState(const std::string& serialized) {
                                                    state.partitions_size(), " partitions; the job has ",
                                                    num_partitions_));
   }
+  RETURN_IF_ERROR(CheckShardStateSteps(state));
   // Rows of the state, checked against the job's tables.
   auto rows_of = [&](const v1::TableShardState::Rows& rows, std::vector<uint64_t>* keys,
                      std::vector<float>* values) -> absl::Status {
@@ -911,17 +963,17 @@ absl::Status SparseShard::AdoptShardState(const std::string& serialized) {
   }
   held_bytes_ = held;
   for (const v1::TableShardState::Floors& floors : state.floors()) {
-    if (HeldBucket(floors.chunk_id()) == nullptr || floors.steps_size() != num_partitions_) {
-      return absl::InvalidArgumentError(absl::StrCat("shard ", state.shard(), "'s table state has floors of chunk ",
-                                                     floors.chunk_id()));
+    // A state written before floors were shared names one chunk in chunk_id.
+    const bool single = floors.chunk_ids().empty();
+    for (int i = 0; i < (single ? 1 : floors.chunk_ids_size()); ++i) {
+      const int32_t chunk_id = single ? floors.chunk_id() : floors.chunk_ids(i);
+      if (HeldBucket(chunk_id) == nullptr || floors.steps_size() != num_partitions_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("shard ", state.shard(), "'s table state has floors of chunk ", chunk_id, " (",
+                         floors.steps_size(), " steps; the job has ", num_partitions_, " partitions)"));
+      }
+      SetFloorLocked(chunk_id, absl::MakeConstSpan(floors.steps().data(), floors.steps().size()));
     }
-    if (floors_.empty()) {
-      floors_.resize(tables_.size());
-      for (size_t i = 0; i < tables_.size(); ++i) floors_[i].resize(tables_[i].buckets.size());
-    }
-    const auto [t, b] = TableBucketOf(floors.chunk_id());
-    floors_[static_cast<size_t>(t)][static_cast<size_t>(b)].assign(floors.steps().begin(),
-                                                                   floors.steps().end());
   }
   // A step whose every part was in at the source applies here now: no push
   // of it is coming.
@@ -948,9 +1000,8 @@ ChunkSnapshot SparseShard::SnapshotLocked(const Table& table, int32_t chunk_id, 
     snapshot.partition_steps = slot.ok() ? positions[*slot] : std::vector<int64_t>(applied_.size(), 0);
     // A restored bucket holds every step before its own floor (a restore
     // onto other servers brings buckets of different captures together).
-    const std::vector<int64_t>* floor =
-        floors_.empty() ? nullptr : &floors_[static_cast<size_t>(t)][static_cast<size_t>(b)];
-    const std::vector<int64_t>& below = floor != nullptr && !floor->empty() ? *floor : restored_;
+    const std::vector<int64_t>* floor = FloorOfLocked(t, b);
+    const std::vector<int64_t>& below = floor != nullptr ? *floor : restored_;
     for (size_t p = 0; p < snapshot.partition_steps.size() && p < below.size(); ++p) {
       snapshot.partition_steps[p] = std::max(snapshot.partition_steps[p], below[p]);
     }
@@ -1037,6 +1088,29 @@ void SparseShard::Disarm(int64_t checkpoint_id) {
   if (armed_.has_value() && armed_->checkpoint_id == checkpoint_id) armed_.reset();
 }
 
+size_t SparseShard::FloorHash::operator()(absl::Span<const int64_t> steps) const {
+  return absl::Hash<absl::Span<const int64_t>>{}(steps);
+}
+
+void SparseShard::SetFloorLocked(int32_t chunk_id, absl::Span<const int64_t> steps) {
+  if (floors_.empty()) {
+    floors_.resize(tables_.size());
+    for (size_t i = 0; i < tables_.size(); ++i) floors_[i].resize(tables_[i].buckets.size());
+  }
+  auto found = distinct_floors_.find(steps);
+  if (found == distinct_floors_.end()) {
+    found = distinct_floors_.insert(std::make_shared<const std::vector<int64_t>>(steps.begin(), steps.end()))
+                .first;
+  }
+  const auto [t, b] = TableBucketOf(chunk_id);
+  floors_[static_cast<size_t>(t)][static_cast<size_t>(b)] = *found;
+}
+
+const std::vector<int64_t>* SparseShard::FloorOfLocked(int32_t table, int32_t bucket) const {
+  if (floors_.empty()) return nullptr;
+  return floors_[static_cast<size_t>(table)][static_cast<size_t>(bucket)].get();
+}
+
 absl::Status SparseShard::ApplyRestoredChanges(int32_t chunk_id, const std::string& changes) {
   MutexLock lock(&push_mu_);
   return ApplyBucketChangesLocked(chunk_id, changes);
@@ -1058,6 +1132,14 @@ absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapsho
                                                    snapshot.partition_steps.size(), " partitions; the job has ",
                                                    num_partitions_));
   }
+  // Past kMaxSparseStep + 1 (a capture's position is the step after) is no
+  // step of a job: a corrupt record, which would skip every later push.
+  auto out_of_range = [](int64_t step) { return step < 0 || step > kMaxSparseStep + 1; };
+  if (out_of_range(snapshot.version) || (repartitioned_at.has_value() && out_of_range(*repartitioned_at)) ||
+      std::any_of(snapshot.partition_steps.begin(), snapshot.partition_steps.end(), out_of_range)) {
+    return absl::DataLossError(
+        absl::StrCat("table bucket chunk ", chunk_id, " has a step outside [0, ", kMaxSparseStep + 1, "]"));
+  }
   const Table& table = tables_[static_cast<size_t>(t)];
   MutexLock lock(&push_mu_);
   RETURN_IF_ERROR(LoadBucketLocked(chunk_id, snapshot.table_state));
@@ -1069,13 +1151,7 @@ absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapsho
   for (size_t p = 0; p < restored_.size(); ++p) {
     restored_[p] = std::max(restored_[p], repartitioned_at.value_or(snapshot.partition_steps[p]));
   }
-  if (!repartitioned_at.has_value()) {
-    if (floors_.empty()) {
-      floors_.resize(tables_.size());
-      for (size_t i = 0; i < tables_.size(); ++i) floors_[i].resize(tables_[i].buckets.size());
-    }
-    floors_[static_cast<size_t>(t)][static_cast<size_t>(b)] = snapshot.partition_steps;
-  }
+  if (!repartitioned_at.has_value()) SetFloorLocked(chunk_id, snapshot.partition_steps);
   now_ = std::max(now_, snapshot.version);
   return absl::OkStatus();
 }

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -337,9 +338,35 @@ class SparseShard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   // By table, then bucket: per partition, the step from which a restored
   // bucket takes pushes again (the steps before are in its checkpointed
-  // rows, replayed by a resumed job: skipped). Empty: not restored, or
+  // rows, replayed by a resumed job: skipped). Null: not restored, or
   // restored onto another number of partitions. Sized by the first restore.
-  std::vector<std::vector<std::vector<int64_t>>> floors_ ABSL_GUARDED_BY(push_mu_);
+  // The buckets of one capture's shard share their steps, so equal floors
+  // are one vector (8192 buckets of 512 partitions: 32 KiB, not 32 MiB).
+  using Floor = std::shared_ptr<const std::vector<int64_t>>;
+  std::vector<std::vector<Floor>> floors_ ABSL_GUARDED_BY(push_mu_);
+  struct FloorHash {
+    using is_transparent = void;
+    size_t operator()(absl::Span<const int64_t> steps) const;
+    size_t operator()(const Floor& floor) const { return (*this)(*floor); }
+  };
+  struct FloorEq {
+    using is_transparent = void;
+    bool operator()(absl::Span<const int64_t> a, absl::Span<const int64_t> b) const { return a == b; }
+    bool operator()(const Floor& a, const Floor& b) const { return *a == *b; }
+    bool operator()(const Floor& a, absl::Span<const int64_t> b) const {
+      return absl::Span<const int64_t>(*a) == b;
+    }
+    bool operator()(absl::Span<const int64_t> a, const Floor& b) const {
+      return a == absl::Span<const int64_t>(*b);
+    }
+  };
+  absl::flat_hash_set<Floor, FloorHash, FloorEq> distinct_floors_ ABSL_GUARDED_BY(push_mu_);
+  // Sets a restored bucket's floor to `steps`, sharing an equal one.
+  void SetFloorLocked(int32_t chunk_id, absl::Span<const int64_t> steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+  // The bucket's floor, or nullptr.
+  const std::vector<int64_t>* FloorOfLocked(int32_t table, int32_t bucket) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
   int64_t now_ ABSL_GUARDED_BY(push_mu_) = 0;          // the highest step applied
   int64_t next_expiry_ ABSL_GUARDED_BY(push_mu_) = 0;  // the step to expire rows again at
   std::string frozen_reason_ ABSL_GUARDED_BY(push_mu_);

@@ -1,8 +1,8 @@
 #include "server/sparse_shard.h"
-#include "server/sparse_tables.h"
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <set>
@@ -11,7 +11,9 @@
 
 #include "common/shard_map.h"
 #include "common/table_spec.h"
+#include "fulcrum/v1/parameter.pb.h"
 #include "gtest/gtest.h"
+#include "server/sparse_tables.h"
 
 namespace fulcrum {
 namespace {
@@ -747,6 +749,100 @@ TEST(SparseShardTest, AnAsynchronousCaptureResumesAfterEveryStepWhoseEveryPartIs
   expect_steps(*restored, {5, 3}, {5, 3}, "the restored, step 4 whole");
 }
 
+// The buckets of one capture's shard restore with equal floors, which a
+// server keeps once and a live copy of the shard carries once, naming its
+// buckets; the copy skips a replayed step below the floor as its source
+// does, whether the state names the buckets in one entry or (written before
+// floors were shared) one entry each. A floor of a bucket the copy does not
+// hold, or of other partitions, is refused.
+TEST(SparseShardTest, RestoredFloorsTravelOncePerDistinctStepsInALiveCopy) {
+  auto original = Make({0, 1});
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 1; k <= 64; ++k) keys.push_back(k * 104729);
+  auto push = [&](SparseShard* to, int32_t partition, int64_t step, int32_t on, float scale) {
+    const std::vector<float> linear = Grads(keys.size(), 1, scale), embedding = Grads(keys.size(), 4, scale);
+    const ShardPart rows = PartOnShard(keys, linear, embedding, on);
+    SparsePushArgs args = PushOf(partition, step, rows.keys, rows.linear, rows.embedding);
+    args.shard = on;
+    args.parts = 1;
+    return to->Push(args);
+  };
+  for (int32_t on : {0, 1}) {
+    ASSERT_TRUE(push(original.get(), 0, 4, on, 0.1f).ok());
+    ASSERT_TRUE(push(original.get(), 1, 2, on, 0.2f).ok());
+  }
+  auto restored = Make({0, 1});
+  for (const auto& [chunk_id, snapshot] : original->Capture()) {
+    ASSERT_TRUE(restored->Restore(chunk_id, snapshot).ok());
+  }
+  std::vector<int32_t> on_1;
+  for (int32_t chunk_id : restored->chunk_ids()) {
+    if (restored->ShardOfBucket(chunk_id) == 1) on_1.push_back(chunk_id);
+  }
+  ASSERT_FALSE(on_1.empty());
+  absl::StatusOr<ChunkSnapshot> shard_state = restored->CaptureShardState(1);
+  ASSERT_TRUE(shard_state.ok()) << shard_state.status();
+  v1::TableShardState state;
+  ASSERT_TRUE(state.ParseFromString(shard_state->table_state));
+  ASSERT_EQ(state.floors_size(), 1) << "one entry for the shard's one floor";
+  EXPECT_EQ(std::vector<int32_t>(state.floors(0).chunk_ids().begin(), state.floors(0).chunk_ids().end()),
+            on_1);
+  EXPECT_EQ(std::vector<int64_t>(state.floors(0).steps().begin(), state.floors(0).steps().end()),
+            (std::vector<int64_t>{5, 3}));
+
+  // The same floors, one entry a bucket.
+  v1::TableShardState one_each = state;
+  one_each.clear_floors();
+  for (int32_t chunk_id : on_1) {
+    v1::TableShardState::Floors* floors = one_each.add_floors();
+    floors->set_chunk_id(chunk_id);
+    *floors->mutable_steps() = state.floors(0).steps();
+  }
+  const std::vector<uint64_t> keys_1 = OnShard(keys, 1);
+  for (const v1::TableShardState& form : {state, one_each}) {
+    SCOPED_TRACE(form.floors_size() == 1 ? "shared" : "one entry a bucket");
+    auto copy = Make({1});
+    for (int32_t chunk_id : on_1) {
+      absl::StatusOr<ChunkSnapshot> bucket = restored->CaptureBucket(chunk_id);
+      ASSERT_TRUE(bucket.ok()) << bucket.status();
+      ASSERT_TRUE(copy->AdoptBucket(chunk_id, bucket->table_state).ok());
+    }
+    ASSERT_TRUE(copy->AdoptShardState(form.SerializeAsString()).ok());
+    // Partition 0 replays step 4 (in the rows: skipped), then both go on.
+    ASSERT_TRUE(push(copy.get(), 0, 4, 1, 0.1f).ok());
+    for (int32_t table : {0, 1}) {
+      EXPECT_EQ(PullAll(*copy, table, keys_1), PullAll(*original, table, keys_1))
+          << "step 4 once, table " << table;
+    }
+    ASSERT_TRUE(push(copy.get(), 0, 5, 1, 0.3f).ok());
+    ASSERT_TRUE(push(original.get(), 0, 5, 1, 0.3f).ok());
+    for (int32_t table : {0, 1}) {
+      EXPECT_EQ(PullAll(*copy, table, keys_1), PullAll(*original, table, keys_1))
+          << "step 5, table " << table;
+    }
+    // Back to the rows before step 5, for the next form.
+    original = Make({0, 1});
+    for (int32_t on : {0, 1}) {
+      ASSERT_TRUE(push(original.get(), 0, 4, on, 0.1f).ok());
+      ASSERT_TRUE(push(original.get(), 1, 2, on, 0.2f).ok());
+    }
+  }
+
+  auto refused = [&](const v1::TableShardState& bad) {
+    auto copy = Make({1});
+    for (int32_t chunk_id : on_1) {
+      ASSERT_TRUE(copy->AdoptBucket(chunk_id, restored->CaptureBucket(chunk_id)->table_state).ok());
+    }
+    EXPECT_EQ(copy->AdoptShardState(bad.SerializeAsString()).code(), absl::StatusCode::kInvalidArgument);
+  };
+  v1::TableShardState foreign = state;
+  foreign.mutable_floors(0)->add_chunk_ids(TableChunkId(0, 0));  // bucket 0 is shard 0's
+  refused(foreign);
+  v1::TableShardState short_steps = state;
+  short_steps.mutable_floors(0)->mutable_steps()->RemoveLast();
+  refused(short_steps);
+}
+
 // Synchronous tables over two shards, of which a server holds `held` (a
 // primary of one shard and a backup of the other holds both).
 std::unique_ptr<SparseShard> MakeSyncOn(const std::set<int32_t>& held) {
@@ -930,6 +1026,81 @@ TEST(SparseShardSyncTest, ALiveCopyOfAShardMidStepTrainsOnAsItsSource) {
   EXPECT_EQ(both->CaptureShardState(7).status().code(), absl::StatusCode::kNotFound);
 }
 
+// Steps outside what a table keeps (negative, or past kMaxSparseStep) are
+// refused in pushes and pulls, and in restored or copied state, before
+// they move a partition's position (which would skip its later pushes) or
+// overflow the expiry's arithmetic.
+TEST(SparseShardTest, StepsOutsideWhatATableKeepsAreRefusedWhereverTheyComeFrom) {
+  for (bool synchronous : {false, true}) {
+    SCOPED_TRACE(synchronous ? "synchronous" : "asynchronous");
+    std::unique_ptr<SparseShard> shard =
+        synchronous ? MakeSyncOn({0, 1}) : Make({0, 1}, 0, /*expire_after=*/5);
+    ASSERT_TRUE(shard);
+    const std::vector<uint64_t> keys = OnShard({104729, 2 * 104729, 3 * 104729, 4 * 104729}, 0);
+    ASSERT_FALSE(keys.empty());
+    const std::vector<float> linear = Grads(keys.size(), 1, 0.1f), embedding = Grads(keys.size(), 4, 0.1f);
+    for (int64_t step : {int64_t{-1}, kMaxSparseStep + 1, std::numeric_limits<int64_t>::max(),
+                         std::numeric_limits<int64_t>::min()}) {
+      SparsePushArgs args = PushOf(0, step, keys, linear, embedding);
+      args.shard = 0;
+      args.parts = 1;
+      const absl::StatusOr<SparsePushOutcome> pushed = shard->Push(args);
+      EXPECT_EQ(pushed.status().code(), absl::StatusCode::kInvalidArgument) << step;
+      EXPECT_NE(pushed.status().message().find("steps are in"), std::string::npos) << pushed.status();
+      std::vector<float> rows(keys.size() * 4);
+      EXPECT_EQ(shard->PullAtStep(1, keys, step, rows.data()).code(), absl::StatusCode::kInvalidArgument)
+          << step;
+    }
+    // Nothing moved: step 0 is still the partition's to push, once.
+    SparsePushArgs first = PushOf(0, 0, keys, linear, embedding);
+    first.shard = 0;
+    first.parts = 1;
+    EXPECT_EQ(*shard->Push(first), SparsePushOutcome::kApplied);
+    EXPECT_EQ(*shard->Push(first), SparsePushOutcome::kDuplicate);
+  }
+
+  // Restored and copied state.
+  auto original = Make({0, 1});
+  const std::vector<std::pair<int32_t, ChunkSnapshot>> captured = original->Capture();
+  ASSERT_FALSE(captured.empty());
+  for (int field = 0; field < 3; ++field) {
+    ChunkSnapshot bad = captured.front().second;
+    const int64_t past = kMaxSparseStep + 2;
+    if (field == 0) bad.version = past;
+    if (field == 1) bad.partition_steps[1] = past;
+    if (field == 2) bad.partition_steps[0] = -1;
+    const absl::Status restored = Make({0, 1})->Restore(captured.front().first, bad);
+    EXPECT_EQ(restored.code(), absl::StatusCode::kDataLoss) << field << ": " << restored;
+  }
+  EXPECT_EQ(Make({0, 1})->Restore(captured.front().first, captured.front().second, kMaxSparseStep + 2).code(),
+            absl::StatusCode::kDataLoss);
+  absl::StatusOr<ChunkSnapshot> shard_state = original->CaptureShardState(1);
+  ASSERT_TRUE(shard_state.ok()) << shard_state.status();
+  v1::TableShardState state;
+  ASSERT_TRUE(state.ParseFromString(shard_state->table_state));
+  const std::vector<std::function<void(v1::TableShardState*)>> damages = {
+      [](v1::TableShardState* s) { s->set_now(std::numeric_limits<int64_t>::max()); },
+      [](v1::TableShardState* s) { s->set_sync_step(-5); },
+      [](v1::TableShardState* s) { s->set_undo_step(kMaxSparseStep + 2); },
+      [](v1::TableShardState* s) { s->set_next_expiry(-1); },
+      [](v1::TableShardState* s) { s->set_restored(0, kMaxSparseStep + 2); },
+      [](v1::TableShardState* s) {
+        s->mutable_partitions(0)->set_applied_step(std::numeric_limits<int64_t>::max());
+      },
+      [](v1::TableShardState* s) { s->mutable_partitions(1)->set_parts(kMaxPushParts + 1); },
+      [](v1::TableShardState* s) { s->mutable_partitions(1)->add_seen(-1); },
+      [](v1::TableShardState* s) { s->mutable_partitions(0)->set_applied_parts_expected(-1); },
+  };
+  for (size_t i = 0; i < damages.size(); ++i) {
+    v1::TableShardState bad = state;
+    damages[i](&bad);
+    auto copy = Make({1});
+    const absl::Status adopted = copy->AdoptShardState(bad.SerializeAsString());
+    EXPECT_EQ(adopted.code(), absl::StatusCode::kDataLoss) << "damage " << i << ": " << adopted;
+  }
+  EXPECT_TRUE(Make({1})->AdoptShardState(state.SerializeAsString()).ok()) << "the undamaged state";
+}
+
 // A server's tables of a job: a SparseShard per shard it holds. One holding
 // none (its shards hold only dense chunks, or a copy not added yet) refuses
 // keys naming the map (ABORTED) and pushes to a shard it does not hold yet
@@ -947,7 +1118,13 @@ TEST(SparseTablesTest, ATableOfNoShardRefusesKeysAndPushes) {
   const std::vector<float> linear = {1, 1}, embedding = Grads(2, 4, 0.1f);
   SparsePushArgs args = PushOf(0, 0, keys, linear, embedding);
   args.shard = 0;
-  EXPECT_EQ((*none)->Push(args).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ((*none)->Push(args).status().code(), absl::StatusCode::kUnavailable)
+      << "a shard being copied here";
+  args.shard = 2;  // of no bucket: retrying cannot help
+  const absl::Status bucketless = (*none)->Push(args).status();
+  EXPECT_EQ(bucketless.code(), absl::StatusCode::kInvalidArgument) << bucketless;
+  EXPECT_NE(bucketless.message().find("holds no bucket"), std::string::npos) << bucketless;
+  EXPECT_EQ((*none)->Validate(args).code(), absl::StatusCode::kInvalidArgument);
   // Both shards held: a pull of keys of both is answered row by row as each
   // shard holds them.
   auto both = SparseTables::Create(Tables(), {0, 1}, /*num_partitions=*/2);

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/finite.h"
+#include "common/table_spec.h"
 #include "common/table_state.h"
 #include "common/vector_clones.h"
 #include "server/optimizer.h"
@@ -85,6 +86,13 @@ absl::Status ValidateSparseTableConfig(const SparseTableConfig& config) {
     if (!std::isfinite(value) || value < 0) return Bad(config, absl::StrCat(name, " ", value, " must be finite and >= 0"));
   }
   if (!(o.lr > 0)) return Bad(config, "lr must be > 0");
+  const bool divides = o.kind == SparseOptimizerKind::kAdam ||
+                       (o.kind == SparseOptimizerKind::kAdagrad && !(o.initial_accumulator > 0));
+  if (divides && o.epsilon == 0) {
+    return Bad(config,
+               "epsilon must be > 0 (or, for Adagrad, initialAccumulator > 0): a zero gradient would divide "
+               "0 by 0");
+  }
   for (const auto& [name, value] : {std::pair<const char*, float>{"beta1", o.beta1}, {"beta2", o.beta2}}) {
     if (!(value >= 0 && value < 1)) return Bad(config, absl::StrCat(name, " ", value, " is outside [0, 1)"));
   }
@@ -92,7 +100,10 @@ absl::Status ValidateSparseTableConfig(const SparseTableConfig& config) {
     return Bad(config, "FTRL starts every row at zero (its weights follow from z and n): use a zeros initializer");
   }
   if (config.admit_after < 0) return Bad(config, absl::StrCat("admitAfter ", config.admit_after, " is negative"));
-  if (config.expire_after < 0) return Bad(config, absl::StrCat("expireAfter ", config.expire_after, " is negative"));
+  if (config.expire_after < 0 || config.expire_after > kMaxSparseStep) {
+    return Bad(config,
+               absl::StrCat("expireAfter ", config.expire_after, " is outside [0, ", kMaxSparseStep, "]"));
+  }
   if (config.memory_budget < 0) return Bad(config, "the memory budget is negative");
   return absl::OkStatus();
 }

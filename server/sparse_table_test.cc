@@ -589,6 +589,19 @@ TEST(SparseTableTest, ConfigsTheTableCannotRunAreRefusedNamingTheField) {
   config = Table(SparseOptimizerKind::kSgd);
   config.admit_after = -1;
   refused(config, "admitAfter");
+  config = Table(SparseOptimizerKind::kSgd);
+  config.expire_after = kMaxSparseStep + 1;
+  refused(config, "expireAfter");
+  // A zero epsilon divides 0 by 0 on a zero gradient of a fresh row.
+  config = Table(SparseOptimizerKind::kAdam);
+  config.optimizer.epsilon = 0;
+  refused(config, "epsilon must be > 0");
+  config = Table(SparseOptimizerKind::kAdagrad);
+  config.optimizer.epsilon = 0;
+  config.optimizer.initial_accumulator = 0;
+  refused(config, "epsilon must be > 0");
+  config.optimizer.initial_accumulator = 0.1f;
+  EXPECT_TRUE(ValidateSparseTableConfig(config).ok()) << "the accumulator keeps the denominator above 0";
   EXPECT_TRUE(ValidateSparseTableConfig(Table(SparseOptimizerKind::kFtrl)).ok());
 }
 
@@ -637,13 +650,28 @@ TEST(SparseTableTest, StateRoundTripsAndDamagedStateIsRefusedLeavingTheTableEmpt
   const size_t row_bytes = 16 + 8 * 4;
   std::memcpy(&twice[36 + row_bytes], &twice[36], 8);  // the second row's key := the first's
   damaged(twice, "listed twice");
-  std::string nan = state;
-  const float bad = std::nanf("");
-  std::memcpy(&nan[36 + 16], &bad, 4);
-  damaged(nan, "non-finite");
+  std::string step = state;
+  const int64_t past = kMaxSparseStep + 2;
+  std::memcpy(&step[36 + 8], &past, 8);  // the first row's step
+  damaged(step, "row step");
+  std::string counter = state;
+  const int64_t negative = -1;
+  std::memcpy(&counter[4], &negative, 8);  // the pushes
+  damaged(counter, "counter");
   std::string many = state;
   many[28 + 7] = 0x7f;  // an enormous row count
   damaged(many, "claims");
+
+  // A row a diverged model made non-finite loads as it was: a copy of the
+  // table, or its checkpoint, holds what the table holds.
+  std::string diverged = state;
+  const float nan = std::nanf("");
+  std::memcpy(&diverged[36 + 16], &nan, 4);
+  auto holder = Make(config);
+  ASSERT_TRUE(holder->LoadState(diverged).ok());
+  std::string again;
+  holder->AppendState(&again);
+  EXPECT_EQ(again, diverged);
 }
 
 }  // namespace

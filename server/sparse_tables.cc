@@ -41,11 +41,14 @@ int32_t SparseTables::dim(int32_t table) const {
   return tables_[static_cast<size_t>(table)].config.dim;
 }
 
-absl::StatusOr<std::unique_ptr<SparseShard>> SparseTables::NewShard(int32_t shard) const {
-  const bool has_buckets = std::any_of(tables_.begin(), tables_.end(), [&](const SparseTableSetup& table) {
+bool SparseTables::HasBuckets(int32_t shard) const {
+  return std::any_of(tables_.begin(), tables_.end(), [&](const SparseTableSetup& table) {
     return std::count(table.bucket_shards.begin(), table.bucket_shards.end(), shard) > 0;
   });
-  if (!has_buckets) {
+}
+
+absl::StatusOr<std::unique_ptr<SparseShard>> SparseTables::NewShard(int32_t shard) const {
+  if (!HasBuckets(shard)) {
     return absl::FailedPreconditionError(absl::StrCat("shard ", shard, " holds no bucket of the job's tables"));
   }
   return SparseShard::Create(tables_, {shard}, num_partitions_, room_, aside_);
@@ -141,21 +144,25 @@ absl::Status SparseTables::PullAtStep(int32_t table, absl::Span<const uint64_t> 
   });
 }
 
+absl::Status SparseTables::NotHeld(int32_t shard) const {
+  // A shard of no bucket never will be (INVALID_ARGUMENT: retrying cannot
+  // help); one of buckets is on its way (a copy not added yet).
+  if (!HasBuckets(shard)) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", shard, " holds no bucket of the job's tables"));
+  }
+  return absl::UnavailableError(
+      absl::StrCat("shard ", shard, "'s tables are not held here yet (being copied to this server): retry"));
+}
+
 absl::Status SparseTables::Validate(const SparsePushArgs& args) const {
   SparseShard* shard = Find(args.shard);
-  if (shard == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("shard ", args.shard, "'s tables are not held here yet (being copied to this server): retry"));
-  }
+  if (shard == nullptr) return NotHeld(args.shard);
   return shard->Validate(args);
 }
 
 absl::StatusOr<SparsePushOutcome> SparseTables::Push(const SparsePushArgs& args) {
   SparseShard* shard = Find(args.shard);
-  if (shard == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("shard ", args.shard, "'s tables are not held here yet (being copied to this server): retry"));
-  }
+  if (shard == nullptr) return NotHeld(args.shard);
   return shard->Push(args);
 }
 

@@ -79,6 +79,8 @@ class SparseTables {
   // puts it beside the others. FAILED_PRECONDITION for a shard held already
   // or one holding no bucket.
   absl::StatusOr<std::unique_ptr<SparseShard>> NewShard(int32_t shard) const;
+  // Whether any bucket of the job's tables is on `shard`.
+  bool HasBuckets(int32_t shard) const;
   absl::Status AddShard(int32_t shard, std::unique_ptr<SparseShard> tables);
 
   void Freeze(const std::string& reason);
@@ -92,6 +94,9 @@ class SparseTables {
   int32_t ShardOfKey(int32_t table, uint64_t key) const;
   SparseShard* Find(int32_t shard) const;
   std::vector<SparseShard*> All() const;
+  // Why a push to a shard not held here is refused: INVALID_ARGUMENT for a
+  // shard of no bucket, UNAVAILABLE (retry) for one being copied here.
+  absl::Status NotHeld(int32_t shard) const;
   // Pull or PullAtStep over the keys' shards.
   absl::Status PullSplit(int32_t table, absl::Span<const uint64_t> keys, float* out,
                          const std::function<absl::Status(SparseShard&, absl::Span<const uint64_t>, float*)>& pull) const;

@@ -524,6 +524,13 @@ TEST_F(ClickFileTest, GraphsTrainOnClassNumbersAndRealValuedLabelsFromFiles) {
     table->mutable_optimizer()->set_lr(0.1f);
     v1::JobStatus done;
     ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &done));
+    std::string evaluations_seen;  // step: test loss, as the scheduler took them
+    for (const v1::MetricPoint& point : done.history()) {
+      if (point.evaluation())
+        absl::StrAppend(&evaluations_seen, " ", point.step(), ": ", point.test_loss(), ";");
+    }
+    SCOPED_TRACE(absl::StrCat("evaluations", evaluations_seen, " ended at step ", done.progress().step(),
+                              " of ", done.progress().total_steps()));
     EXPECT_FALSE(done.progress().has_test_auc());
     ASSERT_TRUE(done.progress().has_test_loss());
     if (softmax) {

@@ -42,6 +42,10 @@ struct Record {
 
 // What a line parser says: empty when the record is good.
 using Why = std::string;
+// What a parser says of a line that holds no record and is none (a libsvm
+// line of a comment only, as scikit-learn's dump_svmlight_file writes):
+// skipped as a blank line is, not counted as bad.
+const char kNoRecord[] = "\x01no record";
 using LineParser = std::function<Why(absl::string_view line, Record* record)>;
 
 // A finite decimal number, with spaces around it allowed (a CSV's "1, 2").
@@ -89,6 +93,8 @@ class RecordSink {
   // or the start of one that was longer than the limit (`too_long`).
   absl::Status Line(absl::string_view line, bool too_long, int64_t start) {
     ++line_number_;
+    if (start == 0)
+      absl::ConsumePrefix(&line, "\xEF\xBB\xBF");  // a UTF-8 byte order mark (Excel's "CSV UTF-8")
     if (header_) {
       header_ = false;
       return absl::OkStatus();
@@ -100,7 +106,7 @@ class RecordSink {
     if (absl::StripAsciiWhitespace(line).empty()) return absl::OkStatus();
     Record record;
     record.fields.resize(static_cast<size_t>(num_fields_));
-    if (Why why = parse_(line, &record); !why.empty()) return Bad(why);
+    if (Why why = parse_(line, &record); !why.empty()) return why == kNoRecord ? absl::OkStatus() : Bad(why);
     if (limits_.label_classes > 0 && !(record.label >= 0 && record.label < static_cast<float>(limits_.label_classes) &&
                                        record.label == std::floor(record.label))) {
       return Bad(absl::StrCat("label ", record.label, " is not a class number in [0, ", limits_.label_classes, ")"));
@@ -184,11 +190,37 @@ absl::Status FeedText(absl::string_view text, int64_t max_line_bytes, RecordSink
   return absl::OkStatus();
 }
 
+// The file's size and times, to see that it did not change while read
+// (a file still being written would give a cut-off last record that may
+// parse as a good one with another value).
+struct FileStamp {
+  int64_t size = 0, mtime_ns = 0, ctime_ns = 0;
+  bool operator==(const FileStamp& other) const {
+    return size == other.size && mtime_ns == other.mtime_ns && ctime_ns == other.ctime_ns;
+  }
+};
+bool StampOf(int fd, FileStamp* stamp) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return false;
+  stamp->size = static_cast<int64_t>(st.st_size);
+  stamp->mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  stamp->ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+  return true;
+}
+
 // Streams the file at `path` into `sink` in blocks: only the current block
 // and a partial line of at most max_line_bytes are ever held.
+// FAILED_PRECONDITION for a file that changed while it was read.
 absl::Status FeedFile(const std::string& path, int64_t block_bytes, int64_t max_line_bytes, RecordSink* sink) {
   ASSIGN_OR_RETURN(const int fd, OpenDataFile(path, "data file"));
   const absl::Cleanup closed = [fd] { close(fd); };
+  FileStamp before, after;
+  const bool stamped = StampOf(fd, &before);
+  auto unchanged = [&]() -> absl::Status {
+    if (stamped && StampOf(fd, &after) && after == before) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("data file ", Quote(path), " changed while it was read (is it still being written?)"));
+  };
   std::string block(static_cast<size_t>(std::max<int64_t>(block_bytes, 1)), '\0');
   std::string partial;     // the line the last block ended in
   bool skipping = false;   // inside a line already known to be too long
@@ -218,13 +250,18 @@ absl::Status FeedFile(const std::string& path, int64_t block_bytes, int64_t max_
         }
       }
       if (newline == absl::string_view::npos) break;  // the line goes on in the next block
-      if (absl::Status status = sink->Line(partial, skipping, line_start); !status.ok()) return status;
+      if (absl::Status status = sink->Line(partial, skipping, line_start); !status.ok()) {
+        // A bad record of a file being written is the change, not the record.
+        RETURN_IF_ERROR(unchanged());
+        return status;
+      }
       partial.clear();
       skipping = false;
       rest.remove_prefix(newline + 1);
       line_start = block_start + (rest.data() - block.data());
     }
   }
+  RETURN_IF_ERROR(unchanged());
   if (!partial.empty() || skipping) return sink->Line(partial, skipping, line_start);
   return absl::OkStatus();
 }
@@ -246,8 +283,10 @@ bool ParseIndex(absl::string_view text, uint64_t* id) {
 }
 
 Why ParseLibsvmLine(absl::string_view line, bool nonnegative_values, int32_t fields, Record* record) {
-  if (const size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
-  absl::ConsumePrefix(&line, "\xEF\xBB\xBF");  // a UTF-8 byte order mark (a file's first line)
+  if (const size_t hash = line.find('#'); hash != absl::string_view::npos) {
+    line = line.substr(0, hash);
+    if (absl::StripAsciiWhitespace(line).empty()) return kNoRecord;  // a comment line
+  }
   // Tokens are separated by spaces and tabs.
   size_t at = 0;
   const auto next = [line, &at]() {
@@ -257,7 +296,7 @@ Why ParseLibsvmLine(absl::string_view line, bool nonnegative_values, int32_t fie
     return line.substr(start, at - start);
   };
   const absl::string_view label = next();
-  if (label.empty()) return "a comment where a record was expected";
+  if (label.empty()) return "no label";
   if (!ParseFloat(label, &record->label))
     return absl::StrCat("label ", Shown(label), " is not a finite number");
   for (absl::string_view token = next(); !token.empty(); token = next()) {
@@ -888,11 +927,15 @@ absl::StatusOr<std::string> ClickRecordText(const SparseDataset& data, int64_t e
 double Auc(const std::vector<float>& scores, const std::vector<float>& labels) {
   std::vector<size_t> order(scores.size());
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] < scores[b]; });
+  // NaNs rank above every number and equal to each other (an order the sort
+  // can keep: a < b alone is none with NaNs, whose runs never ended).
+  auto below = [](float a, float b) { return std::isnan(b) ? !std::isnan(a) : a < b; };
+  auto same = [](float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return below(scores[a], scores[b]); });
   double positives = 0, negatives = 0, rank_sum = 0;
   for (size_t i = 0; i < order.size();) {
-    size_t j = i;  // a run of equal scores shares the mean rank
-    while (j < order.size() && scores[order[j]] == scores[order[i]]) ++j;
+    size_t j = i + 1;  // a run of equal scores shares the mean rank
+    while (j < order.size() && same(scores[order[j]], scores[order[i]])) ++j;
     const double mean_rank = (static_cast<double>(i + 1) + static_cast<double>(j)) / 2;
     for (size_t k = i; k < j; ++k) {
       if (labels[order[k]] > 0.5f) {

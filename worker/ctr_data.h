@@ -303,7 +303,8 @@ absl::StatusOr<std::string> ClickRecordText(const SparseDataset& data, int64_t e
                                             ClickTextFormat format);
 
 // The area under the ROC curve of `scores` for binary `labels` (> 0.5 is
-// positive), ties counted half; 0.5 when either class is absent.
+// positive), ties counted half; 0.5 when either class is absent. NaN
+// scores rank above every number, tied with each other.
 double Auc(const std::vector<float>& scores, const std::vector<float>& labels);
 
 }  // namespace fulcrum

@@ -760,5 +760,60 @@ TEST(CtrDataTest, AucCountsPairsInOrderAndTiesHalf) {
   EXPECT_DOUBLE_EQ(Auc({0.1f, 0.2f}, {1, 1}), 0.5) << "one class only";
 }
 
+// NaN scores (a diverged model's) end the count: they rank above every
+// number, tied with each other (a run of NaNs used to never end).
+TEST(CtrDataTest, AucOfNaNScoresEnds) {
+  const float nan = std::nanf("");
+  EXPECT_DOUBLE_EQ(Auc({nan, nan}, {0, 1}), 0.5);
+  EXPECT_DOUBLE_EQ(Auc({0.1f, nan}, {0, 1}), 1.0);
+  EXPECT_DOUBLE_EQ(Auc({nan, 0.1f, nan, 0.2f}, {1, 0, 0, 1}), 0.625);  // 0.2 > 0.1, NaN > 0.1, NaN = NaN
+  std::vector<float> scores(1000), labels(1000);
+  for (size_t i = 0; i < scores.size(); ++i) {
+    scores[i] = i % 3 == 0 ? nan : static_cast<float>(i % 17);
+    labels[i] = static_cast<float>(i % 2);
+  }
+  const double auc = Auc(scores, labels);
+  EXPECT_GE(auc, 0.0);
+  EXPECT_LE(auc, 1.0);
+}
+
+// A file's UTF-8 byte order mark (Excel's "CSV UTF-8" export writes one) is
+// no part of its first record, in CSV as in libsvm; a libsvm line of a
+// comment only (as scikit-learn's dump_svmlight_file writes) is no record
+// and no bad one.
+TEST(CtrDataTest, AByteOrderMarkAndCommentLinesAreNoPartOfAnyRecord) {
+  CsvFormat csv;
+  csv.columns = {CsvFormat::Column::kLabel, CsvFormat::Column::kCategorical};
+  for (bool header : {false, true}) {
+    SCOPED_TRACE(header ? "with a header" : "without a header");
+    csv.header = header;
+    SparseDataset data;
+    ReadStats stats;
+    const std::string text =
+        std::string("\xEF\xBB\xBF") + (header ? "clicked,site\n" : "") + "1,news\n0,shop\n";
+    ASSERT_TRUE(ParseCsv(text, "excel.csv", csv, &data, &stats).ok());
+    EXPECT_EQ(stats.records, 2);
+    EXPECT_EQ(stats.bad, 0) << (stats.first_bad.empty() ? "" : stats.first_bad[0]);
+    EXPECT_EQ(data.labels, (std::vector<float>{1, 0}));
+    EXPECT_EQ(data.ids, (std::vector<uint64_t>{CategoricalId(0, "news"), CategoricalId(0, "shop")}));
+  }
+  SparseDataset data;
+  ReadStats stats;
+  ASSERT_TRUE(ParseLibsvm("\xEF\xBB\xBF# written by dump_svmlight_file\n1 3:1\n  # another\n0 4:1 # kept\n",
+                          "sk.svm", {}, &data, &stats)
+                  .ok());
+  EXPECT_EQ(stats.records, 2);
+  EXPECT_EQ(stats.bad, 0) << (stats.first_bad.empty() ? "" : stats.first_bad[0]);
+  EXPECT_EQ(data.ids, (std::vector<uint64_t>{3, 4}));
+  // A byte order mark past the first line is no mark: its line is bad.
+  SparseDataset late;
+  ReadStats late_stats;
+  ASSERT_TRUE(ParseLibsvm("1 3:1\n\xEF\xBB\xBF"
+                          "0 4:1\n",
+                          "late.svm", {}, &late, &late_stats)
+                  .ok());
+  EXPECT_EQ(late_stats.bad, 1);
+}
+
 }  // namespace
 }  // namespace fulcrum

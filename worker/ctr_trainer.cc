@@ -935,6 +935,14 @@ absl::Status ClickRun::EvaluateAndReport(int64_t step, bool pull) {
     RETURN_IF_ERROR(PullRows(KeysOf(bags), step, &rows));
     std::vector<float> outputs(static_cast<size_t>(count * output_width_));
     RETURN_IF_ERROR(RunModel(ModelBatch(batch, bags), rows, nullptr, &stats, outputs.data()));
+    if (const int64_t bad = FirstNonFinite(outputs.data(), static_cast<int64_t>(outputs.size())); bad >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("evaluation at step ", step, ": the model's output for test example ",
+                       first + bad / output_width_, " is ", outputs[static_cast<size_t>(bad)],
+                       ": the model diverged (a smaller optimizer.lr or a table's lr may help) or the test "
+                       "data holds values "
+                       "too large for float32 (a libsvm value weighs its id's row)"));
+    }
     for (int64_t i = 0; i < count; ++i) {
       const float label = batch.labels[static_cast<size_t>(i)];
       if (loss_ == kernels::LossKind::kSoftmaxCrossEntropy) {
@@ -1021,7 +1029,18 @@ absl::Status ClickRun::Recover(const absl::Status& error) {
   return absl::OkStatus();
 }
 
-absl::Status ClickRun::Run() { return bsp_ ? RunBsp() : RunAsync(); }
+absl::Status ClickRun::Run() {
+  // Every worker must read the same examples: steps are cut from them by
+  // number (a worker reading fewer than a step's would divide by zero).
+  if (partitioning_.steps_per_epoch() != steps_per_epoch_ || steps_per_epoch_ <= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the training data read here (", examples_, " examples) makes ", partitioning_.steps_per_epoch(),
+        " steps an epoch, the scheduler counts ", steps_per_epoch_,
+        ": the workers read different data (files that differ between the workers' machines, or "
+        "changed since the job started)"));
+  }
+  return bsp_ ? RunBsp() : RunAsync();
+}
 
 absl::Status ClickRun::PushOwned(const v1::Assignment& assignment, int64_t step, std::set<int32_t>* pushed) {
   std::vector<int32_t> owned(assignment.partitions().begin(), assignment.partitions().end());

@@ -444,6 +444,30 @@ TEST_F(ClickFileTest, ValuesTooLargeForFloatFailTheJobSayingSo) {
   EXPECT_TRUE(Contains(done.reason(), "step ")) << done.reason();
 }
 
+// A test record the model cannot score (1e30 in a libffm record: the FM
+// term squares it past float32) fails the job at its first evaluation,
+// naming the example and why; the worker used to hang ranking the NaN
+// score for the AUC.
+TEST_F(ClickFileTest, ATestRecordTheModelCannotScoreFailsTheJobSayingSo) {
+  {
+    std::ofstream train(*data_dir_ + "/unscorable-train.0");
+    for (int i = 0; i < 2000; ++i) train << (i % 2) << " 0:3:1 1:" << 4 + i % 7 << ":1\n";
+    std::ofstream test(*data_dir_ + "/unscorable-test.0");
+    test << "1 0:5:1e30 1:6:1\n0 0:3:1 1:4:1\n";
+  }
+  v1::JobSpec spec = FileSpec(v1::DataSpec::LIBSVM, "unscorable");
+  spec.mutable_data()->mutable_libsvm()->set_fields(2);
+  spec.mutable_model()->set_kind(v1::ModelSpec::FM);
+  spec.mutable_model()->set_embedding_dim(4);
+  spec.mutable_model()->add_tables()->set_name("embedding");
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::JobStatus done = WaitForEnd(*id);
+  EXPECT_EQ(done.state(), v1::FAILED);
+  EXPECT_TRUE(Contains(done.reason(), "the model's output for test example 0 is")) << done.reason();
+  EXPECT_TRUE(Contains(done.reason(), "too large for float32")) << done.reason();
+}
+
 // A bad record under onBadRecord FAIL fails the job naming its file and
 // line; files outside the workers' data roots, and a pattern that matches
 // nothing, fail it naming the path.

@@ -14,6 +14,8 @@
 #include "fulcrum/v1/job.pb.h"
 #include "gtest/gtest.h"
 #include "worker/dataset.h"
+#include "worker/parameter_transport.h"
+#include "worker/trainer.h"
 
 namespace fulcrum {
 namespace {
@@ -87,6 +89,63 @@ TEST(LoadClickDataTest, FilesWithoutAGoodRecordNameTheFirstBadOne) {
       Contains(loaded.status().message(),
                "train.libsvm: no good record in 1 file (2 bad, the first " + dir + "/train.libsvm:1: "))
       << loaded.status();
+  std::remove((dir + "/train.libsvm").c_str());
+  rmdir(dir.c_str());
+}
+
+// Steps are cut from the examples by number, so every worker must read the
+// same ones: a worker whose files make another number of steps an epoch
+// than the scheduler counts (files that differ between machines, or changed
+// since the job started; fewer than a step's used to divide by zero and
+// kill the process) refuses to train, naming both counts.
+TEST(RunClickJobTest, AWorkerReadingOtherDataThanTheSchedulerCountsRefusesToTrain) {
+  std::string dir = ::testing::TempDir() + "/other-data-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  {
+    std::ofstream out(dir + "/train.libsvm");
+    for (int i = 0; i < 10; ++i) out << i % 2 << " " << i << ":1\n";
+  }
+  v1::Assignment assignment;
+  assignment.set_job_id("job-0001");
+  v1::JobSpec* spec = assignment.mutable_spec();
+  spec->mutable_model()->set_kind(v1::ModelSpec::LOGISTIC_REGRESSION);
+  spec->mutable_model()->add_tables()->set_name("linear");
+  spec->mutable_data()->set_dataset(v1::DataSpec::LIBSVM);
+  spec->mutable_data()->set_path(dir + "/train.libsvm");
+  spec->mutable_data()->set_batch_size(64);  // more than the 10 records read here
+  v1::TableLayout* linear = assignment.mutable_shard_map()->add_tables();
+  linear->set_name("linear");
+  linear->set_dim(1);
+  linear->set_buckets(1);
+  linear->add_bucket_shards(0);
+  assignment.set_num_partitions(1);
+  assignment.add_partitions(0);
+  // Nothing is called: the run refuses before any request.
+  class NoTransport final : public ParameterTransport {
+   public:
+    std::unique_ptr<Call> NewCall(const std::string&, Method) override {
+      ADD_FAILURE() << "a request was made";
+      return nullptr;
+    }
+  } transport;
+  std::vector<v1::WorkReport> reports;
+  TrainerHooks hooks;
+  hooks.report = [&](v1::WorkReport report) { reports.push_back(std::move(report)); };
+  hooks.should_stop = [] { return false; };
+  hooks.latest_assignment = [&] { return assignment; };
+  for (int64_t counted : {int64_t{0}, int64_t{1000}}) {
+    SCOPED_TRACE(counted);
+    assignment.set_steps_per_epoch(counted);
+    assignment.set_total_steps(counted);
+    absl::StatusOr<ClickData> data = LoadClickData(*spec, {}, 0);
+    ASSERT_TRUE(data.ok()) << data.status();
+    const absl::Status ran = RunClickJob("worker-0", hooks, &transport, assignment, *std::move(data));
+    EXPECT_EQ(ran.code(), absl::StatusCode::kFailedPrecondition) << ran;
+    EXPECT_TRUE(Contains(ran.message(), "(10 examples) makes 0 steps an epoch, the scheduler counts " +
+                                            std::to_string(counted) + ": the workers read different data"))
+        << ran;
+  }
+  EXPECT_TRUE(reports.empty());
   std::remove((dir + "/train.libsvm").c_str());
   rmdir(dir.c_str());
 }

@@ -468,6 +468,29 @@ TEST_F(ClickFileTest, ATestRecordTheModelCannotScoreFailsTheJobSayingSo) {
   EXPECT_TRUE(Contains(done.reason(), "too large for float32")) << done.reason();
 }
 
+// A step's rows are bounded by what the worker's budget leaves beside its
+// data: records of thousands of distinct ids each (192,000 ids a batch of
+// 64: 1.5 MB of rows and gradients against the workers' 1 MiB) fail the job
+// saying so, where nothing bounded them.
+TEST_F(ClickFileTest, AStepWhoseRowsExceedTheWorkersBudgetFailsTheJobSayingSo) {
+  {
+    std::ofstream out(*data_dir_ + "/wide-train.0");
+    for (int r = 0; r < 128; ++r) {
+      out << r % 2;
+      for (int k = 0; k < 3000; ++k) out << " " << r * 3000 + k << ":1";
+      out << "\n";
+    }
+  }
+  v1::JobSpec spec = FileSpec(v1::DataSpec::LIBSVM, "wide");
+  spec.mutable_data()->clear_test_path();
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::JobStatus done = WaitForEnd(*id);
+  EXPECT_EQ(done.state(), v1::FAILED);
+  EXPECT_TRUE(Contains(done.reason(), "its batch has 192000 distinct ids")) << done.reason();
+  EXPECT_TRUE(Contains(done.reason(), "memory budget leaves beside its data")) << done.reason();
+}
+
 // A bad record under onBadRecord FAIL fails the job naming its file and
 // line; files outside the workers' data roots, and a pattern that matches
 // nothing, fail it naming the path.

@@ -188,6 +188,10 @@ struct ClickData {
   // and test together, and "file:line: why" of the first.
   int64_t bad_records = 0;
   std::string first_bad_record;
+  // The worker's memory budget (0: none) and what the data above takes of
+  // it: a step's rows and their gradients may take the rest.
+  int64_t memory_budget = 0;
+  int64_t held_bytes = 0;
 };
 
 // Zipf-distributed ranks in [1, n], P(k) proportional to k^-exponent

@@ -389,8 +389,10 @@ absl::StatusOr<std::vector<std::string>> ExpandPath(const std::string& pattern) 
   return files;
 }
 
-absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vector<std::string>& roots,
-                                        int64_t memory_budget) {
+namespace {
+
+absl::StatusOr<ClickData> LoadClickDataOf(const v1::JobSpec& spec, const std::vector<std::string>& roots,
+                                          int64_t memory_budget) {
   const v1::DataSpec& data = spec.data();
   ClickData loaded;
   if (IsDenseData(data)) {
@@ -433,6 +435,18 @@ absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vect
     const int64_t left = memory_budget > 0 ? std::max<int64_t>(1, memory_budget - used) : 0;
     ASSIGN_OR_RETURN(loaded.test, LoadFiles(data, data.test_path(), roots, left, labels, &loaded));
   }
+  return loaded;
+}
+
+}  // namespace
+
+absl::StatusOr<ClickData> LoadClickData(const v1::JobSpec& spec, const std::vector<std::string>& roots,
+                                        int64_t memory_budget) {
+  ASSIGN_OR_RETURN(ClickData loaded, LoadClickDataOf(spec, roots, memory_budget));
+  loaded.memory_budget = memory_budget;
+  if (loaded.train != nullptr) loaded.held_bytes += HeldBytes(*loaded.train);
+  if (loaded.train_index != nullptr) loaded.held_bytes += loaded.train_index->bytes();
+  if (loaded.test != nullptr) loaded.held_bytes += HeldBytes(*loaded.test);
   return loaded;
 }
 
@@ -503,7 +517,8 @@ class ClickRun {
         loss_(layout_.graph ? kernels::GraphLossOf(layout_.graph_config)
                             : kernels::LossKind::kSigmoidCrossEntropy),
         output_width_(layout_.graph ? kernels::GraphOutputWidth(layout_.graph_config) : 1),
-        bsp_(spec_.mode() == v1::BSP || spec_.mode() == v1::MODE_UNSPECIFIED) {
+        bsp_(spec_.mode() == v1::BSP || spec_.mode() == v1::MODE_UNSPECIFIED),
+        row_room_(data.memory_budget > 0 ? std::max<int64_t>(1, data.memory_budget - data.held_bytes) : 0) {
     UseMap(assignment.shard_map());
   }
 
@@ -549,8 +564,27 @@ class ClickRun {
   absl::StatusOr<Batch> MakeBatch(int32_t partition, int64_t step, ExampleAudit* audit) const;
   // Pulls the rows of the bags' keys of every table, as steps of `step`
   // read them (BSP; the latest rows otherwise).
+  // RESOURCE_EXHAUSTED when the rows and their gradients would take more
+  // than the worker's budget leaves beside its data (records of many
+  // distinct ids under wide tables: nothing else bounds them).
   absl::Status PullRows(const std::vector<std::vector<uint64_t>>& keys, int64_t step,
                         std::vector<std::vector<float>>* rows) {
+    if (row_room_ > 0) {
+      int64_t bytes = 0, ids = 0;
+      for (size_t t = 0; t < keys.size(); ++t) {
+        ids += static_cast<int64_t>(keys[t].size());
+        bytes += static_cast<int64_t>(keys[t].size()) * sparse_->dim(static_cast<int>(t)) *
+                 static_cast<int64_t>(sizeof(float)) * 2;
+      }
+      if (bytes > row_room_) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "step ", step, ": its batch has ", ids, " distinct ids, whose rows and their gradients take ",
+            FormatBytes(bytes), ", more than the ", FormatBytes(row_room_),
+            " this worker's memory budget leaves beside its data (lower data.batchSize, or raise the "
+            "workers' "
+            "--memory-budget)"));
+      }
+    }
     return bsp_ ? sparse_->PullAtStep(keys, rows, step, kRpcTimeout) : sparse_->Pull(keys, rows, kRpcTimeout);
   }
   static std::vector<std::vector<uint64_t>> KeysOf(const std::vector<Bags>& bags) {
@@ -624,6 +658,7 @@ class ClickRun {
   const kernels::LossKind loss_;
   const int output_width_;  // the model's outputs per example
   const bool bsp_;
+  const int64_t row_room_;  // the bytes a step's rows and their gradients may take (0: no bound)
   std::unique_ptr<ParameterClient> client_;
   std::unique_ptr<SparseClient> sparse_;
   std::vector<std::vector<float>> params_, grads_;

@@ -93,6 +93,17 @@ absl::Time PullDeadline(const grpc::CallbackServerContext& context) {
 
 }  // namespace
 
+absl::Status CheckJobStep(const std::string& job_id, const JobShard& shard, int64_t step, const char* what) {
+  const int64_t total = shard.config().schedule.total_steps;
+  if (step < 0 || (total > 0 && step > total)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", job_id, ": ", what, " of step ", step,
+                     total > 0 ? absl::StrCat("; the job's steps are in [0, ", total, "]")
+                               : std::string("; steps are >= 0")));
+  }
+  return absl::OkStatus();
+}
+
 JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request) {
   JobShardConfig config;
   config.job_id = request.job_id();
@@ -458,6 +469,7 @@ absl::Status ParameterServiceImpl::HandlePush(const grpc::ByteBuffer& request, b
   RETURN_IF_ERROR(chunks.Parse(request, v1::PushRequest::kChunksFieldNumber, &header));
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(header.job_id()));
   RETURN_IF_ERROR(replicator_->CheckWrite(*shard, header, chunks, /*as_primary=*/from_worker));
+  RETURN_IF_ERROR(CheckJobStep(header.job_id(), *shard, header.step(), "push"));
   if (header.lamb_norms_size() > 0) return HandleLambNorms(*shard, header, chunks, from_worker, response);
   // Validate everything first: a bad push must reach no replica. Each
   // gradient is decoded once, from the received bytes into a pooled buffer,
@@ -521,10 +533,7 @@ absl::Status ParameterServiceImpl::HandleLambNorms(JobShard& shard, const v1::Pu
                                                       " does not run LAMB in BSP: a push of LAMB norms has "
                                                       "nothing to apply"));
   }
-  if (header.step() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job ", header.job_id(), ": push of LAMB norms of step ", header.step(), " (must be >= 0)"));
-  }
+  // Its step is one of the job's (CheckJobStep, in HandlePush).
   std::map<int32_t, LambNorms> norms;
   for (const v1::LambNorm& norm : header.lamb_norms()) {
     const LambNorms sums{norm.weight_sq(), norm.update_sq()};

@@ -45,6 +45,11 @@ JobShardConfig ToJobShardConfig(const v1::SetupJobRequest& request);
 // The job's sparse tables as the shard map lays them out and the spec sets
 // them up (server/parameter_service_sparse.cc).
 std::vector<SparseTableSetup> TableSetupsOf(const v1::JobSpec& spec, const v1::ShardMap& map);
+// A step a push or pull of the job names (`what`: "push", "sparse pull",
+// ...): in [0, its total steps] (SetupJob's; 0: not said, then only >= 0).
+// A step past the job's end would be kept as its partition's last,
+// turning every later push of the partition into a silent duplicate.
+absl::Status CheckJobStep(const std::string& job_id, const JobShard& shard, int64_t step, const char* what);
 
 // The roles a shard map gives `server_id`, per shard it is a replica of.
 // chunk id -> shard in a shard map.

@@ -101,21 +101,6 @@ absl::Status CheckSparseRequest(const std::string& job_id, const JobShard& shard
   return absl::OkStatus();
 }
 
-// A step of a sparse pull or push: one of the job's (the server would keep
-// a step past the job's end as the partition's last, taking no push of it
-// after). The job's total is what SetupJob gave (0: not said, where the
-// tables' own bound holds).
-absl::Status CheckSparseStep(const std::string& job_id, const JobShard& shard, int64_t step,
-                             const char* what) {
-  const int64_t total = shard.config().schedule.total_steps;
-  if (step < 0 || (total > 0 && step > total)) {
-    return absl::InvalidArgumentError(absl::StrCat("job ", job_id, ": sparse ", what, " of step ", step,
-                                                   "; the job's steps are in [0, ",
-                                                   total > 0 ? total : kMaxSparseStep, "]"));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 std::vector<SparseTableSetup> TableSetupsOf(const v1::JobSpec& spec, const v1::ShardMap& map) {
@@ -150,7 +135,8 @@ absl::Status ParameterServiceImpl::HandleSparsePull(const grpc::ByteBuffer& byte
   RETURN_IF_ERROR(ParseMessage(bytes, &request));
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
   RETURN_IF_ERROR(CheckSparseRequest(request.job_id(), *shard, request.map_version(), request.tables()));
-  if (request.has_step()) RETURN_IF_ERROR(CheckSparseStep(request.job_id(), *shard, request.step(), "pull"));
+  if (request.has_step())
+    RETURN_IF_ERROR(CheckJobStep(request.job_id(), *shard, request.step(), "sparse pull"));
   std::vector<uint64_t> copied;
   int64_t keys_pulled = 0;
   // Each table's rows are pulled straight into a slice of their own, which
@@ -192,7 +178,7 @@ absl::Status ParameterServiceImpl::HandleSparsePush(const grpc::ByteBuffer& byte
   ReaderMutexLock writes(&writes_mu_);
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
   RETURN_IF_ERROR(CheckSparseRequest(request.job_id(), *shard, request.map_version(), request.tables()));
-  RETURN_IF_ERROR(CheckSparseStep(request.job_id(), *shard, request.step(), "push"));
+  RETURN_IF_ERROR(CheckJobStep(request.job_id(), *shard, request.step(), "sparse push"));
   SparseTables& sparse = *shard->sparse();
   // Fencing as for the dense chunks: the lease, the map, this server's role
   // in the request's shard (whose tables it may still be copying: then

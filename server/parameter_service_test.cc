@@ -613,8 +613,8 @@ TEST_F(ParameterServiceTest, LambNormsTravelAsPullsAndPushesAndBadOnesAreRefused
                        grpc::StatusCode::INVALID_ARGUMENT, "carries no gradients"));
   EXPECT_TRUE(HasError(norms_push("lamb", 0, {norm(0, w_sq, r_sq)}, "", 7).first, grpc::StatusCode::NOT_FOUND,
                        "chunk 7"));
-  EXPECT_TRUE(HasError(norms_push("lamb", -2, {norm(0, w_sq, r_sq)}).first, grpc::StatusCode::INVALID_ARGUMENT,
-                       "must be >= 0"));
+  EXPECT_TRUE(HasError(norms_push("lamb", -2, {norm(0, w_sq, r_sq)}).first,
+                       grpc::StatusCode::INVALID_ARGUMENT, "the job's steps are in [0, 100]"));
   ExpectChunk(server_.get(), "lamb", 0, 1, before, 0);
   // The sums apply the step, once.
   auto [status, applied] = norms_push("lamb", 0, {norm(0, w_sq, r_sq)});
@@ -744,6 +744,22 @@ TEST_F(ParameterServiceTest, PushWithNanIsInvalidArgumentNamingElementAndApplies
                        "chunk 1 of job job has a non-finite gradient (nan) at element 2"));
   ExpectChunk(server_.get(), "job", 0, 1, kZeros, 0);
   ExpectChunk(server_.get(), "job", 1, 1, kZeros, 0);
+}
+
+// A push names a step of the job's (MakeSetup: 100 steps): a step past its
+// end would be kept as its partition's last, making every later push of
+// the partition a silent duplicate; nothing of a refused one applies.
+TEST_F(ParameterServiceTest, PushOfAStepOutsideTheJobsIsInvalidArgumentAndMovesNothing) {
+  ASSERT_TRUE(IsOk(SetUpAlone(server_.get(), "job", v1::ASP)));
+  int64_t seq = 1;
+  for (int64_t step : {int64_t{-1}, int64_t{101}, std::numeric_limits<int64_t>::max()}) {
+    EXPECT_TRUE(HasError(Push(server_->stub(), MakePush("job", seq++, step, 1, {{0, kGradient}})),
+                         grpc::StatusCode::INVALID_ARGUMENT, "the job's steps are in [0, 100]"))
+        << step;
+  }
+  ExpectChunk(server_.get(), "job", 0, 1, kZeros, 0);
+  ASSERT_TRUE(IsOk(Push(server_->stub(), MakePush("job", seq++, 0, 1, {{0, kGradient}}))));
+  ExpectChunk(server_.get(), "job", 0, 1, kOneStep, 1);
 }
 
 TEST_F(ParameterServiceTest, PushOfWrongSizeIsInvalidArgument) {

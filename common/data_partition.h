@@ -41,6 +41,12 @@ struct ExampleAudit {
 // The most examples one data partition's step may take.
 inline constexpr int64_t kMaxStepExamples = int64_t{1} << 20;
 
+// The highest step a server takes or keeps (a push's, a pull's, a restored
+// or copied position): 2^40, beyond any job's steps, so that a step and a
+// period add without overflow. A server also refuses steps past its job's
+// total.
+inline constexpr int64_t kMaxJobStep = int64_t{1} << 40;
+
 // The batches of data.batch_size examples one data partition's step
 // computes: data.gradient_accumulation micro-batches, or local_sgd.steps
 // local steps, or 1.

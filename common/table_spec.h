@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/data_partition.h"
 #include "fulcrum/v1/job.pb.h"
 
 namespace fulcrum {
@@ -34,10 +35,8 @@ inline TableBucket TableBucketOf(int32_t chunk_id) {
 // Requests one sparse push of a partition step may take to one server.
 constexpr int32_t kMaxPushParts = 1 << 16;
 // The highest step a table takes or keeps (a push's, a pull's, a restored
-// or copied position, expireAfter): 2^40, beyond any job's steps, so that
-// a step and a period add without overflow. A server also refuses steps
-// past its job's total.
-constexpr int64_t kMaxSparseStep = int64_t{1} << 40;
+// or copied position, expireAfter): the servers' bound on any step.
+constexpr int64_t kMaxSparseStep = kMaxJobStep;
 
 // Rows of "linear" start at 0 (a logistic regression's usual start); other
 // tables uniform in [-0.05, 0.05]: small enough that the FM and deep terms

@@ -1,20 +1,21 @@
 #include "scheduler/job_manager.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
-#include "common/table_spec.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
+#include "common/sync.h"
+#include "common/table_spec.h"
 #include "scheduler/job_manager_internal.h"
 #include "scheduler/job_spec.h"
-#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -470,7 +471,11 @@ void JobManager::OnProgress(Job* job, const v1::WorkReport& report) {
   for (int i = 0; i < report.partitions_size() && i < report.partition_steps_size(); ++i) {
     int32_t p = report.partitions(i);
     if (p >= 0 && p < job->num_partitions) {
-      job->partition_steps[p] = std::max(job->partition_steps[p], report.partition_steps(i));
+      // A position is one of the job's: a worker's bad report would have
+      // the others skip the partition.
+      const int64_t highest = job->total_steps > 0 ? job->total_steps : std::numeric_limits<int64_t>::max();
+      job->partition_steps[p] =
+          std::max(job->partition_steps[p], std::clamp<int64_t>(report.partition_steps(i), 0, highest));
     }
   }
   if (report.step_losses_size() > 0) {

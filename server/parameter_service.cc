@@ -625,9 +625,8 @@ absl::Status ParameterServiceImpl::CheckPull(const JobShard& shard, const v1::Pu
                                            request.map_version(), ", this server is at ", shard.map_version(),
                                            ": refresh the map"));
   }
-  if (request.has_lamb_step() && request.lamb_step() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job ", request.job_id(), ": pull of LAMB norms of step ", request.lamb_step(), " (must be >= 0)"));
+  if (request.has_lamb_step()) {
+    RETURN_IF_ERROR(CheckJobStep(request.job_id(), shard, request.lamb_step(), "pull of LAMB norms"));
   }
   const int bytes_per_value = WireBytes(request.format());
   if (bytes_per_value == 0) {

@@ -586,7 +586,11 @@ TEST_F(ParameterServiceTest, LambNormsTravelAsPullsAndPushesAndBadOnesAreRefused
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
   EXPECT_TRUE(HasError(norms_push("sgd", 0, {norm(0, 1, 1)}).first, grpc::StatusCode::FAILED_PRECONDITION,
                        "does not run LAMB"));
-  EXPECT_TRUE(HasError(lamb_pull("lamb", -1, &response), grpc::StatusCode::INVALID_ARGUMENT, "must be >= 0"));
+  for (int64_t step : {int64_t{-1}, int64_t{101}, std::numeric_limits<int64_t>::max()}) {
+    EXPECT_TRUE(HasError(lamb_pull("lamb", step, &response), grpc::StatusCode::INVALID_ARGUMENT,
+                         "the job's steps are in [0, 100]"))
+        << step;
+  }
 
   const std::vector<float> before = Pull(server_->stub(), "lamb", 0, 1).values;
   const std::vector<float> before1 = Pull(server_->stub(), "lamb", 1, 1).values;
@@ -1454,7 +1458,12 @@ TEST(ParameterServiceSparseTest, MalformedSparseRequestsAreRefusedWithReasons) {
         << refused.error_message();
   }
   push.set_step(1);
-  EXPECT_TRUE(push_status(push).ok()) << "the refused steps moved nothing";
+  {
+    grpc::ClientContext context;
+    v1::SparsePushResponse response;
+    ASSERT_TRUE((*server)->stub()->SparsePush(&context, push, &response).ok());
+    EXPECT_FALSE(response.duplicate()) << "the refused steps moved nothing: step 1 applies";
+  }
 
   // A setup listing more tables than a job has is refused before any is
   // built (a message of millions of empty tables, matched name by name,

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/data_partition.h"
 #include "common/finite.h"
 #include "common/memory_budget.h"
 #include "common/status_macros.h"
@@ -410,6 +411,15 @@ absl::Status Chunk::Restore(const ChunkSnapshot& snapshot) {
   if (!fits) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id,
                                                    ": the copied state does not match its shape"));
+  }
+  // A position past any job's (a corrupt record, a peer's bad copy) would
+  // make every later push of its partition a silent duplicate.
+  auto out_of_range = [](int64_t step) { return step < 0 || step > kMaxJobStep + 1; };
+  if (out_of_range(snapshot.version) ||
+      std::any_of(snapshot.partition_steps.begin(), snapshot.partition_steps.end(), out_of_range)) {
+    return absl::DataLossError(absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id,
+                                            ": the copied state has a step outside [0, ", kMaxJobStep + 1,
+                                            "]"));
   }
   // New buffers: pull answers may still be sending the old ones.
   values_ = std::make_shared<ChunkValues>();

@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/data_partition.h"
 #include "common/param_init.h"
 #include "common/tensor_codec.h"
 #include "common/test_util.h"
@@ -225,6 +226,36 @@ TEST_F(ParameterStoreTest, BspChunkGivesTheValuesOfTheStepBeforeOnly) {
   ASSERT_TRUE(copy->Restore(kChunkId, *copied).ok());
   ASSERT_TRUE(copy->Read(kChunkId, v1::WIRE_FP32, &data, &version, &clock, 1).ok());
   EXPECT_EQ(Decode(data), after_one);
+}
+
+// A copy whose steps lie past any job's (a corrupt record, a peer's bad
+// copy) is refused before it takes, BSP and ASP: such a position would
+// make every later push of its partition a silent duplicate.
+TEST_F(ParameterStoreTest, ACopyWhoseStepsLiePastAnyJobsIsDataLoss) {
+  for (bool synchronous : {true, false}) {
+    SCOPED_TRACE(synchronous ? "BSP" : "ASP");
+    const std::string id = synchronous ? "job-bsp" : "job-asp";
+    std::shared_ptr<JobShard> shard = SetUpJob(TestJob(synchronous, 1, id));
+    ASSERT_NE(shard, nullptr);
+    ASSERT_TRUE(shard->Push(Args("w0", 0, 1, 0, Encode(Grad(1.0f)))).ok());
+    absl::StatusOr<ChunkSnapshot> snapshot = shard->Snapshot(kChunkId);
+    ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+    std::shared_ptr<JobShard> copy = SetUpJob(TestJob(synchronous, 1, id + "-copy"));
+    ASSERT_NE(copy, nullptr);
+    std::vector<ChunkSnapshot> bad(1, *snapshot);
+    bad[0].version = kMaxJobStep + 2;
+    if (!synchronous) {
+      ASSERT_FALSE(snapshot->partition_steps.empty());
+      for (int64_t step : {std::numeric_limits<int64_t>::max(), int64_t{-1}}) {
+        bad.push_back(*snapshot);
+        bad.back().partition_steps[0] = step;
+      }
+    }
+    for (const ChunkSnapshot& damaged : bad) {
+      EXPECT_EQ(copy->Restore(kChunkId, damaged).code(), absl::StatusCode::kDataLoss);
+    }
+    EXPECT_TRUE(copy->Restore(kChunkId, *snapshot).ok()) << "the undamaged copy";
+  }
 }
 
 std::vector<float> LeasedValues(const ValuesLease& lease) {

@@ -311,9 +311,9 @@ absl::Status SparseShard::CheckPushArgs(const SparsePushArgs& args) const {
     return absl::InvalidArgumentError(
         absl::StrCat("sparse push of step ", args.step, " (steps are in [0, ", kMaxSparseStep, "])"));
   }
-  if (args.part < 0 || args.part > kMaxPushParts) {
+  if (args.part < 0 || args.part >= kMaxPushParts) {
     return absl::InvalidArgumentError(absl::StrCat("sparse push of step ", args.step, " part ", args.part,
-                                                   " (parts are in [0, ", kMaxPushParts, "])"));
+                                                   " (parts are in [0, ", kMaxPushParts - 1, "])"));
   }
   if (args.parts < 0 || args.parts > kMaxPushParts || (args.parts > 0 && args.part >= args.parts) ||
       (has_sync_ && args.parts == 0)) {
@@ -882,8 +882,8 @@ absl::Status CheckShardStateSteps(const v1::TableShardState& state) {
     check("a part count", partition.parts(), 0, kMaxPushParts);
     check("a partition's applied parts", partition.applied_parts_size(), 0, kMaxPushParts);
     check("a partition's parts seen", partition.seen_size(), 0, kMaxPushParts);
-    for (int32_t part : partition.applied_parts()) check("an applied part", part, 0, kMaxPushParts);
-    for (int32_t part : partition.seen()) check("a part seen", part, 0, kMaxPushParts);
+    for (int32_t part : partition.applied_parts()) check("an applied part", part, 0, kMaxPushParts - 1);
+    for (int32_t part : partition.seen()) check("a part seen", part, 0, kMaxPushParts - 1);
   }
   for (const v1::TableShardState::Floors& floors : state.floors()) {
     for (int64_t step : floors.steps()) check("a floor", step, 0, kHighest);

@@ -488,7 +488,34 @@ TEST_F(ClickFileTest, AStepWhoseRowsExceedTheWorkersBudgetFailsTheJobSayingSo) {
   const v1::JobStatus done = WaitForEnd(*id);
   EXPECT_EQ(done.state(), v1::FAILED);
   EXPECT_TRUE(Contains(done.reason(), "its batch has 192000 distinct ids")) << done.reason();
-  EXPECT_TRUE(Contains(done.reason(), "memory budget leaves beside its data")) << done.reason();
+  EXPECT_TRUE(Contains(done.reason(), "leaves beside its data")) << done.reason();
+  EXPECT_TRUE(Contains(done.reason(), "lower data.batchSize")) << done.reason();
+}
+
+// An evaluation takes its test set in batches whose rows fit the worker's
+// budget: 1000 test records of 20 distinct ids each (800 KB of rows and
+// gradients under FM's two tables, beyond what the workers' 1 MiB leaves
+// beside their data) are evaluated in smaller batches, and the job ends
+// with its test AUC.
+TEST_F(ClickFileTest, AnEvaluationTakesItsTestSetInBatchesThatFitTheBudget) {
+  {
+    std::ofstream train(*data_dir_ + "/widetest-train.0");
+    for (int i = 0; i < 2000; ++i) train << (i % 2) << " 0:" << i % 50 << ":1 1:" << 50 + i % 7 << ":1\n";
+    std::ofstream test(*data_dir_ + "/widetest-test.0");
+    for (int r = 0; r < 1000; ++r) {
+      test << r % 2;
+      for (int k = 0; k < 20; ++k) test << " " << k % 2 << ":" << 1000 + r * 20 + k << ":1";
+      test << "\n";
+    }
+  }
+  v1::JobSpec spec = FileSpec(v1::DataSpec::LIBSVM, "widetest");
+  spec.mutable_data()->mutable_libsvm()->set_fields(2);
+  spec.mutable_model()->set_kind(v1::ModelSpec::FM);
+  spec.mutable_model()->set_embedding_dim(4);
+  spec.mutable_model()->add_tables()->set_name("embedding");
+  v1::JobStatus done;
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &done));
+  EXPECT_TRUE(done.progress().has_test_auc());
 }
 
 // A bad record under onBadRecord FAIL fails the job naming its file and

@@ -518,6 +518,7 @@ class ClickRun {
                             : kernels::LossKind::kSigmoidCrossEntropy),
         output_width_(layout_.graph ? kernels::GraphOutputWidth(layout_.graph_config) : 1),
         bsp_(spec_.mode() == v1::BSP || spec_.mode() == v1::MODE_UNSPECIFIED),
+        memory_budget_(data.memory_budget),
         row_room_(data.memory_budget > 0 ? std::max<int64_t>(1, data.memory_budget - data.held_bytes) : 0) {
     UseMap(assignment.shard_map());
   }
@@ -564,28 +565,33 @@ class ClickRun {
   absl::StatusOr<Batch> MakeBatch(int32_t partition, int64_t step, ExampleAudit* audit) const;
   // Pulls the rows of the bags' keys of every table, as steps of `step`
   // read them (BSP; the latest rows otherwise).
-  // RESOURCE_EXHAUSTED when the rows and their gradients would take more
-  // than the worker's budget leaves beside its data (records of many
-  // distinct ids under wide tables: nothing else bounds them).
   absl::Status PullRows(const std::vector<std::vector<uint64_t>>& keys, int64_t step,
                         std::vector<std::vector<float>>* rows) {
-    if (row_room_ > 0) {
-      int64_t bytes = 0, ids = 0;
-      for (size_t t = 0; t < keys.size(); ++t) {
-        ids += static_cast<int64_t>(keys[t].size());
-        bytes += static_cast<int64_t>(keys[t].size()) * sparse_->dim(static_cast<int>(t)) *
-                 static_cast<int64_t>(sizeof(float)) * 2;
-      }
-      if (bytes > row_room_) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "step ", step, ": its batch has ", ids, " distinct ids, whose rows and their gradients take ",
-            FormatBytes(bytes), ", more than the ", FormatBytes(row_room_),
-            " this worker's memory budget leaves beside its data (lower data.batchSize, or raise the "
-            "workers' "
-            "--memory-budget)"));
-      }
-    }
     return bsp_ ? sparse_->PullAtStep(keys, rows, step, kRpcTimeout) : sparse_->Pull(keys, rows, kRpcTimeout);
+  }
+  // The bytes the rows of `keys` and their gradients take, and whether they
+  // fit what the worker's budget leaves beside its data (records of many
+  // distinct ids under wide tables: nothing else bounds them).
+  int64_t RowBytes(const std::vector<std::vector<uint64_t>>& keys) const {
+    int64_t bytes = 0;
+    for (size_t t = 0; t < keys.size(); ++t) {
+      bytes += static_cast<int64_t>(keys[t].size()) * sparse_->dim(static_cast<int>(t)) *
+               static_cast<int64_t>(sizeof(float)) * 2;
+    }
+    return bytes;
+  }
+  bool RowsFit(int64_t bytes) const { return row_room_ == 0 || bytes <= row_room_; }
+  // RESOURCE_EXHAUSTED naming `what` (a step's batch, a test example) and
+  // its ids, whose rows do not fit, and `remedy`.
+  absl::Status RowsBeyondRoom(const std::string& what, const std::vector<std::vector<uint64_t>>& keys,
+                              int64_t bytes, const std::string& remedy) const {
+    int64_t ids = 0;
+    for (const auto& table : keys) ids += static_cast<int64_t>(table.size());
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " has ", ids, " distinct ids, whose rows and their gradients take ",
+                     FormatBytes(bytes), ", more than the ", FormatBytes(row_room_),
+                     " this worker's memory budget of ", FormatBytes(memory_budget_),
+                     " leaves beside its data (", FormatBytes(memory_budget_ - row_room_), "): ", remedy));
   }
   static std::vector<std::vector<uint64_t>> KeysOf(const std::vector<Bags>& bags) {
     std::vector<std::vector<uint64_t>> keys;
@@ -658,7 +664,8 @@ class ClickRun {
   const kernels::LossKind loss_;
   const int output_width_;  // the model's outputs per example
   const bool bsp_;
-  const int64_t row_room_;  // the bytes a step's rows and their gradients may take (0: no bound)
+  const int64_t memory_budget_;  // the worker's (0: none)
+  const int64_t row_room_;       // the bytes a step's rows and their gradients may take (0: no bound)
   std::unique_ptr<ParameterClient> client_;
   std::unique_ptr<SparseClient> sparse_;
   std::vector<std::vector<float>> params_, grads_;
@@ -921,6 +928,10 @@ absl::Status ClickRun::ComputeAndPush(int32_t partition, int64_t step, absl::Tim
   if (then.has_value()) ahead_->Start(then->first, then->second);
   const std::vector<Bags> bags = BagsOf(batch, table_reads_);
   const std::vector<std::vector<uint64_t>> keys = KeysOf(bags);  // every table's, for the pull and the push
+  if (const int64_t bytes = RowBytes(keys); !RowsFit(bytes)) {
+    return RowsBeyondRoom(absl::StrCat("step ", step, " of partition ", partition, ": its batch"), keys,
+                          bytes, "lower data.batchSize, or raise the workers' --memory-budget");
+  }
   RETURN_IF_ERROR(PullRows(keys, step, &rows_));
   const absl::Time compute_start = absl::Now();
   kernels::CtrStats stats;
@@ -962,12 +973,26 @@ absl::Status ClickRun::EvaluateAndReport(int64_t step, bool pull) {
   std::vector<float> scores, labels;
   kernels::CtrStats stats;
   int64_t correct = 0;
-  for (int64_t first = 0; first < test_->num_examples(); first += kClickEvalBatch) {
-    const int64_t count = std::min<int64_t>(kClickEvalBatch, test_->num_examples() - first);
+  // Batches of kClickEvalBatch examples, fewer where their rows would not
+  // fit the worker's budget (halved until they do: one example at least).
+  int64_t most = kClickEvalBatch;
+  for (int64_t first = 0, count = 0; first < test_->num_examples(); first += count) {
+    count = std::min<int64_t>(most, test_->num_examples() - first);
     const Batch batch = Slice(*test_, first, count);
     const std::vector<Bags> bags = BagsOf(batch, table_reads_);
+    const std::vector<std::vector<uint64_t>> keys = KeysOf(bags);
+    if (const int64_t bytes = RowBytes(keys); !RowsFit(bytes)) {
+      if (count == 1) {
+        return RowsBeyondRoom(
+            absl::StrCat("evaluation at step ", step, ": test example ", first), keys, bytes,
+            "raise the workers' --memory-budget, or leave the example out of data.testPath");
+      }
+      most = count / 2;
+      count = 0;  // this slice again, smaller
+      continue;
+    }
     std::vector<std::vector<float>> rows;
-    RETURN_IF_ERROR(PullRows(KeysOf(bags), step, &rows));
+    RETURN_IF_ERROR(PullRows(keys, step, &rows));
     std::vector<float> outputs(static_cast<size_t>(count * output_width_));
     RETURN_IF_ERROR(RunModel(ModelBatch(batch, bags), rows, nullptr, &stats, outputs.data()));
     if (const int64_t bad = FirstNonFinite(outputs.data(), static_cast<int64_t>(outputs.size())); bad >= 0) {

@@ -323,6 +323,15 @@ class ClickFileTest : public ClusterTest {
         out << ClickRecordText(data, e, TextFormat(format)).value();
     }
   }
+  // An FM (embeddings of 4) over libffm files `name`-train.* of two fields.
+  static v1::JobSpec FmFileSpec(const std::string& name) {
+    v1::JobSpec spec = FileSpec(v1::DataSpec::LIBSVM, name);
+    spec.mutable_data()->mutable_libsvm()->set_fields(2);
+    spec.mutable_model()->set_kind(v1::ModelSpec::FM);
+    spec.mutable_model()->set_embedding_dim(4);
+    spec.mutable_model()->add_tables()->set_name("embedding");
+    return spec;
+  }
   static double BestAuc(const std::string& format) {
     std::vector<float> truth;
     const SparseDataset test = MakeSyntheticCtr(Data(format), 1, 0, Data(format).examples / 5, &truth);
@@ -426,12 +435,8 @@ TEST_F(ClickFileTest, ValuesTooLargeForFloatFailTheJobSayingSo) {
     std::ofstream out(*data_dir_ + "/huge-train.0");
     for (int i = 0; i < 2000; ++i) out << (i % 2) << " 0:3:1e30 1:" << 4 + i % 7 << ":1\n";
   }
-  v1::JobSpec spec = FileSpec(v1::DataSpec::LIBSVM, "huge");
+  v1::JobSpec spec = FmFileSpec("huge");
   spec.mutable_data()->clear_test_path();
-  spec.mutable_data()->mutable_libsvm()->set_fields(2);
-  spec.mutable_model()->set_kind(v1::ModelSpec::FM);
-  spec.mutable_model()->set_embedding_dim(4);
-  spec.mutable_model()->add_tables()->set_name("embedding");
   auto id = Submit(spec);
   ASSERT_TRUE(id.ok()) << id.status();
   const v1::JobStatus done = WaitForEnd(*id);
@@ -455,11 +460,7 @@ TEST_F(ClickFileTest, ATestRecordTheModelCannotScoreFailsTheJobSayingSo) {
     std::ofstream test(*data_dir_ + "/unscorable-test.0");
     test << "1 0:5:1e30 1:6:1\n0 0:3:1 1:4:1\n";
   }
-  v1::JobSpec spec = FileSpec(v1::DataSpec::LIBSVM, "unscorable");
-  spec.mutable_data()->mutable_libsvm()->set_fields(2);
-  spec.mutable_model()->set_kind(v1::ModelSpec::FM);
-  spec.mutable_model()->set_embedding_dim(4);
-  spec.mutable_model()->add_tables()->set_name("embedding");
+  v1::JobSpec spec = FmFileSpec("unscorable");
   auto id = Submit(spec);
   ASSERT_TRUE(id.ok()) << id.status();
   const v1::JobStatus done = WaitForEnd(*id);
@@ -508,11 +509,7 @@ TEST_F(ClickFileTest, AnEvaluationTakesItsTestSetInBatchesThatFitTheBudget) {
       test << "\n";
     }
   }
-  v1::JobSpec spec = FileSpec(v1::DataSpec::LIBSVM, "widetest");
-  spec.mutable_data()->mutable_libsvm()->set_fields(2);
-  spec.mutable_model()->set_kind(v1::ModelSpec::FM);
-  spec.mutable_model()->set_embedding_dim(4);
-  spec.mutable_model()->add_tables()->set_name("embedding");
+  v1::JobSpec spec = FmFileSpec("widetest");
   v1::JobStatus done;
   ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &done));
   EXPECT_TRUE(done.progress().has_test_auc());

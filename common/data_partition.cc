@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/param_init.h"
 
 namespace fulcrum {
@@ -66,6 +67,16 @@ ExampleAudit DataPartitioning::ExpectedAudit(uint64_t shuffle_seed, int64_t epoc
 
 int64_t DataPartitioning::StepFrom(int64_t step, int64_t from_global_batch) const {
   return global_batch() > 0 ? step * from_global_batch / global_batch() : step;
+}
+
+absl::Status DataPartitioning::CheckStepsPerEpoch(int64_t counted) const {
+  if (steps_per_epoch() == counted && counted > 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("the training data read here (", num_examples_,
+                                                    " examples) makes ", steps_per_epoch(),
+                                                    " steps an epoch, the scheduler counts ", counted,
+                                                    ": the workers read different data (files that differ "
+                                                    "between the workers' machines, or changed since the "
+                                                    "job started)"));
 }
 
 }  // namespace fulcrum

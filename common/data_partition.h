@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "fulcrum/v1/job.pb.h"
 
 namespace fulcrum {
@@ -84,6 +85,10 @@ class DataPartitioning {
   // partitioning: the same examples done (a checkpoint restored with another
   // number of partitions).
   int64_t StepFrom(int64_t step, int64_t from_global_batch) const;
+  // FAILED_PRECONDITION unless this worker's examples make the scheduler's
+  // `counted` steps an epoch (> 0): steps are cut from the examples by
+  // number, so every worker must read the same ones.
+  absl::Status CheckStepsPerEpoch(int64_t counted) const;
 
  private:
   int64_t num_examples_;

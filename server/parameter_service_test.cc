@@ -1418,13 +1418,18 @@ TEST(ParameterServiceSparseTest, MalformedSparseRequestsAreRefusedWithReasons) {
   EXPECT_EQ(pull_status(pull).error_code(), grpc::StatusCode::ABORTED) << "an older shard map";
   pull.set_map_version(1);
   // Steps outside the job's (MakeSetup: 100 steps).
-  for (int64_t step : {int64_t{-1}, int64_t{101}, std::numeric_limits<int64_t>::max()}) {
+  auto refuses_outside_steps = [](const std::function<grpc::Status(int64_t)>& at) {
+    for (int64_t step : {int64_t{-1}, int64_t{101}, std::numeric_limits<int64_t>::max()}) {
+      const grpc::Status refused = at(step);
+      EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << step;
+      EXPECT_NE(refused.error_message().find("the job's steps are in [0, 100]"), std::string::npos)
+          << refused.error_message();
+    }
+  };
+  refuses_outside_steps([&](int64_t step) {
     pull.set_step(step);
-    const grpc::Status refused = pull_status(pull);
-    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << step;
-    EXPECT_NE(refused.error_message().find("the job's steps are in [0, 100]"), std::string::npos)
-        << refused.error_message();
-  }
+    return pull_status(pull);
+  });
   pull.clear_step();
   pull.set_job_id("no-such-job");
   EXPECT_EQ(pull_status(pull).error_code(), grpc::StatusCode::NOT_FOUND);
@@ -1450,13 +1455,10 @@ TEST(ParameterServiceSparseTest, MalformedSparseRequestsAreRefusedWithReasons) {
   (*server)->set_lease_valid(false);
   EXPECT_EQ(push_status(push).error_code(), grpc::StatusCode::UNAVAILABLE) << "fenced without its lease";
   (*server)->set_lease_valid(true);
-  for (int64_t step : {int64_t{-1}, int64_t{101}, std::numeric_limits<int64_t>::max()}) {
+  refuses_outside_steps([&](int64_t step) {
     push.set_step(step);
-    const grpc::Status refused = push_status(push);
-    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << step;
-    EXPECT_NE(refused.error_message().find("the job's steps are in [0, 100]"), std::string::npos)
-        << refused.error_message();
-  }
+    return push_status(push);
+  });
   push.set_step(1);
   {
     grpc::ClientContext context;

@@ -171,6 +171,15 @@ class ClusterTest : public testing::Test {
     ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
   }
 
+  // Runs `spec` to its end; fails the test unless it FAILED. Call it in
+  // ASSERT_NO_FATAL_FAILURE.
+  static void RunToFailure(const v1::JobSpec& spec, v1::JobStatus* done) {
+    auto id = Submit(spec);
+    ASSERT_TRUE(id.ok()) << id.status();
+    *done = WaitForEnd(*id);
+    ASSERT_EQ(done->state(), v1::FAILED) << done->reason();
+  }
+
   // Waits until the job has done more than `step` steps (or ended).
   static v1::JobStatus WaitForStep(const std::string& job_id, int64_t step) {
     return WaitFor(

@@ -437,10 +437,8 @@ TEST_F(ClickFileTest, ValuesTooLargeForFloatFailTheJobSayingSo) {
   }
   v1::JobSpec spec = FmFileSpec("huge");
   spec.mutable_data()->clear_test_path();
-  auto id = Submit(spec);
-  ASSERT_TRUE(id.ok()) << id.status();
-  const v1::JobStatus done = WaitForEnd(*id);
-  EXPECT_EQ(done.state(), v1::FAILED);
+  v1::JobStatus done;
+  ASSERT_NO_FATAL_FAILURE(RunToFailure(spec, &done));
   EXPECT_TRUE(Contains(done.reason(), "non-finite gradient in t"))
       << "names the table or tensor: " << done.reason();
   EXPECT_TRUE(Contains(done.reason(), "it was not pushed"))
@@ -461,10 +459,8 @@ TEST_F(ClickFileTest, ATestRecordTheModelCannotScoreFailsTheJobSayingSo) {
     test << "1 0:5:1e30 1:6:1\n0 0:3:1 1:4:1\n";
   }
   v1::JobSpec spec = FmFileSpec("unscorable");
-  auto id = Submit(spec);
-  ASSERT_TRUE(id.ok()) << id.status();
-  const v1::JobStatus done = WaitForEnd(*id);
-  EXPECT_EQ(done.state(), v1::FAILED);
+  v1::JobStatus done;
+  ASSERT_NO_FATAL_FAILURE(RunToFailure(spec, &done));
   EXPECT_TRUE(Contains(done.reason(), "the model's output for test example 0 is")) << done.reason();
   EXPECT_TRUE(Contains(done.reason(), "too large for float32")) << done.reason();
 }
@@ -484,10 +480,8 @@ TEST_F(ClickFileTest, AStepWhoseRowsExceedTheWorkersBudgetFailsTheJobSayingSo) {
   }
   v1::JobSpec spec = FileSpec(v1::DataSpec::LIBSVM, "wide");
   spec.mutable_data()->clear_test_path();
-  auto id = Submit(spec);
-  ASSERT_TRUE(id.ok()) << id.status();
-  const v1::JobStatus done = WaitForEnd(*id);
-  EXPECT_EQ(done.state(), v1::FAILED);
+  v1::JobStatus done;
+  ASSERT_NO_FATAL_FAILURE(RunToFailure(spec, &done));
   EXPECT_TRUE(Contains(done.reason(), "its batch has 192000 distinct ids")) << done.reason();
   EXPECT_TRUE(Contains(done.reason(), "leaves beside its data")) << done.reason();
   EXPECT_TRUE(Contains(done.reason(), "lower data.batchSize")) << done.reason();

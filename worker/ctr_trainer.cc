@@ -34,6 +34,12 @@
 namespace fulcrum {
 namespace {
 
+// Why a step's gradients or an evaluation's outputs are not finite.
+constexpr char kDivergedOrTooLarge[] =
+    "the model diverged (a smaller optimizer.lr or a table's lr may help) or the data holds values too large "
+    "for "
+    "float32 (a libsvm value weighs its id's row)";
+
 constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 constexpr absl::Duration kWaitSlice = absl::Seconds(1);
 constexpr absl::Duration kReportEvery = absl::Milliseconds(500);
@@ -811,11 +817,10 @@ absl::Status ClickRun::CheckGradientsFinite(int32_t partition, int64_t step,
     }
   }
   if (where.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "step ", step, " of partition ", partition, " has a non-finite gradient in ", where,
-      "; it was not pushed (loss ", stats.loss_sum / std::max<int64_t>(1, stats.count),
-      "): the model diverged (a smaller optimizer.lr or a table's lr may help) or the data holds values too "
-      "large for float32 (a libsvm value weighs its id's row)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("step ", step, " of partition ", partition, " has a non-finite gradient in ", where,
+                   "; it was not pushed (loss ", stats.loss_sum / std::max<int64_t>(1, stats.count),
+                   "): ", kDivergedOrTooLarge));
 }
 
 absl::Status ClickRun::ComputeGradients(const Batch& batch, const std::vector<Bags>& bags,
@@ -996,12 +1001,9 @@ absl::Status ClickRun::EvaluateAndReport(int64_t step, bool pull) {
     std::vector<float> outputs(static_cast<size_t>(count * output_width_));
     RETURN_IF_ERROR(RunModel(ModelBatch(batch, bags), rows, nullptr, &stats, outputs.data()));
     if (const int64_t bad = FirstNonFinite(outputs.data(), static_cast<int64_t>(outputs.size())); bad >= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("evaluation at step ", step, ": the model's output for test example ",
-                       first + bad / output_width_, " is ", outputs[static_cast<size_t>(bad)],
-                       ": the model diverged (a smaller optimizer.lr or a table's lr may help) or the test "
-                       "data holds values "
-                       "too large for float32 (a libsvm value weighs its id's row)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "evaluation at step ", step, ": the model's output for test example ", first + bad / output_width_,
+          " is ", outputs[static_cast<size_t>(bad)], ": ", kDivergedOrTooLarge));
     }
     for (int64_t i = 0; i < count; ++i) {
       const float label = batch.labels[static_cast<size_t>(i)];
@@ -1090,15 +1092,8 @@ absl::Status ClickRun::Recover(const absl::Status& error) {
 }
 
 absl::Status ClickRun::Run() {
-  // Every worker must read the same examples: steps are cut from them by
-  // number (a worker reading fewer than a step's would divide by zero).
-  if (partitioning_.steps_per_epoch() != steps_per_epoch_ || steps_per_epoch_ <= 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the training data read here (", examples_, " examples) makes ", partitioning_.steps_per_epoch(),
-        " steps an epoch, the scheduler counts ", steps_per_epoch_,
-        ": the workers read different data (files that differ between the workers' machines, or "
-        "changed since the job started)"));
-  }
+  // A worker reading fewer examples than a step's would divide by zero.
+  RETURN_IF_ERROR(partitioning_.CheckStepsPerEpoch(steps_per_epoch_));
   return bsp_ ? RunBsp() : RunAsync();
 }
 

@@ -303,12 +303,7 @@ class TrainingRun {
                                                       : std::vector<std::vector<uint16_t>>()) {}
 
   absl::Status Init() {
-    if (partitioning_.steps_per_epoch() != steps_per_epoch_ || steps_per_epoch_ <= 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the training set loaded here (", trainer_.train_->num_examples, " examples) makes ",
-          partitioning_.steps_per_epoch(), " steps an epoch, the scheduler counts ", steps_per_epoch_,
-          ": the workers read different data"));
-    }
+    RETURN_IF_ERROR(partitioning_.CheckStepsPerEpoch(steps_per_epoch_));
     kernels::Backend* backend = trainer_.backend_;
     RETURN_IF_ERROR(backend->SetPrecision(ToPrecision(spec_.precision())));
     RETURN_IF_ERROR(params_.Init());

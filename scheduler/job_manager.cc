@@ -539,9 +539,12 @@ void JobManager::FlagStragglers(Job* job) {
 
 void JobManager::OnEval(Job* job, const v1::WorkReport& report) {
   v1::JobProgress* progress = job->status.mutable_progress();
-  progress->set_test_accuracy(report.test_accuracy());
-  progress->set_test_loss(report.test_loss());
-  if (report.has_test_auc()) progress->set_test_auc(report.test_auc());
+  if (report.step() >= job->shown_evaluation_step) {
+    job->shown_evaluation_step = report.step();
+    progress->set_test_accuracy(report.test_accuracy());
+    progress->set_test_loss(report.test_loss());
+    if (report.has_test_auc()) progress->set_test_auc(report.test_auc());
+  }
   v1::MetricPoint point;
   point.set_evaluation(true);
   point.set_step(report.step());

@@ -51,6 +51,10 @@ struct JobManager::Job {
   JobClaims claims;            // of the processes' memory budgets
   int64_t server_claim = 0;    // bytes on each server it is placed on (set with its shard map)
   v1::EarlyStoppingState early_stopping;  // spec.early_stopping: the best evaluation and those since
+  // The step of the evaluation the progress shows (-1: none yet): a report
+  // of an earlier step arriving after it (from a worker that held the
+  // evaluation before a rebalance) goes into the history only.
+  int64_t shown_evaluation_step = -1;
   // Since when it waits for resources others hold (the queue's bound).
   std::optional<absl::Time> waiting_since;
   int64_t version = 0;  // bumped on every status change (WatchJob)

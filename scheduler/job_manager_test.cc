@@ -1460,6 +1460,37 @@ TEST_F(JobManagerTest, EarlyStoppingEndsTheJobAfterPatienceEvaluationsWithoutImp
       << status.reason();
 }
 
+// The progress shows the evaluation of the furthest step: one of an earlier
+// step that arrives later (sent by the worker that evaluated before a
+// rebalance moved the evaluation) goes into the history only.
+TEST_F(JobManagerTest, AnEvaluationOfAnEarlierStepArrivingLateIsHistoryOnly) {
+  RegisterCluster();
+  const std::string job_id = SubmitOk(MlpSpec());
+  manager_->Tick();
+  MakeTraining(job_id);
+  auto eval = [&](const std::string& worker, int64_t step, double loss) {
+    v1::WorkReport report;
+    report.set_member_id(worker);
+    report.set_job_id(job_id);
+    report.set_kind(v1::WorkReport::EVAL);
+    report.set_step(step);
+    report.set_epoch(1);
+    report.set_test_accuracy(1 - loss);
+    report.set_test_loss(loss);
+    return manager_->Report(report);
+  };
+  ASSERT_TRUE(eval(workers_[1], 20, 0.1).ok());
+  ASSERT_TRUE(eval(workers_[0], 10, 0.9).ok());
+  v1::JobStatus status = GetOk(job_id);
+  EXPECT_DOUBLE_EQ(status.progress().test_loss(), 0.1);
+  EXPECT_DOUBLE_EQ(status.progress().test_accuracy(), 0.9);
+  int evaluations = 0;
+  for (const v1::MetricPoint& point : status.history()) evaluations += point.evaluation() ? 1 : 0;
+  EXPECT_EQ(evaluations, 2);
+  ASSERT_TRUE(eval(workers_[1], 20, 0.2).ok());  // the same step again (a replay): shown
+  EXPECT_DOUBLE_EQ(GetOk(job_id).progress().test_loss(), 0.2);
+}
+
 }  // namespace
 // Found by fulcrum-chaos-bench (seed 6): a server that was a whole backup of
 // shards and took a new shard of its own was never promoted while it copied,

@@ -48,6 +48,12 @@ inline constexpr int64_t kMaxStepExamples = int64_t{1} << 20;
 // total.
 inline constexpr int64_t kMaxJobStep = int64_t{1} << 40;
 
+// Whether `step` can be a kept position: a capture's or a copy's version,
+// or a partition's next step (the step after its last), [0, kMaxJobStep + 1].
+// One past that is a corrupt record, whose later pushes would all be
+// skipped as duplicates.
+inline bool IsStepPosition(int64_t step) { return step >= 0 && step <= kMaxJobStep + 1; }
+
 // The batches of data.batch_size examples one data partition's step
 // computes: data.gradient_accumulation micro-batches, or local_sgd.steps
 // local steps, or 1.

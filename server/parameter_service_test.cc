@@ -1380,6 +1380,25 @@ TEST(ParameterServiceSparseTest, ANewBackupCopiesTheShardsTablesLive) {
   const std::string now = rows_on(newcomer->get(), 2);
   ASSERT_TRUE(IsOk(SetupJob((*newcomer)->stub(), copy)));
   EXPECT_EQ(rows_on(newcomer->get(), 2), now);
+  // Map 3 takes the newcomer out of the group (its handover undone, say)
+  // without dropping the job there, and the primary goes on alone: the
+  // tables the newcomer keeps miss step 4.
+  const v1::ShardMap alone_again =
+      MakeTableSetupOn("job-c", alone, (*primary)->id(), /*version=*/3).shard_map();
+  ASSERT_TRUE(IsOk(Reconfigure((*primary)->stub(), "job-c", alone_again)));
+  ASSERT_TRUE(IsOk(Reconfigure((*newcomer)->stub(), "job-c", alone_again)));
+  ASSERT_TRUE(IsOk(push(push_of(3, 4, 0.3f), &answer)));
+  EXPECT_FALSE(answer.duplicate());
+  // Map 4 adds it back: it copies the shard again instead of keeping what it
+  // held, so it has step 4 and takes step 5 as the primary does.
+  v1::SetupJobRequest again = MakeTableSetupOn("job-c", group, (*newcomer)->id(), /*version=*/4);
+  ASSERT_TRUE(IsOk(Reconfigure((*primary)->stub(), "job-c", again.shard_map())));
+  again.set_copy_from((*primary)->address());
+  ASSERT_TRUE(IsOk(SetupJob((*newcomer)->stub(), again)));
+  EXPECT_EQ(rows_on(newcomer->get(), 4), rows_on(primary->get(), 4)) << "the stale tables were kept";
+  ASSERT_TRUE(IsOk(push(push_of(4, 5, 0.1f), &answer)));
+  EXPECT_FALSE(answer.duplicate());
+  EXPECT_EQ(rows_on(newcomer->get(), 4), rows_on(primary->get(), 4));
 }
 
 TEST(ParameterServiceSparseTest, MalformedSparseRequestsAreRefusedWithReasons) {

@@ -414,9 +414,8 @@ absl::Status Chunk::Restore(const ChunkSnapshot& snapshot) {
   }
   // A position past any job's (a corrupt record, a peer's bad copy) would
   // make every later push of its partition a silent duplicate.
-  auto out_of_range = [](int64_t step) { return step < 0 || step > kMaxJobStep + 1; };
-  if (out_of_range(snapshot.version) ||
-      std::any_of(snapshot.partition_steps.begin(), snapshot.partition_steps.end(), out_of_range)) {
+  if (!IsStepPosition(snapshot.version) ||
+      !std::all_of(snapshot.partition_steps.begin(), snapshot.partition_steps.end(), IsStepPosition)) {
     return absl::DataLossError(absl::StrCat("chunk ", config_.chunk_id, " of job ", job_.job_id,
                                             ": the copied state has a step outside [0, ", kMaxJobStep + 1,
                                             "]"));
@@ -726,11 +725,18 @@ absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> JobShard::Capture
                                                                                     int64_t at_version,
                                                                                     absl::Time deadline,
                                                                                     const IncrementalBase& base) {
+  const std::optional<std::set<int32_t>> held = ShardsWithARole();
   std::vector<std::pair<int32_t, Chunk*>> chunks;
   {
     MutexLock lock(&chunks_mu_);
-    for (const auto& [id, chunk] : chunks_) chunks.emplace_back(id, chunk.get());
+    MutexLock roles_lock(&roles_mu_);
+    for (const auto& [id, chunk] : chunks_) {
+      auto shard = shard_of_.find(id);
+      if (held.has_value() && (shard == shard_of_.end() || held->count(shard->second) == 0)) continue;
+      chunks.emplace_back(id, chunk.get());
+    }
   }
+  const std::set<int32_t>* table_shards = held.has_value() ? &*held : nullptr;
   auto disarm = [&] {
     for (auto& [id, chunk] : chunks) chunk->Disarm(checkpoint_id);
     if (sparse_ != nullptr) sparse_->Disarm(checkpoint_id);
@@ -744,7 +750,8 @@ absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> JobShard::Capture
   // Synchronous tables are cut at the same step as the chunks; asynchronous
   // ones once the chunks are (every push of the steps before the cut is in).
   if (sparse_ != nullptr) {
-    if (absl::Status armed = sparse_->ArmCapture(checkpoint_id, at_version, base); !armed.ok()) {
+    if (absl::Status armed = sparse_->ArmCapture(checkpoint_id, at_version, base, table_shards);
+        !armed.ok()) {
       disarm();
       return armed;
     }
@@ -760,7 +767,7 @@ absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> JobShard::Capture
   }
   if (sparse_ != nullptr) {
     absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> tables =
-        sparse_->TakeCapture(checkpoint_id, deadline);
+        sparse_->TakeCapture(checkpoint_id, deadline, table_shards);
     if (!tables.ok()) {
       disarm();
       return tables.status();
@@ -853,6 +860,14 @@ absl::StatusOr<JobShard::ChunkRoles> JobShard::RolesOf(absl::Span<const int32_t>
     out.roles.emplace(shard->second, role->second);
   }
   return out;
+}
+
+std::optional<std::set<int32_t>> JobShard::ShardsWithARole() const {
+  MutexLock lock(&roles_mu_);
+  if (!configured_) return std::nullopt;
+  std::set<int32_t> shards;
+  for (const auto& [shard, role] : roles_) shards.insert(shard);
+  return shards;
 }
 
 absl::StatusOr<JobShard::ShardRole> JobShard::RoleOfShard(int32_t shard) const {

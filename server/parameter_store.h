@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -331,7 +332,10 @@ class JobShard {
   // Chunk::ArmCapture), and the sparse tables' buckets (SparseShard::
   // ArmCapture): all are armed before any is waited for, so each is cut at
   // the same step. On error nothing stays armed. `base`: what the buckets'
-  // captures may be incremental on.
+  // captures may be incremental on. Only what this server has a part in
+  // under the map it holds: a chunk moved to another shard, or a table shard
+  // this server was taken out of, stays here as it was and would never
+  // reach a synchronous cut.
   absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> CaptureAll(int64_t checkpoint_id,
                                                                             int64_t at_version,
                                                                             absl::Time deadline,
@@ -378,6 +382,9 @@ class JobShard {
   // The role of shard `shard`; ABORTED when this server does not hold it in
   // the map it has (a server never configured holds every shard as primary).
   absl::StatusOr<ShardRole> RoleOfShard(int32_t shard) const;
+  // The shards this server has a role in under the map it holds; nullopt
+  // before the first Configure (a lone replica holds every shard).
+  std::optional<std::set<int32_t>> ShardsWithARole() const;
 
  private:
   explicit JobShard(JobShardConfig config);

@@ -259,10 +259,12 @@ absl::Status Replicator::CopyTables(SparseShard* dest, const std::string& job_id
                                              " while they were copied (", kCopyAttempts, " attempts)"));
 }
 
-absl::Status Replicator::AdoptTables(SparseTables* tables, const std::set<int32_t>& shards, const std::string& job_id,
+absl::Status Replicator::AdoptTables(SparseTables* tables, const std::set<int32_t>& shards,
+                                     const std::set<int32_t>& stale, const std::string& job_id,
                                      const std::string& address) {
   for (int32_t shard : shards) {
-    if (tables->Holds(shard)) continue;
+    const bool replace = stale.count(shard) > 0;
+    if (tables->Holds(shard) && !replace) continue;
     absl::StatusOr<std::unique_ptr<SparseShard>> copy = tables->NewShard(shard);
     if (absl::IsFailedPrecondition(copy.status())) continue;  // no bucket of it
     RETURN_IF_ERROR(copy.status());
@@ -275,7 +277,7 @@ absl::Status Replicator::AdoptTables(SparseTables* tables, const std::set<int32_
       return absl::Status(code, absl::StrCat("copying the tables of shard ", shard, " of job ", job_id, " from ",
                                              address, ": ", copied.message()));
     }
-    RETURN_IF_ERROR(tables->AddShard(shard, *std::move(copy)));
+    RETURN_IF_ERROR(tables->AddShard(shard, *std::move(copy), replace));
   }
   return absl::OkStatus();
 }
@@ -300,7 +302,16 @@ absl::Status Replicator::AdoptCopies(ParameterStore* store, JobShardConfig confi
   if (existing.ok()) {
     RETURN_IF_ERROR((*existing)->AdoptChunks(config.chunks, snapshots));
     if ((*existing)->sparse() != nullptr) {
-      RETURN_IF_ERROR(AdoptTables((*existing)->sparse(), table_shards, config.job_id, default_source));
+      // Tables held of a shard this server has no part in under the map it
+      // holds (a copy whose handover was undone, a group it was taken out
+      // of) missed that shard's pushes since: copied again, not kept.
+      std::set<int32_t> stale;
+      if (const std::optional<std::set<int32_t>> held = (*existing)->ShardsWithARole(); held.has_value()) {
+        for (int32_t shard : table_shards) {
+          if (held->count(shard) == 0) stale.insert(shard);
+        }
+      }
+      RETURN_IF_ERROR(AdoptTables((*existing)->sparse(), table_shards, stale, config.job_id, default_source));
     }
     RETURN_IF_ERROR((*existing)->Configure(map_version, std::move(roles), std::move(chunk_shards)));
     // A DropJob that came during the copy (the scheduler telling this server
@@ -319,7 +330,8 @@ absl::Status Replicator::AdoptCopies(ParameterStore* store, JobShardConfig confi
   const std::string job_id = config.job_id;
   ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(std::move(config)));
   RETURN_IF_ERROR(shard->AdoptChunks(chunks, snapshots));
-  if (shard->sparse() != nullptr) RETURN_IF_ERROR(AdoptTables(shard->sparse(), table_shards, job_id, default_source));
+  if (shard->sparse() != nullptr)
+    RETURN_IF_ERROR(AdoptTables(shard->sparse(), table_shards, {}, job_id, default_source));
   RETURN_IF_ERROR(shard->Configure(map_version, std::move(roles)));
   store->Install(std::move(shard));
   return absl::OkStatus();

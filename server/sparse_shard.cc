@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "common/data_partition.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
 #include "common/table_spec.h"
@@ -1132,11 +1133,10 @@ absl::Status SparseShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapsho
                                                    snapshot.partition_steps.size(), " partitions; the job has ",
                                                    num_partitions_));
   }
-  // Past kMaxSparseStep + 1 (a capture's position is the step after) is no
-  // step of a job: a corrupt record, which would skip every later push.
-  auto out_of_range = [](int64_t step) { return step < 0 || step > kMaxSparseStep + 1; };
-  if (out_of_range(snapshot.version) || (repartitioned_at.has_value() && out_of_range(*repartitioned_at)) ||
-      std::any_of(snapshot.partition_steps.begin(), snapshot.partition_steps.end(), out_of_range)) {
+  // A capture's position is the step after its last (IsStepPosition).
+  if (!IsStepPosition(snapshot.version) ||
+      (repartitioned_at.has_value() && !IsStepPosition(*repartitioned_at)) ||
+      !std::all_of(snapshot.partition_steps.begin(), snapshot.partition_steps.end(), IsStepPosition)) {
     return absl::DataLossError(
         absl::StrCat("table bucket chunk ", chunk_id, " has a step outside [0, ", kMaxSparseStep + 1, "]"));
   }

@@ -54,29 +54,33 @@ absl::StatusOr<std::unique_ptr<SparseShard>> SparseTables::NewShard(int32_t shar
   return SparseShard::Create(tables_, {shard}, num_partitions_, room_, aside_);
 }
 
-absl::Status SparseTables::AddShard(int32_t shard, std::unique_ptr<SparseShard> tables) {
+absl::Status SparseTables::AddShard(int32_t shard, std::unique_ptr<SparseShard> tables, bool replace) {
   if (tables == nullptr || tables->bucket_shards() != std::vector<int32_t>{shard}) {
     return absl::FailedPreconditionError(absl::StrCat("the tables added as shard ", shard, " are not that shard's"));
   }
   MutexLock lock(&mu_);
-  if (!shards_.emplace(shard, std::move(tables)).second) {
+  std::shared_ptr<SparseShard>& slot = shards_[shard];
+  if (slot != nullptr && !replace) {
     return absl::FailedPreconditionError(absl::StrCat("this server holds shard ", shard, "'s tables already"));
   }
+  slot = std::move(tables);
   return absl::OkStatus();
 }
 
 bool SparseTables::Holds(int32_t shard) const { return Find(shard) != nullptr; }
 
-SparseShard* SparseTables::Find(int32_t shard) const {
+std::shared_ptr<SparseShard> SparseTables::Find(int32_t shard) const {
   MutexLock lock(&mu_);
   auto it = shards_.find(shard);
-  return it == shards_.end() ? nullptr : it->second.get();
+  return it == shards_.end() ? nullptr : it->second;
 }
 
-std::vector<SparseShard*> SparseTables::All() const {
+std::vector<std::shared_ptr<SparseShard>> SparseTables::All(const std::set<int32_t>* shards) const {
   MutexLock lock(&mu_);
-  std::vector<SparseShard*> all;
-  for (const auto& [shard, tables] : shards_) all.push_back(tables.get());
+  std::vector<std::shared_ptr<SparseShard>> all;
+  for (const auto& [shard, tables] : shards_) {
+    if (shards == nullptr || shards->count(shard) > 0) all.push_back(tables);
+  }
   return all;
 }
 
@@ -99,7 +103,7 @@ absl::Status SparseTables::PullSplit(
     return absl::InvalidArgumentError(absl::StrCat("the job has no sparse table ", table));
   }
   if (keys.empty()) return absl::OkStatus();
-  const std::vector<SparseShard*> all = All();
+  const std::vector<std::shared_ptr<SparseShard>> all = All();
   if (all.empty()) {
     return absl::AbortedError(absl::StrCat("key ", keys.front(), " of table ", tables_[static_cast<size_t>(table)].config.name,
                                            ": this server holds no bucket of the job's tables (refresh the shard map)"));
@@ -108,7 +112,7 @@ absl::Status SparseTables::PullSplit(
   // A worker's request is of one shard: the first key's shard answers it
   // whole (checking every key's bucket as it reads it). Only when it
   // refuses a key (ABORTED) are the keys split by shard.
-  if (SparseShard* first = Find(ShardOfKey(table, keys.front())); first != nullptr) {
+  if (std::shared_ptr<SparseShard> first = Find(ShardOfKey(table, keys.front())); first != nullptr) {
     absl::Status pulled = pull(*first, keys, out);
     if (!absl::IsAborted(pulled)) return pulled;
   }
@@ -119,7 +123,7 @@ absl::Status SparseTables::PullSplit(
   std::vector<uint64_t> part;
   std::vector<float> rows;
   for (const auto& [shard, at] : positions) {
-    SparseShard* tables = Find(shard);
+    std::shared_ptr<SparseShard> tables = Find(shard);
     part.clear();
     for (uint32_t i : at) part.push_back(keys[i]);
     rows.resize(part.size() * dim);
@@ -155,28 +159,29 @@ absl::Status SparseTables::NotHeld(int32_t shard) const {
 }
 
 absl::Status SparseTables::Validate(const SparsePushArgs& args) const {
-  SparseShard* shard = Find(args.shard);
+  std::shared_ptr<SparseShard> shard = Find(args.shard);
   if (shard == nullptr) return NotHeld(args.shard);
   return shard->Validate(args);
 }
 
 absl::StatusOr<SparsePushOutcome> SparseTables::Push(const SparsePushArgs& args) {
-  SparseShard* shard = Find(args.shard);
+  std::shared_ptr<SparseShard> shard = Find(args.shard);
   if (shard == nullptr) return NotHeld(args.shard);
   return shard->Push(args);
 }
 
 std::vector<std::pair<int32_t, ChunkSnapshot>> SparseTables::Capture() const {
   std::vector<std::pair<int32_t, ChunkSnapshot>> captured;
-  for (SparseShard* shard : All()) {
+  for (const std::shared_ptr<SparseShard>& shard : All()) {
     for (auto& bucket : shard->Capture()) captured.push_back(std::move(bucket));
   }
   std::sort(captured.begin(), captured.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return captured;
 }
 
-absl::Status SparseTables::ArmCapture(int64_t checkpoint_id, int64_t at_step, const IncrementalBase& base) {
-  const std::vector<SparseShard*> all = All();
+absl::Status SparseTables::ArmCapture(int64_t checkpoint_id, int64_t at_step, const IncrementalBase& base,
+                                      const std::set<int32_t>* shards) {
+  const std::vector<std::shared_ptr<SparseShard>> all = All(shards);
   for (size_t i = 0; i < all.size(); ++i) {
     if (absl::Status armed = all[i]->ArmCapture(checkpoint_id, at_step, base); !armed.ok()) {
       for (size_t j = 0; j < i; ++j) all[j]->Disarm(checkpoint_id);
@@ -186,10 +191,10 @@ absl::Status SparseTables::ArmCapture(int64_t checkpoint_id, int64_t at_step, co
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> SparseTables::TakeCapture(int64_t checkpoint_id,
-                                                                                        absl::Time deadline) {
+absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> SparseTables::TakeCapture(
+    int64_t checkpoint_id, absl::Time deadline, const std::set<int32_t>* shards) {
   std::vector<std::pair<int32_t, ChunkSnapshot>> captured;
-  const std::vector<SparseShard*> all = All();
+  const std::vector<std::shared_ptr<SparseShard>> all = All(shards);
   for (size_t i = 0; i < all.size(); ++i) {
     auto taken = all[i]->TakeCapture(checkpoint_id, deadline);
     if (!taken.ok()) {
@@ -202,25 +207,25 @@ absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> SparseTables::Tak
 }
 
 void SparseTables::Disarm(int64_t checkpoint_id) {
-  for (SparseShard* shard : All()) shard->Disarm(checkpoint_id);
+  for (const std::shared_ptr<SparseShard>& shard : All()) shard->Disarm(checkpoint_id);
 }
 
 absl::StatusOr<ChunkSnapshot> SparseTables::CaptureBucket(int32_t chunk_id) const {
-  for (SparseShard* shard : All()) {
+  for (const std::shared_ptr<SparseShard>& shard : All()) {
     if (shard->ShardOfBucket(chunk_id) >= 0) return shard->CaptureBucket(chunk_id);
   }
   return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
 }
 
 absl::StatusOr<ChunkSnapshot> SparseTables::CaptureShardState(int32_t shard) const {
-  SparseShard* tables = Find(shard);
+  std::shared_ptr<SparseShard> tables = Find(shard);
   if (tables == nullptr) return absl::NotFoundError(absl::StrCat("this server holds no bucket of shard ", shard));
   return tables->CaptureShardState(shard);
 }
 
 std::vector<int32_t> SparseTables::chunk_ids() const {
   std::vector<int32_t> ids;
-  for (SparseShard* shard : All()) {
+  for (const std::shared_ptr<SparseShard>& shard : All()) {
     for (int32_t id : shard->chunk_ids()) ids.push_back(id);
   }
   std::sort(ids.begin(), ids.end());
@@ -229,33 +234,33 @@ std::vector<int32_t> SparseTables::chunk_ids() const {
 
 absl::Status SparseTables::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot,
                                    std::optional<int64_t> repartitioned_at) {
-  for (SparseShard* shard : All()) {
+  for (const std::shared_ptr<SparseShard>& shard : All()) {
     if (shard->ShardOfBucket(chunk_id) >= 0) return shard->Restore(chunk_id, snapshot, repartitioned_at);
   }
   return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
 }
 
 absl::Status SparseTables::ApplyRestoredChanges(int32_t chunk_id, const std::string& changes) {
-  for (SparseShard* shard : All()) {
+  for (const std::shared_ptr<SparseShard>& shard : All()) {
     if (shard->ShardOfBucket(chunk_id) >= 0) return shard->ApplyRestoredChanges(chunk_id, changes);
   }
   return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is no table bucket held here"));
 }
 
 void SparseTables::MarkRestored(int32_t chunk_id, int64_t checkpoint_id) {
-  for (SparseShard* shard : All()) {
+  for (const std::shared_ptr<SparseShard>& shard : All()) {
     if (shard->ShardOfBucket(chunk_id) >= 0) shard->MarkRestored(chunk_id, checkpoint_id);
   }
 }
 
 void SparseTables::Freeze(const std::string& reason) {
-  for (SparseShard* shard : All()) shard->Freeze(reason);
+  for (const std::shared_ptr<SparseShard>& shard : All()) shard->Freeze(reason);
 }
 
 std::vector<SparseTableStats> SparseTables::Stats() const {
   std::vector<SparseTableStats> stats(tables_.size());
   for (size_t t = 0; t < tables_.size(); ++t) stats[t].name = tables_[t].config.name;
-  for (SparseShard* shard : All()) {
+  for (const std::shared_ptr<SparseShard>& shard : All()) {
     const std::vector<SparseTableStats> one = shard->Stats();
     for (size_t t = 0; t < one.size() && t < stats.size(); ++t) {
       stats[t].rows += one[t].rows;
@@ -269,7 +274,7 @@ std::vector<SparseTableStats> SparseTables::Stats() const {
 
 int64_t SparseTables::bytes() const {
   int64_t total = 0;
-  for (SparseShard* shard : All()) total += shard->bytes();
+  for (const std::shared_ptr<SparseShard>& shard : All()) total += shard->bytes();
   return total;
 }
 

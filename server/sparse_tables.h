@@ -58,11 +58,13 @@ class SparseTables {
   absl::Status Validate(const SparsePushArgs& args) const;
   absl::StatusOr<SparsePushOutcome> Push(const SparsePushArgs& args);
 
-  // Checkpoints: every held shard's (see SparseShard).
+  // Checkpoints: every held shard's (see SparseShard), or with `shards`
+  // those of them only (the caller arms and takes the same ones).
   std::vector<std::pair<int32_t, ChunkSnapshot>> Capture() const;
-  absl::Status ArmCapture(int64_t checkpoint_id, int64_t at_step, const IncrementalBase& base = {});
-  absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> TakeCapture(int64_t checkpoint_id,
-                                                                            absl::Time deadline);
+  absl::Status ArmCapture(int64_t checkpoint_id, int64_t at_step, const IncrementalBase& base = {},
+                          const std::set<int32_t>* shards = nullptr);
+  absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> TakeCapture(
+      int64_t checkpoint_id, absl::Time deadline, const std::set<int32_t>* shards = nullptr);
   void Disarm(int64_t checkpoint_id);
   absl::StatusOr<ChunkSnapshot> CaptureBucket(int32_t chunk_id) const;
   absl::StatusOr<ChunkSnapshot> CaptureShardState(int32_t shard) const;
@@ -77,11 +79,12 @@ class SparseTables {
   // A shard copied from another replica: NewShard makes it empty, aside
   // (to be filled by SparseShard::AdoptBucket and AdoptShardState), AddShard
   // puts it beside the others. FAILED_PRECONDITION for a shard held already
+  // (unless `replace`: a fresh copy of a shard whose tables here are stale)
   // or one holding no bucket.
   absl::StatusOr<std::unique_ptr<SparseShard>> NewShard(int32_t shard) const;
   // Whether any bucket of the job's tables is on `shard`.
   bool HasBuckets(int32_t shard) const;
-  absl::Status AddShard(int32_t shard, std::unique_ptr<SparseShard> tables);
+  absl::Status AddShard(int32_t shard, std::unique_ptr<SparseShard> tables, bool replace = false);
 
   void Freeze(const std::string& reason);
   std::vector<SparseTableStats> Stats() const;
@@ -92,8 +95,9 @@ class SparseTables {
   // The shard of a key of table `table`, and the held SparseShard of a shard
   // (null when not held).
   int32_t ShardOfKey(int32_t table, uint64_t key) const;
-  SparseShard* Find(int32_t shard) const;
-  std::vector<SparseShard*> All() const;
+  std::shared_ptr<SparseShard> Find(int32_t shard) const;
+  // Every held shard's, or those of `shards` (null: every one).
+  std::vector<std::shared_ptr<SparseShard>> All(const std::set<int32_t>* shards = nullptr) const;
   // Why a push to a shard not held here is refused: INVALID_ARGUMENT for a
   // shard of no bucket, UNAVAILABLE (retry) for one being copied here.
   absl::Status NotHeld(int32_t shard) const;
@@ -110,8 +114,9 @@ class SparseTables {
   // counted in bytes(): their room is the budget's less this.
   std::shared_ptr<std::atomic<int64_t>> aside_ = std::make_shared<std::atomic<int64_t>>(0);
   mutable Mutex mu_;  // guards shards_ (the SparseShards lock themselves)
-  // Never removed: a SparseShard lives as long as this.
-  std::map<int32_t, std::unique_ptr<SparseShard>> shards_ ABSL_GUARDED_BY(mu_);
+  // Replaced only by a fresh copy (AddShard's `replace`); a caller still
+  // holding the stale one finishes with it.
+  std::map<int32_t, std::shared_ptr<SparseShard>> shards_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fulcrum

@@ -868,6 +868,45 @@ TEST_F(ReplicatedExportTest, AFinishedJobIsExportedFromItsBackupsWhenAPrimaryIsG
   ExpectSameExport(expected, LiveExport(done.job_id(), cluster_->scheduler_address()));
 }
 
+// A server joining a dense BSP job takes a share of the chunks live; the
+// servers they moved from keep no part in the job's checkpoints after that
+// (a chunk left behind never reaches a later cut), so the checkpoints taken
+// after the join complete, with the newcomer holding its chunks.
+class DenseJoinTest : public CheckpointTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(2, 2, /*replicas=*/1); }
+};
+
+TEST_F(DenseJoinTest, CheckpointsAfterALiveJoinComplete) {
+  v1::JobSpec spec = Spec(/*every_steps=*/200);
+  spec.mutable_model()->set_hidden_sizes(0, 256);  // 8 chunks of 4 KiB
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::JobStatus running = WaitForStep(*id, 50);
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.reason();
+  ASSERT_EQ(running.shards_size(), 2);
+  auto added = cluster_->AddServer();
+  ASSERT_TRUE(added.ok()) << added.status();
+  const v1::JobStatus joined = WaitFor(
+      *id, [](const v1::JobStatus& s) { return s.shards_size() == 3 || Terminal(s.state()); },
+      absl::Seconds(60));
+  ASSERT_EQ(joined.state(), v1::RUNNING) << "the job ended before the join: " << joined.reason();
+  ASSERT_EQ(joined.shards_size(), 3) << "the new server did not join";
+  const int64_t join_step = joined.progress().step();
+  auto after_join = [join_step](const v1::JobStatus& s) {
+    for (const auto& c : s.checkpoints()) {
+      if (c.state() == v1::CheckpointInfo::COMPLETE && c.step() > join_step) return true;
+    }
+    return false;
+  };
+  const v1::JobStatus checkpointed = WaitFor(
+      *id, [&](const v1::JobStatus& s) { return after_join(s) || Terminal(s.state()); }, absl::Seconds(90));
+  EXPECT_TRUE(after_join(checkpointed)) << "no checkpoint after the join at step " << join_step
+                                        << " completed:" << Describe(checkpointed.checkpoints());
+  const v1::JobStatus done = WaitForEnd(*id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+}
+
 // A server joining a job with sparse tables: the job takes a checkpoint and
 // starts again from it over three servers, where every table's buckets are
 // spread over all three (the newcomer leads a shard), and it ends with the

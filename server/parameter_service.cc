@@ -316,6 +316,7 @@ absl::Status ParameterServiceImpl::SetupFresh(const v1::SetupJobRequest& request
   ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(std::move(config)));
   if (request.has_restore()) RETURN_IF_ERROR(RestoreChunks(shard.get(), request.restore()));
   RETURN_IF_ERROR(shard->Configure(request.shard_map().version(), RolesFor(request.shard_map(), request.server_id())));
+  if (shard->sparse() != nullptr) shard->sparse()->Installed();
   store_->Install(std::move(shard));
   return absl::OkStatus();
 }

@@ -1382,15 +1382,26 @@ TEST(ParameterServiceSparseTest, ANewBackupCopiesTheShardsTablesLive) {
   EXPECT_EQ(rows_on(newcomer->get(), 2), now);
   // Map 3 takes the newcomer out of the group (its handover undone, say)
   // without dropping the job there, and the primary goes on alone: the
-  // tables the newcomer keeps miss step 4.
+  // newcomer drops the shard's tables, which would miss step 4.
   const v1::ShardMap alone_again =
       MakeTableSetupOn("job-c", alone, (*primary)->id(), /*version=*/3).shard_map();
   ASSERT_TRUE(IsOk(Reconfigure((*primary)->stub(), "job-c", alone_again)));
   ASSERT_TRUE(IsOk(Reconfigure((*newcomer)->stub(), "job-c", alone_again)));
+  {
+    v1::SparsePullRequest pull;
+    pull.set_job_id("job-c");
+    pull.set_map_version(3);
+    pull.add_tables()->set_table(1);
+    pull.mutable_tables(0)->set_keys(Keys(keys));
+    grpc::ClientContext context;
+    v1::SparsePullResponse rows;
+    EXPECT_EQ((*newcomer)->stub()->SparsePull(&context, pull, &rows).error_code(), grpc::StatusCode::ABORTED)
+        << "the newcomer still answers with the shard's rows";
+  }
   ASSERT_TRUE(IsOk(push(push_of(3, 4, 0.3f), &answer)));
   EXPECT_FALSE(answer.duplicate());
-  // Map 4 adds it back: it copies the shard again instead of keeping what it
-  // held, so it has step 4 and takes step 5 as the primary does.
+  // Map 4 adds it back: it copies the shard again, so it has step 4 and
+  // takes step 5 as the primary does.
   v1::SetupJobRequest again = MakeTableSetupOn("job-c", group, (*newcomer)->id(), /*version=*/4);
   ASSERT_TRUE(IsOk(Reconfigure((*primary)->stub(), "job-c", again.shard_map())));
   again.set_copy_from((*primary)->address());

@@ -809,19 +809,35 @@ absl::Status JobShard::Validate(const PushArgs& args) {
 
 absl::Status JobShard::Configure(int64_t version, std::map<int32_t, ShardRole> roles,
                                  std::map<int32_t, int32_t> chunk_shards) {
-  MutexLock lock(&roles_mu_);
-  if (version < map_version_) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", config_.job_id, ": shard map version ", version,
-                                                      " is older than the one held (", map_version_, ")"));
+  {
+    MutexLock lock(&roles_mu_);
+    if (version < map_version_) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", config_.job_id, ": shard map version ",
+                                                        version, " is older than the one held (",
+                                                        map_version_, ")"));
+    }
+    map_version_ = version;
+    roles_ = std::move(roles);
+    configured_ = true;
+    for (const auto& [chunk, shard] : chunk_shards) {
+      auto it = shard_of_.find(chunk);
+      if (it != shard_of_.end()) it->second = shard;
+    }
   }
-  map_version_ = version;
-  roles_ = std::move(roles);
-  configured_ = true;
-  for (const auto& [chunk, shard] : chunk_shards) {
-    auto it = shard_of_.find(chunk);
-    if (it != shard_of_.end()) it->second = shard;
-  }
+  DropTablesWithoutRole();
   return absl::OkStatus();
+}
+
+void JobShard::DropTablesWithoutRole() {
+  const std::optional<std::set<int32_t>> held = ShardsWithARole();
+  if (sparse_ == nullptr || !held.has_value()) return;
+  // Freed here, outside every lock, when the last request holding one ends.
+  const std::vector<std::shared_ptr<SparseShard>> dropped = sparse_->DropShardsExcept(
+      *held, absl::StrCat("this server was taken out of the shard's group (job ", config_.job_id, ")"));
+  if (!dropped.empty()) {
+    FLOG(INFO) << "job " << config_.job_id << ": dropped the tables of " << dropped.size()
+               << " shard(s) this server no longer holds";
+  }
 }
 
 int64_t JobShard::map_version() const {

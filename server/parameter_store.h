@@ -364,8 +364,10 @@ class JobShard {
   };
   // Takes the roles of shard-map `version` and (if not empty) its chunk ->
   // shard assignment: a chunk moved to a shard this server does not hold is
-  // refused from then on. FAILED_PRECONDITION (nothing changed) for a
-  // version older than the one held.
+  // refused from then on, and the tables of a shard it no longer holds are
+  // dropped (they would miss its pushes; a return copies them again).
+  // FAILED_PRECONDITION (nothing changed) for a version older than the one
+  // held.
   absl::Status Configure(int64_t version, std::map<int32_t, ShardRole> roles,
                          std::map<int32_t, int32_t> chunk_shards = {});
   int64_t map_version() const;
@@ -385,6 +387,9 @@ class JobShard {
   // The shards this server has a role in under the map it holds; nullopt
   // before the first Configure (a lone replica holds every shard).
   std::optional<std::set<int32_t>> ShardsWithARole() const;
+  // Drops the tables of the shards this server has no role in under the map
+  // it holds (Configure does, for the shards a new map takes it out of).
+  void DropTablesWithoutRole();
 
  private:
   explicit JobShard(JobShardConfig config);

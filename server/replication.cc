@@ -260,11 +260,9 @@ absl::Status Replicator::CopyTables(SparseShard* dest, const std::string& job_id
 }
 
 absl::Status Replicator::AdoptTables(SparseTables* tables, const std::set<int32_t>& shards,
-                                     const std::set<int32_t>& stale, const std::string& job_id,
-                                     const std::string& address) {
+                                     const std::string& job_id, const std::string& address) {
   for (int32_t shard : shards) {
-    const bool replace = stale.count(shard) > 0;
-    if (tables->Holds(shard) && !replace) continue;
+    if (tables->Holds(shard)) continue;
     absl::StatusOr<std::unique_ptr<SparseShard>> copy = tables->NewShard(shard);
     if (absl::IsFailedPrecondition(copy.status())) continue;  // no bucket of it
     RETURN_IF_ERROR(copy.status());
@@ -277,7 +275,7 @@ absl::Status Replicator::AdoptTables(SparseTables* tables, const std::set<int32_
       return absl::Status(code, absl::StrCat("copying the tables of shard ", shard, " of job ", job_id, " from ",
                                              address, ": ", copied.message()));
     }
-    RETURN_IF_ERROR(tables->AddShard(shard, *std::move(copy), replace));
+    RETURN_IF_ERROR(tables->AddShard(shard, *std::move(copy)));
   }
   return absl::OkStatus();
 }
@@ -302,18 +300,19 @@ absl::Status Replicator::AdoptCopies(ParameterStore* store, JobShardConfig confi
   if (existing.ok()) {
     RETURN_IF_ERROR((*existing)->AdoptChunks(config.chunks, snapshots));
     if ((*existing)->sparse() != nullptr) {
-      // Tables held of a shard this server has no part in under the map it
-      // holds (a copy whose handover was undone, a group it was taken out
-      // of) missed that shard's pushes since: copied again, not kept.
-      std::set<int32_t> stale;
-      if (const std::optional<std::set<int32_t>> held = (*existing)->ShardsWithARole(); held.has_value()) {
-        for (int32_t shard : table_shards) {
-          if (held->count(shard) == 0) stale.insert(shard);
-        }
-      }
-      RETURN_IF_ERROR(AdoptTables((*existing)->sparse(), table_shards, stale, config.job_id, default_source));
+      // Tables copied here before a failure (or a newer map taken meanwhile
+      // that leaves this server out of their shard) are not kept beside
+      // the others: they would miss the shard's pushes from then on.
+      absl::Status adopted = AdoptTables((*existing)->sparse(), table_shards, config.job_id, default_source);
+      if (!adopted.ok()) (*existing)->DropTablesWithoutRole();
+      RETURN_IF_ERROR(adopted);
     }
-    RETURN_IF_ERROR((*existing)->Configure(map_version, std::move(roles), std::move(chunk_shards)));
+    if (absl::Status configured =
+            (*existing)->Configure(map_version, std::move(roles), std::move(chunk_shards));
+        !configured.ok()) {
+      (*existing)->DropTablesWithoutRole();
+      return configured;
+    }
     // A DropJob that came during the copy (the scheduler telling this server
     // to drop the stale copy it adopted into) took the job away: the setup
     // failed, and the scheduler sets it up again, instead of believing this
@@ -331,7 +330,7 @@ absl::Status Replicator::AdoptCopies(ParameterStore* store, JobShardConfig confi
   ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard, JobShard::Create(std::move(config)));
   RETURN_IF_ERROR(shard->AdoptChunks(chunks, snapshots));
   if (shard->sparse() != nullptr)
-    RETURN_IF_ERROR(AdoptTables(shard->sparse(), table_shards, {}, job_id, default_source));
+    RETURN_IF_ERROR(AdoptTables(shard->sparse(), table_shards, job_id, default_source));
   RETURN_IF_ERROR(shard->Configure(map_version, std::move(roles)));
   store->Install(std::move(shard));
   return absl::OkStatus();

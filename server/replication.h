@@ -132,13 +132,11 @@ class Replicator {
   // source did not change in between. UNAVAILABLE when it kept changing.
   static constexpr int kCopyAttempts = 5;
   absl::Status CopyTables(SparseShard* dest, const std::string& job_id, int32_t shard, const std::string& address);
-  // The tables of each of `shards` that `tables` does not hold up to date,
-  // copied from `address` and added: those not held, and those of `stale`
-  // (held from a map in which this server had no part in the shard, so
-  // missing the pushes since), which the copy replaces. UNAVAILABLE (retry)
-  // or RESOURCE_EXHAUSTED naming the shard.
-  absl::Status AdoptTables(SparseTables* tables, const std::set<int32_t>& shards,
-                           const std::set<int32_t>& stale, const std::string& job_id,
+  // The tables of each of `shards` that `tables` does not hold yet, copied
+  // from `address` and added (a server taken out of a shard's group drops
+  // its tables, JobShard::Configure, so those held are up to date).
+  // UNAVAILABLE (retry) or RESOURCE_EXHAUSTED naming the shard.
+  absl::Status AdoptTables(SparseTables* tables, const std::set<int32_t>& shards, const std::string& job_id,
                            const std::string& address);
   // CopyChunk of `request` slice by slice (ReadSlicedChunk).
   absl::StatusOr<v1::ChunkState> CopySliced(const std::string& address, v1::CopyChunkRequest request);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/shard_map.h"
+#include "common/status_macros.h"
 #include "common/table_spec.h"
 #include "fulcrum/v1/parameter.pb.h"
 #include "gtest/gtest.h"
@@ -1142,6 +1143,77 @@ TEST(SparseTablesTest, ATableOfNoShardRefusesKeysAndPushes) {
               alone)
         << "key " << many[i];
   }
+}
+
+// Shards copied from another server (built aside, then added) count once
+// against the room: what a copy loaded aside is no longer counted beside the
+// server's bytes once the shard is added, so a second shard that fits is
+// taken. A shard dropped (its server taken out of the group) is held no more
+// and frozen for a request still holding it; a return copies it again.
+TEST(SparseTablesTest, CopiedShardsCountOnceAndADroppedShardIsCopiedAgain) {
+  auto source = SparseTables::Create(Tables(), {0, 1}, /*num_partitions=*/2);
+  ASSERT_TRUE(source.ok()) << source.status();
+  for (int32_t shard : {0, 1}) {
+    std::vector<uint64_t> keys;
+    for (uint64_t k = 1; keys.size() < 200; ++k) {
+      if (static_cast<int32_t>(BucketOf(k * 7919, kBuckets) % 2) == shard) keys.push_back(k * 7919);
+    }
+    const std::vector<float> linear(keys.size(), 0.5f), embedding = Grads(keys.size(), 4, 0.1f);
+    SparsePushArgs args = PushOf(0, 0, keys, linear, embedding);
+    args.shard = shard;
+    ASSERT_TRUE((*source)->Push(args).ok());
+  }
+  int64_t room = std::numeric_limits<int64_t>::max();
+  std::unique_ptr<SparseTables> dest;
+  auto copy_of = [&](int32_t shard) -> absl::StatusOr<std::unique_ptr<SparseShard>> {
+    auto copy = dest->NewShard(shard);
+    if (!copy.ok()) return copy.status();
+    for (int32_t chunk_id : (*copy)->chunk_ids()) {
+      absl::StatusOr<ChunkSnapshot> bucket = (*source)->CaptureBucket(chunk_id);
+      if (!bucket.ok()) return bucket.status();
+      RETURN_IF_ERROR((*copy)->AdoptBucket(chunk_id, bucket->table_state));
+    }
+    return copy;
+  };
+  // The room as a server's store gives it: its budget less what it holds.
+  auto make_dest = [&] {
+    auto made = SparseTables::Create(Tables(), {}, 2, [&] { return room - dest->bytes(); });
+    EXPECT_TRUE(made.ok()) << made.status();
+    dest = *std::move(made);
+  };
+  make_dest();
+  std::vector<int64_t> sizes;  // each shard's rows once added
+  for (int32_t shard : {0, 1}) {
+    const int64_t before = dest->bytes();
+    auto copy = copy_of(shard);
+    ASSERT_TRUE(copy.ok()) << copy.status();
+    ASSERT_TRUE(dest->AddShard(shard, *std::move(copy)).ok());
+    sizes.push_back(dest->bytes() - before);
+  }
+  // Room for both, with a margin smaller than either.
+  room = sizes[0] + sizes[1] + std::min(sizes[0], sizes[1]) / 2;
+  make_dest();
+  for (int32_t shard : {0, 1}) {
+    auto copy = copy_of(shard);
+    ASSERT_TRUE(copy.ok()) << "shard " << shard << ": " << copy.status();
+    ASSERT_TRUE(dest->AddShard(shard, *std::move(copy)).ok());
+  }
+  // Taken out of shard 1: dropped and frozen, shard 0 kept.
+  std::vector<std::shared_ptr<SparseShard>> dropped = dest->DropShardsExcept({0}, "taken out");
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_TRUE(dest->Holds(0));
+  EXPECT_FALSE(dest->Holds(1));
+  const std::vector<uint64_t> no_keys;
+  const std::vector<float> no_rows;
+  SparsePushArgs late = PushOf(0, 1, no_keys, no_rows, no_rows);
+  late.shard = 1;
+  EXPECT_EQ(dest->Push(late).status().code(), absl::StatusCode::kUnavailable) << "to be copied again";
+  EXPECT_EQ(dropped[0]->Push(late).status().code(), absl::StatusCode::kFailedPrecondition)
+      << "a request still holding the dropped shard";
+  dropped.clear();
+  auto again = copy_of(1);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(dest->AddShard(1, *std::move(again)).ok());
 }
 
 // A server that holds no bucket of the synchronous tables (a table of 1

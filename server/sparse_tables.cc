@@ -54,17 +54,36 @@ absl::StatusOr<std::unique_ptr<SparseShard>> SparseTables::NewShard(int32_t shar
   return SparseShard::Create(tables_, {shard}, num_partitions_, room_, aside_);
 }
 
-absl::Status SparseTables::AddShard(int32_t shard, std::unique_ptr<SparseShard> tables, bool replace) {
+absl::Status SparseTables::AddShard(int32_t shard, std::unique_ptr<SparseShard> tables) {
   if (tables == nullptr || tables->bucket_shards() != std::vector<int32_t>{shard}) {
     return absl::FailedPreconditionError(absl::StrCat("the tables added as shard ", shard, " are not that shard's"));
   }
+  // Built aside until now: its rows count in bytes() from here on.
+  const int64_t installed = tables->bytes();
   MutexLock lock(&mu_);
-  std::shared_ptr<SparseShard>& slot = shards_[shard];
-  if (slot != nullptr && !replace) {
+  if (!shards_.emplace(shard, std::move(tables)).second) {
     return absl::FailedPreconditionError(absl::StrCat("this server holds shard ", shard, "'s tables already"));
   }
-  slot = std::move(tables);
+  *aside_ -= std::min(aside_->load(), installed);
   return absl::OkStatus();
+}
+
+std::vector<std::shared_ptr<SparseShard>> SparseTables::DropShardsExcept(const std::set<int32_t>& keep,
+                                                                         const std::string& reason) {
+  std::vector<std::shared_ptr<SparseShard>> dropped;
+  {
+    MutexLock lock(&mu_);
+    for (auto it = shards_.begin(); it != shards_.end();) {
+      if (keep.count(it->first) > 0) {
+        ++it;
+        continue;
+      }
+      dropped.push_back(std::move(it->second));
+      it = shards_.erase(it);
+    }
+  }
+  for (const std::shared_ptr<SparseShard>& shard : dropped) shard->Freeze(reason);
+  return dropped;
 }
 
 bool SparseTables::Holds(int32_t shard) const { return Find(shard) != nullptr; }

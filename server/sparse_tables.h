@@ -79,12 +79,20 @@ class SparseTables {
   // A shard copied from another replica: NewShard makes it empty, aside
   // (to be filled by SparseShard::AdoptBucket and AdoptShardState), AddShard
   // puts it beside the others. FAILED_PRECONDITION for a shard held already
-  // (unless `replace`: a fresh copy of a shard whose tables here are stale)
   // or one holding no bucket.
   absl::StatusOr<std::unique_ptr<SparseShard>> NewShard(int32_t shard) const;
   // Whether any bucket of the job's tables is on `shard`.
   bool HasBuckets(int32_t shard) const;
-  absl::Status AddShard(int32_t shard, std::unique_ptr<SparseShard> tables, bool replace = false);
+  absl::Status AddShard(int32_t shard, std::unique_ptr<SparseShard> tables);
+  // The shards restored aside are installed (their rows count in the
+  // store's bytes from now on, no longer beside them).
+  void Installed() { *aside_ = 0; }
+  // Takes out the shards not in `keep` (those this server was taken out of:
+  // they miss the shard's pushes from then on, so a later return copies
+  // them again), frozen with `reason` for a request still holding one.
+  // Returns them, for the caller to free outside its locks.
+  std::vector<std::shared_ptr<SparseShard>> DropShardsExcept(const std::set<int32_t>& keep,
+                                                             const std::string& reason);
 
   void Freeze(const std::string& reason);
   std::vector<SparseTableStats> Stats() const;
@@ -114,8 +122,7 @@ class SparseTables {
   // counted in bytes(): their room is the budget's less this.
   std::shared_ptr<std::atomic<int64_t>> aside_ = std::make_shared<std::atomic<int64_t>>(0);
   mutable Mutex mu_;  // guards shards_ (the SparseShards lock themselves)
-  // Replaced only by a fresh copy (AddShard's `replace`); a caller still
-  // holding the stale one finishes with it.
+  // Shared: a request still holding one that is dropped finishes with it.
   std::map<int32_t, std::shared_ptr<SparseShard>> shards_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -725,11 +725,15 @@ absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> JobShard::Capture
                                                                                     int64_t at_version,
                                                                                     absl::Time deadline,
                                                                                     const IncrementalBase& base) {
-  const std::optional<std::set<int32_t>> held = ShardsWithARole();
+  std::optional<std::set<int32_t>> held;  // nullopt: never configured, every shard
   std::vector<std::pair<int32_t, Chunk*>> chunks;
   {
     MutexLock lock(&chunks_mu_);
     MutexLock roles_lock(&roles_mu_);
+    if (configured_) {
+      held.emplace();
+      for (const auto& [shard, role] : roles_) held->insert(shard);
+    }
     for (const auto& [id, chunk] : chunks_) {
       auto shard = shard_of_.find(id);
       if (held.has_value() && (shard == shard_of_.end() || held->count(shard->second) == 0)) continue;
@@ -829,11 +833,19 @@ absl::Status JobShard::Configure(int64_t version, std::map<int32_t, ShardRole> r
 }
 
 void JobShard::DropTablesWithoutRole() {
-  const std::optional<std::set<int32_t>> held = ShardsWithARole();
-  if (sparse_ == nullptr || !held.has_value()) return;
-  // Freed here, outside every lock, when the last request holding one ends.
-  const std::vector<std::shared_ptr<SparseShard>> dropped = sparse_->DropShardsExcept(
-      *held, absl::StrCat("this server was taken out of the shard's group (job ", config_.job_id, ")"));
+  if (sparse_ == nullptr) return;
+  std::vector<std::shared_ptr<SparseShard>> dropped;
+  {
+    // The roles read and the drop at once: a Configure between them could
+    // give back a role whose tables this then drops.
+    MutexLock lock(&roles_mu_);
+    if (!configured_) return;
+    std::set<int32_t> held;
+    for (const auto& [shard, role] : roles_) held.insert(shard);
+    dropped = sparse_->DropShardsExcept(
+        held, absl::StrCat("this server was taken out of the shard's group (job ", config_.job_id, ")"));
+  }
+  // Freed here, outside the locks, when the last request holding one ends.
   if (!dropped.empty()) {
     FLOG(INFO) << "job " << config_.job_id << ": dropped the tables of " << dropped.size()
                << " shard(s) this server no longer holds";

@@ -356,6 +356,11 @@ class JobShard {
   Mutex& sparse_replication_order() { return sparse_replication_order_; }
   // The job's sparse tables on this server (null when the job has none).
   SparseTables* sparse() const { return sparse_.get(); }
+  // Held by a copy into this job (Replicator::AdoptCopies) from its first
+  // fetch to its Configure: a second copy of the same setup (one retried
+  // past its deadline) waits, then finds the tables held, where the two
+  // would otherwise add and drop each other's.
+  Mutex& adopt_mu() { return adopt_mu_; }
 
   // Replication roles, per shard of the job, under a shard-map version.
   struct ShardRole {
@@ -400,6 +405,7 @@ class JobShard {
   std::unique_ptr<SparseTables> sparse_;  // set by Create, then constant
   Mutex replication_order_;
   Mutex sparse_replication_order_;
+  Mutex adopt_mu_ ABSL_ACQUIRED_BEFORE(chunks_mu_, roles_mu_);
   mutable Mutex chunks_mu_ ABSL_ACQUIRED_BEFORE(roles_mu_);  // guards chunks_ (chunks are never removed)
   std::map<int32_t, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(chunks_mu_);  // in id order
   // The same chunks by id for Find, which every chunk of every push and

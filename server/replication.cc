@@ -291,6 +291,7 @@ absl::Status Replicator::AdoptCopies(ParameterStore* store, JobShardConfig confi
   // it joins), into tables built aside and added when whole.
   const std::set<int32_t> table_shards = std::move(config.table_shards);
   config.table_shards.clear();
+  MutexLockMaybe adopting(existing.ok() ? &(*existing)->adopt_mu() : nullptr);
   if (existing.ok()) {
     std::vector<int32_t> ids;
     for (const ChunkConfig& chunk : config.chunks) ids.push_back(chunk.chunk_id);

@@ -818,10 +818,14 @@ absl::Status SparseShard::ApplyBucketChangesLocked(int32_t chunk_id, const std::
   }
   if (!applied.ok()) {
     bucket->Clear();
-    *aside_ -= std::min(aside_->load(), std::max<int64_t>(0, before - bucket->bytes()));
+    ReturnAside(before - bucket->bytes());
     return applied;
   }
-  *aside_ += growth;
+  if (growth >= 0) {
+    AddAside(growth);
+  } else {
+    ReturnAside(-growth);
+  }
   return absl::OkStatus();
 }
 
@@ -835,7 +839,7 @@ absl::Status SparseShard::LoadBucketLocked(int32_t chunk_id, const std::string& 
   const int64_t before = bucket->bytes();
   bucket->Clear();
   const int64_t emptied = before - bucket->bytes();
-  *aside_ -= std::min(aside_->load(), emptied);
+  ReturnAside(emptied);
   if (absl::Status loaded = bucket->LoadState(table_state); !loaded.ok()) return loaded;
   // A shard is restored (or copied) aside, before it is installed: the room
   // does not shrink as its buckets load, so their growth is summed here.
@@ -848,9 +852,27 @@ absl::Status SparseShard::LoadBucketLocked(int32_t chunk_id, const std::string& 
         *aside_ + growth, " bytes by bucket ", b, ", beyond the ", std::max<int64_t>(0, room),
         " bytes left in the server's memory budget (use more servers, or raise --memory-budget)"));
   }
-  *aside_ += growth;
+  AddAside(growth);
   return absl::OkStatus();
 }
+
+void SparseShard::AddAside(int64_t bytes) {
+  aside_added_ += bytes;
+  *aside_ += bytes;
+}
+
+void SparseShard::ReturnAside(int64_t bytes) {
+  int64_t added = aside_added_.load();
+  int64_t back = 0;
+  do {
+    back = std::min(added, std::max<int64_t>(0, bytes));
+  } while (!aside_added_.compare_exchange_weak(added, added - back));
+  *aside_ -= back;
+}
+
+void SparseShard::ReleaseAside() { ReturnAside(aside_added_.load()); }
+
+SparseShard::~SparseShard() { ReleaseAside(); }
 
 absl::Status SparseShard::AdoptBucket(int32_t chunk_id, const std::string& table_state) {
   MutexLock lock(&push_mu_);

@@ -223,6 +223,12 @@ class SparseShard {
   // Refuses pushes from now on (pulls still answer).
   void Freeze(const std::string& reason);
 
+  // What restores and copies loaded into this shard stops counting in
+  // `aside` (Create): the shard is added to the server's tables, whose
+  // bytes count it from then on, or thrown away (the destructor does).
+  void ReleaseAside();
+  ~SparseShard();
+
   std::vector<SparseTableStats> Stats() const;
   // The tables' bytes, and what synchronous tables hold of the step being
   // gathered and of the step before (for re-runs' pulls).
@@ -311,6 +317,10 @@ class SparseShard {
   // What restores and copies added to shards built aside (shared by the
   // shards of a job's SparseTables): counted against the room.
   const std::shared_ptr<std::atomic<int64_t>> aside_;
+  // What this shard added to aside_ and has not taken back.
+  std::atomic<int64_t> aside_added_{0};
+  void AddAside(int64_t bytes);
+  void ReturnAside(int64_t bytes);  // at most what it added
   const bool has_sync_;   // some table is synchronous
   const bool has_async_;  // some table is asynchronous
   const bool holds_sync_;  // and this server holds buckets of one (else its checkpoints never wait for a step)

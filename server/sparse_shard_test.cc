@@ -1147,8 +1147,8 @@ TEST(SparseTablesTest, ATableOfNoShardRefusesKeysAndPushes) {
 
 // Shards copied from another server (built aside, then added) count once
 // against the room: what a copy loaded aside is no longer counted beside the
-// server's bytes once the shard is added, so a second shard that fits is
-// taken. A shard dropped (its server taken out of the group) is held no more
+// server's bytes once the shard is added or thrown away, so a second shard
+// that fits is taken. A shard dropped (its server taken out of the group) is held no more
 // and frozen for a request still holding it; a return copies it again.
 TEST(SparseTablesTest, CopiedShardsCountOnceAndADroppedShardIsCopiedAgain) {
   auto source = SparseTables::Create(Tables(), {0, 1}, /*num_partitions=*/2);
@@ -1193,6 +1193,12 @@ TEST(SparseTablesTest, CopiedShardsCountOnceAndADroppedShardIsCopiedAgain) {
   // Room for both, with a margin smaller than either.
   room = sizes[0] + sizes[1] + std::min(sizes[0], sizes[1]) / 2;
   make_dest();
+  {
+    // A copy thrown away (its source died, or another copy added the shard
+    // first) gives back what it loaded.
+    auto thrown = copy_of(0);
+    ASSERT_TRUE(thrown.ok()) << thrown.status();
+  }
   for (int32_t shard : {0, 1}) {
     auto copy = copy_of(shard);
     ASSERT_TRUE(copy.ok()) << "shard " << shard << ": " << copy.status();

@@ -59,13 +59,16 @@ absl::Status SparseTables::AddShard(int32_t shard, std::unique_ptr<SparseShard> 
     return absl::FailedPreconditionError(absl::StrCat("the tables added as shard ", shard, " are not that shard's"));
   }
   // Built aside until now: its rows count in bytes() from here on.
-  const int64_t installed = tables->bytes();
+  tables->ReleaseAside();
   MutexLock lock(&mu_);
   if (!shards_.emplace(shard, std::move(tables)).second) {
     return absl::FailedPreconditionError(absl::StrCat("this server holds shard ", shard, "'s tables already"));
   }
-  *aside_ -= std::min(aside_->load(), installed);
   return absl::OkStatus();
+}
+
+void SparseTables::Installed() {
+  for (const std::shared_ptr<SparseShard>& shard : All()) shard->ReleaseAside();
 }
 
 std::vector<std::shared_ptr<SparseShard>> SparseTables::DropShardsExcept(const std::set<int32_t>& keep,

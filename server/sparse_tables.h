@@ -86,7 +86,7 @@ class SparseTables {
   absl::Status AddShard(int32_t shard, std::unique_ptr<SparseShard> tables);
   // The shards restored aside are installed (their rows count in the
   // store's bytes from now on, no longer beside them).
-  void Installed() { *aside_ = 0; }
+  void Installed();
   // Takes out the shards not in `keep` (those this server was taken out of:
   // they miss the shard's pushes from then on, so a later return copies
   // them again), frozen with `reason` for a request still holding one.

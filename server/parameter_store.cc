@@ -842,10 +842,14 @@ void JobShard::DropTablesWithoutRole() {
     if (!configured_) return;
     std::set<int32_t> held;
     for (const auto& [shard, role] : roles_) held.insert(shard);
-    dropped = sparse_->DropShardsExcept(
-        held, absl::StrCat("this server was taken out of the shard's group (job ", config_.job_id, ")"));
+    dropped = sparse_->DropShardsExcept(held);
   }
-  // Freed here, outside the locks, when the last request holding one ends.
+  // Out of the tables, no Configure gives them back: frozen (which waits
+  // for a push in progress, whose room check takes the store's locks) and
+  // freed outside every lock, when the last request holding one ends.
+  for (const std::shared_ptr<SparseShard>& shard : dropped) {
+    shard->Freeze(absl::StrCat("this server was taken out of the shard's group (job ", config_.job_id, ")"));
+  }
   if (!dropped.empty()) {
     FLOG(INFO) << "job " << config_.job_id << ": dropped the tables of " << dropped.size()
                << " shard(s) this server no longer holds";
@@ -984,6 +988,19 @@ void ParameterStore::Install(std::unique_ptr<JobShard> shard) {
     slot = std::move(shard);
   }
   if (old != nullptr) old->Drop("replaced by a fresh copy of the job's state");
+}
+
+absl::Status ParameterStore::InstallCopy(std::unique_ptr<JobShard> shard) {
+  const std::string job_id = shard->config().job_id;
+  MutexLock lock(&mu_);
+  std::shared_ptr<JobShard>& slot = jobs_[job_id];
+  if (slot != nullptr) {
+    return absl::UnavailableError(absl::StrCat("job ", job_id,
+                                               " was set up on this server while its state was copied here "
+                                               "(another copy of the same setup): set it up again"));
+  }
+  slot = std::move(shard);
+  return absl::OkStatus();
 }
 
 bool ParameterStore::DropJob(const std::string& job_id, const std::string& reason,

@@ -461,6 +461,11 @@ class ParameterStore {
   // Puts a job set up elsewhere (e.g. copied from a primary) in place,
   // replacing any state this server still had of it (which is stale).
   void Install(std::unique_ptr<JobShard> shard);
+  // Install, unless the job is held here already: a second copy of the same
+  // setup (one the scheduler retried past its deadline) installed its own
+  // meanwhile, which has taken writes since. UNAVAILABLE, and `shard` is
+  // thrown away.
+  absl::Status InstallCopy(std::unique_ptr<JobShard> shard);
   // Drops the job's state; waiting pulls return ABORTED with `reason`.
   // With keep_parameters the state stays readable but takes no more pushes.
   // `map_version` > 0: only a copy configured at that shard-map version or

@@ -127,6 +127,24 @@ class ParameterStoreTest : public ::testing::Test {
   ParameterStore store_;
 };
 
+// A copied job is installed only where the server holds none: a second copy
+// of the same setup that finished first (and took writes since) is kept,
+// and the later one is refused UNAVAILABLE (set up again), not put in its
+// place.
+TEST_F(ParameterStoreTest, ACopyIsInstalledOnlyWhereTheJobIsNotHeld) {
+  auto first = JobShard::Create(TestJob(false, 1));
+  auto second = JobShard::Create(TestJob(false, 1));
+  ASSERT_TRUE(first.ok() && second.ok());
+  const JobShard* installed = first->get();
+  ASSERT_TRUE(store_.InstallCopy(*std::move(first)).ok());
+  const absl::Status refused = store_.InstallCopy(*std::move(second));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_NE(refused.message().find("set it up again"), std::string::npos) << refused;
+  auto held = store_.Find("job-1");
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(held->get(), installed) << "the first copy was replaced";
+}
+
 TEST_F(ParameterStoreTest, InitialValuesMatchFillInitForTheChunkRange) {
   std::shared_ptr<JobShard> shard = SetUpJob(TestJob(/*synchronous=*/true, 2));
   ASSERT_NE(shard, nullptr);

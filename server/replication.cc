@@ -333,8 +333,7 @@ absl::Status Replicator::AdoptCopies(ParameterStore* store, JobShardConfig confi
   if (shard->sparse() != nullptr)
     RETURN_IF_ERROR(AdoptTables(shard->sparse(), table_shards, job_id, default_source));
   RETURN_IF_ERROR(shard->Configure(map_version, std::move(roles)));
-  store->Install(std::move(shard));
-  return absl::OkStatus();
+  return store->InstallCopy(std::move(shard));
 }
 
 }  // namespace fulcrum

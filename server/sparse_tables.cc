@@ -71,21 +71,17 @@ void SparseTables::Installed() {
   for (const std::shared_ptr<SparseShard>& shard : All()) shard->ReleaseAside();
 }
 
-std::vector<std::shared_ptr<SparseShard>> SparseTables::DropShardsExcept(const std::set<int32_t>& keep,
-                                                                         const std::string& reason) {
+std::vector<std::shared_ptr<SparseShard>> SparseTables::DropShardsExcept(const std::set<int32_t>& keep) {
   std::vector<std::shared_ptr<SparseShard>> dropped;
-  {
-    MutexLock lock(&mu_);
-    for (auto it = shards_.begin(); it != shards_.end();) {
-      if (keep.count(it->first) > 0) {
-        ++it;
-        continue;
-      }
-      dropped.push_back(std::move(it->second));
-      it = shards_.erase(it);
+  MutexLock lock(&mu_);
+  for (auto it = shards_.begin(); it != shards_.end();) {
+    if (keep.count(it->first) > 0) {
+      ++it;
+      continue;
     }
+    dropped.push_back(std::move(it->second));
+    it = shards_.erase(it);
   }
-  for (const std::shared_ptr<SparseShard>& shard : dropped) shard->Freeze(reason);
   return dropped;
 }
 

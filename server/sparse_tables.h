@@ -89,10 +89,10 @@ class SparseTables {
   void Installed();
   // Takes out the shards not in `keep` (those this server was taken out of:
   // they miss the shard's pushes from then on, so a later return copies
-  // them again), frozen with `reason` for a request still holding one.
-  // Returns them, for the caller to free outside its locks.
-  std::vector<std::shared_ptr<SparseShard>> DropShardsExcept(const std::set<int32_t>& keep,
-                                                             const std::string& reason);
+  // them again). Returns them, for the caller to freeze (for a request
+  // still holding one: Freeze waits for a push in progress) and free
+  // outside its locks.
+  std::vector<std::shared_ptr<SparseShard>> DropShardsExcept(const std::set<int32_t>& keep);
 
   void Freeze(const std::string& reason);
   std::vector<SparseTableStats> Stats() const;

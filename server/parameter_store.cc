@@ -730,10 +730,7 @@ absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> JobShard::Capture
   {
     MutexLock lock(&chunks_mu_);
     MutexLock roles_lock(&roles_mu_);
-    if (configured_) {
-      held.emplace();
-      for (const auto& [shard, role] : roles_) held->insert(shard);
-    }
+    held = ShardsWithARoleLocked();
     for (const auto& [id, chunk] : chunks_) {
       auto shard = shard_of_.find(id);
       if (held.has_value() && (shard == shard_of_.end() || held->count(shard->second) == 0)) continue;
@@ -839,10 +836,9 @@ void JobShard::DropTablesWithoutRole() {
     // The roles read and the drop at once: a Configure between them could
     // give back a role whose tables this then drops.
     MutexLock lock(&roles_mu_);
-    if (!configured_) return;
-    std::set<int32_t> held;
-    for (const auto& [shard, role] : roles_) held.insert(shard);
-    dropped = sparse_->DropShardsExcept(held);
+    const std::optional<std::set<int32_t>> held = ShardsWithARoleLocked();
+    if (!held.has_value()) return;
+    dropped = sparse_->DropShardsExcept(*held);
   }
   // Out of the tables, no Configure gives them back: frozen (which waits
   // for a push in progress, whose room check takes the store's locks) and
@@ -894,8 +890,7 @@ absl::StatusOr<JobShard::ChunkRoles> JobShard::RolesOf(absl::Span<const int32_t>
   return out;
 }
 
-std::optional<std::set<int32_t>> JobShard::ShardsWithARole() const {
-  MutexLock lock(&roles_mu_);
+std::optional<std::set<int32_t>> JobShard::ShardsWithARoleLocked() const {
   if (!configured_) return std::nullopt;
   std::set<int32_t> shards;
   for (const auto& [shard, role] : roles_) shards.insert(shard);

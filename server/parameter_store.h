@@ -389,9 +389,6 @@ class JobShard {
   // The role of shard `shard`; ABORTED when this server does not hold it in
   // the map it has (a server never configured holds every shard as primary).
   absl::StatusOr<ShardRole> RoleOfShard(int32_t shard) const;
-  // The shards this server has a role in under the map it holds; nullopt
-  // before the first Configure (a lone replica holds every shard).
-  std::optional<std::set<int32_t>> ShardsWithARole() const;
   // Drops the tables of the shards this server has no role in under the map
   // it holds (Configure does, for the shards a new map takes it out of).
   void DropTablesWithoutRole();
@@ -400,6 +397,9 @@ class JobShard {
   explicit JobShard(JobShardConfig config);
   static absl::StatusOr<std::unique_ptr<JobShard>> CreateChunks(JobShardConfig config);
   absl::StatusOr<Chunk*> Find(int32_t chunk_id) const;
+  // The shards this server has a role in under the map it holds; nullopt
+  // before the first Configure (a lone replica holds every shard).
+  std::optional<std::set<int32_t>> ShardsWithARoleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(roles_mu_);
 
   const JobShardConfig config_;
   std::unique_ptr<SparseTables> sparse_;  // set by Create, then constant

@@ -37,8 +37,7 @@ namespace {
 // Why a step's gradients or an evaluation's outputs are not finite.
 constexpr char kDivergedOrTooLarge[] =
     "the model diverged (a smaller optimizer.lr or a table's lr may help) or the data holds values too large "
-    "for "
-    "float32 (a libsvm value weighs its id's row)";
+    "for float32 (a libsvm value weighs its id's row)";
 
 constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 constexpr absl::Duration kWaitSlice = absl::Seconds(1);

@@ -28,7 +28,7 @@ void TableGauges::Update(const std::string& job_id, const SparseTables& tables, 
   if (!force && now - last < kRefreshEvery) return;
   last = now;
   for (const SparseTableStats& table : tables.Stats()) {
-    const std::map<std::string, std::string> labels = {{"job", job_id}, {"table", table.name}};
+    const std::map<std::string, std::string> labels = {{"job_id", job_id}, {"table", table.name}};
     rows_.Add(labels).Set(static_cast<double>(table.rows));
     bytes_.Add(labels).Set(static_cast<double>(table.bytes));
     admitted_.Add(labels).Set(static_cast<double>(table.admissions));
@@ -42,7 +42,7 @@ void TableGauges::Remove(const std::string& job_id) {
   auto it = tables_.find(job_id);
   if (it != tables_.end()) {
     for (const std::string& table : it->second) {
-      const std::map<std::string, std::string> labels = {{"job", job_id}, {"table", table}};
+      const std::map<std::string, std::string> labels = {{"job_id", job_id}, {"table", table}};
       for (auto* family : {&rows_, &bytes_, &admitted_, &expired_}) family->Remove(&family->Add(labels));
     }
     tables_.erase(it);

@@ -169,9 +169,9 @@ TEST_F(ClusterTest, ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer)
     EXPECT_EQ(shards.size(), 2u) << "the table's buckets are spread over both servers";
     // The servers' gauges count the table's rows: every id of the data at
     // most, and the training set's first epoch touches most of them.
-    const double rows = ServersTotal(cluster_->file(), absl::StrCat("fulcrum_server_table_rows{job=\"", done.job_id(),
-                                                                    "\",table=\"", done.shard_map().tables(0).name(),
-                                                                    "\"}"));
+    const double rows =
+        ServersTotal(cluster_->file(), absl::StrCat("fulcrum_server_table_rows{job_id=\"", done.job_id(),
+                                                    "\",table=\"", done.shard_map().tables(0).name(), "\"}"));
     EXPECT_GT(rows, 0.9 * 4 * 100);
     EXPECT_LE(rows, 4 * 100);
   }
@@ -266,8 +266,8 @@ TEST_F(ClusterTest, AGraphModelWithPerFieldTablesApproachesTheGroundTruthAuc) {
   EXPECT_LE(done.progress().test_auc(), best + 0.005);
   ASSERT_EQ(done.shard_map().tables_size(), 3);
   auto rows = [&](const std::string& table) {
-    return ServersTotal(cluster_->file(),
-                        absl::StrCat("fulcrum_server_table_rows{job=\"", done.job_id(), "\",table=\"", table, "\"}"));
+    return ServersTotal(cluster_->file(), absl::StrCat("fulcrum_server_table_rows{job_id=\"", done.job_id(),
+                                                       "\",table=\"", table, "\"}"));
   };
   // 100 ids a field: "linear" holds the 4 fields' ids, the others 2 fields' each.
   EXPECT_GT(rows("linear"), 0.9 * 4 * 100);

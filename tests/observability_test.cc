@@ -169,7 +169,9 @@ TEST_F(ObservabilityTest, EveryEndpointPassesPromtoolAndDashboardsUseExportedMet
   for (const char* expected :
        {"grpc_server_handled_total", "grpc_server_handling_seconds", "fulcrum_job_step",
         "fulcrum_server_replication_seconds", "fulcrum_job_last_checkpoint_timestamp_seconds",
-        "fulcrum_job_test_auc", "fulcrum_server_table_rows", "process_resident_memory_bytes",
+        "fulcrum_job_test_auc", "fulcrum_server_table_rows", "fulcrum_server_table_bytes",
+        "fulcrum_server_table_admitted_rows", "fulcrum_server_table_expired_rows",
+        "fulcrum_server_sparse_keys_pulled_total", "process_resident_memory_bytes",
         "process_cpu_seconds_total", "fulcrum_memory_budget_bytes", "fulcrum_server_budget_used_bytes"}) {
     EXPECT_EQ(names.count(expected), 1u) << expected << " is not exported";
   }
@@ -256,6 +258,25 @@ TEST_F(ObservabilityTest, RealPrometheusScrapesTheClusterAndAnswersQueries) {
     absl::SleepFor(absl::Milliseconds(200));  // polling until every target has been scraped once
   }
   EXPECT_TRUE(all_roles(up)) << up;
+
+  // A sparse table's series name the Fulcrum job in `job_id`: a `job`
+  // label would be renamed `exported_job` on scrape (Prometheus sets `job`
+  // to the scrape job), and the dashboard's per-table panels would group
+  // by the scrape job instead.
+  const std::string click_id = StartClickJob();
+  std::string rows;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(30); absl::Now() < deadline;) {
+    rows = Body(
+        HttpGet(address, "/api/v1/query?query=sum%20by%20(job_id%2C%20table)%20(fulcrum_server_table_rows)"));
+    if (rows.find(absl::StrCat("\"job_id\":\"", click_id, "\"")) != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(200));  // polling for a scrape after the job's first push
+  }
+  Cancel(click_id);
+  EXPECT_NE(rows.find(absl::StrCat("\"job_id\":\"", click_id, "\"")), std::string::npos) << rows;
+  EXPECT_NE(rows.find("\"table\":\"embedding\""), std::string::npos) << rows;
+  const std::string raw = Body(HttpGet(address, "/api/v1/query?query=fulcrum_server_table_bytes"));
+  EXPECT_EQ(raw.find("exported_job"), std::string::npos) << raw;
+  EXPECT_NE(raw.find("\"job\":\"fulcrum\""), std::string::npos) << "the scrape job's own label: " << raw;
 }
 
 }  // namespace

@@ -66,6 +66,9 @@ void JobManager::QueueHandoverCopy(Job* job) {
     }
   }
   if (!handover.new_shard()) setup.set_copy_from(map.shards(handover.shard()).address());
+  // It was out of the shard's group: what it may hold of the shard is stale,
+  // even where a Reconfigure it missed left it a map saying otherwise.
+  setup.set_joined_shard(handover.shard());
   // A new shard's leader takes no write until FinishHandover commits the
   // handover and activates it: until then the map may still go back.
   setup.set_await_activation(handover.new_shard());

@@ -2313,6 +2313,13 @@ TEST_F(JobManagerTest, ANewShardIsActivatedOnlyOnceItsHandoverIsCommitted) {
                                   absl::StrCat("SetupJob 127.0.0.1:7002 v", version, " awaiting activation"),
                                   absl::StrCat("Reconfigure 127.0.0.1:7002 v", version),
                               }));
+  // The copy names the shard it joins (what the server may hold of it is
+  // stale); a job's first setup names none.
+  const std::vector<FakeServers::Setup> setups = servers_.setups();
+  ASSERT_EQ(setups.back().address, "127.0.0.1:7002");
+  EXPECT_TRUE(setups.back().request.has_joined_shard());
+  EXPECT_EQ(setups.back().request.joined_shard(), 1);
+  EXPECT_FALSE(setups.front().request.has_joined_shard());
 
   // A third server joins; its copy fails for good (it has no room).
   RegisterMember(v1::SERVER, "127.0.0.1:7003");

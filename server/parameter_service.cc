@@ -332,9 +332,10 @@ absl::Status ParameterServiceImpl::SetupCopies(const v1::SetupJobRequest& reques
   // writes (SetupJobRequest.await_activation): under the version before the
   // map's, every write of the map's version is refused as "not received yet".
   const int64_t version = request.shard_map().version() - (request.await_activation() ? 1 : 0);
-  return replicator_->AdoptCopies(store_, std::move(config), version,
-                                 RolesFor(request.shard_map(), request.server_id()), ChunkShards(request.shard_map()),
-                                 request.copy_from(), sources);
+  return replicator_->AdoptCopies(
+      store_, std::move(config), version, RolesFor(request.shard_map(), request.server_id()),
+      ChunkShards(request.shard_map()), request.copy_from(), sources,
+      request.has_joined_shard() ? std::optional<int32_t>(request.joined_shard()) : std::nullopt);
 }
 
 grpc::Status ParameterServiceImpl::SetupJob(grpc::ServerContext*, const v1::SetupJobRequest* request,

@@ -1410,6 +1410,24 @@ TEST(ParameterServiceSparseTest, ANewBackupCopiesTheShardsTablesLive) {
   ASSERT_TRUE(IsOk(push(push_of(4, 5, 0.1f), &answer)));
   EXPECT_FALSE(answer.duplicate());
   EXPECT_EQ(rows_on(newcomer->get(), 4), rows_on(primary->get(), 4));
+  // Map 5 takes it out again, but its Reconfigure is lost: it still holds
+  // map 4, in which it backs the shard up, and keeps the tables, which miss
+  // step 6. Map 6 adds it back naming the shard it joins: it copies the
+  // shard again rather than keep what it holds.
+  const v1::ShardMap out_again =
+      MakeTableSetupOn("job-c", alone, (*primary)->id(), /*version=*/5).shard_map();
+  ASSERT_TRUE(IsOk(Reconfigure((*primary)->stub(), "job-c", out_again)));
+  ASSERT_TRUE(IsOk(push(push_of(5, 6, 0.2f), &answer)));
+  EXPECT_FALSE(answer.duplicate());
+  v1::SetupJobRequest back = MakeTableSetupOn("job-c", group, (*newcomer)->id(), /*version=*/6);
+  ASSERT_TRUE(IsOk(Reconfigure((*primary)->stub(), "job-c", back.shard_map())));
+  back.set_copy_from((*primary)->address());
+  back.set_joined_shard(0);
+  ASSERT_TRUE(IsOk(SetupJob((*newcomer)->stub(), back)));
+  EXPECT_EQ(rows_on(newcomer->get(), 6), rows_on(primary->get(), 6))
+      << "the tables that missed step 6 were kept";
+  ASSERT_TRUE(IsOk(push(push_of(6, 7, 0.1f), &answer)));
+  EXPECT_EQ(rows_on(newcomer->get(), 6), rows_on(primary->get(), 6));
 }
 
 TEST(ParameterServiceSparseTest, MalformedSparseRequestsAreRefusedWithReasons) {

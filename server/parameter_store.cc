@@ -840,6 +840,16 @@ void JobShard::DropTablesWithoutRole() {
     if (!held.has_value()) return;
     dropped = sparse_->DropShardsExcept(*held);
   }
+  FreezeDropped(dropped, "this server no longer holds");
+}
+
+void JobShard::DropTables(const std::set<int32_t>& shards, const std::string& why) {
+  if (sparse_ == nullptr) return;
+  FreezeDropped(sparse_->DropShards(shards), why);
+}
+
+void JobShard::FreezeDropped(const std::vector<std::shared_ptr<SparseShard>>& dropped,
+                             const std::string& why) {
   // Out of the tables, no Configure gives them back: frozen (which waits
   // for a push in progress, whose room check takes the store's locks) and
   // freed outside every lock, when the last request holding one ends.
@@ -847,8 +857,8 @@ void JobShard::DropTablesWithoutRole() {
     shard->Freeze(absl::StrCat("this server was taken out of the shard's group (job ", config_.job_id, ")"));
   }
   if (!dropped.empty()) {
-    FLOG(INFO) << "job " << config_.job_id << ": dropped the tables of " << dropped.size()
-               << " shard(s) this server no longer holds";
+    FLOG(INFO) << "job " << config_.job_id << ": dropped the tables of " << dropped.size() << " shard(s) "
+               << why;
   }
 }
 

@@ -392,6 +392,9 @@ class JobShard {
   // Drops the tables of the shards this server has no role in under the map
   // it holds (Configure does, for the shards a new map takes it out of).
   void DropTablesWithoutRole();
+  // Drops the tables of `shards` whatever the roles (stale copies: see
+  // SetupJobRequest.joined_shard); `why` goes into the log.
+  void DropTables(const std::set<int32_t>& shards, const std::string& why);
 
  private:
   explicit JobShard(JobShardConfig config);
@@ -400,6 +403,8 @@ class JobShard {
   // The shards this server has a role in under the map it holds; nullopt
   // before the first Configure (a lone replica holds every shard).
   std::optional<std::set<int32_t>> ShardsWithARoleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(roles_mu_);
+  // Freezes shards taken out of the tables and logs it (`why`: what they were).
+  void FreezeDropped(const std::vector<std::shared_ptr<SparseShard>>& dropped, const std::string& why);
 
   const JobShardConfig config_;
   std::unique_ptr<SparseTables> sparse_;  // set by Create, then constant

@@ -282,8 +282,10 @@ absl::Status Replicator::AdoptTables(SparseTables* tables, const std::set<int32_
 
 absl::Status Replicator::AdoptCopies(ParameterStore* store, JobShardConfig config, int64_t map_version,
                                      std::map<int32_t, JobShard::ShardRole> roles,
-                                     std::map<int32_t, int32_t> chunk_shards, const std::string& default_source,
-                                     const std::map<int32_t, std::string>& sources) {
+                                     std::map<int32_t, int32_t> chunk_shards,
+                                     const std::string& default_source,
+                                     const std::map<int32_t, std::string>& sources,
+                                     std::optional<int32_t> joined_shard) {
   RETURN_IF_ERROR(store->CheckFits(config.job_id, JobShard::ConfigBytes(config), /*replacing=*/false));
   auto existing = store->Find(config.job_id);
   // The shards whose tables this server holds in the new map: those it does
@@ -301,6 +303,10 @@ absl::Status Replicator::AdoptCopies(ParameterStore* store, JobShardConfig confi
   if (existing.ok()) {
     RETURN_IF_ERROR((*existing)->AdoptChunks(config.chunks, snapshots));
     if ((*existing)->sparse() != nullptr) {
+      // The joined shard's tables, if this server still holds them, are
+      // from before it left the shard's group: they missed pushes since.
+      if (joined_shard.has_value())
+        (*existing)->DropTables({*joined_shard}, "its copy is stale: copied again");
       // Tables copied here before a failure (or a newer map taken meanwhile
       // that leaves this server out of their shard) are not kept beside
       // the others: they would miss the shard's pushes from then on.

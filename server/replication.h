@@ -119,10 +119,13 @@ class Replicator {
   // job (other shards stay), or into a fresh job state installed once whole.
   // Chunks already held are unavailable while they are copied, so no write
   // lands in a state the copy then overwrites. `roles` and `chunk_shards`
-  // are this server's in the shard map of `map_version`.
+  // are this server's in the shard map of `map_version`. The tables of
+  // `joined_shard` (SetupJobRequest.joined_shard) are copied again if held.
   absl::Status AdoptCopies(ParameterStore* store, JobShardConfig config, int64_t map_version,
-                           std::map<int32_t, JobShard::ShardRole> roles, std::map<int32_t, int32_t> chunk_shards,
-                           const std::string& default_source, const std::map<int32_t, std::string>& sources);
+                           std::map<int32_t, JobShard::ShardRole> roles,
+                           std::map<int32_t, int32_t> chunk_shards, const std::string& default_source,
+                           const std::map<int32_t, std::string>& sources,
+                           std::optional<int32_t> joined_shard = std::nullopt);
 
  private:
   void Refused() const;

@@ -71,6 +71,18 @@ void SparseTables::Installed() {
   for (const std::shared_ptr<SparseShard>& shard : All()) shard->ReleaseAside();
 }
 
+std::vector<std::shared_ptr<SparseShard>> SparseTables::DropShards(const std::set<int32_t>& drop) {
+  std::vector<std::shared_ptr<SparseShard>> dropped;
+  MutexLock lock(&mu_);
+  for (int32_t shard : drop) {
+    auto it = shards_.find(shard);
+    if (it == shards_.end()) continue;
+    dropped.push_back(std::move(it->second));
+    shards_.erase(it);
+  }
+  return dropped;
+}
+
 std::vector<std::shared_ptr<SparseShard>> SparseTables::DropShardsExcept(const std::set<int32_t>& keep) {
   std::vector<std::shared_ptr<SparseShard>> dropped;
   MutexLock lock(&mu_);

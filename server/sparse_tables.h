@@ -93,6 +93,8 @@ class SparseTables {
   // still holding one: Freeze waits for a push in progress) and free
   // outside its locks.
   std::vector<std::shared_ptr<SparseShard>> DropShardsExcept(const std::set<int32_t>& keep);
+  // Takes out the shards in `drop` (stale copies), likewise.
+  std::vector<std::shared_ptr<SparseShard>> DropShards(const std::set<int32_t>& drop);
 
   void Freeze(const std::string& reason);
   std::vector<SparseTableStats> Stats() const;

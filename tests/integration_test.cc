@@ -193,6 +193,15 @@ TEST_F(ClusterTest, ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer)
   const double rows = ServersTotal(cluster_->file(), "fulcrum_server_table_rows" + labels);
   EXPECT_GT(rows, 0.9 * 4 * 100);
   EXPECT_EQ(ServersTotal(cluster_->file(), "fulcrum_server_table_admitted_rows" + labels), rows);
+
+  // PERSIA's hybrid: an FM in BSP whose `embedding` table is ASYNC (its
+  // rows at most a step stale) approaches the ground truth as the FM does.
+  v1::JobSpec hybrid = ClickSpec(v1::ModelSpec::FM, 2);
+  hybrid.set_mode(v1::BSP);
+  hybrid.mutable_model()->mutable_tables(1)->set_consistency(v1::TableSpec::ASYNC);
+  ASSERT_EQ(hybrid.model().tables(1).name(), "embedding");
+  ASSERT_NO_FATAL_FAILURE(RunToSuccess(hybrid, &done));
+  EXPECT_GE(done.progress().test_auc(), BestAuc(hybrid) - 0.045) << "best reachable " << BestAuc(hybrid);
 }
 
 // A GRAPH over dense data that is not an MLP (a residual connection, two

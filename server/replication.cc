@@ -305,8 +305,11 @@ absl::Status Replicator::AdoptCopies(ParameterStore* store, JobShardConfig confi
     if ((*existing)->sparse() != nullptr) {
       // The joined shard's tables, if this server still holds them, are
       // from before it left the shard's group: they missed pushes since.
-      if (joined_shard.has_value())
+      // (Only a shard it joins as a backup: what it leads is never dropped.)
+      auto joined = joined_shard.has_value() ? roles.find(*joined_shard) : roles.end();
+      if (joined != roles.end() && !joined->second.primary) {
         (*existing)->DropTables({*joined_shard}, "its copy is stale: copied again");
+      }
       // Tables copied here before a failure (or a newer map taken meanwhile
       // that leaves this server out of their shard) are not kept beside
       // the others: they would miss the shard's pushes from then on.

@@ -219,7 +219,10 @@ std::string ProgressLine(const v1::JobStatus& job) {
                                      p.step(), p.total_steps(), p.train_loss(), p.samples_per_second(),
                                      p.elapsed_seconds());
   if (p.test_accuracy() >= 0) absl::StrAppendFormat(&line, "  test acc %.4f", p.test_accuracy());
-  if (p.test_accuracy() < 0 && p.has_test_loss()) absl::StrAppendFormat(&line, "  test loss %.4f", p.test_loss());
+  // A binary task's test log-loss beside its AUC; a regression's one figure.
+  if ((p.test_accuracy() < 0 || p.has_test_auc()) && p.has_test_loss()) {
+    absl::StrAppendFormat(&line, "  test %s %.4f", p.has_test_auc() ? "log-loss" : "loss", p.test_loss());
+  }
   if (p.has_test_auc()) absl::StrAppendFormat(&line, "  test AUC %.4f", p.test_auc());
   return line;
 }

@@ -3,6 +3,8 @@
 // driven through the public gRPC API and the `fulcrum` CLI. Every process is
 // killed by pid in teardown, also when a test fails.
 #include <arpa/inet.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -18,33 +20,31 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
-#include <tuple>
-#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
-
-#include <grpcpp/generic/generic_stub.h>
-#include <gtest/gtest.h>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/local_cluster.h"
-#include "worker/ctr_data.h"
-#include "common/test_util.h"
-#include "tests/click_job.h"
-#include "tests/live_export.h"
-#include "tests/cluster_fixture.h"
 #include "common/rpc.h"
+#include "common/sync.h"
 #include "common/tensor_codec.h"
+#include "common/test_util.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
+#include "tests/click_job.h"
+#include "tests/cluster_fixture.h"
+#include "tests/live_export.h"
+#include "worker/ctr_data.h"
 #include "worker/parameter_client.h"
-#include "common/sync.h"
 
 namespace fulcrum {
 namespace {
@@ -193,6 +193,14 @@ TEST_F(ClusterTest, ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer)
   const double rows = ServersTotal(cluster_->file(), "fulcrum_server_table_rows" + labels);
   EXPECT_GT(rows, 0.9 * 4 * 100);
   EXPECT_EQ(ServersTotal(cluster_->file(), "fulcrum_server_table_admitted_rows" + labels), rows);
+  // `fulcrum get` shows a binary task's test log-loss beside its AUC.
+  auto [get_rc, get_out] =
+      RunCli(absl::StrCat("get ", done.job_id(), " --scheduler ", cluster_->scheduler_address()));
+  EXPECT_EQ(get_rc, 0) << get_out;
+  EXPECT_NE(get_out.find(absl::StrFormat("test log-loss %.4f  test AUC %.4f", done.progress().test_loss(),
+                                         done.progress().test_auc())),
+            std::string::npos)
+      << get_out;
 
   // PERSIA's hybrid: an FM in BSP whose `embedding` table is ASYNC (its
   // rows at most a step stale) approaches the ground truth as the FM does.

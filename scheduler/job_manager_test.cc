@@ -2384,6 +2384,43 @@ TEST_F(JobManagerTest, ACopyThatSucceedsAfterItsHandoverWasUndoneIsDropped) {
   }
 }
 
+// A server added as a backup of a shard (re-replication after a loss) is
+// asked to copy it naming the shard it joins: whatever it may still hold of
+// that shard is stale (SetupJobRequest.joined_shard).
+TEST_F(JobManagerTest, ABackupsCopyNamesTheShardItJoins) {
+  RegisterCluster();
+  const std::string b = RegisterMember(v1::SERVER, "127.0.0.1:7002");
+  v1::JobSpec spec = MlpSpec();
+  spec.set_replicas(2);
+  spec.set_num_shards(1);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  ASSERT_NO_FATAL_FAILURE(MakeTraining(job_id));
+  ASSERT_EQ(GetOk(job_id).shard_map().shards_size(), 1);
+  const std::string c = RegisterMember(v1::SERVER, "127.0.0.1:7003");
+  // b's lease runs out: the shard is a replica short, and c joins it.
+  for (int half = 0; half < 2; ++half) {
+    Advance(options_.lease / 2 + absl::Milliseconds(half * 100));
+    HeartbeatOk(server_);
+    HeartbeatOk(c);
+    for (const std::string& w : workers_) HeartbeatOk(w, job_id);
+  }
+  manager_->Tick();
+  manager_->Tick();
+  const v1::ShardLocation shard = GetOk(job_id).shard_map().shards(0);
+  ASSERT_EQ(shard.backup_ids_size(), 1);
+  EXPECT_EQ(shard.backup_ids(0), c);
+  bool named = false;
+  for (const FakeServers::Setup& setup : servers_.setups()) {
+    if (setup.address != "127.0.0.1:7003") continue;
+    EXPECT_FALSE(setup.request.copy_from().empty());
+    EXPECT_TRUE(setup.request.has_joined_shard());
+    EXPECT_EQ(setup.request.joined_shard(), 0);
+    named = true;
+  }
+  EXPECT_TRUE(named) << "c was never asked to copy the shard";
+}
+
 // A new shard's activation that does not get through (the newcomer
 // unreachable for a moment) is sent again on later ticks until the server
 // takes it: a leader never activated would refuse its shard's writes for good.

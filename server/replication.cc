@@ -303,11 +303,14 @@ absl::Status Replicator::AdoptCopies(ParameterStore* store, JobShardConfig confi
   if (existing.ok()) {
     RETURN_IF_ERROR((*existing)->AdoptChunks(config.chunks, snapshots));
     if ((*existing)->sparse() != nullptr) {
-      // The joined shard's tables, if this server still holds them, are
-      // from before it left the shard's group: they missed pushes since.
-      // (Only a shard it joins as a backup: what it leads is never dropped.)
+      // The joined shard's tables, if this server still holds them from
+      // under an older map, are from before it left the shard's group: they
+      // missed pushes since. Not under this map or a newer one: a retry of
+      // this copy (the first finished past the scheduler's deadline) finds
+      // them live, taking the shard's writes, or this request is stale. Only
+      // a shard it joins as a backup: what it leads is never dropped.
       auto joined = joined_shard.has_value() ? roles.find(*joined_shard) : roles.end();
-      if (joined != roles.end() && !joined->second.primary) {
+      if (joined != roles.end() && !joined->second.primary && (*existing)->map_version() < map_version) {
         (*existing)->DropTables({*joined_shard}, "its copy is stale: copied again");
       }
       // Tables copied here before a failure (or a newer map taken meanwhile

@@ -176,8 +176,9 @@ TEST_F(ClusterTest, ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer)
     EXPECT_LE(rows, 4 * 100);
   }
   // FTRL-proximal on the table, behind a frequency filter (a key gets a row
-  // at its second push), on data from a logistic model: within 0.02 (runs
-  // here: 0.010 to 0.013). Every row there is was admitted.
+  // at its second push), on data from a logistic model: within 0.025 (runs
+  // here: 0.010 to 0.013). The rows the servers hold are those admitted
+  // (here every id passes the filter; SparseTableTest counts it exactly).
   v1::JobSpec ftrl = ClickSpec(v1::ModelSpec::LOGISTIC_REGRESSION, 0);
   v1::TableSpec* linear = ftrl.mutable_model()->mutable_tables(0);
   linear->mutable_optimizer()->set_kind(v1::SparseOptimizerSpec::FTRL);
@@ -188,7 +189,7 @@ TEST_F(ClusterTest, ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer)
   v1::JobStatus done;
   ASSERT_NO_FATAL_FAILURE(RunToSuccess(ftrl, &done));
   const double best = BestAuc(ftrl);
-  EXPECT_GE(done.progress().test_auc(), best - 0.02) << "best reachable " << best;
+  EXPECT_GE(done.progress().test_auc(), best - 0.025) << "best reachable " << best;
   const std::string labels = absl::StrCat("{job_id=\"", done.job_id(), "\",table=\"linear\"}");
   const double rows = ServersTotal(cluster_->file(), "fulcrum_server_table_rows" + labels);
   EXPECT_GT(rows, 0.9 * 4 * 100);
@@ -203,7 +204,8 @@ TEST_F(ClusterTest, ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer)
       << get_out;
 
   // PERSIA's hybrid: an FM in BSP whose `embedding` table is ASYNC (its
-  // rows at most a step stale) approaches the ground truth as the FM does.
+  // pushes applied as they come, not summed per step) approaches the ground
+  // truth as the FM does.
   v1::JobSpec hybrid = ClickSpec(v1::ModelSpec::FM, 2);
   hybrid.set_mode(v1::BSP);
   hybrid.mutable_model()->mutable_tables(1)->set_consistency(v1::TableSpec::ASYNC);

@@ -271,10 +271,11 @@ TEST_F(ObservabilityTest, RealPrometheusScrapesTheClusterAndAnswersQueries) {
     if (rows.find(absl::StrCat("\"job_id\":\"", click_id, "\"")) != std::string::npos) break;
     absl::SleepFor(absl::Milliseconds(200));  // polling for a scrape after the job's first push
   }
+  const std::string raw = Body(HttpGet(address, "/api/v1/query?query=fulcrum_server_table_bytes"));
   Cancel(click_id);
   EXPECT_NE(rows.find(absl::StrCat("\"job_id\":\"", click_id, "\"")), std::string::npos) << rows;
   EXPECT_NE(rows.find("\"table\":\"embedding\""), std::string::npos) << rows;
-  const std::string raw = Body(HttpGet(address, "/api/v1/query?query=fulcrum_server_table_bytes"));
+  EXPECT_NE(raw.find(absl::StrCat("\"job_id\":\"", click_id, "\"")), std::string::npos) << raw;
   EXPECT_EQ(raw.find("exported_job"), std::string::npos) << raw;
   EXPECT_NE(raw.find("\"job\":\"fulcrum\""), std::string::npos) << "the scrape job's own label: " << raw;
 }

@@ -1423,9 +1423,23 @@ TEST(ParameterServiceSparseTest, ANewBackupCopiesTheShardsTablesLive) {
   ASSERT_TRUE(IsOk(Reconfigure((*primary)->stub(), "job-c", back.shard_map())));
   back.set_copy_from((*primary)->address());
   back.set_joined_shard(0);
-  ASSERT_TRUE(IsOk(SetupJob((*newcomer)->stub(), back)));
+  testing::internal::CaptureStderr();
+  const grpc::Status copied_back = SetupJob((*newcomer)->stub(), back);
+  const std::string log = testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(IsOk(copied_back));
+  EXPECT_NE(log.find("dropped the tables of 1 shard(s) its copy is stale"), std::string::npos) << log;
   EXPECT_EQ(rows_on(newcomer->get(), 6), rows_on(primary->get(), 6))
       << "the tables that missed step 6 were kept";
+  // The same copy again (retried past the scheduler's deadline while the
+  // first ran): the tables it finds are live under the copy's map, and
+  // stay; dropped, the shard's writes would be refused while they are
+  // copied once more.
+  testing::internal::CaptureStderr();
+  const grpc::Status retried = SetupJob((*newcomer)->stub(), back);
+  const std::string retry_log = testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(IsOk(retried));
+  EXPECT_EQ(retry_log.find("dropped the tables"), std::string::npos) << retry_log;
+  EXPECT_EQ(rows_on(newcomer->get(), 6), rows_on(primary->get(), 6));
   ASSERT_TRUE(IsOk(push(push_of(6, 7, 0.1f), &answer)));
   EXPECT_EQ(rows_on(newcomer->get(), 6), rows_on(primary->get(), 6));
 }

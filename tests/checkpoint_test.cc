@@ -371,9 +371,7 @@ TEST_F(CheckpointTest, BspClickJobWithExpiringRowsIsBitIdenticalWhoeverComputesT
   ASSERT_NO_FATAL_FAILURE(RunToSuccess(spec, &two));
   const std::map<std::string, SafetensorsTensor> expected =
       LiveExport(two.job_id(), cluster_->scheduler_address());
-  EXPECT_GT(ServersTotal(cluster_->file(), absl::StrCat("fulcrum_server_table_expired_rows{job_id=\"",
-                                                        two.job_id(), "\",table=\"embedding\"}")),
-            100)
+  EXPECT_GT(ServersTableTotal(cluster_->file(), "expired_rows", two.job_id(), "embedding"), 100)
       << "rows expired";
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE(round == 0 ? "two workers again" : "one worker");

@@ -290,6 +290,14 @@ inline double ServersTotal(const v1::LocalClusterFile& cluster, const std::strin
   return total;
 }
 
+// The sum over the servers of a per-table gauge (`fulcrum_server_table_` +
+// `gauge`: rows, bytes, admitted_rows, expired_rows) of one job's table.
+inline double ServersTableTotal(const v1::LocalClusterFile& cluster, const std::string& gauge,
+                                const std::string& job_id, const std::string& table) {
+  return ServersTotal(cluster, absl::StrCat("fulcrum_server_table_", gauge, "{job_id=\"", job_id,
+                                            "\",table=\"", table, "\"}"));
+}
+
 }  // namespace fulcrum
 
 #endif  // FULCRUM_TESTS_CLUSTER_FIXTURE_H_

@@ -170,8 +170,7 @@ TEST_F(ClusterTest, ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer)
     // The servers' gauges count the table's rows: every id of the data at
     // most, and the training set's first epoch touches most of them.
     const double rows =
-        ServersTotal(cluster_->file(), absl::StrCat("fulcrum_server_table_rows{job_id=\"", done.job_id(),
-                                                    "\",table=\"", done.shard_map().tables(0).name(), "\"}"));
+        ServersTableTotal(cluster_->file(), "rows", done.job_id(), done.shard_map().tables(0).name());
     EXPECT_GT(rows, 0.9 * 4 * 100);
     EXPECT_LE(rows, 4 * 100);
   }
@@ -190,10 +189,9 @@ TEST_F(ClusterTest, ClickModelsApproachTheGroundTruthAucOverTablesOnEveryServer)
   ASSERT_NO_FATAL_FAILURE(RunToSuccess(ftrl, &done));
   const double best = BestAuc(ftrl);
   EXPECT_GE(done.progress().test_auc(), best - 0.025) << "best reachable " << best;
-  const std::string labels = absl::StrCat("{job_id=\"", done.job_id(), "\",table=\"linear\"}");
-  const double rows = ServersTotal(cluster_->file(), "fulcrum_server_table_rows" + labels);
+  const double rows = ServersTableTotal(cluster_->file(), "rows", done.job_id(), "linear");
   EXPECT_GT(rows, 0.9 * 4 * 100);
-  EXPECT_EQ(ServersTotal(cluster_->file(), "fulcrum_server_table_admitted_rows" + labels), rows);
+  EXPECT_EQ(ServersTableTotal(cluster_->file(), "admitted_rows", done.job_id(), "linear"), rows);
   // `fulcrum get` shows a binary task's test log-loss beside its AUC.
   auto [get_rc, get_out] =
       RunCli(absl::StrCat("get ", done.job_id(), " --scheduler ", cluster_->scheduler_address()));
@@ -303,8 +301,7 @@ TEST_F(ClusterTest, AGraphModelWithPerFieldTablesApproachesTheGroundTruthAuc) {
   EXPECT_LE(done.progress().test_auc(), best + 0.005);
   ASSERT_EQ(done.shard_map().tables_size(), 3);
   auto rows = [&](const std::string& table) {
-    return ServersTotal(cluster_->file(), absl::StrCat("fulcrum_server_table_rows{job_id=\"", done.job_id(),
-                                                       "\",table=\"", table, "\"}"));
+    return ServersTableTotal(cluster_->file(), "rows", done.job_id(), table);
   };
   // 100 ids a field: "linear" holds the 4 fields' ids, the others 2 fields' each.
   EXPECT_GT(rows("linear"), 0.9 * 4 * 100);

@@ -412,9 +412,14 @@ bool WriteFull(int fd, const char* buffer, int64_t n) {
 // distinct keys of a table of rows of `dim` floats on `servers` servers,
 // over gRPC, as a worker sends them (SparseClient): the keys' rows exist
 // (one push creates them first). An iteration moves the keys and their rows.
-absl::StatusOr<Moved> RunSparse(const std::string& what, int64_t keys, int32_t dim, int servers) {
+// With `in_process`, without gRPC: the requests' bytes handed to the
+// services (InProcessTransport), so the time is Fulcrum's own code.
+absl::StatusOr<Moved> RunSparse(const std::string& what, int64_t keys, int32_t dim, int servers,
+                                bool in_process) {
   Fleet fleet(servers, 1024, dim);
-  SparseClient client(fleet.map(), "bench", "bench-worker");
+  InProcessTransport transport;
+  fleet.Serve(&transport);
+  SparseClient client(fleet.map(), "bench", "bench-worker", in_process ? &transport : nullptr);
   std::vector<std::vector<uint64_t>> ids(1);
   for (int64_t k = 0; k < keys; ++k) ids[0].push_back(SplitMix64(static_cast<uint64_t>(k) + 77));
   std::vector<std::vector<float>> grads = {std::vector<float>(static_cast<size_t>(keys) * dim, 1e-3f)};
@@ -426,6 +431,43 @@ absl::StatusOr<Moved> RunSparse(const std::string& what, int64_t keys, int32_t d
     return TimeIterations(bytes, [&] { return client.Pull(ids, &rows, absl::Seconds(30)); });
   }
   return TimeIterations(bytes, [&] { return client.Push(0, step++, ids, grads, absl::Seconds(30)); });
+}
+
+// gRPC alone moving `bytes` one way, as a sparse push (`push`) or pull
+// sends them: in requests (or answers) of at most
+// SparseClient::kMaxRequestBytes, all at once, to a FloorService that drops
+// what it gets and answers a pull from a prepared buffer.
+absl::StatusOr<Moved> RunGrpcOneWay(int64_t bytes, bool push) {
+  const int64_t calls = (bytes + SparseClient::kMaxRequestBytes - 1) / SparseClient::kMaxRequestBytes;
+  const int64_t piece = (bytes + calls - 1) / calls;
+  FloorServer floor(push ? 0 : piece);
+  grpc::GenericStub* stub = floor.stub();
+  if (stub == nullptr) return absl::UnavailableError("cannot listen on loopback");
+  std::vector<char> pushed(static_cast<size_t>(push ? piece : 16), 1);
+  grpc::Slice slice(pushed.data(), pushed.size(), grpc::Slice::STATIC_SLICE);
+  const grpc::ByteBuffer request(&slice, 1);
+  const std::string method = push ? "/floor/Push" : "/floor/Pull";
+  return TimeIterations(calls * piece, [&]() -> absl::Status {
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::vector<grpc::ByteBuffer> responses(static_cast<size_t>(calls));
+    Mutex mu;
+    int64_t pending = calls;
+    grpc::Status failed;
+    for (int64_t i = 0; i < calls; ++i) {
+      contexts.push_back(std::make_unique<grpc::ClientContext>());
+      SetDeadline(contexts.back().get(), 60);
+      stub->UnaryCall(contexts.back().get(), method, grpc::StubOptions(), &request, &responses[i],
+                      [&](grpc::Status status) {
+                        MutexLock lock(&mu);
+                        if (!status.ok()) failed = status;
+                        --pending;
+                      });
+    }
+    MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](int64_t* n) { return *n == 0; }, &pending));
+    return FromGrpcStatus(failed);
+  });
 }
 
 // The ceiling: the same bytes to an echo peer over one loopback TCP
@@ -542,17 +584,23 @@ int RunCase(const std::string& spec) {
                 moved->cpu_seconds);
     return 0;
   }
-  if (parts[0] == "sparse-pull" || parts[0] == "sparse-push" || parts[0] == "tcp-bytes") {
+  if (parts[0] == "sparse-pull" || parts[0] == "sparse-push" || parts[0] == "sparse-pull-inproc" ||
+      parts[0] == "sparse-push-inproc" || parts[0] == "tcp-bytes" || parts[0] == "grpc-push" ||
+      parts[0] == "grpc-pull") {
     int64_t keys = 0, bytes = 0;
     int32_t dim = 0;
-    const bool sparse = parts[0] != "tcp-bytes";
+    const bool sparse = absl::StartsWith(parts[0], "sparse-");
     if (sparse ? (parts.size() != 4 || !absl::SimpleAtoi(parts[1], &keys) || !absl::SimpleAtoi(parts[2], &dim) ||
                   !absl::SimpleAtoi(parts[3], &servers))
                : (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &bytes))) {
       std::fprintf(stderr, "bad --run_case %s\n", spec.c_str());
       return 2;
     }
-    auto moved = sparse ? RunSparse(parts[0], keys, dim, servers) : RunTcp(bytes);
+    const bool in_process = absl::EndsWith(parts[0], "-inproc");
+    auto moved = sparse ? RunSparse(in_process ? parts[0].substr(0, parts[0].size() - 7) : parts[0], keys,
+                                    dim, servers, in_process)
+                 : parts[0] == "tcp-bytes" ? RunTcp(bytes)
+                                           : RunGrpcOneWay(bytes, parts[0] == "grpc-push");
     if (!moved.ok()) {
       std::fprintf(stderr, "%s\n", moved.status().ToString().c_str());
       return 1;
@@ -681,9 +729,12 @@ int Run(const std::string& self) {
     }
     sparse.emplace_back(keys, dim);
     cases.push_back(absl::StrCat("tcp-bytes:", keys * (8 + 4 * int64_t{dim})));
+    cases.push_back(absl::StrCat("grpc-push:", keys * (8 + 4 * int64_t{dim})));
+    cases.push_back(absl::StrCat("grpc-pull:", keys * (8 + 4 * int64_t{dim})));
     for (int n : server_counts) {
-      cases.push_back(absl::StrCat("sparse-pull:", keys, ":", dim, ":", n));
-      cases.push_back(absl::StrCat("sparse-push:", keys, ":", dim, ":", n));
+      for (const char* what : {"sparse-pull", "sparse-push", "sparse-pull-inproc", "sparse-push-inproc"}) {
+        cases.push_back(absl::StrCat(what, ":", keys, ":", dim, ":", n));
+      }
     }
   }
   std::vector<std::pair<int64_t, int64_t>> chunked;  // (chunks, floats each)
@@ -763,26 +814,43 @@ int Run(const std::string& self) {
     goals_missed += (p50 > 60 ? 1 : 0) + (p99 > 2 * p50 ? 1 : 0);
   }
   if (!sparse.empty()) {
-    std::printf("\nSparse pull and push over gRPC (SparseClient, keys whose rows exist, Adagrad), against the same "
-                "bytes (keys + rows) echoed over loopback TCP; milliseconds an operation, min / median / max:\n\n"
-                "| keys x floats | servers | pull ms | push ms | TCP round trip ms | pull / TCP | push / TCP |\n"
-                "|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "\nSparse pull and push over gRPC (SparseClient, keys whose rows exist, Adagrad), against the same "
+        "bytes (keys + rows) moved one way over loopback TCP (half an echo's round trip) and through gRPC "
+        "alone, in requests as large; in process: the same calls without gRPC (Fulcrum's own time); "
+        "milliseconds an operation, min / median / max:\n\n"
+        "| keys x floats | servers | pull ms | push ms | in process: pull ms | in process: push ms | gRPC "
+        "alone, one way: answers ms | requests ms | TCP, one way ms | pull / TCP | push / TCP | pull / gRPC "
+        "alone | push / gRPC alone |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   }
   for (const auto& [keys, dim] : sparse) {
     const double bytes = static_cast<double>(keys * (8 + 4 * int64_t{dim}));
-    // Milliseconds an operation from GB/s samples.
+    // Milliseconds an operation from GB/s samples (for the TCP echo, whose
+    // rate counts the bytes both ways: the time one way).
     auto ms = [bytes](const std::vector<double>& rates) {
       std::vector<double> out;
       for (double rate : rates) out.push_back(bytes / (rate * 1e9) * 1e3);
       return out;
     };
-    const std::vector<double> tcp = ms(samples[absl::StrCat("tcp-bytes:", keys * (8 + 4 * int64_t{dim}))].rates);
+    const int64_t moved = keys * (8 + 4 * int64_t{dim});
+    const std::vector<double> tcp = ms(samples[absl::StrCat("tcp-bytes:", moved)].rates);
+    const std::vector<double> grpc_pull = ms(samples[absl::StrCat("grpc-pull:", moved)].rates);
+    const std::vector<double> grpc_push = ms(samples[absl::StrCat("grpc-push:", moved)].rates);
     for (int n : server_counts) {
-      const std::vector<double> pull = ms(samples[absl::StrCat("sparse-pull:", keys, ":", dim, ":", n)].rates);
-      const std::vector<double> push = ms(samples[absl::StrCat("sparse-push:", keys, ":", dim, ":", n)].rates);
-      std::printf("| %lld x %d | %d | %s | %s | %s | %.2f | %.2f |\n", static_cast<long long>(keys), dim, n,
-                  MinMedMax(pull, 3).c_str(), MinMedMax(push, 3).c_str(), MinMedMax(tcp, 3).c_str(),
-                  At(pull, 0.5) / std::max(At(tcp, 0.5), 1e-12), At(push, 0.5) / std::max(At(tcp, 0.5), 1e-12));
+      auto sparse_ms = [&](const char* what) {
+        return ms(samples[absl::StrCat(what, ":", keys, ":", dim, ":", n)].rates);
+      };
+      const std::vector<double> pull = sparse_ms("sparse-pull"), push = sparse_ms("sparse-push");
+      std::printf("| %lld x %d | %d | %s | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %.2f |\n",
+                  static_cast<long long>(keys), dim, n, MinMedMax(pull, 3).c_str(),
+                  MinMedMax(push, 3).c_str(), MinMedMax(sparse_ms("sparse-pull-inproc"), 3).c_str(),
+                  MinMedMax(sparse_ms("sparse-push-inproc"), 3).c_str(), MinMedMax(grpc_pull, 3).c_str(),
+                  MinMedMax(grpc_push, 3).c_str(), MinMedMax(tcp, 3).c_str(),
+                  At(pull, 0.5) / std::max(At(tcp, 0.5), 1e-12),
+                  At(push, 0.5) / std::max(At(tcp, 0.5), 1e-12),
+                  At(pull, 0.5) / std::max(At(grpc_pull, 0.5), 1e-12),
+                  At(push, 0.5) / std::max(At(grpc_push, 0.5), 1e-12));
     }
   }
   if (!chunked.empty()) {

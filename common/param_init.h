@@ -19,7 +19,13 @@ enum class InitKind { kZeros, kUniform };
 // The splitmix64 finalizer applied to x + 0x9e3779b97f4a7c15: a fast,
 // well-mixed 64-bit bijection. Also usable as a counter-based random stream:
 // SplitMix64(key + i) for i = 0, 1, ... .
-uint64_t SplitMix64(uint64_t x);
+// Inline: sparse tables hash every key of a push with it, several times.
+inline uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
 
 // Returns a uniformly distributed float in [0, 1) built from the top 24 bits
 // of `bits` (so every value is exactly representable).

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/finite.h"
+#include "common/repeated_key.h"
 #include "common/table_spec.h"
 #include "common/table_state.h"
 #include "common/vector_clones.h"
@@ -38,6 +40,11 @@ uint32_t RowOf(uint32_t entry) { return (entry & kRowMask) - 1; }
 bool Between(size_t a, size_t x, size_t b) { return a <= b ? (a < x && x <= b) : (a < x || x <= b); }
 
 // Index slots for `rows` rows at most 3/4 full.
+uint64_t RandomSeed() {
+  std::random_device device;
+  return (uint64_t{device()} << 32) ^ device();
+}
+
 size_t SlotsFor(int64_t rows, size_t at_least) {
   size_t slots = std::max(at_least, kMinIndexSlots);
   while (static_cast<int64_t>(slots / 4 * 3) < rows) slots *= 2;
@@ -121,7 +128,8 @@ SparseTable::SparseTable(SparseTableConfig config)
       stride_(config_.dim * (1 + slots_)),
       // Headers stay 8-byte aligned: rows are a multiple of 8 bytes.
       row_bytes_((sizeof(RowHeader) + static_cast<size_t>(stride_) * sizeof(float) + 7) / 8 * 8),
-      init_key_(SplitMix64(SplitMix64(config_.seed) ^ ((uint64_t{config_.table_index} << 32) | 0x5ab1eU))) {
+      init_key_(SplitMix64(SplitMix64(config_.seed) ^ ((uint64_t{config_.table_index} << 32) | 0x5ab1eU))),
+      index_seed_(RandomSeed()) {
   // A power of two, so that a row's block and place are a shift and a mask.
   while ((rows_per_block_ << 1) * row_bytes_ <= kBlockBytes) {
     rows_per_block_ <<= 1;
@@ -137,8 +145,9 @@ char* SparseTable::RowAt(uint32_t r) const {
 
 uint32_t& SparseTable::GenAt(uint32_t r) const { return gens_[r >> block_shift_][r & (rows_per_block_ - 1)]; }
 
-size_t SparseTable::Probe(uint64_t key) const {
-  const uint64_t hash = SplitMix64(key);
+size_t SparseTable::Probe(uint64_t key) const { return Probe(key, IndexHash(key)); }
+
+size_t SparseTable::Probe(uint64_t key, uint64_t hash) const {
   const uint32_t tag = Tag(hash);
   const size_t mask = index_.size() - 1;
   size_t slot = Home(hash, mask);
@@ -148,8 +157,10 @@ size_t SparseTable::Probe(uint64_t key) const {
   return slot;
 }
 
-int64_t SparseTable::Find(uint64_t key) const {
-  const uint32_t entry = index_[Probe(key)];
+int64_t SparseTable::Find(uint64_t key) const { return Find(key, IndexHash(key)); }
+
+int64_t SparseTable::Find(uint64_t key, uint64_t hash) const {
+  const uint32_t entry = index_[Probe(key, hash)];
   return entry == 0 ? -1 : static_cast<int64_t>(RowOf(entry));
 }
 
@@ -159,7 +170,7 @@ void SparseTable::GrowIndex() {
   const size_t mask = index_.size() - 1;
   for (uint32_t entry : old) {
     if (entry == 0) continue;
-    size_t slot = Home(SplitMix64(Header(RowAt(RowOf(entry)))->key), mask);
+    size_t slot = Home(IndexHash(Header(RowAt(RowOf(entry)))->key), mask);
     while (index_[slot] != 0) slot = (slot + 1) & mask;
     index_[slot] = entry;
   }
@@ -205,7 +216,7 @@ uint32_t SparseTable::AddRow(uint64_t key, int64_t step) {
   Header(row)->key = key;
   Header(row)->last_step = step;
   InitRow(key, Floats(row));
-  index_[Probe(key)] = Entry(SplitMix64(key), r);
+  index_[Probe(key)] = Entry(IndexHash(key), r);
   return r;
 }
 
@@ -215,7 +226,7 @@ void SparseTable::RemoveRow(uint32_t r) {
   size_t hole = Probe(Header(RowAt(r))->key);
   index_[hole] = 0;
   for (size_t j = (hole + 1) & mask; index_[j] != 0; j = (j + 1) & mask) {
-    const size_t home = Home(SplitMix64(Header(RowAt(RowOf(index_[j])))->key), mask);
+    const size_t home = Home(IndexHash(Header(RowAt(RowOf(index_[j])))->key), mask);
     if (!Between(hole, home, j)) {
       index_[hole] = index_[j];
       index_[j] = 0;
@@ -228,7 +239,7 @@ void SparseTable::RemoveRow(uint32_t r) {
     std::memcpy(RowAt(r), RowAt(last), row_bytes_);
     GenAt(r) = GenAt(last);
     const uint64_t key = Header(RowAt(r))->key;
-    index_[Probe(key)] = Entry(SplitMix64(key), r);
+    index_[Probe(key)] = Entry(IndexHash(key), r);
   }
   --rows_;
   if (rows_ == 0 || ((rows_ - 1) >> block_shift_) + 1 < blocks_.size()) {
@@ -338,30 +349,55 @@ int64_t SparseTable::BytesLocked() const {
                               candidates_.capacity() * (sizeof(std::pair<const uint64_t, Sightings>) + 1));
 }
 
-void SparseTable::Prefetch(absl::Span<const uint64_t> keys, size_t i) const {
-  // Keys are looked up one after another at random places: ask for the
-  // index slot of the key kAhead on, and for the row of the one half as far
-  // on (its slot, asked for earlier, is in the cache by now), so that the
-  // memory latencies overlap instead of adding up.
-  constexpr size_t kAhead = 16;
+void SparseTable::StartLookups(absl::Span<const uint64_t> keys, size_t row_prefix, bool gens,
+                               Lookups* lookups) const {
+  lookups->row_prefix = row_prefix;
+  lookups->gens = gens;
   const size_t mask = index_.size() - 1;
-  if (i + kAhead < keys.size()) __builtin_prefetch(&index_[Home(SplitMix64(keys[i + kAhead]), mask)]);
-  if (i + kAhead / 2 < keys.size()) {
-    const uint32_t entry = index_[Home(SplitMix64(keys[i + kAhead / 2]), mask)];
-    if (entry != 0) __builtin_prefetch(RowAt(RowOf(entry)));
+  for (size_t k = 0; k < std::min(kLookAhead, keys.size()); ++k) {
+    lookups->hashes[k] = IndexHash(keys[k]);
+    __builtin_prefetch(&index_[Home(lookups->hashes[k], mask)]);
   }
+}
+
+uint64_t SparseTable::NextLookup(absl::Span<const uint64_t> keys, size_t i, Lookups* lookups) const {
+  // The key kLookAhead / 2 on: its index slot, asked for earlier, is in the
+  // cache by now; ask for the row it names (when its tag is the key's).
+  // The index may have grown since: the slot is read at the current size.
+  const size_t mask = index_.size() - 1;
+  if (i + kLookAhead / 2 < keys.size()) {
+    const uint64_t hash = lookups->hashes[(i + kLookAhead / 2) % kLookAhead];
+    const uint32_t entry = index_[Home(hash, mask)];
+    if (entry != 0 && (entry & ~kRowMask) == Tag(hash)) {
+      const char* row = RowAt(RowOf(entry));
+      for (size_t line = 0; line < lookups->row_prefix; line += 64) __builtin_prefetch(row + line);
+      __builtin_prefetch(row + lookups->row_prefix - 1);
+      if (lookups->gens) __builtin_prefetch(&GenAt(RowOf(entry)));
+    }
+  }
+  // keys[i]'s hash leaves the ring for that of the key kLookAhead on.
+  const uint64_t hash = lookups->hashes[i % kLookAhead];
+  if (i + kLookAhead < keys.size()) {
+    const uint64_t ahead = IndexHash(keys[i + kLookAhead]);
+    lookups->hashes[i % kLookAhead] = ahead;
+    __builtin_prefetch(&index_[Home(ahead, mask)]);
+  }
+  return hash;
 }
 
 void SparseTable::Pull(absl::Span<const uint64_t> keys, float* out) const {
   ReaderMutexLock lock(&mu_);
+  const size_t value_bytes = static_cast<size_t>(config_.dim) * sizeof(float);
+  Lookups lookups;
+  StartLookups(keys, sizeof(RowHeader) + value_bytes, /*gens=*/false, &lookups);
   for (size_t i = 0; i < keys.size(); ++i) {
-    Prefetch(keys, i);
+    const uint64_t hash = NextLookup(keys, i, &lookups);
     float* values = out + i * static_cast<size_t>(config_.dim);
-    const int64_t r = Find(keys[i]);
+    const int64_t r = Find(keys[i], hash);
     if (r < 0) {
       InitValues(keys[i], values);
     } else {
-      std::memcpy(values, Floats(RowAt(static_cast<uint32_t>(r))), static_cast<size_t>(config_.dim) * sizeof(float));
+      std::memcpy(values, Floats(RowAt(static_cast<uint32_t>(r))), value_bytes);
     }
   }
 }
@@ -374,13 +410,10 @@ absl::Status SparseTable::CheckPush(absl::Span<const uint64_t> keys, const float
                                                    grads[bad], ") for key ", keys[static_cast<size_t>(bad / dim)],
                                                    " at element ", bad % dim));
   }
-  absl::flat_hash_set<uint64_t> seen;
-  seen.reserve(keys.size());
-  for (uint64_t key : keys) {
-    if (!seen.insert(key).second) {
-      return absl::InvalidArgumentError(absl::StrCat("push to table ", config_.name, " lists key ", key,
-                                                     " more than once (sum a key's gradients into one row)"));
-    }
+  if (const int64_t repeated = FirstRepeatedKey(keys); repeated >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("push to table ", config_.name, " lists key ",
+                                                   keys[static_cast<size_t>(repeated)],
+                                                   " more than once (sum a key's gradients into one row)"));
   }
   return absl::OkStatus();
 }
@@ -460,9 +493,10 @@ absl::Status SparseTable::PushChecked(int64_t step, absl::Span<const uint64_t> k
   if (absl::Status room = CheckRoomLocked(keys); !room.ok()) return room;  // all or nothing
   const int32_t admit_after = std::max(1, config_.admit_after);
   ++pushes_;
+  Lookups lookups;
+  StartLookups(keys, row_bytes_, /*gens=*/true, &lookups);
   for (size_t i = 0; i < keys.size(); ++i) {
-    Prefetch(keys, i);
-    int64_t r = Find(keys[i]);
+    int64_t r = Find(keys[i], NextLookup(keys, i, &lookups));
     if (r < 0) {
       auto it = candidates_.find(keys[i]);
       const int32_t count = (it == candidates_.end() ? 0 : it->second.count) + 1;
@@ -769,6 +803,17 @@ int64_t SparseTable::bytes() const {
 int64_t SparseTable::admissions() const {
   ReaderMutexLock lock(&mu_);
   return admissions_;
+}
+
+int64_t SparseTable::LongestProbe() const {
+  ReaderMutexLock lock(&mu_);
+  const size_t mask = index_.size() - 1;
+  size_t longest = 0;
+  for (uint32_t r = 0; r < rows_; ++r) {
+    const uint64_t key = Header(RowAt(r))->key;
+    longest = std::max(longest, (Probe(key) - Home(IndexHash(key), mask)) & mask);
+  }
+  return static_cast<int64_t>(longest);
 }
 
 int64_t SparseTable::expiries() const {

@@ -181,6 +181,11 @@ class SparseTable {
   int64_t raw_row_bytes() const { return static_cast<int64_t>(stride_) * 4; }
   int64_t admissions() const;
   int64_t expiries() const;
+  // The most index slots a lookup of a held key passes before its own:
+  // short (a few) for any keys, since the index hashes keys with a seed of
+  // its own, drawn when the table is made (keys chosen to share one probe
+  // sequence would make every lookup walk them all).
+  int64_t LongestProbe() const;
 
  private:
   explicit SparseTable(SparseTableConfig config);
@@ -195,12 +200,29 @@ class SparseTable {
   uint32_t& GenAt(uint32_t r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   static float* Floats(char* row) { return reinterpret_cast<float*>(row + sizeof(RowHeader)); }
   static RowHeader* Header(char* row) { return reinterpret_cast<RowHeader*>(row); }
-  // The index slot holding `key`, or the empty slot where it would go.
+  // The index slot holding `key` (whose IndexHash is `hash`), or the
+  // empty slot where it would go.
   size_t Probe(uint64_t key) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  size_t Probe(uint64_t key, uint64_t hash) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Row number of `key` (-1: none).
   int64_t Find(uint64_t key) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Asks the memory for what the lookups of the keys after keys[i] will read.
-  void Prefetch(absl::Span<const uint64_t> keys, size_t i) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  int64_t Find(uint64_t key, uint64_t hash) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Looking keys up one after another, at random places in memory: the
+  // memory is asked early for what the lookups of the keys ahead will read,
+  // so that the latencies overlap instead of adding up. Begin with
+  // StartLookups, then call NextLookup(keys, i, ...) before looking up
+  // keys[i], for i = 0, 1, ... in order: it returns keys[i]'s hash. Each
+  // key is hashed once.
+  static constexpr size_t kLookAhead = 16;
+  struct Lookups {
+    uint64_t hashes[kLookAhead];  // of keys[i], ..., keys[i + kLookAhead - 1], by i % kLookAhead
+    size_t row_prefix;            // the bytes of a row the lookups read
+    bool gens;                    // whether they write its generation
+  };
+  void StartLookups(absl::Span<const uint64_t> keys, size_t row_prefix, bool gens, Lookups* lookups) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  uint64_t NextLookup(absl::Span<const uint64_t> keys, size_t i, Lookups* lookups) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   uint32_t AddRow(uint64_t key, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveRow(uint32_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GrowIndex() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -238,6 +260,10 @@ class SparseTable {
   const int stride_;     // floats a row: dim * (1 + slots_)
   const size_t row_bytes_;
   const uint64_t init_key_;  // the initializer's stream for this table
+  // The index's hash of a key: SplitMix64 of the key and a random seed of
+  // this table's (the same keys lie elsewhere in every table and process).
+  uint64_t IndexHash(uint64_t key) const { return SplitMix64(key ^ index_seed_); }
+  const uint64_t index_seed_;
 
   mutable Mutex mu_;
   // rows_per_block_ rows each, but the first: first_block_rows_ (a power

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/param_init.h"
 #include "common/table_state.h"
 #include "gtest/gtest.h"
 
@@ -485,6 +486,47 @@ TEST(SparseTableTest, ACheckpointIsWholeUnlessItsBaseIsStoredAsThisTableTookIt) 
   table->Clear();
   out.clear();
   EXPECT_EQ(table->AppendCheckpointState(21, 20, true, &out), 0);
+}
+
+// The key whose SplitMix64 is `hash` (SplitMix64 is a bijection: each of
+// its steps undone in turn).
+uint64_t SplitMix64Inverse(uint64_t hash) {
+  auto unshift = [](uint64_t y, int shift) {  // undoes y = x ^ (x >> shift)
+    uint64_t x = y;
+    for (int s = shift; s < 64; s += shift) x ^= y >> s;
+    return x;
+  };
+  auto inverse = [](uint64_t odd) {  // modulo 2^64, by Newton's iteration
+    uint64_t inv = odd;
+    for (int i = 0; i < 5; ++i) inv *= 2 - odd * inv;
+    return inv;
+  };
+  uint64_t x = unshift(hash, 31);
+  x = unshift(x * inverse(0x94d049bb133111ebULL), 27);
+  x = unshift(x * inverse(0xbf58476d1ce4e5b9ULL), 30);
+  return x - 0x9e3779b97f4a7c15ULL;
+}
+
+TEST(SparseTableTest, KeysChosenToCollideDoNotLengthenLookups) {
+  // A worker that knows the hash could send keys whose hashes share their
+  // low bits, all homed in one index slot: each lookup would pass every
+  // key before it. The table's seed of its own scatters them.
+  std::vector<uint64_t> keys;
+  for (uint64_t i = 1; i <= 5000; ++i) keys.push_back(SplitMix64Inverse(i << 32));
+  for (size_t i = 0; i < 10; ++i) ASSERT_EQ(SplitMix64(keys[i]), (i + 1) << 32);
+  auto table = Make(Table(SparseOptimizerKind::kSgd, 2));
+  ASSERT_NE(table, nullptr);
+  const std::vector<float> grads(keys.size() * 2, 0.5f);
+  ASSERT_TRUE(table->Push(1, keys, grads.data()).ok());
+  EXPECT_EQ(table->rows(), 5000);
+  EXPECT_LT(table->LongestProbe(), 64);
+  // And a random key set, for scale.
+  std::vector<uint64_t> plain;
+  for (uint64_t i = 1; i <= 5000; ++i) plain.push_back(SplitMix64(i ^ 0xfeed));
+  auto other = Make(Table(SparseOptimizerKind::kSgd, 2));
+  ASSERT_NE(other, nullptr);
+  ASSERT_TRUE(other->Push(1, plain, grads.data()).ok());
+  EXPECT_LT(other->LongestProbe(), 64);
 }
 
 TEST(SparseTableTest, BadPushesAreRefusedWholeNamingTheKey) {

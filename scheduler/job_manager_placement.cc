@@ -124,6 +124,14 @@ std::optional<v1::ShardMap> JobManager::FinishHandover(const std::string& job_id
     // The handover is committed: the new shard's leader may take writes.
     if (!new_shard) return std::nullopt;
     job->activations[server_id].in_flight = true;
+    // And no undo puts the moved chunks back: the servers they left free
+    // them (until now they kept them for that).
+    for (const auto& [id, other] : job->server_addresses) {
+      if (id == server_id) continue;
+      actions_.push_back([this, job_id, address = other, map = job->shard_map] {
+        IgnoreError(servers_->FreeMovedChunks(address, job_id, map));
+      });
+    }
     return job->shard_map;
   }
   // A source that is gone (a primary that died: the scheduler promotes its

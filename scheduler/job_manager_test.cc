@@ -80,13 +80,20 @@ class FakeServers : public ServerControl {
     calls_.push_back(absl::StrCat("Reconfigure ", address, " v", map.version()));
     return reconfigure_result_;
   }
+  absl::Status FreeMovedChunks(const std::string& address, const std::string& /*job_id*/,
+                               const v1::ShardMap& map) override {
+    MutexLock lock(&mu_);
+    calls_.push_back(absl::StrCat("FreeMovedChunks ", address, " v", map.version()));
+    return absl::OkStatus();
+  }
   void FailReconfigures(absl::Status status) {
     MutexLock lock(&mu_);
     reconfigure_result_ = std::move(status);
   }
-  // SetupJob, Reconfigure and DropJob calls in order, as "SetupJob ADDRESS
-  // vVERSION" (+ " awaiting activation"), "Reconfigure ADDRESS vVERSION" and
-  // "DropJob ADDRESS vVERSION".
+  // SetupJob, Reconfigure, FreeMovedChunks and DropJob calls in order, as
+  // "SetupJob ADDRESS vVERSION" (+ " awaiting activation"), "Reconfigure
+  // ADDRESS vVERSION", "FreeMovedChunks ADDRESS vVERSION" and "DropJob
+  // ADDRESS vVERSION".
   std::vector<std::string> calls() const {
     MutexLock lock(&mu_);
     return calls_;
@@ -2320,6 +2327,12 @@ TEST_F(JobManagerTest, ANewShardIsActivatedOnlyOnceItsHandoverIsCommitted) {
   EXPECT_TRUE(setups.back().request.has_joined_shard());
   EXPECT_EQ(setups.back().request.joined_shard(), 1);
   EXPECT_FALSE(setups.front().request.has_joined_shard());
+  // Committed, the move is told to the server the chunks left, which frees
+  // them then (not before: an undone handover gives them back as they are).
+  manager_->Tick();
+  const std::vector<std::string> after = servers_.calls();
+  EXPECT_EQ(std::vector<std::string>(after.begin() + static_cast<std::ptrdiff_t>(calls.size()), after.end()),
+            (std::vector<std::string>{absl::StrCat("FreeMovedChunks ", kServerAddress, " v", version)}));
 
   // A third server joins; its copy fails for good (it has no room).
   RegisterMember(v1::SERVER, "127.0.0.1:7003");
@@ -2331,6 +2344,9 @@ TEST_F(JobManagerTest, ANewShardIsActivatedOnlyOnceItsHandoverIsCommitted) {
   for (const std::string& call : servers_.calls()) {
     copied |= absl::StartsWith(call, "SetupJob 127.0.0.1:7003") && absl::StrContains(call, "awaiting activation");
     EXPECT_FALSE(absl::StartsWith(call, "Reconfigure 127.0.0.1:7003")) << call;
+    EXPECT_FALSE(absl::StartsWith(call, "FreeMovedChunks") &&
+                 !absl::EndsWith(call, absl::StrCat(" v", version)))
+        << call << ": the undone handover's moves are not committed";
   }
   EXPECT_TRUE(copied) << "the third server was never asked to copy";
 }

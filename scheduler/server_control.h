@@ -27,6 +27,13 @@ class ServerControl {
   // Gives a server the shard map after a failover.
   virtual absl::Status Reconfigure(const std::string& address, const std::string& job_id,
                                    const v1::ShardMap& map) = 0;
+  // Tells a server that the chunk moves of `map` are committed: it frees the
+  // chunks it holds of shards it has no role in (ReconfigureRequest.
+  // moves_committed). Best effort: a server that misses it keeps them.
+  virtual absl::Status FreeMovedChunks(const std::string& /*address*/, const std::string& /*job_id*/,
+                                       const v1::ShardMap& /*map*/) {
+    return absl::OkStatus();
+  }
   // Checkpoints: cut (and write) the server's chunks of a job; returns once
   // durable. See fulcrum.v1.CheckpointRequest.
   virtual absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,

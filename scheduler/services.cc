@@ -182,9 +182,20 @@ absl::Status GrpcServerControl::SetupJob(const std::string& address, const v1::S
 
 absl::Status GrpcServerControl::Reconfigure(const std::string& address, const std::string& job_id,
                                             const v1::ShardMap& map) {
+  return SendMap(address, job_id, map, /*moves_committed=*/false);
+}
+
+absl::Status GrpcServerControl::FreeMovedChunks(const std::string& address, const std::string& job_id,
+                                                const v1::ShardMap& map) {
+  return SendMap(address, job_id, map, /*moves_committed=*/true);
+}
+
+absl::Status GrpcServerControl::SendMap(const std::string& address, const std::string& job_id,
+                                        const v1::ShardMap& map, bool moves_committed) {
   v1::ReconfigureRequest request;
   request.set_job_id(job_id);
   *request.mutable_shard_map() = map;
+  request.set_moves_committed(moves_committed);
   absl::Status status;
   for (int attempt = 0; attempt < 3; ++attempt) {  // a server that misses the new map stalls the job's pushes
     v1::ReconfigureResponse response;

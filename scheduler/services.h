@@ -82,6 +82,8 @@ class GrpcServerControl final : public ServerControl {
   absl::Status DropJob(const std::string& address, const std::string& job_id,
                        const std::string& reason, bool keep_parameters, int64_t map_version) override;
   absl::Status Reconfigure(const std::string& address, const std::string& job_id, const v1::ShardMap& map) override;
+  absl::Status FreeMovedChunks(const std::string& address, const std::string& job_id,
+                               const v1::ShardMap& map) override;
   absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,
                                                     const v1::CheckpointRequest& request) override;
   absl::Status DeleteCheckpoint(const std::string& address, const std::string& job_id,
@@ -100,6 +102,10 @@ class GrpcServerControl final : public ServerControl {
   bool dead(const std::string& address) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // Reconfigure, or with `moves_committed` FreeMovedChunks: the map to the server (retried while
+  // UNAVAILABLE, three times).
+  absl::Status SendMap(const std::string& address, const std::string& job_id, const v1::ShardMap& map,
+                       bool moves_committed);
   std::shared_ptr<v1::ParameterService::Stub> StubLocked(const std::string& address)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One call with a deadline of `seconds`; CancelAll cancels it.

@@ -603,6 +603,7 @@ grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext* /*context*/,
                             ChunkShards(request->shard_map()));
   if (status.ok()) {
     FLOG(INFO) << "job " << request->job_id() << ": shard map version " << request->shard_map().version();
+    if (request->moves_committed()) (*shard)->FreeChunksWithoutRole();
   }
   return Finish("Reconfigure", status, request->ByteSizeLong(), 0);
 }

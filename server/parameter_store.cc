@@ -608,8 +608,8 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::CreateChunks(JobShardConfig 
         [&] {
           MutexLock lock(&shard->chunks_mu_);
           auto emplaced =
-              shard->chunks_.emplace(chunk.chunk_id, std::make_unique<Chunk>(chunk, shard->config_));
-          if (emplaced.second) shard->index_[chunk.chunk_id] = emplaced.first->second.get();
+              shard->chunks_.emplace(chunk.chunk_id, std::make_shared<Chunk>(chunk, shard->config_));
+          if (emplaced.second) shard->index_[chunk.chunk_id] = emplaced.first->second;
           return emplaced;
         }();
     if (!inserted) {
@@ -620,7 +620,7 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::CreateChunks(JobShardConfig 
   return shard;
 }
 
-absl::StatusOr<Chunk*> JobShard::Find(int32_t chunk_id) const {
+absl::StatusOr<std::shared_ptr<Chunk>> JobShard::Find(int32_t chunk_id) const {
   MutexLock lock(&chunks_mu_);
   if (copying_.count(chunk_id) > 0) {
     return absl::UnavailableError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
@@ -635,61 +635,61 @@ absl::StatusOr<Chunk*> JobShard::Find(int32_t chunk_id) const {
 }
 
 absl::StatusOr<PushOutcome> JobShard::Push(const PushArgs& args) {
-  ASSIGN_OR_RETURN(Chunk * chunk, Find(args.chunk_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<Chunk> chunk, Find(args.chunk_id));
   return chunk->Push(args);
 }
 
 absl::Status JobShard::Pull(int32_t chunk_id, int64_t min_version, int64_t min_clock, absl::Time deadline,
                             std::string* data, int64_t* version, int64_t* clock, v1::WireFormat format,
                             const std::function<bool()>& cancelled) {
-  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<Chunk> chunk, Find(chunk_id));
   return chunk->Pull(min_version, min_clock, deadline, data, version, clock, format, cancelled);
 }
 
 int64_t JobShard::ChunkLength(int32_t chunk_id) const {
-  absl::StatusOr<Chunk*> chunk = Find(chunk_id);
+  absl::StatusOr<std::shared_ptr<Chunk>> chunk = Find(chunk_id);
   return chunk.ok() ? (*chunk)->length() : 0;
 }
 
 absl::StatusOr<int32_t> JobShard::ChunkTensor(int32_t chunk_id) const {
-  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<Chunk> chunk, Find(chunk_id));
   return chunk->tensor();
 }
 
 bool JobShard::LambReady(int32_t chunk_id, int64_t step) const {
-  absl::StatusOr<Chunk*> chunk = Find(chunk_id);
+  absl::StatusOr<std::shared_ptr<Chunk>> chunk = Find(chunk_id);
   return !chunk.ok() || (*chunk)->LambReady(step);
 }
 
 absl::Status JobShard::LambPartialOf(int32_t chunk_id, int64_t step, v1::LambPartial* partial,
                                      int64_t* version) const {
-  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<Chunk> chunk, Find(chunk_id));
   return chunk->LambPartialOf(step, partial, version);
 }
 
 absl::StatusOr<PushOutcome> JobShard::ApplyLambNorms(int32_t chunk_id, int64_t step, const LambNorms& tensor) {
-  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<Chunk> chunk, Find(chunk_id));
   return chunk->ApplyLambNorms(step, tensor);
 }
 
 bool JobShard::Ready(int32_t chunk_id, int64_t min_version, int64_t min_clock) const {
-  absl::StatusOr<Chunk*> chunk = Find(chunk_id);
+  absl::StatusOr<std::shared_ptr<Chunk>> chunk = Find(chunk_id);
   return !chunk.ok() || (*chunk)->Ready(min_version, min_clock);
 }
 
 absl::Status JobShard::Read(int32_t chunk_id, v1::WireFormat format, std::string* data, int64_t* version,
                             int64_t* clock, int64_t exact_version, ValuesLease* lease) const {
-  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<Chunk> chunk, Find(chunk_id));
   return chunk->Read(format, data, version, clock, exact_version, lease);
 }
 
 absl::StatusOr<ChunkSnapshot> JobShard::Snapshot(int32_t chunk_id) const {
-  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<Chunk> chunk, Find(chunk_id));
   return chunk->Snapshot();
 }
 
 absl::Status JobShard::Restore(int32_t chunk_id, const ChunkSnapshot& snapshot) {
-  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<Chunk> chunk, Find(chunk_id));
   return chunk->Restore(snapshot);
 }
 
@@ -702,12 +702,12 @@ absl::Status JobShard::AdoptChunks(const std::vector<ChunkConfig>& chunks,
                                    const std::vector<ChunkSnapshot>& snapshots) {
   if (chunks.size() != snapshots.size()) return absl::InvalidArgumentError("AdoptChunks: one snapshot per chunk");
   for (size_t i = 0; i < chunks.size(); ++i) {
-    Chunk* chunk = nullptr;
+    std::shared_ptr<Chunk> chunk;
     {
       MutexLock lock(&chunks_mu_);
       auto& slot = chunks_[chunks[i].chunk_id];
-      if (slot == nullptr) slot = std::make_unique<Chunk>(chunks[i], config_);
-      chunk = slot.get();
+      if (slot == nullptr) slot = std::make_shared<Chunk>(chunks[i], config_);
+      chunk = slot;
       index_[chunks[i].chunk_id] = chunk;
     }
     {
@@ -726,7 +726,7 @@ absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> JobShard::Capture
                                                                                     absl::Time deadline,
                                                                                     const IncrementalBase& base) {
   std::optional<std::set<int32_t>> held;  // nullopt: never configured, every shard
-  std::vector<std::pair<int32_t, Chunk*>> chunks;
+  std::vector<std::pair<int32_t, std::shared_ptr<Chunk>>> chunks;
   {
     MutexLock lock(&chunks_mu_);
     MutexLock roles_lock(&roles_mu_);
@@ -734,7 +734,7 @@ absl::StatusOr<std::vector<std::pair<int32_t, ChunkSnapshot>>> JobShard::Capture
     for (const auto& [id, chunk] : chunks_) {
       auto shard = shard_of_.find(id);
       if (held.has_value() && (shard == shard_of_.end() || held->count(shard->second) == 0)) continue;
-      chunks.emplace_back(id, chunk.get());
+      chunks.emplace_back(id, chunk);
     }
   }
   const std::set<int32_t>* table_shards = held.has_value() ? &*held : nullptr;
@@ -792,7 +792,7 @@ std::pair<int64_t, int64_t> JobShard::VersionRange() const {
 
 absl::Status JobShard::RestoreCheckpoint(int32_t chunk_id, ChunkSnapshot snapshot, bool repartition,
                                          int64_t version, int64_t partition_step) {
-  ASSIGN_OR_RETURN(Chunk * chunk, Find(chunk_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<Chunk> chunk, Find(chunk_id));
   return chunk->RestoreCheckpoint(std::move(snapshot), repartition, version, partition_step);
 }
 
@@ -804,7 +804,7 @@ std::vector<int32_t> JobShard::chunk_ids() const {
 }
 
 absl::Status JobShard::Validate(const PushArgs& args) {
-  ASSIGN_OR_RETURN(Chunk * chunk, Find(args.chunk_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<Chunk> chunk, Find(args.chunk_id));
   return chunk->Validate(args);
 }
 
@@ -827,6 +827,39 @@ absl::Status JobShard::Configure(int64_t version, std::map<int32_t, ShardRole> r
   }
   DropTablesWithoutRole();
   return absl::OkStatus();
+}
+
+int64_t JobShard::FreeChunksWithoutRole() {
+  // Out of the maps first (a request that holds one finishes with it, and
+  // its memory goes with the last such request), then dropped: a pull
+  // waiting on one ends ABORTED at once.
+  std::vector<std::shared_ptr<Chunk>> freed;
+  {
+    MutexLock lock(&chunks_mu_);
+    MutexLock roles_lock(&roles_mu_);
+    const std::optional<std::set<int32_t>> held = ShardsWithARoleLocked();
+    if (!held.has_value()) return 0;
+    for (auto it = chunks_.begin(); it != chunks_.end();) {
+      auto shard = shard_of_.find(it->first);
+      if (shard == shard_of_.end() || held->count(shard->second) > 0 || copying_.count(it->first) > 0) {
+        ++it;
+        continue;
+      }
+      index_.erase(it->first);
+      freed.push_back(std::move(it->second));
+      it = chunks_.erase(it);
+    }
+  }
+  int64_t bytes = 0;
+  for (const std::shared_ptr<Chunk>& chunk : freed) {
+    bytes += ChunkBytes(chunk->length(), config_);
+    chunk->Drop("moved to another shard (its handover is committed)");
+  }
+  if (!freed.empty()) {
+    FLOG(INFO) << "job " << config_.job_id << ": freed " << freed.size()
+               << " chunk(s) moved to other shards (" << bytes << " bytes)";
+  }
+  return bytes;
 }
 
 void JobShard::DropTablesWithoutRole() {

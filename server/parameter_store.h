@@ -392,6 +392,13 @@ class JobShard {
   // Drops the tables of the shards this server has no role in under the map
   // it holds (Configure does, for the shards a new map takes it out of).
   void DropTablesWithoutRole();
+  // Frees the chunks of the shards this server has no role in under the
+  // map it holds (but those being copied in), and returns the bytes they
+  // took (by ChunkBytes). Only once the moves that took them away are
+  // committed: until then a handover may be undone and the chunks go back
+  // to this server's shard as they are (Configure keeps them). A later map
+  // that gives this server such a chunk again comes with a copy of it.
+  int64_t FreeChunksWithoutRole();
   // Drops the tables of `shards` whatever the roles (stale copies: see
   // SetupJobRequest.joined_shard); `why` goes into the log.
   void DropTables(const std::set<int32_t>& shards, const std::string& why);
@@ -399,7 +406,7 @@ class JobShard {
  private:
   explicit JobShard(JobShardConfig config);
   static absl::StatusOr<std::unique_ptr<JobShard>> CreateChunks(JobShardConfig config);
-  absl::StatusOr<Chunk*> Find(int32_t chunk_id) const;
+  absl::StatusOr<std::shared_ptr<Chunk>> Find(int32_t chunk_id) const;
   // The shards this server has a role in under the map it holds; nullopt
   // before the first Configure (a lone replica holds every shard).
   std::optional<std::set<int32_t>> ShardsWithARoleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(roles_mu_);
@@ -411,12 +418,15 @@ class JobShard {
   Mutex replication_order_;
   Mutex sparse_replication_order_;
   Mutex adopt_mu_ ABSL_ACQUIRED_BEFORE(chunks_mu_, roles_mu_);
-  mutable Mutex chunks_mu_ ABSL_ACQUIRED_BEFORE(roles_mu_);  // guards chunks_ (chunks are never removed)
-  std::map<int32_t, std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(chunks_mu_);  // in id order
+  // Guards chunks_. A chunk is removed only once it moved to a shard this
+  // server has no role in, for good (FreeChunksWithoutRole); requests hold
+  // the chunks they use, so its memory goes with the last of them.
+  mutable Mutex chunks_mu_ ABSL_ACQUIRED_BEFORE(roles_mu_);
+  std::map<int32_t, std::shared_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(chunks_mu_);  // in id order
   // The same chunks by id for Find, which every chunk of every push and
   // pull goes through several times (a tree walk cost a fine-cut job's
   // server a fifth of its time).
-  absl::flat_hash_map<int32_t, Chunk*> index_ ABSL_GUARDED_BY(chunks_mu_);
+  absl::flat_hash_map<int32_t, std::shared_ptr<Chunk>> index_ ABSL_GUARDED_BY(chunks_mu_);
   std::set<int32_t> copying_ ABSL_GUARDED_BY(chunks_mu_);  // see BeginCopy
   mutable Mutex roles_mu_;                      // guards the roles below
   absl::flat_hash_map<int32_t, int32_t> shard_of_ ABSL_GUARDED_BY(roles_mu_);  // chunk id -> shard

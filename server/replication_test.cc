@@ -227,6 +227,49 @@ TEST_F(ReplicationTest, AChunkMovedAwayIsRefusedInAnyPushThatNamesIt) {
   EXPECT_TRUE(lone->roles.at(0).primary && lone->roles.at(1).primary);
 }
 
+// A chunk moved to another shard stays whole here until its move is
+// committed (a handover undone gives it back as it is), then its memory
+// goes; a later map that gives it back brings a copy of it.
+TEST_F(ReplicationTest, AChunkMovedAwayIsFreedOnlyOnceItsMoveIsCommitted) {
+  auto never_configured = JobShard::Create(TwoChunkJob());
+  ASSERT_TRUE(never_configured.ok()) << never_configured.status();
+  EXPECT_EQ((*never_configured)->FreeChunksWithoutRole(), 0) << "a lone replica holds every shard";
+
+  const int64_t chunk_bytes = JobShard::ChunkBytes(kChunkElems, shard_->config());
+  EXPECT_EQ(shard_->FreeChunksWithoutRole(), 0) << "a role in both chunks' shards";
+  const int64_t whole = shard_->bytes();
+  std::map<int32_t, JobShard::ShardRole> roles;
+  roles[0] = {true, {"b1"}};
+  ASSERT_TRUE(shard_->Configure(4, roles, {{1, 7}}).ok());
+  EXPECT_EQ(shard_->bytes(), whole) << "kept until the move is committed";
+  absl::StatusOr<ChunkSnapshot> kept = shard_->Snapshot(1);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+
+  EXPECT_EQ(shard_->FreeChunksWithoutRole(), chunk_bytes);
+  EXPECT_EQ(shard_->bytes(), whole - chunk_bytes);
+  absl::StatusOr<ChunkSnapshot> gone = shard_->Snapshot(1);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+  EXPECT_TRUE(shard_->Snapshot(0).ok());
+  // Pushes naming it are still refused for the move, not for a missing chunk.
+  auto push = Received("job", 4, {1});
+  absl::Status refused = replicator_->CheckWrite(*shard_, push->header, push->chunks, /*as_primary=*/true);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "chunk 1 of job job moved to shard 7")) << refused;
+  EXPECT_EQ(shard_->FreeChunksWithoutRole(), 0) << "freed once";
+
+  // Map 5 gives shard 7 to this server with a copy of the chunk.
+  roles[7] = {false, {}};
+  ASSERT_TRUE(shard_->Configure(5, roles).ok());
+  ChunkConfig back = TwoChunkJob().chunks[1];
+  back.shard = 7;
+  kept->values.assign(kept->values.size(), 2.5f);
+  ASSERT_TRUE(shard_->AdoptChunks({back}, {*kept}).ok());
+  absl::StatusOr<ChunkSnapshot> copied = shard_->Snapshot(1);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  EXPECT_EQ(copied->values, kept->values);
+  EXPECT_EQ(shard_->bytes(), whole);
+  EXPECT_EQ(shard_->FreeChunksWithoutRole(), 0);
+}
+
 TEST_F(ReplicationTest, AForwardSendsEachBackupItsChunksBytesUnchanged) {
   // Map version 4: also primary of chunk 1, whose only backup is b2.
   std::map<int32_t, JobShard::ShardRole> roles;

@@ -1602,6 +1602,23 @@ TEST_F(ServerJoinTest, AddedServerTakesAShareOfTheChunks) {
   EXPECT_GT(done.shards(2).chunks(), 0);
   EXPECT_LE(done.shards(2).chunks(), chunks / 3 + 2) << "more than about 1/N of the chunks moved";
   ExpectSameParameters(expected, done);
+  // Once the move was committed, the servers the chunks left freed them
+  // (each logs "job ID: freed N chunk(s) moved to other shards").
+  auto freed = [&] {
+    int total = 0;
+    const std::string says = absl::StrCat("job ", *id, ": freed ");
+    for (int s = 0; s < 2; ++s) {
+      std::ifstream log(absl::StrCat(cluster_->file().dir(), "/logs/", done.shards(s).server_id(), ".log"));
+      for (std::string line; std::getline(log, line);) {
+        const size_t at = line.find(says);
+        if (at != std::string::npos) total += std::atoi(line.c_str() + at + says.size());
+      }
+    }
+    return total;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (freed() < done.shards(2).chunks() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(freed(), done.shards(2).chunks());
 }
 
 class ServerLeaveTest : public ServerJoinTest {

@@ -747,6 +747,11 @@ void JobManager::Tick() {
     ApplyRetention();
     actions.swap(actions_);
   }
+  Run(std::move(actions));
+  Flush();
+}
+
+void JobManager::Run(std::vector<Action> actions) {
   for (Action& action : actions) {
     if (server_calls_ != nullptr) {
       server_calls_->Post(std::move(action));
@@ -754,7 +759,6 @@ void JobManager::Tick() {
       action();
     }
   }
-  Flush();
 }
 
 }  // namespace fulcrum

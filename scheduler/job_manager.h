@@ -324,6 +324,21 @@ class JobManager {
 
   KvStore* const store_;
   std::set<std::string> dirty_ ABSL_GUARDED_BY(mu_);  // jobs to write to the store
+  // The servers a committed new shard's chunks left, to be told the moves
+  // are final (FreeMovedChunks) once the job's record of the commit is saved
+  // (`record_version`, Job::version then): a scheduler restarted from an
+  // older record would copy the chunks from them again. Sent by Flush.
+  struct MovedChunksFree {
+    std::string job_id;
+    int64_t record_version = 0;
+    std::vector<std::string> addresses;
+    v1::ShardMap map;
+  };
+  std::vector<MovedChunksFree> frees_after_save_ ABSL_GUARDED_BY(mu_);
+  // Runs server calls: on the pool, or here without one.
+  void Run(std::vector<Action> actions) ABSL_LOCKS_EXCLUDED(mu_);
+  // The FreeMovedChunks calls of `frees`, run.
+  void SendFrees(std::vector<MovedChunksFree> frees) ABSL_LOCKS_EXCLUDED(mu_);
   std::set<std::string> forgotten_ ABSL_GUARDED_BY(mu_);  // job records to delete from the store
   std::optional<absl::Time> recovery_deadline_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Time> last_tick_ ABSL_GUARDED_BY(mu_);

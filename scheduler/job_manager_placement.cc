@@ -125,13 +125,12 @@ std::optional<v1::ShardMap> JobManager::FinishHandover(const std::string& job_id
     if (!new_shard) return std::nullopt;
     job->activations[server_id].in_flight = true;
     // And no undo puts the moved chunks back: the servers they left free
-    // them (until now they kept them for that).
+    // them (until now they kept them for that), once the commit is saved.
+    MovedChunksFree free{job_id, job->version, {}, job->shard_map};
     for (const auto& [id, other] : job->server_addresses) {
-      if (id == server_id) continue;
-      actions_.push_back([this, job_id, address = other, map = job->shard_map] {
-        IgnoreError(servers_->FreeMovedChunks(address, job_id, map));
-      });
+      if (id != server_id) free.addresses.push_back(other);
     }
+    frees_after_save_.push_back(std::move(free));
     return job->shard_map;
   }
   // A source that is gone (a primary that died: the scheduler promotes its

@@ -57,13 +57,15 @@ v1::JobRecord JobManager::RecordOf(const Job& job) {
 }
 
 void JobManager::Flush() {
-  if (store_ == nullptr) return;
   std::vector<std::pair<std::string, v1::JobRecord>> records;
   std::vector<std::string> deletes;
   v1::SchedulerMeta meta;
+  // Taken with the records: a free's commit is in them or saved before.
+  std::vector<MovedChunksFree> frees;
   {
     MutexLock lock(&mu_);
-    if (dirty_.empty() && forgotten_.empty()) return;
+    frees.swap(frees_after_save_);
+    if (store_ != nullptr && dirty_.empty() && forgotten_.empty() && frees.empty()) return;
     deletes.assign(forgotten_.begin(), forgotten_.end());
     forgotten_.clear();
     for (const std::string& id : dirty_) {
@@ -76,20 +78,64 @@ void JobManager::Flush() {
     meta.set_next_server(members_.next_number(v1::SERVER));
     meta.set_next_worker(members_.next_number(v1::WORKER));
   }
-  MutexLock lock(&persist_mu_);
-  std::vector<std::pair<std::string, std::string>> puts;
-  for (auto& [id, record] : records) {
-    int64_t& written = written_[id];
-    if (record.record_version() < written) continue;  // a newer record of it is already out
-    written = record.record_version();
-    puts.emplace_back(JobRecordKey(id), record.SerializeAsString());
+  if (store_ == nullptr) {  // nothing to save first
+    SendFrees(std::move(frees));
+    return;
   }
-  puts.emplace_back(kMetaKey, meta.SerializeAsString());
-  for (const std::string& key : deletes) {
-    if (absl::StartsWith(key, kJobPrefix)) written_.erase(key.substr(sizeof(kJobPrefix) - 1));
+  std::vector<MovedChunksFree> ready, waiting;
+  std::vector<std::string> unsaved;  // jobs whose records the failed write lost
+  {
+    MutexLock lock(&persist_mu_);
+    std::vector<std::pair<std::string, std::string>> puts;
+    std::map<std::string, int64_t> before;  // written_ as it was, for a failed write
+    for (auto& [id, record] : records) {
+      int64_t& written = written_[id];
+      if (record.record_version() < written) continue;  // a newer record of it is already out
+      before[id] = written;
+      written = record.record_version();
+      puts.emplace_back(JobRecordKey(id), record.SerializeAsString());
+    }
+    puts.emplace_back(kMetaKey, meta.SerializeAsString());
+    for (const std::string& key : deletes) {
+      if (absl::StartsWith(key, kJobPrefix)) written_.erase(key.substr(sizeof(kJobPrefix) - 1));
+    }
+    absl::Status status = store_->Write(puts, deletes);
+    if (!status.ok()) {
+      FLOG(ERROR) << "cannot save the scheduler state: " << status;
+      for (const auto& [id, version] : before) {
+        written_[id] = version;
+        unsaved.push_back(id);
+      }
+    }
+    for (MovedChunksFree& free : frees) {
+      auto written = written_.find(free.job_id);
+      const bool saved = written != written_.end() && written->second >= free.record_version;
+      (saved ? ready : waiting).push_back(std::move(free));
+    }
   }
-  absl::Status status = store_->Write(puts, deletes);
-  if (!status.ok()) FLOG(ERROR) << "cannot save the scheduler state: " << status;
+  if (!waiting.empty() || !unsaved.empty()) {  // tried again at the next Flush
+    MutexLock lock(&mu_);
+    for (const std::string& id : unsaved) {
+      if (FindJob(id) != nullptr) dirty_.insert(id);
+    }
+    for (MovedChunksFree& free : waiting) {
+      if (FindJob(free.job_id) != nullptr)
+        frees_after_save_.push_back(std::move(free));  // (a job forgotten: none)
+    }
+  }
+  SendFrees(std::move(ready));
+}
+
+void JobManager::SendFrees(std::vector<MovedChunksFree> frees) {
+  std::vector<Action> calls;
+  for (MovedChunksFree& free : frees) {
+    for (const std::string& address : free.addresses) {
+      calls.push_back([this, job_id = free.job_id, address, map = free.map] {
+        IgnoreError(servers_->FreeMovedChunks(address, job_id, map));
+      });
+    }
+  }
+  Run(std::move(calls));
 }
 
 absl::Status JobManager::Recover() {

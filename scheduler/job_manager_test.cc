@@ -1,6 +1,7 @@
 #include "scheduler/job_manager.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -224,6 +225,23 @@ v1::JobSpec SmallClickSpec(int num_workers) {
   return spec;
 }
 
+// A store in memory whose writes fail while `failing` is set.
+class FailableStore final : public KvStore {
+ public:
+  absl::Status Write(std::vector<std::pair<std::string, std::string>> puts,
+                     const std::vector<std::string>& deletes) override {
+    if (failing.load()) return absl::UnavailableError("the disk is gone");
+    return store_->Write(std::move(puts), deletes);
+  }
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(const std::string& prefix) override {
+    return store_->Scan(prefix);
+  }
+  std::atomic<bool> failing{false};
+
+ private:
+  std::unique_ptr<KvStore> store_ = NewMemoryStore();
+};
+
 class JobManagerTest : public ::testing::Test {
  protected:
   JobManagerTest() {
@@ -265,7 +283,7 @@ class JobManagerTest : public ::testing::Test {
   }
 
   void Advance(absl::Duration d) { now_ += d; }
-  std::unique_ptr<KvStore> store_ = NewMemoryStore();
+  std::unique_ptr<FailableStore> store_ = std::make_unique<FailableStore>();
 
   std::string RegisterMember(v1::Role role, const std::string& address = "", int64_t memory_budget = 0) {
     v1::RegisterRequest request;
@@ -2316,10 +2334,14 @@ TEST_F(JobManagerTest, ANewShardIsActivatedOnlyOnceItsHandoverIsCommitted) {
   const std::vector<std::string> calls = servers_.calls();
   EXPECT_EQ(std::vector<std::string>(calls.begin() + static_cast<std::ptrdiff_t>(setup_calls), calls.end()),
             (std::vector<std::string>{
-                                  absl::StrCat("Reconfigure ", kServerAddress, " v", version),
-                                  absl::StrCat("SetupJob 127.0.0.1:7002 v", version, " awaiting activation"),
-                                  absl::StrCat("Reconfigure 127.0.0.1:7002 v", version),
-                              }));
+                absl::StrCat("Reconfigure ", kServerAddress, " v", version),
+                absl::StrCat("SetupJob 127.0.0.1:7002 v", version, " awaiting activation"),
+                absl::StrCat("Reconfigure 127.0.0.1:7002 v", version),
+                // Committed and saved, the move is told to the server the
+                // chunks left, which frees them then (not before: an undone
+                // handover gives them back as they are).
+                absl::StrCat("FreeMovedChunks ", kServerAddress, " v", version),
+            }));
   // The copy names the shard it joins (what the server may hold of it is
   // stale); a job's first setup names none.
   const std::vector<FakeServers::Setup> setups = servers_.setups();
@@ -2327,12 +2349,6 @@ TEST_F(JobManagerTest, ANewShardIsActivatedOnlyOnceItsHandoverIsCommitted) {
   EXPECT_TRUE(setups.back().request.has_joined_shard());
   EXPECT_EQ(setups.back().request.joined_shard(), 1);
   EXPECT_FALSE(setups.front().request.has_joined_shard());
-  // Committed, the move is told to the server the chunks left, which frees
-  // them then (not before: an undone handover gives them back as they are).
-  manager_->Tick();
-  const std::vector<std::string> after = servers_.calls();
-  EXPECT_EQ(std::vector<std::string>(after.begin() + static_cast<std::ptrdiff_t>(calls.size()), after.end()),
-            (std::vector<std::string>{absl::StrCat("FreeMovedChunks ", kServerAddress, " v", version)}));
 
   // A third server joins; its copy fails for good (it has no room).
   RegisterMember(v1::SERVER, "127.0.0.1:7003");
@@ -2349,6 +2365,40 @@ TEST_F(JobManagerTest, ANewShardIsActivatedOnlyOnceItsHandoverIsCommitted) {
         << call << ": the undone handover's moves are not committed";
   }
   EXPECT_TRUE(copied) << "the third server was never asked to copy";
+}
+
+// The servers a new shard's chunks left are told to free them only once
+// the scheduler has saved the commit: one restarted from an older record
+// would copy the chunks from them again.
+TEST_F(JobManagerTest, MovedChunksAreFreedOnlyOnceTheCommitIsSaved) {
+  RegisterCluster();
+  const std::string job_id = SubmitOk(MlpSpec());
+  manager_->Tick();
+  ASSERT_NO_FATAL_FAILURE(MakeTraining(job_id));
+  store_->failing = true;
+  RegisterMember(v1::SERVER, "127.0.0.1:7002");
+  manager_->Tick();  // the new shard, its copy and its activation; the save fails
+  const int64_t version = GetOk(job_id).shard_map().version();
+  ASSERT_EQ(GetOk(job_id).shard_map().shards_size(), 2);
+  auto frees = [&] {
+    std::vector<std::string> sent;
+    for (const std::string& call : servers_.calls()) {
+      if (absl::StartsWith(call, "FreeMovedChunks")) sent.push_back(call);
+    }
+    return sent;
+  };
+  EXPECT_TRUE(frees().empty()) << "sent before the commit was saved";
+  manager_->Tick();
+  EXPECT_TRUE(frees().empty()) << "sent while the store still fails";
+  store_->failing = false;
+  manager_->Tick();
+  EXPECT_EQ(frees(),
+            (std::vector<std::string>{absl::StrCat("FreeMovedChunks ", kServerAddress, " v", version)}));
+  // The record saved is the committed one (a failed write's records are
+  // written again), so a restart resumes no handover.
+  ASSERT_NO_FATAL_FAILURE(Restart());
+  EXPECT_EQ(GetOk(job_id).shard_map().shards_size(), 2);
+  EXPECT_EQ(GetOk(job_id).shard_map().version(), version);
 }
 
 // A new shard's handover undone while its copy runs (another replica's lease

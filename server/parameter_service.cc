@@ -595,15 +595,20 @@ grpc::Status ParameterServiceImpl::Reconfigure(grpc::ServerContext* /*context*/,
     // are cancelled; their pushes fail and are retried on the new map.
     replicator_->CancelForwards(request->job_id());
   }
-  MutexLock writes(&writes_mu_);
   auto shard = store_->Find(request->job_id());
   if (!shard.ok()) return Finish("Reconfigure", shard.status(), request->ByteSizeLong(), 0);
-  absl::Status status =
-      (*shard)->Configure(request->shard_map().version(), RolesFor(request->shard_map(), (*shard)->config().server_id),
-                            ChunkShards(request->shard_map()));
+  absl::Status status;
+  {
+    MutexLock writes(&writes_mu_);
+    status = (*shard)->Configure(request->shard_map().version(),
+                                 RolesFor(request->shard_map(), (*shard)->config().server_id),
+                                 ChunkShards(request->shard_map()));
+  }
   if (status.ok()) {
     FLOG(INFO) << "job " << request->job_id() << ": shard map version " << request->shard_map().version();
-    if (request->moves_committed()) (*shard)->FreeChunksWithoutRole();
+    // The roles do not change here (Configure did, above): the chunks freed
+    // are ones no write may reach, and their memory goes outside the lock.
+    if (request->moves_committed()) (*shard)->FreeChunksWithoutRole(request->shard_map().version());
   }
   return Finish("Reconfigure", status, request->ByteSizeLong(), 0);
 }

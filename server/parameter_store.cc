@@ -628,6 +628,11 @@ absl::StatusOr<std::shared_ptr<Chunk>> JobShard::Find(int32_t chunk_id) const {
   }
   auto it = index_.find(chunk_id);
   if (it == index_.end()) {
+    MutexLock roles_lock(&roles_mu_);
+    if (auto moved = shard_of_.find(chunk_id); moved != shard_of_.end()) {  // freed once it moved
+      return absl::AbortedError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
+                                             " moved to shard ", moved->second, ": refresh the shard map"));
+    }
     return absl::NotFoundError(absl::StrCat("chunk ", chunk_id, " of job ", config_.job_id,
                                             " is not on this server (stale shard map?)"));
   }
@@ -829,16 +834,19 @@ absl::Status JobShard::Configure(int64_t version, std::map<int32_t, ShardRole> r
   return absl::OkStatus();
 }
 
-int64_t JobShard::FreeChunksWithoutRole() {
+int64_t JobShard::FreeChunksWithoutRole(int64_t map_version) {
   // Out of the maps first (a request that holds one finishes with it, and
   // its memory goes with the last such request), then dropped: a pull
-  // waiting on one ends ABORTED at once.
+  // waiting on one ends ABORTED at once. Not while a copy runs into this
+  // job (AdoptCopies: a chunk it adopted is in no shard of this server's
+  // until its Configure), and only under the map the caller read.
   std::vector<std::shared_ptr<Chunk>> freed;
   {
+    MutexLock adopting(&adopt_mu_);
     MutexLock lock(&chunks_mu_);
     MutexLock roles_lock(&roles_mu_);
     const std::optional<std::set<int32_t>> held = ShardsWithARoleLocked();
-    if (!held.has_value()) return 0;
+    if (!held.has_value() || map_version != map_version_) return 0;
     for (auto it = chunks_.begin(); it != chunks_.end();) {
       auto shard = shard_of_.find(it->first);
       if (shard == shard_of_.end() || held->count(shard->second) > 0 || copying_.count(it->first) > 0) {
@@ -853,7 +861,7 @@ int64_t JobShard::FreeChunksWithoutRole() {
   int64_t bytes = 0;
   for (const std::shared_ptr<Chunk>& chunk : freed) {
     bytes += ChunkBytes(chunk->length(), config_);
-    chunk->Drop("moved to another shard (its handover is committed)");
+    chunk->Drop("the chunk moved to another shard");
   }
   if (!freed.empty()) {
     FLOG(INFO) << "job " << config_.job_id << ": freed " << freed.size()

@@ -393,12 +393,15 @@ class JobShard {
   // it holds (Configure does, for the shards a new map takes it out of).
   void DropTablesWithoutRole();
   // Frees the chunks of the shards this server has no role in under the
-  // map it holds (but those being copied in), and returns the bytes they
-  // took (by ChunkBytes). Only once the moves that took them away are
-  // committed: until then a handover may be undone and the chunks go back
-  // to this server's shard as they are (Configure keeps them). A later map
-  // that gives this server such a chunk again comes with a copy of it.
-  int64_t FreeChunksWithoutRole();
+  // map it holds, if that is `map_version` (the map whose moves the caller
+  // knows are committed) and no copy into the job runs (it waits for one),
+  // and returns the bytes they took (by ChunkBytes). Only once the moves
+  // that took them away are committed: until then a handover may be undone
+  // and the chunks go back to this server's shard as they are (Configure
+  // keeps them). A later map that gives this server such a chunk again
+  // comes with a copy of it. A freed chunk's requests answer ABORTED,
+  // naming its shard.
+  int64_t FreeChunksWithoutRole(int64_t map_version);
   // Drops the tables of `shards` whatever the roles (stale copies: see
   // SetupJobRequest.joined_shard); `why` goes into the log.
   void DropTables(const std::set<int32_t>& shards, const std::string& why);

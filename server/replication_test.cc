@@ -233,10 +233,10 @@ TEST_F(ReplicationTest, AChunkMovedAwayIsRefusedInAnyPushThatNamesIt) {
 TEST_F(ReplicationTest, AChunkMovedAwayIsFreedOnlyOnceItsMoveIsCommitted) {
   auto never_configured = JobShard::Create(TwoChunkJob());
   ASSERT_TRUE(never_configured.ok()) << never_configured.status();
-  EXPECT_EQ((*never_configured)->FreeChunksWithoutRole(), 0) << "a lone replica holds every shard";
+  EXPECT_EQ((*never_configured)->FreeChunksWithoutRole(0), 0) << "a lone replica holds every shard";
 
   const int64_t chunk_bytes = JobShard::ChunkBytes(kChunkElems, shard_->config());
-  EXPECT_EQ(shard_->FreeChunksWithoutRole(), 0) << "a role in both chunks' shards";
+  EXPECT_EQ(shard_->FreeChunksWithoutRole(3), 0) << "a role in both chunks' shards";
   const int64_t whole = shard_->bytes();
   std::map<int32_t, JobShard::ShardRole> roles;
   roles[0] = {true, {"b1"}};
@@ -245,16 +245,20 @@ TEST_F(ReplicationTest, AChunkMovedAwayIsFreedOnlyOnceItsMoveIsCommitted) {
   absl::StatusOr<ChunkSnapshot> kept = shard_->Snapshot(1);
   ASSERT_TRUE(kept.ok()) << kept.status();
 
-  EXPECT_EQ(shard_->FreeChunksWithoutRole(), chunk_bytes);
+  EXPECT_EQ(shard_->FreeChunksWithoutRole(3), 0) << "told of map 3's moves, it holds map 4";
+  EXPECT_EQ(shard_->bytes(), whole);
+  EXPECT_EQ(shard_->FreeChunksWithoutRole(4), chunk_bytes);
   EXPECT_EQ(shard_->bytes(), whole - chunk_bytes);
   absl::StatusOr<ChunkSnapshot> gone = shard_->Snapshot(1);
-  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kAborted) << gone.status();
+  EXPECT_TRUE(absl::StrContains(gone.status().message(), "chunk 1 of job job moved to shard 7"))
+      << gone.status();
   EXPECT_TRUE(shard_->Snapshot(0).ok());
   // Pushes naming it are still refused for the move, not for a missing chunk.
   auto push = Received("job", 4, {1});
   absl::Status refused = replicator_->CheckWrite(*shard_, push->header, push->chunks, /*as_primary=*/true);
   EXPECT_TRUE(absl::StrContains(refused.message(), "chunk 1 of job job moved to shard 7")) << refused;
-  EXPECT_EQ(shard_->FreeChunksWithoutRole(), 0) << "freed once";
+  EXPECT_EQ(shard_->FreeChunksWithoutRole(4), 0) << "freed once";
 
   // Map 5 gives shard 7 to this server with a copy of the chunk.
   roles[7] = {false, {}};
@@ -267,7 +271,7 @@ TEST_F(ReplicationTest, AChunkMovedAwayIsFreedOnlyOnceItsMoveIsCommitted) {
   ASSERT_TRUE(copied.ok()) << copied.status();
   EXPECT_EQ(copied->values, kept->values);
   EXPECT_EQ(shard_->bytes(), whole);
-  EXPECT_EQ(shard_->FreeChunksWithoutRole(), 0);
+  EXPECT_EQ(shard_->FreeChunksWithoutRole(5), 0);
 }
 
 TEST_F(ReplicationTest, AForwardSendsEachBackupItsChunksBytesUnchanged) {

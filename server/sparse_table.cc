@@ -1,6 +1,7 @@
 #include "server/sparse_table.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -24,6 +25,9 @@ constexpr size_t kBlockBytes = size_t{256} << 10;
 // of 4096 buckets of ten rows each took 256 KiB a bucket).
 constexpr size_t kFirstBlockRows = 16;
 constexpr size_t kMinIndexSlots = 16;
+// The most cache lines of a row a lookup asks for ahead (1 KiB: a row of 64
+// floats with two optimizer slots).
+constexpr size_t kPrefetchLines = 16;
 
 // An index entry: the row number + 1 in the low 26 bits (0: empty), the top
 // 6 bits of the key's hash above them, so that a probe passes most other
@@ -39,12 +43,18 @@ uint32_t RowOf(uint32_t entry) { return (entry & kRowMask) - 1; }
 // Whether x lies in the cyclic interval (a, b].
 bool Between(size_t a, size_t x, size_t b) { return a <= b ? (a < x && x <= b) : (a < x || x <= b); }
 
-// Index slots for `rows` rows at most 3/4 full.
+// A seed for each table's index: one drawn per process, mixed with a count
+// of the tables made (thousands of buckets each read no random device).
 uint64_t RandomSeed() {
-  std::random_device device;
-  return (uint64_t{device()} << 32) ^ device();
+  static const uint64_t process_seed = [] {
+    std::random_device device;
+    return (uint64_t{device()} << 32) ^ device();
+  }();
+  static std::atomic<uint64_t> tables{0};
+  return SplitMix64(process_seed ^ SplitMix64(tables.fetch_add(1, std::memory_order_relaxed)));
 }
 
+// Index slots for `rows` rows at most 3/4 full.
 size_t SlotsFor(int64_t rows, size_t at_least) {
   size_t slots = std::max(at_least, kMinIndexSlots);
   while (static_cast<int64_t>(slots / 4 * 3) < rows) slots *= 2;
@@ -369,9 +379,12 @@ uint64_t SparseTable::NextLookup(absl::Span<const uint64_t> keys, size_t i, Look
     const uint64_t hash = lookups->hashes[(i + kLookAhead / 2) % kLookAhead];
     const uint32_t entry = index_[Home(hash, mask)];
     if (entry != 0 && (entry & ~kRowMask) == Tag(hash)) {
+      // At most kPrefetchLines lines: the hardware's own prefetcher streams
+      // the rest of a long row (dim in the thousands) after them.
       const char* row = RowAt(RowOf(entry));
-      for (size_t line = 0; line < lookups->row_prefix; line += 64) __builtin_prefetch(row + line);
-      __builtin_prefetch(row + lookups->row_prefix - 1);
+      const size_t bytes = std::min(lookups->row_prefix, kPrefetchLines * 64);
+      for (size_t line = 0; line < bytes; line += 64) __builtin_prefetch(row + line);
+      __builtin_prefetch(row + bytes - 1);
       if (lookups->gens) __builtin_prefetch(&GenAt(RowOf(entry)));
     }
   }

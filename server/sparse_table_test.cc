@@ -510,7 +510,9 @@ uint64_t SplitMix64Inverse(uint64_t hash) {
 TEST(SparseTableTest, KeysChosenToCollideDoNotLengthenLookups) {
   // A worker that knows the hash could send keys whose hashes share their
   // low bits, all homed in one index slot: each lookup would pass every
-  // key before it. The table's seed of its own scatters them.
+  // key before it. The table's seed of its own scatters them. (The bound
+  // is loose: at this load a random seed's longest probe is tens of slots,
+  // rarely past 64.)
   std::vector<uint64_t> keys;
   for (uint64_t i = 1; i <= 5000; ++i) keys.push_back(SplitMix64Inverse(i << 32));
   for (size_t i = 0; i < 10; ++i) ASSERT_EQ(SplitMix64(keys[i]), (i + 1) << 32);
@@ -519,14 +521,14 @@ TEST(SparseTableTest, KeysChosenToCollideDoNotLengthenLookups) {
   const std::vector<float> grads(keys.size() * 2, 0.5f);
   ASSERT_TRUE(table->Push(1, keys, grads.data()).ok());
   EXPECT_EQ(table->rows(), 5000);
-  EXPECT_LT(table->LongestProbe(), 64);
+  EXPECT_LT(table->LongestProbe(), 500) << "crafted keys, 4999 without the seed";
   // And a random key set, for scale.
   std::vector<uint64_t> plain;
   for (uint64_t i = 1; i <= 5000; ++i) plain.push_back(SplitMix64(i ^ 0xfeed));
   auto other = Make(Table(SparseOptimizerKind::kSgd, 2));
   ASSERT_NE(other, nullptr);
   ASSERT_TRUE(other->Push(1, plain, grads.data()).ok());
-  EXPECT_LT(other->LongestProbe(), 64);
+  EXPECT_LT(other->LongestProbe(), 500);
 }
 
 TEST(SparseTableTest, BadPushesAreRefusedWholeNamingTheKey) {

@@ -607,7 +607,11 @@ TEST_F(ClickFileTest, GraphsTrainOnClassNumbersAndRealValuedLabelsFromFiles) {
     csv->add_columns(v1::CsvSpec::LABEL);
     csv->add_columns(v1::CsvSpec::DENSE);
     csv->add_columns(v1::CsvSpec::CATEGORICAL);
-    spec.mutable_data()->set_epochs(5);
+    // The regression's test loss about halves an epoch and varies run to
+    // run (ASP): after 5 epochs one CI run ended at 0.197, above the bound,
+    // so it trains 8.
+    const int epochs = softmax ? 5 : 8;
+    spec.mutable_data()->set_epochs(epochs);
     v1::ModelSpec* model = spec.mutable_model();
     model->Clear();
     model->set_kind(v1::ModelSpec::GRAPH);
@@ -643,7 +647,7 @@ TEST_F(ClickFileTest, GraphsTrainOnClassNumbersAndRealValuedLabelsFromFiles) {
       EXPECT_NE(done.reason().find("test loss"), std::string::npos) << done.reason();
       int evaluations = 0;
       for (const v1::MetricPoint& point : done.history()) evaluations += point.evaluation() ? 1 : 0;
-      EXPECT_GE(evaluations, 5) << "one an epoch";
+      EXPECT_GE(evaluations, epochs) << "one an epoch";
     }
   }
 }

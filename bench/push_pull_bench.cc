@@ -838,9 +838,10 @@ int Run(const std::string& self) {
     const std::vector<double> grpc_pull = ms(samples[absl::StrCat("grpc-pull:", moved)].rates);
     const std::vector<double> grpc_push = ms(samples[absl::StrCat("grpc-push:", moved)].rates);
     for (int n : server_counts) {
-      auto sparse_ms = [&](const char* what) {
-        return ms(samples[absl::StrCat(what, ":", keys, ":", dim, ":", n)].rates);
-      };
+      // (A lambda may not name a structured binding in C++17: the case's
+      // name is made here.)
+      const std::string of_case = absl::StrCat(":", keys, ":", dim, ":", n);
+      auto sparse_ms = [&](const char* what) { return ms(samples[absl::StrCat(what, of_case)].rates); };
       const std::vector<double> pull = sparse_ms("sparse-pull"), push = sparse_ms("sparse-push");
       std::printf("| %lld x %d | %d | %s | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %.2f |\n",
                   static_cast<long long>(keys), dim, n, MinMedMax(pull, 3).c_str(),

@@ -323,6 +323,31 @@ class FloorServer {
   std::unique_ptr<grpc::GenericStub> stub_;
 };
 
+// `calls` requests of `method` at once through `stub`, each carrying
+// `request`; waits for all and returns the first failure.
+absl::Status ExchangeAll(grpc::GenericStub* stub, const std::string& method, const grpc::ByteBuffer& request,
+                         int64_t calls) {
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<grpc::ByteBuffer> responses(static_cast<size_t>(calls));
+  Mutex mu;
+  int64_t pending = calls;
+  grpc::Status failed;
+  for (int64_t i = 0; i < calls; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    SetDeadline(contexts.back().get(), 60);
+    stub->UnaryCall(contexts.back().get(), method, grpc::StubOptions(), &request, &responses[i],
+                    [&](grpc::Status status) {
+                      MutexLock lock(&mu);
+                      if (!status.ok()) failed = status;
+                      --pending;
+                    });
+  }
+  MutexLock lock(&mu);
+  mu.Await(absl::Condition(
+      +[](int64_t* n) { return *n == 0; }, &pending));
+  return FromGrpcStatus(failed);
+}
+
 absl::StatusOr<Moved> RunGrpcFloor(int64_t bytes) {
   const int64_t piece = std::min<int64_t>(bytes, ParameterClient::kMaxBatchBytes);
   const int calls = static_cast<int>((bytes + piece - 1) / piece);
@@ -330,26 +355,8 @@ absl::StatusOr<Moved> RunGrpcFloor(int64_t bytes) {
   grpc::GenericStub* stub = floor.stub();
   if (stub == nullptr) return absl::UnavailableError("cannot listen on loopback");
   std::vector<char> pushed(static_cast<size_t>(piece), 1);
-  // `calls` requests of `method` at once, each carrying `request`; waits for all.
-  auto exchange = [&](const std::string& method, const grpc::ByteBuffer& request) -> absl::Status {
-    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-    std::vector<grpc::ByteBuffer> responses(calls);
-    Mutex mu;
-    int pending = calls;
-    grpc::Status failed;
-    for (int i = 0; i < calls; ++i) {
-      contexts.push_back(std::make_unique<grpc::ClientContext>());
-      SetDeadline(contexts.back().get(), 60);
-      stub->UnaryCall(contexts.back().get(), method, grpc::StubOptions(), &request, &responses[i],
-                      [&](grpc::Status status) {
-                        MutexLock lock(&mu);
-                        if (!status.ok()) failed = status;
-                        --pending;
-                      });
-    }
-    MutexLock lock(&mu);
-    mu.Await(absl::Condition(+[](int* n) { return *n == 0; }, &pending));
-    return FromGrpcStatus(failed);
+  auto exchange = [&](const std::string& method, const grpc::ByteBuffer& request) {
+    return ExchangeAll(stub, method, request, calls);
   };
   grpc::Slice push_slice(pushed.data(), pushed.size(), grpc::Slice::STATIC_SLICE);
   const grpc::ByteBuffer push_request(&push_slice, 1);
@@ -447,27 +454,7 @@ absl::StatusOr<Moved> RunGrpcOneWay(int64_t bytes, bool push) {
   grpc::Slice slice(pushed.data(), pushed.size(), grpc::Slice::STATIC_SLICE);
   const grpc::ByteBuffer request(&slice, 1);
   const std::string method = push ? "/floor/Push" : "/floor/Pull";
-  return TimeIterations(calls * piece, [&]() -> absl::Status {
-    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-    std::vector<grpc::ByteBuffer> responses(static_cast<size_t>(calls));
-    Mutex mu;
-    int64_t pending = calls;
-    grpc::Status failed;
-    for (int64_t i = 0; i < calls; ++i) {
-      contexts.push_back(std::make_unique<grpc::ClientContext>());
-      SetDeadline(contexts.back().get(), 60);
-      stub->UnaryCall(contexts.back().get(), method, grpc::StubOptions(), &request, &responses[i],
-                      [&](grpc::Status status) {
-                        MutexLock lock(&mu);
-                        if (!status.ok()) failed = status;
-                        --pending;
-                      });
-    }
-    MutexLock lock(&mu);
-    mu.Await(absl::Condition(
-        +[](int64_t* n) { return *n == 0; }, &pending));
-    return FromGrpcStatus(failed);
-  });
+  return TimeIterations(calls * piece, [&] { return ExchangeAll(stub, method, request, calls); });
 }
 
 // The ceiling: the same bytes to an echo peer over one loopback TCP

@@ -10,15 +10,15 @@ namespace {
 
 constexpr size_t kKeptSlots = size_t{1} << 16;
 
-uint64_t ProcessSeed() {
+}  // namespace
+
+uint64_t ProcessHashSeed() {
   static const uint64_t seed = [] {
     std::random_device device;
     return (uint64_t{device()} << 32) ^ device();
   }();
   return seed;
 }
-
-}  // namespace
 
 int64_t FirstRepeatedKey(absl::Span<const uint64_t> keys) {
   if (keys.size() < 2) return -1;
@@ -29,7 +29,7 @@ int64_t FirstRepeatedKey(absl::Span<const uint64_t> keys) {
   std::vector<uint64_t>& set = slots <= kKeptSlots ? kept : own;
   // 0 marks an empty slot; the key 0 is tracked beside the set.
   set.assign(slots, 0);
-  const uint64_t seed = ProcessSeed();
+  const uint64_t seed = ProcessHashSeed();
   const size_t mask = slots - 1;
   bool zero_seen = false;
   for (size_t i = 0; i < keys.size(); ++i) {

@@ -20,6 +20,11 @@ namespace fulcrum {
 // took 5 to 10 times as long here: bench/sparse_table_bench.cc).
 int64_t FirstRepeatedKey(absl::Span<const uint64_t> keys);
 
+// A random value drawn once a process: the seed of hashes whose homes keys
+// chosen by a client must not predict (FirstRepeatedKey's, and the sparse
+// tables' indexes).
+uint64_t ProcessHashSeed();
+
 }  // namespace fulcrum
 
 #endif  // FULCRUM_COMMON_REPEATED_KEY_H_

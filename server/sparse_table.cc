@@ -4,7 +4,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -43,15 +42,11 @@ uint32_t RowOf(uint32_t entry) { return (entry & kRowMask) - 1; }
 // Whether x lies in the cyclic interval (a, b].
 bool Between(size_t a, size_t x, size_t b) { return a <= b ? (a < x && x <= b) : (a < x || x <= b); }
 
-// A seed for each table's index: one drawn per process, mixed with a count
-// of the tables made (thousands of buckets each read no random device).
+// A seed for each table's index: the process's, mixed with a count of the
+// tables made (thousands of buckets each read no random device).
 uint64_t RandomSeed() {
-  static const uint64_t process_seed = [] {
-    std::random_device device;
-    return (uint64_t{device()} << 32) ^ device();
-  }();
   static std::atomic<uint64_t> tables{0};
-  return SplitMix64(process_seed ^ SplitMix64(tables.fetch_add(1, std::memory_order_relaxed)));
+  return SplitMix64(ProcessHashSeed() ^ SplitMix64(tables.fetch_add(1, std::memory_order_relaxed)));
 }
 
 // Index slots for `rows` rows at most 3/4 full.

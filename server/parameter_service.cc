@@ -219,13 +219,6 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                                          });
                        }));
   }
-  MarkMethodStreamed(service->FindMethodByName("SparsePull")->index(),
-                     new RawHandler([this](grpc::ServerContext*, RawStream* stream) {
-                       return ServeRaw(stream, "SparsePull",
-                                       [this](const grpc::ByteBuffer& request, grpc::ByteBuffer* answer) {
-                                         return HandleSparsePull(request, answer);
-                                       });
-                     }));
   if (checkpoints_ != nullptr) writer_ = std::make_unique<CheckpointWriter>(checkpoints_);
   HeldPulls::Options held;
   held.threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u));

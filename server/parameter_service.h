@@ -88,7 +88,8 @@ class GrpcReplicaPeers final : public ReplicaPeers {
 //   a pooled buffer, validated and applied from there, and a primary forwards
 //   the received payload slices themselves to its backups.
 class ParameterServiceImpl final
-    : public v1::ParameterService::WithRawCallbackMethod_Pull<v1::ParameterService::Service> {
+    : public v1::ParameterService::WithRawCallbackMethod_SparsePull<
+          v1::ParameterService::WithRawCallbackMethod_Pull<v1::ParameterService::Service>> {
  public:
   // `store` and `metrics` must outlive the service. `lease_valid` says
   // whether this server still holds its membership lease; without it the
@@ -161,6 +162,10 @@ class ParameterServiceImpl final
   // bytes on gRPC's threads as Push is: a SparsePullRequest's answer is a
   // SparsePullResponse whose rows go out from where the table wrote them.
   absl::Status HandleSparsePull(const grpc::ByteBuffer& request, grpc::ByteBuffer* response);
+  // gRPC's SparsePull: HandleSparsePull on gRPC's callback thread (a pull
+  // never waits), which answers from there.
+  grpc::ServerUnaryReactor* SparsePull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   // A SparsePushRequest, its gradients read where they arrived: a
   // SparsePush (`from_worker`: this server must lead the request's shard,
   // and forwards the bytes as they came to the shard's backups before
@@ -256,7 +261,6 @@ class ParameterServiceImpl final
   prometheus::Counter* sparse_keys_pushed_;
   prometheus::Histogram* checkpoint_seconds_;
 };
-
 
 }  // namespace fulcrum
 

@@ -167,6 +167,16 @@ absl::Status ParameterServiceImpl::HandleSparsePull(const grpc::ByteBuffer& byte
   return absl::OkStatus();
 }
 
+grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Status status = HandleSparsePull(*request, response);
+  reactor->Finish(Finish("SparsePull", status, static_cast<int64_t>(request->Length()),
+                         status.ok() ? static_cast<int64_t>(response->Length()) : 0));
+  return reactor;
+}
+
 absl::Status ParameterServiceImpl::HandleSparsePush(const grpc::ByteBuffer& bytes, bool from_worker,
                                                     v1::SparsePushResponse* response) {
   // The fields but the gradients parsed (each table's keys into `request`);

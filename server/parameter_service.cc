@@ -181,6 +181,7 @@ JobShardConfig ParameterServiceImpl::ConfigFor(const v1::SetupJobRequest& reques
 }
 
 ParameterServiceImpl::~ParameterServiceImpl() {
+  sparse_step_pulls_->Stop();  // answers what is queued while every member is alive
   if (writer_ != nullptr) writer_->Stop();
 }
 
@@ -223,6 +224,7 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
   HeldPulls::Options held;
   held.threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u));
   held_pulls_ = std::make_unique<HeldPulls>(held);
+  sparse_step_pulls_ = std::make_unique<ThreadPool>(held.threads);
   auto& registry = metrics_->registry();
   updates_applied_ = &prometheus::BuildCounter()
                           .Name("fulcrum_server_gradients_accepted_total")

@@ -3,18 +3,20 @@
 #ifndef FULCRUM_SERVER_PARAMETER_SERVICE_H_
 #define FULCRUM_SERVER_PARAMETER_SERVICE_H_
 
+#include <grpcpp/generic/generic_stub.h>
+
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
-
-#include <grpcpp/generic/generic_stub.h>
 
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "common/payload_wire.h"
+#include "common/sync.h"
+#include "common/thread_pool.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "server/buffer_pool.h"
 #include "server/checkpoint_store.h"
@@ -22,7 +24,6 @@
 #include "server/parameter_store.h"
 #include "server/replication.h"
 #include "server/table_gauges.h"
-#include "common/sync.h"
 
 namespace fulcrum {
 
@@ -86,7 +87,12 @@ class GrpcReplicaPeers final : public ReplicaPeers {
 //   its backups) as "streamed unary" methods of raw bytes (the same calls on
 //   the wire): each gradient is decoded once, from the received slices into
 //   a pooled buffer, validated and applied from there, and a primary forwards
-//   the received payload slices themselves to its backups.
+//   the received payload slices themselves to its backups. SparsePush and
+//   SparseReplicate likewise.
+// - SparsePull is served with gRPC's callback API too, answered on the
+//   callback thread; a pull of a step (BSP) may wait for the shard's push
+//   lock, which a step's apply or a capture of whole buckets holds for long,
+//   so it is answered from a pool of this service's own threads instead.
 class ParameterServiceImpl final
     : public v1::ParameterService::WithRawCallbackMethod_SparsePull<
           v1::ParameterService::WithRawCallbackMethod_Pull<v1::ParameterService::Service>> {
@@ -159,11 +165,12 @@ class ParameterServiceImpl final
   grpc::Status DeleteCheckpoint(grpc::ServerContext* context, const v1::DeleteCheckpointRequest* request,
                                 v1::DeleteCheckpointResponse* response) override;
   // Sparse tables (server/parameter_service_sparse.cc), served as raw
-  // bytes on gRPC's threads as Push is: a SparsePullRequest's answer is a
-  // SparsePullResponse whose rows go out from where the table wrote them.
+  // bytes: a SparsePullRequest's answer is a SparsePullResponse whose rows
+  // go out from where the table wrote them.
   absl::Status HandleSparsePull(const grpc::ByteBuffer& request, grpc::ByteBuffer* response);
-  // gRPC's SparsePull: HandleSparsePull on gRPC's callback thread (a pull
-  // never waits), which answers from there.
+  // gRPC's SparsePull: answered on gRPC's callback thread, or, for a pull of
+  // a step (which may wait for the shard's push lock), from
+  // sparse_step_pulls_.
   grpc::ServerUnaryReactor* SparsePull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
   // A SparsePushRequest, its gradients read where they arrived: a
@@ -177,12 +184,14 @@ class ParameterServiceImpl final
   absl::Status CopyTableBucket(const v1::CopyChunkRequest& request, v1::ChunkState* response);
 
  private:
-  // Push, Replicate and the sparse RPCs on gRPC's threads: the request's
-  // bytes read, `handle` answers them (or fails), the answer sent with the
-  // status.
+  // Push, Replicate, SparsePush and SparseReplicate on gRPC's threads: the
+  // request's bytes read, `handle` answers them (or fails), the answer sent
+  // with the status.
   using RawStream = grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>;
   grpc::Status ServeRaw(RawStream* stream, const char* method,
                         absl::FunctionRef<absl::Status(const grpc::ByteBuffer&, grpc::ByteBuffer*)> handle);
+  // A parsed SparsePullRequest answered (HandleSparsePull after its parse).
+  absl::Status AnswerSparsePull(const v1::SparsePullRequest& request, grpc::ByteBuffer* response);
   // SetupJob of a job's fresh (or checkpointed) state; of chunks copied from
   // other replicas (`sources`: chunk id -> where to copy it from).
   // `config`: the request's (ConfigFor), converted once.
@@ -207,6 +216,9 @@ class ParameterServiceImpl final
   ParameterStore* store_;
   MetricsEndpoint* metrics_;
   std::unique_ptr<HeldPulls> held_pulls_;
+  // SparsePulls of a step: they may wait for a shard's push lock, which
+  // must not hold gRPC's few callback threads.
+  std::unique_ptr<ThreadPool> sparse_step_pulls_;
   // Pushes and replications hold it shared from their checks to their apply;
   // Reconfigure holds it exclusively, so no push straddles a role change
   // (a new backup then copies a state no push can change unseen).

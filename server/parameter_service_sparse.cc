@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <new>
 #include <set>
 
 #include "absl/base/internal/endian.h"
@@ -133,6 +135,11 @@ std::vector<SparseTableSetup> TableSetupsOf(const v1::JobSpec& spec, const v1::S
 absl::Status ParameterServiceImpl::HandleSparsePull(const grpc::ByteBuffer& bytes, grpc::ByteBuffer* response) {
   v1::SparsePullRequest request;
   RETURN_IF_ERROR(ParseMessage(bytes, &request));
+  return AnswerSparsePull(request, response);
+}
+
+absl::Status ParameterServiceImpl::AnswerSparsePull(const v1::SparsePullRequest& request,
+                                                    grpc::ByteBuffer* response) {
   ASSIGN_OR_RETURN(std::shared_ptr<JobShard> shard, store_->Find(request.job_id()));
   RETURN_IF_ERROR(CheckSparseRequest(request.job_id(), *shard, request.map_version(), request.tables()));
   if (request.has_step())
@@ -171,9 +178,29 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(grpc::CallbackServerC
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::Status status = HandleSparsePull(*request, response);
-  reactor->Finish(Finish("SparsePull", status, static_cast<int64_t>(request->Length()),
-                         status.ok() ? static_cast<int64_t>(response->Length()) : 0));
+  const auto received = static_cast<int64_t>(request->Length());
+  // The request and the answer live until the reactor finishes.
+  auto answer = [this, reactor, response, received](const v1::SparsePullRequest& pull) {
+    absl::Status status;
+    try {
+      status = AnswerSparsePull(pull, response);
+    } catch (const std::bad_alloc&) {  // gRPC would answer UNIMPLEMENTED
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("job ", pull.job_id(), ": out of memory for a sparse pull"));
+    }
+    reactor->Finish(
+        Finish("SparsePull", status, received, status.ok() ? static_cast<int64_t>(response->Length()) : 0));
+  };
+  auto pull = std::make_shared<v1::SparsePullRequest>();
+  if (absl::Status parsed = ParseMessage(*request, pull.get()); !parsed.ok()) {
+    reactor->Finish(Finish("SparsePull", parsed, received, 0));
+    return reactor;
+  }
+  if (!pull->has_step()) {
+    answer(*pull);  // reads the rows as they are: only brief locks
+    return reactor;
+  }
+  sparse_step_pulls_->Post([pull, answer] { answer(*pull); });
   return reactor;
 }
 

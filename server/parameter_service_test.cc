@@ -1233,6 +1233,25 @@ TEST(ParameterServiceSparseTest, PushedRowsAreWhatLaterPullsRead) {
   ASSERT_TRUE((*server)->stub()->SparsePull(&after_context, pull, &after).ok());
   EXPECT_EQ(RowsOf(after.tables(0).rows()), (std::vector<float>{-0.5f, -1.0f, 2.0f})) << "applied once";
   EXPECT_EQ(after.tables(1).rows(), before.tables(1).rows()) << "the embedding table was not pushed";
+
+  // A pull of a step is answered from the service's own threads (it may
+  // wait for a shard's push lock), not gRPC's callback thread: the same
+  // rows (the job's tables are asynchronous), and its errors as any pull's.
+  v1::SparsePullRequest at_step = pull;
+  at_step.set_step(1);
+  grpc::ClientContext step_context;
+  v1::SparsePullResponse stepped;
+  const grpc::Status step_status = (*server)->stub()->SparsePull(&step_context, at_step, &stepped);
+  ASSERT_TRUE(step_status.ok()) << step_status.error_message();
+  ASSERT_EQ(stepped.tables_size(), 2);
+  EXPECT_EQ(stepped.tables(0).rows(), after.tables(0).rows());
+  EXPECT_EQ(stepped.tables(1).rows(), after.tables(1).rows());
+  at_step.set_step(-1);
+  grpc::ClientContext bad_context;
+  v1::SparsePullResponse bad;
+  const grpc::Status bad_status = (*server)->stub()->SparsePull(&bad_context, at_step, &bad);
+  EXPECT_EQ(bad_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad_status.error_message();
+  EXPECT_NE(bad_status.error_message().find("step -1"), std::string::npos) << bad_status.error_message();
 }
 
 // Replicated tables over gRPC: a push to the shard's primary is on its

@@ -98,8 +98,10 @@ struct SparseTableStats {
   int64_t expiries = 0;
 };
 
-// Thread-safe. Pulls run in parallel with each other and with pushes; pushes
-// run one at a time (a push is checked whole before any of it is applied).
+// Thread-safe. Pulls run in parallel with each other and with pushes (but
+// PullAtStep of a synchronous table, which waits for a push or a capture in
+// progress); pushes run one at a time (a push is checked whole before any of
+// it is applied).
 class SparseShard {
  public:
   // Tables for the buckets of `held_shards`. INVALID_ARGUMENT for a table

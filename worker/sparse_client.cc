@@ -75,7 +75,11 @@ std::vector<SparseClient::Request> SparseClient::Plan(const std::vector<std::vec
     const size_t first = requests.size();
     int64_t bytes = 0;
     for (int t = 0; t < num_tables(); ++t) {
-      const int64_t row_bytes = int64_t{dim(t)} * static_cast<int64_t>(sizeof(float));
+      // A key's bytes count too: with rows of one float they are two thirds
+      // of a push (3 MiB of rows alone came with 6 MiB of keys, past gRPC's
+      // 8 MiB message limit).
+      const int64_t row_bytes =
+          int64_t{dim(t)} * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(sizeof(uint64_t));
       for (uint32_t position : by_shard[shard][static_cast<size_t>(t)]) {
         if (bytes + row_bytes > kMaxRequestBytes && bytes > 0) {
           requests.push_back(request);

@@ -2,8 +2,8 @@
 // replicas of the shard of its bucket (ShardMap.tables, common/shard_map.h
 // BucketOf); requests go to the shard's primary. Pull and Push split every
 // table's keys by shard, sorted by bucket (the order servers read them in
-// without copying), into requests whose rows stay below kMaxRequestBytes,
-// and send them all at once.
+// without copying), into requests whose keys and rows stay below
+// kMaxRequestBytes, and send them all at once.
 #ifndef FULCRUM_WORKER_SPARSE_CLIENT_H_
 #define FULCRUM_WORKER_SPARSE_CLIENT_H_
 
@@ -22,7 +22,10 @@ namespace fulcrum {
 
 class SparseClient {
  public:
-  // Row bytes per request (an answer stays far below the servers' limit).
+  // Key and row bytes per request (a push's keys and gradients; a pull's
+  // keys, and its answer's rows): far below gRPC's 8 MiB message limit
+  // (kMaxMessageBytes) and the servers' 7 MiB answer limit whatever a
+  // table's dim.
   static constexpr int64_t kMaxRequestBytes = 3 << 20;
 
   // `transport` (not owned; it outlives the client), or gRPC when nullptr.

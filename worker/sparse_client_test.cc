@@ -173,6 +173,35 @@ TEST_F(SparseClientTest, ASupersededClientsCallsAnswerAbortedAtOnce) {
   EXPECT_EQ(reached, before) << "a superseded client's call reached a server";
 }
 
+// A table of one float a row: a key's 8 bytes are two thirds of a push, and
+// count toward a request's bytes as its row does. Requests used to stop at
+// 3 MiB of rows alone, which with their keys is 9 MiB, past gRPC's 8 MiB
+// message limit: a large batch's push of such a table failed.
+TEST_F(SparseClientTest, RequestsOfATableOfOneFloatARowStayWithinTheirBytesKeysIncluded) {
+  ASSERT_EQ(map_.tables(0).dim(), 1);
+  SparseClient client(map_, kSparseJob, "w0", &transport_);
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 600000; ++k) keys.push_back(k * 7919 + 13);
+  std::vector<std::vector<float>> grads = {std::vector<float>(keys.size()), {}};
+  for (size_t i = 0; i < keys.size(); ++i) grads[0][i] = static_cast<float>(i % 101);
+  transport_.set_keep([](ParameterTransport::Method method) {
+    return method == ParameterTransport::Method::kSparsePush ||
+           method == ParameterTransport::Method::kSparsePull;
+  });
+  ASSERT_TRUE(client.Push(0, 0, {keys, {}}, grads, absl::Seconds(30)).ok());
+  std::vector<std::vector<float>> rows;
+  ASSERT_TRUE(client.Pull({keys, {}}, &rows, absl::Seconds(30)).ok());
+  transport_.set_keep(nullptr);
+  ASSERT_EQ(rows[0].size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(rows[0][i], -grads[0][i]) << "key " << i;
+  const std::vector<InProcessTransport::Kept> kept = transport_.TakeKept();
+  ASSERT_EQ(kept.size(), 8u) << "per server, its 300,000 keys in two pushes and two pulls";
+  for (const InProcessTransport::Kept& request : kept) {
+    // A request's other fields take a few hundred bytes.
+    EXPECT_LE(request.sent.size(), static_cast<size_t>(SparseClient::kMaxRequestBytes + 1024));
+  }
+}
+
 // gRPC may hold a request's bytes after its call ended (a write stuck on a
 // paused peer): a kept sparse request's bytes stay what was sent after the
 // client returned and made other requests (they are the request's own).

@@ -184,7 +184,9 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(grpc::CallbackServerC
     absl::Status status;
     try {
       status = AnswerSparsePull(pull, response);
-    } catch (const std::bad_alloc&) {  // gRPC would answer UNIMPLEMENTED
+    } catch (const std::bad_alloc&) {
+      // Escaping, it would end the process on the pool's thread, and gRPC's
+      // callback wrapper would answer it as an unknown method.
       status = absl::ResourceExhaustedError(
           absl::StrCat("job ", pull.job_id(), ": out of memory for a sparse pull"));
     }

@@ -95,14 +95,22 @@ JobClaims ClaimsOf(const v1::JobSpec& spec) {
   // the previous step's values (JobShard::ChunkBytes).
   claims.server_bytes_per_parameter =
       kFloat * (1 + OptimizerSlots(spec.optimizer()) + (Synchronous(spec) ? spec.max_workers() + 2 : 0));
+  // No other wire format sends more than float32's 4 bytes a value.
+  if (spec.compression().kind() == v1::CompressionSpec::TOPK) {
+    claims.pushed_bytes_per_parameter = 8 * std::max(spec.compression().topk_ratio(), 0.5);
+  }
   return claims;
 }
 
 namespace {
 
-// The longest chunk whose whole state fits kMaxChunkStateBytes.
+// The longest chunk whose whole state, and whose pushed gradient, fit
+// kMaxChunkStateBytes.
 int64_t MaxChunkElems(const JobClaims& claims) {
-  return std::max<int64_t>(1, kMaxChunkStateBytes / std::max<int64_t>(1, claims.server_bytes_per_parameter));
+  const int64_t by_state = kMaxChunkStateBytes / std::max<int64_t>(1, claims.server_bytes_per_parameter);
+  const auto by_push = static_cast<int64_t>(static_cast<double>(kMaxChunkStateBytes) /
+                                            std::max(1.0, claims.pushed_bytes_per_parameter));
+  return std::max<int64_t>(1, std::min(by_state, by_push));
 }
 
 }  // namespace

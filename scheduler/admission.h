@@ -28,6 +28,10 @@ struct JobClaims {
   // Each replica of each parameter on a server: value, optimizer state and
   // (BSP) a gradient buffer per data partition and a sum buffer.
   int64_t server_bytes_per_parameter = 0;
+  // The most bytes a pushed gradient value takes on the wire: float32's 4,
+  // or TOPK's 8 a kept value (index and value) times the ratio kept, which
+  // passes 4 above a ratio of 1/2.
+  double pushed_bytes_per_parameter = 4;
 };
 
 // The dataset shape a spec implies: Fashion-MNIST's files, or the synthetic
@@ -58,9 +62,11 @@ constexpr int64_t kMaxJobChunks = 8192;
 // The elements per chunk for a job: `chunk_elems` (--chunk-bytes / 4), more
 // when the job would take over kMaxJobChunks chunks, and fewer when a
 // chunk's whole state (values, optimizer slots and, in BSP, a buffer per
-// data partition) would not fit kMaxChunkStateBytes: a job with many
+// data partition) or its pushed gradient (top-k at a ratio above 1/2 takes
+// more than its floats) would not fit kMaxChunkStateBytes: a job with many
 // partitions gets smaller chunks, so re-replication and checkpoint reads,
-// which send a chunk's state as one message, always work. The state bound
+// which send a chunk's state as one message, and a push of one chunk
+// always work. The state bound
 // wins: CheckChunkCount refuses a job it leaves over kMaxJobChunks chunks.
 int64_t ChunkElemsFor(const JobClaims& claims, int64_t chunk_elems);
 

@@ -23,6 +23,11 @@ v1::WireFormat GradientCompressor::format() const {
   return kind_ == v1::CompressionSpec::TOPK ? v1::WIRE_TOPK : v1::WIRE_INT8;
 }
 
+int GradientCompressor::WireBytesPerValue() const {
+  if (kind_ != v1::CompressionSpec::TOPK) return 1;
+  return static_cast<int>(std::clamp(std::ceil(8 * topk_ratio_), 1.0, 8.0));
+}
+
 GradientCompressor::Partition& GradientCompressor::Touch(int32_t partition) {
   auto it = std::find_if(partitions_.begin(), partitions_.end(), [&](const Partition& p) { return p.id == partition; });
   if (it != partitions_.end()) {

@@ -36,6 +36,10 @@ class GradientCompressor {
   // The ChunkData.format of what Encode writes.
   v1::WireFormat format() const;
 
+  // The most bytes Encode writes per value of a chunk, rounded up: INT8's
+  // 1 (and a 4-byte scale a chunk), TOPK's 8 a kept value times the ratio.
+  int WireBytesPerValue() const;
+
   // Encodes values [offset, offset + n) of tensor `tensor`'s gradient,
   // computed on `partition`, into *out: adds what the partition's earlier
   // pushes left out of those values, encodes the sum, and keeps what the

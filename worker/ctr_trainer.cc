@@ -1,6 +1,7 @@
 #include "worker/ctr_trainer.h"
 
 #include <glob.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -381,6 +382,11 @@ absl::StatusOr<std::vector<std::string>> ExpandPath(const std::string& pattern) 
     return absl::FailedPreconditionError(absl::StrCat("cannot list ", pattern, ": cannot read ",
                                                       glob_failed_path, ": ", std::strerror(error)));
   }
+  // A file whose name holds a pattern's characters ([, *, ?) and that
+  // the pattern matches nothing else for is named as it is (as a shell
+  // leaves a pattern that matches nothing).
+  if (struct stat entry{}; rc == GLOB_NOMATCH && stat(pattern.c_str(), &entry) == 0)
+    return std::vector{pattern};
   if (rc == GLOB_NOMATCH || (rc == 0 && files.empty())) {
     return absl::NotFoundError(absl::StrCat(
         "no file matches ", pattern,

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
@@ -52,6 +53,18 @@ TEST(ExpandPathTest, MatchesComeSortedAndAMissingFolderIsNamed) {
   ASSERT_TRUE(files.ok()) << files.status();
   EXPECT_EQ(*files, std::vector<std::string>{dir + "/c.txt"});
 
+  // A name with a pattern's characters that matches nothing else is the file.
+  std::ofstream(dir + "/day[1]*?.csv") << "1,2\n";
+  files = ExpandPath(dir + "/day[1]*?.csv");
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(*files, std::vector<std::string>{dir + "/day[1]*?.csv"});
+
+  files = ExpandPath(dir + "/*.tsv");
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(files.status().message(), "no file matches " + dir + "/*.tsv");
+  files = ExpandPath(dir + "/*.csv");
+  ASSERT_TRUE(files.ok()) << "a pattern still matches: " << files.status();
+  std::filesystem::remove(dir + "/day[1]*?.csv");
   files = ExpandPath(dir + "/*.csv");
   EXPECT_EQ(files.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(files.status().message(), "no file matches " + dir + "/*.csv");

@@ -9,6 +9,7 @@
 #include "common/quote.h"
 #include "common/status_macros.h"
 #include "common/table_spec.h"
+#include "kernels/graph_model.h"
 #include "kernels/model_from_spec.h"
 #include "scheduler/job_spec.h"
 #include "scheduler/job_spec_checks.h"
@@ -232,6 +233,16 @@ absl::Status ValidateTables(const v1::JobSpec& spec) {
   }
   if (layout.graph) return absl::OkStatus();
   RETURN_IF_ERROR(kernels::ValidateCtrModelConfig(layout.ctr));
+  // A preset kind runs as its layer graph on a GPU worker, and its scratch
+  // is counted as that graph's: the graph's bounds (a weight at most 2^28
+  // floats) hold for it too, else its shapes, and so its memory, are unknown.
+  if (absl::Status graph = kernels::ValidateGraphConfig(kernels::CtrModelAsGraph(layout.ctr)); !graph.ok()) {
+    return Invalid("model",
+                   absl::StrCat("(", v1::ModelSpec::Kind_Name(spec.model().kind()),
+                                ") as its layer graph: ", graph.message(),
+                                ": use a smaller embeddingDim, model.hiddenSizes or fewer fields"),
+                   "refused");
+  }
   return ValidateClickBatchValues(spec, layout);
 }
 

@@ -565,6 +565,18 @@ std::vector<ClickReject> ClickRejects() {
          s->mutable_data()->set_batch_size(1);
        },
        {"model", "for a batch of 1000 (an evaluation's", "fewer fields"}},
+      {"AWeightBeyondAGraphsBound",
+       [](S* s) {  // deep1's weight: 4097 x 65536 floats, past 2^28 (its graph's shapes stopped there)
+         s->mutable_model()->set_kind(v1::ModelSpec::WIDE_AND_DEEP);
+         s->mutable_model()->set_embedding_dim(1);
+         s->mutable_model()->clear_hidden_sizes();
+         s->mutable_model()->add_hidden_sizes(4097);
+         s->mutable_model()->add_hidden_sizes(65536);
+         s->mutable_data()->mutable_synthetic_ctr()->set_fields(1);
+         s->mutable_data()->mutable_synthetic_ctr()->set_dense(0);
+         s->mutable_data()->set_batch_size(1000);
+       },
+       {"model (WIDE_AND_DEEP) as its layer graph", "4097 x 65536", "model.hiddenSizes"}},
       {"FmOverOneCsvColumn",
        [](S* s) {
          s->mutable_model()->set_kind(v1::ModelSpec::FM);

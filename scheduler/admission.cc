@@ -63,6 +63,26 @@ DataShape DataShapeOf(const v1::DataSpec& data) {
   return shape;
 }
 
+namespace {
+
+// A click step's examples as a worker holds them (worker/ctr_trainer.cc): the
+// whole step's (every micro-batch of data.gradientAccumulation), each id with
+// its weight and bag offset, dense values and the label; the next step's,
+// made meanwhile, and the records the next is made from; and per table the
+// step's distinct ids, a row index an id and the hash map that finds them.
+// Ids an example: one a field (synthetic data; files' lines may hold more,
+// which their workers measure as they read them).
+int64_t ClickStepBytes(const v1::JobSpec& spec, const ModelLayout& layout) {
+  constexpr int64_t kIdBytes = 8 + 4 + 8;           // id, weight, offset
+  constexpr int64_t kDistinctIdBytes = 8 + 4 + 20;  // key, row index, hash map slot at 7/8 load
+  const int64_t ids = StepBatchSize(spec) * ClickFields(spec.data());
+  const int64_t examples = StepBatchSize(spec) * (ClickDense(spec.data()) + 1) * kFloat;
+  return 3 * (ids * kIdBytes + examples) +
+         ids * kDistinctIdBytes * static_cast<int64_t>(layout.tables.size());
+}
+
+}  // namespace
+
 JobClaims ClaimsOf(const v1::JobSpec& spec) {
   const DataShape data = DataShapeOf(spec.data());
   const ModelLayout layout = LayoutFor(spec, data.features, data.classes);
@@ -80,17 +100,19 @@ JobClaims ClaimsOf(const v1::JobSpec& spec) {
   // A click model's scratch: every layer's values and gradients for a batch
   // (or an evaluation's), kernels/graph_model.h; a preset kind's as its graph.
   const int64_t graph_bytes = ClickComputeBatch(spec) * ClickValuesPerExample(layout) * kFloat * 2;
-  claims.worker_bytes = claims.worker_data_bytes + graph_bytes +
-                        claims.parameters * kFloat * 3 +              // parameters, pull landing, gradients
-                        (half_wire ? claims.parameters * 2 * 2 : 0) +  // 16-bit parameters and gradients
-                        (spec.local_sgd().steps() > 1 ? claims.parameters * kFloat : 0) +  // local SGD's own copy
-                        batch * widths * kFloat * 3 +                  // activations, their gradients, the batch
-                        // a step's other micro-batches (data.gradientAccumulation), inputs and labels
-                        (StepBatchSize(spec) - batch) * (data.features + 1) * kFloat +
-                        // compression's residuals: one copy of the gradients per partition it keeps
-                        (spec.compression().kind() != v1::CompressionSpec::NONE
-                             ? claims.parameters * kFloat * std::min(spec.max_workers(), 4)
-                             : 0);
+  claims.worker_bytes =
+      claims.worker_data_bytes + graph_bytes +
+      claims.parameters * kFloat * 3 +               // parameters, pull landing, gradients
+      (half_wire ? claims.parameters * 2 * 2 : 0) +  // 16-bit parameters and gradients
+      (spec.local_sgd().steps() > 1 ? claims.parameters * kFloat : 0) +  // local SGD's own copy
+      batch * widths * kFloat * 3 +  // activations, their gradients, the batch
+      // a step's other micro-batches (data.gradientAccumulation), inputs and labels
+      (layout.click ? ClickStepBytes(spec, layout)
+                    : (StepBatchSize(spec) - batch) * (data.features + 1) * kFloat) +
+      // compression's residuals: one copy of the gradients per partition it keeps
+      (spec.compression().kind() != v1::CompressionSpec::NONE
+           ? claims.parameters * kFloat * std::min(spec.max_workers(), 4)
+           : 0);
   // Values, optimizer state and (BSP) a gradient per partition, their sum and
   // the previous step's values (JobShard::ChunkBytes).
   claims.server_bytes_per_parameter =

@@ -121,5 +121,30 @@ TEST(AdmissionTest, APresetClickKindClaimsItsBatchScratch) {
   EXPECT_TRUE(Contains(refused.message(), "more than 2^28")) << refused;
 }
 
+// A click step's ids are held whole, every micro-batch of
+// data.gradientAccumulation at once, and the next step's beside them: a
+// logistic regression over 256 fields in steps of 2^20 examples holds 2^28
+// ids a step, each with its weight and offset, about 5.4 GB a copy.
+TEST(AdmissionTest, AClickStepClaimsItsIdsEveryMicroBatchOfIt) {
+  v1::JobSpec spec;
+  spec.set_num_workers(1);
+  spec.mutable_optimizer()->set_lr(0.01f);
+  spec.mutable_model()->set_kind(v1::ModelSpec::LOGISTIC_REGRESSION);
+  v1::DataSpec* data = spec.mutable_data();
+  data->set_dataset(v1::DataSpec::SYNTHETIC_CTR);
+  data->mutable_synthetic_ctr()->set_examples(20000);
+  data->mutable_synthetic_ctr()->set_fields(256);
+  data->set_batch_size(1024);
+  ApplyJobSpecDefaults(&spec);
+  ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  const int64_t one_batch = ClaimsOf(spec).worker_bytes;
+  spec.mutable_data()->set_gradient_accumulation(1024);
+  ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  const int64_t ids = int64_t{1024} * 1024 * 256;
+  EXPECT_GE(ClaimsOf(spec).worker_bytes - one_batch, 2 * (ids - 1024 * 256) * 20)
+      << "this step's ids and the next's, each with its weight and offset";
+  EXPECT_LT(one_batch, int64_t{1} << 30) << "a step of one batch is small";
+}
+
 }  // namespace
 }  // namespace fulcrum

@@ -221,7 +221,7 @@ absl::Status Resolve(const GraphConfig& config, std::vector<std::vector<int>>* i
         out = {1, 1};
         break;
       case LayerType::kDot: {
-        int64_t vectors = 0;
+        int64_t vectors = 0, joined = 0;
         for (size_t k = 0; k < in.size(); ++k) {
           if (input_shape(k).dim != input_shape(0).dim) {
             return LayerError(i, layer, absl::StrCat(input_name(k), "'s vectors have ", input_shape(k).dim,
@@ -229,6 +229,14 @@ absl::Status Resolve(const GraphConfig& config, std::vector<std::vector<int>>* i
                                                      "; DOT pairs vectors of one dim"));
           }
           vectors += input_shape(k).vectors;
+          joined += input_shape(k).width();
+        }
+        // A backend lays the inputs side by side (and their gradients): an
+        // input listed many times counts each time.
+        if (joined > kMaxWidth) {
+          return LayerError(
+              i, layer,
+              absl::StrCat("its inputs take ", joined, " values an example together, more than 2^20"));
         }
         if (vectors < 2) return LayerError(i, layer, "its inputs have 1 vector; DOT pairs at least 2");
         if (vectors * (vectors - 1) / 2 > kMaxWidth) {
@@ -301,8 +309,18 @@ absl::Status ValidateGraphConfig(const GraphConfig& config) {
 }
 
 int64_t GraphValuesPerExample(const GraphConfig& config) {
+  const std::vector<GraphShape> shapes = GraphShapes(config);
+  std::map<std::string, int64_t> width;
   int64_t total = 0;
-  for (const GraphShape& shape : GraphShapes(config)) total += shape.width();
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    const GraphLayer& layer = config.layers[i];
+    total += shapes[i].width();
+    // A DOT's inputs side by side (GraphModelOnBackend).
+    if (layer.type == LayerType::kDot) {
+      for (const std::string& input : layer.inputs) total += width[input];
+    }
+    width[layer.name] = shapes[i].width();
+  }
   return total;
 }
 

@@ -109,8 +109,9 @@ struct GraphShape {
 // Every layer's shape, in layer order. The config must be valid.
 std::vector<GraphShape> GraphShapes(const GraphConfig& config);
 
-// The values of every layer together for one example: GraphModel keeps
-// them and their gradients per example of a batch. Valid config.
+// The values of every layer together for one example, and each DOT's
+// inputs side by side as a backend joins them: GraphModel keeps them and
+// their gradients per example of a batch. Valid config.
 int64_t GraphValuesPerExample(const GraphConfig& config);
 
 // The dense tensors in layer order: per kLinear layer "<name>.weight" [in,

@@ -365,7 +365,8 @@ TEST(GraphModelTest, ValidationNamesTheLayerAndTheMismatch) {
       {"no layers", [](GraphConfig& g) { g.layers.clear(); }, "has 0 layers"},
       {"unknown input", [](GraphConfig& g) { g.layers[1].inputs = {"nope"}; },
        "layer 1 (\"fm\", FM): reads \"nope\", which is not a layer before it"},
-      {"input after", [](GraphConfig& g) { g.layers[0].inputs = {"fm"}; }, "layer 0 (\"emb\", EMBEDDING): reads no layer"},
+      {"input after", [](GraphConfig& g) { g.layers[0].inputs = {"fm"}; },
+       "layer 0 (\"emb\", EMBEDDING): reads no layer"},
       {"duplicate name", [](GraphConfig& g) { g.layers[1].name = "emb"; }, "has the name of layer 0"},
       {"bad name", [](GraphConfig& g) { g.layers[1].name = "a b"; }, "a name is 1 to 64"},
       {"no type", [](GraphConfig& g) { g.layers[1].type = LayerType::kUnspecified; }, "has no type"},
@@ -376,10 +377,18 @@ TEST(GraphModelTest, ValidationNamesTheLayerAndTheMismatch) {
       {"unread layer",
        [](GraphConfig& g) { g.layers.insert(g.layers.begin(), Layer("dense", LayerType::kDenseInput)); },
        "layer 0 (\"dense\", DENSE_INPUT): no later layer reads it"},
-      {"fm of one vector", [](GraphConfig& g) { g.layers[0].fields = {1}; }, "has 1 vector; FM pairs at least 2"},
-      {"field out of range", [](GraphConfig& g) { g.layers[0].fields = {0, 2}; },
+      {"fm of one vector", [](GraphConfig& g) { g.layers[0].fields = {1}; },
+       "has 1 vector; FM pairs at least 2"},
+      {"field out of range",
+       [](GraphConfig& g) {
+         g.layers[0].fields = {0, 2};
+       },
        "field 2 is outside the data's fields [0, 2)"},
-      {"field twice", [](GraphConfig& g) { g.layers[0].fields = {1, 1}; }, "lists field 1 twice"},
+      {"field twice",
+       [](GraphConfig& g) {
+         g.layers[0].fields = {1, 1};
+       },
+       "lists field 1 twice"},
       {"dim out of range", [](GraphConfig& g) { g.layers[0].dim = 2000; }, "dim = 2000 is outside [1, 1024]"},
       {"table dims disagree",
        [](GraphConfig& g) {
@@ -395,7 +404,8 @@ TEST(GraphModelTest, ValidationNamesTheLayerAndTheMismatch) {
        "\"emb\" has 8 values; this loss scores 1"},
       {"softmax of one", [](GraphConfig& g) { g.layers[2].loss = LossKind::kSoftmaxCrossEntropy; },
        "SOFTMAX_CROSS_ENTROPY scores 2 to 65536 classes"},
-      {"setting on the wrong type", [](GraphConfig& g) { g.layers[1].units = 3; }, "units applies to LINEAR only"},
+      {"setting on the wrong type", [](GraphConfig& g) { g.layers[1].units = 3; },
+       "units applies to LINEAR only"},
       {"activation unset", [](GraphConfig& g) { g.layers[1] = Act("fm", "emb", Activation::kNone); },
        "activation must be RELU, TANH or SIGMOID"},
       {"dot dims differ",
@@ -405,18 +415,35 @@ TEST(GraphModelTest, ValidationNamesTheLayerAndTheMismatch) {
        },
        "\"dense\"'s vectors have 3 values, \"emb\"'s 4; DOT pairs vectors of one dim"},
       {"add widths differ",
-       [](GraphConfig& g) { g.layers[1] = Add("fm", {"emb", "emb"}, false); g.layers.insert(g.layers.begin() + 1, Layer("one", LayerType::kReduceSum, {"emb"})); g.layers[2].inputs = {"emb", "one"}; },
+       [](GraphConfig& g) {
+         g.layers[1] = Add("fm", {"emb", "emb"}, false);
+         g.layers.insert(g.layers.begin() + 1, Layer("one", LayerType::kReduceSum, {"emb"}));
+         g.layers[2].inputs = {"emb", "one"};
+       },
        "\"one\" has 1 values, \"emb\" 8; ADD sums equal widths"},
-      {"no dense features", [](GraphConfig& g) {
+      {"no dense features",
+       [](GraphConfig& g) {
          g.num_dense = 0;
          g.layers.insert(g.layers.begin(), Layer("dense", LayerType::kDenseInput));
          g.layers[2].inputs = {"emb"};
-       }, "the data has no dense features"},
-      {"huge linear", [](GraphConfig& g) {
+       },
+       "the data has no dense features"},
+      {"huge linear",
+       [](GraphConfig& g) {
          g.layers[1] = Linear("fm", "emb", 65536);
          g.layers.insert(g.layers.begin() + 2, Linear("big", "fm", 65536));
          g.layers[3].inputs = {"big"};
-       }, "more than 2^28"},
+       },
+       "more than 2^28"},
+      {"dot of one layer many times",
+       [](GraphConfig& g) {
+         // 256 vectors of 65536 values side by side: 16.7 M an example
+         // (on a backend a buffer of them, and one of their gradients).
+         g.layers[1] = Linear("h", "emb", 65536);
+         g.layers.insert(g.layers.begin() + 2,
+                         Layer("fm", LayerType::kDot, std::vector<std::string>(256, "h")));
+       },
+       "layer 2 (\"fm\", DOT): its inputs take 16777216 values an example together, more than 2^20"},
   };
   for (const Case& c : cases) {
     GraphConfig g = base();

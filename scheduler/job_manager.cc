@@ -413,6 +413,19 @@ absl::Status JobManager::DoReport(const v1::WorkReport& report) {
   }
   switch (report.kind()) {
     case v1::WorkReport::READY:
+      // Every worker reads the same data: one that counts other examples
+      // would shuffle, and so split the epoch, otherwise (the same number of
+      // steps an epoch, which the workers check, is not enough).
+      if (job->have_data_info && (report.train_examples() != job->data_info.train_examples() ||
+                                  report.test_examples() != job->data_info.test_examples())) {
+        EndJob(job, v1::FAILED,
+               absl::StrCat(worker->id, " read ", report.train_examples(), " training and ",
+                            report.test_examples(), " test examples, where the job's workers read ",
+                            job->data_info.train_examples(), " and ", job->data_info.test_examples(),
+                            ": the workers read different data (files that differ between the workers' "
+                            "machines, or changed since the job started)"));
+        return absl::OkStatus();
+      }
       worker->ready = true;
       if (report.bad_records() > 0 && !job->bad_records_told) {  // every worker reads the same files
         job->bad_records_told = true;

@@ -987,6 +987,23 @@ TEST_F(JobManagerTest, TooFewExamplesForOneGlobalBatchFailsJob) {
   }
 }
 
+// Workers whose data differ by a few examples make the same steps an epoch
+// (which each checks) but shuffle otherwise: the job fails naming them.
+TEST_F(JobManagerTest, WorkersReadingDifferentDataFailTheJob) {
+  const std::string job_id = StartJob();
+  ASSERT_TRUE(ReportKind(workers_[0], job_id, v1::WorkReport::READY, kTrainExamples).ok());
+  ASSERT_TRUE(ReportKind(workers_[1], job_id, v1::WorkReport::READY, kTrainExamples + 1).ok());
+  manager_->Tick();
+  const v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_TRUE(
+      Contains(status.reason(), absl::StrCat(workers_[1], " read ", kTrainExamples + 1,
+                                             " training and 200 test examples, where the job's workers read ",
+                                             kTrainExamples, " and 200: the workers read different data")))
+      << status.reason();
+  EXPECT_TRUE(servers_.setups().empty());
+}
+
 TEST_F(JobManagerTest, SetupFailureFailsJob) {
   const std::string job_id = StartJob();
   servers_.FailSetups(absl::UnavailableError("server is on fire"));

@@ -787,6 +787,20 @@ const double* SyntheticCtrGenerator::IdValues(uint64_t id, IdCache* cache, doubl
 
 void SyntheticCtrGenerator::Append(int64_t example, SparseDataset* out, std::vector<float>* truth,
                                    IdCache* cache) const {
+  const size_t ids = out->ids.size(), dense = out->dense.size(), labels = out->labels.size();
+  const auto fields = static_cast<size_t>(spec_.fields);
+  out->ids.resize(ids + fields);
+  out->weights.resize(ids + fields, 1.0f);
+  for (size_t f = 1; f <= fields; ++f) out->offsets.push_back(static_cast<int64_t>(ids + f));
+  out->dense.resize(dense + static_cast<size_t>(spec_.dense));
+  out->labels.resize(labels + 1);
+  float p = 0;
+  Write(example, out->ids.data() + ids, out->dense.data() + dense, &out->labels[labels], &p, cache);
+  if (truth != nullptr) truth->push_back(p);
+}
+
+void SyntheticCtrGenerator::Write(int64_t example, uint64_t* ids, float* dense, float* label, float* truth,
+                                  IdCache* cache) const {
   CounterRng rng(Bits(examples_, static_cast<uint64_t>(example)));  // the example's own stream
   auto uniform = [&rng] { return 1 - rng.Uniform(); };              // [0, 1)
   double logit = spec_.bias;
@@ -797,9 +811,7 @@ void SyntheticCtrGenerator::Append(int64_t example, SparseDataset* out, std::vec
   for (int32_t f = 0; f < spec_.fields; ++f) {
     const int64_t rank = zipf_.Sample(uniform);
     const uint64_t id = Bits(model_, static_cast<uint64_t>(f) + 1, static_cast<uint64_t>(rank));
-    out->ids.push_back(id);
-    out->weights.push_back(1);
-    out->offsets.push_back(static_cast<int64_t>(out->ids.size()));
+    ids[f] = id;
     const double* values = IdValues(id, cache, scratch.data());
     logit += values[0];
     for (size_t d = 0; d < latent_sum.size(); ++d) {
@@ -809,7 +821,7 @@ void SyntheticCtrGenerator::Append(int64_t example, SparseDataset* out, std::vec
   }
   for (int32_t j = 0; j < spec_.dense; ++j) {
     const double x = rng.Normal();
-    out->dense.push_back(static_cast<float>(x));
+    dense[j] = static_cast<float>(x);
     logit += spec_.weight_scale * CounterRng(Bits(model_, 0, static_cast<uint64_t>(j) + 1)).Normal() * x;
   }
   if (spec_.fm_dim > 0) {
@@ -818,23 +830,17 @@ void SyntheticCtrGenerator::Append(int64_t example, SparseDataset* out, std::vec
     logit += (total - squares) / 2;
   }
   const double p = 1 / (1 + std::exp(-logit));
-  out->labels.push_back(uniform() < p ? 1.0f : 0.0f);
-  if (truth != nullptr) truth->push_back(static_cast<float>(p));
+  *label = uniform() < p ? 1.0f : 0.0f;
+  if (truth != nullptr) *truth = static_cast<float>(p);
 }
 
-namespace {
-
-// Appends `part` (made for the same spec) to `out`.
-void AppendDataset(const SparseDataset& part, SparseDataset* out) {
-  const int64_t base = static_cast<int64_t>(out->ids.size());
-  out->labels.insert(out->labels.end(), part.labels.begin(), part.labels.end());
-  out->dense.insert(out->dense.end(), part.dense.begin(), part.dense.end());
-  out->ids.insert(out->ids.end(), part.ids.begin(), part.ids.end());
-  out->weights.insert(out->weights.end(), part.weights.begin(), part.weights.end());
-  for (size_t k = 1; k < part.offsets.size(); ++k) out->offsets.push_back(base + part.offsets[k]);
+void ShrinkToFit(SparseDataset* data) {
+  data->labels.shrink_to_fit();
+  data->dense.shrink_to_fit();
+  data->ids.shrink_to_fit();
+  data->weights.shrink_to_fit();
+  data->offsets.shrink_to_fit();
 }
-
-}  // namespace
 
 SparseDataset MakeSyntheticCtr(const SyntheticCtrSpec& spec, int split, int64_t first, int64_t count,
                                std::vector<float>* truth, int threads) {
@@ -847,39 +853,31 @@ SparseDataset MakeSyntheticCtr(const SyntheticCtrSpec& spec, int split, int64_t 
   if (threads <= 0)
     threads = static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 16));
   const auto parts = static_cast<int>(std::clamp<int64_t>(count / kPerThread, 1, threads));
+  // Every example has spec.fields ids (of weight 1) and spec.dense values:
+  // the whole set is laid out at once, and each part writes its examples
+  // in place (never a second copy of them).
+  const auto fields = static_cast<size_t>(spec.fields);
+  data.labels.resize(static_cast<size_t>(count));
+  data.dense.resize(static_cast<size_t>(count) * static_cast<size_t>(spec.dense));
+  data.ids.resize(static_cast<size_t>(count) * fields);
+  data.weights.assign(data.ids.size(), 1.0f);
+  data.offsets.resize(data.ids.size() + 1);
+  for (size_t k = 0; k < data.offsets.size(); ++k) data.offsets[k] = static_cast<int64_t>(k);
+  if (truth != nullptr) truth->resize(static_cast<size_t>(count));
   // Part i makes examples [first + count * i / parts, first + count * (i + 1) / parts).
-  auto make = [&](int i, SparseDataset* out, std::vector<float>* truths) {
-    const int64_t begin = first + count * i / parts, end = first + count * (i + 1) / parts;
-    out->labels.reserve(static_cast<size_t>(end - begin));
-    out->dense.reserve(static_cast<size_t>((end - begin) * spec.dense));
-    out->ids.reserve(static_cast<size_t>((end - begin) * spec.fields));
-    out->weights.reserve(out->ids.capacity());
-    out->offsets.reserve(out->ids.capacity() + 1);
-    if (truths != nullptr) truths->reserve(static_cast<size_t>(end - begin));
+  auto make = [&](int i) {
     SyntheticCtrGenerator::IdCache cache(spec);
-    for (int64_t e = begin; e < end; ++e) generator.Append(e, out, truths, &cache);
-  };
-  if (parts == 1) {
-    make(0, &data, truth);
-    return data;
-  }
-  std::vector<SparseDataset> made(static_cast<size_t>(parts), data);
-  std::vector<std::vector<float>> truths(static_cast<size_t>(parts));
-  {
-    std::vector<std::thread> workers;
-    for (int i = 1; i < parts; ++i) {
-      workers.emplace_back(make, i, &made[static_cast<size_t>(i)],
-                           truth != nullptr ? &truths[static_cast<size_t>(i)] : nullptr);
+    for (int64_t e = count * i / parts; e < count * (i + 1) / parts; ++e) {
+      const auto at = static_cast<size_t>(e);
+      generator.Write(first + e, data.ids.data() + at * fields,
+                      data.dense.data() + at * static_cast<size_t>(spec.dense), &data.labels[at],
+                      truth != nullptr ? &(*truth)[at] : nullptr, &cache);
     }
-    make(0, &data, truth);
-    for (std::thread& worker : workers) worker.join();
-  }
-  for (int i = 1; i < parts; ++i) {
-    const auto u = static_cast<size_t>(i);
-    AppendDataset(made[u], &data);
-    made[u] = SparseDataset();
-    if (truth != nullptr) truth->insert(truth->end(), truths[u].begin(), truths[u].end());
-  }
+  };
+  std::vector<std::thread> workers;
+  for (int i = 1; i < parts; ++i) workers.emplace_back(make, i);
+  make(0);
+  for (std::thread& worker : workers) worker.join();
   return data;
 }
 

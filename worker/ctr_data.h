@@ -56,12 +56,18 @@ struct LineLimits {
   int32_t label_classes = 0;
 };
 
-// Bytes `data`'s records take: a label, the dense values, and per id its
-// key, weight and offset.
+// Bytes `data`'s records take as allocated: a label, the dense values, and
+// per id its key, weight and offset, with the room its vectors grew ahead
+// (up to as much again while read; ShrinkToFit gives it back). A vector
+// that grows holds its old and new memory for a moment, beyond this.
 inline int64_t HeldBytes(const SparseDataset& data) {
-  return static_cast<int64_t>(data.labels.size() * 4 + data.dense.size() * 4 + data.ids.size() * 12 +
-                              data.offsets.size() * 8);
+  return static_cast<int64_t>(data.labels.capacity() * 4 + data.dense.capacity() * 4 +
+                              data.ids.capacity() * 8 + data.weights.capacity() * 4 +
+                              data.offsets.capacity() * 8);
 }
+
+// Frees the room `data`'s vectors grew ahead of their records.
+void ShrinkToFit(SparseDataset* data);
 
 // libsvm / svmlight: "label index:value index:value ..." (a "qid:n" token is
 // ignored, "#" starts a comment). Each index is a uint64 feature id of the
@@ -274,6 +280,9 @@ class SyntheticCtrGenerator {
   // *truth when given.
   void Append(int64_t example, SparseDataset* out, std::vector<float>* truth = nullptr,
               IdCache* cache = nullptr) const;
+  // As Append, into place: the example's spec.fields ids (their weights 1),
+  // spec.dense values, label and (truth non-null) true probability.
+  void Write(int64_t example, uint64_t* ids, float* dense, float* label, float* truth, IdCache* cache) const;
 
  private:
   // The id's weight term and latent vector (1 + fm_dim values), from the
@@ -287,9 +296,10 @@ class SyntheticCtrGenerator {
 };
 
 // Examples [first, first + count) of `split` (0: train, 1: test), with
-// their true click probabilities in *truth when given. Large counts are made
-// on up to `threads` threads (0: one per core, at most 16), the same
-// examples whatever the count.
+// their true click probabilities in *truth when given (replacing what it
+// held). Large counts are made on up to `threads` threads (0: one per
+// core, at most 16), the same examples whatever the count, each written in
+// place: the set takes its own bytes only, never a copy beside them.
 SparseDataset MakeSyntheticCtr(const SyntheticCtrSpec& spec, int split, int64_t first, int64_t count,
                                std::vector<float>* truth = nullptr, int threads = 0);
 

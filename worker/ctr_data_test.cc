@@ -558,18 +558,23 @@ TEST(CtrDataTest, AReadStopsAtTheRecordPastItsByteLimit) {
   for (int i = 0; i < 100; ++i) absl::StrAppend(&text, "1 ", i, ":1 ", i + 1, ":1\n");
   TempFile file(text);
   LibsvmFormat format;
-  // Each record takes a label (4), two ids (2 x 12) and one offset (8).
+  // Each record takes a label (4), two ids (2 x 12) and one offset (8),
+  // counted as the vectors hold them, with the room they grew ahead.
   format.limits.max_dataset_bytes = 8 + 10 * 36;
   SparseDataset data;
   ReadStats stats;
   absl::Status status = ReadLibsvmFile(file.path(), format, &data, &stats);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
-  EXPECT_TRUE(Has(std::string(status.message()), file.path() + ":11:")) << status;
   EXPECT_LE(data.num_examples(), 11);
+  EXPECT_TRUE(Has(std::string(status.message()), absl::StrCat(file.path(), ":", data.num_examples(), ":")))
+      << status;
+  EXPECT_GT(HeldBytes(data), format.limits.max_dataset_bytes);
   SparseDataset fits;
-  format.limits.max_dataset_bytes = 8 + 100 * 36;
+  format.limits.max_dataset_bytes = 2 * (8 + 100 * 36) + 1024;
   EXPECT_TRUE(ParseLibsvm(text, "f", format, &fits, &stats).ok());
   EXPECT_EQ(fits.num_examples(), 100);
+  EXPECT_GE(HeldBytes(fits), 8 + 100 * 36);
+  ShrinkToFit(&fits);
   EXPECT_EQ(HeldBytes(fits), 8 + 100 * 36);
 }
 
@@ -735,6 +740,10 @@ TEST(CtrDataTest, SyntheticCtrIsTheSameOnAnyNumberOfThreadsAndInAnyOrder) {
   EXPECT_EQ(four.weights, one.weights);
   EXPECT_EQ(four.offsets, one.offsets);
   EXPECT_EQ(four_truth, one_truth);
+  // Laid out once, written in place: the set takes its records' bytes,
+  // label, dense value and per id its key, weight and offset, and no more.
+  EXPECT_EQ(HeldBytes(four), kCount * (4 + 4 + 3 * 20) + 8);
+  EXPECT_EQ(HeldBytes(one), HeldBytes(four));
 
   const SyntheticCtrGenerator generator(spec, 1);
   SparseDataset backwards;

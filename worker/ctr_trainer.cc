@@ -340,6 +340,7 @@ absl::StatusOr<std::shared_ptr<const SparseDataset>> LoadFiles(const v1::DataSpe
   LogRead(pattern, files.size(), data->num_examples(), stats, "read");
   if (data->num_examples() == 0) return NoGoodRecord(pattern, files.size(), stats);
   CountBad(stats, counts);
+  ShrinkToFit(data.get());  // held for the job: what HeldBytes counts of it is its records alone
   return std::shared_ptr<const SparseDataset>(std::move(data));
 }
 

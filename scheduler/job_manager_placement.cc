@@ -312,6 +312,14 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
   }
   job->total_steps = partitioning.TotalSteps(spec.data().epochs(), spec.data().max_steps());
   job->status.mutable_progress()->set_total_steps(job->total_steps);
+  // The schedule's steps are the job's: a warm-up longer would never reach lr.
+  if (spec.lr_schedule().kind() == v1::LrScheduleSpec::WARMUP_COSINE &&
+      spec.lr_schedule().warmup_steps() > job->total_steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lrSchedule.warmupSteps ", spec.lr_schedule().warmup_steps(), " is more than the job's ",
+        job->total_steps,
+        " steps (its examples, batch and epochs or maxSteps): its warm-up would never reach optimizer.lr"));
+  }
   // A checkpoint at the job's last step is there to be evaluated (nothing
   // left to train); one past it cannot be resumed.
   if (job->restore.has_value() && job->restore->job_id() != job->status.job_id() &&

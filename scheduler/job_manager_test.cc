@@ -987,6 +987,25 @@ TEST_F(JobManagerTest, TooFewExamplesForOneGlobalBatchFailsJob) {
   }
 }
 
+// A warm-up longer than the job (known once the workers counted the data)
+// fails it naming both.
+TEST_F(JobManagerTest, AWarmUpLongerThanTheJobFailsItNamingBoth) {
+  RegisterCluster();
+  v1::JobSpec spec = MlpSpec();
+  spec.mutable_lr_schedule()->set_kind(v1::LrScheduleSpec::WARMUP_COSINE);
+  spec.mutable_lr_schedule()->set_warmup_steps(1000000);
+  const std::string job_id = SubmitOk(spec);
+  manager_->Tick();
+  for (const std::string& w : workers_) ASSERT_TRUE(ReportKind(w, job_id, v1::WorkReport::READY).ok());
+  manager_->Tick();
+  const v1::JobStatus status = GetOk(job_id);
+  EXPECT_EQ(status.state(), v1::FAILED);
+  EXPECT_TRUE(Contains(status.reason(), absl::StrCat("lrSchedule.warmupSteps 1000000 is more than the job's ",
+                                                     status.progress().total_steps(), " steps")))
+      << status.reason();
+  EXPECT_TRUE(servers_.setups().empty());
+}
+
 // Workers whose data differ by a few examples make the same steps an epoch
 // (which each checks) but shuffle otherwise: the job fails naming them.
 TEST_F(JobManagerTest, WorkersReadingDifferentDataFailTheJob) {

@@ -45,10 +45,10 @@ constexpr int64_t kClickEvalBatch = 1000;
 int64_t ClickComputeBatch(const v1::JobSpec& spec);
 
 // The values a click model keeps for one example of a batch (and their
-// gradients as many again): its layer graph's every layer (a preset kind's
-// as CtrModelAsGraph, which is how a GPU worker computes it, and about what
-// the fused host code keeps). 0 for a layout that is not a click model's or
-// a preset kind whose config is not valid.
+// gradients as many again): its layer graph's every layer and each DOT's
+// inputs side by side (a preset kind's as CtrModelAsGraph, which is how a
+// GPU worker computes it, and about what the fused host code keeps). 0 for a layout that is not a click
+// model's or a preset kind whose config is not valid.
 int64_t ClickValuesPerExample(const ModelLayout& layout);
 
 // `features` and `classes` come from the loaded dataset (click models take

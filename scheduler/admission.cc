@@ -74,7 +74,7 @@ namespace {
 // which their workers measure as they read them).
 int64_t ClickStepBytes(const v1::JobSpec& spec, const ModelLayout& layout) {
   constexpr int64_t kIdBytes = 8 + 4 + 8;           // id, weight, offset
-  constexpr int64_t kDistinctIdBytes = 8 + 4 + 20;  // key, row index, hash map slot at 7/8 load
+  constexpr int64_t kDistinctIdBytes = 8 + 4 + 40;  // key, row index, hash map slot just after it grew
   const int64_t ids = StepBatchSize(spec) * ClickFields(spec.data());
   const int64_t examples = StepBatchSize(spec) * (ClickDense(spec.data()) + 1) * kFloat;
   return 3 * (ids * kIdBytes + examples) +
@@ -153,7 +153,8 @@ absl::Status CheckChunkCount(const JobClaims& claims, int64_t chunk_elems) {
       " tensors would be cut into ", chunks, " chunks of at most ", elems, " (a chunk's whole state, ",
       claims.server_bytes_per_parameter, " bytes a parameter with this optimizer and mode, must stay within ",
       FormatBytes(kMaxChunkStateBytes), "); a job has at most ", kMaxJobChunks,
-      " chunks: a smaller model, fewer maxWorkers in BSP, or a lighter optimizer"));
+      " chunks: a smaller model, fewer maxWorkers in BSP, a lighter optimizer, or a compression.topkRatio "
+      "of at most 1/2"));
 }
 
 int64_t PerServerBytes(const JobClaims& claims, const v1::JobSpec& spec, int servers) {

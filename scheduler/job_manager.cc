@@ -418,12 +418,13 @@ absl::Status JobManager::DoReport(const v1::WorkReport& report) {
       // steps an epoch, which the workers check, is not enough).
       if (job->have_data_info && (report.train_examples() != job->data_info.train_examples() ||
                                   report.test_examples() != job->data_info.test_examples())) {
-        EndJob(job, v1::FAILED,
-               absl::StrCat(worker->id, " read ", report.train_examples(), " training and ",
-                            report.test_examples(), " test examples, where the job's workers read ",
-                            job->data_info.train_examples(), " and ", job->data_info.test_examples(),
-                            ": the workers read different data (files that differ between the workers' "
-                            "machines, or changed since the job started)"));
+        EndJob(
+            job, v1::FAILED,
+            absl::StrCat(worker->id, " read ", report.train_examples(), " training and ",
+                         report.test_examples(), " test examples, where ", job->data_info.member_id(),
+                         " read ", job->data_info.train_examples(), " and ", job->data_info.test_examples(),
+                         ": the workers read different data (files that differ between the workers' "
+                         "machines, or changed since the job started)"));
         return absl::OkStatus();
       }
       worker->ready = true;

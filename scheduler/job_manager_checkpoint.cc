@@ -579,8 +579,10 @@ absl::Status JobManager::CheckRestoreFits(const v1::ShardMap& plan, const v1::Re
     }
   }
   if (saved.chunks_size() != plan.chunks_size()) {
-    return mismatch(absl::StrCat("the model is cut into ", plan.chunks_size(), " chunks, the checkpoint into ",
-                                 saved.chunks_size(), " (a scheduler with another --chunk-bytes?)"));
+    return mismatch(absl::StrCat(
+        "the model is cut into ", plan.chunks_size(), " chunks, the checkpoint into ", saved.chunks_size(),
+        " (a scheduler with another --chunk-bytes, or a version that cuts top-k jobs' "
+        "chunks otherwise?)"));
   }
   for (int c = 0; c < plan.chunks_size(); ++c) {
     const auto& a = plan.chunks(c);

@@ -312,8 +312,11 @@ absl::Status JobManager::BuildShardPlan(Job* job) {
   }
   job->total_steps = partitioning.TotalSteps(spec.data().epochs(), spec.data().max_steps());
   job->status.mutable_progress()->set_total_steps(job->total_steps);
-  // The schedule's steps are the job's: a warm-up longer would never reach lr.
-  if (spec.lr_schedule().kind() == v1::LrScheduleSpec::WARMUP_COSINE &&
+  // The schedule's steps are the job's: a warm-up longer would never reach
+  // lr. (Not on a restart from the job's own checkpoint: a job that trained
+  // is let go on as it began.)
+  const bool own_restore = job->restore.has_value() && job->restore->job_id() == job->status.job_id();
+  if (!own_restore && spec.lr_schedule().kind() == v1::LrScheduleSpec::WARMUP_COSINE &&
       spec.lr_schedule().warmup_steps() > job->total_steps) {
     return absl::InvalidArgumentError(absl::StrCat(
         "lrSchedule.warmupSteps ", spec.lr_schedule().warmup_steps(), " is more than the job's ",

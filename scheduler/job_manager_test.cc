@@ -1015,10 +1015,10 @@ TEST_F(JobManagerTest, WorkersReadingDifferentDataFailTheJob) {
   manager_->Tick();
   const v1::JobStatus status = GetOk(job_id);
   EXPECT_EQ(status.state(), v1::FAILED);
-  EXPECT_TRUE(
-      Contains(status.reason(), absl::StrCat(workers_[1], " read ", kTrainExamples + 1,
-                                             " training and 200 test examples, where the job's workers read ",
-                                             kTrainExamples, " and 200: the workers read different data")))
+  EXPECT_TRUE(Contains(
+      status.reason(),
+      absl::StrCat(workers_[1], " read ", kTrainExamples + 1, " training and 200 test examples, where ",
+                   workers_[0], " read ", kTrainExamples, " and 200: the workers read different data")))
       << status.reason();
   EXPECT_TRUE(servers_.setups().empty());
 }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
 #include "common/table_spec.h"
@@ -237,11 +238,13 @@ absl::Status ValidateTables(const v1::JobSpec& spec) {
   // is counted as that graph's: the graph's bounds (a weight at most 2^28
   // floats) hold for it too, else its shapes, and so its memory, are unknown.
   if (absl::Status graph = kernels::ValidateGraphConfig(kernels::CtrModelAsGraph(layout.ctr)); !graph.ok()) {
-    return Invalid("model",
-                   absl::StrCat("(", v1::ModelSpec::Kind_Name(spec.model().kind()),
-                                ") as its layer graph: ", graph.message(),
-                                ": use a smaller embeddingDim, model.hiddenSizes or fewer fields"),
-                   "refused");
+    return Invalid(
+        "model",
+        absl::StrCat("(", v1::ModelSpec::Kind_Name(spec.model().kind()), ") as its layer graph: ",
+                     graph.message(), ": use a smaller embeddingDim, model.hiddenSizes or fewer fields"),
+        absl::StrCat("embeddingDim ", layout.ctr.embedding_dim, ", hiddenSizes [",
+                     absl::StrJoin(spec.model().hidden_sizes(), ", "), "], ", layout.ctr.num_fields,
+                     " fields and ", layout.ctr.num_dense, " dense features"));
   }
   return ValidateClickBatchValues(spec, layout);
 }

@@ -847,6 +847,7 @@ SparseDataset MakeSyntheticCtr(const SyntheticCtrSpec& spec, int split, int64_t 
   SparseDataset data;
   data.num_dense = spec.dense;
   data.num_fields = spec.fields;
+  if (truth != nullptr) truth->clear();
   if (count <= 0) return data;
   const SyntheticCtrGenerator generator(spec, split);
   constexpr int64_t kPerThread = 65536;  // fewer examples than this a thread are not worth one

@@ -56,17 +56,17 @@ struct LineLimits {
   int32_t label_classes = 0;
 };
 
-// Bytes `data`'s records take as allocated: a label, the dense values, and
-// per id its key, weight and offset, with the room its vectors grew ahead
-// (up to as much again while read; ShrinkToFit gives it back). A vector
-// that grows holds its old and new memory for a moment, beyond this.
+// Bytes `data`'s records take: a label, the dense values, and per id its
+// key, weight and offset. What a dataset holds once its read is over
+// (ShrinkToFit); while read, its vectors grow ahead of their records, by up
+// to as much again.
 inline int64_t HeldBytes(const SparseDataset& data) {
-  return static_cast<int64_t>(data.labels.capacity() * 4 + data.dense.capacity() * 4 +
-                              data.ids.capacity() * 8 + data.weights.capacity() * 4 +
-                              data.offsets.capacity() * 8);
+  return static_cast<int64_t>(data.labels.size() * 4 + data.dense.size() * 4 + data.ids.size() * 12 +
+                              data.offsets.size() * 8);
 }
 
-// Frees the room `data`'s vectors grew ahead of their records.
+// Frees the room `data`'s vectors grew ahead of their records, so that it
+// takes HeldBytes.
 void ShrinkToFit(SparseDataset* data);
 
 // libsvm / svmlight: "label index:value index:value ..." (a "qid:n" token is

@@ -362,10 +362,10 @@ void ParameterClient::PushStream::SendTensors(const std::vector<int>& tensors,
   // Payloads that are the buffers' bytes as they are go out as slices over them.
   const bool lend = loan_ != nullptr && kLittleEndian && client_->compressor_ == nullptr &&
                     (std::is_same_v<T, uint16_t> || format == v1::WIRE_FP32);
-  // Batches at their encoded size: top-k above a ratio of 1/2 sends more
-  // than float32's bytes.
+  // Batches of at most float32's bytes, or of what a compressor sends when
+  // more (top-k above a ratio of 1/2).
   const int element_bytes = std::is_same_v<T, float> && client_->compressor_ != nullptr
-                                ? client_->compressor_->WireBytesPerValue()
+                                ? std::max(WireBytes(format), client_->compressor_->WireBytesPerValue())
                                 : WireBytes(format);
   for (const Batch& batch : GroupByServer(map, chunks, element_bytes)) {
     auto call = std::make_unique<Call>();

@@ -5,6 +5,7 @@
 
 #include <grpcpp/generic/generic_stub.h>
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -173,6 +174,15 @@ class ParameterServiceImpl final
   // sparse_step_pulls_.
   grpc::ServerUnaryReactor* SparsePull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
+  // The bytes sparse pulls in flight hold (each request, its parsed copy and
+  // its answer, until gRPC is done with the call), and the most they may: a
+  // pull past it is answered UNAVAILABLE (workers retry it), so callers that
+  // send many pulls and read their answers slowly, or never, cannot make
+  // the server hold more. One pull takes at most 23 MiB (an 8 MiB request
+  // twice, a 7 MiB answer).
+  static constexpr int64_t kMaxSparsePullBytes = int64_t{1} << 30;
+  void set_max_sparse_pull_bytes(int64_t bytes) { max_sparse_pull_bytes_ = bytes; }
+  int64_t sparse_pull_bytes() const { return sparse_pull_bytes_.load(); }
   // A SparsePushRequest, its gradients read where they arrived: a
   // SparsePush (`from_worker`: this server must lead the request's shard,
   // and forwards the bytes as they came to the shard's backups before
@@ -192,6 +202,9 @@ class ParameterServiceImpl final
                         absl::FunctionRef<absl::Status(const grpc::ByteBuffer&, grpc::ByteBuffer*)> handle);
   // A parsed SparsePullRequest answered (HandleSparsePull after its parse).
   absl::Status AnswerSparsePull(const v1::SparsePullRequest& request, grpc::ByteBuffer* response);
+  // Adds `bytes` to sparse_pull_bytes_, or UNAVAILABLE (nothing added) when
+  // that would pass max_sparse_pull_bytes_; `what` names them.
+  absl::Status ReserveSparsePull(int64_t bytes, const char* what);
   // SetupJob of a job's fresh (or checkpointed) state; of chunks copied from
   // other replicas (`sources`: chunk id -> where to copy it from).
   // `config`: the request's (ConfigFor), converted once.
@@ -219,6 +232,8 @@ class ParameterServiceImpl final
   // SparsePulls of a step: they may wait for a shard's push lock, which
   // must not hold gRPC's few callback threads.
   std::unique_ptr<ThreadPool> sparse_step_pulls_;
+  std::atomic<int64_t> sparse_pull_bytes_{0};
+  std::atomic<int64_t> max_sparse_pull_bytes_{kMaxSparsePullBytes};
   // Pushes and replications hold it shared from their checks to their apply;
   // Reconfigure holds it exclusively, so no push straddles a role change
   // (a new backup then copies a state no push can change unseen).

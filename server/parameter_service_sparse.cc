@@ -174,10 +174,46 @@ absl::Status ParameterServiceImpl::AnswerSparsePull(const v1::SparsePullRequest&
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(grpc::CallbackServerContext* context,
+absl::Status ParameterServiceImpl::ReserveSparsePull(int64_t bytes, const char* what) {
+  const int64_t most = max_sparse_pull_bytes_.load();
+  int64_t held = sparse_pull_bytes_.load();
+  do {
+    if (held + bytes > most) {
+      return absl::UnavailableError(
+          absl::StrCat("server busy: sparse pulls in flight hold ", held,
+                       " bytes (their requests, and answers waiting for their callers "
+                       "to read them), at most ",
+                       most, " with this pull's ", bytes, " bytes of ", what, ": retry"));
+    }
+  } while (!sparse_pull_bytes_.compare_exchange_weak(held, held + bytes));
+  return absl::OkStatus();
+}
+
+namespace {
+
+// gRPC's SparsePull: gives back the bytes the call held once gRPC is done
+// with it (its answer sent or dropped).
+class SparsePullReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit SparsePullReactor(std::atomic<int64_t>* held) : held_(held) {}
+  // Set before Finish; read once the call is done.
+  int64_t reserved = 0;
+
+  void OnDone() override {
+    held_->fetch_sub(reserved);
+    delete this;
+  }
+
+ private:
+  std::atomic<int64_t>* const held_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(grpc::CallbackServerContext* /*context*/,
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new SparsePullReactor(&sparse_pull_bytes_);
   const auto received = static_cast<int64_t>(request->Length());
   // The request and the answer live until the reactor finishes.
   auto answer = [this, reactor, response, received](const v1::SparsePullRequest& pull) {
@@ -190,11 +226,32 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(grpc::CallbackServerC
       status = absl::ResourceExhaustedError(
           absl::StrCat("job ", pull.job_id(), ": out of memory for a sparse pull"));
     }
+    if (status.ok()) {
+      const auto sent = static_cast<int64_t>(response->Length());
+      status = ReserveSparsePull(sent, "answer");
+      if (status.ok()) {
+        reactor->reserved += sent;
+      } else {
+        response->Clear();
+      }
+    }
     reactor->Finish(
         Finish("SparsePull", status, received, status.ok() ? static_cast<int64_t>(response->Length()) : 0));
   };
+  // The request's bytes, and its parsed copy, as many again.
+  if (absl::Status reserved = ReserveSparsePull(2 * received, "request"); !reserved.ok()) {
+    reactor->Finish(Finish("SparsePull", reserved, received, 0));
+    return reactor;
+  }
+  reactor->reserved = 2 * received;
   auto pull = std::make_shared<v1::SparsePullRequest>();
-  if (absl::Status parsed = ParseMessage(*request, pull.get()); !parsed.ok()) {
+  absl::Status parsed;
+  try {
+    parsed = ParseMessage(*request, pull.get());
+  } catch (const std::bad_alloc&) {
+    parsed = absl::ResourceExhaustedError("out of memory for a sparse pull's request");
+  }
+  if (!parsed.ok()) {
     reactor->Finish(Finish("SparsePull", parsed, received, 0));
     return reactor;
   }

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -95,6 +96,7 @@ class TestServer {
   const std::string& id() const { return id_; }
   const std::string& address() const { return address_; }
   v1::ParameterService::Stub* stub() { return stub_.get(); }
+  ParameterServiceImpl* service() { return service_.get(); }
   const ParameterStore& store() const { return store_; }
   void set_lease_valid(bool valid) { lease_valid_ = valid; }
 
@@ -1185,6 +1187,88 @@ std::vector<float> RowsOf(const std::string& bytes) {
   std::vector<float> rows(bytes.size() / 4);
   EXPECT_TRUE(DecodeFloats(bytes, static_cast<int64_t>(rows.size()), rows.data(), "rows").ok());
   return rows;
+}
+
+// The bytes sparse pulls in flight hold are bounded: a pull whose request
+// and answer would pass the bound is answered UNAVAILABLE (workers retry),
+// and what a call held is given back once gRPC is done with it, whether
+// answered or refused, one call at a time or many at once.
+TEST(ParameterServiceSparseTest, SparsePullsInFlightHoldAtMostTheirBound) {
+  auto server = TestServer::Start("ps-0", /*with_checkpoints=*/false);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ParameterServiceImpl* service = (*server)->service();
+  EXPECT_EQ(service->sparse_pull_bytes(), 0);
+  grpc::ClientContext setup_context;
+  v1::SetupJobResponse setup_response;
+  ASSERT_TRUE(
+      (*server)->stub()->SetupJob(&setup_context, MakeTableSetup("job-s", **server), &setup_response).ok());
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 1000; ++k) keys.push_back(k * 7919);
+  v1::SparsePullRequest pull;
+  pull.set_job_id("job-s");
+  pull.set_map_version(1);
+  v1::SparseKeys* embedding_keys = pull.add_tables();
+  embedding_keys->set_table(1);
+  embedding_keys->set_keys(Keys(keys));
+  const auto request_bytes = static_cast<int64_t>(pull.ByteSizeLong());
+  const int64_t answer_rows = 1000 * 16 * 4;
+  auto given_back = [&] {
+    // OnDone runs on gRPC's thread after the caller has its answer.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (service->sparse_pull_bytes() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    return service->sparse_pull_bytes();
+  };
+
+  // Room for the request, not for its answer.
+  service->set_max_sparse_pull_bytes(2 * request_bytes + answer_rows / 2);
+  grpc::ClientContext refused_context;
+  v1::SparsePullResponse refused;
+  const grpc::Status status = (*server)->stub()->SparsePull(&refused_context, pull, &refused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_TRUE(Contains(status.error_message(), "server busy: sparse pulls in flight hold"))
+      << status.error_message();
+  EXPECT_TRUE(Contains(status.error_message(), "bytes of answer: retry")) << status.error_message();
+  EXPECT_EQ(given_back(), 0);
+  // Not even room for the request.
+  service->set_max_sparse_pull_bytes(request_bytes);
+  grpc::ClientContext tiny_context;
+  const grpc::Status tiny = (*server)->stub()->SparsePull(&tiny_context, pull, &refused);
+  EXPECT_EQ(tiny.error_code(), grpc::StatusCode::UNAVAILABLE) << tiny.error_message();
+  EXPECT_TRUE(Contains(tiny.error_message(), "bytes of request: retry")) << tiny.error_message();
+  EXPECT_EQ(given_back(), 0);
+
+  // Room for three at once: of sixteen concurrent pulls each is answered
+  // with its rows or refused, and everything is given back.
+  service->set_max_sparse_pull_bytes(3 * (2 * request_bytes + answer_rows + 1024));
+  std::vector<std::thread> callers;
+  std::atomic<int> answered{0}, busy{0}, other{0};
+  for (int i = 0; i < 16; ++i) {
+    callers.emplace_back([&] {
+      grpc::ClientContext context;
+      v1::SparsePullResponse response;
+      const grpc::Status s = (*server)->stub()->SparsePull(&context, pull, &response);
+      if (s.ok() && response.tables_size() == 1 &&
+          response.tables(0).rows().size() == static_cast<size_t>(answer_rows)) {
+        ++answered;
+      } else if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        ++busy;
+      } else {
+        ++other;
+      }
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  EXPECT_EQ(answered + busy, 16);
+  EXPECT_EQ(other, 0);
+  EXPECT_GE(answered, 1);
+  EXPECT_EQ(given_back(), 0);
+  // With the bound as it ships, a pull is answered.
+  service->set_max_sparse_pull_bytes(ParameterServiceImpl::kMaxSparsePullBytes);
+  grpc::ClientContext ok_context;
+  v1::SparsePullResponse ok;
+  ASSERT_TRUE((*server)->stub()->SparsePull(&ok_context, pull, &ok).ok());
+  EXPECT_EQ(ok.tables(0).rows().size(), static_cast<size_t>(answer_rows));
+  EXPECT_EQ(given_back(), 0);
 }
 
 TEST(ParameterServiceSparseTest, PushedRowsAreWhatLaterPullsRead) {

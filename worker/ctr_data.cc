@@ -632,9 +632,17 @@ int64_t RecordIndex::bytes() const {
   return bytes;
 }
 
-absl::Status RecordIndex::Read(const int64_t* records, size_t count, SparseDataset* out) const {
+absl::Status RecordIndex::Read(const int64_t* records, size_t count, SparseDataset* out,
+                               int64_t max_bytes) const {
   std::vector<size_t> checked;  // files checked in this call
-  for (size_t i = 0; i < count; ++i) RETURN_IF_ERROR(ReadOne(records[i], &checked, out));
+  for (size_t i = 0; i < count; ++i) {
+    RETURN_IF_ERROR(ReadOne(records[i], &checked, out));
+    if (max_bytes > 0 && HeldBytes(*out) > max_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("the ", i + 1, " records read (the last record ",
+                                                       records[i], ") take ", HeldBytes(*out),
+                                                       " bytes, more than ", max_bytes));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -151,8 +151,11 @@ class RecordIndex {
   // and num_fields must be this index's (or those of an empty dataset).
   absl::Status Read(int64_t e, SparseDataset* out) const { return Read(&e, 1, out); }
   // Appends records records[0..count) in order: a step's batch. Each file
-  // read is checked once a call (its size and time).
-  absl::Status Read(const int64_t* records, size_t count, SparseDataset* out) const;
+  // read is checked once a call (its size and time). `max_bytes` > 0: once
+  // *out takes more (HeldBytes), RESOURCE_EXHAUSTED naming the record and
+  // the bytes (a line holds at most 65536 ids: a step of long lines could
+  // otherwise take any memory).
+  absl::Status Read(const int64_t* records, size_t count, SparseDataset* out, int64_t max_bytes = 0) const;
 
  private:
   // A file as indexed: its identity, size and times tell whether it changed.

@@ -547,6 +547,30 @@ TEST(RecordIndexTest, BadRecordsLimitsAndMissingFilesAreClearErrors) {
       << over.status();
   EXPECT_TRUE(RecordIndex::BuildLibsvm({large.path()}, {}, &stats, /*max_bytes=*/9000).ok());
 
+  // A step's read of records is bounded too: long lines (here 100 ids each)
+  // stop it at the record that passes its bytes.
+  std::string wide;
+  for (int line = 0; line < 10; ++line) {
+    absl::StrAppend(&wide, "1");
+    for (int i = 0; i < 100; ++i) absl::StrAppend(&wide, " ", line * 100 + i, ":1");
+    absl::StrAppend(&wide, "\n");
+  }
+  TempFile wide_file(wide);
+  auto wide_index = RecordIndex::BuildLibsvm({wide_file.path()}, {}, &stats);
+  ASSERT_TRUE(wide_index.ok()) << wide_index.status();
+  const std::vector<int64_t> step = {9, 3, 5, 1, 0};
+  SparseDataset batch;
+  // A record takes a label (4), 100 ids (100 x 12) and an offset (8): three fit.
+  const absl::Status bounded =
+      (*wide_index)->Read(step.data(), step.size(), &batch, /*max_bytes=*/3 * 1212 + 8);
+  EXPECT_EQ(bounded.code(), absl::StatusCode::kResourceExhausted) << bounded;
+  EXPECT_TRUE(Has(std::string(bounded.message()),
+                  "the 4 records read (the last record 1) take 4856 bytes, more than 3644"))
+      << bounded;
+  SparseDataset whole;
+  EXPECT_TRUE((*wide_index)->Read(step.data(), step.size(), &whole, /*max_bytes=*/5 * 1212 + 8).ok());
+  EXPECT_EQ(whole.num_examples(), 5);
+
   auto missing = RecordIndex::BuildLibsvm({"/tmp/ctr_data_test_no_such_file"}, {}, &stats);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
 }

@@ -717,7 +717,17 @@ absl::StatusOr<Batch> ClickRun::MakeBatch(int32_t partition, int64_t step, Examp
   if (train_index_ != nullptr) {
     std::vector<int64_t> examples(static_cast<size_t>(batch_));
     for (int64_t i = 0; i < batch_; ++i) examples[static_cast<size_t>(i)] = order[first + i];
-    RETURN_IF_ERROR(train_index_->Read(examples.data(), examples.size(), &records));
+    // What the budget leaves beside the data bounds a step's records too
+    // (lines of many ids: the spec's fields do not say how many).
+    if (absl::Status read = train_index_->Read(examples.data(), examples.size(), &records, row_room_);
+        !read.ok()) {
+      if (!absl::IsResourceExhausted(read)) return read;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("step ", step, " of partition ", partition, ": its batch of ", batch_,
+                       " examples: ", read.message(), ", what this worker's memory budget of ",
+                       FormatBytes(memory_budget_), " leaves beside its data: lower ",
+                       "data.batchSize or data.gradientAccumulation, or raise the workers' --memory-budget"));
+    }
     if (binary_labels_) {
       for (float& label : records.labels) label = label > 0 ? 1.0f : 0.0f;
     }

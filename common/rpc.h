@@ -24,6 +24,11 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // into chunks well below it; anything bigger is rejected by gRPC with
 // RESOURCE_EXHAUSTED before it reaches our code.
 constexpr int kMaxMessageBytes = 8 << 20;
+
+// How a RESOURCE_EXHAUSTED answer of a server that is busy, not out of a
+// budget, begins: the caller may send the request again after a backoff
+// (a SparsePull past ParameterServiceImpl::kMaxSparsePullBytes).
+constexpr char kServerBusy[] = "server busy";
 // Largest whole state of one chunk (values, optimizer slots, BSP buffers and
 // previous values) a server takes: CopyChunk and ReadCheckpoint send it as
 // one message, with room left for the watermarks and framing. The scheduler

@@ -10,6 +10,7 @@
 
 #include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc.h"
 #include "common/status_macros.h"
 #include "common/table_spec.h"
 #include "common/tensor_codec.h"
@@ -179,11 +180,11 @@ absl::Status ParameterServiceImpl::ReserveSparsePull(int64_t bytes, const char* 
   int64_t held = sparse_pull_bytes_.load();
   do {
     if (held + bytes > most) {
-      return absl::UnavailableError(
-          absl::StrCat("server busy: sparse pulls in flight hold ", held,
-                       " bytes (their requests, and answers waiting for their callers "
-                       "to read them), at most ",
-                       most, " with this pull's ", bytes, " bytes of ", what, ": retry"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(kServerBusy, ": sparse pulls in flight hold ", held,
+                       " bytes (their requests, and answers waiting for their "
+                       "callers to read them), at most ",
+                       most, " with this pull's ", bytes, " bytes of ", what, ": send it again later"));
     }
   } while (!sparse_pull_bytes_.compare_exchange_weak(held, held + bytes));
   return absl::OkStatus();
@@ -198,6 +199,7 @@ class SparsePullReactor final : public grpc::ServerUnaryReactor {
   explicit SparsePullReactor(std::atomic<int64_t>* held) : held_(held) {}
   // Set before Finish; read once the call is done.
   int64_t reserved = 0;
+  bool finished = false;
 
   void OnDone() override {
     held_->fetch_sub(reserved);
@@ -215,26 +217,27 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(grpc::CallbackServerC
                                                            grpc::ByteBuffer* response) {
   auto* reactor = new SparsePullReactor(&sparse_pull_bytes_);
   const auto received = static_cast<int64_t>(request->Length());
+  // Out of memory is answered, never escapes: escaping, it would end the
+  // process on the pool's thread, gRPC's callback wrapper would answer it
+  // as an unknown method, and the call's bytes would stay counted.
+  auto out_of_memory = [](const std::string& job_id) {
+    return absl::ResourceExhaustedError(absl::StrCat("job ", job_id, ": out of memory for a sparse pull"));
+  };
   // The request and the answer live until the reactor finishes.
-  auto answer = [this, reactor, response, received](const v1::SparsePullRequest& pull) {
+  auto answer = [this, reactor, response, received, out_of_memory](const v1::SparsePullRequest& pull) {
     absl::Status status;
     try {
       status = AnswerSparsePull(pull, response);
-    } catch (const std::bad_alloc&) {
-      // Escaping, it would end the process on the pool's thread, and gRPC's
-      // callback wrapper would answer it as an unknown method.
-      status = absl::ResourceExhaustedError(
-          absl::StrCat("job ", pull.job_id(), ": out of memory for a sparse pull"));
-    }
-    if (status.ok()) {
-      const auto sent = static_cast<int64_t>(response->Length());
-      status = ReserveSparsePull(sent, "answer");
       if (status.ok()) {
-        reactor->reserved += sent;
-      } else {
-        response->Clear();
+        const auto sent = static_cast<int64_t>(response->Length());
+        status = ReserveSparsePull(sent, "answer");
+        if (status.ok()) reactor->reserved += sent;
       }
+    } catch (const std::bad_alloc&) {
+      status = out_of_memory(pull.job_id());
     }
+    if (!status.ok()) response->Clear();
+    reactor->finished = true;
     reactor->Finish(
         Finish("SparsePull", status, received, status.ok() ? static_cast<int64_t>(response->Length()) : 0));
   };
@@ -244,22 +247,22 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(grpc::CallbackServerC
     return reactor;
   }
   reactor->reserved = 2 * received;
-  auto pull = std::make_shared<v1::SparsePullRequest>();
-  absl::Status parsed;
   try {
-    parsed = ParseMessage(*request, pull.get());
+    auto pull = std::make_shared<v1::SparsePullRequest>();
+    if (absl::Status parsed = ParseMessage(*request, pull.get()); !parsed.ok()) {
+      reactor->finished = true;
+      reactor->Finish(Finish("SparsePull", parsed, received, 0));
+    } else if (!pull->has_step()) {
+      answer(*pull);  // reads the rows as they are: only brief locks
+    } else {
+      sparse_step_pulls_->Post([pull, answer] { answer(*pull); });
+    }
   } catch (const std::bad_alloc&) {
-    parsed = absl::ResourceExhaustedError("out of memory for a sparse pull's request");
+    if (!reactor->finished) {
+      reactor->Finish(
+          ToGrpcStatus(absl::ResourceExhaustedError("out of memory for a sparse pull's request")));
+    }
   }
-  if (!parsed.ok()) {
-    reactor->Finish(Finish("SparsePull", parsed, received, 0));
-    return reactor;
-  }
-  if (!pull->has_step()) {
-    answer(*pull);  // reads the rows as they are: only brief locks
-    return reactor;
-  }
-  sparse_step_pulls_->Post([pull, answer] { answer(*pull); });
   return reactor;
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
@@ -1190,7 +1191,8 @@ std::vector<float> RowsOf(const std::string& bytes) {
 }
 
 // The bytes sparse pulls in flight hold are bounded: a pull whose request
-// and answer would pass the bound is answered UNAVAILABLE (workers retry),
+// and answer would pass the bound is answered RESOURCE_EXHAUSTED "server
+// busy" (SparseClient sends it again),
 // and what a call held is given back once gRPC is done with it, whether
 // answered or refused, one call at a time or many at once.
 TEST(ParameterServiceSparseTest, SparsePullsInFlightHoldAtMostTheirBound) {
@@ -1224,22 +1226,26 @@ TEST(ParameterServiceSparseTest, SparsePullsInFlightHoldAtMostTheirBound) {
   grpc::ClientContext refused_context;
   v1::SparsePullResponse refused;
   const grpc::Status status = (*server)->stub()->SparsePull(&refused_context, pull, &refused);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
-  EXPECT_TRUE(Contains(status.error_message(), "server busy: sparse pulls in flight hold"))
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_TRUE(
+      absl::StartsWith(status.error_message(), absl::StrCat(kServerBusy, ": sparse pulls in flight hold")))
       << status.error_message();
-  EXPECT_TRUE(Contains(status.error_message(), "bytes of answer: retry")) << status.error_message();
+  EXPECT_TRUE(Contains(status.error_message(), "bytes of answer: send it again later"))
+      << status.error_message();
   EXPECT_EQ(given_back(), 0);
   // Not even room for the request.
   service->set_max_sparse_pull_bytes(request_bytes);
   grpc::ClientContext tiny_context;
   const grpc::Status tiny = (*server)->stub()->SparsePull(&tiny_context, pull, &refused);
-  EXPECT_EQ(tiny.error_code(), grpc::StatusCode::UNAVAILABLE) << tiny.error_message();
-  EXPECT_TRUE(Contains(tiny.error_message(), "bytes of request: retry")) << tiny.error_message();
+  EXPECT_EQ(tiny.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << tiny.error_message();
+  EXPECT_TRUE(Contains(tiny.error_message(), "bytes of request: send it again later"))
+      << tiny.error_message();
   EXPECT_EQ(given_back(), 0);
 
-  // Room for three at once: of sixteen concurrent pulls each is answered
-  // with its rows or refused, and everything is given back.
-  service->set_max_sparse_pull_bytes(3 * (2 * request_bytes + answer_rows + 1024));
+  // Room for every request and three answers: of sixteen concurrent pulls
+  // each is answered with its rows or refused (the first answer always
+  // fits), and everything is given back.
+  service->set_max_sparse_pull_bytes(16 * 2 * request_bytes + 3 * (answer_rows + 1024));
   std::vector<std::thread> callers;
   std::atomic<int> answered{0}, busy{0}, other{0};
   for (int i = 0; i < 16; ++i) {
@@ -1250,7 +1256,8 @@ TEST(ParameterServiceSparseTest, SparsePullsInFlightHoldAtMostTheirBound) {
       if (s.ok() && response.tables_size() == 1 &&
           response.tables(0).rows().size() == static_cast<size_t>(answer_rows)) {
         ++answered;
-      } else if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      } else if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+                 absl::StartsWith(s.error_message(), kServerBusy)) {
         ++busy;
       } else {
         ++other;

@@ -5,7 +5,9 @@
 #include <utility>
 
 #include "absl/base/internal/endian.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/payload_wire.h"
 #include "common/rpc.h"
 #include "common/shard_map.h"
@@ -100,38 +102,75 @@ std::vector<SparseClient::Request> SparseClient::Plan(const std::vector<std::vec
 absl::Status SparseClient::Send(ParameterTransport::Method method, const std::vector<Request>& requests,
                                 std::vector<grpc::ByteBuffer> messages, absl::Duration timeout,
                                 const std::function<absl::Status(size_t, const grpc::ByteBuffer&)>& answer) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<size_t> which(requests.size());
+  for (size_t i = 0; i < which.size(); ++i) which[i] = i;
+  absl::Duration backoff = absl::Milliseconds(2);
+  while (true) {
+    std::vector<size_t> busy;
+    absl::Status busy_error;
+    RETURN_IF_ERROR(SendRound(method, requests, messages, which, deadline, answer, &busy, &busy_error));
+    if (busy.empty()) return absl::OkStatus();
+    // Jittered, so that workers refused together do not come back together.
+    const absl::Duration wait =
+        backoff + absl::Microseconds(static_cast<int64_t>(absl::ToDoubleMicroseconds(backoff) *
+                                                          (0.5 * (busy.size() % 7) / 7)));
+    if (absl::Now() + wait >= deadline) return busy_error;
+    absl::SleepFor(wait);
+    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+    which = std::move(busy);
+  }
+}
+
+absl::Status SparseClient::SendRound(
+    ParameterTransport::Method method, const std::vector<Request>& requests,
+    const std::vector<grpc::ByteBuffer>& messages, const std::vector<size_t>& which, absl::Time deadline,
+    const std::function<absl::Status(size_t, const grpc::ByteBuffer&)>& answer, std::vector<size_t>* busy,
+    absl::Status* busy_error) {
   struct Call {
+    size_t index = 0;
     std::unique_ptr<ParameterTransport::Call> call;
     grpc::ByteBuffer request;
     grpc::ByteBuffer response;
   };
-  std::vector<Call> calls(requests.size());
+  std::vector<Call> calls(which.size());
   Mutex mu;
   CondVar done_cv;
-  size_t pending = requests.size();
+  size_t pending = calls.size();
   absl::Status first_error;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    Call& call = calls[i];
-    call.request = std::move(messages[i]);
-    call.call = transport_->NewCall(requests[i].address, method);
+  for (size_t k = 0; k < calls.size(); ++k) {
+    Call& call = calls[k];
+    call.index = which[k];
+    call.request = messages[call.index];  // shares the slices
+    call.call = transport_->NewCall(requests[call.index].address, method);
   }
-  for (size_t i = 0; i < calls.size(); ++i) {
-    if (!calls_.Track(calls[i].call.get())) {
-      for (size_t j = 0; j < i; ++j) calls_.Untrack(calls[j].call.get());
+  for (size_t k = 0; k < calls.size(); ++k) {
+    if (!calls_.Track(calls[k].call.get())) {
+      for (size_t j = 0; j < k; ++j) calls_.Untrack(calls[j].call.get());
       return calls_.Outcome(absl::CancelledError(), map_.version());
     }
   }
-  for (size_t i = 0; i < requests.size(); ++i) {
-    Call& call = calls[i];
-    call.call->Start(&call.request, &call.response, timeout, [&, i](grpc::Status status) {
-      absl::Status result = calls_.Outcome(FromGrpcStatus(status), map_.version());
-      if (result.ok()) result = answer(i, calls[i].response);
-      MutexLock lock(&mu);
-      if (!result.ok() && first_error.ok()) {
-        first_error = absl::Status(result.code(), absl::StrCat("server ", requests[i].address, ": ", result.message()));
-      }
-      if (--pending == 0) done_cv.SignalAll();
-    });
+  const absl::Duration timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
+  for (Call& call : calls) {
+    call.call->Start(
+        &call.request, &call.response, timeout,
+        [&, index = call.index, &response = call.response](grpc::Status status) {
+          absl::Status result = calls_.Outcome(FromGrpcStatus(status), map_.version());
+          const bool refused_busy = method == ParameterTransport::Method::kSparsePull &&
+                                    absl::IsResourceExhausted(result) &&
+                                    absl::StartsWith(result.message(), kServerBusy);
+          if (result.ok()) result = answer(index, response);
+          MutexLock lock(&mu);
+          if (refused_busy) {
+            busy->push_back(index);
+            *busy_error = absl::Status(
+                result.code(), absl::StrCat("server ", requests[index].address, ": ", result.message()));
+          } else if (!result.ok() && first_error.ok()) {
+            first_error = absl::Status(
+                result.code(), absl::StrCat("server ", requests[index].address, ": ", result.message()));
+          }
+          if (--pending == 0) done_cv.SignalAll();
+        });
   }
   {
     MutexLock lock(&mu);

@@ -76,10 +76,21 @@ class SparseClient {
   std::vector<Request> Plan(const std::vector<std::vector<uint64_t>>& keys, bool every_shard) const;
   absl::Status PullRows(const std::vector<std::vector<uint64_t>>& keys, std::vector<std::vector<float>>* rows,
                         std::optional<int64_t> step, absl::Duration timeout);
-  // Sends every request; `answer(i, bytes)` takes request i's answer.
+  // Sends every request; `answer(i, bytes)` takes request i's answer. A
+  // pull a server refuses as busy (its sparse pulls in flight at their
+  // bound, ParameterServiceImpl::kMaxSparsePullBytes) is sent again, alone
+  // with the others refused, after a backoff, until `timeout`: the answers
+  // taken meanwhile make room.
   absl::Status Send(ParameterTransport::Method method, const std::vector<Request>& requests,
                     std::vector<grpc::ByteBuffer> messages, absl::Duration timeout,
                     const std::function<absl::Status(size_t, const grpc::ByteBuffer&)>& answer);
+  // One round of Send: the requests `which` names; those refused as busy go
+  // to *busy (pulls only), other errors to the result.
+  absl::Status SendRound(ParameterTransport::Method method, const std::vector<Request>& requests,
+                         const std::vector<grpc::ByteBuffer>& messages, const std::vector<size_t>& which,
+                         absl::Time deadline,
+                         const std::function<absl::Status(size_t, const grpc::ByteBuffer&)>& answer,
+                         std::vector<size_t>* busy, absl::Status* busy_error);
 
   const v1::ShardMap map_;
   const std::string job_id_;

@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/metrics.h"
+#include "common/rpc.h"
 #include "common/shard_map.h"
 #include "gtest/gtest.h"
 #include "kernels/model_from_spec.h"
@@ -171,6 +173,48 @@ TEST_F(SparseClientTest, ASupersededClientsCallsAnswerAbortedAtOnce) {
   const absl::Status later = client.Pull({keys, keys}, &rows, absl::Seconds(60));
   EXPECT_EQ(later.code(), absl::StatusCode::kAborted) << later;
   EXPECT_EQ(reached, before) << "a superseded client's call reached a server";
+}
+
+// A server whose sparse pulls in flight are at their bound answers
+// RESOURCE_EXHAUSTED "server busy": the client sends those requests again,
+// alone, after a backoff, and the pull completes with every row. A push so
+// refused, and any other RESOURCE_EXHAUSTED (a table full), is not sent
+// again: it fails naming the server.
+TEST_F(SparseClientTest, PullsRefusedAsBusyAreSentAgainUntilAnswered) {
+  SparseClient client(map_, kSparseJob, "w0", &transport_);
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 3000; ++k) keys.push_back(k * 7919 + 13);  // several requests per server
+  std::vector<std::vector<float>> grads(2);
+  for (int t = 0; t < 2; ++t) grads[t].assign(keys.size() * static_cast<size_t>(client.dim(t)), 0.25f);
+  ASSERT_TRUE(client.Push(0, 0, {keys, keys}, grads, absl::Seconds(10)).ok());
+  int pulls = 0, refused = 0;
+  transport_.set_fault([&](const std::string&, ParameterTransport::Method method,
+                           InProcessTransport::Stage stage) -> absl::Status {
+    if (stage != InProcessTransport::Stage::kBeforeServer) return absl::OkStatus();
+    if (method == ParameterTransport::Method::kSparsePush) {
+      return absl::ResourceExhaustedError(absl::StrCat(kServerBusy, ": not one a client sends again"));
+    }
+    // The first five pulls are refused (the first round's, then again).
+    if (method != ParameterTransport::Method::kSparsePull) return absl::OkStatus();
+    ++pulls;
+    if (refused == 5) return absl::OkStatus();
+    ++refused;
+    return absl::ResourceExhaustedError(absl::StrCat(kServerBusy, ": sparse pulls in flight hold 5 bytes"));
+  });
+  std::vector<std::vector<float>> rows;
+  const absl::Status pulled = client.Pull({keys, keys}, &rows, absl::Seconds(30));
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  EXPECT_EQ(refused, 5);
+  EXPECT_GT(pulls, 5) << "the refused requests were sent again";
+  for (int t = 0; t < 2; ++t) {
+    ASSERT_EQ(rows[t].size(), grads[t].size());
+    for (size_t i = 0; i < rows[t].size(); ++i)
+      ASSERT_EQ(rows[t][i], -0.25f) << "table " << t << " float " << i;
+  }
+  const absl::Status pushed = client.Push(0, 1, {keys, keys}, grads, absl::Seconds(10));
+  EXPECT_EQ(pushed.code(), absl::StatusCode::kResourceExhausted) << pushed;
+  EXPECT_TRUE(absl::StrContains(pushed.message(), "server in-process:")) << pushed;
+  transport_.set_fault(nullptr);
 }
 
 // A table of one float a row: a key's 8 bytes are two thirds of a push, and

@@ -499,11 +499,12 @@ TEST_F(ClickFileTest, ATestRecordTheModelCannotScoreFailsTheJobSayingSo) {
   EXPECT_TRUE(Contains(done.reason(), "too large for float32")) << done.reason();
 }
 
-// A step's rows are bounded by what the worker's budget leaves beside its
-// data: records of thousands of distinct ids each (192,000 ids a batch of
-// 64: 1.5 MB of rows and gradients against the workers' 1 MiB) fail the job
-// saying so, where nothing bounded them.
-TEST_F(ClickFileTest, AStepWhoseRowsExceedTheWorkersBudgetFailsTheJobSayingSo) {
+// A step's records read from indexed files are bounded by what the
+// worker's budget leaves beside its data: lines of 3000 ids each (the files
+// take more than half the workers' 1 MiB, so they are indexed; a batch of
+// 64 such lines takes 2.3 MB) fail the job saying so, where nothing bounded
+// them.
+TEST_F(ClickFileTest, AStepOfLinesTooLongForTheWorkersBudgetFailsTheJobSayingSo) {
   {
     std::ofstream out(*data_dir_ + "/wide-train.0");
     for (int r = 0; r < 128; ++r) {
@@ -516,7 +517,32 @@ TEST_F(ClickFileTest, AStepWhoseRowsExceedTheWorkersBudgetFailsTheJobSayingSo) {
   spec.mutable_data()->clear_test_path();
   v1::JobStatus done;
   ASSERT_NO_FATAL_FAILURE(RunToFailure(spec, &done));
-  EXPECT_TRUE(Contains(done.reason(), "its batch has 192000 distinct ids")) << done.reason();
+  EXPECT_TRUE(Contains(done.reason(), "its batch of 64 examples: the ")) << done.reason();
+  EXPECT_TRUE(Contains(done.reason(), " records read (the last record ")) << done.reason();
+  EXPECT_TRUE(Contains(done.reason(), "leaves beside its data")) << done.reason();
+  EXPECT_TRUE(Contains(done.reason(), "lower data.batchSize")) << done.reason();
+}
+
+// A step's rows are bounded by what the worker's budget leaves beside its
+// data: records of 600 distinct ids each under FM's tables of 1 and 8
+// floats (38,400 ids a batch of 64 in each table: 2.8 MB of rows and
+// gradients against the workers' 1 MiB; the records themselves take 460 KB)
+// fail the job saying so, where nothing bounded them.
+TEST_F(ClickFileTest, AStepWhoseRowsExceedTheWorkersBudgetFailsTheJobSayingSo) {
+  {
+    std::ofstream out(*data_dir_ + "/widerows-train.0");
+    for (int r = 0; r < 128; ++r) {
+      out << r % 2;
+      for (int k = 0; k < 600; ++k) out << " " << k % 2 << ":" << r * 600 + k << ":1";
+      out << "\n";
+    }
+  }
+  v1::JobSpec spec = FmFileSpec("widerows");
+  spec.mutable_model()->set_embedding_dim(8);
+  spec.mutable_data()->clear_test_path();
+  v1::JobStatus done;
+  ASSERT_NO_FATAL_FAILURE(RunToFailure(spec, &done));
+  EXPECT_TRUE(Contains(done.reason(), "its batch has 76800 distinct ids")) << done.reason();
   EXPECT_TRUE(Contains(done.reason(), "leaves beside its data")) << done.reason();
   EXPECT_TRUE(Contains(done.reason(), "lower data.batchSize")) << done.reason();
 }

@@ -1,16 +1,16 @@
 #include "common/rpc.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <chrono>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/authorization.h"
 #include "common/grpc_metrics.h"
 #include "common/metrics.h"
 #include "common/rpc_security.h"
-
-#include <chrono>
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
-
-#include "absl/strings/str_cat.h"
 
 namespace fulcrum {
 
@@ -24,6 +24,10 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());
+}
+
+bool IsServerBusy(const absl::Status& status) {
+  return absl::IsResourceExhausted(status) && absl::StartsWith(status.message(), kServerBusy);
 }
 
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,

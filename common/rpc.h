@@ -3,14 +3,15 @@
 #ifndef FULCRUM_COMMON_RPC_H_
 #define FULCRUM_COMMON_RPC_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
@@ -27,8 +28,14 @@ constexpr int kMaxMessageBytes = 8 << 20;
 
 // How a RESOURCE_EXHAUSTED answer of a server that is busy, not out of a
 // budget, begins: the caller may send the request again after a backoff
-// (a SparsePull past ParameterServiceImpl::kMaxSparsePullBytes).
+// (a Pull or SparsePull past ParameterServiceImpl::kMaxPullBytesInFlight).
 constexpr char kServerBusy[] = "server busy";
+// Whether `status` is such a refusal.
+bool IsServerBusy(const absl::Status& status);
+// How long a caller waits before it sends a busy server's refusals again:
+// kFirstBusyBackoff, doubled each time up to kMaxBusyBackoff.
+constexpr absl::Duration kFirstBusyBackoff = absl::Milliseconds(2);
+constexpr absl::Duration kMaxBusyBackoff = absl::Milliseconds(200);
 // Largest whole state of one chunk (values, optimizer slots, BSP buffers and
 // previous values) a server takes: CopyChunk and ReadCheckpoint send it as
 // one message, with room left for the watermarks and framing. The scheduler

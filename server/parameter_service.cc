@@ -175,6 +175,7 @@ absl::Status CheckChunkStatesFit(const v1::SetupJobRequest& request, const JobSh
 
 JobShardConfig ParameterServiceImpl::ConfigFor(const v1::SetupJobRequest& request) {
   JobShardConfig config = ToJobShardConfig(request);
+  config.orphaned_values = orphaned_values_;
   config.observe_apply = [histogram = optimizer_seconds_](double seconds) { histogram->Observe(seconds); };
   config.on_change = [held = held_pulls_.get()] { held->Poke(); };
   return config;
@@ -818,6 +819,35 @@ void ParameterServiceImpl::PullHandle::Cancel() {
   }
 }
 
+ParameterServiceImpl::PullHandle::~PullHandle() {
+  if (counted_ != nullptr) counted_->fetch_sub(reserved_.load());
+}
+
+absl::Status ParameterServiceImpl::PullHandle::Reserve(ParameterServiceImpl* service, int64_t bytes,
+                                                       const char* what) {
+  RETURN_IF_ERROR(service->ReservePull(bytes, what));
+  counted_ = &service->pull_bytes_in_flight_;
+  reserved_ += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServiceImpl::ReservePull(int64_t bytes, const char* what) {
+  const int64_t most = max_pull_bytes_in_flight_.load();
+  int64_t held = pull_bytes_in_flight_.load();
+  do {
+    const int64_t orphaned = orphaned_values_->load();
+    if (held + orphaned + bytes > most) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          kServerBusy, ": pulls in flight hold ", held + orphaned,
+          " bytes (their requests and answers waiting for their callers to read them",
+          orphaned > 0 ? absl::StrCat(", with ", orphaned, " bytes of older values such answers still send")
+                       : "",
+          "), at most ", most, " with this pull's ", bytes, " bytes of ", what, ": send it again later"));
+    }
+  } while (!pull_bytes_in_flight_.compare_exchange_weak(held, held + bytes));
+  return absl::OkStatus();
+}
+
 void ParameterServiceImpl::HandlePull(const grpc::ByteBuffer& request, absl::Time deadline,
                                       const std::shared_ptr<PullHandle>& handle,
                                       std::function<void(const absl::Status&, grpc::ByteBuffer)> done) {
@@ -826,11 +856,26 @@ void ParameterServiceImpl::HandlePull(const grpc::ByteBuffer& request, absl::Tim
     v1::PullResponse answer;  // filled by the pull, then moved into the response's slices
     std::vector<grpc::Slice> lent;  // float32 values sent from the chunks' own memory
   };
-  auto call = std::make_shared<Call>();
   const int64_t received = static_cast<int64_t>(request.Length());
-  auto finish = [this, call, received, done = std::move(done)](const absl::Status& status) {
+  // The request's bytes, and its parsed copy, as many again: a held pull
+  // keeps both until it is answered.
+  if (absl::Status reserved = handle->Reserve(this, 2 * received, "request"); !reserved.ok()) {
+    (void)Finish("Pull", reserved, received, 0);
+    return done(reserved, grpc::ByteBuffer());
+  }
+  auto call = std::make_shared<Call>();
+  // `handle` outlives `finish`: its owner drops it once `done` answered.
+  auto finish = [this, call, received, handle = handle.get(), done = std::move(done)](absl::Status status) {
     grpc::ByteBuffer response;
-    if (status.ok()) response = SerializeMovingPayloads(&call->answer, std::move(call->lent));
+    if (status.ok()) {
+      int64_t lent = 0;
+      for (const grpc::Slice& slice : call->lent) lent += static_cast<int64_t>(slice.size());
+      response = SerializeMovingPayloads(&call->answer, std::move(call->lent));
+      // Lent values are the chunks' own memory (counted as orphaned_values_
+      // once a chunk lets go of them); the rest is the answer's.
+      status = handle->Reserve(this, static_cast<int64_t>(response.Length()) - lent, "answer");
+      if (!status.ok()) response.Clear();
+    }
     (void)Finish("Pull", status, received, static_cast<int64_t>(response.Length()));
     done(status, std::move(response));
   };

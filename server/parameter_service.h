@@ -126,10 +126,20 @@ class ParameterServiceImpl final
   // thread, before or after the pull is held) ends it CANCELLED soon.
   class PullHandle {
    public:
+    PullHandle() = default;
+    PullHandle(const PullHandle&) = delete;
+    PullHandle& operator=(const PullHandle&) = delete;
+    // Gives back the bytes the pull held in its service's count: its caller
+    // (gRPC, once done with the call) drops the handle with the answer.
+    ~PullHandle();
     void Cancel();
 
    private:
     friend class ParameterServiceImpl;
+    // Counts `bytes` more against the pull's service (ReservePull).
+    absl::Status Reserve(ParameterServiceImpl* service, int64_t bytes, const char* what);
+    std::atomic<int64_t>* counted_ = nullptr;  // set by the first Reserve
+    std::atomic<int64_t> reserved_{0};
     // The pull to cancel once it is held.
     void Attach(std::shared_ptr<HeldPull> pull, HeldPulls* held);
     Mutex mu_;
@@ -141,7 +151,9 @@ class ParameterServiceImpl final
   // Pull serves it and as an in-process caller makes it: `done` runs once,
   // on this thread or on a HeldPulls thread, with the status and, when OK,
   // the serialized PullResponse. The pull waits at most until `deadline`
-  // (capped at two minutes from now) and until `handle` is cancelled.
+  // (capped at two minutes from now) and until `handle` is cancelled. The
+  // request's bytes and the answer's own (not lent) are counted against
+  // kMaxPullBytesInFlight until `handle` is dropped.
   void HandlePull(const grpc::ByteBuffer& request, absl::Time deadline, const std::shared_ptr<PullHandle>& handle,
                   std::function<void(const absl::Status&, grpc::ByteBuffer)> done);
   // A Pull without gRPC: checks it, answers it at once (calling `finish` and
@@ -174,15 +186,18 @@ class ParameterServiceImpl final
   // sparse_step_pulls_.
   grpc::ServerUnaryReactor* SparsePull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
-  // The bytes sparse pulls in flight hold (each request, its parsed copy and
-  // its answer, until gRPC is done with the call), and the most they may: a
-  // pull past it is answered UNAVAILABLE (workers retry it), so callers that
-  // send many pulls and read their answers slowly, or never, cannot make
-  // the server hold more. One pull takes at most 23 MiB (an 8 MiB request
-  // twice, a 7 MiB answer).
-  static constexpr int64_t kMaxSparsePullBytes = int64_t{1} << 30;
-  void set_max_sparse_pull_bytes(int64_t bytes) { max_sparse_pull_bytes_ = bytes; }
-  int64_t sparse_pull_bytes() const { return sparse_pull_bytes_.load(); }
+  // The bytes pulls in flight hold (each request and its parsed copy, and
+  // its answer's own bytes, until gRPC is done with the call; with the old
+  // chunk values that float32 answers still send, JobShardConfig::
+  // orphaned_values), and the most they may: a pull past it is answered
+  // RESOURCE_EXHAUSTED "server busy" (kServerBusy; workers send it again),
+  // so callers that send many pulls and read their answers slowly, or
+  // never, cannot make the server hold more. One pull takes at most 23 MiB
+  // (an 8 MiB request twice, a 7 MiB answer); a held dense pull keeps its
+  // request's until it is answered.
+  static constexpr int64_t kMaxPullBytesInFlight = int64_t{1} << 30;
+  void set_max_pull_bytes_in_flight(int64_t bytes) { max_pull_bytes_in_flight_ = bytes; }
+  int64_t pull_bytes_in_flight() const { return pull_bytes_in_flight_.load() + orphaned_values_->load(); }
   // A SparsePushRequest, its gradients read where they arrived: a
   // SparsePush (`from_worker`: this server must lead the request's shard,
   // and forwards the bytes as they came to the shard's backups before
@@ -202,9 +217,10 @@ class ParameterServiceImpl final
                         absl::FunctionRef<absl::Status(const grpc::ByteBuffer&, grpc::ByteBuffer*)> handle);
   // A parsed SparsePullRequest answered (HandleSparsePull after its parse).
   absl::Status AnswerSparsePull(const v1::SparsePullRequest& request, grpc::ByteBuffer* response);
-  // Adds `bytes` to sparse_pull_bytes_, or UNAVAILABLE (nothing added) when
-  // that would pass max_sparse_pull_bytes_; `what` names them.
-  absl::Status ReserveSparsePull(int64_t bytes, const char* what);
+  // Adds `bytes` to pull_bytes_in_flight_, or RESOURCE_EXHAUSTED "server
+  // busy" (nothing added) when that, with orphaned_values_, would pass
+  // max_pull_bytes_in_flight_; `what` names them.
+  absl::Status ReservePull(int64_t bytes, const char* what);
   // SetupJob of a job's fresh (or checkpointed) state; of chunks copied from
   // other replicas (`sources`: chunk id -> where to copy it from).
   // `config`: the request's (ConfigFor), converted once.
@@ -232,8 +248,9 @@ class ParameterServiceImpl final
   // SparsePulls of a step: they may wait for a shard's push lock, which
   // must not hold gRPC's few callback threads.
   std::unique_ptr<ThreadPool> sparse_step_pulls_;
-  std::atomic<int64_t> sparse_pull_bytes_{0};
-  std::atomic<int64_t> max_sparse_pull_bytes_{kMaxSparsePullBytes};
+  std::atomic<int64_t> pull_bytes_in_flight_{0};
+  std::atomic<int64_t> max_pull_bytes_in_flight_{kMaxPullBytesInFlight};
+  const std::shared_ptr<std::atomic<int64_t>> orphaned_values_ = std::make_shared<std::atomic<int64_t>>(0);
   // Pushes and replications hold it shared from their checks to their apply;
   // Reconfigure holds it exclusively, so no push straddles a role change
   // (a new backup then copies a state no push can change unseen).

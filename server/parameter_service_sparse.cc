@@ -175,21 +175,6 @@ absl::Status ParameterServiceImpl::AnswerSparsePull(const v1::SparsePullRequest&
   return absl::OkStatus();
 }
 
-absl::Status ParameterServiceImpl::ReserveSparsePull(int64_t bytes, const char* what) {
-  const int64_t most = max_sparse_pull_bytes_.load();
-  int64_t held = sparse_pull_bytes_.load();
-  do {
-    if (held + bytes > most) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(kServerBusy, ": sparse pulls in flight hold ", held,
-                       " bytes (their requests, and answers waiting for their "
-                       "callers to read them), at most ",
-                       most, " with this pull's ", bytes, " bytes of ", what, ": send it again later"));
-    }
-  } while (!sparse_pull_bytes_.compare_exchange_weak(held, held + bytes));
-  return absl::OkStatus();
-}
-
 namespace {
 
 // gRPC's SparsePull: gives back the bytes the call held once gRPC is done
@@ -215,7 +200,7 @@ class SparsePullReactor final : public grpc::ServerUnaryReactor {
 grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(grpc::CallbackServerContext* /*context*/,
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
-  auto* reactor = new SparsePullReactor(&sparse_pull_bytes_);
+  auto* reactor = new SparsePullReactor(&pull_bytes_in_flight_);
   const auto received = static_cast<int64_t>(request->Length());
   // Out of memory is answered, never escapes: escaping, it would end the
   // process on the pool's thread, gRPC's callback wrapper would answer it
@@ -230,7 +215,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(grpc::CallbackServerC
       status = AnswerSparsePull(pull, response);
       if (status.ok()) {
         const auto sent = static_cast<int64_t>(response->Length());
-        status = ReserveSparsePull(sent, "answer");
+        status = ReservePull(sent, "answer");
         if (status.ok()) reactor->reserved += sent;
       }
     } catch (const std::bad_alloc&) {
@@ -242,7 +227,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::SparsePull(grpc::CallbackServerC
         Finish("SparsePull", status, received, status.ok() ? static_cast<int64_t>(response->Length()) : 0));
   };
   // The request's bytes, and its parsed copy, as many again.
-  if (absl::Status reserved = ReserveSparsePull(2 * received, "request"); !reserved.ok()) {
+  if (absl::Status reserved = ReservePull(2 * received, "request"); !reserved.ok()) {
     reactor->Finish(Finish("SparsePull", reserved, received, 0));
     return reactor;
   }

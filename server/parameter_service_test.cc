@@ -1145,6 +1145,114 @@ TEST_F(ParameterServiceTest, BadSixteenBitPushesAndPullsAreRefusedClearly) {
   ExpectChunk(server_.get(), "job", 0, 1, kOneStep, 1);
 }
 
+// Dense pulls count against the bound sparse pulls do: each request (twice:
+// its bytes and its parse), an answer's own bytes (16-bit values are
+// copies), and older values that float32 answers still send once their
+// chunk moved on or went away; a float32 answer of a chunk's values as they
+// are lends them and costs nothing more. Past the bound a pull is refused
+// RESOURCE_EXHAUSTED "server busy", and everything is given back.
+TEST_F(ParameterServiceTest, DensePullsInFlightHoldAtMostTheirBound) {
+  constexpr int64_t kLength = int64_t{1} << 16;  // 256 KiB a chunk
+  constexpr int64_t kChunkBytes = 4 * kLength;
+  v1::ShardMap map = AloneMap(server_.get(), 1);
+  map.set_chunk_elems(kLength);
+  map.mutable_tensors(0)->set_shape(0, kNumChunks * kLength);
+  map.mutable_tensors(0)->set_size(kNumChunks * kLength);
+  for (int i = 0; i < kNumChunks; ++i) {
+    map.mutable_chunks(i)->set_offset(i * kLength);
+    map.mutable_chunks(i)->set_length(kLength);
+  }
+  ASSERT_TRUE(IsOk(SetupJob(server_->stub(), MakeSetup("job", v1::ASP, map, server_->id()))));
+  ParameterServiceImpl* service = server_->service();
+  v1::PullRequest request;
+  request.set_job_id("job");
+  request.add_chunk_ids(0);
+  request.set_map_version(1);
+  const auto request_bytes = static_cast<int64_t>(request.ByteSizeLong());
+  auto pull = [&](v1::WireFormat format) {
+    request.set_format(format);
+    v1::PullResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context, kRpcSeconds);
+    grpc::Status status = server_->stub()->Pull(&context, request, &response);
+    if (status.ok() &&
+        (response.chunks_size() != 1 ||
+         response.chunks(0).data().size() != static_cast<size_t>(kLength * WireBytes(format)))) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, "a wrong answer");
+    }
+    return status;
+  };
+  auto given_back = [&](int64_t to) {
+    const absl::Time deadline =
+        absl::Now() + absl::Seconds(30);  // OnDone runs after the caller has its answer
+    while (service->pull_bytes_in_flight() != to && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(1));
+    return service->pull_bytes_in_flight();
+  };
+
+  // Room for a request and an answer's framing: float32 answers lend the
+  // values, 16-bit ones are copies.
+  service->set_max_pull_bytes_in_flight(2 * request_bytes + 1024);
+  EXPECT_TRUE(IsOk(pull(v1::WIRE_FP32)));
+  EXPECT_EQ(given_back(0), 0);
+  EXPECT_TRUE(HasError(pull(v1::WIRE_BF16), grpc::StatusCode::RESOURCE_EXHAUSTED,
+                       "bytes of answer: send it again later"));
+  EXPECT_EQ(given_back(0), 0);
+  service->set_max_pull_bytes_in_flight(request_bytes);
+  const grpc::Status refused = pull(v1::WIRE_FP32);
+  EXPECT_TRUE(
+      HasError(refused, grpc::StatusCode::RESOURCE_EXHAUSTED, "bytes of request: send it again later"));
+  EXPECT_TRUE(absl::StartsWith(refused.error_message(), absl::StrCat(kServerBusy, ": pulls in flight hold")))
+      << refused.error_message();
+  EXPECT_EQ(given_back(0), 0);
+
+  // An answer still sending version 0 (its slices not yet dropped) when a
+  // push makes version 1: version 0's bytes count until the answer drops them.
+  request.set_format(v1::WIRE_FP32);
+  auto lend = [&](v1::PullResponse* response, std::vector<grpc::Slice>* lent) {
+    absl::Status finished = absl::UnknownError("not finished");
+    auto held = service->StartPull(
+        request, response, absl::Now() + absl::Seconds(kRpcSeconds),
+        [&](const absl::Status& status) { finished = status; }, lent);
+    EXPECT_TRUE(held.ok() && *held == nullptr) << "answered at once";
+    EXPECT_TRUE(finished.ok()) << finished;
+    ASSERT_EQ(lent->size(), 1U);
+    EXPECT_EQ(lent->front().size(), static_cast<size_t>(kChunkBytes));
+  };
+  v1::PullResponse first_response;
+  std::vector<grpc::Slice> first_lent;
+  lend(&first_response, &first_lent);
+  EXPECT_EQ(service->pull_bytes_in_flight(), 0) << "the values the chunk holds cost nothing more";
+  ASSERT_TRUE(
+      IsOk(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, std::vector<float>(kLength, 1.0f)}}))));
+  EXPECT_EQ(service->pull_bytes_in_flight(), kChunkBytes);
+  service->set_max_pull_bytes_in_flight(kChunkBytes + request_bytes);
+  const grpc::Status orphaned = pull(v1::WIRE_FP32);
+  EXPECT_TRUE(HasError(orphaned, grpc::StatusCode::RESOURCE_EXHAUSTED,
+                       absl::StrCat(kChunkBytes, " bytes of older values such answers still send")));
+  // The job dropped while an answer sends version 1: those bytes count too.
+  v1::PullResponse second_response;
+  std::vector<grpc::Slice> second_lent;
+  lend(&second_response, &second_lent);
+  grpc::ClientContext drop_context;
+  v1::DropJobRequest drop;
+  drop.set_job_id("job");
+  drop.set_reason("the test is done with it");
+  v1::DropJobResponse dropped;
+  ASSERT_TRUE(IsOk(server_->stub()->DropJob(&drop_context, drop, &dropped)));
+  EXPECT_EQ(given_back(2 * kChunkBytes), 2 * kChunkBytes);
+  std::vector<float> sent(kLength);
+  ASSERT_TRUE(DecodeFloats(absl::string_view(reinterpret_cast<const char*>(first_lent.front().begin()),
+                                             first_lent.front().size()),
+                           kLength, sent.data(), "lent")
+                  .ok());
+  EXPECT_EQ(sent, std::vector<float>(kLength, 0.0f)) << "version 0, as lent";
+  first_lent.clear();
+  EXPECT_EQ(service->pull_bytes_in_flight(), kChunkBytes);
+  second_lent.clear();
+  EXPECT_EQ(service->pull_bytes_in_flight(), 0);
+}
+
 }  // namespace
 }  // namespace fulcrum
 
@@ -1199,7 +1307,7 @@ TEST(ParameterServiceSparseTest, SparsePullsInFlightHoldAtMostTheirBound) {
   auto server = TestServer::Start("ps-0", /*with_checkpoints=*/false);
   ASSERT_TRUE(server.ok()) << server.status();
   ParameterServiceImpl* service = (*server)->service();
-  EXPECT_EQ(service->sparse_pull_bytes(), 0);
+  EXPECT_EQ(service->pull_bytes_in_flight(), 0);
   grpc::ClientContext setup_context;
   v1::SetupJobResponse setup_response;
   ASSERT_TRUE(
@@ -1217,24 +1325,24 @@ TEST(ParameterServiceSparseTest, SparsePullsInFlightHoldAtMostTheirBound) {
   auto given_back = [&] {
     // OnDone runs on gRPC's thread after the caller has its answer.
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (service->sparse_pull_bytes() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
-    return service->sparse_pull_bytes();
+    while (service->pull_bytes_in_flight() != 0 && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(1));
+    return service->pull_bytes_in_flight();
   };
 
   // Room for the request, not for its answer.
-  service->set_max_sparse_pull_bytes(2 * request_bytes + answer_rows / 2);
+  service->set_max_pull_bytes_in_flight(2 * request_bytes + answer_rows / 2);
   grpc::ClientContext refused_context;
   v1::SparsePullResponse refused;
   const grpc::Status status = (*server)->stub()->SparsePull(&refused_context, pull, &refused);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
-  EXPECT_TRUE(
-      absl::StartsWith(status.error_message(), absl::StrCat(kServerBusy, ": sparse pulls in flight hold")))
+  EXPECT_TRUE(absl::StartsWith(status.error_message(), absl::StrCat(kServerBusy, ": pulls in flight hold")))
       << status.error_message();
   EXPECT_TRUE(Contains(status.error_message(), "bytes of answer: send it again later"))
       << status.error_message();
   EXPECT_EQ(given_back(), 0);
   // Not even room for the request.
-  service->set_max_sparse_pull_bytes(request_bytes);
+  service->set_max_pull_bytes_in_flight(request_bytes);
   grpc::ClientContext tiny_context;
   const grpc::Status tiny = (*server)->stub()->SparsePull(&tiny_context, pull, &refused);
   EXPECT_EQ(tiny.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << tiny.error_message();
@@ -1245,7 +1353,7 @@ TEST(ParameterServiceSparseTest, SparsePullsInFlightHoldAtMostTheirBound) {
   // Room for every request and three answers: of sixteen concurrent pulls
   // each is answered with its rows or refused (the first answer always
   // fits), and everything is given back.
-  service->set_max_sparse_pull_bytes(16 * 2 * request_bytes + 3 * (answer_rows + 1024));
+  service->set_max_pull_bytes_in_flight(16 * 2 * request_bytes + 3 * (answer_rows + 1024));
   std::vector<std::thread> callers;
   std::atomic<int> answered{0}, busy{0}, other{0};
   for (int i = 0; i < 16; ++i) {
@@ -1270,7 +1378,7 @@ TEST(ParameterServiceSparseTest, SparsePullsInFlightHoldAtMostTheirBound) {
   EXPECT_GE(answered, 1);
   EXPECT_EQ(given_back(), 0);
   // With the bound as it ships, a pull is answered.
-  service->set_max_sparse_pull_bytes(ParameterServiceImpl::kMaxSparsePullBytes);
+  service->set_max_pull_bytes_in_flight(ParameterServiceImpl::kMaxPullBytesInFlight);
   grpc::ClientContext ok_context;
   v1::SparsePullResponse ok;
   ASSERT_TRUE((*server)->stub()->SparsePull(&ok_context, pull, &ok).ok());

@@ -36,9 +36,24 @@ void ValuesLease::Return() {
   values_.reset();
 }
 
+ChunkValues::~ChunkValues() {
+  if (orphaned != nullptr) orphaned->fetch_sub(orphaned_bytes);
+}
+
 namespace {
 
 bool Leased(const ChunkValues& values) { return values.leases.load(std::memory_order_acquire) != 0; }
+
+// A chunk lets go of `values`: if pull answers still send them, their bytes
+// count in `orphaned` (when set) until the last answer drops them.
+void LetGo(std::shared_ptr<ChunkValues> values, const std::shared_ptr<std::atomic<int64_t>>& orphaned) {
+  if (values == nullptr || orphaned == nullptr || !Leased(*values)) return;
+  // Only this chunk's reference and the leases' remain, and a lease that
+  // drops the last one runs ~ChunkValues after `values` here lets go.
+  values->orphaned_bytes = static_cast<int64_t>(values->data.size() * sizeof(float));
+  orphaned->fetch_add(values->orphaned_bytes);
+  values->orphaned = orphaned;
+}
 
 }  // namespace
 
@@ -57,6 +72,12 @@ Chunk::Chunk(const ChunkConfig& config, const JobShardConfig& job) : config_(con
   } else {
     partition_steps_.assign(job.num_partitions, 0);
   }
+}
+
+Chunk::~Chunk() {
+  MutexLock lock(&mu_);
+  LetGo(std::move(values_), job_.orphaned_values);
+  LetGo(std::move(previous_), job_.orphaned_values);
 }
 
 absl::Status Chunk::DroppedError() const {
@@ -176,8 +197,13 @@ void Chunk::KeepPreviousLocked() {
   // The values before this step become previous_ as they are (pull answers
   // may be sending them); the step is applied to a copy, in the buffer the
   // step before used unless a pull still sends from that one.
-  std::shared_ptr<ChunkValues> next =
-      previous_ != nullptr && !Leased(*previous_) ? std::move(previous_) : std::make_shared<ChunkValues>();
+  std::shared_ptr<ChunkValues> next;
+  if (previous_ != nullptr && !Leased(*previous_)) {
+    next = std::move(previous_);
+  } else {
+    LetGo(std::move(previous_), job_.orphaned_values);
+    next = std::make_shared<ChunkValues>();
+  }
   next->data.assign(values_->data.begin(), values_->data.end());
   previous_ = std::exchange(values_, std::move(next));
 }
@@ -277,7 +303,7 @@ float* Chunk::WritableValuesLocked() {
   if (Leased(*values_)) {
     auto copy = std::make_shared<ChunkValues>();
     copy->data = values_->data;
-    values_ = std::move(copy);
+    LetGo(std::exchange(values_, std::move(copy)), job_.orphaned_values);
   }
   return values_->data.data();
 }
@@ -421,12 +447,12 @@ absl::Status Chunk::Restore(const ChunkSnapshot& snapshot) {
                                             "]"));
   }
   // New buffers: pull answers may still be sending the old ones.
-  values_ = std::make_shared<ChunkValues>();
+  LetGo(std::exchange(values_, std::make_shared<ChunkValues>()), job_.orphaned_values);
   values_->data = snapshot.values;
   state_ = snapshot.optimizer_state;
   version_ = snapshot.version;
   pending_ = snapshot.pending;
-  previous_ = nullptr;
+  LetGo(std::exchange(previous_, nullptr), job_.orphaned_values);
   if (!snapshot.previous_values.empty()) {
     previous_ = std::make_shared<ChunkValues>();
     previous_->data = snapshot.previous_values;

@@ -71,6 +71,10 @@ struct JobShardConfig {
   // Called (under the chunk's lock: it must not block) whenever a chunk's
   // values change or the job is dropped or frozen: held pulls re-check.
   std::function<void()> on_change;
+  // The bytes of values the chunks let go of while pull answers still send
+  // them (ValuesLease): memory no chunk counts, which the server bounds with
+  // the answers it has in flight. Null: not counted.
+  std::shared_ptr<std::atomic<int64_t>> orphaned_values;
 };
 
 struct PushArgs {
@@ -95,8 +99,18 @@ enum class PushOutcome { kApplied, kBuffered, kDuplicate };
 
 // A chunk's values, shared with the pull answers that send them.
 struct ChunkValues {
+  ChunkValues() = default;
+  ChunkValues(const ChunkValues&) = delete;
+  ChunkValues& operator=(const ChunkValues&) = delete;
+  ~ChunkValues();
+
   std::vector<float> data;
   std::atomic<int> leases{0};  // ValuesLeases alive: no one writes `data` meanwhile
+  // Set when the chunk let go of these values while answers still sent
+  // them: the server's count of such bytes (JobShardConfig::orphaned_values),
+  // which holds `orphaned_bytes` of theirs until the last answer drops them.
+  std::shared_ptr<std::atomic<int64_t>> orphaned;
+  int64_t orphaned_bytes = 0;
 };
 
 // A chunk's values as a read found them, lent without a copy (to a pull
@@ -128,6 +142,9 @@ class ValuesLease {
 class Chunk {
  public:
   Chunk(const ChunkConfig& config, const JobShardConfig& job);
+  ~Chunk();
+  Chunk(const Chunk&) = delete;
+  Chunk& operator=(const Chunk&) = delete;
 
   // Checks a gradient without applying it (size, finite values; that the
   // chunk takes it now).

@@ -9,6 +9,7 @@
 
 #include "common/metrics.h"
 #include "common/rpc.h"
+#include "common/test_metrics.h"
 #include "gtest/gtest.h"
 #include "kernels/model_from_spec.h"
 #include "scheduler/admission.h"
@@ -26,11 +27,6 @@ namespace {
 constexpr char kTopKJob[] = "job-topk";
 constexpr int kTopKFeatures = 1024;
 constexpr int kTopKClasses = 1024;  // a weight of 2^20 values: one chunk of the largest --chunk-bytes
-
-MetricsEndpoint* TopKMetrics() {
-  static MetricsEndpoint* const metrics = MetricsEndpoint::Start("127.0.0.1", 0)->release();
-  return metrics;
-}
 
 v1::JobSpec TopKSpec() {
   v1::JobSpec spec;
@@ -62,7 +58,7 @@ TEST(CompressedPushTest, TopKOfEveryValueStaysWithinAMessageAndArrivesWhole) {
     // A chunk's 8 bytes a value fit the bound on a chunk's message.
     EXPECT_LE(chunk_elems * 8, kMaxChunkStateBytes);
     ParameterStore store;
-    ParameterServiceImpl service(&store, TopKMetrics());
+    ParameterServiceImpl service(&store, SharedTestMetrics());
     InProcessTransport transport;
     transport.Serve("in-process:0", &service);
     const v1::ShardMap map = PlanShardMap(layout.tensors, {{"server-0", "in-process:0"}}, /*num_shards=*/0,

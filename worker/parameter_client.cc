@@ -129,13 +129,29 @@ absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& reques
   responses->assign(requests.size(), grpc::ByteBuffer());
   std::vector<size_t> todo(requests.size());
   for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
-  for (int attempt = first_attempt; attempt < kMaxAttempts && !todo.empty(); ++attempt) {
-    if (attempt > 0) {  // backoff before retrying UNAVAILABLE, unless a newer map is out
-      const absl::Time until = absl::Now() + absl::Milliseconds(100 << attempt);
-      while (absl::Now() < until) {
-        if (superseded_ && superseded_()) return last;
-        absl::SleepFor(absl::Milliseconds(10));
-      }
+  // Waits `wait` unless a newer map is out meanwhile (false).
+  auto back_off = [this](absl::Duration wait) {
+    const absl::Time until = absl::Now() + wait;
+    for (absl::Time now = absl::Now(); now < until; now = absl::Now()) {
+      if (superseded_ && superseded_()) return false;
+      absl::SleepFor(std::min(until - now, absl::Milliseconds(10)));
+    }
+    return true;
+  };
+  // Rounds after UNAVAILABLE count as attempts; a round whose failures are
+  // all busy servers' refusals (kServerBusy) does not, and is sent again
+  // after a shorter backoff until `timeout` from now.
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration busy_backoff = kFirstBusyBackoff;
+  bool busy = false;
+  for (int attempt = first_attempt; !todo.empty(); attempt += busy ? 0 : 1) {
+    if (busy) {
+      if (absl::Now() + busy_backoff >= deadline || !back_off(busy_backoff)) return last;
+      busy_backoff = std::min(2 * busy_backoff, kMaxBusyBackoff);
+    } else if (attempt >= kMaxAttempts) {
+      break;
+    } else if (attempt > 0 && !back_off(absl::Milliseconds(100 << attempt))) {
+      return last;
     }
     std::vector<std::unique_ptr<ParameterTransport::Call>> calls;
     for (size_t i : todo) calls.push_back(NewCall(addresses[i], pull));
@@ -171,15 +187,19 @@ absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& reques
         });
     for (const auto& call : calls) Untrack(call.get());
     std::vector<size_t> retry;
+    bool unavailable = false;
     for (size_t k = 0; k < todo.size(); ++k) {
       if (results[k].ok()) continue;
       const bool cancelled_here = pull && k != *first_failure && results[k].error_code() == grpc::StatusCode::CANCELLED;
       if (!cancelled_here || superseded()) {
         last = Outcome(results[k], absl::StrCat(pull ? "pull from " : "push to ", addresses[todo[k]]));
-        if (results[k].error_code() != grpc::StatusCode::UNAVAILABLE) return last;
+        const bool refused_busy = IsServerBusy(FromGrpcStatus(results[k]));
+        if (results[k].error_code() != grpc::StatusCode::UNAVAILABLE && !refused_busy) return last;
+        unavailable = unavailable || !refused_busy;
       }
       retry.push_back(todo[k]);
     }
+    busy = !retry.empty() && !unavailable;
     todo.swap(retry);
   }
   return todo.empty() ? absl::OkStatus() : last;
@@ -731,7 +751,28 @@ absl::Status ParameterClient::PullStream::Finish(Versions* versions) {
     failed = first_failure_;
   }
   RETURN_IF_ERROR(incomplete);
-  if (failed != nullptr) return client_->Outcome(failed->status, absl::StrCat("pull from ", failed->batch.address));
+  if (failed != nullptr && !IsServerBusy(FromGrpcStatus(failed->status))) {
+    return client_->Outcome(failed->status, absl::StrCat("pull from ", failed->batch.address));
+  }
+  if (failed != nullptr) {
+    // A busy server refused a part (and the parts held were cancelled):
+    // those not answered are sent again as RunAll sends them.
+    std::vector<Call*> again;
+    std::vector<grpc::ByteBuffer> requests;
+    std::vector<std::string> addresses;
+    {
+      MutexLock lock(&mu_);
+      for (const auto& call : calls_) {
+        if (call->status.ok()) continue;
+        again.push_back(call.get());
+        requests.push_back(call->request);
+        addresses.push_back(call->batch.address);
+      }
+    }
+    std::vector<grpc::ByteBuffer> responses;
+    RETURN_IF_ERROR(client_->RunAll(requests, addresses, &responses, /*pull=*/true, timeout_));
+    for (size_t i = 0; i < again.size(); ++i) again[i]->response = std::move(responses[i]);
+  }
   Versions seen{INT64_MAX, 0, INT64_MAX};
   for (const auto& call : calls_) RETURN_IF_ERROR(decode_(call->batch, call->response, &seen));
   if (versions != nullptr) *versions = calls_.empty() ? Versions() : seen;

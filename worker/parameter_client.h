@@ -184,7 +184,8 @@ class ParameterClient {
     // (FAILED_PRECONDITION for a tensor never fetched, INTERNAL for one
     // fetched twice, or the first request to fail: the others, which servers
     // may be holding for the version, are then cancelled, not waited out),
-    // and `params` may hold part of the values.
+    // and `params` may hold part of the values. Requests a busy server
+    // refused are sent again as RunAll sends them, with those cancelled.
     absl::Status Finish(Versions* versions);
 
    private:
@@ -270,7 +271,10 @@ class ParameterClient {
   // Runs `requests` (serialized PushRequests, or PullRequests if `pull`;
   // request i to addresses[i]) in parallel, retrying those that meet
   // UNAVAILABLE with backoff; attempts start at `first_attempt` (1: the
-  // requests already failed once, with `last`).
+  // requests already failed once, with `last`). Those a busy server refused
+  // (kServerBusy) are sent again after a shorter backoff (kFirstBusyBackoff
+  // to kMaxBusyBackoff) until `timeout` from the start, without counting as
+  // attempts.
   absl::Status RunAll(const std::vector<grpc::ByteBuffer>& requests, const std::vector<std::string>& addresses,
                       std::vector<grpc::ByteBuffer>* responses, bool pull, absl::Duration timeout,
                       int first_attempt = 0, absl::Status last = absl::OkStatus());

@@ -105,7 +105,7 @@ absl::Status SparseClient::Send(ParameterTransport::Method method, const std::ve
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<size_t> which(requests.size());
   for (size_t i = 0; i < which.size(); ++i) which[i] = i;
-  absl::Duration backoff = absl::Milliseconds(2);
+  absl::Duration backoff = kFirstBusyBackoff;
   while (true) {
     std::vector<size_t> busy;
     absl::Status busy_error;
@@ -117,7 +117,7 @@ absl::Status SparseClient::Send(ParameterTransport::Method method, const std::ve
                                                           (0.5 * (busy.size() % 7) / 7)));
     if (absl::Now() + wait >= deadline) return busy_error;
     absl::SleepFor(wait);
-    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+    backoff = std::min(backoff * 2, kMaxBusyBackoff);
     which = std::move(busy);
   }
 }
@@ -156,9 +156,7 @@ absl::Status SparseClient::SendRound(
         &call.request, &call.response, timeout,
         [&, index = call.index, &response = call.response](grpc::Status status) {
           absl::Status result = calls_.Outcome(FromGrpcStatus(status), map_.version());
-          const bool refused_busy = method == ParameterTransport::Method::kSparsePull &&
-                                    absl::IsResourceExhausted(result) &&
-                                    absl::StartsWith(result.message(), kServerBusy);
+          const bool refused_busy = method == ParameterTransport::Method::kSparsePull && IsServerBusy(result);
           if (result.ok()) result = answer(index, response);
           MutexLock lock(&mu);
           if (refused_busy) {

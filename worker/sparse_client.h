@@ -78,7 +78,7 @@ class SparseClient {
                         std::optional<int64_t> step, absl::Duration timeout);
   // Sends every request; `answer(i, bytes)` takes request i's answer. A
   // pull a server refuses as busy (its sparse pulls in flight at their
-  // bound, ParameterServiceImpl::kMaxSparsePullBytes) is sent again, alone
+  // bound, ParameterServiceImpl::kMaxPullBytesInFlight) is sent again, alone
   // with the others refused, after a backoff, until `timeout`: the answers
   // taken meanwhile make room.
   absl::Status Send(ParameterTransport::Method method, const std::vector<Request>& requests,

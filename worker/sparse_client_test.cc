@@ -14,6 +14,7 @@
 #include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/shard_map.h"
+#include "common/test_metrics.h"
 #include "gtest/gtest.h"
 #include "kernels/model_from_spec.h"
 #include "scheduler/job_spec.h"
@@ -28,11 +29,6 @@ namespace {
 
 constexpr char kSparseJob[] = "job-sparse";
 constexpr int kDim = 1024;  // 4 KiB a row: 3000 keys take several requests per server
-
-MetricsEndpoint* Metrics() {
-  static MetricsEndpoint* const metrics = MetricsEndpoint::Start("127.0.0.1", 0)->release();
-  return metrics;
-}
 
 // An FM job whose tables both update by SGD with lr 1 from zeros: after a
 // push of g, a key's row is -g.
@@ -62,7 +58,7 @@ class SparseClientTest : public testing::Test {
     std::vector<ServerRef> refs;
     for (int i = 0; i < 2; ++i) {
       stores_.push_back(std::make_unique<ParameterStore>());
-      services_.push_back(std::make_unique<ParameterServiceImpl>(stores_.back().get(), Metrics()));
+      services_.push_back(std::make_unique<ParameterServiceImpl>(stores_.back().get(), SharedTestMetrics()));
       refs.push_back({absl::StrCat("server-", i), absl::StrCat("in-process:", i)});
       transport_.Serve(refs.back().address, services_.back().get());
     }

@@ -18,11 +18,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/data_partition.h"
 #include "common/metrics.h"
+#include "common/rpc.h"
 #include "common/sync.h"
+#include "common/test_metrics.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/mlp.h"
@@ -47,16 +50,6 @@ constexpr int kBatch = 16;
 constexpr int kEpochs = 2;
 constexpr int64_t kChunkElems = 9;  // several chunks per tensor, on both servers (of 40, all lie on one)
 constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
-
-// The services' metrics families live in one endpoint for the whole binary
-// (each endpoint starts an HTTP server).
-MetricsEndpoint* SharedMetrics() {
-  static MetricsEndpoint* const metrics = [] {
-    auto started = MetricsEndpoint::Start("127.0.0.1", 0);
-    return started.ok() ? started->release() : nullptr;
-  }();
-  return metrics;
-}
 
 v1::JobSpec Spec(v1::Mode mode, int partitions) {
   v1::JobSpec spec;
@@ -87,7 +80,7 @@ class InProcessCluster {
       : spec_(std::move(spec)), partitions_(partitions), partitioning_(kExamples, StepBatchSize(spec_), partitions) {
     for (int i = 0; i < servers; ++i) {
       stores_.push_back(std::make_unique<ParameterStore>());
-      services_.push_back(std::make_unique<ParameterServiceImpl>(stores_.back().get(), SharedMetrics()));
+      services_.push_back(std::make_unique<ParameterServiceImpl>(stores_.back().get(), SharedTestMetrics()));
       refs_.push_back({absl::StrCat("server-", i), absl::StrCat("in-process:", i)});
       servers_by_id_[refs_.back().id] = i;
       transport_.Serve(refs_.back().address, services_.back().get());
@@ -563,6 +556,56 @@ TEST(TrainerTest, LocalSgdDeltasTravelInEveryWireFormatAndMode) {
     }
     EXPECT_GT(last_accuracy, 1.5 / kClasses);
   }
+}
+
+// A pull a busy server refuses (RESOURCE_EXHAUSTED "server busy": its pull
+// answers in flight at their bound) is sent again after a short backoff,
+// without counting as an attempt, until its deadline: a whole Pull and a
+// PullStream each get every value past more refusals than attempts.
+TEST(TrainerTest, PullsRefusedAsBusyAreSentAgainUntilTheirDeadline) {
+  InProcessCluster cluster(2, Spec(v1::ASP, 1), 1);
+  ASSERT_TRUE(cluster.Setup().ok());
+  const absl::StatusOr<std::vector<std::vector<float>>> expected = cluster.Params(0);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  constexpr int kRefusals = 12;  // past the 5 attempts UNAVAILABLE gets
+  std::atomic<int> refusals{0};
+  std::atomic<int> most{kRefusals};
+  cluster.transport()->set_fault(
+      [&](const std::string&, ParameterTransport::Method method, InProcessTransport::Stage stage) {
+        if (method != ParameterTransport::Method::kPull ||
+            stage != InProcessTransport::Stage::kBeforeServer || refusals.fetch_add(1) >= most) {
+          return absl::OkStatus();
+        }
+        return absl::ResourceExhaustedError(absl::StrCat(kServerBusy, ": pulls in flight hold 5 bytes"));
+      });
+  const absl::StatusOr<std::vector<std::vector<float>>> pulled = cluster.Params(0);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(*pulled, *expected);
+  EXPECT_GT(refusals, kRefusals);
+
+  refusals = 0;
+  const v1::ShardMap map = cluster.AssignmentFor({0}).shard_map();
+  ParameterClient client(map, kJob, "w0", nullptr, v1::WIRE_FP32, cluster.transport());
+  std::vector<std::vector<float>> streamed = client.MakeBuffers();
+  std::unique_ptr<ParameterClient::PullStream> stream = client.StartPull(0, kRpcTimeout, &streamed);
+  std::vector<int> tensors;
+  for (int t = 0; t < map.tensors_size(); ++t) tensors.push_back(t);
+  stream->Fetch(tensors);
+  const absl::Status finished = stream->Finish(nullptr);
+  ASSERT_TRUE(finished.ok()) << finished;
+  EXPECT_EQ(streamed, *expected);
+  EXPECT_GT(refusals, kRefusals);
+
+  // Refused until its deadline: the refusal is the answer.
+  refusals = 0;
+  most = INT32_MAX;
+  std::vector<std::vector<float>> params = client.MakeBuffers();
+  const absl::Time start = absl::Now();
+  const absl::Status refused = client.Pull(0, absl::Milliseconds(300), &params);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), kServerBusy)) << refused;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << refused;
+  cluster.transport()->set_fault(nullptr);
 }
 
 TEST(TrainerTest, LostPushAnswersAreRetriedAndAppliedOnce) {

@@ -30,6 +30,11 @@ bool IsServerBusy(const absl::Status& status) {
   return absl::IsResourceExhausted(status) && absl::StartsWith(status.message(), kServerBusy);
 }
 
+absl::Status BusyUntilTheDeadline(const absl::Status& refusal) {
+  return absl::DeadlineExceededError(
+      absl::StrCat(refusal.message(), " (sent again until the call's deadline, still refused)"));
+}
+
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
                                               const std::vector<ServedService>& services,
                                               MetricsEndpoint* metrics, bool plaintext) {

@@ -32,6 +32,11 @@ constexpr int kMaxMessageBytes = 8 << 20;
 constexpr char kServerBusy[] = "server busy";
 // Whether `status` is such a refusal.
 bool IsServerBusy(const absl::Status& status);
+// What a caller that sent a refused request again until its deadline
+// answers when the server was still busy then: DEADLINE_EXCEEDED with the
+// refusal's message, a slow step to the training loops (never a failure of
+// the job's data, as RESOURCE_EXHAUSTED is).
+absl::Status BusyUntilTheDeadline(const absl::Status& refusal);
 // How long a caller waits before it sends a busy server's refusals again:
 // kFirstBusyBackoff, doubled each time up to kMaxBusyBackoff.
 constexpr absl::Duration kFirstBusyBackoff = absl::Milliseconds(2);

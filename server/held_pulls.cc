@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/rpc.h"
 #include "common/sync.h"
 
 namespace fulcrum {
@@ -33,8 +34,9 @@ absl::Status HeldPulls::Hold(std::shared_ptr<HeldPull> pull) {
   MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the server is stopping");
   if (static_cast<int>(held_.size()) >= options_.max_held) {
-    return absl::ResourceExhaustedError(absl::StrCat("this server already holds ", held_.size(),
-                                                     " waiting pulls (its bound): retry later"));
+    return absl::ResourceExhaustedError(absl::StrCat(kServerBusy, ": this server already holds ",
+                                                     held_.size(),
+                                                     " waiting pulls (its bound): send it again later"));
   }
   held_.push_back(std::move(pull));
   poked_ = true;  // it may have become ready meanwhile

@@ -286,7 +286,10 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
 grpc::Status ParameterServiceImpl::Finish(const char* method, const absl::Status& status,
                                           int64_t received, int64_t sent) {
   metrics_->CountBytes(method, received, sent);  // calls themselves: grpc_server_* (interceptor)
-  if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {
+  if (IsServerBusy(status)) {
+    FLOG(DEBUG) << method << ": "
+                << status;  // many, and each sent again (counted in grpc_server_handled_total)
+  } else if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {
     FLOG(WARNING) << method << ": " << status;
   }
   return ToGrpcStatus(status);
@@ -810,6 +813,12 @@ void ParameterServiceImpl::PullHandle::Attach(std::shared_ptr<HeldPull> pull, He
   if (cancelled_) static_cast<PendingPull*>(pull_.get())->Cancel();  // the caller gave up before it was held
 }
 
+void ParameterServiceImpl::PullHandle::Detach() {
+  std::shared_ptr<HeldPull> pull;  // let go of outside the lock
+  MutexLock lock(&mu_);
+  pull = std::move(pull_);
+}
+
 void ParameterServiceImpl::PullHandle::Cancel() {
   MutexLock lock(&mu_);
   cancelled_ = true;
@@ -876,10 +885,20 @@ void ParameterServiceImpl::HandlePull(const grpc::ByteBuffer& request, absl::Tim
       status = handle->Reserve(this, static_cast<int64_t>(response.Length()) - lent, "answer");
       if (!status.ok()) response.Clear();
     }
+    // Whoever answered holds the pull until this returns; the handle lives
+    // until the answer is sent, and must not keep the job's shard that long.
+    handle->Detach();
     (void)Finish("Pull", status, received, static_cast<int64_t>(response.Length()));
     done(status, std::move(response));
   };
   if (absl::Status parsed = ParseMessage(request, &call->request); !parsed.ok()) return finish(parsed);
+  // Its chunk ids as parsed and as the pull keeps them, 4 bytes each where
+  // the wire may take 1.
+  if (absl::Status ids =
+          handle->Reserve(this, 8 * int64_t{call->request.chunk_ids_size()}, "request's chunk ids");
+      !ids.ok()) {
+    return finish(ids);
+  }
   absl::StatusOr<std::shared_ptr<HeldPull>> pull =
       StartPull(call->request, &call->answer, std::min(deadline, absl::Now() + kMaxPullWait), finish, &call->lent);
   if (!pull.ok()) return finish(pull.status());

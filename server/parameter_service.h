@@ -140,8 +140,10 @@ class ParameterServiceImpl final
     absl::Status Reserve(ParameterServiceImpl* service, int64_t bytes, const char* what);
     std::atomic<int64_t>* counted_ = nullptr;  // set by the first Reserve
     std::atomic<int64_t> reserved_{0};
-    // The pull to cancel once it is held.
+    // The pull to cancel once it is held; Detach lets go of it once it is
+    // answered (it holds its job's shard, which may be dropped meanwhile).
     void Attach(std::shared_ptr<HeldPull> pull, HeldPulls* held);
+    void Detach();
     Mutex mu_;
     std::shared_ptr<HeldPull> pull_ ABSL_GUARDED_BY(mu_);
     HeldPulls* held_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -1151,17 +1151,26 @@ TEST_F(ParameterServiceTest, BadSixteenBitPushesAndPullsAreRefusedClearly) {
 // chunk moved on or went away; a float32 answer of a chunk's values as they
 // are lends them and costs nothing more. Past the bound a pull is refused
 // RESOURCE_EXHAUSTED "server busy", and everything is given back.
-TEST_F(ParameterServiceTest, DensePullsInFlightHoldAtMostTheirBound) {
-  constexpr int64_t kLength = int64_t{1} << 16;  // 256 KiB a chunk
-  constexpr int64_t kChunkBytes = 4 * kLength;
-  v1::ShardMap map = AloneMap(server_.get(), 1);
-  map.set_chunk_elems(kLength);
-  map.mutable_tensors(0)->set_shape(0, kNumChunks * kLength);
-  map.mutable_tensors(0)->set_size(kNumChunks * kLength);
+// AloneMap with chunks of `length` floats.
+v1::ShardMap WideMap(const std::string& server_id, const std::string& address, int64_t length) {
+  v1::ShardMap map = MakeShardMap(1, ReplicaGroup{{server_id, address}, {}});
+  map.set_chunk_elems(length);
+  map.mutable_tensors(0)->set_shape(0, kNumChunks * length);
+  map.mutable_tensors(0)->set_size(kNumChunks * length);
   for (int i = 0; i < kNumChunks; ++i) {
-    map.mutable_chunks(i)->set_offset(i * kLength);
-    map.mutable_chunks(i)->set_length(kLength);
+    map.mutable_chunks(i)->set_offset(i * length);
+    map.mutable_chunks(i)->set_length(length);
   }
+  return map;
+}
+
+constexpr int64_t kWideLength = int64_t{1} << 16;  // 256 KiB a chunk
+constexpr int64_t kWideChunkBytes = 4 * kWideLength;
+
+TEST_F(ParameterServiceTest, DensePullsInFlightHoldAtMostTheirBound) {
+  constexpr int64_t kLength = kWideLength;
+  constexpr int64_t kChunkBytes = kWideChunkBytes;
+  const v1::ShardMap map = WideMap(server_->id(), server_->address(), kLength);
   ASSERT_TRUE(IsOk(SetupJob(server_->stub(), MakeSetup("job", v1::ASP, map, server_->id()))));
   ParameterServiceImpl* service = server_->service();
   v1::PullRequest request;
@@ -1250,6 +1259,51 @@ TEST_F(ParameterServiceTest, DensePullsInFlightHoldAtMostTheirBound) {
   first_lent.clear();
   EXPECT_EQ(service->pull_bytes_in_flight(), kChunkBytes);
   second_lent.clear();
+  EXPECT_EQ(service->pull_bytes_in_flight(), 0);
+}
+
+// A pull held for a step and answered lets go of its job: once the job is
+// dropped, an answer its caller has not read yet holds the values it sends
+// (counted), not the job's whole state (which nothing would count).
+TEST_F(ParameterServiceTest, AnAnsweredHeldPullKeepsOnlyTheValuesItSends) {
+  const v1::ShardMap map = WideMap(server_->id(), server_->address(), kWideLength);
+  ASSERT_TRUE(IsOk(SetupJob(server_->stub(), MakeSetup("job", v1::ASP, map, server_->id()))));
+  ParameterServiceImpl* service = server_->service();
+  v1::PullRequest request;
+  request.set_job_id("job");
+  request.add_chunk_ids(0);
+  request.set_map_version(1);
+  request.set_min_version(1);  // held until a push makes it
+  auto handle = std::make_shared<ParameterServiceImpl::PullHandle>();
+  absl::Notification answered;
+  absl::Status status;
+  grpc::ByteBuffer answer;  // its caller has not read it: it holds the lent values
+  service->HandlePull(SerializeMessage(request), absl::Now() + absl::Seconds(kRpcSeconds), handle,
+                      [&](const absl::Status& s, grpc::ByteBuffer bytes) {
+                        status = s;
+                        answer = std::move(bytes);
+                        answered.Notify();
+                      });
+  EXPECT_FALSE(answered.HasBeenNotified()) << "held";
+  ASSERT_TRUE(
+      IsOk(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, std::vector<float>(kWideLength, 1.0f)}}))));
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(kRpcSeconds)));
+  ASSERT_TRUE(status.ok()) << status;
+  const int64_t held_by_the_call = service->pull_bytes_in_flight();
+  EXPECT_GT(held_by_the_call, 0) << "its request and its answer's framing";
+  EXPECT_LT(held_by_the_call, 1024) << "not the lent values";
+
+  grpc::ClientContext drop_context;
+  v1::DropJobRequest drop;
+  drop.set_job_id("job");
+  drop.set_reason("the test is done with it");
+  v1::DropJobResponse dropped;
+  ASSERT_TRUE(IsOk(server_->stub()->DropJob(&drop_context, drop, &dropped)));
+  EXPECT_EQ(service->pull_bytes_in_flight(), held_by_the_call + kWideChunkBytes)
+      << "the dropped job's chunk went; the values the answer sends are counted";
+  answer.Clear();
+  EXPECT_EQ(service->pull_bytes_in_flight(), held_by_the_call);
+  handle.reset();  // gRPC is done with the call
   EXPECT_EQ(service->pull_bytes_in_flight(), 0);
 }
 

@@ -140,18 +140,28 @@ absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& reques
   };
   // Rounds after UNAVAILABLE count as attempts; a round whose failures are
   // all busy servers' refusals (kServerBusy) does not, and is sent again
-  // after a shorter backoff until `timeout` from now.
+  // after a shorter backoff, within `timeout` from now. A refusal still
+  // there at the deadline (or when a newer map is out) is answered as a
+  // slow step (BusyUntilTheDeadline).
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration busy_backoff = kFirstBusyBackoff;
-  bool busy = false;
+  bool busy = false;       // the last round's failures were all busy refusals
+  bool last_busy = false;  // `last` is one
+  auto give_up = [&] { return last_busy ? BusyUntilTheDeadline(last) : last; };
   for (int attempt = first_attempt; !todo.empty(); attempt += busy ? 0 : 1) {
+    absl::Duration round_timeout = timeout;
     if (busy) {
-      if (absl::Now() + busy_backoff >= deadline || !back_off(busy_backoff)) return last;
+      // Up to half as long again, so that callers refused together do not
+      // all come back together.
+      const absl::Duration wait =
+          busy_backoff * (1.0 + static_cast<double>(absl::ToUnixMicros(absl::Now()) % 1000) / 2000.0);
+      if (absl::Now() + wait >= deadline || !back_off(wait)) return give_up();
       busy_backoff = std::min(2 * busy_backoff, kMaxBusyBackoff);
+      round_timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
     } else if (attempt >= kMaxAttempts) {
       break;
     } else if (attempt > 0 && !back_off(absl::Milliseconds(100 << attempt))) {
-      return last;
+      return give_up();
     }
     std::vector<std::unique_ptr<ParameterTransport::Call>> calls;
     for (size_t i : todo) calls.push_back(NewCall(addresses[i], pull));
@@ -173,7 +183,7 @@ absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& reques
         if (!results[k].ok() && !first_failure.has_value()) first_failure = k;
         --remaining;
       };
-      calls[k]->Start(&requests[i], &(*responses)[i], timeout, done);
+      calls[k]->Start(&requests[i], &(*responses)[i], round_timeout, done);
     }
     // A pull that waits for a version is held by its server until the step
     // is complete; once another part of the same pull has failed, the pull
@@ -193,16 +203,16 @@ absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& reques
       const bool cancelled_here = pull && k != *first_failure && results[k].error_code() == grpc::StatusCode::CANCELLED;
       if (!cancelled_here || superseded()) {
         last = Outcome(results[k], absl::StrCat(pull ? "pull from " : "push to ", addresses[todo[k]]));
-        const bool refused_busy = IsServerBusy(FromGrpcStatus(results[k]));
-        if (results[k].error_code() != grpc::StatusCode::UNAVAILABLE && !refused_busy) return last;
-        unavailable = unavailable || !refused_busy;
+        last_busy = IsServerBusy(FromGrpcStatus(results[k]));
+        if (results[k].error_code() != grpc::StatusCode::UNAVAILABLE && !last_busy) return last;
+        unavailable = unavailable || !last_busy;
       }
       retry.push_back(todo[k]);
     }
     busy = !retry.empty() && !unavailable;
     todo.swap(retry);
   }
-  return todo.empty() ? absl::OkStatus() : last;
+  return todo.empty() ? absl::OkStatus() : give_up();
 }
 
 namespace {
@@ -670,6 +680,7 @@ ParameterClient::PullStream::PullStream(ParameterClient* client, int64_t min_ver
     : client_(client),
       min_version_(min_version),
       timeout_(timeout),
+      deadline_(absl::Now() + timeout),
       decode_(std::move(decode)),
       fetched_(client->map_.tensors_size(), false) {}
 
@@ -755,8 +766,9 @@ absl::Status ParameterClient::PullStream::Finish(Versions* versions) {
     return client_->Outcome(failed->status, absl::StrCat("pull from ", failed->batch.address));
   }
   if (failed != nullptr) {
-    // A busy server refused a part (and the parts held were cancelled):
-    // those not answered are sent again as RunAll sends them.
+    // A busy server refused a part, and the parts held were cancelled: they
+    // are sent again as RunAll sends them, within the stream's deadline.
+    // Another failure is the answer.
     std::vector<Call*> again;
     std::vector<grpc::ByteBuffer> requests;
     std::vector<std::string> addresses;
@@ -764,13 +776,18 @@ absl::Status ParameterClient::PullStream::Finish(Versions* versions) {
       MutexLock lock(&mu_);
       for (const auto& call : calls_) {
         if (call->status.ok()) continue;
+        if (call->status.error_code() != grpc::StatusCode::CANCELLED &&
+            !IsServerBusy(FromGrpcStatus(call->status))) {
+          return client_->Outcome(call->status, absl::StrCat("pull from ", call->batch.address));
+        }
         again.push_back(call.get());
         requests.push_back(call->request);
         addresses.push_back(call->batch.address);
       }
     }
     std::vector<grpc::ByteBuffer> responses;
-    RETURN_IF_ERROR(client_->RunAll(requests, addresses, &responses, /*pull=*/true, timeout_));
+    RETURN_IF_ERROR(client_->RunAll(requests, addresses, &responses, /*pull=*/true,
+                                    std::max(deadline_ - absl::Now(), absl::Milliseconds(1))));
     for (size_t i = 0; i < again.size(); ++i) again[i]->response = std::move(responses[i]);
   }
   Versions seen{INT64_MAX, 0, INT64_MAX};

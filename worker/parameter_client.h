@@ -185,7 +185,8 @@ class ParameterClient {
     // fetched twice, or the first request to fail: the others, which servers
     // may be holding for the version, are then cancelled, not waited out),
     // and `params` may hold part of the values. Requests a busy server
-    // refused are sent again as RunAll sends them, with those cancelled.
+    // refused are sent again as RunAll sends them, with those cancelled,
+    // until `timeout` from the stream's start.
     absl::Status Finish(Versions* versions);
 
    private:
@@ -198,6 +199,7 @@ class ParameterClient {
     ParameterClient* const client_;
     const int64_t min_version_;
     const absl::Duration timeout_;
+    const absl::Time deadline_;  // of requests sent again (timeout_ from the stream's start)
     const Decoder decode_;
     std::vector<bool> fetched_;  // by tensor
     absl::Status error_;         // a tensor fetched twice or out of range

@@ -115,7 +115,7 @@ absl::Status SparseClient::Send(ParameterTransport::Method method, const std::ve
     const absl::Duration wait =
         backoff + absl::Microseconds(static_cast<int64_t>(absl::ToDoubleMicroseconds(backoff) *
                                                           (0.5 * (busy.size() % 7) / 7)));
-    if (absl::Now() + wait >= deadline) return busy_error;
+    if (absl::Now() + wait >= deadline) return BusyUntilTheDeadline(busy_error);
     absl::SleepFor(wait);
     backoff = std::min(backoff * 2, kMaxBusyBackoff);
     which = std::move(busy);

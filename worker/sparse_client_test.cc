@@ -5,6 +5,7 @@
 #include "worker/sparse_client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -175,7 +176,8 @@ TEST_F(SparseClientTest, ASupersededClientsCallsAnswerAbortedAtOnce) {
 // RESOURCE_EXHAUSTED "server busy": the client sends those requests again,
 // alone, after a backoff, and the pull completes with every row. A push so
 // refused, and any other RESOURCE_EXHAUSTED (a table full), is not sent
-// again: it fails naming the server.
+// again: it fails naming the server. A pull refused until its deadline
+// fails DEADLINE_EXCEEDED.
 TEST_F(SparseClientTest, PullsRefusedAsBusyAreSentAgainUntilAnswered) {
   SparseClient client(map_, kSparseJob, "w0", &transport_);
   std::vector<uint64_t> keys;
@@ -184,6 +186,7 @@ TEST_F(SparseClientTest, PullsRefusedAsBusyAreSentAgainUntilAnswered) {
   for (int t = 0; t < 2; ++t) grads[t].assign(keys.size() * static_cast<size_t>(client.dim(t)), 0.25f);
   ASSERT_TRUE(client.Push(0, 0, {keys, keys}, grads, absl::Seconds(10)).ok());
   int pulls = 0, refused = 0;
+  std::atomic<bool> always_busy{false};
   transport_.set_fault([&](const std::string&, ParameterTransport::Method method,
                            InProcessTransport::Stage stage) -> absl::Status {
     if (stage != InProcessTransport::Stage::kBeforeServer) return absl::OkStatus();
@@ -193,7 +196,7 @@ TEST_F(SparseClientTest, PullsRefusedAsBusyAreSentAgainUntilAnswered) {
     // The first five pulls are refused (the first round's, then again).
     if (method != ParameterTransport::Method::kSparsePull) return absl::OkStatus();
     ++pulls;
-    if (refused == 5) return absl::OkStatus();
+    if (refused == 5 && !always_busy) return absl::OkStatus();
     ++refused;
     return absl::ResourceExhaustedError(absl::StrCat(kServerBusy, ": sparse pulls in flight hold 5 bytes"));
   });
@@ -210,6 +213,12 @@ TEST_F(SparseClientTest, PullsRefusedAsBusyAreSentAgainUntilAnswered) {
   const absl::Status pushed = client.Push(0, 1, {keys, keys}, grads, absl::Seconds(10));
   EXPECT_EQ(pushed.code(), absl::StatusCode::kResourceExhausted) << pushed;
   EXPECT_TRUE(absl::StrContains(pushed.message(), "server in-process:")) << pushed;
+  // Refused until the deadline: a slow step to the training loop (not a
+  // failure of the job, as RESOURCE_EXHAUSTED is), naming the refusal.
+  always_busy = true;
+  const absl::Status late = client.Pull({keys, keys}, &rows, absl::Milliseconds(300));
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+  EXPECT_TRUE(absl::StrContains(late.message(), kServerBusy)) << late;
   transport_.set_fault(nullptr);
 }
 

@@ -206,9 +206,20 @@ absl::StatusOr<ExportResult> PullLive(const v1::JobStatus& job, double timeout) 
       request.set_map_version(map.version());
       v1::PullResponse response;
       RETURN_IF_ERROR(from_holders(chunk.shard(), [&](const std::string& address) {
-        grpc::ClientContext context;
-        SetDeadline(&context, timeout);
-        absl::Status status = FromGrpcStatus(stubs.For(address)->Pull(&context, request, &response));
+        // A busy server's refusal is sent again after a backoff, within the
+        // timeout; still refused then, the next holder is asked.
+        const absl::Time deadline = absl::Now() + absl::Seconds(timeout);
+        absl::Duration backoff = kFirstBusyBackoff;
+        absl::Status status;
+        while (true) {
+          grpc::ClientContext context;
+          context.set_deadline(absl::ToChronoTime(deadline));
+          status = FromGrpcStatus(stubs.For(address)->Pull(&context, request, &response));
+          if (!IsServerBusy(status) || absl::Now() + backoff >= deadline) break;
+          absl::SleepFor(backoff);
+          backoff = std::min(2 * backoff, kMaxBusyBackoff);
+        }
+        if (IsServerBusy(status)) status = BusyUntilTheDeadline(status);
         if (status.ok()) return status;
         return absl::Status(status.code(), absl::StrCat("pulling chunk ", chunk.chunk_id(), " from ", address,
                                                         ": ", status.message()));

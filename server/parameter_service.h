@@ -194,9 +194,10 @@ class ParameterServiceImpl final
   // orphaned_values), and the most they may: a pull past it is answered
   // RESOURCE_EXHAUSTED "server busy" (kServerBusy; workers send it again),
   // so callers that send many pulls and read their answers slowly, or
-  // never, cannot make the server hold more. One pull takes at most 23 MiB
-  // (an 8 MiB request twice, a 7 MiB answer); a held dense pull keeps its
-  // request's until it is answered.
+  // never, cannot make the server hold more. A sparse pull takes at most
+  // 23 MiB (an 8 MiB request twice, a 7 MiB answer); a dense pull's request
+  // counts 8 bytes more a chunk id, and a held one keeps its request until
+  // it is answered.
   static constexpr int64_t kMaxPullBytesInFlight = int64_t{1} << 30;
   void set_max_pull_bytes_in_flight(int64_t bytes) { max_pull_bytes_in_flight_ = bytes; }
   int64_t pull_bytes_in_flight() const { return pull_bytes_in_flight_.load() + orphaned_values_->load(); }

@@ -1299,6 +1299,12 @@ TEST_F(ParameterServiceTest, AnAnsweredHeldPullKeepsOnlyTheValuesItSends) {
   drop.set_reason("the test is done with it");
   v1::DropJobResponse dropped;
   ASSERT_TRUE(IsOk(server_->stub()->DropJob(&drop_context, drop, &dropped)));
+  // The thread that answered may still hold the pull (and so the job) a
+  // moment after the answer.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (service->pull_bytes_in_flight() != held_by_the_call + kWideChunkBytes && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   EXPECT_EQ(service->pull_bytes_in_flight(), held_by_the_call + kWideChunkBytes)
       << "the dropped job's chunk went; the values the answer sends are counted";
   answer.Clear();

@@ -130,10 +130,12 @@ absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& reques
   std::vector<size_t> todo(requests.size());
   for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
   // Waits `wait` unless a newer map is out meanwhile (false).
-  auto back_off = [this](absl::Duration wait) {
+  // A busy server's backoff asks only whether this client was superseded:
+  // superseded_ also hurries the worker's heartbeats, as after a failure.
+  auto back_off = [this](absl::Duration wait, bool busy_server) {
     const absl::Time until = absl::Now() + wait;
     for (absl::Time now = absl::Now(); now < until; now = absl::Now()) {
-      if (superseded_ && superseded_()) return false;
+      if (busy_server ? superseded() : superseded_ && superseded_()) return false;
       absl::SleepFor(std::min(until - now, absl::Milliseconds(10)));
     }
     return true;
@@ -145,9 +147,8 @@ absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& reques
   // slow step (BusyUntilTheDeadline).
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration busy_backoff = kFirstBusyBackoff;
-  bool busy = false;       // the last round's failures were all busy refusals
-  bool last_busy = false;  // `last` is one
-  auto give_up = [&] { return last_busy ? BusyUntilTheDeadline(last) : last; };
+  bool busy = false;  // the last round's failures were all busy refusals
+  auto give_up = [&] { return busy ? BusyUntilTheDeadline(last) : last; };
   for (int attempt = first_attempt; !todo.empty(); attempt += busy ? 0 : 1) {
     absl::Duration round_timeout = timeout;
     if (busy) {
@@ -155,12 +156,12 @@ absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& reques
       // all come back together.
       const absl::Duration wait =
           busy_backoff * (1.0 + static_cast<double>(absl::ToUnixMicros(absl::Now()) % 1000) / 2000.0);
-      if (absl::Now() + wait >= deadline || !back_off(wait)) return give_up();
+      if (absl::Now() + wait >= deadline || !back_off(wait, /*busy_server=*/true)) return give_up();
       busy_backoff = std::min(2 * busy_backoff, kMaxBusyBackoff);
       round_timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
     } else if (attempt >= kMaxAttempts) {
       break;
-    } else if (attempt > 0 && !back_off(absl::Milliseconds(100 << attempt))) {
+    } else if (attempt > 0 && !back_off(absl::Milliseconds(100 << attempt), /*busy_server=*/false)) {
       return give_up();
     }
     std::vector<std::unique_ptr<ParameterTransport::Call>> calls;
@@ -202,10 +203,15 @@ absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& reques
       if (results[k].ok()) continue;
       const bool cancelled_here = pull && k != *first_failure && results[k].error_code() == grpc::StatusCode::CANCELLED;
       if (!cancelled_here || superseded()) {
-        last = Outcome(results[k], absl::StrCat(pull ? "pull from " : "push to ", addresses[todo[k]]));
-        last_busy = IsServerBusy(FromGrpcStatus(results[k]));
-        if (results[k].error_code() != grpc::StatusCode::UNAVAILABLE && !last_busy) return last;
-        unavailable = unavailable || !last_busy;
+        const bool refused_busy = IsServerBusy(FromGrpcStatus(results[k]));
+        if (results[k].error_code() != grpc::StatusCode::UNAVAILABLE && !refused_busy) {
+          return Outcome(results[k], absl::StrCat(pull ? "pull from " : "push to ", addresses[todo[k]]));
+        }
+        // A server away is the round's outcome rather than a busy one.
+        if (!refused_busy || !unavailable) {
+          last = Outcome(results[k], absl::StrCat(pull ? "pull from " : "push to ", addresses[todo[k]]));
+        }
+        unavailable = unavailable || !refused_busy;
       }
       retry.push_back(todo[k]);
     }
@@ -778,12 +784,16 @@ absl::Status ParameterClient::PullStream::Finish(Versions* versions) {
         if (call->status.ok()) continue;
         if (call->status.error_code() != grpc::StatusCode::CANCELLED &&
             !IsServerBusy(FromGrpcStatus(call->status))) {
-          return client_->Outcome(call->status, absl::StrCat("pull from ", call->batch.address));
+          failed = call.get();
+          break;
         }
         again.push_back(call.get());
         requests.push_back(call->request);
         addresses.push_back(call->batch.address);
       }
+    }
+    if (!IsServerBusy(FromGrpcStatus(failed->status))) {  // Outcome takes the client's lock: not under mu_
+      return client_->Outcome(failed->status, absl::StrCat("pull from ", failed->batch.address));
     }
     std::vector<grpc::ByteBuffer> responses;
     RETURN_IF_ERROR(client_->RunAll(requests, addresses, &responses, /*pull=*/true,

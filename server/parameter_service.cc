@@ -287,8 +287,8 @@ grpc::Status ParameterServiceImpl::Finish(const char* method, const absl::Status
                                           int64_t received, int64_t sent) {
   metrics_->CountBytes(method, received, sent);  // calls themselves: grpc_server_* (interceptor)
   if (IsServerBusy(status)) {
-    FLOG(DEBUG) << method << ": "
-                << status;  // many, and each sent again (counted in grpc_server_handled_total)
+    // Many, each sent again, and counted in grpc_server_handled_total.
+    FLOG(DEBUG) << method << ": " << status;
   } else if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {
     FLOG(WARNING) << method << ": " << status;
   }

@@ -230,6 +230,16 @@ grpc::Status SetupJob(v1::ParameterService::Stub* stub, const v1::SetupJobReques
   return stub->SetupJob(&context, request, &response);
 }
 
+grpc::Status DropJob(v1::ParameterService::Stub* stub, const std::string& job_id) {
+  v1::DropJobRequest request;
+  request.set_job_id(job_id);
+  request.set_reason("the test is done with it");
+  v1::DropJobResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kRpcSeconds);
+  return stub->DropJob(&context, request, &response);
+}
+
 grpc::Status Reconfigure(v1::ParameterService::Stub* stub, const std::string& job_id,
                          const v1::ShardMap& map) {
   v1::ReconfigureRequest request;
@@ -1151,32 +1161,36 @@ TEST_F(ParameterServiceTest, BadSixteenBitPushesAndPullsAreRefusedClearly) {
 // chunk moved on or went away; a float32 answer of a chunk's values as they
 // are lends them and costs nothing more. Past the bound a pull is refused
 // RESOURCE_EXHAUSTED "server busy", and everything is given back.
-// AloneMap with chunks of `length` floats.
-v1::ShardMap WideMap(const std::string& server_id, const std::string& address, int64_t length) {
-  v1::ShardMap map = MakeShardMap(1, ReplicaGroup{{server_id, address}, {}});
-  map.set_chunk_elems(length);
-  map.mutable_tensors(0)->set_shape(0, kNumChunks * length);
-  map.mutable_tensors(0)->set_size(kNumChunks * length);
-  for (int i = 0; i < kNumChunks; ++i) {
-    map.mutable_chunks(i)->set_offset(i * length);
-    map.mutable_chunks(i)->set_length(length);
-  }
-  return map;
-}
-
 constexpr int64_t kWideLength = int64_t{1} << 16;  // 256 KiB a chunk
 constexpr int64_t kWideChunkBytes = 4 * kWideLength;
 
-TEST_F(ParameterServiceTest, DensePullsInFlightHoldAtMostTheirBound) {
-  constexpr int64_t kLength = kWideLength;
-  constexpr int64_t kChunkBytes = kWideChunkBytes;
-  const v1::ShardMap map = WideMap(server_->id(), server_->address(), kLength);
-  ASSERT_TRUE(IsOk(SetupJob(server_->stub(), MakeSetup("job", v1::ASP, map, server_->id()))));
-  ParameterServiceImpl* service = server_->service();
+// Job "job" (ASP) on `server` alone, as SetUpAlone sets it up but with
+// chunks of kWideLength floats.
+grpc::Status SetUpWideJob(TestServer* server) {
+  v1::ShardMap map = MakeShardMap(1, ReplicaGroup{{server->id(), server->address()}, {}});
+  map.set_chunk_elems(kWideLength);
+  map.mutable_tensors(0)->set_shape(0, kNumChunks * kWideLength);
+  map.mutable_tensors(0)->set_size(kNumChunks * kWideLength);
+  for (int i = 0; i < kNumChunks; ++i) {
+    map.mutable_chunks(i)->set_offset(i * kWideLength);
+    map.mutable_chunks(i)->set_length(kWideLength);
+  }
+  return SetupJob(server->stub(), MakeSetup("job", v1::ASP, map, server->id()));
+}
+
+// A pull of that job's chunk 0 at map version 1.
+v1::PullRequest WidePull() {
   v1::PullRequest request;
   request.set_job_id("job");
   request.add_chunk_ids(0);
   request.set_map_version(1);
+  return request;
+}
+
+TEST_F(ParameterServiceTest, DensePullsInFlightHoldAtMostTheirBound) {
+  ASSERT_TRUE(IsOk(SetUpWideJob(server_.get())));
+  ParameterServiceImpl* service = server_->service();
+  v1::PullRequest request = WidePull();
   const auto request_bytes = static_cast<int64_t>(request.ByteSizeLong());
   auto pull = [&](v1::WireFormat format) {
     request.set_format(format);
@@ -1186,7 +1200,7 @@ TEST_F(ParameterServiceTest, DensePullsInFlightHoldAtMostTheirBound) {
     grpc::Status status = server_->stub()->Pull(&context, request, &response);
     if (status.ok() &&
         (response.chunks_size() != 1 ||
-         response.chunks(0).data().size() != static_cast<size_t>(kLength * WireBytes(format)))) {
+         response.chunks(0).data().size() != static_cast<size_t>(kWideLength * WireBytes(format)))) {
       return grpc::Status(grpc::StatusCode::INTERNAL, "a wrong answer");
     }
     return status;
@@ -1226,38 +1240,33 @@ TEST_F(ParameterServiceTest, DensePullsInFlightHoldAtMostTheirBound) {
     EXPECT_TRUE(held.ok() && *held == nullptr) << "answered at once";
     EXPECT_TRUE(finished.ok()) << finished;
     ASSERT_EQ(lent->size(), 1U);
-    EXPECT_EQ(lent->front().size(), static_cast<size_t>(kChunkBytes));
+    EXPECT_EQ(lent->front().size(), static_cast<size_t>(kWideChunkBytes));
   };
   v1::PullResponse first_response;
   std::vector<grpc::Slice> first_lent;
   lend(&first_response, &first_lent);
   EXPECT_EQ(service->pull_bytes_in_flight(), 0) << "the values the chunk holds cost nothing more";
   ASSERT_TRUE(
-      IsOk(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, std::vector<float>(kLength, 1.0f)}}))));
-  EXPECT_EQ(service->pull_bytes_in_flight(), kChunkBytes);
-  service->set_max_pull_bytes_in_flight(kChunkBytes + request_bytes);
+      IsOk(Push(server_->stub(), MakePush("job", 1, 0, 1, {{0, std::vector<float>(kWideLength, 1.0f)}}))));
+  EXPECT_EQ(service->pull_bytes_in_flight(), kWideChunkBytes);
+  service->set_max_pull_bytes_in_flight(kWideChunkBytes + request_bytes);
   const grpc::Status orphaned = pull(v1::WIRE_FP32);
   EXPECT_TRUE(HasError(orphaned, grpc::StatusCode::RESOURCE_EXHAUSTED,
-                       absl::StrCat(kChunkBytes, " bytes of older values such answers still send")));
+                       absl::StrCat(kWideChunkBytes, " bytes of older values such answers still send")));
   // The job dropped while an answer sends version 1: those bytes count too.
   v1::PullResponse second_response;
   std::vector<grpc::Slice> second_lent;
   lend(&second_response, &second_lent);
-  grpc::ClientContext drop_context;
-  v1::DropJobRequest drop;
-  drop.set_job_id("job");
-  drop.set_reason("the test is done with it");
-  v1::DropJobResponse dropped;
-  ASSERT_TRUE(IsOk(server_->stub()->DropJob(&drop_context, drop, &dropped)));
-  EXPECT_EQ(given_back(2 * kChunkBytes), 2 * kChunkBytes);
-  std::vector<float> sent(kLength);
+  ASSERT_TRUE(IsOk(DropJob(server_->stub(), "job")));
+  EXPECT_EQ(given_back(2 * kWideChunkBytes), 2 * kWideChunkBytes);
+  std::vector<float> sent(kWideLength);
   ASSERT_TRUE(DecodeFloats(absl::string_view(reinterpret_cast<const char*>(first_lent.front().begin()),
                                              first_lent.front().size()),
-                           kLength, sent.data(), "lent")
+                           kWideLength, sent.data(), "lent")
                   .ok());
-  EXPECT_EQ(sent, std::vector<float>(kLength, 0.0f)) << "version 0, as lent";
+  EXPECT_EQ(sent, std::vector<float>(kWideLength, 0.0f)) << "version 0, as lent";
   first_lent.clear();
-  EXPECT_EQ(service->pull_bytes_in_flight(), kChunkBytes);
+  EXPECT_EQ(service->pull_bytes_in_flight(), kWideChunkBytes);
   second_lent.clear();
   EXPECT_EQ(service->pull_bytes_in_flight(), 0);
 }
@@ -1266,13 +1275,9 @@ TEST_F(ParameterServiceTest, DensePullsInFlightHoldAtMostTheirBound) {
 // dropped, an answer its caller has not read yet holds the values it sends
 // (counted), not the job's whole state (which nothing would count).
 TEST_F(ParameterServiceTest, AnAnsweredHeldPullKeepsOnlyTheValuesItSends) {
-  const v1::ShardMap map = WideMap(server_->id(), server_->address(), kWideLength);
-  ASSERT_TRUE(IsOk(SetupJob(server_->stub(), MakeSetup("job", v1::ASP, map, server_->id()))));
+  ASSERT_TRUE(IsOk(SetUpWideJob(server_.get())));
   ParameterServiceImpl* service = server_->service();
-  v1::PullRequest request;
-  request.set_job_id("job");
-  request.add_chunk_ids(0);
-  request.set_map_version(1);
+  v1::PullRequest request = WidePull();
   request.set_min_version(1);  // held until a push makes it
   auto handle = std::make_shared<ParameterServiceImpl::PullHandle>();
   absl::Notification answered;
@@ -1293,12 +1298,7 @@ TEST_F(ParameterServiceTest, AnAnsweredHeldPullKeepsOnlyTheValuesItSends) {
   EXPECT_GT(held_by_the_call, 0) << "its request and its answer's framing";
   EXPECT_LT(held_by_the_call, 1024) << "not the lent values";
 
-  grpc::ClientContext drop_context;
-  v1::DropJobRequest drop;
-  drop.set_job_id("job");
-  drop.set_reason("the test is done with it");
-  v1::DropJobResponse dropped;
-  ASSERT_TRUE(IsOk(server_->stub()->DropJob(&drop_context, drop, &dropped)));
+  ASSERT_TRUE(IsOk(DropJob(server_->stub(), "job")));
   // The thread that answered may still hold the pull (and so the job) a
   // moment after the answer.
   const absl::Time deadline = absl::Now() + absl::Seconds(30);

@@ -209,15 +209,15 @@ absl::StatusOr<ExportResult> PullLive(const v1::JobStatus& job, double timeout) 
         // A busy server's refusal is sent again after a backoff, within the
         // timeout; still refused then, the next holder is asked.
         const absl::Time deadline = absl::Now() + absl::Seconds(timeout);
-        absl::Duration backoff = kFirstBusyBackoff;
+        BusyBackoff backoff;
         absl::Status status;
         while (true) {
           grpc::ClientContext context;
           context.set_deadline(absl::ToChronoTime(deadline));
           status = FromGrpcStatus(stubs.For(address)->Pull(&context, request, &response));
-          if (!IsServerBusy(status) || absl::Now() + backoff >= deadline) break;
-          absl::SleepFor(backoff);
-          backoff = std::min(2 * backoff, kMaxBusyBackoff);
+          const absl::Duration wait = backoff.Next();
+          if (!IsServerBusy(status) || absl::Now() + wait >= deadline) break;
+          absl::SleepFor(wait);
         }
         if (IsServerBusy(status)) status = BusyUntilTheDeadline(status);
         if (status.ok()) return status;

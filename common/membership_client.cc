@@ -174,7 +174,7 @@ bool MembershipClient::LeaveAndDrain(absl::Duration timeout) {
 absl::Status MembershipClient::Report(v1::WorkReport report) {
   report.set_member_id(member_id());
   // Progress is sent again soon anyway; anything else is retried while the
-  // scheduler is unreachable (restarting), for about a minute.
+  // scheduler is unreachable (restarting) or busy, for about a minute.
   const int attempts = report.kind() == v1::WorkReport::PROGRESS ? 2 : 60;
   grpc::Status status;
   for (int attempt = 0; attempt < attempts; ++attempt) {
@@ -183,7 +183,7 @@ absl::Status MembershipClient::Report(v1::WorkReport report) {
     grpc::ClientContext context;
     SetDeadline(&context, 5.0);
     status = stub_->ReportWork(&context, report, &response);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE && !IsServerBusy(FromGrpcStatus(status))) break;
   }
   return FromGrpcStatus(status);
 }

@@ -3,7 +3,9 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -27,7 +29,20 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 }
 
 bool IsServerBusy(const absl::Status& status) {
-  return absl::IsResourceExhausted(status) && absl::StartsWith(status.message(), kServerBusy);
+  return absl::IsResourceExhausted(status) &&
+         (absl::StartsWith(status.message(), kServerBusy) || status.message() == kGrpcThreadsExhausted);
+}
+
+absl::Duration BusyBackoff::Next() {
+  // Seeded from the clock and the caller's address: callers refused at
+  // once are apart in one or the other.
+  const uint64_t seed =
+      static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) ^ reinterpret_cast<uintptr_t>(this);
+  const double jitter =
+      static_cast<double>(seed * 0x9E3779B97F4A7C15ULL >> 11) / static_cast<double>(1ULL << 53);
+  const absl::Duration wait = base_ * (1.0 + jitter / 2);
+  base_ = std::min(2 * base_, kMaxBusyBackoff);
+  return wait;
 }
 
 absl::Status BusyUntilTheDeadline(const absl::Status& refusal) {
@@ -37,7 +52,8 @@ absl::Status BusyUntilTheDeadline(const absl::Status& refusal) {
 
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
                                               const std::vector<ServedService>& services,
-                                              MetricsEndpoint* metrics, bool plaintext) {
+                                              MetricsEndpoint* metrics, bool plaintext,
+                                              const ServerLimits& limits) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -46,6 +62,10 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
   builder.AddListeningPort(address, plaintext ? grpc::InsecureServerCredentials() : ServerCredentials(), &running.port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  grpc::ResourceQuota quota("fulcrum-server");
+  quota.SetMaxThreads(limits.max_threads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, limits.max_streams_per_connection);
   for (const ServedService& served : services) {
     absl::StatusOr<std::unique_ptr<grpc::Service>> gated = GateService(served.service, served.name);
     if (!gated.ok()) return gated.status();

@@ -30,7 +30,10 @@ constexpr int kMaxMessageBytes = 8 << 20;
 // budget, begins: the caller may send the request again after a backoff
 // (a Pull or SparsePull past ParameterServiceImpl::kMaxPullBytesInFlight).
 constexpr char kServerBusy[] = "server busy";
-// Whether `status` is such a refusal.
+// gRPC's own refusal of a call when the server's threads are all taken
+// (ServerLimits::max_threads): busy too.
+constexpr char kGrpcThreadsExhausted[] = "Server Threadpool Exhausted";
+// Whether `status` is one of these refusals.
 bool IsServerBusy(const absl::Status& status);
 // What a caller that sent a refused request again until its deadline
 // answers when the server was still busy then: DEADLINE_EXCEEDED with the
@@ -41,6 +44,17 @@ absl::Status BusyUntilTheDeadline(const absl::Status& refusal);
 // kFirstBusyBackoff, doubled each time up to kMaxBusyBackoff.
 constexpr absl::Duration kFirstBusyBackoff = absl::Milliseconds(2);
 constexpr absl::Duration kMaxBusyBackoff = absl::Milliseconds(200);
+// The waits of one caller that sends a busy server's refusals again: each
+// up to half as long again at random, so that callers refused together do
+// not all come back together.
+class BusyBackoff {
+ public:
+  // The next wait, and doubles the one after.
+  absl::Duration Next();
+
+ private:
+  absl::Duration base_ = kFirstBusyBackoff;
+};
 // Largest whole state of one chunk (values, optimizer slots, BSP buffers and
 // previous values) a server takes: CopyChunk and ReadCheckpoint send it as
 // one message, with room left for the watermarks and framing. The scheduler
@@ -59,6 +73,21 @@ struct ServedService {
   std::string name;
 };
 
+// What one server lets its callers claim of gRPC itself.
+struct ServerLimits {
+  // Threads of gRPC's sync API, each held by one call in progress (a
+  // "streamed unary" method's from the moment its call starts, before its
+  // request has arrived: Push, Replicate, SparsePush, SparseReplicate).
+  // Past it a call is refused at once, RESOURCE_EXHAUSTED
+  // kGrpcThreadsExhausted, which callers of the data path send again as
+  // busy. Without it, calls that never send their request each held a
+  // thread until their deadline, which a caller need not set.
+  int max_threads = 1024;
+  // Calls open at once on one connection (HTTP/2 streams); a client's
+  // further calls wait for one to end.
+  int max_streams_per_connection = 1024;
+};
+
 struct RunningServer {
   // The gated services (common/authorization.h) the server serves; they
   // must outlive it, so they are declared first (destroyed last).
@@ -75,10 +104,11 @@ class MetricsEndpoint;
 // `metrics`, every RPC is counted and timed into its registry
 // (grpc_server_*, see common/grpc_metrics.h). It uses the process's
 // transport security (common/rpc_security.h) unless `plaintext` (a health
-// port for probes when TLS is on).
+// port for probes when TLS is on), and holds its callers to `limits`.
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
                                               const std::vector<ServedService>& services,
-                                              MetricsEndpoint* metrics = nullptr, bool plaintext = false);
+                                              MetricsEndpoint* metrics = nullptr, bool plaintext = false,
+                                              const ServerLimits& limits = ServerLimits());
 
 // A channel with Fulcrum's message limits, the process's transport security
 // and its credentials on every call.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint_read.h"
+#include "common/rpc.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 
@@ -180,6 +181,11 @@ absl::Status Replicator::SendAll(const std::string& job_id, ReplicaPeers::Method
   }
   for (const auto& [address, status] : outcomes) {
     if (status.ok()) continue;
+    // A busy backup: the push is refused as busy here too, and sent again.
+    if (IsServerBusy(status)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(kServerBusy, ": replicating to backup ", address, ": ", status.message()));
+    }
     // A backup that moved to a newer map fences this primary: ABORTED makes
     // the worker refresh its map. A backup whose tables are full cannot
     // take the push, however often it is sent. Anything else is retried.

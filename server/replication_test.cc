@@ -3,18 +3,19 @@
 // copied from other replicas, against fake peers.
 #include "server/replication.h"
 
+#include <gtest/gtest.h>
+#include <prometheus/counter.h>
+#include <prometheus/registry.h>
+
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-#include <prometheus/counter.h>
-#include <prometheus/registry.h>
-
 #include "absl/strings/match.h"
 #include "common/payload_wire.h"
+#include "common/rpc.h"
 #include "common/sync.h"
 #include "common/tensor_codec.h"
 
@@ -366,6 +367,16 @@ TEST_F(ReplicationTest, SparseWritesAreFencedByTheirShardAndForwardedToItsBackup
   const absl::Status full = replicator_->ForwardSparse(*shard_, 0, "job", SerializeMessage(push));
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
   EXPECT_TRUE(absl::StrContains(full.message(), "replicating to backup b1")) << full;
+  EXPECT_FALSE(IsServerBusy(full)) << "a full table is not sent again";
+  // A busy backup (gRPC refused the call, its threads all taken): the push
+  // is refused as busy here too, which the worker sends again.
+  {
+    MutexLock lock(&peers_.mu_);
+    peers_.outcomes_["b1"] = absl::ResourceExhaustedError(kGrpcThreadsExhausted);
+  }
+  const absl::Status busy = replicator_->ForwardSparse(*shard_, 0, "job", SerializeMessage(push));
+  EXPECT_TRUE(IsServerBusy(busy)) << busy;
+  EXPECT_TRUE(absl::StrContains(busy.message(), "replicating to backup b1")) << busy;
   // A shard without backups (this server backs shard 1 up; its primary
   // forwards): nothing is sent.
   std::map<int32_t, JobShard::ShardRole> alone;

@@ -146,18 +146,14 @@ absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& reques
   // there at the deadline (or when a newer map is out) is answered as a
   // slow step (BusyUntilTheDeadline).
   const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration busy_backoff = kFirstBusyBackoff;
+  BusyBackoff busy_backoff;
   bool busy = false;  // the last round's failures were all busy refusals
   auto give_up = [&] { return busy ? BusyUntilTheDeadline(last) : last; };
   for (int attempt = first_attempt; !todo.empty(); attempt += busy ? 0 : 1) {
     absl::Duration round_timeout = timeout;
     if (busy) {
-      // Up to half as long again, so that callers refused together do not
-      // all come back together.
-      const absl::Duration wait =
-          busy_backoff * (1.0 + static_cast<double>(absl::ToUnixMicros(absl::Now()) % 1000) / 2000.0);
+      const absl::Duration wait = busy_backoff.Next();
       if (absl::Now() + wait >= deadline || !back_off(wait, /*busy_server=*/true)) return give_up();
-      busy_backoff = std::min(2 * busy_backoff, kMaxBusyBackoff);
       round_timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
     } else if (attempt >= kMaxAttempts) {
       break;
@@ -497,7 +493,12 @@ absl::Status ParameterClient::PushStream::Finish() {
   for (const auto& call : calls_) {
     if (call->status.ok()) continue;
     last = client_->Outcome(call->status, absl::StrCat("push to ", call->address));
-    if (call->status.error_code() != grpc::StatusCode::UNAVAILABLE) return last;
+    // A server away or busy: RunAll sends the push again (each server
+    // applies a seq once).
+    if (call->status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        !IsServerBusy(FromGrpcStatus(call->status))) {
+      return last;
+    }
     retry.push_back(std::move(call->request));
     addresses.push_back(call->address);
   }

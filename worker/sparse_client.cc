@@ -105,19 +105,15 @@ absl::Status SparseClient::Send(ParameterTransport::Method method, const std::ve
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<size_t> which(requests.size());
   for (size_t i = 0; i < which.size(); ++i) which[i] = i;
-  absl::Duration backoff = kFirstBusyBackoff;
+  BusyBackoff backoff;
   while (true) {
     std::vector<size_t> busy;
     absl::Status busy_error;
     RETURN_IF_ERROR(SendRound(method, requests, messages, which, deadline, answer, &busy, &busy_error));
     if (busy.empty()) return absl::OkStatus();
-    // Jittered, so that workers refused together do not come back together.
-    const absl::Duration wait =
-        backoff + absl::Microseconds(static_cast<int64_t>(absl::ToDoubleMicroseconds(backoff) *
-                                                          (0.5 * (busy.size() % 7) / 7)));
+    const absl::Duration wait = backoff.Next();
     if (absl::Now() + wait >= deadline) return BusyUntilTheDeadline(busy_error);
     absl::SleepFor(wait);
-    backoff = std::min(backoff * 2, kMaxBusyBackoff);
     which = std::move(busy);
   }
 }
@@ -156,7 +152,9 @@ absl::Status SparseClient::SendRound(
         &call.request, &call.response, timeout,
         [&, index = call.index, &response = call.response](grpc::Status status) {
           absl::Status result = calls_.Outcome(FromGrpcStatus(status), map_.version());
-          const bool refused_busy = method == ParameterTransport::Method::kSparsePull && IsServerBusy(result);
+          // Pushes too: every replica applies a (partition, step, shard,
+          // part) once, so one sent again is never applied twice.
+          const bool refused_busy = IsServerBusy(result);
           if (result.ok()) result = answer(index, response);
           MutexLock lock(&mu);
           if (refused_busy) {

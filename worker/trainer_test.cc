@@ -637,6 +637,30 @@ TEST(TrainerTest, LostPushAnswersAreRetriedAndAppliedOnce) {
   ExpectEveryExampleOnce(Spec(v1::BSP, 2), faulty.audits);
 }
 
+TEST(TrainerTest, PushesRefusedAsBusyAreSentAgainAndAppliedOnce) {
+  BspResult clean = RunBsp({{"w0", {0, 1}}});
+  // Every 7th push is refused as busy before it reaches its server: by the
+  // server's pull bound, or by gRPC with its threads all taken. Each is
+  // sent again; before, a push refused so failed the job.
+  std::atomic<int> pushes{0}, refused{0};
+  BspResult busy =
+      RunBsp({{"w0", {0, 1}}}, {},
+             [&](const std::string&, ParameterTransport::Method method, InProcessTransport::Stage stage) {
+               if (method != ParameterTransport::Method::kPush ||
+                   stage != InProcessTransport::Stage::kBeforeServer || ++pushes % 7 != 0) {
+                 return absl::OkStatus();
+               }
+               return ++refused % 2 == 0
+                          ? absl::ResourceExhaustedError(kGrpcThreadsExhausted)
+                          : absl::ResourceExhaustedError(absl::StrCat(kServerBusy, ": 5 bytes in flight"));
+             });
+  EXPECT_TRUE(busy.statuses["w0"].ok()) << busy.statuses["w0"];
+  EXPECT_GT(refused.load(), 2);
+  ASSERT_FALSE(clean.params.empty());
+  EXPECT_EQ(busy.params, clean.params);
+  ExpectEveryExampleOnce(Spec(v1::BSP, 2), busy.audits);
+}
+
 // Pushes lend the transport slices over the worker's gradient buffers. A
 // transport that keeps some requests alive after their calls ended (gRPC
 // with a write stuck on a paused server) must see them unchanged: the

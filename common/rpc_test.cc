@@ -1,0 +1,273 @@
+#include "common/rpc.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/sync.h"
+#include "fulcrum/v1/parameter.grpc.pb.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr char kPush[] = "/fulcrum.v1.ParameterService/Push";
+
+// A ParameterService whose Push is a "streamed unary" method, as the
+// parameter server's is, and holds every call it reads until released.
+class HoldingPushService final : public v1::ParameterService::Service {
+ public:
+  HoldingPushService() {
+    MarkMethodStreamed(v1::PushRequest::descriptor()
+                           ->file()
+                           ->FindServiceByName("ParameterService")
+                           ->FindMethodByName("Push")
+                           ->index(),
+                       new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+                           [this](grpc::ServerContext*,
+                                  grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+                             {
+                               MutexLock lock(&mu_);
+                               ++entered_;
+                             }
+                             grpc::ByteBuffer request;
+                             if (!stream->Read(&request))
+                               return grpc::Status(grpc::StatusCode::CANCELLED, "no request");
+                             std::vector<grpc::Slice> slices;
+                             std::string body;
+                             if (request.Dump(&slices).ok()) {
+                               for (const grpc::Slice& slice : slices) {
+                                 body.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+                               }
+                             }
+                             MutexLock lock(&mu_);
+                             read_.insert(body);
+                             mu_.Await(absl::Condition(&released_));
+                             grpc::Slice answer(std::string("ok"));
+                             stream->WriteLast(grpc::ByteBuffer(&answer, 1), grpc::WriteOptions());
+                             return grpc::Status::OK;
+                           }));
+  }
+  void Release() {
+    MutexLock lock(&mu_);
+    released_ = true;
+  }
+  // Waits up to `timeout` for `n` handlers to have started.
+  bool AwaitEntered(int n, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return entered_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  }
+  // Waits up to `timeout` for a handler to have read a request of `body`.
+  bool AwaitRead(const std::string& body, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    auto read = [this, &body]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return read_.count(body) > 0; };
+    return mu_.AwaitWithTimeout(absl::Condition(&read), timeout);
+  }
+  int entered() {
+    MutexLock lock(&mu_);
+    return entered_;
+  }
+
+ private:
+  Mutex mu_;
+  int entered_ ABSL_GUARDED_BY(mu_) = 0;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  std::multiset<std::string> read_ ABSL_GUARDED_BY(mu_);  // the requests' bodies
+};
+
+// Calls of Push started without waiting: each ends into its own status.
+class Calls {
+ public:
+  explicit Calls(std::shared_ptr<grpc::Channel> channel) : stub_(std::move(channel)) {}
+  ~Calls() {
+    for (auto& context : contexts_) context->TryCancel();
+    MutexLock lock(&mu_);
+    auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ == statuses_.size(); };
+    mu_.Await(absl::Condition(&all_done));
+  }
+  // Starts one call, its request (`body`) sent whole (`send`) or never.
+  void Start(bool send, const std::string& body = "request") {
+    contexts_.push_back(std::make_unique<grpc::ClientContext>());
+    contexts_.back()->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    size_t index = 0;
+    {
+      MutexLock lock(&mu_);
+      index = statuses_.size();
+      statuses_.emplace_back();
+      responses_.push_back(std::make_unique<grpc::ByteBuffer>());
+    }
+    auto done = [this, index](grpc::Status status) {
+      MutexLock lock(&mu_);
+      statuses_[index] = std::move(status);
+      ++done_;
+    };
+    if (send) {
+      grpc::Slice bytes(body);
+      grpc::ByteBuffer request(&bytes, 1);
+      stub_.UnaryCall(contexts_.back().get(), kPush, grpc::StubOptions(), &request, responses_[index].get(),
+                      done);
+      return;
+    }
+    // A call whose request never comes: started, then nothing written.
+    auto* reactor = new Silent(std::move(done));
+    stub_.PrepareBidiStreamingCall(contexts_.back().get(), kPush, grpc::StubOptions(), reactor);
+    reactor->StartCall();
+  }
+  // Waits up to `timeout` for `n` calls to have ended.
+  bool AwaitDone(size_t n, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  }
+  std::vector<grpc::Status> statuses() {
+    MutexLock lock(&mu_);
+    return statuses_;
+  }
+
+ private:
+  class Silent final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+   public:
+    explicit Silent(std::function<void(grpc::Status)> done) : done_(std::move(done)) {}
+    void OnDone(const grpc::Status& status) override {
+      done_(status);
+      delete this;
+    }
+
+   private:
+    std::function<void(grpc::Status)> done_;
+  };
+
+  grpc::GenericStub stub_;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
+  Mutex mu_;
+  std::vector<grpc::Status> statuses_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<grpc::ByteBuffer>> responses_ ABSL_GUARDED_BY(mu_);
+  size_t done_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+std::shared_ptr<grpc::Channel> ChannelTo(int port) { return MakeChannel(absl::StrCat("127.0.0.1:", port)); }
+
+TEST(ServerLimitsTest, CallsWhoseRequestNeverComesHoldAtMostTheThreadBound) {
+  HoldingPushService service;
+  ServerLimits limits;
+  limits.max_threads = 8;
+  absl::StatusOr<RunningServer> server = StartGrpcServer("127.0.0.1", 0, {&service}, nullptr, false, limits);
+  ASSERT_TRUE(server.ok()) << server.status();
+  // Each silent call holds a thread of the server's from its start. Past
+  // the bound, calls are refused at once as busy.
+  constexpr int kSilent = 24;
+  auto silent = std::make_unique<Calls>(ChannelTo(server->port));
+  for (int i = 0; i < kSilent; ++i) silent->Start(/*send=*/false);
+  ASSERT_TRUE(silent->AwaitDone(1, absl::Seconds(30)))
+      << "no call was refused: " << service.entered() << " handlers hold a thread each";
+  EXPECT_LT(service.entered(), limits.max_threads);
+  int refused = 0;
+  for (const grpc::Status& status : silent->statuses()) {
+    if (status.ok()) continue;
+    EXPECT_TRUE(IsServerBusy(FromGrpcStatus(status))) << status.error_message();
+    ++refused;
+  }
+  EXPECT_GE(refused, 1);
+  // The health service still answers (gRPC serves it with its callback
+  // API, on no thread of the bound): Kubernetes' probes see the server
+  // alive while its calls are refused as busy.
+  {
+    grpc::GenericStub stub(ChannelTo(server->port));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    grpc::ByteBuffer request(nullptr, 0), response;
+    Mutex mu;
+    std::optional<grpc::Status> health;
+    stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                   [&](grpc::Status status) {
+                     MutexLock lock(&mu);
+                     health = status;
+                   });
+    MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](std::optional<grpc::Status>* h) { return h->has_value(); }, &health));
+    ASSERT_TRUE(health->ok()) << health->error_message();
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(response.Dump(&slices).ok());
+    std::string serving;
+    for (const grpc::Slice& slice : slices)
+      serving.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    EXPECT_EQ(serving, std::string("\x08\x01", 2)) << "not SERVING";
+  }
+  // Once the silent calls end (their callers give up), the server takes
+  // calls again.
+  silent.reset();
+  service.Release();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  grpc::Status answered(grpc::StatusCode::UNKNOWN, "not sent");
+  while (!answered.ok() && absl::Now() < deadline) {
+    Calls one(ChannelTo(server->port));
+    one.Start(/*send=*/true);
+    ASSERT_TRUE(one.AwaitDone(1, absl::Seconds(30)));
+    answered = one.statuses()[0];
+    ASSERT_TRUE(answered.ok() || IsServerBusy(FromGrpcStatus(answered))) << answered.error_message();
+  }
+  EXPECT_TRUE(answered.ok()) << answered.error_message();
+  server->server->Shutdown();
+}
+
+TEST(ServerLimitsTest, OneConnectionHasAtMostItsStreamsOpen) {
+  HoldingPushService service;
+  ServerLimits limits;
+  limits.max_streams_per_connection = 4;
+  absl::StatusOr<RunningServer> server = StartGrpcServer("127.0.0.1", 0, {&service}, nullptr, false, limits);
+  ASSERT_TRUE(server.ok()) << server.status();
+  // Ten held calls on one connection: four reach the server, the rest wait
+  // in the client for a stream.
+  Calls crowded(ChannelTo(server->port));
+  for (int i = 0; i < 10; ++i) crowded.Start(/*send=*/true);
+  ASSERT_TRUE(service.AwaitEntered(limits.max_streams_per_connection, absl::Seconds(30)));
+  // A call on another connection, started after them, reaches the server
+  // before any of the six.
+  Calls other(ChannelTo(server->port));
+  other.Start(/*send=*/true, "other");
+  ASSERT_TRUE(service.AwaitRead("other", absl::Seconds(30)));
+  EXPECT_EQ(service.entered(), limits.max_streams_per_connection + 1)
+      << "more than " << limits.max_streams_per_connection << " streams were open on one connection";
+  // Released, every call is answered: the six waited, none failed.
+  service.Release();
+  ASSERT_TRUE(crowded.AwaitDone(10, absl::Seconds(30)));
+  ASSERT_TRUE(other.AwaitDone(1, absl::Seconds(30)));
+  for (const grpc::Status& status : crowded.statuses()) EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(service.entered(), 11);
+  server->server->Shutdown();
+}
+
+TEST(BusyBackoffTest, WaitsDoubleFromTheFirstUpToTheMostEachUpToHalfAsLongAgain) {
+  BusyBackoff backoff;
+  absl::Duration base = kFirstBusyBackoff;
+  for (int i = 0; i < 12; ++i) {
+    const absl::Duration wait = backoff.Next();
+    EXPECT_GE(wait, base) << i;
+    EXPECT_LE(wait, base * 1.5) << i;
+    base = std::min(2 * base, kMaxBusyBackoff);
+  }
+  EXPECT_EQ(base, kMaxBusyBackoff);
+}
+
+TEST(IsServerBusyTest, NamesTheRefusalsACallerMaySendAgain) {
+  EXPECT_TRUE(
+      IsServerBusy(absl::ResourceExhaustedError(absl::StrCat(kServerBusy, ": 1 GiB of pulls in flight"))));
+  EXPECT_TRUE(IsServerBusy(absl::ResourceExhaustedError(kGrpcThreadsExhausted)));
+  EXPECT_FALSE(IsServerBusy(absl::ResourceExhaustedError("table t is full")));
+  EXPECT_FALSE(IsServerBusy(absl::UnavailableError(kServerBusy)));
+}
+
+}  // namespace
+}  // namespace fulcrum

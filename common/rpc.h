@@ -28,7 +28,8 @@ constexpr int kMaxMessageBytes = 8 << 20;
 
 // How a RESOURCE_EXHAUSTED answer of a server that is busy, not out of a
 // budget, begins: the caller may send the request again after a backoff
-// (a Pull or SparsePull past ParameterServiceImpl::kMaxPullBytesInFlight).
+// (a Pull or SparsePull past ParameterServiceImpl::kMaxPullBytesInFlight, a
+// push whose backup was busy).
 constexpr char kServerBusy[] = "server busy";
 // gRPC's own refusal of a call when the server's threads are all taken
 // (ServerLimits::max_threads): busy too.

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/sync.h"
@@ -101,11 +102,13 @@ class Calls {
     contexts_.push_back(std::make_unique<grpc::ClientContext>());
     contexts_.back()->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
     size_t index = 0;
+    grpc::ByteBuffer* response = nullptr;
     {
       MutexLock lock(&mu_);
       index = statuses_.size();
       statuses_.emplace_back();
       responses_.push_back(std::make_unique<grpc::ByteBuffer>());
+      response = responses_.back().get();
     }
     auto done = [this, index](grpc::Status status) {
       MutexLock lock(&mu_);
@@ -115,8 +118,7 @@ class Calls {
     if (send) {
       grpc::Slice bytes(body);
       grpc::ByteBuffer request(&bytes, 1);
-      stub_.UnaryCall(contexts_.back().get(), kPush, grpc::StubOptions(), &request, responses_[index].get(),
-                      done);
+      stub_.UnaryCall(contexts_.back().get(), kPush, grpc::StubOptions(), &request, response, done);
       return;
     }
     // A call whose request never comes: started, then nothing written.
@@ -158,6 +160,32 @@ class Calls {
 
 std::shared_ptr<grpc::Channel> ChannelTo(int port) { return MakeChannel(absl::StrCat("127.0.0.1:", port)); }
 
+// grpc.health.v1.Health/Check of the whole server through `channel`; its
+// answer's bytes in *answer.
+grpc::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel, std::string* answer) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  grpc::ByteBuffer request(nullptr, 0), response;
+  Mutex mu;
+  std::optional<grpc::Status> status;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   MutexLock lock(&mu);
+                   status = std::move(s);
+                 });
+  MutexLock lock(&mu);
+  mu.Await(absl::Condition(
+      +[](std::optional<grpc::Status>* s) { return s->has_value(); }, &status));
+  std::vector<grpc::Slice> slices;
+  answer->clear();
+  if (status->ok() && response.Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices)
+      answer->append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return *status;
+}
+
 TEST(ServerLimitsTest, CallsWhoseRequestNeverComesHoldAtMostTheThreadBound) {
   HoldingPushService service;
   ServerLimits limits;
@@ -182,29 +210,10 @@ TEST(ServerLimitsTest, CallsWhoseRequestNeverComesHoldAtMostTheThreadBound) {
   // The health service still answers (gRPC serves it with its callback
   // API, on no thread of the bound): Kubernetes' probes see the server
   // alive while its calls are refused as busy.
-  {
-    grpc::GenericStub stub(ChannelTo(server->port));
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    grpc::ByteBuffer request(nullptr, 0), response;
-    Mutex mu;
-    std::optional<grpc::Status> health;
-    stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                   [&](grpc::Status status) {
-                     MutexLock lock(&mu);
-                     health = status;
-                   });
-    MutexLock lock(&mu);
-    mu.Await(absl::Condition(
-        +[](std::optional<grpc::Status>* h) { return h->has_value(); }, &health));
-    ASSERT_TRUE(health->ok()) << health->error_message();
-    std::vector<grpc::Slice> slices;
-    ASSERT_TRUE(response.Dump(&slices).ok());
-    std::string serving;
-    for (const grpc::Slice& slice : slices)
-      serving.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-    EXPECT_EQ(serving, std::string("\x08\x01", 2)) << "not SERVING";
-  }
+  std::string serving;
+  const grpc::Status health = CheckHealth(ChannelTo(server->port), &serving);
+  ASSERT_TRUE(health.ok()) << health.error_message();
+  EXPECT_EQ(serving, std::string("\x08\x01", 2)) << "not SERVING";
   // Once the silent calls end (their callers give up), the server takes
   // calls again.
   silent.reset();
@@ -228,9 +237,15 @@ TEST(ServerLimitsTest, OneConnectionHasAtMostItsStreamsOpen) {
   limits.max_streams_per_connection = 4;
   absl::StatusOr<RunningServer> server = StartGrpcServer("127.0.0.1", 0, {&service}, nullptr, false, limits);
   ASSERT_TRUE(server.ok()) << server.status();
-  // Ten held calls on one connection: four reach the server, the rest wait
-  // in the client for a stream.
-  Calls crowded(ChannelTo(server->port));
+  // Handlers held until the end, even when an assertion ends the test early.
+  absl::Cleanup release = [&service] { service.Release(); };
+  // Ten held calls on one connection, once it is up (the server's limit
+  // known to the client): four reach the server, the rest wait in the
+  // client for a stream.
+  const std::shared_ptr<grpc::Channel> channel = ChannelTo(server->port);
+  std::string serving;
+  ASSERT_TRUE(CheckHealth(channel, &serving).ok());
+  Calls crowded(channel);
   for (int i = 0; i < 10; ++i) crowded.Start(/*send=*/true);
   ASSERT_TRUE(service.AwaitEntered(limits.max_streams_per_connection, absl::Seconds(30)));
   // A call on another connection, started after them, reaches the server
@@ -241,7 +256,7 @@ TEST(ServerLimitsTest, OneConnectionHasAtMostItsStreamsOpen) {
   EXPECT_EQ(service.entered(), limits.max_streams_per_connection + 1)
       << "more than " << limits.max_streams_per_connection << " streams were open on one connection";
   // Released, every call is answered: the six waited, none failed.
-  service.Release();
+  std::move(release).Invoke();
   ASSERT_TRUE(crowded.AwaitDone(10, absl::Seconds(30)));
   ASSERT_TRUE(other.AwaitDone(1, absl::Seconds(30)));
   for (const grpc::Status& status : crowded.statuses()) EXPECT_TRUE(status.ok()) << status.error_message();

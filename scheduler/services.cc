@@ -172,6 +172,10 @@ absl::Status GrpcServerControl::Call(const std::string& address,
     return absl::UnavailableError(
         absl::StrCat("the server at ", address, " lost its lease while the call was in flight: cut short"));
   }
+  // Refused as busy (gRPC's threads all taken there): a failure for now,
+  // tried again as for a server away, never one of the job's.
+  if (IsServerBusy(status))
+    return absl::UnavailableError(absl::StrCat("the server at ", address, " is busy: ", status.message()));
   return status;
 }
 

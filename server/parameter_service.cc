@@ -458,7 +458,12 @@ absl::StatusOr<v1::ChunkState> GrpcReplicaPeers::CopyChunk(const std::string& ad
   v1::ChunkState state;
   grpc::ClientContext context;
   SetDeadline(&context, absl::ToDoubleSeconds(timeout));
-  RETURN_IF_ERROR(FromGrpcStatus(Stub(address)->CopyChunk(&context, request, &state)));
+  const absl::Status status = FromGrpcStatus(Stub(address)->CopyChunk(&context, request, &state));
+  // A busy source: a copy that failed for now (RESOURCE_EXHAUSTED would
+  // read as a copy that does not fit here).
+  if (IsServerBusy(status))
+    return absl::UnavailableError(absl::StrCat(address, " is busy: ", status.message()));
+  RETURN_IF_ERROR(status);
   return state;
 }
 

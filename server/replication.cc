@@ -179,12 +179,14 @@ absl::Status Replicator::SendAll(const std::string& job_id, ReplicaPeers::Method
   if (options_.replication_seconds != nullptr) {
     options_.replication_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   }
+  const std::string* busy = nullptr;
   for (const auto& [address, status] : outcomes) {
     if (status.ok()) continue;
-    // A busy backup: the push is refused as busy here too, and sent again.
+    // A busy backup: the push is refused as busy here too, and sent again,
+    // unless another backup answered worse (fenced, full or away).
     if (IsServerBusy(status)) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(kServerBusy, ": replicating to backup ", address, ": ", status.message()));
+      if (busy == nullptr) busy = &address;
+      continue;
     }
     // A backup that moved to a newer map fences this primary: ABORTED makes
     // the worker refresh its map. A backup whose tables are full cannot
@@ -193,6 +195,10 @@ absl::Status Replicator::SendAll(const std::string& job_id, ReplicaPeers::Method
                           ? status.code()
                           : absl::StatusCode::kUnavailable;
     return absl::Status(code, absl::StrCat("replicating to backup ", address, ": ", status.message()));
+  }
+  if (busy != nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(kServerBusy, ": replicating to backup ", *busy, ": ", outcomes[*busy].message()));
   }
   return absl::OkStatus();
 }

@@ -88,15 +88,17 @@ class Replicator {
   // Sends each backup the chunks of a push it replicates, as the received
   // bytes (the payload slices are shared, not copied), and waits for all.
   // OK when every backup has them; ABORTED when one is at a newer shard map
-  // (it fences this primary: the worker refreshes its map); else UNAVAILABLE
-  // (retried: every replica deduplicates).
+  // (it fences this primary: the worker refreshes its map); RESOURCE_EXHAUSTED
+  // kServerBusy when every backup that failed refused it as busy; else
+  // UNAVAILABLE (retried: every replica deduplicates).
   absl::Status Forward(const JobShard& shard, const v1::PushRequest& header, const PayloadReader& chunks);
 
   // The same for the sparse tables: fencing of a SparsePush to shard
   // `shard_id` (the lease, the request's map version against the server's,
   // this server's role in the shard), and the forward of an accepted one to
   // the shard's backups (the whole request: every key is in the shard).
-  // A backup's RESOURCE_EXHAUSTED (its tables full) comes back as such.
+  // A backup's RESOURCE_EXHAUSTED (its tables full) comes back as such; a
+  // busy backup's as kServerBusy, as Forward answers.
   absl::Status CheckSparseWrite(const JobShard& shard, const std::string& job_id, int64_t map_version,
                                 int32_t shard_id, bool as_primary) const;
   // `request`: the SparsePushRequest's bytes as they came (every backup's

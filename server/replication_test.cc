@@ -377,6 +377,15 @@ TEST_F(ReplicationTest, SparseWritesAreFencedByTheirShardAndForwardedToItsBackup
   const absl::Status busy = replicator_->ForwardSparse(*shard_, 0, "job", SerializeMessage(push));
   EXPECT_TRUE(IsServerBusy(busy)) << busy;
   EXPECT_TRUE(absl::StrContains(busy.message(), "replicating to backup b1")) << busy;
+  // Another backup's worse answer wins over a busy one: a backup away is a
+  // failover to notice, not a refusal to send again until the deadline.
+  {
+    MutexLock lock(&peers_.mu_);
+    peers_.outcomes_["b2"] = absl::UnavailableError("connection refused");
+  }
+  const absl::Status away = replicator_->ForwardSparse(*shard_, 0, "job", SerializeMessage(push));
+  EXPECT_EQ(away.code(), absl::StatusCode::kUnavailable) << away;
+  EXPECT_TRUE(absl::StrContains(away.message(), "replicating to backup b2")) << away;
   // A shard without backups (this server backs shard 1 up; its primary
   // forwards): nothing is sent.
   std::map<int32_t, JobShard::ShardRole> alone;

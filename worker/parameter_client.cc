@@ -124,8 +124,9 @@ absl::Status ParameterClient::Outcome(const grpc::Status& status, absl::string_v
 
 absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& requests,
                                      const std::vector<std::string>& addresses,
-                                     std::vector<grpc::ByteBuffer>* responses, bool pull, absl::Duration timeout,
-                                     int first_attempt, absl::Status last) {
+                                     std::vector<grpc::ByteBuffer>* responses, bool pull,
+                                     absl::Duration timeout, int first_attempt, absl::Status last,
+                                     bool busy_first) {
   responses->assign(requests.size(), grpc::ByteBuffer());
   std::vector<size_t> todo(requests.size());
   for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
@@ -147,7 +148,7 @@ absl::Status ParameterClient::RunAll(const std::vector<grpc::ByteBuffer>& reques
   // slow step (BusyUntilTheDeadline).
   const absl::Time deadline = absl::Now() + timeout;
   BusyBackoff busy_backoff;
-  bool busy = false;  // the last round's failures were all busy refusals
+  bool busy = busy_first;  // the last round's failures were all busy refusals
   auto give_up = [&] { return busy ? BusyUntilTheDeadline(last) : last; };
   for (int attempt = first_attempt; !todo.empty(); attempt += busy ? 0 : 1) {
     absl::Duration round_timeout = timeout;
@@ -490,21 +491,25 @@ absl::Status ParameterClient::PushStream::Finish() {
   std::vector<grpc::ByteBuffer> retry;
   std::vector<std::string> addresses;
   absl::Status last;
+  bool all_busy = true;
   for (const auto& call : calls_) {
     if (call->status.ok()) continue;
-    last = client_->Outcome(call->status, absl::StrCat("push to ", call->address));
+    const absl::Status outcome = client_->Outcome(call->status, absl::StrCat("push to ", call->address));
     // A server away or busy: RunAll sends the push again (each server
-    // applies a seq once).
-    if (call->status.error_code() != grpc::StatusCode::UNAVAILABLE &&
-        !IsServerBusy(FromGrpcStatus(call->status))) {
-      return last;
-    }
+    // applies a seq once). A server away is the outcome over a busy one.
+    const bool busy = IsServerBusy(FromGrpcStatus(call->status));
+    if (call->status.error_code() != grpc::StatusCode::UNAVAILABLE && !busy) return outcome;
+    if (!busy || all_busy) last = outcome;
+    all_busy = all_busy && busy;
     retry.push_back(std::move(call->request));
     addresses.push_back(call->address);
   }
   if (retry.empty()) return absl::OkStatus();
   std::vector<grpc::ByteBuffer> responses;
-  return client_->RunAll(retry, addresses, &responses, /*pull=*/false, timeout_, /*first_attempt=*/1, last);
+  // Busy refusals only: sent again as RunAll sends busy ones (no attempt
+  // spent, no hurry, DEADLINE_EXCEEDED at the end).
+  return client_->RunAll(retry, addresses, &responses, /*pull=*/false, timeout_,
+                         /*first_attempt=*/all_busy ? 0 : 1, last, /*busy_first=*/all_busy);
 }
 
 v1::PullRequest ParameterClient::MakePullRequest(const Batch& batch, int64_t min_version, int64_t min_clock,

@@ -100,8 +100,8 @@ class ParameterClient {
   // encodes the chunks of the tensors it names and starts their requests
   // (one per server, split at kMaxBatchBytes) without waiting, so that they
   // travel while the caller computes the next layer's gradients. Finish()
-  // waits for every request and retries those that met UNAVAILABLE, as Push
-  // does. Every request carries the push's (worker, seq), partition, step and
+  // waits for every request and retries those that met UNAVAILABLE or a
+  // busy server, as Push does. Every request carries the push's (worker, seq), partition, step and
   // example audit: servers deduplicate and audit per chunk. The client must
   // outlive the stream; the destructor waits for requests in flight.
   //
@@ -274,12 +274,13 @@ class ParameterClient {
   // request i to addresses[i]) in parallel, retrying those that meet
   // UNAVAILABLE with backoff; attempts start at `first_attempt` (1: the
   // requests already failed once, with `last`). Those a busy server refused
-  // (kServerBusy) are sent again after a shorter backoff (kFirstBusyBackoff
-  // to kMaxBusyBackoff) until `timeout` from the start, without counting as
-  // attempts.
-  absl::Status RunAll(const std::vector<grpc::ByteBuffer>& requests, const std::vector<std::string>& addresses,
-                      std::vector<grpc::ByteBuffer>* responses, bool pull, absl::Duration timeout,
-                      int first_attempt = 0, absl::Status last = absl::OkStatus());
+  // (IsServerBusy) are sent again after a shorter backoff (BusyBackoff)
+  // until `timeout` from the start, without counting as attempts;
+  // `busy_first`: the requests were all refused so already, with `last`.
+  absl::Status RunAll(const std::vector<grpc::ByteBuffer>& requests,
+                      const std::vector<std::string>& addresses, std::vector<grpc::ByteBuffer>* responses,
+                      bool pull, absl::Duration timeout, int first_attempt = 0,
+                      absl::Status last = absl::OkStatus(), bool busy_first = false);
   // A Push (or Pull) call of serialized messages to `address`.
   std::unique_ptr<ParameterTransport::Call> NewCall(const std::string& address, bool pull) {
     return transport_->NewCall(address, pull ? ParameterTransport::Method::kPull : ParameterTransport::Method::kPush);

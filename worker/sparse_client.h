@@ -77,15 +77,16 @@ class SparseClient {
   absl::Status PullRows(const std::vector<std::vector<uint64_t>>& keys, std::vector<std::vector<float>>* rows,
                         std::optional<int64_t> step, absl::Duration timeout);
   // Sends every request; `answer(i, bytes)` takes request i's answer. A
-  // pull a server refuses as busy (its sparse pulls in flight at their
-  // bound, ParameterServiceImpl::kMaxPullBytesInFlight) is sent again, alone
-  // with the others refused, after a backoff, until `timeout`: the answers
-  // taken meanwhile make room.
+  // request a server refuses as busy (IsServerBusy: its sparse pulls in
+  // flight at their bound, ParameterServiceImpl::kMaxPullBytesInFlight, or
+  // gRPC's threads all taken there, or at a backup) is sent again, alone
+  // with the others refused, after a backoff, until `timeout` (a push too:
+  // every replica applies a (partition, step, shard, part) once).
   absl::Status Send(ParameterTransport::Method method, const std::vector<Request>& requests,
                     std::vector<grpc::ByteBuffer> messages, absl::Duration timeout,
                     const std::function<absl::Status(size_t, const grpc::ByteBuffer&)>& answer);
   // One round of Send: the requests `which` names; those refused as busy go
-  // to *busy (pulls only), other errors to the result.
+  // to *busy, other errors to the result.
   absl::Status SendRound(ParameterTransport::Method method, const std::vector<Request>& requests,
                          const std::vector<grpc::ByteBuffer>& messages, const std::vector<size_t>& which,
                          absl::Time deadline,

@@ -174,8 +174,9 @@ TEST_F(SparseClientTest, ASupersededClientsCallsAnswerAbortedAtOnce) {
 
 // A server whose sparse pulls in flight are at their bound answers
 // RESOURCE_EXHAUSTED "server busy": the client sends those requests again,
-// alone, after a backoff, and the pull completes with every row. A push so
-// refused, and any other RESOURCE_EXHAUSTED (a table full), is not sent
+// alone, after a backoff, and the pull completes with every row. So is a
+// push refused as busy (as gRPC refuses a call with its threads all taken),
+// applied once; any other RESOURCE_EXHAUSTED (a table full) is not sent
 // again: it fails naming the server. A pull refused until its deadline
 // fails DEADLINE_EXCEEDED.
 TEST_F(SparseClientTest, PullsRefusedAsBusyAreSentAgainUntilAnswered) {
@@ -225,8 +226,19 @@ TEST_F(SparseClientTest, PullsRefusedAsBusyAreSentAgainUntilAnswered) {
   ASSERT_TRUE(client.Pull({keys, keys}, &after, absl::Seconds(30)).ok());
   for (int t = 0; t < 2; ++t) {
     for (size_t i = 0; i < after[t].size(); ++i)
-      ASSERT_NE(after[t][i], rows[t][i]) << "the push was not applied: table " << t << " float " << i;
+      ASSERT_EQ(after[t][i], -0.5f) << "two pushes of 0.25 by SGD with lr 1: table " << t << " float " << i;
   }
+  transport_.set_fault([&](const std::string&, ParameterTransport::Method method,
+                           InProcessTransport::Stage stage) -> absl::Status {
+    if (stage != InProcessTransport::Stage::kBeforeServer ||
+        method != ParameterTransport::Method::kSparsePush) {
+      return absl::OkStatus();
+    }
+    return absl::ResourceExhaustedError("sparse table t0 is full on this server");
+  });
+  const absl::Status full = client.Push(0, 2, {keys, keys}, grads, absl::Seconds(10));
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_TRUE(absl::StrContains(full.message(), "server in-process:")) << full;
   transport_.set_fault([&](const std::string&, ParameterTransport::Method method,
                            InProcessTransport::Stage stage) -> absl::Status {
     if (stage != InProcessTransport::Stage::kBeforeServer ||

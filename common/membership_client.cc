@@ -103,12 +103,23 @@ bool MembershipClient::HeartbeatOnce() {
     for (const auto& [job, bytes] : options_.held_bytes()) (*request.mutable_held_bytes())[job] = bytes;
   }
   v1::HeartbeatResponse response;
-  grpc::ClientContext context;
-  SetDeadline(&context, 2.0);
+  grpc::Status status;
   // The lease runs from when the heartbeat was sent: never later than when
   // the scheduler starts counting it.
-  const absl::Time sent = absl::Now();
-  grpc::Status status = stub_->Heartbeat(&context, request, &response);
+  absl::Time sent;
+  // A busy scheduler's refusal (its gRPC threads all taken) is sent again
+  // within the heartbeat's 2 s: a lease must not run out on it.
+  const absl::Time give_up = absl::Now() + absl::Seconds(2);
+  BusyBackoff backoff;
+  while (true) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(give_up));
+    sent = absl::Now();
+    status = stub_->Heartbeat(&context, request, &response);
+    const absl::Duration wait = backoff.Next();
+    if (!IsServerBusy(FromGrpcStatus(status)) || absl::Now() + wait >= give_up) break;
+    absl::SleepFor(wait);
+  }
   if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
     FLOG(WARNING) << "scheduler does not know " << request.member_id() << ": registering again";
     MutexLock lock(&mu_);

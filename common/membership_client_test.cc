@@ -35,7 +35,17 @@ class SlowScheduler : public v1::ClusterService::Service {
     MutexLock lock(&mu_);
     ++heartbeats_;
     last_ = *request;
+    if (busy_ > 0) {
+      --busy_;
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, kGrpcThreadsExhausted);
+    }
     return grpc::Status::OK;
+  }
+  // The next `n` heartbeats are refused as gRPC refuses a call with its
+  // threads all taken.
+  void RefuseAsBusy(int n) {
+    MutexLock lock(&mu_);
+    busy_ = n;
   }
   v1::HeartbeatRequest last() {
     MutexLock lock(&mu_);
@@ -51,8 +61,28 @@ class SlowScheduler : public v1::ClusterService::Service {
  private:
   Mutex mu_;
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  int busy_ ABSL_GUARDED_BY(mu_) = 0;
   v1::HeartbeatRequest last_ ABSL_GUARDED_BY(mu_);
 };
+
+// A heartbeat the scheduler refuses as busy is sent again at once, within
+// its 2 s, not a minute later: a lease must not run out on a busy moment.
+TEST(MembershipClientTest, HeartbeatsRefusedAsBusyAreSentAgainAtOnce) {
+  SlowScheduler scheduler;
+  scheduler.RefuseAsBusy(3);
+  absl::StatusOr<RunningServer> server = StartGrpcServer("127.0.0.1", 0, {&scheduler});
+  ASSERT_TRUE(server.ok()) << server.status();
+  MembershipClient::Options options;
+  options.scheduler = absl::StrCat("127.0.0.1:", server->port);
+  options.role = v1::WORKER;
+  MembershipClient client(options);
+  client.Start();
+  // The interval is a minute: the three refused and the fourth come from
+  // the first heartbeat alone.
+  EXPECT_TRUE(scheduler.WaitForHeartbeats(4, absl::Seconds(20))) << "a busy refusal was not sent again";
+  client.Stop();
+  server->server->Shutdown();
+}
 
 TEST(MembershipClientTest, HurryHeartbeatsAtOnceAndOftenThenStopsPromptly) {
   SlowScheduler scheduler;

@@ -200,8 +200,8 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
       v1::PushRequest::descriptor()->file()->FindServiceByName("ParameterService");
   for (bool from_worker : {true, false}) {
     MarkMethodStreamed(service->FindMethodByName(from_worker ? "Push" : "Replicate")->index(),
-                       new RawHandler([this, from_worker](grpc::ServerContext*, RawStream* stream) {
-                         return ServeRaw(stream, from_worker ? "Push" : "Replicate",
+                       new RawHandler([this, from_worker](grpc::ServerContext* context, RawStream* stream) {
+                         return ServeRaw(context, stream, from_worker ? "Push" : "Replicate",
                                          [&](const grpc::ByteBuffer& request, grpc::ByteBuffer* answer) {
                                            v1::PushResponse response;
                                            RETURN_IF_ERROR(HandlePush(request, from_worker, &response));
@@ -210,16 +210,17 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
                                          });
                        }));
     const char* sparse = from_worker ? "SparsePush" : "SparseReplicate";
-    MarkMethodStreamed(service->FindMethodByName(sparse)->index(),
-                       new RawHandler([this, from_worker, sparse](grpc::ServerContext*, RawStream* stream) {
-                         return ServeRaw(stream, sparse,
-                                         [&](const grpc::ByteBuffer& request, grpc::ByteBuffer* answer) {
-                                           v1::SparsePushResponse response;
-                                           RETURN_IF_ERROR(HandleSparsePush(request, from_worker, &response));
-                                           *answer = SerializeMessage(response);
-                                           return absl::OkStatus();
-                                         });
-                       }));
+    MarkMethodStreamed(
+        service->FindMethodByName(sparse)->index(),
+        new RawHandler([this, from_worker, sparse](grpc::ServerContext* context, RawStream* stream) {
+          return ServeRaw(context, stream, sparse,
+                          [&](const grpc::ByteBuffer& request, grpc::ByteBuffer* answer) {
+                            v1::SparsePushResponse response;
+                            RETURN_IF_ERROR(HandleSparsePush(request, from_worker, &response));
+                            *answer = SerializeMessage(response);
+                            return absl::OkStatus();
+                          });
+        }));
   }
   if (checkpoints_ != nullptr) writer_ = std::make_unique<CheckpointWriter>(checkpoints_);
   HeldPulls::Options held;
@@ -574,10 +575,15 @@ absl::Status ParameterServiceImpl::HandleLambNorms(JobShard& shard, const v1::Pu
 }
 
 grpc::Status ParameterServiceImpl::ServeRaw(
-    RawStream* stream, const char* method,
+    grpc::ServerContext* context, RawStream* stream, const char* method,
     absl::FunctionRef<absl::Status(const grpc::ByteBuffer&, grpc::ByteBuffer*)> handle) {
   grpc::ByteBuffer request;
-  if (!stream->Read(&request)) return Finish(method, absl::CancelledError("the call ended before its request"), 0, 0);
+  bool read = false;
+  {
+    RequestWatch::Scope watched(&request_watch_, context);  // the request has its wait to come
+    read = stream->Read(&request);
+  }
+  if (!read) return Finish(method, absl::CancelledError("the call ended before its request"), 0, 0);
   const auto received = static_cast<int64_t>(request.Length());
   grpc::ByteBuffer answer;
   absl::Status status = handle(request, &answer);

@@ -24,6 +24,7 @@
 #include "server/held_pulls.h"
 #include "server/parameter_store.h"
 #include "server/replication.h"
+#include "server/request_watch.h"
 #include "server/table_gauges.h"
 
 namespace fulcrum {
@@ -200,6 +201,11 @@ class ParameterServiceImpl final
   // it is answered.
   static constexpr int64_t kMaxPullBytesInFlight = int64_t{1} << 30;
   void set_max_pull_bytes_in_flight(int64_t bytes) { max_pull_bytes_in_flight_ = bytes; }
+  // How long the request of a Push, Replicate, SparsePush or
+  // SparseReplicate may take to come once its call started (it holds a
+  // gRPC thread meanwhile): RequestWatch::kDefaultWait unless set.
+  void set_request_wait(absl::Duration wait) { request_watch_.set_wait(wait); }
+  int64_t requests_cancelled() const { return request_watch_.cancelled(); }
   int64_t pull_bytes_in_flight() const { return pull_bytes_in_flight_.load() + orphaned_values_->load(); }
   // A SparsePushRequest, its gradients read where they arrived: a
   // SparsePush (`from_worker`: this server must lead the request's shard,
@@ -216,7 +222,9 @@ class ParameterServiceImpl final
   // request's bytes read, `handle` answers them (or fails), the answer sent
   // with the status.
   using RawStream = grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>;
-  grpc::Status ServeRaw(RawStream* stream, const char* method,
+  // A request that has not come within request_watch_'s wait (30 s) is
+  // cancelled, so that its thread is free.
+  grpc::Status ServeRaw(grpc::ServerContext* context, RawStream* stream, const char* method,
                         absl::FunctionRef<absl::Status(const grpc::ByteBuffer&, grpc::ByteBuffer*)> handle);
   // A parsed SparsePullRequest answered (HandleSparsePull after its parse).
   absl::Status AnswerSparsePull(const v1::SparsePullRequest& request, grpc::ByteBuffer* response);
@@ -251,6 +259,7 @@ class ParameterServiceImpl final
   // SparsePulls of a step: they may wait for a shard's push lock, which
   // must not hold gRPC's few callback threads.
   std::unique_ptr<ThreadPool> sparse_step_pulls_;
+  RequestWatch request_watch_;
   std::atomic<int64_t> pull_bytes_in_flight_{0};
   std::atomic<int64_t> max_pull_bytes_in_flight_{kMaxPullBytesInFlight};
   const std::shared_ptr<std::atomic<int64_t>> orphaned_values_ = std::make_shared<std::atomic<int64_t>>(0);

@@ -15,6 +15,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -1363,6 +1364,65 @@ std::vector<float> RowsOf(const std::string& bytes) {
 // busy" (SparseClient sends it again),
 // and what a call held is given back once gRPC is done with it, whether
 // answered or refused, one call at a time or many at once.
+// A call that starts and never sends its request: its status once it ends.
+class SilentCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  SilentCall(grpc::GenericStub* stub, const std::string& method) {
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    stub->PrepareBidiStreamingCall(&context_, method, grpc::StubOptions(), this);
+    StartCall();
+  }
+  ~SilentCall() override {
+    context_.TryCancel();
+    done_.WaitForNotification();
+  }
+  void OnDone(const grpc::Status& status) override {
+    status_ = status;
+    done_.Notify();
+  }
+  // The status once the call ended within `timeout`, else nullopt.
+  std::optional<grpc::Status> AwaitEnd(absl::Duration timeout) {
+    if (!done_.WaitForNotificationWithTimeout(timeout)) return std::nullopt;
+    return status_;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  absl::Notification done_;
+  grpc::Status status_;  // written before done_ is notified
+};
+
+// Push, Replicate, SparsePush and SparseReplicate hold a gRPC thread from
+// when their call starts. A call whose request never comes (no deadline
+// needed) is cancelled once its wait is over, and its thread is free.
+TEST(ParameterServiceRequestWaitTest, CallsWhoseRequestNeverComesAreCancelledAfterTheirWait) {
+  auto server = TestServer::Start("s0", /*with_checkpoints=*/false);
+  ASSERT_TRUE(server.ok()) << server.status();
+  (*server)->service()->set_request_wait(absl::Milliseconds(200));
+  grpc::GenericStub stub(MakeChannel((*server)->address()));
+  const std::vector<std::string> methods = {"Push", "Replicate", "SparsePush", "SparseReplicate"};
+  std::vector<std::unique_ptr<SilentCall>> calls;
+  for (const std::string& method : methods) {
+    calls.push_back(
+        std::make_unique<SilentCall>(&stub, absl::StrCat("/fulcrum.v1.ParameterService/", method)));
+  }
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const std::optional<grpc::Status> ended = calls[i]->AwaitEnd(absl::Seconds(20));
+    ASSERT_TRUE(ended.has_value()) << methods[i] << ": the call still holds its thread";
+    EXPECT_EQ(ended->error_code(), grpc::StatusCode::CANCELLED)
+        << methods[i] << ": " << ended->error_message();
+  }
+  EXPECT_EQ((*server)->service()->requests_cancelled(), 4);
+  // A request that comes in time is served as before.
+  v1::PushRequest push;
+  push.set_job_id("no-such-job");
+  grpc::ClientContext context;
+  v1::PushResponse answer;
+  const grpc::Status status = (*server)->stub()->Push(&context, push, &answer);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message();
+  EXPECT_EQ((*server)->service()->requests_cancelled(), 4);
+}
+
 TEST(ParameterServiceSparseTest, SparsePullsInFlightHoldAtMostTheirBound) {
   auto server = TestServer::Start("ps-0", /*with_checkpoints=*/false);
   ASSERT_TRUE(server.ok()) << server.status();

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/rpc.h"
@@ -51,6 +52,10 @@ class SlowScheduler : public v1::ClusterService::Service {
     MutexLock lock(&mu_);
     return last_;
   }
+  int heartbeats() {
+    MutexLock lock(&mu_);
+    return heartbeats_;
+  }
   // True once `n` heartbeats arrived, waiting up to `timeout`.
   bool WaitForHeartbeats(int n, absl::Duration timeout) {
     MutexLock lock(&mu_);
@@ -75,11 +80,17 @@ TEST(MembershipClientTest, HeartbeatsRefusedAsBusyAreSentAgainAtOnce) {
   MembershipClient::Options options;
   options.scheduler = absl::StrCat("127.0.0.1:", server->port);
   options.role = v1::WORKER;
+  absl::Notification accepted;
+  options.on_heartbeat = [&accepted](const v1::HeartbeatResponse&) {
+    if (!accepted.HasBeenNotified()) accepted.Notify();
+  };
   MembershipClient client(options);
   client.Start();
-  // The interval is a minute: the three refused and the fourth come from
-  // the first heartbeat alone.
-  EXPECT_TRUE(scheduler.WaitForHeartbeats(4, absl::Seconds(20))) << "a busy refusal was not sent again";
+  // The interval is a minute: the three refused and the fourth, accepted,
+  // come from the first heartbeat alone.
+  EXPECT_TRUE(accepted.WaitForNotificationWithTimeout(absl::Seconds(20)))
+      << "a busy refusal was not sent again";
+  EXPECT_EQ(scheduler.heartbeats(), 4);
   client.Stop();
   server->server->Shutdown();
 }

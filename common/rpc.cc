@@ -4,13 +4,17 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/authorization.h"
 #include "common/grpc_metrics.h"
+#include "common/logging.h"
 #include "common/metrics.h"
 #include "common/rpc_security.h"
 
@@ -50,6 +54,48 @@ absl::Status BusyUntilTheDeadline(const absl::Status& refusal) {
       absl::StrCat(refusal.message(), " (sent again until the call's deadline, still refused)"));
 }
 
+namespace {
+
+constexpr char kReflectionMethod[] = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+
+// Counts reflection's streams open on one server; cancels one past the
+// bound as soon as it starts, so that it gives its thread back.
+class ReflectionStream final : public grpc::experimental::Interceptor {
+ public:
+  ReflectionStream(std::shared_ptr<std::atomic<int>> open, int most, grpc::ServerContextBase* context)
+      : open_(std::move(open)), refused_(open_->fetch_add(1) >= most), context_(context) {}
+  ~ReflectionStream() override { open_->fetch_sub(1); }
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (refused_ && methods->QueryInterceptionHookPoint(
+                        grpc::experimental::InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
+      FLOG(WARNING) << "cancelled a reflection stream: " << open_->load() - 1 << " are open already";
+      context_->TryCancel();
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::shared_ptr<std::atomic<int>> open_;
+  const bool refused_;
+  grpc::ServerContextBase* const context_;  // the call's, which owns this interceptor
+};
+
+class ReflectionStreamsFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit ReflectionStreamsFactory(int most) : most_(most) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    if (info->method() == nullptr || std::strcmp(info->method(), kReflectionMethod) != 0) return nullptr;
+    return new ReflectionStream(open_, most_, info->server_context());
+  }
+
+ private:
+  const int most_;
+  const std::shared_ptr<std::atomic<int>> open_ = std::make_shared<std::atomic<int>>(0);
+};
+
+}  // namespace
+
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
                                               const std::vector<ServedService>& services,
                                               MetricsEndpoint* metrics, bool plaintext,
@@ -76,6 +122,7 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
   // Send hooks run in this order: the metrics count the status the gate's
   // interceptor settles on.
   interceptors.push_back(NewGateStatusInterceptorFactory());
+  interceptors.push_back(std::make_unique<ReflectionStreamsFactory>(limits.max_reflection_streams));
   if (metrics != nullptr) interceptors.push_back(NewServerMetricsInterceptorFactory(&metrics->registry()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   running.server = builder.BuildAndStart();

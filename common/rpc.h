@@ -87,6 +87,10 @@ struct ServerLimits {
   // Calls open at once on one connection (HTTP/2 streams); a client's
   // further calls wait for one to end.
   int max_streams_per_connection = 1024;
+  // gRPC reflection's streams open at once (each a sync call that holds a
+  // thread while it waits for its next request, open to anyone): one past
+  // them is cancelled at once.
+  int max_reflection_streams = 8;
 };
 
 struct RunningServer {

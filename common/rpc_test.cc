@@ -90,7 +90,8 @@ class HoldingPushService final : public v1::ParameterService::Service {
 // Calls of Push started without waiting: each ends into its own status.
 class Calls {
  public:
-  explicit Calls(std::shared_ptr<grpc::Channel> channel) : stub_(std::move(channel)) {}
+  explicit Calls(std::shared_ptr<grpc::Channel> channel, std::string method = kPush)
+      : stub_(std::move(channel)), method_(std::move(method)) {}
   ~Calls() {
     for (auto& context : contexts_) context->TryCancel();
     MutexLock lock(&mu_);
@@ -118,12 +119,12 @@ class Calls {
     if (send) {
       grpc::Slice bytes(body);
       grpc::ByteBuffer request(&bytes, 1);
-      stub_.UnaryCall(contexts_.back().get(), kPush, grpc::StubOptions(), &request, response, done);
+      stub_.UnaryCall(contexts_.back().get(), method_, grpc::StubOptions(), &request, response, done);
       return;
     }
     // A call whose request never comes: started, then nothing written.
     auto* reactor = new Silent(std::move(done));
-    stub_.PrepareBidiStreamingCall(contexts_.back().get(), kPush, grpc::StubOptions(), reactor);
+    stub_.PrepareBidiStreamingCall(contexts_.back().get(), method_, grpc::StubOptions(), reactor);
     reactor->StartCall();
   }
   // Waits up to `timeout` for `n` calls to have ended.
@@ -151,6 +152,7 @@ class Calls {
   };
 
   grpc::GenericStub stub_;
+  const std::string method_;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
   Mutex mu_;
   std::vector<grpc::Status> statuses_ ABSL_GUARDED_BY(mu_);
@@ -261,6 +263,41 @@ TEST(ServerLimitsTest, OneConnectionHasAtMostItsStreamsOpen) {
   ASSERT_TRUE(other.AwaitDone(1, absl::Seconds(30)));
   for (const grpc::Status& status : crowded.statuses()) EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(service.entered(), 11);
+  server->server->Shutdown();
+}
+
+// Reflection is open to anyone and each of its streams holds a sync
+// thread while it waits: one past the bound is cancelled at once, and
+// reflection serves again once the open ones end.
+TEST(ServerLimitsTest, ReflectionHasAtMostItsStreamsOpen) {
+  HoldingPushService service;
+  ServerLimits limits;
+  limits.max_reflection_streams = 3;
+  absl::StatusOr<RunningServer> server = StartGrpcServer("127.0.0.1", 0, {&service}, nullptr, false, limits);
+  ASSERT_TRUE(server.ok()) << server.status();
+  constexpr char kReflection[] = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+  auto silent = std::make_unique<Calls>(ChannelTo(server->port), kReflection);
+  for (int i = 0; i < limits.max_reflection_streams + 1; ++i) silent->Start(/*send=*/false);
+  ASSERT_TRUE(silent->AwaitDone(1, absl::Seconds(20))) << "no reflection stream past the bound was cancelled";
+  int cancelled = 0;
+  for (const grpc::Status& status : silent->statuses())
+    cancelled += status.error_code() == grpc::StatusCode::CANCELLED;
+  EXPECT_EQ(cancelled, 1);
+  silent.reset();
+  // ServerReflectionRequest{list_services: ""}: answered with the services.
+  const std::string list("\x3a\x00", 2);
+  grpc::Status listed(grpc::StatusCode::UNKNOWN, "not sent");
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  BusyBackoff backoff;
+  do {
+    if (listed.error_code() != grpc::StatusCode::UNKNOWN) absl::SleepFor(backoff.Next());
+    Calls one(ChannelTo(server->port), kReflection);
+    one.Start(/*send=*/true, list);
+    ASSERT_TRUE(one.AwaitDone(1, absl::Seconds(20)));
+    listed = one.statuses()[0];
+    // The ended streams' interceptors may still be counted for a moment.
+  } while (listed.error_code() == grpc::StatusCode::CANCELLED && absl::Now() < deadline);
+  EXPECT_TRUE(listed.ok()) << listed.error_message();
   server->server->Shutdown();
 }
 

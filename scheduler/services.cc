@@ -201,7 +201,10 @@ absl::Status GrpcServerControl::SendMap(const std::string& address, const std::s
   *request.mutable_shard_map() = map;
   request.set_moves_committed(moves_committed);
   absl::Status status;
+  BusyBackoff busy;
   for (int attempt = 0; attempt < 3; ++attempt) {  // a server that misses the new map stalls the job's pushes
+    if (attempt > 0 && absl::StrContains(status.message(), kGrpcThreadsExhausted))
+      absl::SleepFor(busy.Next());
     v1::ReconfigureResponse response;
     status = Call(address, &v1::ParameterService::Stub::Reconfigure, request, &response, 5.0);
     if (status.ok() || !absl::IsUnavailable(status)) break;

@@ -583,7 +583,11 @@ grpc::Status ParameterServiceImpl::ServeRaw(
     RequestWatch::Scope watched(&request_watch_, context);  // the request has its wait to come
     read = stream->Read(&request);
   }
-  if (!read) return Finish(method, absl::CancelledError("the call ended before its request"), 0, 0);
+  // Cancelled by the watch as the request came: not handled (its caller
+  // sees CANCELLED, so an applied push would be sent again as unknown).
+  if (!read || context->IsCancelled()) {
+    return Finish(method, absl::CancelledError("the call ended before its request"), 0, 0);
+  }
   const auto received = static_cast<int64_t>(request.Length());
   grpc::ByteBuffer answer;
   absl::Status status = handle(request, &answer);

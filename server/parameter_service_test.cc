@@ -71,8 +71,10 @@ class TestServer {
   // `with_checkpoints`: whether the service gets a CheckpointStore (what
   // fulcrum-server does with --data-dir).
   // `memory_budget`: the bytes its jobs may take (0: no limit).
+  // `limits`: what gRPC lets its callers claim.
   static absl::StatusOr<std::unique_ptr<TestServer>> Start(const std::string& id, bool with_checkpoints,
-                                                           int64_t memory_budget = 0) {
+                                                           int64_t memory_budget = 0,
+                                                           const ServerLimits& limits = ServerLimits()) {
     auto metrics = SharedMetrics();
     if (!metrics.ok()) return metrics.status();
     std::unique_ptr<TestServer> server(new TestServer(id, memory_budget));
@@ -83,7 +85,8 @@ class TestServer {
     TestServer* raw = server.get();
     server->service_ = std::make_unique<ParameterServiceImpl>(
         &server->store_, *metrics, [raw] { return raw->lease_valid_.load(); }, server->checkpoints_.get());
-    auto running = StartGrpcServer("127.0.0.1", 0, {server->service_.get()}, *metrics);
+    auto running =
+        StartGrpcServer("127.0.0.1", 0, {server->service_.get()}, *metrics, /*plaintext=*/false, limits);
     if (!running.ok()) return running.status();
     server->running_ = *std::move(running);
     server->address_ = absl::StrCat("127.0.0.1:", server->running_.port);
@@ -1359,11 +1362,6 @@ std::vector<float> RowsOf(const std::string& bytes) {
   return rows;
 }
 
-// The bytes sparse pulls in flight hold are bounded: a pull whose request
-// and answer would pass the bound is answered RESOURCE_EXHAUSTED "server
-// busy" (SparseClient sends it again),
-// and what a call held is given back once gRPC is done with it, whether
-// answered or refused, one call at a time or many at once.
 // A call that starts and never sends its request: its status once it ends.
 class SilentCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
@@ -1423,6 +1421,54 @@ TEST(ParameterServiceRequestWaitTest, CallsWhoseRequestNeverComesAreCancelledAft
   EXPECT_EQ((*server)->service()->requests_cancelled(), 4);
 }
 
+// Silent calls that take every thread a server has: past the bound calls
+// are refused as busy, and once the silent ones' wait is over their
+// threads serve again, though their callers never gave up.
+TEST(ParameterServiceRequestWaitTest, SilentCallsGiveTheirThreadsBackAfterTheirWait) {
+  ServerLimits limits;
+  limits.max_threads = 4;
+  auto server = TestServer::Start("s0", /*with_checkpoints=*/false, /*memory_budget=*/0, limits);
+  ASSERT_TRUE(server.ok()) << server.status();
+  (*server)->service()->set_request_wait(absl::Milliseconds(300));
+  grpc::GenericStub stub(MakeChannel((*server)->address()));
+  std::vector<std::unique_ptr<SilentCall>> calls;
+  for (int i = 0; i < 8; ++i)
+    calls.push_back(std::make_unique<SilentCall>(&stub, "/fulcrum.v1.ParameterService/Push"));
+  int busy = 0, cancelled = 0;
+  for (const auto& call : calls) {
+    const std::optional<grpc::Status> ended = call->AwaitEnd(absl::Seconds(20));
+    ASSERT_TRUE(ended.has_value()) << "a silent call still holds its thread";
+    if (IsServerBusy(FromGrpcStatus(*ended))) {
+      ++busy;
+    } else {
+      EXPECT_EQ(ended->error_code(), grpc::StatusCode::CANCELLED) << ended->error_message();
+      ++cancelled;
+    }
+  }
+  EXPECT_GE(busy, 1) << "the threads were not all taken";
+  EXPECT_GE(cancelled, 1);
+  EXPECT_EQ((*server)->service()->requests_cancelled(), cancelled);
+  // Every thread is free: a push is served (refused only as busy while the
+  // ended calls' threads go back to gRPC's pool).
+  grpc::Status status(grpc::StatusCode::UNKNOWN, "not sent");
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  BusyBackoff backoff;
+  do {
+    if (status.error_code() != grpc::StatusCode::UNKNOWN) absl::SleepFor(backoff.Next());
+    v1::PushRequest push;
+    push.set_job_id("no-such-job");
+    grpc::ClientContext context;
+    v1::PushResponse answer;
+    status = (*server)->stub()->Push(&context, push, &answer);
+  } while (IsServerBusy(FromGrpcStatus(status)) && absl::Now() < deadline);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message();
+}
+
+// The bytes sparse pulls in flight hold are bounded: a pull whose request
+// and answer would pass the bound is answered RESOURCE_EXHAUSTED "server
+// busy" (SparseClient sends it again),
+// and what a call held is given back once gRPC is done with it, whether
+// answered or refused, one call at a time or many at once.
 TEST(ParameterServiceSparseTest, SparsePullsInFlightHoldAtMostTheirBound) {
   auto server = TestServer::Start("ps-0", /*with_checkpoints=*/false);
   ASSERT_TRUE(server.ok()) << server.status();

@@ -25,7 +25,8 @@ namespace fulcrum {
 class RequestWatch {
  public:
   // How long a request may take to come: 8 MiB (the largest message) at
-  // well under a megabyte a second.
+  // well under a megabyte a second. Callers' deadlines for these calls are
+  // shorter (10 s), so no caller that sends its request meets it.
   static constexpr absl::Duration kDefaultWait = absl::Seconds(30);
 
   RequestWatch();
@@ -49,15 +50,17 @@ class RequestWatch {
 
    private:
     RequestWatch* watch_;
-    std::pair<absl::Time, uint64_t> key_;
+    std::pair<absl::Duration, uint64_t> key_;  // (when its wait is over, on Steady(); serial)
   };
 
  private:
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  // The steady clock's time: a wall clock set forward must not end waits.
+  static absl::Duration Steady();
 
   mutable Mutex mu_;
-  // By (when its wait is over, a serial number).
-  std::map<std::pair<absl::Time, uint64_t>, grpc::ServerContext*> watched_ ABSL_GUARDED_BY(mu_);
+  // By (when its wait is over, on Steady(); a serial number).
+  std::map<std::pair<absl::Duration, uint64_t>, grpc::ServerContext*> watched_ ABSL_GUARDED_BY(mu_);
   absl::Duration wait_ ABSL_GUARDED_BY(mu_) = kDefaultWait;
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;

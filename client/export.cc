@@ -215,9 +215,7 @@ absl::StatusOr<ExportResult> PullLive(const v1::JobStatus& job, double timeout) 
           grpc::ClientContext context;
           context.set_deadline(absl::ToChronoTime(deadline));
           status = FromGrpcStatus(stubs.For(address)->Pull(&context, request, &response));
-          const absl::Duration wait = backoff.Next();
-          if (!IsServerBusy(status) || absl::Now() + wait >= deadline) break;
-          absl::SleepFor(wait);
+          if (!IsServerBusy(status) || !backoff.WaitBefore(deadline)) break;
         }
         if (IsServerBusy(status)) status = BusyUntilTheDeadline(status);
         if (status.ok()) return status;

@@ -116,9 +116,7 @@ bool MembershipClient::HeartbeatOnce() {
     context.set_deadline(absl::ToChronoTime(give_up));
     sent = absl::Now();
     status = stub_->Heartbeat(&context, request, &response);
-    const absl::Duration wait = backoff.Next();
-    if (!IsServerBusy(FromGrpcStatus(status)) || absl::Now() + wait >= give_up) break;
-    absl::SleepFor(wait);
+    if (!IsServerBusy(FromGrpcStatus(status)) || !backoff.WaitBefore(give_up)) break;
   }
   if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
     FLOG(WARNING) << "scheduler does not know " << request.member_id() << ": registering again";

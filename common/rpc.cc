@@ -49,6 +49,13 @@ absl::Duration BusyBackoff::Next() {
   return wait;
 }
 
+bool BusyBackoff::WaitBefore(absl::Time deadline) {
+  const absl::Duration wait = Next();
+  if (absl::Now() + wait >= deadline) return false;
+  absl::SleepFor(wait);
+  return true;
+}
+
 absl::Status BusyUntilTheDeadline(const absl::Status& refusal) {
   return absl::DeadlineExceededError(
       absl::StrCat(refusal.message(), " (sent again until the call's deadline, still refused)"));

@@ -52,6 +52,9 @@ class BusyBackoff {
  public:
   // The next wait, and doubles the one after.
   absl::Duration Next();
+  // Sleeps the next wait and returns true, or returns false at once when
+  // that wait would end at or past `deadline`.
+  bool WaitBefore(absl::Time deadline);
 
  private:
   absl::Duration base_ = kFirstBusyBackoff;

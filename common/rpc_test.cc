@@ -188,6 +188,23 @@ grpc::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel, std::str
   return *status;
 }
 
+// Sends `body` to `method` on a fresh connection to `port`, again after a
+// busy backoff while `refused` says the answer is a refusal of the moment,
+// for up to 30 s; the last answer.
+grpc::Status SendUntilTaken(int port, const std::string& method, const std::string& body,
+                            const std::function<bool(const grpc::Status&)>& refused) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  BusyBackoff backoff;
+  while (true) {
+    Calls one(ChannelTo(port), method);
+    one.Start(/*send=*/true, body);
+    if (!one.AwaitDone(1, absl::Seconds(30)))
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no answer");
+    const grpc::Status answer = one.statuses()[0];
+    if (!refused(answer) || !backoff.WaitBefore(deadline)) return answer;
+  }
+}
+
 TEST(ServerLimitsTest, CallsWhoseRequestNeverComesHoldAtMostTheThreadBound) {
   HoldingPushService service;
   ServerLimits limits;
@@ -220,15 +237,10 @@ TEST(ServerLimitsTest, CallsWhoseRequestNeverComesHoldAtMostTheThreadBound) {
   // calls again.
   silent.reset();
   service.Release();
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  grpc::Status answered(grpc::StatusCode::UNKNOWN, "not sent");
-  while (!answered.ok() && absl::Now() < deadline) {
-    Calls one(ChannelTo(server->port));
-    one.Start(/*send=*/true);
-    ASSERT_TRUE(one.AwaitDone(1, absl::Seconds(30)));
-    answered = one.statuses()[0];
-    ASSERT_TRUE(answered.ok() || IsServerBusy(FromGrpcStatus(answered))) << answered.error_message();
-  }
+  const grpc::Status answered =
+      SendUntilTaken(server->port, kPush, "request", [](const grpc::Status& status) {
+        return IsServerBusy(FromGrpcStatus(status));  // threads going back to gRPC's pool
+      });
   EXPECT_TRUE(answered.ok()) << answered.error_message();
   server->server->Shutdown();
 }
@@ -286,17 +298,9 @@ TEST(ServerLimitsTest, ReflectionHasAtMostItsStreamsOpen) {
   silent.reset();
   // ServerReflectionRequest{list_services: ""}: answered with the services.
   const std::string list("\x3a\x00", 2);
-  grpc::Status listed(grpc::StatusCode::UNKNOWN, "not sent");
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  BusyBackoff backoff;
-  do {
-    if (listed.error_code() != grpc::StatusCode::UNKNOWN) absl::SleepFor(backoff.Next());
-    Calls one(ChannelTo(server->port), kReflection);
-    one.Start(/*send=*/true, list);
-    ASSERT_TRUE(one.AwaitDone(1, absl::Seconds(20)));
-    listed = one.statuses()[0];
-    // The ended streams' interceptors may still be counted for a moment.
-  } while (listed.error_code() == grpc::StatusCode::CANCELLED && absl::Now() < deadline);
+  const grpc::Status listed = SendUntilTaken(server->port, kReflection, list, [](const grpc::Status& status) {
+    return status.error_code() == grpc::StatusCode::CANCELLED;  // the ended streams, counted a moment more
+  });
   EXPECT_TRUE(listed.ok()) << listed.error_message();
   server->server->Shutdown();
 }
@@ -311,6 +315,14 @@ TEST(BusyBackoffTest, WaitsDoubleFromTheFirstUpToTheMostEachUpToHalfAsLongAgain)
     base = std::min(2 * base, kMaxBusyBackoff);
   }
   EXPECT_EQ(base, kMaxBusyBackoff);
+}
+
+TEST(BusyBackoffTest, WaitsOnlyWhenTheWaitEndsBeforeTheDeadline) {
+  BusyBackoff backoff;
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(backoff.WaitBefore(start + kFirstBusyBackoff / 2)) << "the first wait is at least 2 ms";
+  EXPECT_TRUE(backoff.WaitBefore(absl::Now() + absl::Seconds(10)));
+  EXPECT_GE(absl::Now() - start, 2 * kFirstBusyBackoff) << "the second wait was slept";
 }
 
 TEST(IsServerBusyTest, NamesTheRefusalsACallerMaySendAgain) {

@@ -1450,17 +1450,17 @@ TEST(ParameterServiceRequestWaitTest, SilentCallsGiveTheirThreadsBackAfterTheirW
   EXPECT_EQ((*server)->service()->requests_cancelled(), cancelled);
   // Every thread is free: a push is served (refused only as busy while the
   // ended calls' threads go back to gRPC's pool).
-  grpc::Status status(grpc::StatusCode::UNKNOWN, "not sent");
+  grpc::Status status;
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   BusyBackoff backoff;
-  do {
-    if (status.error_code() != grpc::StatusCode::UNKNOWN) absl::SleepFor(backoff.Next());
+  while (true) {
     v1::PushRequest push;
     push.set_job_id("no-such-job");
     grpc::ClientContext context;
     v1::PushResponse answer;
     status = (*server)->stub()->Push(&context, push, &answer);
-  } while (IsServerBusy(FromGrpcStatus(status)) && absl::Now() < deadline);
+    if (!IsServerBusy(FromGrpcStatus(status)) || !backoff.WaitBefore(deadline)) break;
+  }
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message();
 }
 

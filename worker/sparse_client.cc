@@ -111,9 +111,7 @@ absl::Status SparseClient::Send(ParameterTransport::Method method, const std::ve
     absl::Status busy_error;
     RETURN_IF_ERROR(SendRound(method, requests, messages, which, deadline, answer, &busy, &busy_error));
     if (busy.empty()) return absl::OkStatus();
-    const absl::Duration wait = backoff.Next();
-    if (absl::Now() + wait >= deadline) return BusyUntilTheDeadline(busy_error);
-    absl::SleepFor(wait);
+    if (!backoff.WaitBefore(deadline)) return BusyUntilTheDeadline(busy_error);
     which = std::move(busy);
   }
 }

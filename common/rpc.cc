@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -88,6 +89,41 @@ class ReflectionStream final : public grpc::experimental::Interceptor {
   grpc::ServerContextBase* const context_;  // the call's, which owns this interceptor
 };
 
+// Watches each call's answer from when its status is sent (a unary call's
+// answer goes with it, or just before it) until the call ends: a caller
+// that does not read it has the call cancelled once the watch's wait is
+// over. The streams' own writes before their status are not watched
+// (WatchJob watches its updates itself).
+class AnswerWatch final : public grpc::experimental::Interceptor {
+ public:
+  AnswerWatch(std::shared_ptr<CallWatch> watch, grpc::ServerContextBase* context)
+      : watch_(std::move(watch)), context_(context) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (!sending_.has_value() &&
+        methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      sending_.emplace(watch_.get(), context_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::shared_ptr<CallWatch> watch_;   // outlives sending_
+  grpc::ServerContextBase* const context_;   // the call's, which owns this interceptor
+  std::optional<CallWatch::Scope> sending_;  // from the status sent until the call ends
+};
+
+class AnswerWatchFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit AnswerWatchFactory(std::shared_ptr<CallWatch> watch) : watch_(std::move(watch)) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    return new AnswerWatch(watch_, info->server_context());
+  }
+
+ private:
+  const std::shared_ptr<CallWatch> watch_;
+};
+
 class ReflectionStreamsFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
   explicit ReflectionStreamsFactory(int most) : most_(most) {}
@@ -131,6 +167,8 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
   interceptors.push_back(NewGateStatusInterceptorFactory());
   interceptors.push_back(std::make_unique<ReflectionStreamsFactory>(limits.max_reflection_streams));
   if (metrics != nullptr) interceptors.push_back(NewServerMetricsInterceptorFactory(&metrics->registry()));
+  running.answers = std::make_shared<CallWatch>("its caller to read its answer", limits.answer_wait);
+  interceptors.push_back(std::make_unique<AnswerWatchFactory>(running.answers));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {

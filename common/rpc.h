@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/call_watch.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "fulcrum/v1/job.grpc.pb.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
@@ -94,12 +95,22 @@ struct ServerLimits {
   // thread while it waits for its next request, open to anyone): one past
   // them is cancelled at once.
   int max_reflection_streams = 8;
+  // How long an answer may take to be sent once its call's status is (a
+  // unary call's answer goes with it): past it the call is cancelled
+  // (CallWatch). A caller that does not read its answers (a one-byte
+  // HTTP/2 window is enough) otherwise held a sync call's thread, or a
+  // pull's bytes, until a deadline it need not set, and the threads' bound
+  // with them: every sync call of the server refused, heartbeats and work
+  // reports included.
+  absl::Duration answer_wait = CallWatch::kDefaultWait;
 };
 
 struct RunningServer {
   // The gated services (common/authorization.h) the server serves; they
   // must outlive it, so they are declared first (destroyed last).
   std::vector<std::unique_ptr<grpc::Service>> gated;
+  // Cancels the calls whose answers are not read within limits.answer_wait.
+  std::shared_ptr<CallWatch> answers;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
 };

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/sync.h"
+#include "common/unread_call.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 
 namespace fulcrum {
@@ -241,6 +242,68 @@ TEST(ServerLimitsTest, CallsWhoseRequestNeverComesHoldAtMostTheThreadBound) {
       SendUntilTaken(server->port, kPush, "request", [](const grpc::Status& status) {
         return IsServerBusy(FromGrpcStatus(status));  // threads going back to gRPC's pool
       });
+  EXPECT_TRUE(answered.ok()) << answered.error_message();
+  server->server->Shutdown();
+}
+
+// A JobService whose GetJob answers 64 KiB.
+class LargeAnswerJobs final : public v1::JobService::Service {
+ public:
+  grpc::Status GetJob(grpc::ServerContext* /*context*/, const v1::GetJobRequest* request,
+                      v1::JobStatus* response) override {
+    response->set_job_id(request->job_id());
+    response->set_reason(std::string(64 << 10, 'x'));
+    return grpc::Status::OK;
+  }
+};
+
+// A sync call holds its thread until its answer is sent. Callers that never
+// read their answers took every thread for as long as they kept their
+// calls (no deadline needed), and every sync call of the server was
+// refused as busy; now each such call is cancelled once its answer has
+// waited the answer wait, and the server takes calls again though those
+// callers keep their calls.
+TEST(ServerLimitsTest, CallsWhoseAnswersAreNeverReadGiveTheirThreadsBackAfterTheWait) {
+  LargeAnswerJobs service;
+  ServerLimits limits;
+  limits.max_threads = 4;
+  absl::StatusOr<RunningServer> server = StartGrpcServer("127.0.0.1", 0, {&service}, nullptr, false, limits);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", server->port);
+  grpc::GenericStub stub(UnreadCall::Channel(address));
+  v1::GetJobRequest request;
+  request.set_job_id("job");
+  constexpr char kGetJob[] = "/fulcrum.v1.JobService/GetJob";
+  auto served = [&] {
+    v1::GetJobRequest get;
+    get.set_job_id("read");
+    return SendUntilTaken(server->port, kGetJob, get.SerializeAsString(),
+                          [](const grpc::Status& status) { return IsServerBusy(FromGrpcStatus(status)); });
+  };
+  {
+    // No wait: the unread answers hold every thread.
+    server->answers->set_wait(absl::InfiniteDuration());
+    std::vector<std::unique_ptr<UnreadCall>> unread;
+    for (int i = 0; i < 2 * limits.max_threads; ++i)
+      unread.push_back(std::make_unique<UnreadCall>(&stub, kGetJob, request));
+    // Once they have reached their handlers a call is refused as busy.
+    const grpc::Status refused = SendUntilTaken(server->port, kGetJob, request.SerializeAsString(),
+                                                [](const grpc::Status& status) { return status.ok(); });
+    EXPECT_TRUE(IsServerBusy(FromGrpcStatus(refused))) << refused.error_message();
+  }
+  // Their callers gave up: the threads are free.
+  const grpc::Status freed = served();
+  EXPECT_TRUE(freed.ok()) << freed.error_message();
+  EXPECT_EQ(server->answers->cancelled(), 0);
+
+  server->answers->set_wait(absl::Milliseconds(200));
+  std::vector<std::unique_ptr<UnreadCall>> unread;
+  for (int i = 0; i < 2 * limits.max_threads; ++i)
+    unread.push_back(std::make_unique<UnreadCall>(&stub, kGetJob, request));
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (server->answers->cancelled() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_GE(server->answers->cancelled(), 1) << "no unread answer was cancelled";
+  const grpc::Status answered = served();
   EXPECT_TRUE(answered.ok()) << answered.error_message();
   server->server->Shutdown();
 }

@@ -72,7 +72,12 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::Wa
     auto status = manager_->WaitForChange(request->job_id(), &version, absl::Milliseconds(500));
     if (!status.ok()) return ToGrpcStatus(status.status());
     if (version == seen) continue;  // timed out: only check for cancellation
-    if (!writer->Write(*status)) break;  // client went away
+    bool written = false;
+    {
+      const CallWatch::Scope sending(&write_watch_, context);
+      written = writer->Write(*status);
+    }
+    if (!written) break;  // client went away, or did not read within the wait
     v1::JobState state = status->state();
     if (state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED) break;
   }

@@ -12,6 +12,8 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/call_watch.h"
 #include "common/sync.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "fulcrum/v1/job.grpc.pb.h"
@@ -40,6 +42,12 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status GetCheckpoint(grpc::ServerContext*, const v1::GetCheckpointRequest*,
                              v1::CheckpointManifest*) override;
 
+  // How long a WatchJob update may take to be sent (a watcher that does
+  // not read its stream holds a thread and a waiting place meanwhile):
+  // CallWatch::kDefaultWait unless set. Past it the watch is cancelled.
+  void set_write_wait(absl::Duration wait) { write_watch_.set_wait(wait); }
+  int64_t writes_cancelled() const { return write_watch_.cancelled(); }
+
  private:
   // A place among the waiting calls, given back when it goes out of scope;
   // empty (false) when all are taken.
@@ -60,6 +68,7 @@ class JobServiceImpl final : public v1::JobService::Service {
   JobManager* manager_;
   const int max_waiting_calls_;
   std::atomic<int> waiting_calls_{0};
+  CallWatch write_watch_{"its watcher to read an update"};
 };
 
 class ClusterServiceImpl final : public v1::ClusterService::Service {

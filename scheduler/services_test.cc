@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "common/rpc.h"
 #include "common/test_util.h"
+#include "common/unread_call.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 
@@ -129,6 +130,46 @@ TEST_F(WaitingCallsTest, WatchesAndCheckpointWaitsPastTheBoundAreRefusedUntilOne
     third->context.TryCancel();
     third->reader->Finish();
   }
+}
+
+// A watcher that never reads its stream: once an update has waited past
+// the write wait to be sent, the watch is cancelled and its thread and its
+// waiting place are free, though the watcher set no deadline.
+TEST_F(WaitingCallsTest, AWatchWhoseUpdatesAreNotReadIsCancelledAfterTheWait) {
+  const std::string job_id = PendingJob();
+  ASSERT_FALSE(job_id.empty());
+  service_.set_write_wait(absl::Milliseconds(200));
+  // Windows of a byte and never grown: the first update stays unsent, as
+  // it would to a watcher that does not read.
+  auto stub = v1::JobService::NewStub(UnreadCall::Channel(absl::StrCat("127.0.0.1:", port_)));
+  grpc::ClientContext context;  // no deadline
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  std::unique_ptr<grpc::ClientReader<v1::JobStatus>> unread = stub->WatchJob(&context, request);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (service_.writes_cancelled() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(service_.writes_cancelled(), 1) << "the unread update still waits";
+  // Both places are free again (the handler ends once its write is
+  // cancelled), and watches that read are served.
+  grpc::Status refused;
+  std::unique_ptr<Watch> first, second;
+  while (second == nullptr && absl::Now() < deadline) {
+    if (first == nullptr) first = StartWatch(job_id, &refused);
+    if (first != nullptr) second = StartWatch(job_id, &refused);
+    if (second == nullptr) {
+      ASSERT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+      absl::SleepFor(absl::Milliseconds(20));  // between tries of the condition
+    }
+  }
+  EXPECT_NE(second, nullptr) << "the unread watch kept its place: " << refused.error_message();
+  EXPECT_EQ(service_.writes_cancelled(), 1);
+  for (Watch* watch : {first.get(), second.get()}) {
+    if (watch == nullptr) continue;
+    watch->context.TryCancel();
+    watch->reader->Finish();
+  }
+  context.TryCancel();
+  unread->Finish();
 }
 
 }  // namespace

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <optional>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -580,7 +579,7 @@ grpc::Status ParameterServiceImpl::ServeRaw(
   grpc::ByteBuffer request;
   bool read = false;
   {
-    RequestWatch::Scope watched(&request_watch_, context);  // the request has its wait to come
+    CallWatch::Scope watched(&request_watch_, context);  // the request has its wait to come
     read = stream->Read(&request);
   }
   // Cancelled by the watch as the request came: not handled (its caller

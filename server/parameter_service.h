@@ -14,6 +14,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
+#include "common/call_watch.h"
 #include "common/metrics.h"
 #include "common/payload_wire.h"
 #include "common/sync.h"
@@ -24,7 +25,6 @@
 #include "server/held_pulls.h"
 #include "server/parameter_store.h"
 #include "server/replication.h"
-#include "server/request_watch.h"
 #include "server/table_gauges.h"
 
 namespace fulcrum {
@@ -203,7 +203,7 @@ class ParameterServiceImpl final
   void set_max_pull_bytes_in_flight(int64_t bytes) { max_pull_bytes_in_flight_ = bytes; }
   // How long the request of a Push, Replicate, SparsePush or
   // SparseReplicate may take to come once its call started (it holds a
-  // gRPC thread meanwhile): RequestWatch::kDefaultWait unless set.
+  // gRPC thread meanwhile): CallWatch::kDefaultWait unless set.
   void set_request_wait(absl::Duration wait) { request_watch_.set_wait(wait); }
   int64_t requests_cancelled() const { return request_watch_.cancelled(); }
   int64_t pull_bytes_in_flight() const { return pull_bytes_in_flight_.load() + orphaned_values_->load(); }
@@ -259,7 +259,7 @@ class ParameterServiceImpl final
   // SparsePulls of a step: they may wait for a shard's push lock, which
   // must not hold gRPC's few callback threads.
   std::unique_ptr<ThreadPool> sparse_step_pulls_;
-  RequestWatch request_watch_;
+  CallWatch request_watch_{"its request to come"};
   std::atomic<int64_t> pull_bytes_in_flight_{0};
   std::atomic<int64_t> max_pull_bytes_in_flight_{kMaxPullBytesInFlight};
   const std::shared_ptr<std::atomic<int64_t>> orphaned_values_ = std::make_shared<std::atomic<int64_t>>(0);

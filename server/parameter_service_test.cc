@@ -38,6 +38,7 @@
 #include "common/table_spec.h"
 #include "common/tensor_codec.h"
 #include "common/test_util.h"
+#include "common/unread_call.h"
 #include "fulcrum/v1/parameter.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint_store.h"
@@ -102,6 +103,8 @@ class TestServer {
   const std::string& address() const { return address_; }
   v1::ParameterService::Stub* stub() { return stub_.get(); }
   ParameterServiceImpl* service() { return service_.get(); }
+  // Cancels calls whose answers are not read (ServerLimits::answer_wait).
+  CallWatch* answers() { return running_.answers.get(); }
   const ParameterStore& store() const { return store_; }
   void set_lease_valid(bool valid) { lease_valid_ = valid; }
 
@@ -1462,6 +1465,72 @@ TEST(ParameterServiceRequestWaitTest, SilentCallsGiveTheirThreadsBackAfterTheirW
     if (!IsServerBusy(FromGrpcStatus(status)) || !backoff.WaitBefore(deadline)) break;
   }
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message();
+}
+
+// Pull and SparsePull answers that their callers never read hold their
+// bytes (counted against the pulls in flight, which refuse every pull past
+// their bound) only for the answer wait: then the call is cancelled and
+// everything it held is given back, though its caller set no deadline.
+TEST(ParameterServiceAnswerWaitTest, AnswersNeverReadAreCancelledAfterTheirWait) {
+  auto server = TestServer::Start("s0", /*with_checkpoints=*/false);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ParameterServiceImpl* service = (*server)->service();
+  ASSERT_TRUE(IsOk(SetUpWideJob(server->get())));
+  grpc::ClientContext setup_context;
+  v1::SetupJobResponse setup_response;
+  ASSERT_TRUE(
+      (*server)->stub()->SetupJob(&setup_context, MakeTableSetup("job-s", **server), &setup_response).ok());
+  v1::PullRequest dense = WidePull();
+  dense.add_chunk_ids(1);
+  dense.set_format(v1::WIRE_BF16);  // a copy of 2 x 128 KiB: the answer's own bytes
+  v1::SparsePullRequest sparse;
+  sparse.set_job_id("job-s");
+  sparse.set_map_version(1);
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 20000; ++k) keys.push_back(k * 7919);
+  sparse.add_tables()->set_table(1);
+  sparse.mutable_tables(0)->set_keys(Keys(keys));  // 1.28 MB of rows
+  const std::vector<std::pair<std::string, const google::protobuf::Message*>> pulls = {
+      {"/fulcrum.v1.ParameterService/Pull", &dense}, {"/fulcrum.v1.ParameterService/SparsePull", &sparse}};
+  grpc::GenericStub stub(UnreadCall::Channel((*server)->address()));
+  auto holds = [&](int64_t at_least) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (service->pull_bytes_in_flight() < at_least && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(1));
+    return service->pull_bytes_in_flight();
+  };
+  auto given_back = [&] {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (service->pull_bytes_in_flight() != 0 && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(1));
+    return service->pull_bytes_in_flight();
+  };
+  for (const auto& [method, request] : pulls) {
+    SCOPED_TRACE(method);
+    // Without a wait the answer holds its bytes for as long as its caller
+    // keeps the call.
+    (*server)->answers()->set_wait(absl::InfiniteDuration());
+    {
+      UnreadCall held(&stub, method, *request);
+      EXPECT_GE(holds(256 * 1024), 256 * 1024) << "the answer's bytes";
+      EXPECT_FALSE(held.AwaitEnd(absl::Milliseconds(500))) << "the answer was sent unread";
+      EXPECT_GE(service->pull_bytes_in_flight(), 256 * 1024);
+    }
+    EXPECT_EQ(given_back(), 0) << "given back once its caller gave up";
+    // With a wait the call is cancelled once it is over.
+    const int64_t cancelled = (*server)->answers()->cancelled();
+    (*server)->answers()->set_wait(absl::Milliseconds(200));
+    UnreadCall unread(&stub, method, *request);
+    EXPECT_GE(holds(256 * 1024), 256 * 1024) << "the answer's bytes";
+    EXPECT_EQ(given_back(), 0) << "the call was cancelled, though its caller keeps it";
+    EXPECT_EQ((*server)->answers()->cancelled(), cancelled + 1);
+  }
+  // An answer that is read is sent as before.
+  grpc::ClientContext context;
+  v1::PullResponse answer;
+  ASSERT_TRUE((*server)->stub()->Pull(&context, dense, &answer).ok());
+  EXPECT_EQ(answer.chunks_size(), 2);
+  EXPECT_EQ((*server)->answers()->cancelled(), 2);
 }
 
 // The bytes sparse pulls in flight hold are bounded: a pull whose request

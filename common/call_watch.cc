@@ -2,6 +2,7 @@
 
 #include <grpc/support/alloc.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <utility>
@@ -38,7 +39,7 @@ CallWatch::Scope::Scope(CallWatch* watch, grpc::ServerContextBase* context)
   MutexLock lock(&watch_->mu_);
   key_ = {Steady() + watch_->wait_, watch_->next_++};
   watch_->watched_.emplace(key_, call_);
-  if (watch_->watched_.begin()->first == key_) watch_->earlier_ = true;
+  if (key_.first < watch_->sleeping_until_) watch_->earlier_ = true;
 }
 
 CallWatch::Scope::~Scope() {
@@ -64,10 +65,13 @@ void CallWatch::Run() {
       const absl::Duration now = Steady();
       if (watched_.empty() || watched_.begin()->first.first > now) {
         // Until the first wait is over, a call whose wait ends before it,
-        // or a stop (the steady clock's wait, not the wall clock's).
-        const absl::Duration wait =
-            watched_.empty() ? absl::InfiniteDuration() : watched_.begin()->first.first - now;
-        mu_.AwaitWithTimeout(absl::Condition(&woken), wait);
+        // or a stop. Waits end on the steady clock; Mutex's timeout is the
+        // wall clock's, so it wakes at least every second to look again
+        // (a wall clock set back delays nothing more than that).
+        sleeping_until_ = watched_.empty() ? absl::InfiniteDuration()
+                                           : std::min(watched_.begin()->first.first, now + absl::Seconds(1));
+        mu_.AwaitWithTimeout(absl::Condition(&woken), sleeping_until_ - now);
+        sleeping_until_ = -absl::InfiniteDuration();
         continue;
       }
       // A reference of its own, taken while the Scope's holds the call:

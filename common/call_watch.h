@@ -29,10 +29,14 @@ namespace fulcrum {
 
 class CallWatch {
  public:
-  // How long a call may wait on its peer by default: 8 MiB (the largest
-  // message) at well under a megabyte a second. Fulcrum's own callers set
-  // shorter deadlines on the calls watched, so none of them meets it.
+  // How long a request may take to come by default: 8 MiB (the largest
+  // message) at well under a megabyte a second. Fulcrum's callers of the
+  // streamed methods set deadlines of 10 s, so none of them meets it.
   static constexpr absl::Duration kDefaultWait = absl::Seconds(30);
+  // How long an answer may take to be sent by default: it may queue behind
+  // the server's other answers (up to 1 GiB of pulls in flight, 86 s at
+  // 100 Mbit/s), so longer than a request.
+  static constexpr absl::Duration kDefaultAnswerWait = absl::Minutes(2);
 
   // `waiting_for` ends the log line of a cancelled call: "its request to
   // come", for example.
@@ -77,7 +81,10 @@ class CallWatch {
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool earlier_ ABSL_GUARDED_BY(mu_) = false;  // a call came whose wait ends first
+  // When Run wakes next (at the latest): a call whose wait ends before it
+  // wakes it (earlier_).
+  absl::Duration sleeping_until_ ABSL_GUARDED_BY(mu_) = -absl::InfiniteDuration();
+  bool earlier_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

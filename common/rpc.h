@@ -101,8 +101,9 @@ struct ServerLimits {
   // HTTP/2 window is enough) otherwise held a sync call's thread, or a
   // pull's bytes, until a deadline it need not set, and the threads' bound
   // with them: every sync call of the server refused, heartbeats and work
-  // reports included.
-  absl::Duration answer_wait = CallWatch::kDefaultWait;
+  // reports included. Reflection's own replies before its status are not
+  // watched: its bound (above) is all that holds them.
+  absl::Duration answer_wait = CallWatch::kDefaultAnswerWait;
 };
 
 struct RunningServer {

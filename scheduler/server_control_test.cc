@@ -1,10 +1,13 @@
 // GrpcServerControl's bookkeeping of servers that lost their lease: calls to
 // them fail at once, and the addresses and channels kept are bounded (pods
 // restarted advertise new IPs that never come back).
+#include <atomic>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/rpc.h"
 #include "common/test_util.h"
 #include "gtest/gtest.h"
 #include "scheduler/services.h"
@@ -55,6 +58,51 @@ TEST(GrpcServerControlTest, TheDeadAddressesKeptAreBoundedOldestFirst) {
   control.MarkDead(address(0));
   EXPECT_TRUE(control.dead(address(11)));
   EXPECT_TRUE(control.dead(address(0)));
+}
+
+// A ParameterService whose DropJob is refused as gRPC refuses a call when
+// its threads are all taken, `refusals` times, then answered.
+class BusyDropJob final : public v1::ParameterService::Service {
+ public:
+  explicit BusyDropJob(int refusals) : refusals_(refusals) {}
+  grpc::Status DropJob(grpc::ServerContext* /*context*/, const v1::DropJobRequest* /*request*/,
+                       v1::DropJobResponse* /*response*/) override {
+    if (calls_.fetch_add(1) < refusals_)
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, kGrpcThreadsExhausted);
+    return grpc::Status::OK;
+  }
+  int calls() const { return calls_.load(); }
+
+ private:
+  const int refusals_;
+  std::atomic<int> calls_{0};
+};
+
+// The scheduler's calls to a server refused as busy are sent again within
+// their deadline; one still refused then is a server away for now
+// (UNAVAILABLE), never a failure that ends the job (RESOURCE_EXHAUSTED).
+TEST(GrpcServerControlTest, CallsRefusedAsBusyAreSentAgainWithinTheirDeadline) {
+  BusyDropJob three(3);
+  absl::StatusOr<RunningServer> server = StartGrpcServer("127.0.0.1", 0, {&three});
+  ASSERT_TRUE(server.ok()) << server.status();
+  GrpcServerControl control;
+  const absl::Status dropped =
+      control.DropJob(absl::StrCat("127.0.0.1:", server->port), "job", "test", false, 1);
+  EXPECT_TRUE(dropped.ok()) << dropped;
+  EXPECT_EQ(three.calls(), 4);
+  server->server->Shutdown();
+
+  BusyDropJob always(1 << 30);
+  server = StartGrpcServer("127.0.0.1", 0, {&always});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const absl::Time start = absl::Now();
+  const absl::Status refused =
+      control.DropJob(absl::StrCat("127.0.0.1:", server->port), "job", "test", false, 1);
+  EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
+  EXPECT_TRUE(Contains(refused.message(), "is busy (refused until the call's deadline)")) << refused;
+  EXPECT_GE(absl::Now() - start, absl::Seconds(4)) << "sent again until DropJob's deadline of 5 s";
+  EXPECT_GT(always.calls(), 5);
+  server->server->Shutdown();
 }
 
 }  // namespace

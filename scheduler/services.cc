@@ -157,31 +157,41 @@ absl::Status GrpcServerControl::Call(const std::string& address,
                                      grpc::Status (v1::ParameterService::Stub::*method)(grpc::ClientContext*,
                                                                                        const Request&, Response*),
                                      const Request& request, Response* response, double seconds) {
-  grpc::ClientContext context;
-  SetDeadline(&context, seconds);
-  std::shared_ptr<v1::ParameterService::Stub> stub;
-  {
-    MutexLock lock(&mu_);
-    if (cancelled_) return absl::CancelledError("the scheduler is stopping");
-    if (dead_.count(address) > 0) {
-      return absl::UnavailableError(absl::StrCat(
-          "the server at ", address, " lost its lease; it is not called until it registers again"));
+  const absl::Time deadline = absl::Now() + absl::Seconds(seconds);
+  BusyBackoff busy;
+  while (true) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    std::shared_ptr<v1::ParameterService::Stub> stub;
+    {
+      MutexLock lock(&mu_);
+      if (cancelled_) return absl::CancelledError("the scheduler is stopping");
+      if (dead_.count(address) > 0) {
+        return absl::UnavailableError(absl::StrCat(
+            "the server at ", address, " lost its lease; it is not called until it registers again"));
+      }
+      stub = StubLocked(address);
+      in_flight_.emplace(&context, address);
     }
-    stub = StubLocked(address);
-    in_flight_.emplace(&context, address);
+    absl::Status status = FromGrpcStatus((stub.get()->*method)(&context, request, response));
+    {
+      MutexLock lock(&mu_);
+      in_flight_.erase(&context);
+      if (cut_.erase(&context) > 0) {
+        return absl::UnavailableError(absl::StrCat(
+            "the server at ", address, " lost its lease while the call was in flight: cut short"));
+      }
+    }
+    if (!IsServerBusy(status)) return status;
+    // Refused as busy (gRPC's threads all taken there), before the method
+    // ran: sent again within the call's deadline; still refused then, a
+    // failure for now, tried again as for a server away, never one of the
+    // job's.
+    if (!busy.WaitBefore(deadline)) {
+      return absl::UnavailableError(absl::StrCat(
+          "the server at ", address, " is busy (refused until the call's deadline): ", status.message()));
+    }
   }
-  absl::Status status = FromGrpcStatus((stub.get()->*method)(&context, request, response));
-  MutexLock lock(&mu_);
-  in_flight_.erase(&context);
-  if (cut_.erase(&context) > 0) {
-    return absl::UnavailableError(
-        absl::StrCat("the server at ", address, " lost its lease while the call was in flight: cut short"));
-  }
-  // Refused as busy (gRPC's threads all taken there): a failure for now,
-  // tried again as for a server away, never one of the job's.
-  if (IsServerBusy(status))
-    return absl::UnavailableError(absl::StrCat("the server at ", address, " is busy: ", status.message()));
-  return status;
 }
 
 absl::Status GrpcServerControl::SetupJob(const std::string& address, const v1::SetupJobRequest& request) {
@@ -206,10 +216,7 @@ absl::Status GrpcServerControl::SendMap(const std::string& address, const std::s
   *request.mutable_shard_map() = map;
   request.set_moves_committed(moves_committed);
   absl::Status status;
-  BusyBackoff busy;
   for (int attempt = 0; attempt < 3; ++attempt) {  // a server that misses the new map stalls the job's pushes
-    if (attempt > 0 && absl::StrContains(status.message(), kGrpcThreadsExhausted))
-      absl::SleepFor(busy.Next());
     v1::ReconfigureResponse response;
     status = Call(address, &v1::ParameterService::Stub::Reconfigure, request, &response, 5.0);
     if (status.ok() || !absl::IsUnavailable(status)) break;

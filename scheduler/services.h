@@ -44,7 +44,8 @@ class JobServiceImpl final : public v1::JobService::Service {
 
   // How long a WatchJob update may take to be sent (a watcher that does
   // not read its stream holds a thread and a waiting place meanwhile):
-  // CallWatch::kDefaultWait unless set. Past it the watch is cancelled.
+  // CallWatch::kDefaultAnswerWait unless set. Past it the watch is
+  // cancelled.
   void set_write_wait(absl::Duration wait) { write_watch_.set_wait(wait); }
   int64_t writes_cancelled() const { return write_watch_.cancelled(); }
 
@@ -68,7 +69,7 @@ class JobServiceImpl final : public v1::JobService::Service {
   JobManager* manager_;
   const int max_waiting_calls_;
   std::atomic<int> waiting_calls_{0};
-  CallWatch write_watch_{"its watcher to read an update"};
+  CallWatch write_watch_{"its watcher to read an update", CallWatch::kDefaultAnswerWait};
 };
 
 class ClusterServiceImpl final : public v1::ClusterService::Service {
@@ -117,7 +118,10 @@ class GrpcServerControl final : public ServerControl {
                        bool moves_committed);
   std::shared_ptr<v1::ParameterService::Stub> StubLocked(const std::string& address)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One call with a deadline of `seconds`; CancelAll cancels it.
+  // One call with a deadline of `seconds`; CancelAll cancels it. Refused
+  // as busy (gRPC's threads all taken on the server, before the method
+  // ran), it is sent again after a busy backoff within that deadline, and
+  // is UNAVAILABLE once the deadline comes (a server away for now).
   template <typename Request, typename Response>
   absl::Status Call(const std::string& address,
                     grpc::Status (v1::ParameterService::Stub::*method)(grpc::ClientContext*, const Request&, Response*),

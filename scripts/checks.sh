@@ -98,7 +98,7 @@ for check in "${CHECKS[@]}"; do
       # thread's arithmetic, 50 s under TSan for nothing it could find).
       TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$supp" \
         run_ctest build-tsan tsan -L unit \
-          -E "^(AllBackends|Backend|Mlp|PluginLoader|GateTest|WaitingCallsTest|ParameterClientTest|ParameterServiceTest|ParameterServiceSparseTest|ParameterServiceReplicationTest|ParameterServiceRequestWaitTest|ServerLimitsTest|HalfArrayTest.Fp16EncodingMatchesTheScalarOneOnEveryFloat)" \
+          -E "^(AllBackends|Backend|Mlp|PluginLoader|GateTest|WaitingCallsTest|ParameterClientTest|ParameterServiceTest|ParameterServiceSparseTest|ParameterServiceReplicationTest|ParameterServiceRequestWaitTest|ParameterServiceAnswerWaitTest|ServerLimitsTest|GrpcServerControlTest.CallsRefusedAsBusy|HalfArrayTest.Fp16EncodingMatchesTheScalarOneOnEveryFloat)" \
           || rc=1
       ;;
     tidy)

@@ -33,6 +33,11 @@ int64_t CallWatch::cancelled() const {
   return cancelled_;
 }
 
+void CallWatch::set_counter(prometheus::Counter* counter) {
+  MutexLock lock(&mu_);
+  counter_ = counter;
+}
+
 CallWatch::Scope::Scope(CallWatch* watch, grpc::ServerContextBase* context)
     : watch_(watch), call_(context->c_call()) {
   grpc_call_ref(call_);
@@ -81,6 +86,7 @@ void CallWatch::Run() {
       grpc_call_ref(call);
       watched_.erase(watched_.begin());
       ++cancelled_;
+      if (counter_ != nullptr) counter_->Increment();
     }
     char* peer = grpc_call_get_peer(call);
     grpc_call_cancel_with_status(call, GRPC_STATUS_CANCELLED,

@@ -14,6 +14,7 @@
 
 #include <grpc/grpc.h>
 #include <grpcpp/server_context.h>
+#include <prometheus/counter.h>
 
 #include <cstdint>
 #include <map>
@@ -47,8 +48,11 @@ class CallWatch {
 
   // Sets how long calls may wait from now on.
   void set_wait(absl::Duration wait) ABSL_LOCKS_EXCLUDED(mu_);
-  // Calls cancelled so far, for metrics and tests.
+  // Calls cancelled so far, for tests.
   int64_t cancelled() const ABSL_LOCKS_EXCLUDED(mu_);
+  // A counter to count each cancelled call in too (it must outlive the
+  // watch), for /metrics.
+  void set_counter(prometheus::Counter* counter) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Watches `context`'s call until the Scope ends: cancelled if the Scope
   // is still alive when the wait is over. The Scope holds a reference to
@@ -80,6 +84,7 @@ class CallWatch {
   absl::Duration wait_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+  prometheus::Counter* counter_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // When Run wakes next (at the latest): a call whose wait ends before it
   // wakes it (earlier_).

@@ -139,6 +139,16 @@ class ReflectionStreamsFactory final : public grpc::experimental::ServerIntercep
 
 }  // namespace
 
+prometheus::Counter& CallsCancelled(prometheus::Registry* registry, const std::string& waiting_for) {
+  return prometheus::BuildCounter()
+      .Name("fulcrum_grpc_calls_cancelled_total")
+      .Help(
+          "Calls the server cancelled because their peer kept them waiting past their wait: an answer not "
+          "read (waiting_for=answer), a request that did not come (waiting_for=request)")
+      .Register(*registry)
+      .Add({{"waiting_for", waiting_for}});
+}
+
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
                                               const std::vector<ServedService>& services,
                                               MetricsEndpoint* metrics, bool plaintext,
@@ -168,6 +178,7 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& host, int port,
   interceptors.push_back(std::make_unique<ReflectionStreamsFactory>(limits.max_reflection_streams));
   if (metrics != nullptr) interceptors.push_back(NewServerMetricsInterceptorFactory(&metrics->registry()));
   running.answers = std::make_shared<CallWatch>("its caller to read its answer", limits.answer_wait);
+  if (metrics != nullptr) running.answers->set_counter(&CallsCancelled(&metrics->registry(), "answer"));
   interceptors.push_back(std::make_unique<AnswerWatchFactory>(running.answers));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   running.server = builder.BuildAndStart();

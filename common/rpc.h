@@ -4,6 +4,8 @@
 #define FULCRUM_COMMON_RPC_H_
 
 #include <grpcpp/grpcpp.h>
+#include <prometheus/counter.h>
+#include <prometheus/registry.h>
 
 #include <memory>
 #include <string>
@@ -117,6 +119,10 @@ struct RunningServer {
 };
 
 class MetricsEndpoint;
+
+// fulcrum_grpc_calls_cancelled_total{waiting_for}: the calls a server's
+// CallWatch for `waiting_for` ("answer", "request") cancelled.
+prometheus::Counter& CallsCancelled(prometheus::Registry* registry, const std::string& waiting_for);
 
 // Builds and starts a gRPC server on host:port (port 0 picks a free one)
 // serving `services` through the authorization gate (common/authorization.h),

@@ -227,6 +227,7 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterStore* store, MetricsEndpoin
   held_pulls_ = std::make_unique<HeldPulls>(held);
   sparse_step_pulls_ = std::make_unique<ThreadPool>(held.threads);
   auto& registry = metrics_->registry();
+  request_watch_.set_counter(&CallsCancelled(&registry, "request"));
   updates_applied_ = &prometheus::BuildCounter()
                           .Name("fulcrum_server_gradients_accepted_total")
                           .Help("Chunk gradients accepted (applied or buffered for a BSP step)")

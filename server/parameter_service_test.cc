@@ -1400,6 +1400,8 @@ TEST(ParameterServiceRequestWaitTest, CallsWhoseRequestNeverComesAreCancelledAft
   auto server = TestServer::Start("s0", /*with_checkpoints=*/false);
   ASSERT_TRUE(server.ok()) << server.status();
   (*server)->service()->set_request_wait(absl::Milliseconds(200));
+  const double requests_counted =
+      CounterValue("fulcrum_grpc_calls_cancelled_total", {{"waiting_for", "request"}});
   grpc::GenericStub stub(MakeChannel((*server)->address()));
   const std::vector<std::string> methods = {"Push", "Replicate", "SparsePush", "SparseReplicate"};
   std::vector<std::unique_ptr<SilentCall>> calls;
@@ -1414,6 +1416,8 @@ TEST(ParameterServiceRequestWaitTest, CallsWhoseRequestNeverComesAreCancelledAft
         << methods[i] << ": " << ended->error_message();
   }
   EXPECT_EQ((*server)->service()->requests_cancelled(), 4);
+  EXPECT_EQ(
+      CounterValue("fulcrum_grpc_calls_cancelled_total", {{"waiting_for", "request"}}) - requests_counted, 4);
   // A request that comes in time is served as before.
   v1::PushRequest push;
   push.set_job_id("no-such-job");
@@ -1510,6 +1514,8 @@ TEST(ParameterServiceAnswerWaitTest, AnswersNeverReadAreCancelledAfterTheirWait)
       absl::SleepFor(absl::Milliseconds(1));
     return service->pull_bytes_in_flight();
   };
+  const double answers_counted =
+      CounterValue("fulcrum_grpc_calls_cancelled_total", {{"waiting_for", "answer"}});
   for (const auto& [method, request, answer_bytes] : pulls) {
     SCOPED_TRACE(method);
     // Without a wait the answer holds its bytes for as long as its caller
@@ -1533,6 +1539,9 @@ TEST(ParameterServiceAnswerWaitTest, AnswersNeverReadAreCancelledAfterTheirWait)
     // loaded machine does not cancel them.
     (*server)->answers()->set_wait(CallWatch::kDefaultAnswerWait);
   }
+  // Counted for /metrics (the test servers share one registry).
+  EXPECT_EQ(CounterValue("fulcrum_grpc_calls_cancelled_total", {{"waiting_for", "answer"}}) - answers_counted,
+            2);
   // An answer that is read is sent as before.
   grpc::ClientContext context;
   v1::PullResponse answer;

@@ -56,6 +56,6 @@ echo
 echo "final test accuracy: ${ACC}"
 if [ -n "$AUC" ]; then
   # Click models on synthetic data: the workers log the best AUC the data allows.
-  BEST="$(grep -ho "best reachable AUC (the true probabilities') [0-9.]*" "$DIR"/logs/*.log | head -1 | awk '{print $NF}')"
+  BEST="$({ grep -ho "best reachable AUC (the true probabilities') [0-9.]*" "$DIR"/logs/*.log || true; } | head -1 | awk '{print $NF}')"
   echo "final test AUC: ${AUC}${BEST:+ (the true click probabilities reach ${BEST})}"
 fi

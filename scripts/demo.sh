@@ -4,6 +4,10 @@
 # Fashion-MNIST MLP and prints its test accuracy. Every process it starts is
 # stopped on exit, also on Ctrl-C.
 set -euo pipefail
+# A SPEC given relative to where the script was run from, before the cd.
+if [ $# -ge 1 ] && [ -f "$1" ]; then
+  set -- "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")" "${@:2}"
+fi
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 

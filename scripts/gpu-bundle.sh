@@ -38,7 +38,8 @@ for f in "$BUNDLE"/bin/* "$BUNDLE"/lib/libfulcrum_kernels_cuda.so; do
   ldd "$f" | awk '/=>/ {print $1, $3}'
 done | sort -u | while read -r name path; do
   if echo "$name" | grep -Eq "$SKIP"; then continue; fi
-  [ -f "$path" ] && cp -L "$path" "$BUNDLE/lib/$name"
+  # (an `if`: a last library not found must not end the script under set -e)
+  if [ -f "$path" ]; then cp -L "$path" "$BUNDLE/lib/$name"; fi
 done
 cp -L /usr/lib/x86_64-linux-gnu/blas/libblas.so.3 "$BUNDLE/lib/libopenblas.so.0"
 strip --strip-unneeded "$BUNDLE"/bin/* "$BUNDLE"/lib/* 2>/dev/null || true

@@ -179,28 +179,38 @@ absl::Status Replicator::SendAll(const std::string& job_id, ReplicaPeers::Method
   if (options_.replication_seconds != nullptr) {
     options_.replication_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   }
-  const std::string* busy = nullptr;
-  for (const auto& [address, status] : outcomes) {
-    if (status.ok()) continue;
-    // A busy backup: the push is refused as busy here too, and sent again,
-    // unless another backup answered worse (fenced, full or away).
-    if (IsServerBusy(status)) {
-      if (busy == nullptr) busy = &address;
-      continue;
-    }
-    // A backup that moved to a newer map fences this primary: ABORTED makes
-    // the worker refresh its map. A backup whose tables are full cannot
-    // take the push, however often it is sent. Anything else is retried.
-    const auto code = status.code() == absl::StatusCode::kAborted || status.code() == absl::StatusCode::kResourceExhausted
-                          ? status.code()
-                          : absl::StatusCode::kUnavailable;
-    return absl::Status(code, absl::StrCat("replicating to backup ", address, ": ", status.message()));
+  // The answer is the most telling failure among the backups' (the first
+  // by address among equals), whatever order their addresses sort in:
+  // - a backup that moved to a newer map fences this primary: ABORTED makes
+  //   the worker refresh its map;
+  // - a backup whose tables are full cannot take the push, however often
+  //   it is sent (RESOURCE_EXHAUSTED);
+  // - anything else (a backup away, a deadline) is retried: UNAVAILABLE;
+  // - a busy backup (its threads all taken): the push is refused as busy
+  //   here too, and sent again.
+  auto rank = [](const absl::Status& status) {
+    if (status.ok()) return 0;
+    if (IsServerBusy(status)) return 1;
+    if (status.code() == absl::StatusCode::kAborted) return 4;
+    if (status.code() == absl::StatusCode::kResourceExhausted) return 3;
+    return 2;
+  };
+  const std::pair<const std::string, absl::Status>* worst = nullptr;
+  for (const auto& outcome : outcomes) {
+    if (rank(outcome.second) > (worst == nullptr ? 0 : rank(worst->second))) worst = &outcome;
   }
-  if (busy != nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(kServerBusy, ": replicating to backup ", *busy, ": ", outcomes[*busy].message()));
+  if (worst == nullptr) return absl::OkStatus();
+  const auto& [address, status] = *worst;
+  switch (rank(status)) {
+    case 1:
+      return absl::ResourceExhaustedError(
+          absl::StrCat(kServerBusy, ": replicating to backup ", address, ": ", status.message()));
+    case 2:
+      return absl::UnavailableError(absl::StrCat("replicating to backup ", address, ": ", status.message()));
+    default:
+      return absl::Status(status.code(),
+                          absl::StrCat("replicating to backup ", address, ": ", status.message()));
   }
-  return absl::OkStatus();
 }
 
 void Replicator::CancelForwards(const std::string& job_id) {

@@ -386,6 +386,21 @@ TEST_F(ReplicationTest, SparseWritesAreFencedByTheirShardAndForwardedToItsBackup
   const absl::Status away = replicator_->ForwardSparse(*shard_, 0, "job", SerializeMessage(push));
   EXPECT_EQ(away.code(), absl::StatusCode::kUnavailable) << away;
   EXPECT_TRUE(absl::StrContains(away.message(), "replicating to backup b2")) << away;
+  // Whatever their addresses' order, a backup that fences wins over one
+  // away, and a full one over one away: b1 (first by address) away, b2
+  // fencing or full.
+  for (const absl::Status& worse :
+       {absl::AbortedError("request made with shard map version 3, this server is at 4"),
+        absl::ResourceExhaustedError("sparse table embedding is full on this server")}) {
+    {
+      MutexLock lock(&peers_.mu_);
+      peers_.outcomes_["b1"] = absl::UnavailableError("connection refused");
+      peers_.outcomes_["b2"] = worse;
+    }
+    const absl::Status answer = replicator_->ForwardSparse(*shard_, 0, "job", SerializeMessage(push));
+    EXPECT_EQ(answer.code(), worse.code()) << answer;
+    EXPECT_TRUE(absl::StrContains(answer.message(), "replicating to backup b2")) << answer;
+  }
   // A shard without backups (this server backs shard 1 up; its primary
   // forwards): nothing is sent.
   std::map<int32_t, JobShard::ShardRole> alone;
